@@ -1,0 +1,112 @@
+"""The `searchgym` command: thin argument parsing that dispatches to the rooms."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _world_build(args: argparse.Namespace) -> None:
+    from searchgym.synthesis.world import World
+
+    manifest = World(args.size, args.seed).write(args.out, html=args.html, progress=True)
+    print(json.dumps({"out": str(args.out), "counts": manifest["counts"]}, indent=2))
+
+
+def _index_build(args: argparse.Namespace) -> None:
+    import time
+
+    from searchgym.envs.tools.local_index import LocalIndex
+
+    t0 = time.perf_counter()
+    index = LocalIndex.build(args.corpus, args.out, threads=args.threads, progress=True)
+    print(f"indexed {len(index)} documents into {args.out} in {time.perf_counter() - t0:.1f} s")
+
+
+def _tasks_build(args: argparse.Namespace) -> None:
+    from searchgym.envs.tools.local_index import LocalIndex
+    from searchgym.synthesis.synthetic_env import synthesize_pool
+    from searchgym.synthesis.world import World
+
+    meta = json.loads((Path(args.world) / "world.json").read_text())
+    world = World(meta["size"], meta["seed"])
+    index_dir = Path(args.index or Path(args.world) / "index")
+    index = LocalIndex(index_dir) if (index_dir / "index.json").exists() else LocalIndex.build(Path(args.world) / "corpus.jsonl", index_dir, progress=True)
+    pool, report = synthesize_pool(world, index, args.n, seed=args.seed, fuzz_prob=args.fuzz, progress=True)
+    pool.to_jsonl(args.out)
+    if args.dataset:
+        pool.to_dataset(args.dataset)
+    print(json.dumps(report, indent=2))
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from searchgym.synthesis.demo import run_demo
+
+    run_demo(size=args.size, episodes=args.episodes, seed=args.seed, cache_dir=args.cache)
+
+
+def _bench_env(args: argparse.Namespace) -> None:
+    from searchgym.benchmarks.env_bench import run_env_bench
+
+    print(json.dumps(run_env_bench(size=args.size, out=args.out, workdir=args.workdir), indent=2))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="searchgym", description=__doc__)
+    rooms = parser.add_subparsers(dest="command", required=True)
+
+    world = rooms.add_parser("world", help="the synthetic world").add_subparsers(dest="action", required=True)
+    p = world.add_parser("build", help="write a seeded world: corpus.jsonl, kb.jsonl, world.json")
+    p.add_argument("--size", type=int, default=10_000, help="number of pages (100 to 1,000,000)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--html", action="store_true", help="also write html.jsonl")
+    p.set_defaults(run=_world_build)
+
+    index = rooms.add_parser("index", help="search indexes").add_subparsers(dest="action", required=True)
+    p = index.add_parser("build", help="a tantivy BM25 index over a corpus JSONL")
+    p.add_argument("--corpus", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--threads", type=int, default=2)
+    p.set_defaults(run=_index_build)
+
+    tasks = rooms.add_parser("tasks", help="task pools").add_subparsers(dest="action", required=True)
+    p = tasks.add_parser("build", help="validated KB-walk questions over a built world")
+    p.add_argument("--world", type=Path, required=True, help="a directory from `searchgym world build`")
+    p.add_argument("--index", type=Path, help="its index (default WORLD/index, built if missing)")
+    p.add_argument("--n", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fuzz", type=float, default=0.25, help="share of questions whose start entity is described, not named")
+    p.add_argument("--out", type=Path, required=True, help="tasks JSONL")
+    p.add_argument("--dataset", type=Path, help="also save as a `datasets` dataset in this directory")
+    p.set_defaults(run=_tasks_build)
+
+    p = rooms.add_parser("demo", help="build the default world and watch a scripted agent play it")
+    p.add_argument("--size", type=int, default=10_000)
+    p.add_argument("--episodes", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache", type=Path, default=None, help="bundle cache (default $SEARCHGYM_CACHE or ~/.cache/searchgym)")
+    p.set_defaults(run=_demo)
+
+    bench = rooms.add_parser("bench", help="system benchmarks").add_subparsers(dest="action", required=True)
+    p = bench.add_parser("env", help="index build time, search QPS and env steps per second")
+    p.add_argument("--size", type=int, default=100_000)
+    p.add_argument("--out", type=Path, default=Path("results/bench_env.json"))
+    p.add_argument("--workdir", type=Path, default=None, help="where to build the world (default: a temp dir)")
+    p.set_defaults(run=_bench_env)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.run(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"searchgym: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

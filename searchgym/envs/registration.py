@@ -1,0 +1,49 @@
+"""Gym ids of searchgym. Entry points are strings, so registering imports no higher floor."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import gymnasium as gym
+
+LOCAL_QA = "searchgym/LocalQA-v0"
+SYNTHETIC_QA = "searchgym/SyntheticQA-v0"
+
+
+def register_envs() -> None:
+    """Register every searchgym env id (idempotent)."""
+    specs = {
+        SYNTHETIC_QA: "searchgym.synthesis.synthetic_env:make_synthetic_qa",
+        LOCAL_QA: "searchgym.envs.registration:make_local_qa",
+    }
+    for env_id, entry_point in specs.items():
+        if env_id not in gym.registry:
+            gym.register(id=env_id, entry_point=entry_point, nondeterministic=False, disable_env_checker=False)
+
+
+def make_local_qa(
+    tasks: str | os.PathLike | Any,
+    index: str | os.PathLike | None = None,
+    corpus: str | os.PathLike | None = None,
+    *,
+    task_split: str | None = None,
+    hops: int | list[int] | None = None,
+    on_bad_task: str = "raise",
+    **env_kwargs: Any,
+):
+    """SearchEnv over any local corpus: an index directory, or a corpus JSONL indexed on first use."""
+    from searchgym.envs.search_env import SearchEnv
+    from searchgym.envs.tasks import TaskPool
+    from searchgym.envs.tools.local_index import LocalIndex
+
+    if index is None and corpus is None:
+        raise ValueError("LocalQA-v0 needs index=DIR (from `searchgym index build`) or corpus=FILE.jsonl")
+    if index is None:
+        index = f"{os.fspath(corpus)}.index"
+        if not os.path.exists(os.path.join(index, "index.json")):
+            LocalIndex.build(corpus, index)
+    pool = TaskPool.load(tasks, on_error=on_bad_task)
+    if task_split is not None or hops is not None:
+        pool = pool.filter(split=task_split, hops=hops)
+    backend = LocalIndex(index)
+    return SearchEnv(pool, backend, backend, **env_kwargs)

@@ -1,0 +1,254 @@
+"""SearchEnv: search-and-browse question answering as a Gymnasium text environment.
+
+One episode is one question. Each `step` takes the agent's whole turn as text, runs its single tool
+call (search, access a page, or answer) and returns the tool's result as the next observation.
+Reward is 0 until the answer, which is judged and ends the episode; the turn budget and the
+observation-token budget truncate it. A malformed turn is explained in the observation, never raised.
+
+The native interface is async (`areset`, `astep`) so thousands of episodes share one event loop in
+a trainer; `reset`/`step` are thin sync wrappers for the standard Gymnasium API.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import gymnasium as gym
+
+from searchgym.envs import prompts
+from searchgym.envs.actions import Action, parse_action
+from searchgym.envs.judges import Judge, make_judge
+from searchgym.envs.spaces import UnicodeText
+from searchgym.envs.tasks import Task, TaskPool
+from searchgym.envs.tools.base import BackendError, PageBackend, PageNotFound, SearchBackend
+from searchgym.envs.tools.chunking import chunk_text
+
+T = TypeVar("T")
+
+MAX_ACTION_CHARS = 1 << 20  # a turn longer than this is outside the action space (still parsed, never fatal)
+MAX_OBS_CHARS = 1 << 18
+
+
+def approx_tokens(text: str) -> int:
+    """A tokenizer-free token estimate (about 4 characters a token); pass a real counter for exact budgets."""
+    return len(text) // 4 + 1
+
+
+class SearchEnv(gym.Env[str, str]):
+    """Question answering by search: observations and actions are text; the reward comes from a judge."""
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 0}
+
+    def __init__(
+        self,
+        tasks: TaskPool | str,
+        search: SearchBackend,
+        pages: PageBackend | None = None,
+        *,
+        judge: str | Judge = "f1",
+        max_turns: int = 32,
+        max_obs_tokens: int | None = None,
+        top_k: int = 5,
+        doc_chars: int = 5000,
+        page_chunk_chars: int = 10_000,
+        max_page_chars: int = 250_000,
+        max_page_chunks: int = 10,
+        tool_format: str = "tags",
+        format_gate: bool = False,
+        token_counter: Callable[[str], int] = approx_tokens,
+        render_mode: str | None = None,
+    ):
+        if tool_format not in prompts.INSTRUCTIONS:
+            raise ValueError(f"tool_format must be one of {sorted(prompts.INSTRUCTIONS)}, got {tool_format!r}")
+        if not 1 <= max_turns <= 100_000:
+            raise ValueError("max_turns must be at least 1")
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        if pages is None:
+            if not isinstance(search, PageBackend):
+                raise ValueError("the search backend cannot fetch pages: pass pages=...")
+            pages = search
+        self.tasks = TaskPool.load(tasks)
+        if len(self.tasks) == 0:
+            raise ValueError(f"task pool {self.tasks.name} is empty")
+        self.search_backend, self.page_backend = search, pages
+        self.judge = make_judge(judge)
+        self.max_turns, self.max_obs_tokens, self.top_k = max_turns, max_obs_tokens, top_k
+        self.doc_chars, self.page_chunk_chars = doc_chars, page_chunk_chars
+        self.max_page_chars, self.max_page_chunks = max_page_chars, max_page_chunks
+        self.tool_format, self.format_gate = tool_format, format_gate
+        self.token_counter = token_counter
+        self.render_mode = render_mode
+        self.observation_space = UnicodeText(MAX_OBS_CHARS, min_length=1)
+        self.action_space = UnicodeText(MAX_ACTION_CHARS)
+        self.task: Task | None = None
+        self._transcript: list[tuple[str, str]] = []
+        self._done = True
+        self._runner: _SyncRunner | None = None
+
+    # --- the Gymnasium API ------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        return self._sync(self.areset(seed=seed, options=options))
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        return self._sync(self.astep(action))
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi":
+            return None
+        return "\n\n".join(f"[{role}]\n{text}" for role, text in self._transcript)
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+
+    # --- the native async API ---------------------------------------------------------------
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode on a drawn task, or on `options={"task_id": ...}` / `{"index": i}`."""
+        super().reset(seed=seed)
+        self.task = self._choose_task(options or {})
+        self.turn = 0
+        self.obs_tokens = 0
+        self.counts = {"search": 0, "access": 0, "answer": 0, "invalid": 0, "backend_errors": 0}
+        self.format_errors: list[str] = []
+        self._page_cursor: dict[str, int] = {}
+        self._done = False
+        obs = self._fit(prompts.INSTRUCTIONS[self.tool_format].format(question=self.task.question, max_turns=self.max_turns))
+        self.obs_tokens = self.token_counter(obs)
+        self._transcript = [("task", obs)]
+        return obs, {"task_id": self.task.id, "turn": 0, "obs_tokens": self.obs_tokens}
+
+    async def astep(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Run the turn's tool call; judge the answer if it is one."""
+        if self._done:
+            note = "The episode is over. Call reset() to start a new one."
+            return prompts.information(note), 0.0, True, False, {"error": "step after the episode ended"}
+        self.turn += 1
+        parsed = parse_action(action)
+        self.format_errors.extend(f"turn {self.turn}: {e}" for e in parsed.errors)
+        info: dict[str, Any] = {"task_id": self.task.id, "turn": self.turn, "tool": parsed.tool or "invalid",
+                                "format_errors": list(parsed.errors)}
+        reward, terminated = 0.0, False
+        if parsed.tool is None:
+            self.counts["invalid"] += 1
+            text = prompts.invalid_action(parsed.errors, self.tool_format)
+        elif parsed.tool == "search":
+            text = await self._search(parsed, info)
+        elif parsed.tool == "access":
+            text = await self._access(parsed, info)
+        else:
+            reward, text = await self._answer(parsed, info)
+            terminated = True
+        obs = self._fit(prompts.information(text))
+        self.obs_tokens += self.token_counter(obs)
+        truncated = not terminated and (
+            self.turn >= self.max_turns
+            or (self.max_obs_tokens is not None and self.obs_tokens >= self.max_obs_tokens)
+        )
+        if truncated:
+            info["truncation"] = "turn budget" if self.turn >= self.max_turns else "observation-token budget"
+        self._done = terminated or truncated
+        info.update(obs_tokens=self.obs_tokens, counts=dict(self.counts))
+        self._transcript += [("agent", action[:4000]), ("env", obs)]
+        return obs, reward, terminated, truncated, info
+
+    # --- tools -------------------------------------------------------------------------------
+
+    async def _search(self, action: Action, info: dict[str, Any]) -> str:
+        self.counts["search"] += 1
+        info["query"] = action.argument
+        try:
+            hits = await self.search_backend.search(action.argument, self.top_k)
+        except (BackendError, OSError, asyncio.TimeoutError) as e:
+            self.counts["backend_errors"] += 1
+            info["error"] = f"search failed: {e}"
+            return f"The search failed ({e}). Try again or rephrase the query."
+        info["hits"] = [{"doc_id": h.doc_id, "url": h.url, "title": h.title, "score": h.score} for h in hits]
+        answer_page = self.task.metadata.get("answer_page")
+        if answer_page:  # privileged evidence for process rewards; never shown to the agent
+            rank = next((k for k, h in enumerate(hits, 1) if h.url == answer_page), None)
+            info["evidence"] = {"answer_page_rank": rank}
+        return prompts.format_hits(hits, self.doc_chars)
+
+    async def _access(self, action: Action, info: dict[str, Any]) -> str:
+        self.counts["access"] += 1
+        url = action.argument.strip().strip("<>\"'")
+        info["url"] = url
+        try:
+            page = await self.page_backend.fetch(url)
+        except PageNotFound:
+            info["error"] = "page not found"
+            return f"The page {url[:300]} could not be found. Access a url that appeared in the search results."
+        except (BackendError, OSError, asyncio.TimeoutError) as e:
+            self.counts["backend_errors"] += 1
+            info["error"] = f"access failed: {e}"
+            return f"Accessing {url[:300]} failed ({e}). Try again or open another result."
+        chunks = chunk_text(page.text[: self.max_page_chars], self.page_chunk_chars)[: self.max_page_chunks]
+        number = self._page_cursor.get(page.url, 0) + 1
+        if number > len(chunks):
+            info["page"] = {"url": page.url, "chunk": None, "chunks": len(chunks)}
+            return f"You have read all {len(chunks)} parts of {page.url}. Search again or answer."
+        self._page_cursor[page.url] = number
+        info["page"] = {"url": page.url, "doc_id": page.doc_id, "chunk": number, "chunks": len(chunks)}
+        answer_page = self.task.metadata.get("answer_page")
+        if answer_page:
+            info["evidence"] = {"answer_page_accessed": page.url == answer_page}
+        return prompts.format_chunk(page.title, chunks[number - 1], number, len(chunks))
+
+    async def _answer(self, action: Action, info: dict[str, Any]) -> tuple[float, str]:
+        self.counts["answer"] += 1
+        gate = self.format_errors if self.format_gate else ()
+        verdict = await self.judge.ajudge(action.argument, self.task.answers, question=self.task.question, format_errors=gate)
+        info.update(prediction=action.argument, verdict=verdict.to_dict(), answers=list(self.task.answers))
+        return float(verdict.score), "Your answer was recorded. The episode is over."
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _choose_task(self, options: dict[str, Any]) -> Task:
+        if "task_id" in options:
+            return self.tasks.by_id(options["task_id"])
+        if "index" in options:
+            return self.tasks[int(options["index"]) % len(self.tasks)]
+        return self.tasks.sample(self.np_random)
+
+    def _fit(self, obs: str) -> str:
+        """Keep an observation inside the observation space, saying so when it is cut."""
+        if len(obs) <= MAX_OBS_CHARS:
+            return obs
+        note = "\n[... observation cut to fit the observation space]"
+        return obs[: MAX_OBS_CHARS - len(note)] + note
+
+    def _sync(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._runner is None:
+            self._runner = _SyncRunner()
+        return self._runner.run(coro)
+
+
+class _SyncRunner:
+    """Runs the env's coroutines from sync code, also when the caller already has a running loop (Jupyter)."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            if self._thread is None:
+                return self._loop.run_until_complete(coro)
+        if self._thread is None:  # inside someone else's loop: move ours to a thread of its own
+            self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+            self._thread.start()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+        self._loop.close()

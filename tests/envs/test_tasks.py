@@ -1,0 +1,90 @@
+"""Task pools load every row form users have, and never lose a task silently."""
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from searchgym.envs.tasks import Task, TaskFileError, TaskPool
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_asearcher_and_own_rows(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", [
+        {"question": "Who?", "answer": "Kelda Voss", "qid": 3, "source": "nq"},
+        {"question": "When?", "answer": ["1873", "eighteen seventy-three"], "aug_answer": ["1873 AD"]},
+        {"id": "x", "question": "Where?", "answers": ["Velmora"], "metadata": {"hops": 2, "split": "test"}},
+        {"question": "How many?", "gt": 7},
+    ])
+    pool = TaskPool.from_jsonl(path)
+    assert [t.id for t in pool] == ["3", "t-1", "x", "t-3"]
+    assert pool.by_id("t-1").answers == ("1873", "eighteen seventy-three", "1873 AD")
+    assert pool.by_id("3").metadata == {"source": "nq"}
+    assert pool.by_id("t-3").answers == ("7",)
+    assert [t.id for t in pool.filter(split="test")] == ["x"]
+    assert [t.id for t in pool.filter(hops=[2, 3])] == ["x"]
+
+
+def test_bad_row_names_file_and_line(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", [{"question": "ok?", "answer": "a"}, "{broken", {"question": "no answer"}])
+    with pytest.raises(TaskFileError, match=r"t\.jsonl:2: not valid JSON"):
+        TaskPool.from_jsonl(path)
+    with pytest.warns(UserWarning, match="skipped 2 bad rows"):
+        pool = TaskPool.from_jsonl(path, on_error="skip")
+    assert len(pool) == 1
+    assert [where.rsplit(":", 1)[1] for where, _ in pool.rejected] == ["2", "3"]
+    assert "no answer" in pool.rejected[1][1]
+
+
+def test_duplicate_ids_are_an_error(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", [{"id": 1, "question": "a", "answer": "b"}, {"id": 1, "question": "c", "answer": "d"}])
+    with pytest.raises(TaskFileError, match="duplicate task id '1'"):
+        TaskPool.from_jsonl(path)
+
+
+def test_json_array_file_and_missing_file(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps([{"question": "q", "answer": "a"}]))
+    assert len(TaskPool.load(path)) == 1
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        TaskPool.load(tmp_path / "nope.jsonl")
+
+
+def test_datasets_round_trip(tmp_path):
+    pool = TaskPool([Task("a", "q1?", ("x", "y"), {"hops": 1, "path": [{"id": "3"}]}), Task("b", "q2?", ("z",), {})])
+    pool.to_dataset(tmp_path / "ds")
+    loaded = TaskPool.load(tmp_path / "ds")
+    assert list(loaded) == list(pool)
+    pool.to_jsonl(tmp_path / "p.jsonl")
+    assert list(TaskPool.load(tmp_path / "p.jsonl")) == list(pool)
+
+
+def test_datasets_dict_needs_a_split(tmp_path):
+    import datasets
+
+    d = datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"question": ["q"], "answer": ["a"]}),
+        "test": datasets.Dataset.from_dict({"question": ["q2"], "answer": [["b", "c"]]}),
+    })
+    d.save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(ValueError, match="pass split"):
+        TaskPool.from_dataset(tmp_path / "dd")
+    assert TaskPool.from_dataset(tmp_path / "dd", split="test")[0].answers == ("b", "c")
+
+
+@given(st.integers(0, 2**32 - 1))
+def test_seeded_draws_and_order(seed):
+    pool = TaskPool([Task(str(i), f"q{i}", ("a",)) for i in range(50)])
+    assert pool.sample(np.random.default_rng(seed)) == pool.sample(np.random.default_rng(seed))
+    assert [t.id for t in pool.shuffled(seed)] == [t.id for t in pool.shuffled(seed)]
+    assert sorted(t.id for t in pool.shuffled(seed)) == sorted(t.id for t in pool)
+
+
+def test_empty_pool_draw_is_a_clear_error():
+    with pytest.raises(ValueError, match="empty"):
+        TaskPool([]).sample(np.random.default_rng(0))

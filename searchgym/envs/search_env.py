@@ -19,7 +19,7 @@ import gymnasium as gym
 
 from searchgym.envs import prompts
 from searchgym.envs.actions import Action, parse_action
-from searchgym.envs.judges import Judge, make_judge
+from searchgym.envs.judges import FormatGate, Judge, make_judge
 from searchgym.envs.spaces import UnicodeText
 from searchgym.envs.tasks import Task, TaskPool
 from searchgym.envs.tools.base import BackendError, PageBackend, PageNotFound, SearchBackend
@@ -74,11 +74,11 @@ class SearchEnv(gym.Env[str, str]):
         if len(self.tasks) == 0:
             raise ValueError(f"task pool {self.tasks.name} is empty")
         self.search_backend, self.page_backend = search, pages
-        self.judge = make_judge(judge)
+        self.judge = FormatGate(make_judge(judge)) if format_gate else make_judge(judge)
         self.max_turns, self.max_obs_tokens, self.top_k = max_turns, max_obs_tokens, top_k
         self.doc_chars, self.page_chunk_chars = doc_chars, page_chunk_chars
         self.max_page_chars, self.max_page_chunks = max_page_chars, max_page_chunks
-        self.tool_format, self.format_gate = tool_format, format_gate
+        self.tool_format = tool_format
         self.token_counter = token_counter
         self.render_mode = render_mode
         self.observation_space = UnicodeText(MAX_OBS_CHARS, min_length=1)
@@ -202,8 +202,8 @@ class SearchEnv(gym.Env[str, str]):
 
     async def _answer(self, action: Action, info: dict[str, Any]) -> tuple[float, str]:
         self.counts["answer"] += 1
-        gate = self.format_errors if self.format_gate else ()
-        verdict = await self.judge.ajudge(action.argument, self.task.answers, question=self.task.question, format_errors=gate)
+        verdict = await self.judge.ajudge(action.argument, self.task.answers, question=self.task.question,
+                                          format_errors=self.format_errors)
         info.update(prediction=action.argument, verdict=verdict.to_dict(), answers=list(self.task.answers))
         return float(verdict.score), "Your answer was recorded. The episode is over."
 

@@ -1,0 +1,315 @@
+"""Answer judges: score an agent's final answer against a task's reference answers (aliases included)."""
+from __future__ import annotations
+
+import asyncio
+import re
+import string
+import unicodedata
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
+from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+MAX_DETAIL_CHARS = 1000
+_ARTICLES = re.compile(r"\b(?:a|an|the)\b")
+_CJK = re.compile(
+    "[\u1100-\u11ff\u3005-\u3007\u3040-\u30ff\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
+    "\ua960-\ua97f\uac00-\ud7ff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0002fa1f\U00030000-\U000323af]"
+)
+_YES_NO = {"true": "yes", "false": "no"}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A judge's call on one answer; `error` marks a judge failure, which is not the same as a wrong answer."""
+
+    score: float
+    correct: bool
+    judge: str
+    detail: dict = field(default_factory=dict)
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        """Reject scores outside [0, 1] (NaN included) so a buggy judge cannot emit an invalid reward."""
+        if not 0.0 <= self.score <= 1.0:
+            raise ValueError(f"Verdict score must be in [0, 1], got {self.score!r} from judge {self.judge!r}")
+
+    def to_dict(self) -> dict:
+        """Plain-dict form for logs and JSON."""
+        return asdict(self)
+
+
+@runtime_checkable
+class Judge(Protocol):
+    """What SearchEnv and the evaluation harness call to score a final answer."""
+
+    name: str
+
+    async def ajudge(
+        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = ()
+    ) -> Verdict: ...
+
+
+class ChatModel(Protocol):
+    """What an LLM judge needs from an inference engine (satisfied by the agents package)."""
+
+    async def achat(self, messages: list[dict[str, str]], **sampling) -> str: ...
+
+
+class _CharTable(dict):
+    """str.translate table, filled lazily per code point: drop ASCII and Unicode (P*) punctuation, optionally pad CJK."""
+
+    def __init__(self, pad_cjk: bool) -> None:
+        super().__init__()
+        self.pad_cjk = pad_cjk
+
+    def __missing__(self, code_point: int) -> int | str | None:
+        """Classify an unseen code point once and cache the result."""
+        char = chr(code_point)
+        if char in string.punctuation or unicodedata.category(char).startswith("P"):
+            mapped = None
+        elif self.pad_cjk and _CJK.match(char):
+            mapped = f" {char} "
+        else:
+            mapped = code_point
+        self[code_point] = mapped
+        return mapped
+
+
+_PUNCTUATION = _CharTable(pad_cjk=False)
+_PUNCTUATION_AND_CJK = _CharTable(pad_cjk=True)
+
+
+def _normalize(s: str, table: _CharTable) -> str:
+    """Lower-case, translate with `table`, drop articles, collapse whitespace, map a bare true/false to yes/no."""
+    text = " ".join(_ARTICLES.sub(" ", s.lower().translate(table)).split())
+    return _YES_NO.get(text, text)
+
+
+def normalize_answer(s: str) -> str:
+    """SQuAD-style normalisation: lower-case, drop punctuation and articles, collapse whitespace; true/false -> yes/no."""
+    return _normalize(s, _PUNCTUATION)
+
+
+def answer_tokens(s: str) -> list[str]:
+    """Normalised tokens, with each CJK character its own token since those scripts do not mark word boundaries."""
+    return _normalize(s, _PUNCTUATION_AND_CJK).split()
+
+
+def _em(pred: list[str], ref: list[str]) -> float:
+    """Exact match on token sequences."""
+    return float(pred == ref)
+
+
+def _f1(pred: list[str], ref: list[str]) -> float:
+    """SQuAD token F1 as 2*overlap/(|pred|+|ref|), the harmonic mean of precision and recall, exact when equal."""
+    if not pred or not ref:
+        return float(pred == ref)
+    overlap = sum((Counter(pred) & Counter(ref)).values())
+    return 2 * overlap / (len(pred) + len(ref))
+
+
+def _cover(pred: list[str], ref: list[str]) -> float:
+    """Whether ref occurs as a contiguous token run in pred; an empty reference never covers."""
+    if not ref:
+        return 0.0
+    return float(f" {' '.join(ref)} " in f" {' '.join(pred)} ")
+
+
+def exact_match(prediction: str, reference: str) -> float:
+    """1.0 if the normalised answers are identical, else 0.0."""
+    return _em(answer_tokens(prediction), answer_tokens(reference))
+
+
+def token_f1(prediction: str, reference: str) -> float:
+    """SQuAD token-overlap F1 in [0, 1]; both empty -> 1.0, one empty -> 0.0."""
+    return _f1(answer_tokens(prediction), answer_tokens(reference))
+
+
+def cover_exact_match(prediction: str, reference: str) -> float:
+    """1.0 if the normalised reference occurs in the normalised prediction on token boundaries."""
+    return _cover(answer_tokens(prediction), answer_tokens(reference))
+
+
+def _clip(text: str) -> str:
+    """Bound evidence strings so a huge untrusted answer cannot bloat logs."""
+    return text if len(text) <= MAX_DETAIL_CHARS else text[:MAX_DETAIL_CHARS] + f"...[{len(text)} chars]"
+
+
+def _as_references(references: Sequence[str]) -> list[str]:
+    """Accept a bare string as a single reference rather than iterating its characters."""
+    return [references] if isinstance(references, str) else list(references)
+
+
+class _MaxOverReferences:
+    """Base for string-metric judges: the score is the metric's maximum over all references."""
+
+    name: str
+    metric: staticmethod
+
+    def judge(
+        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = ()
+    ) -> Verdict:
+        """Score the prediction against every reference and keep the best."""
+        refs = _as_references(references)
+        pred = answer_tokens(prediction)
+        if not refs:
+            detail = {"reason": "no reference answers", "normalized_prediction": _clip(" ".join(pred))}
+            return Verdict(0.0, False, self.name, detail)
+        ref_tokens = [answer_tokens(r) for r in refs]
+        scores = [self.metric(pred, r) for r in ref_tokens]
+        best = max(range(len(refs)), key=scores.__getitem__)
+        detail = {
+            "best_reference": refs[best],
+            "normalized_reference": _clip(" ".join(ref_tokens[best])),
+            "normalized_prediction": _clip(" ".join(pred)),
+        }
+        return Verdict(scores[best], self._correct(scores[best], pred, ref_tokens), self.name, detail)
+
+    async def ajudge(
+        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = ()
+    ) -> Verdict:
+        """Async entry point; these metrics are cheap, so it just calls `judge`."""
+        return self.judge(prediction, references, question=question, format_errors=format_errors)
+
+    def _correct(self, score: float, pred: list[str], refs: list[list[str]]) -> bool:
+        """Binary call: a perfect score."""
+        return score == 1.0
+
+
+class ExactMatch(_MaxOverReferences):
+    """Exact match after normalisation, against any reference."""
+
+    name = "em"
+    metric = staticmethod(_em)
+
+
+class TokenF1(_MaxOverReferences):
+    """Token F1 reward; counted correct only on an exact match, so partial overlap earns reward but not credit."""
+
+    name = "f1"
+    metric = staticmethod(_f1)
+
+    def _correct(self, score: float, pred: list[str], refs: list[list[str]]) -> bool:
+        """Correct iff the prediction exactly matches some reference."""
+        return any(_em(pred, r) for r in refs)
+
+
+class CoverExactMatch(_MaxOverReferences):
+    """Cover-EM: some normalised reference appears within the normalised prediction."""
+
+    name = "cover_em"
+    metric = staticmethod(_cover)
+
+
+def _run_sync(judge: Judge, prediction: str, references: Sequence[str], question: str, format_errors: Sequence[str]) -> Verdict:
+    """Call a judge synchronously, falling back to its async method for async-only judges."""
+    sync = getattr(judge, "judge", None)
+    if sync is not None:
+        return sync(prediction, references, question=question, format_errors=format_errors)
+    return asyncio.run(judge.ajudge(prediction, references, question=question, format_errors=format_errors))
+
+
+class FormatGate:
+    """Zero the reward when the answer broke the output format, while recording what the content would have scored."""
+
+    def __init__(self, inner: Judge) -> None:
+        self.inner = inner
+        self.name = f"{inner.name}+format"
+
+    def judge(
+        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = ()
+    ) -> Verdict:
+        """Sync form of `ajudge`."""
+        return self._gate(_run_sync(self.inner, prediction, references, question, ()), format_errors)
+
+    async def ajudge(
+        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = ()
+    ) -> Verdict:
+        """Judge the content with the inner judge, then apply the format gate."""
+        return self._gate(await self.inner.ajudge(prediction, references, question=question), format_errors)
+
+    def _gate(self, inner: Verdict, format_errors: Sequence[str]) -> Verdict:
+        """Pass the inner verdict through, or zero it when there are format errors."""
+        if not format_errors:
+            return replace(inner, judge=self.name)
+        detail = {"format_errors": list(format_errors), "inner": inner.to_dict()}
+        return Verdict(0.0, False, self.name, detail)
+
+
+def _failure(name: str, exc: Exception) -> Verdict:
+    """Verdict for a sub-judge that raised, so one broken judge does not sink a composite."""
+    return Verdict(0.0, False, name, {}, error=f"{type(exc).__name__}: {exc}")
+
+
+class CompositeJudge:
+    """Run several judges on one answer; the primary decides the reward, the rest are logged alongside."""
+
+    def __init__(self, judges: Mapping[str, Judge], primary: str) -> None:
+        if primary not in judges:
+            raise ValueError(f"primary judge {primary!r} is not among {list(judges)}")
+        self.judges = dict(judges)
+        self.primary = primary
+        self.name = ",".join(self.judges)
+
+    def judge(
+        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = ()
+    ) -> Verdict:
+        """Run every judge synchronously and combine."""
+        verdicts = {}
+        for name, judge in self.judges.items():
+            try:
+                verdicts[name] = _run_sync(judge, prediction, references, question, format_errors)
+            except Exception as exc:  # noqa: BLE001 - recorded as that judge's failure
+                verdicts[name] = _failure(name, exc)
+        return self._combine(verdicts)
+
+    async def ajudge(
+        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = ()
+    ) -> Verdict:
+        """Run every judge concurrently (LLM judges are slow) and combine."""
+        calls = [j.ajudge(prediction, references, question=question, format_errors=format_errors) for j in self.judges.values()]
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        verdicts = {
+            name: _failure(name, r) if isinstance(r, Exception) else r for name, r in zip(self.judges, results)
+        }
+        return self._combine(verdicts)
+
+    def _combine(self, verdicts: dict[str, Verdict]) -> Verdict:
+        """Primary's score and call, with every judge's scores, calls, errors and details as evidence."""
+        main = verdicts[self.primary]
+        detail = {
+            "primary": self.primary,
+            "scores": {n: v.score for n, v in verdicts.items()},
+            "correct": {n: v.correct for n, v in verdicts.items()},
+            "errors": {n: v.error for n, v in verdicts.items() if v.error is not None},
+            "details": {n: v.detail for n, v in verdicts.items()},
+        }
+        return Verdict(main.score, main.correct, self.name, detail, error=main.error)
+
+
+_JUDGES: dict[str, Callable[[], Judge]] = {"em": ExactMatch, "f1": TokenF1, "cover_em": CoverExactMatch}
+
+
+def _named_judge(name: str) -> Judge:
+    """Build one judge from its name, optionally suffixed with '+format' for a FormatGate."""
+    if name.endswith("+format"):
+        return FormatGate(_named_judge(name.removesuffix("+format")))
+    if name == "llm":
+        raise ValueError("the 'llm' judge needs a chat model: pass an LLM judge object from searchgym.agents instead of a name")
+    if name not in _JUDGES:
+        valid = ", ".join([*_JUDGES, *(f"{n}+format" for n in _JUDGES)])
+        raise ValueError(f"unknown judge {name!r}; valid names: {valid} (or comma lists of them)")
+    return _JUDGES[name]()
+
+
+def make_judge(spec: str | Judge) -> Judge:
+    """Build a judge from a name ('em', 'f1', 'cover_em', 'f1+format') or comma list (first is primary), or pass one through."""
+    if not isinstance(spec, str):
+        if not isinstance(spec, Judge):
+            raise TypeError(f"expected a judge name or an object with `name` and `ajudge`, got {type(spec).__name__}")
+        return spec
+    names = list(dict.fromkeys(n.strip().lower() for n in spec.split(",") if n.strip()))
+    if not names:
+        raise ValueError(f"empty judge spec {spec!r}; valid names: {', '.join(_JUDGES)}")
+    judges = {name: _named_judge(name) for name in names}
+    return judges[names[0]] if len(judges) == 1 else CompositeJudge(judges, primary=names[0])

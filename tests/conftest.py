@@ -1,0 +1,33 @@
+"""Shared fixtures: a private bundle cache for the whole run, and a small built world."""
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Set before anything builds a bundle, so subprocess workers (async vector envs) inherit it too.
+_CACHE = Path(os.environ.get("SEARCHGYM_TEST_CACHE") or tempfile.mkdtemp(prefix="searchgym-test-cache-"))
+os.environ["SEARCHGYM_CACHE"] = str(_CACHE)
+
+SMALL = {"size": 1000, "seed": 0, "n_tasks": 200}  # kwargs of a small SyntheticQA world used across tests
+
+
+@pytest.fixture(scope="session")
+def small_bundle() -> Path:
+    from searchgym.synthesis.synthetic_env import ensure_bundle
+
+    return ensure_bundle(**SMALL)
+
+
+@pytest.fixture(scope="session")
+def small_index(small_bundle):
+    from searchgym.envs.tools.local_index import LocalIndex
+
+    return LocalIndex(small_bundle / "index")
+
+
+@pytest.fixture(scope="session")
+def small_pool(small_bundle):
+    from searchgym.envs.tasks import TaskPool
+
+    return TaskPool.from_jsonl(small_bundle / "tasks.jsonl")

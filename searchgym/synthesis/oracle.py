@@ -1,0 +1,82 @@
+"""The validation oracle: a scripted agent that knows a task's path and must walk it with the env's tools.
+
+It reads only the task's metadata (the path of pages, the phrase to search for the start, the fact
+to find on each page), searches for each page by name, opens it from the results and reads parts
+until the next fact shows up, then answers. A task it cannot solve through the environment is a
+task whose evidence the index does not retrieve, and is rejected. Its episodes double as
+demonstrations of tool use (for a supervised warm start).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from searchgym.envs.search_env import SearchEnv
+from searchgym.envs.tasks import Task
+
+
+@dataclass
+class OracleResult:
+    """What happened when the oracle played one task."""
+
+    task_id: str
+    solved: bool
+    reward: float
+    failure: str | None = None
+    turns: list[dict[str, str]] = field(default_factory=list)  # {"action", "observation"} per step
+
+
+class _Stop(Exception):
+    """The episode ended (budget) or the oracle cannot go on; carries the reason."""
+
+
+class OracleAgent:
+    """Plays a task from its metadata through `SearchEnv.astep`, exactly as an agent would."""
+
+    async def arun(self, env: SearchEnv, task: Task) -> OracleResult:
+        _, _ = await env.areset(options={"task_id": task.id})
+        result = OracleResult(task.id, solved=False, reward=0.0)
+        try:
+            for query, url, expect in self._lookups(task):
+                await self._lookup(env, result, query, url, expect)
+            answer = task.answers[0]
+            _, reward, _, _, info = await self._step(env, result, f"<think>So the answer is {answer}.</think>\n<answer>{answer}</answer>")
+            result.reward = reward
+            result.solved = bool(info.get("verdict", {}).get("correct"))
+            if not result.solved:
+                result.failure = "judged wrong"
+        except _Stop as stop:
+            result.failure = str(stop)
+        return result
+
+    @staticmethod
+    def _lookups(task: Task) -> list[tuple[str, str, str]]:
+        """(query, page url, text that must be on that page) for each page the task needs."""
+        meta = task.metadata
+        path = meta["path"]
+        if meta["kind"] == "comparison":
+            return [(ref["name"], ref["url"], value) for ref, value in zip(path, meta["values_on_page"])]
+        expects = [ref["name"] for ref in path[1:]] + [meta["answer_on_page"]]
+        queries = [meta["start_query"]] + [ref["name"] for ref in path[1:]]
+        return [(q, ref["url"], e) for q, ref, e in zip(queries, path, expects)]
+
+    async def _lookup(self, env: SearchEnv, result: OracleResult, query: str, url: str, expect: str) -> None:
+        obs, *_ = await self._step(env, result, f"<think>I need the page about {query}.</think>\n<search>{query}</search>")
+        if f"({url})" not in obs:
+            raise _Stop(f"not retrieved: searching {query!r} does not return {url}")
+        for _ in range(env.max_page_chunks):
+            obs, _, _, _, info = await self._step(env, result, f"<access>{url}</access>")
+            if expect in obs:
+                return
+            page = info.get("page") or {}
+            if page.get("chunk") is None or page["chunk"] >= page["chunks"]:
+                break
+        raise _Stop(f"fact missing: {expect!r} is not on {url}")
+
+    @staticmethod
+    async def _step(env: SearchEnv, result: OracleResult, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = await env.astep(action)
+        result.turns.append({"action": action, "observation": obs})
+        if truncated:
+            raise _Stop(f"budget: {info.get('truncation')}")
+        return obs, reward, terminated, truncated, info

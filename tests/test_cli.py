@@ -1,0 +1,35 @@
+"""The `searchgym` command, run in-process the way a user runs it from a shell."""
+import json
+
+import pytest
+
+from searchgym.cli import main
+from searchgym.envs.tasks import TaskPool
+
+
+def test_world_index_tasks_pipeline(tmp_path, capsys):
+    world = tmp_path / "world"
+    assert main(["world", "build", "--size", "300", "--seed", "3", "--out", str(world), "--html"]) == 0
+    assert {p.name for p in world.iterdir()} >= {"corpus.jsonl", "kb.jsonl", "html.jsonl", "world.json"}
+    assert main(["index", "build", "--corpus", str(world / "corpus.jsonl"), "--out", str(world / "index")]) == 0
+    assert "indexed 300 documents" in capsys.readouterr().out
+    out = tmp_path / "tasks.jsonl"
+    assert main(["tasks", "build", "--world", str(world), "--n", "40", "--out", str(out), "--dataset", str(tmp_path / "ds")]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["accepted"] == 40 and report["oracle_solve_rate_by_hops"]
+    pool = TaskPool.load(out)
+    assert len(pool) == 40 and list(TaskPool.load(tmp_path / "ds")) == list(pool)
+
+
+def test_demo_prints_episodes(tmp_path, capsys):
+    assert main(["demo", "--size", "400", "--episodes", "2", "--cache", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("reward 1.0") == 2 and "<search>" in out and ">>>> Page 1 >>>>" in out
+    assert "baseline 'search the question once" in out
+
+
+def test_errors_are_reported_not_raised(tmp_path, capsys):
+    assert main(["world", "build", "--size", "5", "--out", str(tmp_path / "w")]) == 2
+    assert "searchgym: error:" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["world", "explode"])

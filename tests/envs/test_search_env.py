@@ -244,3 +244,17 @@ def test_local_qa_indexes_a_corpus_on_first_use(tmp_path):
     obs, *_ = env.step("<access>doc://0</access>")
     assert "founded in 1873" in obs
     assert env.step("<answer>Kelda Voss</answer>")[1] == 1.0
+
+
+def test_random_agent_episodes_end_within_budget(small_pool, small_index):
+    from searchgym.agents.scripted import RandomAgent
+
+    async def play(seed):
+        env = SearchEnv(small_pool, small_index, max_turns=10)
+        obs, _ = await env.areset(seed=seed)
+        reward = await RandomAgent(seed, max_turns=20).arun(env, obs)
+        assert env.turn <= 10 and 0.0 <= reward <= 1.0
+        return env.counts
+
+    counts = [asyncio.run(play(seed)) for seed in range(50)]
+    assert sum(c["search"] for c in counts) and sum(c["access"] for c in counts) and sum(c["invalid"] for c in counts)

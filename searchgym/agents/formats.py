@@ -1,0 +1,83 @@
+"""Tool-call formats and how an episode's turns become tokens through a tokenizer's chat template.
+
+The runner never re-tokenizes model output. It tokenizes only what the environment adds: the opening
+prompt, and for each later turn the chat-template *delta* (close the assistant message, a user or
+tool message holding the observation, open the next assistant message). The delta is read off the
+tokenizer's own template by rendering a probe conversation, so any chat template works.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+STOPS: dict[str, tuple[str, ...]] = {
+    "tags": ("</search>", "</access>", "</answer>"),
+    "hermes": ("</tool_call>",),
+}
+
+_PROBE_USER, _PROBE_ANSWER, _PROBE_OBS = "\x00U\x00", "\x00A\x00", "\x00O\x00"
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """Which syntax the agent writes tool calls in, and the strings that end a tool call."""
+
+    name: str
+    stops: tuple[str, ...]
+
+    @classmethod
+    def get(cls, name: str) -> "ToolFormat":
+        if name not in STOPS:
+            raise ValueError(f"unknown tool format {name!r}; use one of {sorted(STOPS)}")
+        return cls(name, STOPS[name])
+
+
+class ChatTemplateDelta:
+    """Token ids for the prompt and for each observation turn, from the tokenizer's chat template.
+
+    `observation_role` is "user" (default), "tool" (the template's tool role, where it has one), or
+    "inline" (Search-R1 style: the observation continues the assistant message as plain text).
+    """
+
+    def __init__(self, tokenizer: Any, observation_role: str = "user"):
+        if observation_role not in ("user", "tool", "inline"):
+            raise ValueError("observation_role must be 'user', 'tool' or 'inline'")
+        self.tokenizer = tokenizer
+        self.observation_role = observation_role
+        self.eos_text = tokenizer.eos_token or ""
+        if observation_role != "inline":
+            self._close, self._turn_template = self._probe()
+
+    def prompt_ids(self, first_observation: str) -> list[int]:
+        """The opening user message and the assistant generation prompt."""
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": first_observation}], tokenize=False, add_generation_prompt=True)
+        return self.encode(text)
+
+    def observation_text(self, observation: str, ended_with_eos: bool) -> str:
+        """The text between the model's last token and its next turn."""
+        if self.observation_role == "inline":
+            return f"\n\n{observation}\n\n"
+        close = self._close
+        if ended_with_eos and self.eos_text and close.startswith(self.eos_text):
+            close = close[len(self.eos_text):]
+        return close + self._turn_template.replace(_PROBE_OBS, observation)
+
+    def observation_ids(self, observation: str, ended_with_eos: bool) -> list[int]:
+        return self.encode(self.observation_text(observation, ended_with_eos))
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _probe(self) -> tuple[str, str]:
+        """(assistant-closing text, next-turn text with the observation placeholder) from the template."""
+        conversation = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_ANSWER}]
+        before = self.tokenizer.apply_chat_template(conversation, tokenize=False)
+        after = self.tokenizer.apply_chat_template(
+            conversation + [{"role": self.observation_role, "content": _PROBE_OBS}],
+            tokenize=False, add_generation_prompt=True)
+        if not after.startswith(before) or _PROBE_ANSWER not in before or _PROBE_OBS not in after:
+            raise ValueError("this chat template does not extend a conversation by appending text; "
+                             "use observation_role='inline'")
+        close = before[before.rindex(_PROBE_ANSWER) + len(_PROBE_ANSWER):]
+        return close, after[len(before):]

@@ -52,6 +52,30 @@ def _bench_env(args: argparse.Namespace) -> None:
     print(json.dumps(run_env_bench(size=args.size, out=args.out, workdir=args.workdir), indent=2))
 
 
+def _serve_model(args: argparse.Namespace) -> None:
+    from searchgym.agents.engines.model_server import run_server
+
+    run_server(args.model, host=args.host, port=args.port, device=args.device)
+
+
+def _tiny_model(args: argparse.Namespace) -> None:
+    from searchgym.agents.tiny_model import build_tiny_model
+
+    path = build_tiny_model(args.out, hidden_size=args.hidden, num_layers=args.layers, vocab_size=args.vocab, seed=args.seed)
+    print(f"tiny Qwen2 model written to {path}")
+
+
+def _bench_engine(args: argparse.Namespace) -> None:
+    import tempfile
+
+    from searchgym.agents.tiny_model import build_tiny_model
+    from searchgym.benchmarks.engine_bench import run_engine_bench
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = args.model or build_tiny_model(Path(tmp) / "tiny")
+        print(json.dumps(run_engine_bench(model, out=args.out, device=args.device), indent=2))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="searchgym", description=__doc__)
     rooms = parser.add_subparsers(dest="command", required=True)
@@ -89,12 +113,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", type=Path, default=None, help="bundle cache (default $SEARCHGYM_CACHE or ~/.cache/searchgym)")
     p.set_defaults(run=_demo)
 
+    serve = rooms.add_parser("serve", help="servers").add_subparsers(dest="action", required=True)
+    p = serve.add_parser("model", help="a model behind SGLang's native HTTP API and /v1/chat/completions")
+    p.add_argument("--model", type=Path, required=True, help="a Hugging Face model directory")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(run=_serve_model)
+
+    model = rooms.add_parser("model", help="models").add_subparsers(dest="action", required=True)
+    p = model.add_parser("tiny", help="build a tiny Qwen2 model + BPE tokenizer trained on the synthetic world")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=2048)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=_tiny_model)
+
     bench = rooms.add_parser("bench", help="system benchmarks").add_subparsers(dest="action", required=True)
     p = bench.add_parser("env", help="index build time, search QPS and env steps per second")
     p.add_argument("--size", type=int, default=100_000)
     p.add_argument("--out", type=Path, default=Path("results/bench_env.json"))
     p.add_argument("--workdir", type=Path, default=None, help="where to build the world (default: a temp dir)")
     p.set_defaults(run=_bench_env)
+    p = bench.add_parser("engine", help="TorchEngine tokens/s at 1, 8, 64 concurrent requests vs model.generate")
+    p.add_argument("--model", type=Path, default=None, help="model directory (default: a fresh tiny model)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", type=Path, default=Path("results/bench_engine.json"))
+    p.set_defaults(run=_bench_engine)
     return parser
 
 

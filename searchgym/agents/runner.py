@@ -56,7 +56,7 @@ async def run_episode(
             list(traj.input_ids), dataclasses.replace(sampling, max_new_tokens=budget), rid))
         t1 = time.perf_counter()
         traj.extend(response.output_ids, generated=True, logprobs=response.logprobs, versions=response.versions)
-        action = tokenizer.decode(response.output_ids, skip_special_tokens=True)
+        action = _action_text(tokenizer, response.output_ids, eos_ids)
         traj.messages.append({"role": "assistant", "content": action})
         obs, reward, terminated, truncated, info = await env.astep(action)
         traj.turns.append(Turn(
@@ -79,6 +79,12 @@ async def run_episode(
         traj.extend(delta, generated=False)
         traj.messages.append({"role": observation_role if observation_role != "inline" else "user", "content": obs})
     return traj
+
+
+def _action_text(tokenizer: Any, output_ids: list[int], eos_ids: set[int]) -> str:
+    """The turn as text, special tokens kept (so transcript and tokens agree), a final eos dropped."""
+    ids = output_ids[:-1] if output_ids and output_ids[-1] in eos_ids else output_ids
+    return tokenizer.decode(ids, skip_special_tokens=False)
 
 
 async def run_chat_episode(

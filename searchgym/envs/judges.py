@@ -295,7 +295,7 @@ def _named_judge(name: str) -> Judge:
     if name.endswith("+format"):
         return FormatGate(_named_judge(name.removesuffix("+format")))
     if name == "llm":
-        raise ValueError("the 'llm' judge needs a chat model: pass an LLM judge object from searchgym.agents instead of a name")
+        raise ValueError("the 'llm' judge needs a chat model: pass searchgym.agents.llm_judge.LLMJudge(model) instead of a name")
     if name not in _JUDGES:
         valid = ", ".join([*_JUDGES, *(f"{n}+format" for n in _JUDGES)])
         raise ValueError(f"unknown judge {name!r}; valid names: {valid} (or comma lists of them)")

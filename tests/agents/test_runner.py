@@ -1,0 +1,88 @@
+"""Episodes token in, token out, with the real tiny model in-process (TorchEngine)."""
+import asyncio
+import dataclasses
+
+import pytest
+import torch
+
+from searchgym.agents.engines.torch_engine import TorchEngine
+from searchgym.agents.engines.types import SamplingParams
+from searchgym.agents.formats import ChatTemplateDelta
+from searchgym.agents.runner import run_episode
+from searchgym.envs.search_env import SearchEnv
+
+SAMPLING = SamplingParams(max_new_tokens=40, temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    return TorchEngine(tiny_model_dir, seed=0)
+
+
+def play_many(engine, pool, index, n, *, sampling=SAMPLING, max_turns=4, max_context=4096, during=None):
+    async def main():
+        envs = [SearchEnv(pool, index, max_turns=max_turns) for _ in range(n)]
+        episodes = [run_episode(env, engine, engine.tokenizer, sampling=sampling, max_context=max_context, seed=i)
+                    for i, env in enumerate(envs)]
+        if during is None:
+            return await asyncio.gather(*episodes)
+        tasks = [asyncio.ensure_future(e) for e in episodes]
+        await during()
+        return await asyncio.gather(*tasks)
+
+    return asyncio.run(main())
+
+
+def teacher_forced_logprobs(model, ids, temperature):
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+
+def test_32_concurrent_episodes_are_exact_token_sequences(engine, small_pool, small_index):
+    trajectories = play_many(engine, small_pool, small_index, 32)
+    template = ChatTemplateDelta(engine.tokenizer)
+    for traj in trajectories:
+        n = len(traj.input_ids)
+        assert n == len(traj.loss_mask) == len(traj.logprobs) == len(traj.versions)
+        assert traj.turns and (traj.terminated or traj.truncated) and traj.stop_reason
+        generated = [i for i, m in enumerate(traj.loss_mask) if m]
+        assert len(generated) == sum(t.generated_tokens for t in traj.turns) == traj.generated_tokens
+        assert all(traj.versions[i] == 0 for i in generated)
+        assert all(v == -1 for v, m in zip(traj.versions, traj.loss_mask) if not m)
+        assert traj.loss_mask[: traj.prompt_length] == [0] * traj.prompt_length
+        # decoding the tokens gives back the conversation, as the chat template renders it
+        decoded = engine.tokenizer.decode(traj.input_ids, skip_special_tokens=False)
+        rendered = engine.tokenizer.apply_chat_template(traj.messages, tokenize=False)
+        assert rendered.startswith(decoded) and len(rendered) - len(decoded) <= len(template._close)
+        # behaviour logprobs are exactly the model's (fp32, temperature 1)
+        reference = teacher_forced_logprobs(engine.model, traj.input_ids, 1.0)
+        got = torch.tensor(traj.logprobs)[1:]
+        mask = torch.tensor(traj.loss_mask[1:], dtype=torch.bool)
+        assert torch.allclose(got[mask], reference[mask], atol=1e-4)
+
+
+def test_a_weight_update_mid_episode_versions_later_tokens(engine, small_pool, small_index):
+    original = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    perturbed = {k: v + 0.02 * torch.randn_like(v) for k, v in original.items()}
+
+    async def update_soon():
+        await asyncio.sleep(0.3)
+        await engine.update_weights(perturbed, version=1)
+
+    sampling = dataclasses.replace(SAMPLING, max_new_tokens=120)
+    try:
+        trajectories = play_many(engine, small_pool, small_index, 8, sampling=sampling, max_turns=6, during=update_soon)
+    finally:
+        asyncio.run(engine.update_weights(original, version=0))
+    seen = set()
+    for traj in trajectories:
+        versions = [v for v, m in zip(traj.versions, traj.loss_mask) if m]
+        assert versions == sorted(versions), "a token never carries an older version than the one before it"
+        seen.update(versions)
+    assert seen == {0, 1}
+
+
+def test_context_budget_truncates(engine, small_pool, small_index):
+    traj = play_many(engine, small_pool, small_index, 1, max_context=300, max_turns=30)[0]
+    assert traj.truncated and traj.stop_reason == "context budget" and len(traj.input_ids) <= 300

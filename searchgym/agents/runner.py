@@ -57,18 +57,9 @@ async def run_episode(
         t1 = time.perf_counter()
         traj.extend(response.output_ids, generated=True, logprobs=response.logprobs, versions=response.versions)
         action = _action_text(tokenizer, response.output_ids, eos_ids)
-        traj.messages.append({"role": "assistant", "content": action})
-        obs, reward, terminated, truncated, info = await env.astep(action)
-        traj.turns.append(Turn(
-            action=action, tool=info.get("tool", "invalid"), observation=obs, reward=reward,
-            generated_tokens=len(response.output_ids), finish_reason=response.finish_reason.type,
-            info={k: info[k] for k in INFO_KEYS if k in info},
-            generate_seconds=t1 - t0, env_seconds=time.perf_counter() - t1))
-        traj.reward += reward
-        if terminated or truncated:
-            traj.terminated, traj.truncated = terminated, truncated
-            traj.stop_reason = "answer" if terminated else info.get("truncation", "env budget")
-            traj.verdict = info.get("verdict")
+        obs, done = await _act(env, traj, action, t1 - t0, generated_tokens=len(response.output_ids),
+                               finish_reason=response.finish_reason.type)
+        if done:
             break
         ended_with_eos = bool(response.output_ids) and response.output_ids[-1] in eos_ids
         delta = template.observation_ids(obs, ended_with_eos)
@@ -103,20 +94,26 @@ async def run_chat_episode(
     while True:
         t0 = time.perf_counter()
         action = close_stopped_call(await model.achat(traj.messages, stop=list(fmt.stops), **sampling), fmt)
-        t1 = time.perf_counter()
-        traj.messages.append({"role": "assistant", "content": action})
-        obs, reward, terminated, truncated, info = await env.astep(action)
-        traj.turns.append(Turn(
-            action=action, tool=info.get("tool", "invalid"), observation=obs, reward=reward,
-            info={k: info[k] for k in INFO_KEYS if k in info},
-            generate_seconds=t1 - t0, env_seconds=time.perf_counter() - t1))
-        traj.reward += reward
-        if terminated or truncated:
-            traj.terminated, traj.truncated = terminated, truncated
-            traj.stop_reason = "answer" if terminated else info.get("truncation", "env budget")
-            traj.verdict = info.get("verdict")
+        obs, done = await _act(env, traj, action, time.perf_counter() - t0)
+        if done:
             return traj
         traj.messages.append({"role": "user", "content": obs})
+
+
+async def _act(env: SearchEnv, traj: Trajectory, action: str, generate_seconds: float, **turn: Any) -> tuple[str, bool]:
+    """Step the env with the turn's text, record the turn, and close the trajectory if the episode ended."""
+    traj.messages.append({"role": "assistant", "content": action})
+    t0 = time.perf_counter()
+    obs, reward, terminated, truncated, info = await env.astep(action)
+    traj.turns.append(Turn(action=action, tool=info.get("tool", "invalid"), observation=obs, reward=reward,
+                           info={k: info[k] for k in INFO_KEYS if k in info}, generate_seconds=generate_seconds,
+                           env_seconds=time.perf_counter() - t0, **turn))
+    traj.reward += reward
+    if terminated or truncated:
+        traj.terminated, traj.truncated = terminated, truncated
+        traj.stop_reason = "answer" if terminated else info.get("truncation", "env budget")
+        traj.verdict = info.get("verdict")
+    return obs, terminated or truncated
 
 
 def close_stopped_call(text: str, fmt: ToolFormat) -> str:

@@ -33,23 +33,27 @@ Reply with a short rationale, then end with exactly one JSON block:
 {{"rationale": "<one or two sentences>", "judgement": "Correct" or "Incorrect"}}
 ```"""
 
-_JSON_OBJECT = re.compile(r"\{[^{}]*\}", re.DOTALL)
 _WORD = re.compile(r"\b(incorrect|correct)\b", re.IGNORECASE)
 MAX_PROMPT_FIELD = 4000
+MAX_PARSED_CHARS = 8000  # a verdict sits at the end; do not scan megabytes of rambling
 
 
 def parse_judgement(text: str) -> str | None:
     """'Correct', 'Incorrect', or None when the judge's output holds no verdict."""
     if not isinstance(text, str):
         return None
-    for block in reversed(_JSON_OBJECT.findall(text)):
+    tail = text[-MAX_PARSED_CHARS:]
+    decoder = json.JSONDecoder()
+    starts = [i for i, ch in enumerate(tail) if ch == "{"]
+    for start in reversed(starts):  # the last JSON object that carries a judgement wins
         try:
-            value = json.loads(block).get("judgement")
-        except (ValueError, AttributeError):
+            obj, _ = decoder.raw_decode(tail, start)
+        except ValueError:
             continue
+        value = obj.get("judgement") if isinstance(obj, dict) else None
         if isinstance(value, str) and value.strip().lower() in ("correct", "incorrect"):
             return value.strip().capitalize()
-    words = _WORD.findall(text[-2000:])
+    words = _WORD.findall(tail[-2000:])
     return words[-1].capitalize() if words else None
 
 

@@ -1,0 +1,468 @@
+"""TorchEngine: an in-process Hugging Face causal LM served with continuous batching.
+
+One background task owns a left-padded batch and its KV cache. Each step it (1) drops finished,
+aborted and cancelled rows, (2) runs one decode forward for every row still generating and samples
+a token each, and (3) prefills waiting requests (left-padded, in token-budgeted groups), samples
+their first token, and merges their caches into the batch by left-padding the shorter side. Rows
+carry explicit position ids (the count of real tokens before them) and a 2D attention mask, so
+padding never changes a row's result. Model work runs on one dedicated worker thread under
+`torch.inference_mode`, so the event loop keeps serving thousands of environment coroutines.
+
+Pause, abort and weight updates take the step lock, so they happen between steps. A weight update
+re-prefills every in-flight row (prompt plus tokens so far, minus the last sampled token, which the
+next decode step feeds) with the new weights, so every later token comes from the new weights alone.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from searchgym.agents.engines.types import (
+    GREEDY_TEMPERATURE,
+    FinishReason,
+    GenerateRequest,
+    GenerateResponse,
+    SamplingParams,
+)
+
+PREFILL_TOKENS = 16384  # padded tokens per prefill forward: bounds activation and attention-mask memory
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (rows, kv_heads, length, head_dim)
+
+
+@dataclass(eq=False)
+class _Sequence:
+    """One request in flight: what to continue, how to sample, and what it has produced so far."""
+
+    request: GenerateRequest
+    prompt: list[int]
+    future: asyncio.Future
+    generator: torch.Generator | None  # None: greedy
+    stop_ids: frozenset[int]
+    budget: int  # tokens it may generate: max_new_tokens capped by the model's context
+    stop_window: int  # trailing tokens whose text can hold a newly completed stop string
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish: FinishReason | None = None
+    cancelled: bool = False
+
+    @property
+    def live(self) -> bool:
+        return self.finish is None and not self.cancelled
+
+
+class TorchEngine:
+    """Token-in, token-out generation from a local HF causal LM; satisfies `types.InferenceEngine`.
+
+    A model given as an object is owned by the engine from then on (moved, cast, updated in place).
+    """
+
+    def __init__(self, model: str | os.PathLike | PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None,
+                 *, device: str = "cpu", dtype: torch.dtype = torch.float32, max_batch_size: int = 64, seed: int = 0,
+                 version: int = 0):
+        if not isinstance(model, PreTrainedModel):
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
+            model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model.name_or_path)
+        self.device = torch.device(device)
+        self.model = model.to(device=self.device, dtype=dtype).eval()
+        self.max_batch_size = max_batch_size
+        self.max_context = model.config.max_position_embeddings
+        self.vocab_size = model.get_input_embeddings().num_embeddings
+        self.eos_ids = frozenset(_as_ids(self.tokenizer.eos_token_id) + _as_ids(model.generation_config.eos_token_id))
+        self._seed, self._requests, self._version = seed, 0, version
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []  # batch rows, in order
+        self._cache: DynamicCache | None = None
+        self._mask: torch.Tensor | None = None  # (rows, length): 1 for real tokens, 0 for left padding
+        self._counts = {"generated_tokens": 0, "prefill_tokens": 0, "decode_steps": 0, "busy_s": 0.0}
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-engine")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._closed = False
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    # ---- public API -------------------------------------------------------------------------------------------------
+
+    async def agenerate(self, request: GenerateRequest) -> GenerateResponse:
+        """Queue a request, wait for the batch loop to finish it, and return tokens, logprobs and versions.
+
+        A prompt that leaves no room in the model's context returns at once: no tokens, finish "length".
+        """
+        self._ensure_started()
+        seq = self._new_sequence(request)
+        if seq.budget <= 0:
+            return _response(seq, FinishReason("length", 0), text="")
+        self._waiting.append(seq)
+        self._wake.set()
+        try:
+            return await seq.future
+        except asyncio.CancelledError:
+            seq.cancelled = True
+            if seq in self._waiting:
+                self._waiting.remove(seq)
+            raise
+
+    async def pause(self) -> None:
+        """Stop decoding between steps; returns once no step is running. In-flight requests wait."""
+        self._ensure_started()
+        self._unpaused.clear()
+        async with self._lock:
+            pass
+
+    async def resume(self) -> None:
+        """Let the batch loop decode again."""
+        self._ensure_started()
+        self._unpaused.set()
+
+    async def abort(self, rid: str | None = None) -> int:
+        """End the in-flight requests with this rid (all when None) now, with their partial tokens; count them."""
+        self._ensure_started()
+        async with self._lock:
+            hits = [s for s in [*self._running, *self._waiting] if s.live and (rid is None or s.request.rid == rid)]
+            for seq in hits:
+                seq.finish = FinishReason("abort", message="aborted")
+                self._resolve(seq)
+            self._waiting = deque(s for s in self._waiting if s.live)
+            return len(hits)
+
+    async def update_weights(self, source: str | os.PathLike | Mapping[str, torch.Tensor], version: int) -> None:
+        """Between steps, load new weights in place, set the version and rebuild in-flight KV caches with them.
+
+        Bad weights (unknown or missing keys, wrong shapes) raise before anything changes; a failure while
+        rebuilding the caches fails the in-flight requests with it.
+        """
+        self._ensure_started()
+        async with self._lock:
+            await self._in_worker(self._load_weights, source)
+            self._version = version
+            try:
+                await self._in_worker(self._rebuild_cache)
+            except Exception as exc:
+                self._fail([*self._running], exc)
+                raise
+
+    def stats(self) -> dict:
+        """Load and work counters; busy_s is time spent inside steps, for an idle fraction over a window."""
+        return {"running": sum(s.live for s in self._running), "waiting": len(self._waiting),
+                "version": self._version, "paused": self._task is not None and not self._unpaused.is_set(),
+                **self._counts}
+
+    async def close(self) -> None:
+        """Abort everything in flight and stop the batch loop and its thread; later requests raise."""
+        if self._task is not None and self._loop is asyncio.get_running_loop():
+            await self.abort()
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._closed = True
+        self._worker.shutdown(wait=False)
+
+    # ---- requests ---------------------------------------------------------------------------------------------------
+
+    def _new_sequence(self, request: GenerateRequest) -> _Sequence:
+        """Validate a request and attach its future, seeded generator, stop ids and token budget."""
+        prompt = list(request.input_ids)
+        if not prompt:
+            raise ValueError("input_ids is empty")
+        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+            raise ValueError(f"input_ids must lie in [0, {self.vocab_size})")
+        params = request.sampling
+        self._requests += 1
+        generator = None
+        if params.temperature >= GREEDY_TEMPERATURE:
+            # torch's CPU generator keeps only 32 bits of a seed: mix (engine seed, counter) into 32 good ones
+            seed = int(np.random.SeedSequence((self._seed, self._requests)).generate_state(1)[0])
+            generator = torch.Generator().manual_seed(seed)
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_ids)
+        # a stop string of n characters spans at most 4n bytes, hence 4n tokens, plus one partial character
+        stop_window = 4 * max(map(len, params.stop)) + 4 if params.stop else 0
+        budget = min(params.max_new_tokens, self.max_context - len(prompt))
+        future = asyncio.get_running_loop().create_future()
+        return _Sequence(request, prompt, future, generator, stop_ids, budget, stop_window)
+
+    def _finish_reason(self, seq: _Sequence) -> FinishReason | None:
+        """SGLang's order: length, then stop token, then stop string (checked on the generated text's tail)."""
+        if len(seq.output_ids) >= seq.budget:
+            return FinishReason("length", len(seq.output_ids))
+        if seq.output_ids[-1] in seq.stop_ids:
+            return FinishReason("stop", seq.output_ids[-1])
+        if seq.stop_window:
+            tail = self.tokenizer.decode(seq.output_ids[-seq.stop_window:], skip_special_tokens=False)
+            for stop in seq.request.sampling.stop:
+                if stop in tail:
+                    return FinishReason("stop", stop)
+        return None
+
+    def _resolve(self, seq: _Sequence) -> None:
+        """Hand a finished sequence's response to its caller, if the caller still waits."""
+        if not seq.future.done():
+            text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=False)
+            seq.future.set_result(_response(seq, seq.finish, text))
+
+    def _fail(self, seqs: list[_Sequence], exc: Exception) -> None:
+        """Raise `exc` in every caller of `seqs` and start over with an empty batch."""
+        for seq in seqs:
+            if not seq.future.done():
+                seq.future.set_exception(exc)
+        self._reset_batch()
+
+    # ---- the batch loop ---------------------------------------------------------------------------------------------
+
+    def _ensure_started(self) -> None:
+        """Start the batch loop in the running event loop (again, if an earlier loop has gone)."""
+        if self._closed:
+            raise RuntimeError("engine is closed")
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop, self._lock = loop, asyncio.Lock()
+            self._wake, self._unpaused = asyncio.Event(), asyncio.Event()
+            self._unpaused.set()
+            self._waiting.clear()
+            self._reset_batch()
+            self._task = None
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._run())
+
+    async def _in_worker(self, fn: Callable, *args) -> object:
+        """Run model work on the engine's own thread, so the event loop stays free and never waits for a slot."""
+        return await self._loop.run_in_executor(self._worker, fn, *args)
+
+    async def _run(self) -> None:
+        """Forever: wait for resume and for work, then run one step under the lock."""
+        while True:
+            await self._unpaused.wait()
+            if not self._running and not self._waiting:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            async with self._lock:
+                if self._unpaused.is_set():
+                    await self._guarded_step()
+
+    async def _guarded_step(self) -> None:
+        """Admit what fits, run a step on the worker, and resolve what finished; an error fails its rows."""
+        free = self.max_batch_size - sum(s.live for s in self._running)
+        admitted = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+        start = time.perf_counter()
+        try:
+            await self._in_worker(self._step, admitted)
+        except Exception as exc:  # noqa: BLE001 -- any failure must reach the callers, not hang them
+            self._fail([*self._running, *admitted], exc)
+        finally:
+            self._counts["busy_s"] += time.perf_counter() - start
+        for seq in self._running:
+            if seq.finish is not None:
+                self._resolve(seq)
+
+    @torch.inference_mode()
+    def _step(self, admitted: list[_Sequence]) -> None:
+        """One engine step: drop dead rows, decode the rest by one token, prefill and merge the admitted."""
+        self._drop_dead_rows()
+        if self._running:
+            self._decode()
+        admitted = [s for s in admitted if s.live]
+        if admitted:
+            kv, mask, logits = self._prefill([s.prompt for s in admitted])
+            self._sample(admitted, logits)
+            if self._running:
+                kv, mask = _merge([(_layers(self._cache), self._mask), (kv, mask)])
+            self._cache, self._mask = DynamicCache(kv), mask
+            self._running += admitted
+
+    def _decode(self) -> None:
+        """Feed every row its last sampled token and sample the next one."""
+        ids = torch.tensor([[s.output_ids[-1]] for s in self._running], device=self.device)
+        positions = self._mask.sum(-1, keepdim=True)
+        self._mask = F.pad(self._mask, (0, 1), value=1)
+        logits = self._forward(ids, self._mask, positions, self._cache)
+        self._counts["decode_steps"] += 1
+        self._sample(self._running, logits)
+
+    def _prefill(self, prompts: list[list[int]]) -> tuple[KV, torch.Tensor, torch.Tensor]:
+        """Run prompts through the model in left-padded groups; return their merged cache, mask, last logits."""
+        parts, logits = [], []
+        for group in _groups(prompts, PREFILL_TOKENS):
+            width = max(map(len, group))
+            ids = torch.tensor([[0] * (width - len(p)) + p for p in group], device=self.device)  # pad id is masked
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group], device=self.device)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            cache = DynamicCache()
+            logits.append(self._forward(ids, mask, positions, cache))
+            parts.append((_layers(cache), mask))
+            self._counts["prefill_tokens"] += sum(map(len, group))
+        kv, mask = _merge(parts)
+        return kv, mask, torch.cat(logits)
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+                 cache: DynamicCache) -> torch.Tensor:
+        """The model's own forward on new tokens, extending the cache; fp32 logits at each row's last position."""
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                         use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].float()
+
+    def _sample(self, seqs: list[_Sequence], logits: torch.Tensor) -> None:
+        """Pick each row's next token (greedy or seeded sampling) and record it with its logprob and version."""
+        params = [s.request.sampling for s in seqs]
+        temperatures = [p.temperature if s.generator is not None else 1.0 for p, s in zip(params, seqs)]
+        logprobs = torch.log_softmax(logits / torch.tensor(temperatures, device=logits.device)[:, None], dim=-1)
+        tokens = logits.argmax(-1)
+        rows = [i for i, s in enumerate(seqs) if s.generator is not None]
+        if rows:
+            probs = _truncate(logprobs[rows].exp(), [params[i] for i in rows])
+            tokens[rows] = _draw(probs, [seqs[i].generator for i in rows])
+        chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+        for seq, token, logprob in zip(seqs, tokens.tolist(), chosen.tolist()):
+            seq.output_ids.append(token)
+            seq.logprobs.append(logprob)
+            seq.versions.append(self._version)
+            seq.finish = self._finish_reason(seq)
+        self._counts["generated_tokens"] += len(seqs)
+
+    # ---- batch bookkeeping ------------------------------------------------------------------------------------------
+
+    def _reset_batch(self) -> None:
+        self._running, self._cache, self._mask = [], None, None
+
+    def _drop_dead_rows(self) -> None:
+        """Remove finished, aborted and cancelled rows, then cut columns that are padding in every row."""
+        keep = [i for i, s in enumerate(self._running) if s.live]
+        if len(keep) == len(self._running):
+            return
+        if not keep:
+            self._reset_batch()
+            return
+        rows = torch.tensor(keep, device=self.device)
+        mask = self._mask[rows]
+        start = int(mask.any(0).int().argmax())  # first column some row still uses
+        self._cache = DynamicCache([(k[rows, :, start:], v[rows, :, start:]) for k, v in _layers(self._cache)])
+        self._mask = mask[:, start:]
+        self._running = [self._running[i] for i in keep]
+
+    def _load_weights(self, source: str | os.PathLike | Mapping[str, torch.Tensor]) -> None:
+        """Copy new weights into the model's own tensors, after checking them all."""
+        state = _read_state_dict(source)
+        _check_state_dict(self.model, state)
+        with torch.no_grad():
+            self.model.load_state_dict(state, strict=False)
+
+    @torch.inference_mode()
+    def _rebuild_cache(self) -> None:
+        """Re-prefill in-flight rows with the current weights; each row's last sampled token stays unfed."""
+        self._drop_dead_rows()
+        if self._running:
+            kv, self._mask, _ = self._prefill([s.prompt + s.output_ids[:-1] for s in self._running])
+            self._cache = DynamicCache(kv)
+
+
+# ---- helpers --------------------------------------------------------------------------------------------------------
+
+def _as_ids(value: int | list[int] | None) -> list[int]:
+    """An eos id setting (None, one id or several) as a list."""
+    if value is None:
+        return []
+    return [value] if isinstance(value, int) else list(value)
+
+
+def _response(seq: _Sequence, finish: FinishReason, text: str) -> GenerateResponse:
+    return GenerateResponse(output_ids=list(seq.output_ids), logprobs=list(seq.logprobs), versions=list(seq.versions),
+                            finish_reason=finish, prompt_tokens=len(seq.prompt), text=text, rid=seq.request.rid)
+
+
+def _groups(prompts: list[list[int]], budget: int) -> list[list[list[int]]]:
+    """Split prompts, in order, into groups whose left-padded size (rows x longest) stays within budget."""
+    groups, current, width = [], [], 0
+    for prompt in prompts:
+        new_width = max(width, len(prompt))
+        if current and new_width * (len(current) + 1) > budget:
+            groups.append(current)
+            current, new_width = [], len(prompt)
+        current.append(prompt)
+        width = new_width
+    return [*groups, current]
+
+
+def _layers(cache: DynamicCache) -> KV:
+    return [(keys, values) for keys, values, _ in cache]
+
+
+def _merge(parts: list[tuple[KV, torch.Tensor]]) -> tuple[KV, torch.Tensor]:
+    """Stack batches of caches and masks along the batch, left-padding each to the longest length."""
+    length = max(mask.shape[1] for _, mask in parts)
+    masks = torch.cat([F.pad(mask, (length - mask.shape[1], 0)) for _, mask in parts])
+    kv = []
+    for layer in zip(*(layers for layers, _ in parts)):
+        keys = torch.cat([F.pad(k, (0, 0, length - k.shape[2], 0)) for k, _ in layer])
+        values = torch.cat([F.pad(v, (0, 0, length - v.shape[2], 0)) for _, v in layer])
+        kv.append((keys, values))
+    return kv, masks
+
+
+def _truncate(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Zero probabilities outside each row's top-k, top-p and min-p sets (SGLang: all on the full distribution)."""
+    vocab = probs.shape[-1]
+    top_k = [p.top_k if p.top_k > 0 else vocab for p in params]
+    top_p = [p.top_p for p in params]
+    min_p = [p.min_p for p in params]
+    if min(top_k) == vocab and min(top_p) >= 1.0 and max(min_p) <= 0.0:
+        return probs
+
+    def column(values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, device=probs.device, dtype=probs.dtype)[:, None]
+
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    drop = torch.arange(vocab, device=probs.device) >= column(top_k)
+    drop |= sorted_probs.cumsum(-1) - sorted_probs > column(top_p)
+    drop |= sorted_probs < sorted_probs[:, :1] * column(min_p)
+    return torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+
+
+def _draw(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+    """Inverse-CDF sampling with one uniform per row from that row's own (CPU) generator.
+
+    One tiny draw per row keeps each request's randomness independent of its batch and of the device,
+    and costs far less than a multinomial call per row.
+    """
+    uniforms = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in generators]).to(probs.device)
+    cdf = probs.double().cumsum(-1)
+    tokens = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True).squeeze(-1)
+    return tokens.clamp(max=probs.shape[-1] - 1)
+
+
+def _read_state_dict(source: str | os.PathLike | Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+    """A state dict as given, or read from the safetensors files of a saved HF model directory."""
+    if isinstance(source, Mapping):
+        return source
+    files = sorted(Path(source).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {source}")
+    return {name: tensor for file in files for name, tensor in load_file(file).items()}
+
+
+def _check_state_dict(model: PreTrainedModel, state: Mapping[str, torch.Tensor]) -> None:
+    """Refuse, before touching any weight, a state dict with unknown keys, wrong shapes or untied missing keys."""
+    own = model.state_dict()
+    unknown = sorted(set(state) - set(own))
+    if unknown:
+        raise KeyError(f"unexpected weights: {unknown[:5]}")
+    wrong = [name for name, tensor in state.items() if tensor.shape != own[name].shape]
+    if wrong:
+        raise ValueError(f"shape mismatch for weights: {wrong[:5]}")
+    loaded = {own[name].data_ptr() for name in state}
+    missing = [name for name in own if name not in state and own[name].data_ptr() not in loaded]  # tied ones are fine
+    if missing:
+        raise KeyError(f"missing weights: {missing[:5]}")

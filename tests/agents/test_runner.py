@@ -86,3 +86,42 @@ def test_a_weight_update_mid_episode_versions_later_tokens(engine, small_pool, s
 def test_context_budget_truncates(engine, small_pool, small_index):
     traj = play_many(engine, small_pool, small_index, 1, max_context=300, max_turns=30)[0]
     assert traj.truncated and traj.stop_reason == "context budget" and len(traj.input_ids) <= 300
+
+
+def test_32_episodes_through_the_model_server_with_sglang_and_openai_clients(tiny_model_dir, small_pool, small_index):
+    """(b) SGLangEngine and (c) OpenAIEngine against `searchgym serve model` on loopback."""
+    from searchgym.agents.engines.model_server import serving
+    from searchgym.agents.engines.openai_engine import OpenAIEngine
+    from searchgym.agents.engines.sglang_engine import SGLangEngine
+    from searchgym.agents.runner import run_chat_episode
+
+    served = TorchEngine(tiny_model_dir, seed=3)
+
+    async def main():
+        async with serving(served, model_path=str(tiny_model_dir), host="127.0.0.1") as url:
+            sglang = await SGLangEngine([url]).start(timeout=60)
+            chat = OpenAIEngine(f"{url}/v1", model=str(tiny_model_dir))
+            token_envs = [SearchEnv(small_pool, small_index, max_turns=4) for _ in range(32)]
+            chat_envs = [SearchEnv(small_pool, small_index, max_turns=4) for _ in range(32)]
+            tokens = await asyncio.gather(*(
+                run_episode(env, sglang, served.tokenizer, sampling=SAMPLING, max_context=2048, seed=i)
+                for i, env in enumerate(token_envs)))
+            chats = await asyncio.gather(*(
+                run_chat_episode(env, chat, seed=i, max_tokens=40, temperature=1.0)
+                for i, env in enumerate(chat_envs)))
+            await sglang.close()
+            await chat.close()
+            return tokens, chats
+
+    tokens, chats = asyncio.run(main())
+    for traj in tokens:
+        mask = torch.tensor(traj.loss_mask[1:], dtype=torch.bool)
+        assert mask.any() and all(v == 0 for v, m in zip(traj.versions, traj.loss_mask) if m)
+        reference = teacher_forced_logprobs(served.model, traj.input_ids, 1.0)
+        assert torch.allclose(torch.tensor(traj.logprobs)[1:][mask], reference[mask], atol=1e-4)
+        decoded = served.tokenizer.decode(traj.input_ids, skip_special_tokens=False)
+        assert served.tokenizer.apply_chat_template(traj.messages, tokenize=False).startswith(decoded)
+    for traj in chats:
+        roles = [m["role"] for m in traj.messages]
+        assert roles[0] == "user" and roles[1::2] == ["assistant"] * len(roles[1::2])
+        assert traj.turns and (traj.terminated or traj.truncated) and traj.input_ids == []

@@ -1,0 +1,172 @@
+"""`OpenAIEngine`: text in, text out over any OpenAI-compatible chat completions endpoint.
+
+For evaluation, LLM judges (it satisfies `searchgym.envs.judges.ChatModel`) and QA synthesis. It
+retries what is worth retrying (429, 408, 409, 5xx, connection errors, timeouts) with exponential
+backoff and jitter, honouring the server's Retry-After, and fails fast with the server's message on
+any other 4xx. Without an API key in the environment it sends no Authorization header, as local
+servers (SGLang, vLLM, `searchgym serve model`) need none.
+"""
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp
+
+RETRYABLE_STATUSES = frozenset({408, 409, 429})  # plus every 5xx
+
+
+class OpenAIError(RuntimeError):
+    """A chat completion failed: the server refused it, or it kept failing after every retry."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Retryable(Exception):
+    """A transient failure, with the wait the server asked for (if any)."""
+
+    def __init__(self, error: OpenAIError, wait: float | None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.wait = wait
+
+
+def retry_after_seconds(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """The wait a server asks for: `retry-after-ms`, or `Retry-After` in seconds or as an HTTP date."""
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _error_message(text: str) -> str:
+    """The message of an error body: OpenAI's {"error": {"message"}}, SGLang's {"message"}, or the raw text."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text[:500]
+    error = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return error["message"]
+    return str(error)[:500]
+
+
+def _parse_completion(text: str) -> dict[str, Any]:
+    """A chat.completion body -> {content, finish_reason, usage, model, id}."""
+    try:
+        body = json.loads(text)
+        choice = body["choices"][0]
+        content = choice["message"].get("content")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+        raise OpenAIError(f"malformed chat completion ({type(e).__name__}: {e}): {text[:300]}") from None
+    return {"content": content or "", "finish_reason": choice.get("finish_reason"), "usage": body.get("usage") or {},
+            "model": body.get("model"), "id": body.get("id")}
+
+
+async def close_at_loop_shutdown(session: aiohttp.ClientSession) -> AsyncIterator[None]:
+    """Closes `session` when its loop finalizes async generators (loop.shutdown_asyncgens, run by asyncio.run)."""
+    try:
+        yield
+    finally:
+        await session.close()
+
+
+class OpenAIEngine:
+    """Chat completions from an OpenAI-compatible server, with bounded concurrency and patient retries."""
+
+    def __init__(self, base_url: str, model: str, *, api_key_env: str = "OPENAI_API_KEY", max_concurrency: int = 16,
+                 max_retries: int = 5, timeout: float = 600, backoff_base: float = 0.5,
+                 backoff_max: float = 30.0) -> None:
+        self.url = base_url.rstrip("/") + "/chat/completions"  # base_url ends in /v1, as with the OpenAI SDK
+        self.model = model
+        self.max_concurrency = max_concurrency
+        self.max_retries = max_retries
+        self.timeout = timeout
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        api_key = os.environ.get(api_key_env)
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._closer: AsyncIterator[None] | None = None
+
+    async def _http(self) -> aiohttp.ClientSession:
+        """The running loop's HTTP session. A session and its slots belong to the loop that made them, so a new
+        loop (asyncio.run per call, as LLMJudge.judge does) gets new ones, and each is closed at its loop's end."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._session is None or self._session.closed:
+            self._loop = loop
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+            self._slots = asyncio.Semaphore(self.max_concurrency)
+            self._closer = close_at_loop_shutdown(self._session)
+            await anext(self._closer)
+        return self._session
+
+    async def achat(self, messages: list[dict[str, str]], **sampling: Any) -> str:
+        """The assistant's reply to `messages`; `sampling` holds OpenAI fields (temperature, max_tokens, stop, ...)."""
+        return (await self.achat_full(messages, **sampling))["content"]
+
+    async def achat_full(self, messages: list[dict[str, str]], **sampling: Any) -> dict[str, Any]:
+        """{content, finish_reason, usage, model, id} of one chat completion, retried on transient failures."""
+        body = {"model": self.model, "messages": messages, **sampling}
+        http = await self._http()
+        async with self._slots:
+            attempt = 0
+            while True:
+                try:
+                    return await self._attempt(http, body)
+                except _Retryable as retry:
+                    if attempt >= self.max_retries:
+                        raise OpenAIError(f"{self.url}: gave up after {attempt + 1} attempts: {retry.error}",
+                                          retry.error.status) from None
+                    await asyncio.sleep(self._delay(attempt, retry.wait))
+                attempt += 1
+
+    async def _attempt(self, http: aiohttp.ClientSession, body: dict) -> dict[str, Any]:
+        """One POST: the parsed completion; raises _Retryable for transient failures, OpenAIError for the rest."""
+        try:
+            async with http.post(self.url, json=body, headers=self._headers) as resp:
+                text = await resp.text()
+                if resp.status == 200:
+                    return _parse_completion(text)
+                error = OpenAIError(f"HTTP {resp.status}: {_error_message(text)}", resp.status)
+                if resp.status < 500 and resp.status not in RETRYABLE_STATUSES:
+                    raise error
+                raise _Retryable(error, retry_after_seconds(resp.headers))
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as e:
+            raise _Retryable(OpenAIError(f"{type(e).__name__}: {e}"), None) from None
+
+    def _delay(self, attempt: int, requested: float | None) -> float:
+        """The server's Retry-After when given (up to the timeout), else capped exponential backoff with jitter."""
+        if requested is not None:
+            return min(requested, self.timeout)
+        return min(self.backoff_max, self.backoff_base * 2**attempt) * random.uniform(0.5, 1.0)
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        if self._session is not None and self._loop is asyncio.get_running_loop():
+            await self._session.close()
+        self._session = None

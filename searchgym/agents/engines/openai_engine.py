@@ -14,10 +14,12 @@ import json
 import os
 import random
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
+
+from searchgym.agents.engines.http import LoopSession
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429})  # plus every 5xx
 
@@ -85,14 +87,6 @@ def _parse_completion(text: str) -> dict[str, Any]:
             "model": body.get("model"), "id": body.get("id")}
 
 
-async def close_at_loop_shutdown(session: aiohttp.ClientSession) -> AsyncIterator[None]:
-    """Closes `session` when its loop finalizes async generators (loop.shutdown_asyncgens, run by asyncio.run)."""
-    try:
-        yield
-    finally:
-        await session.close()
-
-
 class OpenAIEngine:
     """Chat completions from an OpenAI-compatible server, with bounded concurrency and patient retries."""
 
@@ -108,22 +102,15 @@ class OpenAIEngine:
         self.backoff_max = backoff_max
         api_key = os.environ.get(api_key_env)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._sessions = LoopSession(lambda: aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout)))
         self._slots: asyncio.Semaphore | None = None
-        self._closer: AsyncIterator[None] | None = None
 
     async def _http(self) -> aiohttp.ClientSession:
-        """The running loop's HTTP session. A session and its slots belong to the loop that made them, so a new
-        loop (asyncio.run per call, as LLMJudge.judge does) gets new ones, and each is closed at its loop's end."""
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._session is None or self._session.closed:
-            self._loop = loop
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+        """The running loop's HTTP session, with a concurrency limit that belongs to the same loop."""
+        session, fresh = await self._sessions.get()
+        if fresh:
             self._slots = asyncio.Semaphore(self.max_concurrency)
-            self._closer = close_at_loop_shutdown(self._session)
-            await anext(self._closer)
-        return self._session
+        return session
 
     async def achat(self, messages: list[dict[str, str]], **sampling: Any) -> str:
         """The assistant's reply to `messages`; `sampling` holds OpenAI fields (temperature, max_tokens, stop, ...)."""
@@ -167,6 +154,4 @@ class OpenAIEngine:
 
     async def close(self) -> None:
         """Close the HTTP session."""
-        if self._session is not None and self._loop is asyncio.get_running_loop():
-            await self._session.close()
-        self._session = None
+        await self._sessions.close()

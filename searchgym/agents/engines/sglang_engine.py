@@ -22,14 +22,14 @@ import sys
 import tempfile
 import time
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from searchgym.agents.engines.openai_engine import close_at_loop_shutdown
+from searchgym.agents.engines.http import LoopSession
 from searchgym.agents.engines.types import FinishReason, GenerateRequest, GenerateResponse, SamplingParams
 
 LOG_TAIL_CHARS = 4000
@@ -126,9 +126,9 @@ class SGLangEngine:
         self._turn = 0
         self._version = 0
         self._paused = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self._closer: AsyncIterator[None] | None = None
+        self._sessions = LoopSession(lambda: aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=self.max_connections),
+            timeout=aiohttp.ClientTimeout(total=self.request_timeout)))
 
     @property
     def version(self) -> int:
@@ -136,17 +136,8 @@ class SGLangEngine:
         return self._version
 
     async def _http(self) -> aiohttp.ClientSession:
-        """The running loop's HTTP session: a session belongs to the loop that made it, so a new loop gets a new one,
-        and each is closed when its loop ends."""
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._session is None or self._session.closed:
-            self._loop = loop
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.max_connections),
-                timeout=aiohttp.ClientTimeout(total=self.request_timeout))
-            self._closer = close_at_loop_shutdown(self._session)
-            await anext(self._closer)
-        return self._session
+        """The running loop's HTTP session (see engines/http.py)."""
+        return (await self._sessions.get())[0]
 
     async def start(self, wait_ready: bool = True, timeout: float = 600) -> SGLangEngine:
         """Wait for every server's /health_generate, then read the weight version from /get_model_info."""
@@ -332,9 +323,7 @@ class SGLangEngine:
 
     async def close(self) -> None:
         """Close the HTTP session (the servers keep running)."""
-        if self._session is not None and self._loop is asyncio.get_running_loop():
-            await self._session.close()
-        self._session = None
+        await self._sessions.close()
 
 
 def _payload(input_ids: list[int], sampling: SamplingParams, rid: str) -> dict[str, Any]:

@@ -31,3 +31,11 @@ def small_pool(small_bundle):
     from searchgym.envs.tasks import TaskPool
 
     return TaskPool.from_jsonl(small_bundle / "tasks.jsonl")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A default tiny Qwen2 model directory (BPE tokenizer + random weights), loadable with the Auto classes."""
+    from searchgym.agents.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))

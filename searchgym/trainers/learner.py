@@ -1,0 +1,226 @@
+"""The learner: one decoupled-PPO update from a batch of trajectory groups.
+
+    1. returns: outcome reward, plus optional process rewards refined by Clip or Delta (so repeating a
+       rewarded action cannot raise the return), as a return-to-go per turn;
+    2. advantages: group baseline (mean, optionally std) over each task's group; groups whose returns
+       have no spread carry no signal and are dropped;
+    3. proximal log-probs: a no-grad forward pass of the pre-update weights, fixed for the whole step;
+    4. the decoupled PPO loss, token-mean over the whole batch, accumulated over micro-batches packed
+       to a token budget so long trajectories fit memory; AdamW, gradient clipping, LR warm-up.
+
+Log-probs are log softmax(logits / temperature), the quantity the engines report for the behaviour
+policy, so behaviour, proximal and current policies are compared like for like.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from searchgym.agents.trajectory import Trajectory
+from searchgym.trainers.ppo import (
+    decoupled_ppo_loss,
+    entropy_from_logits,
+    group_advantages,
+    refine_process_rewards,
+    returns_to_go,
+    token_logprobs,
+    valid_tokens,
+)
+
+
+@dataclass
+class LearnerConfig:
+    """Optimisation and PPO settings (AReaL's defaults where it has them)."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = None
+    behav_weight_cap: float | None = 5.0
+    temperature: float = 1.0
+    micro_batch_tokens: int = 16_384
+    minibatches: int = 1
+    std_normalize: bool = False
+    process_reward: str = "clip"  # "clip" | "delta" | "none": how process rewards enter the return
+    process_reward_weight: float = 0.0  # reward for a search that retrieves the answer page; 0: off
+    process_reward_threshold: float = 0.0
+
+
+@dataclass(eq=False)
+class _Sample:
+    """One trajectory as tensors aligned for next-token prediction (position i predicts token i+1)."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    behav: torch.Tensor
+    advantages: torch.Tensor
+    versions: torch.Tensor
+    prox: torch.Tensor | None = None  # filled once per step by the pre-update weights
+
+
+class Learner:
+    """Owns the trained model and its optimizer; `step` turns groups of trajectories into one new version."""
+
+    def __init__(self, model: torch.nn.Module, config: LearnerConfig = LearnerConfig(), *, pad_id: int = 0,
+                 version: int = 0):
+        self.model, self.config, self.pad_id, self.version = model, config, pad_id, version
+        self.device = next(model.parameters()).device
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.betas,
+                                           weight_decay=config.weight_decay)
+        warmup = max(config.warmup_steps, 0)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+
+    # --- one update ----------------------------------------------------------------------------
+
+    def step(self, groups: list[list[Trajectory]]) -> dict[str, float]:
+        """One PPO update (split into `minibatches` optimizer steps) on the kept groups; bumps the version."""
+        samples, stats = self._samples(groups)
+        if not samples:
+            return {**stats, "updated": 0.0}
+        self._proximal_logprobs(samples)
+        minibatches = [samples[i::self.config.minibatches] for i in range(self.config.minibatches)]
+        minibatches = [m for m in minibatches if m]
+        totals: dict[str, float] = {}
+        for minibatch in minibatches:
+            for key, value in self._update(minibatch).items():
+                totals[key] = totals.get(key, 0.0) + value / len(minibatches)
+        self.version += 1
+        return {**stats, **totals, "updated": 1.0, "version": float(self.version)}
+
+    def _update(self, samples: list[_Sample]) -> dict[str, float]:
+        """Accumulate the loss over micro-batches with the minibatch's token count as normaliser, then step."""
+        cfg = self.config
+        normalizer = sum(float(valid_tokens(s.mask, s.prox, s.behav, cfg.behav_weight_cap).sum()) for s in samples)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        weight_total = 0.0
+        for batch in self._micro_batches(samples):
+            ids, attention, mask, behav, adv, prox = self._pad(batch)
+            logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+            logp = token_logprobs(logits, ids[:, 1:], cfg.temperature)
+            loss, stats = decoupled_ppo_loss(logp, prox, behav, adv, mask, eps_clip=cfg.eps_clip,
+                                             eps_clip_high=cfg.eps_clip_high, behav_weight_cap=cfg.behav_weight_cap,
+                                             normalizer=max(normalizer, 1.0))
+            loss.backward()
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits.detach(), cfg.temperature)
+                n = float(mask.sum())
+                stats["entropy"] = (entropy * mask).sum() / max(n, 1.0)
+            weight = float(stats.get("valid_tokens", mask.sum()))
+            weight_total += weight
+            for key, value in stats.items():
+                if key != "loss":
+                    sums[key] = sums.get(key, 0.0) + float(value) * weight
+            sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        out = {k: v / max(weight_total, 1.0) for k, v in sums.items() if k != "loss"}
+        out.update(loss=sums.get("loss", 0.0), grad_norm=float(grad_norm), lr=self.scheduler.get_last_lr()[0])
+        return out
+
+    # --- data --------------------------------------------------------------------------------
+
+    def _samples(self, groups: list[list[Trajectory]]) -> tuple[list[_Sample], dict[str, float]]:
+        """Returns, advantages and aligned tensors of every trajectory in the groups that carry signal."""
+        cfg = self.config
+        turn_returns = [[self._turn_returns(t) for t in group] for group in groups]
+        if not groups:
+            return [], {"groups": 0.0, "dropped_groups": 0.0}
+        first = torch.tensor([[r[0] for r in group] for group in turn_returns], dtype=torch.float64)
+        advantages, keep = group_advantages(first, std_normalize=cfg.std_normalize)
+        scale = first.std(dim=1, keepdim=True) + 1e-6 if cfg.std_normalize else torch.ones_like(first[:, :1])
+        samples = []
+        for g, group in enumerate(groups):
+            if not keep[g]:
+                continue
+            for i, traj in enumerate(group):
+                per_turn = [float(advantages[g, i] + (r - first[g, i]) / scale[g, 0]) for r in turn_returns[g][i]]
+                samples.append(self._sample(traj, per_turn))
+        versions = torch.cat([s.versions[s.mask.bool()] for s in samples]) if samples else torch.zeros(0)
+        stale = (self.version - versions).float() if len(versions) else torch.zeros(1)
+        return samples, {
+            "groups": float(len(groups)), "dropped_groups": float(len(groups) - int(keep.sum())),
+            "reward_mean": float(sum(t.reward for g in groups for t in g) / sum(len(g) for g in groups)),
+            "trained_tokens": float(len(versions)),
+            "staleness_mean": float(stale.mean()), "staleness_max": float(stale.max()),
+        }
+
+    def _turn_returns(self, traj: Trajectory) -> list[float]:
+        """Return-to-go per turn: outcome plus refined process rewards (a search that finds the answer page)."""
+        cfg = self.config
+        process = [cfg.process_reward_weight * float((t.info.get("evidence") or {}).get("answer_page_rank") is not None)
+                   for t in traj.turns] or [0.0]
+        refined = refine_process_rewards(process, mode=cfg.process_reward, threshold=cfg.process_reward_threshold)
+        return returns_to_go(traj.reward, refined)
+
+    def _sample(self, traj: Trajectory, per_turn_advantage: list[float]) -> _Sample:
+        """Tensors shifted by one (target token i+1 at position i), each turn's advantage on its tokens."""
+        # each turn that generated tokens is one contiguous run of loss_mask == 1, in order
+        run_advantages = [a for turn, a in zip(traj.turns, per_turn_advantage) if turn.generated_tokens > 0]
+        token_advantage = torch.zeros(len(traj.input_ids), dtype=torch.float32)
+        run, previous = -1, 0
+        for i, generated in enumerate(traj.loss_mask):
+            if generated and not previous:
+                run += 1
+            if generated:
+                token_advantage[i] = run_advantages[min(run, len(run_advantages) - 1)]
+            previous = generated
+        return _Sample(ids=torch.tensor(traj.input_ids, dtype=torch.long),
+                       mask=torch.tensor(traj.loss_mask[1:], dtype=torch.float32),
+                       behav=torch.tensor(traj.logprobs[1:], dtype=torch.float32),
+                       advantages=token_advantage[1:], versions=torch.tensor(traj.versions[1:], dtype=torch.long))
+
+    def _micro_batches(self, samples: list[_Sample]) -> list[list[_Sample]]:
+        """Pack samples (longest first) so each micro-batch's padded size stays within the token budget."""
+        batches: list[list[_Sample]] = []
+        for sample in sorted(samples, key=lambda s: -len(s.ids)):
+            if batches and len(batches[-1][0].ids) * (len(batches[-1]) + 1) <= self.config.micro_batch_tokens:
+                batches[-1].append(sample)
+            else:
+                batches.append([sample])
+        return batches
+
+    @torch.no_grad()
+    def _proximal_logprobs(self, samples: list[_Sample]) -> None:
+        """Log-probs of the pre-update weights, computed once when the batch arrives (no grad)."""
+        self.model.eval()
+        for batch in self._micro_batches(samples):
+            ids, attention, *_ = self._pad(batch)
+            logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+            logp = token_logprobs(logits, ids[:, 1:], self.config.temperature)
+            for row, sample in enumerate(batch):
+                sample.prox = logp[row, : len(sample.ids) - 1].cpu()
+
+    def _pad(self, batch: list[_Sample]) -> tuple[torch.Tensor, ...]:
+        """Right-pad a micro-batch to its longest sample: ids, attention, mask, behav, advantages, prox."""
+        width = max(len(s.ids) for s in batch)
+        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        mask, behav, adv, prox = (torch.zeros((len(batch), width - 1)) for _ in range(4))
+        for row, s in enumerate(batch):
+            n = len(s.ids)
+            ids[row, :n], attention[row, :n] = s.ids, 1
+            mask[row, : n - 1], behav[row, : n - 1], adv[row, : n - 1] = s.mask, s.behav, s.advantages
+            if s.prox is not None:
+                prox[row, : n - 1] = s.prox
+        return tuple(t.to(self.device) for t in (ids, attention, mask, behav, adv, prox))
+
+    # --- checkpoints ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "version": self.version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.version = state["version"]

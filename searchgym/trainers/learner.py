@@ -46,6 +46,7 @@ class LearnerConfig:
     micro_batch_tokens: int = 16_384
     minibatches: int = 1
     std_normalize: bool = False
+    drop_no_spread: bool = True  # groups whose returns are all equal carry no signal: skip them
     process_reward: str = "clip"  # "clip" | "delta" | "none": how process rewards enter the return
     process_reward_weight: float = 0.0  # reward for a search that retrieves the answer page; 0: off
     process_reward_threshold: float = 0.0
@@ -79,10 +80,15 @@ class Learner:
     # --- one update ----------------------------------------------------------------------------
 
     def step(self, groups: list[list[Trajectory]]) -> dict[str, float]:
-        """One PPO update (split into `minibatches` optimizer steps) on the kept groups; bumps the version."""
+        """One PPO update (split into `minibatches` optimizer steps) on the kept groups.
+
+        The version advances on every step, also when no group carried signal: the staleness rule
+        counts learner steps, and rollouts must never wait on a step that had nothing to learn.
+        """
         samples, stats = self._samples(groups)
         if not samples:
-            return {**stats, "updated": 0.0}
+            self.version += 1
+            return {**stats, "updated": 0.0, "version": float(self.version)}
         self._proximal_logprobs(samples)
         minibatches = [samples[i::self.config.minibatches] for i in range(self.config.minibatches)]
         minibatches = [m for m in minibatches if m]
@@ -99,8 +105,9 @@ class Learner:
         normalizer = sum(float(valid_tokens(s.mask, s.prox, s.behav, cfg.behav_weight_cap).sum()) for s in samples)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
-        weight_total = 0.0
+        sums: dict[str, float] = {}  # token-weighted sums of per-micro-batch means
+        extremes: dict[str, float] = {}
+        weight_total = loss_total = 0.0
         for batch in self._micro_batches(samples):
             ids, attention, mask, behav, adv, prox = self._pad(batch)
             logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1]
@@ -113,17 +120,23 @@ class Learner:
                 entropy = entropy_from_logits(logits.detach(), cfg.temperature)
                 n = float(mask.sum())
                 stats["entropy"] = (entropy * mask).sum() / max(n, 1.0)
-            weight = float(stats.get("valid_tokens", mask.sum()))
+            weight = float(stats["valid_tokens"])
             weight_total += weight
             for key, value in stats.items():
-                if key != "loss":
-                    sums[key] = sums.get(key, 0.0) + float(value) * weight
-            sums["loss"] = sums.get("loss", 0.0) + float(loss.detach())
+                value = float(value)
+                if key.endswith("_max"):
+                    extremes[key] = max(extremes.get(key, value), value)
+                elif key.endswith("_min"):
+                    extremes[key] = min(extremes.get(key, value), value)
+                elif key not in ("loss", "valid_tokens"):
+                    sums[key] = sums.get(key, 0.0) + value * weight
+            loss_total += float(loss.detach())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
-        out = {k: v / max(weight_total, 1.0) for k, v in sums.items() if k != "loss"}
-        out.update(loss=sums.get("loss", 0.0), grad_norm=float(grad_norm), lr=self.scheduler.get_last_lr()[0])
+        out = {k: v / max(weight_total, 1.0) for k, v in sums.items()}
+        out.update(extremes, loss=loss_total, valid_tokens=weight_total, grad_norm=float(grad_norm),
+                   lr=self.scheduler.get_last_lr()[0])
         return out
 
     # --- data --------------------------------------------------------------------------------
@@ -136,10 +149,10 @@ class Learner:
             return [], {"groups": 0.0, "dropped_groups": 0.0}
         first = torch.tensor([[r[0] for r in group] for group in turn_returns], dtype=torch.float64)
         advantages, keep = group_advantages(first, std_normalize=cfg.std_normalize)
-        scale = first.std(dim=1, keepdim=True) + 1e-6 if cfg.std_normalize else torch.ones_like(first[:, :1])
+        scale = first.std(dim=1, keepdim=True, correction=0) + 1e-6 if cfg.std_normalize else torch.ones_like(first[:, :1])
         samples = []
         for g, group in enumerate(groups):
-            if not keep[g]:
+            if cfg.drop_no_spread and not keep[g]:
                 continue
             for i, traj in enumerate(group):
                 per_turn = [float(advantages[g, i] + (r - first[g, i]) / scale[g, 0]) for r in turn_returns[g][i]]
@@ -147,7 +160,8 @@ class Learner:
         versions = torch.cat([s.versions[s.mask.bool()] for s in samples]) if samples else torch.zeros(0)
         stale = (self.version - versions).float() if len(versions) else torch.zeros(1)
         return samples, {
-            "groups": float(len(groups)), "dropped_groups": float(len(groups) - int(keep.sum())),
+            "groups": float(len(groups)),
+            "dropped_groups": float(len(groups) - int(keep.sum())) if cfg.drop_no_spread else 0.0,
             "reward_mean": float(sum(t.reward for g in groups for t in g) / sum(len(g) for g in groups)),
             "trained_tokens": float(len(versions)),
             "staleness_mean": float(stale.mean()), "staleness_max": float(stale.max()),

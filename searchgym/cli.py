@@ -76,6 +76,16 @@ def _bench_engine(args: argparse.Namespace) -> None:
         print(json.dumps(run_engine_bench(model, out=args.out, device=args.device), indent=2))
 
 
+def _train(args: argparse.Namespace) -> None:
+    from searchgym.trainers.config import load_config
+    from searchgym.trainers.local import train
+
+    config = load_config(args.config, args.overrides)
+    history = train(config)
+    last = history[-1] if history else {}
+    print(json.dumps({k: last[k] for k in sorted(last) if k.startswith("episode/") or k in ("loss", "version")}, indent=2))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="searchgym", description=__doc__)
     rooms = parser.add_subparsers(dest="command", required=True)
@@ -112,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", type=Path, default=None, help="bundle cache (default $SEARCHGYM_CACHE or ~/.cache/searchgym)")
     p.set_defaults(run=_demo)
+
+    p = rooms.add_parser("train", help="asynchronous decoupled-PPO training (local launcher)")
+    p.add_argument("--config", type=Path, default=None, help="a YAML config (see configs/)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-6 rollout.max_staleness=2")
+    p.set_defaults(run=_train)
 
     serve = rooms.add_parser("serve", help="servers").add_subparsers(dest="action", required=True)
     p = serve.add_parser("model", help="a model behind SGLang's native HTTP API and /v1/chat/completions")

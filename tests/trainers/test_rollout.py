@@ -1,0 +1,153 @@
+"""The rollout controller with the real tiny model (TorchEngine) and real SearchEnvs, next to a fake learner."""
+import asyncio
+
+import pytest
+
+from searchgym.agents.engines.torch_engine import TorchEngine
+from searchgym.agents.engines.types import SamplingParams
+from searchgym.envs.search_env import SearchEnv
+from searchgym.trainers.rollout import RolloutController
+
+SAMPLING = SamplingParams(max_new_tokens=32, temperature=1.0)
+GROUP, BATCH = 3, 2
+MAX_CONCURRENT = 4 * GROUP  # episodes
+
+
+@pytest.fixture
+async def engine(tiny_model_dir):
+    engine = TorchEngine(tiny_model_dir, seed=0)
+    yield engine
+    await engine.close()
+
+
+def make_controller(engine, pool, index, *, max_staleness, make_env=None, **kwargs):
+    make_env = make_env or (lambda: SearchEnv(pool, index, max_turns=3))
+    return RolloutController(make_env, engine, engine.tokenizer, pool, group_size=GROUP, batch_size=BATCH,
+                             max_staleness=max_staleness, max_concurrent_rollouts=MAX_CONCURRENT, sampling=SAMPLING,
+                             max_context=2048, seed=1, **kwargs)
+
+
+async def train(controller, engine, steps):
+    """A learner that trains nothing: take each batch, bump the weights' version, tell the controller.
+
+    Returns (trained version, batch) pairs and the admissions (trained version, accepted, running) seen.
+    """
+    staleness = controller.controller
+    admissions = []
+    admit = staleness.admit
+
+    def recording_admit(version):
+        admitted = admit(version)
+        if admitted:
+            admissions.append((version, staleness.accepted, staleness.running))
+        return admitted
+
+    staleness.admit = recording_admit
+    rollouts = asyncio.create_task(controller.run())
+    batches = []
+    for _ in range(steps):
+        version = controller.trained_version
+        batch = await asyncio.wait_for(controller.get_batch(), 60)
+        batches.append((version, batch))
+        await engine.update_weights(engine.model.state_dict(), version + 1)
+        controller.trained_version = version + 1
+    controller.stop()
+    await asyncio.wait_for(rollouts, 30)
+    return batches, admissions
+
+
+def check_run(controller, batches, admissions, max_staleness):
+    """Complete groups of one task, AReaL's admission rule at every admit, and the staleness bound."""
+    for version, accepted, running in admissions:  # counters just after each admission
+        assert accepted + running <= (version + max_staleness + 1) * BATCH
+        assert running * GROUP <= MAX_CONCURRENT
+    ages = []
+    for version, batch in batches:
+        assert len(batch) == BATCH
+        for group in batch:
+            assert len(group) == GROUP and len({traj.task_id for traj in group}) == 1
+            for traj in group:
+                generated = [v for v, m in zip(traj.versions, traj.loss_mask) if m]
+                assert generated and traj.turns and (traj.terminated or traj.truncated)
+                assert min(generated) >= version - max_staleness
+                ages.append(version - min(generated))
+    staleness, buffer = controller.controller, controller.buffer
+    assert staleness.running == 0 and buffer.in_flight == 0  # stopped cleanly: nothing left in flight
+    assert staleness.accepted == len(batches) * BATCH + len(buffer)
+    stats = controller.stats()
+    assert stats.episodes >= len(batches) * BATCH * GROUP and stats.generated_tokens > 0
+    assert stats.engine_idle_fraction is not None and 0.0 <= stats.engine_idle_fraction <= 1.0
+    return ages
+
+
+class SlowEnv(SearchEnv):
+    """A SearchEnv whose tool calls on one task take long: that task's group becomes a straggler."""
+
+    slow_task = ""
+
+    async def astep(self, action):
+        if self.task.id == self.slow_task:
+            await asyncio.sleep(1.0)
+        return await super().astep(action)
+
+
+async def test_async_rollouts_stay_within_the_staleness_bound(engine, small_pool, small_index):
+    controller = make_controller(engine, small_pool, small_index, max_staleness=1,
+                                 make_env=lambda: SlowEnv(small_pool, small_index, max_turns=3))
+    SlowEnv.slow_task = controller.task_at(0)
+    batches, admissions = await train(controller, engine, steps=4)
+    ages = check_run(controller, batches, admissions, max_staleness=1)
+    assert max(ages) == 1  # rollouts really ran ahead: some trained tokens came from the previous weights
+    assert {version for version, _, _ in admissions} == {0, 1, 2, 3}  # new groups started after every step
+    # younger groups overtook the straggler, yet it was trained at the last version the bound allows
+    trained_at = {group[0].task_id: version for version, batch in batches for group in batch}
+    assert trained_at[SlowEnv.slow_task] == 1
+    played = [traj.task_id for _, batch in batches for group in batch for traj in group]
+    assert set(played) <= {controller.task_at(i) for i in range(controller.position)}
+
+
+async def test_max_staleness_zero_is_synchronous(engine, small_pool, small_index):
+    controller = make_controller(engine, small_pool, small_index, max_staleness=0)
+    batches, admissions = await train(controller, engine, steps=3)
+    assert set(check_run(controller, batches, admissions, max_staleness=0)) == {0}  # every token on-policy
+    # exactly one batch of groups starts at each version, and none before the previous batch is trained
+    assert [version for version, _, _ in admissions] == [v for v in range(3) for _ in range(BATCH)]
+
+
+async def test_rejected_and_failed_groups_give_their_slot_back(engine, small_pool, small_index, caplog):
+    turned_down = {task.id for task in small_pool[::2]}
+    calls = 0
+
+    def flaky_env():
+        nonlocal calls
+        calls += 1
+        if calls % 7 == 0:
+            raise RuntimeError("env construction failed")
+        return SearchEnv(small_pool, small_index, max_turns=3)
+
+    controller = make_controller(engine, small_pool, small_index, max_staleness=1, make_env=flaky_env,
+                                 filter_group=lambda group: group[0].task_id not in turned_down)
+    batches, admissions = await train(controller, engine, steps=3)
+    check_run(controller, batches, admissions, max_staleness=1)
+    stats, staleness = controller.stats(), controller.controller
+    assert stats.rejected_groups > 0 and stats.failed_groups > 0
+    assert "env construction failed" in caplog.text  # each failure is logged, and the loop went on
+    assert staleness.rejected == stats.rejected_groups + stats.failed_groups + stats.cancelled_groups
+    assert staleness.accepted == stats.groups
+    delivered = {traj.task_id for _, batch in batches for group in batch for traj in group}
+    assert delivered and not delivered & turned_down
+
+
+async def test_resume_continues_the_data_order(engine, small_pool, small_index):
+    controller = make_controller(engine, small_pool, small_index, max_staleness=1)
+    await train(controller, engine, steps=1)
+    state = controller.state_dict()
+    resumed = make_controller(engine, small_pool, small_index, max_staleness=1)
+    resumed.load_state_dict(state)
+    assert resumed.position == controller.position
+    assert [resumed.task_at(controller.position + i) for i in range(5)] == \
+        [controller.task_at(controller.position + i) for i in range(5)]
+    # groups left in the buffer are not saved: the resumed run counts only what the learner consumed
+    assert resumed.controller.accepted == BATCH and resumed.controller.running == 0
+    epoch = [controller.task_at(i) for i in range(len(small_pool))]
+    assert sorted(epoch) == sorted(task.id for task in small_pool)  # each epoch plays every task once

@@ -81,7 +81,7 @@ def _train(args: argparse.Namespace) -> None:
     from searchgym.trainers.local import train
 
     config = load_config(args.config, args.overrides)
-    history = train(config)
+    history = train(config, resume=args.resume)
     last = history[-1] if history else {}
     print(json.dumps({k: last[k] for k in sorted(last) if k.startswith("episode/") or k in ("loss", "version")}, indent=2))
 
@@ -125,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = rooms.add_parser("train", help="asynchronous decoupled-PPO training (local launcher)")
     p.add_argument("--config", type=Path, default=None, help="a YAML config (see configs/)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from out_dir's latest checkpoint (same versions and data order); none: start fresh")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-6 rollout.max_staleness=2")
     p.set_defaults(run=_train)
 

@@ -43,6 +43,7 @@ class Trajectory:
     verdict: dict[str, Any] | None = None
     turns: list[Turn] = field(default_factory=list)
     messages: list[dict[str, str]] = field(default_factory=list)
+    group: int | None = None  # the data position of the rollout group it was played in (set by trainers)
 
     def extend(self, ids: list[int], *, generated: bool, logprobs: list[float] | None = None,
                versions: list[int] | None = None) -> None:

@@ -53,6 +53,8 @@ class TrainConfig:
     mode: str = "async"
     seed: int = 0
     out_dir: str = "runs/train"
+    save_every: int = 10  # learner steps between checkpoints (the last step always saves one)
+    keep_checkpoints: int = 2
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -66,6 +68,13 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
         merged = OmegaConf.merge(merged, OmegaConf.load(path))
     merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
     config: TrainConfig = OmegaConf.to_object(merged)
+    if config.save_every < 1 or config.keep_checkpoints < 1:
+        raise ValueError("save_every and keep_checkpoints must be at least 1")
     if config.mode not in ("async", "sync"):
         raise ValueError(f"mode must be 'async' or 'sync', got {config.mode!r}")
     return config
+
+
+def config_dict(config: TrainConfig) -> dict[str, Any]:
+    """The config as plain JSON-ready data (what a run directory's config.json holds)."""
+    return OmegaConf.to_container(OmegaConf.structured(config))

@@ -229,12 +229,18 @@ class Learner:
 
     # --- checkpoints ---------------------------------------------------------------------------
 
+    def trainer_state(self) -> dict[str, Any]:
+        """Everything but the weights (which checkpoints save as a model directory): optimizer, scheduler, version."""
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "version": self.version}
+
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(), "version": self.version}
+        return {"model": self.model.state_dict(), **self.trainer_state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
+        """Restore `state_dict` or `trainer_state` (then the weights come from the checkpoint's model dir)."""
+        if "model" in state:
+            self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = state["version"]

@@ -9,10 +9,9 @@ with staleness 0, so no group starts before the previous batch is trained (the b
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 import time
 from pathlib import Path
-from typing import Any
 
 import gymnasium as gym
 import torch
@@ -23,25 +22,39 @@ import searchgym  # noqa: F401  (registers the env ids)
 from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.tiny_model import build_tiny_model
-from searchgym.agents.trajectory import Trajectory
-from searchgym.trainers.config import TrainConfig
+from searchgym.trainers.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from searchgym.trainers.config import TrainConfig, config_dict
 from searchgym.trainers.learner import Learner
 from searchgym.trainers.rollout import RolloutController
+from searchgym.trainers.run_log import RunLog, episode_metrics
+
+log = logging.getLogger(__name__)
 
 
-def train(config: TrainConfig, *, progress: bool = True) -> list[dict[str, float]]:
-    """Run `config.steps` learner steps; returns the per-step metrics (also in TensorBoard and JSONL)."""
-    return asyncio.run(_train(config, progress))
+def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -> list[dict[str, float]]:
+    """Train until step `config.steps`; returns every step's metrics (also in TensorBoard and metrics.jsonl).
+
+    With `resume`, continue from the run directory's latest checkpoint (same version numbering, same
+    data order, unfinished groups replayed); without a checkpoint it starts from scratch.
+    """
+    return asyncio.run(_train(config, resume, progress))
 
 
-async def _train(config: TrainConfig, progress: bool) -> list[dict[str, float]]:
+async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict[str, float]]:
     out = Path(config.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(_as_dict(config), indent=2) + "\n")
-    model_dir = config.model.path or build_tiny_model(out / "init-model", seed=config.seed)
-    engine = TorchEngine(model_dir, device=config.model.device, seed=config.seed)
+    checkpoint = latest_checkpoint(out) if resume else None
+    state = load_trainer_state(checkpoint) if checkpoint else {}
+    if checkpoint is None:
+        model_dir = config.model.path or build_tiny_model(out / "init-model", seed=config.seed)
+    else:
+        model_dir = checkpoint
+        log.info("resuming from %s (step %d, version %d)", checkpoint, state["step"], state["learner"]["version"])
+    version = state["learner"]["version"] if state else 0
+    engine = TorchEngine(model_dir, device=config.model.device, seed=config.seed, version=version)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(config.model.device)
-    learner = Learner(model, config.learner, pad_id=engine.tokenizer.pad_token_id or 0)
+    learner = Learner(model, config.learner, pad_id=engine.tokenizer.pad_token_id or 0, version=version)
+    if state:
+        learner.load_state_dict(state["learner"])
 
     def make_env():
         return gym.make(config.env.id, **config.env.kwargs).unwrapped
@@ -53,58 +66,42 @@ async def _train(config: TrainConfig, progress: bool) -> list[dict[str, float]]:
         max_concurrent_rollouts=rollout.max_concurrent_rollouts,
         sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature),
         max_context=rollout.max_context, tool_format=rollout.tool_format, seed=config.seed)
-    from torch.utils.tensorboard import SummaryWriter  # heavy import: only when training
-
-    writer = SummaryWriter(str(out / "tensorboard"))
-    history: list[dict[str, float]] = []
+    if state:
+        controller.load_state_dict(state["rollout"])
+    first_step = state.get("step", 0) + 1
+    run_log = RunLog(out, config_dict(config), resume_step=first_step - 1)
     rollouts = asyncio.create_task(controller.run())
     started = time.perf_counter()
     try:
-        for step in tqdm(range(1, config.steps + 1), desc=f"training ({config.mode})", disable=not progress):
+        for step in tqdm(range(first_step, config.steps + 1), desc=f"training ({config.mode})",
+                         disable=not progress, initial=first_step - 1, total=config.steps):
             batch = await controller.get_batch()
+            trained_version = learner.version
             stats = await asyncio.to_thread(learner.step, batch)
             await engine.update_weights(learner.model.state_dict(), learner.version)
             controller.trained_version = learner.version
-            stats.update(_episode_metrics(batch), elapsed_s=time.perf_counter() - started)
-            stats["trajectories_per_s"] = step * rollout.batch_size * rollout.group_size / stats["elapsed_s"]
-            history.append(stats)
-            for key, value in stats.items():
-                writer.add_scalar(key, value, step)
-            _dump(out / "trajectories" / f"version-{learner.version - 1:05d}.jsonl", batch)
-            with open(out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps({"step": step, **stats}) + "\n")
+            elapsed = time.perf_counter() - started
+            stats.update(episode_metrics(batch), elapsed_s=elapsed,
+                         trajectories_per_s=(step - first_step + 1) * rollout.batch_size * rollout.group_size / elapsed)
+            stats.update(_rollout_metrics(controller))
+            run_log.record(step, stats, batch, trained_version)
+            if step % config.save_every == 0 or step == config.steps:
+                save_checkpoint(out, step, model=learner.model, tokenizer=engine.tokenizer, keep=config.keep_checkpoints,
+                                state={"learner": learner.trainer_state(), "rollout": controller.state_dict()})
     finally:
         controller.stop()
         await rollouts
-        writer.close()
+        run_log.close()
         await engine.close()
-    return history
+    return run_log.history()
 
 
-def _episode_metrics(batch: list[list[Trajectory]]) -> dict[str, float]:
-    """Means over the batch's episodes: reward, success, turns, tool use, generated tokens."""
-    episodes = [t for group in batch for t in group]
-    n = max(len(episodes), 1)
-    return {
-        "episode/reward": sum(t.reward for t in episodes) / n,
-        "episode/success": sum(bool((t.verdict or {}).get("correct")) for t in episodes) / n,
-        "episode/turns": sum(len(t.turns) for t in episodes) / n,
-        "episode/searches": sum(t.counts.get("search", 0) for t in episodes) / n,
-        "episode/accesses": sum(t.counts.get("access", 0) for t in episodes) / n,
-        "episode/generated_tokens": sum(t.generated_tokens for t in episodes) / n,
-    }
-
-
-def _dump(path: Path, batch: list[list[Trajectory]]) -> None:
-    """The trajectories a step trained on, one JSON line each."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        for group in batch:
-            for traj in group:
-                f.write(json.dumps(traj.to_dict()) + "\n")
-
-
-def _as_dict(config: TrainConfig) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(OmegaConf.structured(config))
+def _rollout_metrics(controller: RolloutController) -> dict[str, float]:
+    """The rollout side's counters: throughput, engine idle fraction, dropped and failed groups."""
+    r = controller.stats()
+    out = {"rollout/episodes": float(r.episodes), "rollout/failed_groups": float(r.failed_groups),
+           "rollout/rejected_groups": float(r.rejected_groups),
+           "rollout/generated_tokens_per_s": r.generated_tokens / r.elapsed_s if r.elapsed_s else 0.0}
+    if r.engine_idle_fraction is not None:
+        out["rollout/engine_idle_fraction"] = r.engine_idle_fraction
+    return out

@@ -68,7 +68,9 @@ class RolloutController:
         self.seed, self.filter_group = seed, filter_group
         self.controller = StalenessController(batch_size, max_staleness, max_concurrent_rollouts, group_size)
         self.buffer = GroupBuffer(max_staleness)
-        self.position = 0  # groups started so far: the next group plays task_at(position)
+        self.position = 0  # the next new group plays task_at(position)
+        self._pending: dict[int, None] = {}  # positions started, neither trained nor dropped (ordered set)
+        self._replay: list[int] = []  # positions to play again first (pending when a checkpoint was taken)
         self._trained_version = engine.version
         self._stats = RolloutStats()
         self._wake = asyncio.Event()
@@ -96,7 +98,10 @@ class RolloutController:
 
     async def get_batch(self) -> list[list[Trajectory]]:
         """The learner's next `batch_size` groups, oldest first, within the staleness bound at `trained_version`."""
-        return await self.buffer.get_batch(self.batch_size, trained_version=self.trained_version)
+        batch = await self.buffer.get_batch(self.batch_size, trained_version=self.trained_version)
+        for group in batch:
+            self._pending.pop(group[0].group, None)
+        return batch
 
     async def run(self) -> None:
         """Admit and start groups whenever the rule allows, until stop(); then cancel the groups in flight."""
@@ -108,10 +113,9 @@ class RolloutController:
                 while self.controller.admit(self.trained_version):
                     version = self.trained_version
                     self.buffer.begin(version)
-                    group = asyncio.create_task(self._play_group(self.position, version))
+                    group = asyncio.create_task(self._play_group(self._next_position(), version))
                     groups.add(group)
                     group.add_done_callback(groups.discard)
-                    self.position += 1
                 await self._wake.wait()
         finally:
             for group in groups:
@@ -134,19 +138,31 @@ class RolloutController:
         return dataclasses.replace(self._stats, elapsed_s=elapsed, engine_idle_fraction=idle)
 
     def state_dict(self) -> dict[str, Any]:
-        """Data position and staleness counters to resume from.
+        """Data position, the groups to replay, and staleness counters to resume from.
 
-        Groups in flight or still in the buffer are not saved: their tasks are skipped on resume and
-        their slots given back, so the resumed run's counters match what the learner has consumed.
+        Groups in flight or waiting in the buffer are not saved as trajectories: a resumed run plays
+        their positions again before new ones, so no group is lost and none is trained twice; their
+        slots are given back, so the resumed counters match what the learner has consumed.
         """
         staleness = self.controller.state_dict()
         staleness["accepted"] -= len(self.buffer)
-        return {"position": self.position, "staleness": staleness}
+        return {"position": self.position, "replay": [*self._replay, *self._pending], "staleness": staleness}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state_dict`: the next group plays task_at(position)."""
+        """Continue from `state_dict`: replay its unfinished positions, then go on from `position`."""
         self.controller.load_state_dict(state["staleness"])
         self.position = int(state["position"])
+        self._replay = [int(p) for p in state.get("replay", [])]
+        self._pending = {}
+
+    def _next_position(self) -> int:
+        """A position to replay if any is owed, else the next new one; it stays pending until trained or dropped."""
+        if self._replay:
+            position = self._replay.pop(0)
+        else:
+            position, self.position = self.position, self.position + 1
+        self._pending[position] = None
+        return position
 
     async def _play_group(self, position: int, version: int) -> None:
         """Play one group to the end and settle its slot: buffer it, or drop it if rejected, failed or cancelled."""
@@ -156,6 +172,8 @@ class RolloutController:
                 played = [episodes.create_task(self._play_episode(task_id, position, k))
                           for k in range(self.group_size)]
             group = [episode.result() for episode in played]
+            for traj in group:
+                traj.group = position
             accepted = self.filter_group is None or self.filter_group(group)
         except asyncio.CancelledError:
             self._stats.cancelled_groups += 1
@@ -164,6 +182,7 @@ class RolloutController:
         except Exception as exc:  # noqa: BLE001 -- one bad episode must not stop the rollouts
             log.warning("group %d (task %s) dropped: %r", position, task_id, exc, exc_info=exc)
             self._stats.failed_groups += 1
+            self._pending.pop(position, None)
             self._settle(version, None)
             return
         self._stats.episodes += len(group)
@@ -173,6 +192,7 @@ class RolloutController:
             self._stats.groups += 1
         else:
             self._stats.rejected_groups += 1
+            self._pending.pop(position, None)
         self._settle(version, group if accepted else None)
 
     async def _play_episode(self, task_id: str, position: int, k: int) -> Trajectory:

@@ -1,0 +1,79 @@
+"""Training checkpoints, written atomically: a usable Hugging Face model dir plus the trainer's state.
+
+    run_dir/checkpoints/step-00012/   config.json, model.safetensors, tokenizer files, trainer.pt
+    run_dir/checkpoints/latest        "step-00012"
+
+`trainer.pt` holds what a model directory cannot: optimizer and scheduler state, the weight version,
+the rollout controller's data position (and the groups to replay), and the step. Each checkpoint is
+written into a hidden directory and renamed into place, and `latest` is replaced only after that, so
+a run killed at any instant leaves the previous checkpoint whole and pointed to.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+LATEST = "latest"
+
+
+def checkpoint_root(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: Any, tokenizer: Any, state: dict[str, Any],
+                    keep: int = 2) -> Path:
+    """Write checkpoint `step` (model, tokenizer, `state` as trainer.pt), point `latest` at it, prune old ones."""
+    root = checkpoint_root(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step-{step:05d}"
+    partial = root / f".partial-{name}-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    torch.save({**state, "step": step}, partial / "trainer.pt")
+    _fsync_tree(partial)
+    final = root / name
+    if final.exists():  # left by a run that was killed after this step and resumed from an earlier one
+        shutil.rmtree(final)
+    os.replace(partial, final)
+    _write_atomic(root / LATEST, name)
+    for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-max(keep, 1)]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    """The checkpoint `latest` points at, or None when the run has none yet."""
+    pointer = checkpoint_root(run_dir) / LATEST
+    if not pointer.exists():
+        return None
+    path = checkpoint_root(run_dir) / pointer.read_text().strip()
+    if not (path / "trainer.pt").exists():
+        raise FileNotFoundError(f"{pointer} names {path.name}, which has no trainer.pt: the checkpoint is damaged")
+    return path
+
+
+def load_trainer_state(checkpoint: str | os.PathLike) -> dict[str, Any]:
+    """The trainer state saved with a checkpoint (tensors on the CPU)."""
+    return torch.load(Path(checkpoint) / "trainer.pt", map_location="cpu", weights_only=False)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync_tree(directory: Path) -> None:
+    """Flush a directory's files to disk before it is renamed into place."""
+    for path in directory.iterdir():
+        if path.is_file():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())

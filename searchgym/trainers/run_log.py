@@ -1,0 +1,87 @@
+"""What a training run leaves behind, shared by the launchers: config, metrics, TensorBoard, trajectories.
+
+    run_dir/config.json                      the resolved config
+    run_dir/metrics.jsonl                    one line per learner step
+    run_dir/tensorboard/                     the same scalars, for TensorBoard
+    run_dir/trajectories/version-00003.jsonl the trajectories the step from version 3 trained on
+
+A resumed run first cuts everything after its checkpoint (later metric lines, TensorBoard events and
+trajectory files), so the run directory always reads as one uninterrupted run.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from searchgym.agents.trajectory import Trajectory
+
+
+class RunLog:
+    """Writes a run's per-step records; `resume_from(step)` first drops what came after `step`."""
+
+    def __init__(self, run_dir: str | os.PathLike, config: dict[str, Any], *, resume_step: int = 0):
+        from torch.utils.tensorboard import SummaryWriter  # heavy import: only when training
+
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        self._cut_after(resume_step)
+        self.writer = SummaryWriter(str(self.dir / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
+
+    def record(self, step: int, stats: dict[str, float], batch: list[list[Trajectory]], trained_version: int) -> None:
+        """One learner step: scalars to TensorBoard and metrics.jsonl, the batch to trajectories/."""
+        for key, value in stats.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+        path = self.dir / "trajectories" / f"version-{trained_version:05d}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w") as f:
+            for group in batch:
+                for traj in group:
+                    f.write(json.dumps(traj.to_dict()) + "\n")
+        with open(self.dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"step": step, **stats}) + "\n")
+
+    def history(self) -> list[dict[str, float]]:
+        """Every step's metrics so far, this run's and (after a resume) the earlier ones'."""
+        path = self.dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def _cut_after(self, step: int) -> None:
+        """Forget steps after `step` (step 0: everything), as a kill between checkpoints leaves them."""
+        metrics = self.dir / "metrics.jsonl"
+        if metrics.exists():
+            kept = [line for line in metrics.read_text().splitlines()
+                    if line.strip() and _step_of(line) is not None and _step_of(line) <= step]
+            metrics.write_text("".join(line + "\n" for line in kept))
+        for path in (self.dir / "trajectories").glob("version-*.jsonl"):
+            if int(path.stem.split("-")[1]) >= step:  # version v is trained by step v + 1
+                path.unlink()
+
+
+def episode_metrics(batch: list[list[Trajectory]]) -> dict[str, float]:
+    """Means over the batch's episodes: reward, success, turns, tool use, generated tokens."""
+    episodes = [t for group in batch for t in group]
+    n = max(len(episodes), 1)
+    return {
+        "episode/reward": sum(t.reward for t in episodes) / n,
+        "episode/success": sum(bool((t.verdict or {}).get("correct")) for t in episodes) / n,
+        "episode/turns": sum(len(t.turns) for t in episodes) / n,
+        "episode/searches": sum(t.counts.get("search", 0) for t in episodes) / n,
+        "episode/accesses": sum(t.counts.get("access", 0) for t in episodes) / n,
+        "episode/generated_tokens": sum(t.generated_tokens for t in episodes) / n,
+    }
+
+
+def _step_of(line: str) -> int | None:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -66,6 +66,29 @@ class ChatTemplateDelta:
     def observation_ids(self, observation: str, ended_with_eos: bool) -> list[int]:
         return self.encode(self.observation_text(observation, ended_with_eos))
 
+    def conversation_ids(self, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
+        """A whole episode's (ids, loss mask) laid out exactly as the runner builds it while playing.
+
+        `messages` alternate user (observation) and assistant (action) turns, starting with the prompt;
+        the mask is 1 on assistant tokens. Supervised warm starts train on this layout, so the policy
+        learns the very token context it later acts in.
+        """
+        if not messages or messages[0].get("role") != "user":
+            raise ValueError("a conversation starts with the user's prompt")
+        ids = self.prompt_ids(messages[0]["content"])
+        mask = [0] * len(ids)
+        for i, message in enumerate(messages[1:], start=1):
+            expected = "assistant" if i % 2 else None
+            if expected and message.get("role") != "assistant":
+                raise ValueError(f"message {i} should be the assistant's turn, got role {message.get('role')!r}")
+            if expected:
+                piece, flag = self.encode(message["content"]), 1
+            else:
+                piece, flag = self.observation_ids(message["content"], ended_with_eos=False), 0
+            ids.extend(piece)
+            mask.extend([flag] * len(piece))
+        return ids, mask
+
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 

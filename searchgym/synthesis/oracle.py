@@ -24,6 +24,16 @@ class OracleResult:
     reward: float
     failure: str | None = None
     turns: list[dict[str, str]] = field(default_factory=list)  # {"action", "observation"} per step
+    prompt: str = ""  # the episode's first observation
+
+    def messages(self) -> list[dict[str, str]]:
+        """The episode as a chat (prompt, then action / observation turns), the last observation left out."""
+        chat = [{"role": "user", "content": self.prompt}]
+        for i, turn in enumerate(self.turns):
+            chat.append({"role": "assistant", "content": turn["action"]})
+            if i + 1 < len(self.turns):
+                chat.append({"role": "user", "content": turn["observation"]})
+        return chat
 
 
 class _Stop(Exception):
@@ -31,16 +41,25 @@ class _Stop(Exception):
 
 
 class OracleAgent:
-    """Plays a task from its metadata through `SearchEnv.astep`, exactly as an agent would."""
+    """Plays a task from its metadata through `SearchEnv.astep`, exactly as an agent would.
+
+    `skim` moves on as soon as the fact it needs shows in the search results (short demonstrations);
+    by default it always opens the page (what task validation needs). `think` writes a one-line
+    thought before each call.
+    """
+
+    def __init__(self, *, skim: bool = False, think: bool = True):
+        self.skim, self.think = skim, think
 
     async def arun(self, env: SearchEnv, task: Task) -> OracleResult:
-        _, _ = await env.areset(options={"task_id": task.id})
-        result = OracleResult(task.id, solved=False, reward=0.0)
+        first, _ = await env.areset(options={"task_id": task.id})
+        result = OracleResult(task.id, solved=False, reward=0.0, prompt=first)
         try:
             for query, url, expect in self._lookups(task):
                 await self._lookup(env, result, query, url, expect)
             answer = task.answers[0]
-            _, reward, _, _, info = await self._step(env, result, f"<think>So the answer is {answer}.</think>\n<answer>{answer}</answer>")
+            thought = self._thought(f"So the answer is {answer}.")
+            _, reward, _, _, info = await self._step(env, result, f"{thought}<answer>{answer}</answer>")
             result.reward = reward
             result.solved = bool(info.get("verdict", {}).get("correct"))
             if not result.solved:
@@ -61,9 +80,12 @@ class OracleAgent:
         return [(q, ref["url"], e) for q, ref, e in zip(queries, path, expects)]
 
     async def _lookup(self, env: SearchEnv, result: OracleResult, query: str, url: str, expect: str) -> None:
-        obs, *_ = await self._step(env, result, f"<think>I need the page about {query}.</think>\n<search>{query}</search>")
+        thought = self._thought(f"I need the page about {query}.")
+        obs, *_ = await self._step(env, result, f"{thought}<search>{query}</search>")
         if f"({url})" not in obs:
             raise _Stop(f"not retrieved: searching {query!r} does not return {url}")
+        if self.skim and expect in obs:
+            return
         for _ in range(env.max_page_chunks):
             obs, _, _, _, info = await self._step(env, result, f"<access>{url}</access>")
             if expect in obs:
@@ -72,6 +94,9 @@ class OracleAgent:
             if page.get("chunk") is None or page["chunk"] >= page["chunks"]:
                 break
         raise _Stop(f"fact missing: {expect!r} is not on {url}")
+
+    def _thought(self, text: str) -> str:
+        return f"<think>{text}</think>\n" if self.think else ""
 
     @staticmethod
     async def _step(env: SearchEnv, result: OracleResult, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:

@@ -1,0 +1,141 @@
+"""Supervised warm start: teach a policy to use the tools from demonstrations before RL.
+
+A fresh model earns no reward, so RL has no signal to follow. Demonstrations (the synthesis oracle's
+episodes, or an RL run's own successful trajectories) are chats: prompt, then action and
+observation turns. Each is laid out token for token as the episode runner builds it while playing
+(`ChatTemplateDelta.conversation_ids`), and the model learns the action tokens only (the loss is the
+token mean of cross-entropy over assistant tokens). AdamW, warm-up then linear decay, micro-batches
+packed to a token budget.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from searchgym.agents.formats import ChatTemplateDelta
+
+
+@dataclass
+class SFTConfig:
+    """Optimisation settings of the warm start."""
+
+    epochs: float = 3.0
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    grad_clip: float = 1.0
+    batch_tokens: int = 16_384  # tokens (padded) per optimizer step
+    max_length: int = 4096  # longer demonstrations are cut (their tail is not learned)
+    observation_role: str = "user"
+    seed: int = 0
+
+
+def load_demonstrations(path: str | os.PathLike) -> list[list[dict[str, str]]]:
+    """Chats from a JSONL file whose rows have "messages" (trajectory dumps and demo files do); errors name the line."""
+    chats = []
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                messages = json.loads(line)["messages"]
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}:{line_no}: not a JSON object with 'messages' ({exc})") from None
+            chats.append(messages)
+    return chats
+
+
+def encode_demonstrations(tokenizer: Any, chats: Iterable[list[dict[str, str]]], *, max_length: int,
+                          observation_role: str = "user") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(ids, loss mask) per chat, in the runner's exact layout; chats with nothing to learn are skipped."""
+    template = ChatTemplateDelta(tokenizer, observation_role)
+    encoded = []
+    for chat in chats:
+        ids, mask = template.conversation_ids(chat)
+        ids, mask = ids[:max_length], mask[:max_length]
+        if sum(mask[1:]):
+            encoded.append((torch.tensor(ids), torch.tensor(mask)))
+    return encoded
+
+
+def sft(model_dir: str | os.PathLike, chats: list[list[dict[str, str]]], out_dir: str | os.PathLike,
+        config: SFTConfig = SFTConfig(), *, device: str = "cpu", progress: bool = True) -> list[dict[str, float]]:
+    """Fine-tune the model in `model_dir` on `chats` and save it (with its tokenizer) to `out_dir`.
+
+    Returns one record per optimizer step (loss, token accuracy on the action tokens, lr).
+    """
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    samples = encode_demonstrations(tokenizer, chats, max_length=config.max_length,
+                                    observation_role=config.observation_role)
+    if not samples:
+        raise ValueError("no demonstration has an assistant token to learn")
+    rng = random.Random(config.seed)
+    torch.manual_seed(config.seed)
+    epoch_batches = _batches(samples, config.batch_tokens, rng)
+    total = max(1, math.ceil(config.epochs * len(epoch_batches)))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    warmup = max(1, config.warmup_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min((step + 1) / warmup, max(0.0, (total - step) / max(1, total - warmup))))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    history: list[dict[str, float]] = []
+    model.train()
+    batches: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+    for step in tqdm(range(total), desc="sft", disable=not progress):
+        if not batches:
+            batches = _batches(samples, config.batch_tokens, rng)
+        ids, attention, mask = (t.to(device) for t in _pad(batches.pop(), pad))
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+        targets, weights = ids[:, 1:], mask[:, 1:].float()
+        losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+        loss = (losses * weights).sum() / weights.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        accuracy = ((logits.argmax(-1) == targets).float() * weights).sum() / weights.sum()
+        history.append({"step": step + 1, "loss": loss.item(), "token_accuracy": accuracy.item(),
+                        "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0]})
+    model.eval()
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    (out / "sft_history.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+    return history
+
+
+def _batches(samples: list[tuple[torch.Tensor, torch.Tensor]], batch_tokens: int,
+             rng: random.Random) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """One epoch: shuffled samples grouped by length into batches of at most `batch_tokens` padded tokens."""
+    order = sorted(samples, key=lambda s: (len(s[0]), rng.random()))
+    batches: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[]]
+    for sample in order:
+        if batches[-1] and len(sample[0]) * (len(batches[-1]) + 1) > batch_tokens:
+            batches.append([])
+        batches[-1].append(sample)
+    rng.shuffle(batches)
+    return batches
+
+
+def _pad(batch: list[tuple[torch.Tensor, torch.Tensor]], pad_id: int) -> tuple[torch.Tensor, ...]:
+    """Right-pad a batch: ids, attention mask, loss mask."""
+    width = max(len(ids) for ids, _ in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, (sample_ids, sample_mask) in enumerate(batch):
+        ids[row, : len(sample_ids)], attention[row, : len(sample_ids)] = sample_ids, 1
+        mask[row, : len(sample_ids)] = sample_mask
+    return ids, attention, mask

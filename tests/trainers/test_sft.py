@@ -1,0 +1,71 @@
+"""Supervised warm start on the oracle's demonstrations: exact token layout, and a model that learns them."""
+import asyncio
+import json
+
+import gymnasium as gym
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import searchgym  # noqa: F401
+from searchgym.agents.formats import ChatTemplateDelta
+from searchgym.synthesis.oracle import OracleAgent
+from searchgym.trainers.sft import SFTConfig, encode_demonstrations, load_demonstrations, sft
+from tests.conftest import SMALL
+
+
+@pytest.fixture(scope="module")
+def demos(small_bundle):
+    env = gym.make("searchgym/SyntheticQA-v0", **SMALL, hops=1, top_k=3, doc_chars=300).unwrapped
+
+    async def play():
+        results = [await OracleAgent(skim=True, think=False).arun(env, task) for task in list(env.tasks)[:48]]
+        return [r.messages() for r in results if r.solved]
+
+    return asyncio.run(play())
+
+
+def test_demonstrations_are_laid_out_as_the_runner_plays(demos, tiny_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    chat = demos[0]
+    assert [m["role"] for m in chat] == ["user", "assistant", "user", "assistant"]  # skim: search, then answer
+    ids, mask = ChatTemplateDelta(tokenizer).conversation_ids(chat)
+    # Everything the runner would hold at the last action, as the chat template renders it...
+    assert tokenizer.decode(ids) == tokenizer.apply_chat_template(chat, tokenize=False)[: -len("<|im_end|>\n")]
+    # ...and the loss mask covers exactly the actions' tokens.
+    learned = [i for i, m in zip(ids, mask) if m]
+    assert tokenizer.decode(learned) == "".join(m["content"] for m in chat if m["role"] == "assistant")
+    with pytest.raises(ValueError, match="assistant"):
+        ChatTemplateDelta(tokenizer).conversation_ids([chat[0], chat[0]])
+
+
+def test_sft_learns_the_demonstrated_actions(demos, tiny_model_dir, tmp_path):
+    train, held_out = demos[:-8], demos[-8:]
+    history = sft(tiny_model_dir, train, tmp_path / "sft", SFTConfig(epochs=6, lr=3e-3, batch_tokens=4096, warmup_steps=3),
+                  progress=False)
+    assert history[-1]["loss"] < 0.5 * history[0]["loss"]
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "sft")
+
+    def held_out_nll(model_dir) -> float:
+        model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        total = count = 0.0
+        for ids, mask in encode_demonstrations(tokenizer, held_out, max_length=4096):
+            with torch.no_grad():
+                logits = model(input_ids=ids[None]).logits[0, :-1]
+            losses = torch.nn.functional.cross_entropy(logits, ids[1:], reduction="none")
+            total += float((losses * mask[1:]).sum())
+            count += float(mask[1:].sum())
+        return total / count
+
+    assert held_out_nll(tmp_path / "sft") < 0.6 * held_out_nll(tiny_model_dir)
+    assert [json.loads(line)["step"] for line in (tmp_path / "sft" / "sft_history.jsonl").read_text().splitlines()] \
+        == list(range(1, len(history) + 1))
+
+
+def test_demonstration_files_name_the_bad_line(tmp_path, demos):
+    path = tmp_path / "demos.jsonl"
+    path.write_text(json.dumps({"messages": demos[0]}) + "\n\n" + '{"turns": []}\n')
+    with pytest.raises(ValueError, match=r"demos.jsonl:3"):
+        load_demonstrations(path)
+    path.write_text(json.dumps({"messages": demos[0], "reward": 1.0}) + "\n")
+    assert load_demonstrations(path) == [demos[0]]

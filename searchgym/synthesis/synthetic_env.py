@@ -15,7 +15,9 @@ import os
 import shutil
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -51,9 +53,20 @@ def synthesize_pool(
     max_turns: int = 32,
     progress: bool = False,
 ) -> tuple[TaskPool, dict[str, Any]]:
-    """Draw KB-walk candidates and keep the first `n_tasks` that the oracle solves through a SearchEnv."""
-    return asyncio.run(_synthesize(world, index, n_tasks, seed, KBWalker(
-        world, seed=seed, fuzz_prob=fuzz_prob, comparison_prob=comparison_prob, hop_weights=hop_weights), max_turns, progress))
+    """Draw KB-walk candidates and keep the first `n_tasks` that the oracle solves through a SearchEnv.
+
+    Blocking; also callable from inside a running event loop (a trainer creating its first env), where
+    the work runs on a loop of its own in a worker thread.
+    """
+    work = partial(asyncio.run, _synthesize(world, index, n_tasks, seed, KBWalker(
+        world, seed=seed, fuzz_prob=fuzz_prob, comparison_prob=comparison_prob, hop_weights=hop_weights),
+        max_turns, progress))
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return work()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(work).result()
 
 
 async def _synthesize(world: World, index: LocalIndex, n_tasks: int, seed: int, walker: KBWalker,

@@ -258,3 +258,10 @@ def test_random_agent_episodes_end_within_budget(small_pool, small_index):
 
     counts = [asyncio.run(play(seed)) for seed in range(50)]
     assert sum(c["search"] for c in counts) and sum(c["access"] for c in counts) and sum(c["invalid"] for c in counts)
+
+
+async def test_a_first_make_inside_a_running_loop_builds_its_bundle(tmp_path):
+    """Trainers create envs inside their event loop; building an uncached bundle there must work."""
+    env = gym.make("searchgym/SyntheticQA-v0", size=300, n_tasks=12, cache_dir=tmp_path).unwrapped
+    obs, info = await env.areset(options={"task_id": env.tasks[0].id})
+    assert "Question:" in obs and len(env.tasks) == 12

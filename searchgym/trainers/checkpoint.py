@@ -4,14 +4,16 @@
     run_dir/checkpoints/latest        "step-00012"
 
 `trainer.pt` holds what a model directory cannot: optimizer and scheduler state, the weight version,
-the rollout controller's data position (and the groups to replay), and the step. Each checkpoint is
-written into a hidden directory and renamed into place, and `latest` is replaced only after that, so
-a run killed at any instant leaves the previous checkpoint whole and pointed to.
+the rollout controller's data position and the groups to replay (one controller state per rollout
+actor under the Ray launcher), and the step. Each checkpoint is written into a hidden directory and
+renamed into place, and `latest` is replaced only after that, so a run killed at any instant leaves
+the previous checkpoint whole and pointed to.
 """
 from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +30,39 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: Any, tokeni
                     keep: int = 2) -> Path:
     """Write checkpoint `step` (model, tokenizer, `state` as trainer.pt), point `latest` at it, prune old ones."""
     root = checkpoint_root(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:05d}"
-    partial = root / f".partial-{name}-{os.getpid()}"
+    final = write_model_dir(root / name, model=model, tokenizer=tokenizer,
+                            extra=lambda d: torch.save({**state, "step": step}, d / "trainer.pt"))
+    _write_atomic(root / LATEST, name)
+    prune(root, "step-*", keep)
+    return final
+
+
+def write_model_dir(final: str | os.PathLike, *, model: Any, tokenizer: Any,
+                    extra: Callable[[Path], None] | None = None) -> Path:
+    """Save a Hugging Face model dir (model, tokenizer, `extra(dir)` files) atomically: a hidden dir, fsync, rename.
+
+    A reader (an inference server loading weights, a resumed run) never sees a half-written directory.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    partial = final.parent / f".partial-{final.name}-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
-    torch.save({**state, "step": step}, partial / "trainer.pt")
+    if extra is not None:
+        extra(partial)
     _fsync_tree(partial)
-    final = root / name
     if final.exists():  # left by a run that was killed after this step and resumed from an earlier one
         shutil.rmtree(final)
     os.replace(partial, final)
-    _write_atomic(root / LATEST, name)
-    for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-max(keep, 1)]:
-        shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def prune(root: Path, pattern: str, keep: int) -> None:
+    """Delete all but the last `keep` (at least one) directories matching `pattern`, by name order."""
+    for old in sorted(p for p in root.glob(pattern) if p.is_dir())[:-max(keep, 1)]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
@@ -57,9 +76,18 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     return path
 
 
-def load_trainer_state(checkpoint: str | os.PathLike) -> dict[str, Any]:
-    """The trainer state saved with a checkpoint (tensors on the CPU)."""
-    return torch.load(Path(checkpoint) / "trainer.pt", map_location="cpu", weights_only=False)
+def load_trainer_state(checkpoint: str | os.PathLike, *, mmap: bool = False) -> dict[str, Any]:
+    """The trainer state saved with a checkpoint (tensors on the CPU; with `mmap`, read lazily from the file).
+
+    `mmap` lets a process that needs only the small parts (step, versions, data positions) skip reading
+    a large model's optimizer state.
+    """
+    return torch.load(Path(checkpoint) / "trainer.pt", map_location="cpu", weights_only=False, mmap=mmap)
+
+
+def rollout_states(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The saved rollout controller states, one per rollout actor: the local launcher saves one ("rollout")."""
+    return list(state["rollouts"]) if "rollouts" in state else [state["rollout"]]
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -29,6 +29,7 @@ class ModelConfig:
 
     path: str | None = None
     device: str = "cpu"
+    dtype: str = "float32"  # the learner's weights ("bfloat16" for 7B models on GPUs)
 
 
 @dataclass
@@ -43,6 +44,33 @@ class RolloutConfig:
     temperature: float = 1.0
     max_context: int = 4096
     tool_format: str = "tags"
+    engine: str = "torch"  # "torch": an in-process TorchEngine; "sglang": SGLang servers, weights synced via disk
+    sglang_addresses: list[str] = field(default_factory=list)  # running servers ("host:port") for engine "sglang"
+
+
+@dataclass
+class RayConfig:
+    """The Ray launcher's topology: a learner actor, rollout actors, and optionally SGLang server actors.
+
+    The `batch_size` groups of a step and `max_concurrent_rollouts` are split evenly over the rollout
+    actors; actor i plays the tasks i::num_rollout_actors (see ray_launcher.py). With engine "sglang",
+    the servers (`rollout.sglang_addresses`, or `sglang_servers` launched here) are split over the actors
+    the same way, so each actor pauses and updates only its own servers.
+    """
+
+    address: str | None = None  # None: start a local cluster; "auto" or "host:port": join a running one
+    num_rollout_actors: int = 2
+    learner_gpus: float = 0  # GPUs reserved for the learner actor (it trains on one device, model.device)
+    learner_cpus: float = 1
+    rollout_cpus: float = 1  # per rollout actor (its env instances and, for engine "torch", the CPU engine)
+    rollout_gpus: float = 0  # per rollout actor; > 0 puts its TorchEngine on "cuda"
+    weight_sync: str = "auto"  # "auto" (object store for torch engines, disk for sglang) | "object_store" | "disk"
+    sglang_servers: int = 0  # server actors to launch (0: use rollout.sglang_addresses)
+    sglang_gpus_per_server: int = 1  # each server's GPUs, also its --tp-size
+    sglang_mem_fraction_static: float = 0.8
+    sglang_args: list[str] = field(default_factory=list)  # extra launch_server flags, e.g. ["--dtype", "bfloat16"]
+    sglang_server: str = "sglang"  # "sglang": python -m sglang.launch_server; "searchgym": our CPU stand-in server
+    sglang_start_timeout_s: float = 1800
 
 
 @dataclass
@@ -51,6 +79,7 @@ class TrainConfig:
 
     steps: int = 10
     mode: str = "async"
+    launcher: str = "local"  # "local": one process (local.py); "ray": actors on a Ray cluster (ray_launcher.py)
     seed: int = 0
     out_dir: str = "runs/train"
     save_every: int = 10  # learner steps between checkpoints (the last step always saves one)
@@ -59,6 +88,7 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
@@ -70,9 +100,18 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     config: TrainConfig = OmegaConf.to_object(merged)
     if config.save_every < 1 or config.keep_checkpoints < 1:
         raise ValueError("save_every and keep_checkpoints must be at least 1")
-    if config.mode not in ("async", "sync"):
-        raise ValueError(f"mode must be 'async' or 'sync', got {config.mode!r}")
+    _check_choice("mode", config.mode, ("async", "sync"))
+    _check_choice("launcher", config.launcher, ("local", "ray"))
+    _check_choice("rollout.engine", config.rollout.engine, ("torch", "sglang"))
+    _check_choice("ray.weight_sync", config.ray.weight_sync, ("auto", "object_store", "disk"))
+    _check_choice("ray.sglang_server", config.ray.sglang_server, ("sglang", "searchgym"))
     return config
+
+
+def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    """Refuse a setting outside its choices, naming the key."""
+    if value not in choices:
+        raise ValueError(f"{key} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}")
 
 
 def config_dict(config: TrainConfig) -> dict[str, Any]:

@@ -1,0 +1,213 @@
+"""The Ray launcher's actors, as plain classes (ray_launcher.py wraps them with `ray.remote` and resources).
+
+- `LearnerWorker`: owns the model and the Learner; trains a step on the sub-batches the driver passes
+  (as object refs, fetched straight from the rollout actors' results), pushes the new weights to the
+  rollout actors (object store or disk), and writes checkpoints.
+- `RolloutWorker`: an async actor owning one engine (a TorchEngine, or an SGLangEngine over its own
+  SGLang servers), its env instances, and a RolloutController running in the actor's event loop.
+- `SGLangServerWorker`: starts one SGLang server process on the GPUs Ray gave it and reports its address.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from searchgym.agents.trajectory import Trajectory
+from searchgym.trainers.checkpoint import load_trainer_state, save_checkpoint
+from searchgym.trainers.common import build_controller, load_learner, make_env_factory, task_ids
+from searchgym.trainers.config import TrainConfig
+from searchgym.trainers.rollout import RolloutStats
+from searchgym.trainers.weight_sync import DiskSync, ObjectStoreSync, RemoteEngine, WeightSync
+
+FORWARDED_ENV_PREFIXES = ("SEARCHGYM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
+
+
+def forwarded_env() -> dict[str, str]:
+    """The driver's environment variables the workers need too (bundle cache, Hugging Face settings)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
+
+
+def shard(items: list[str], index: int, count: int) -> list[str]:
+    """Rollout actor `index`'s share of the tasks: every `count`-th one from `index` (disjoint, near-equal)."""
+    return items[index::count]
+
+
+def global_group(position: int, index: int, count: int) -> int:
+    """A group's run-wide data position: actor `index`'s position p becomes p * count + index (unique, invertible)."""
+    return position * count + index
+
+
+class LearnerWorker:
+    """The learner actor: model, optimizer, weight pushes and checkpoints."""
+
+    def __init__(self, config: TrainConfig, model_dir: str, checkpoint: str | None, env: dict[str, str]):
+        os.environ.update(env)
+        from transformers import AutoTokenizer
+
+        self.config = config
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        state = load_trainer_state(checkpoint) if checkpoint else None
+        self.learner = load_learner(config, model_dir, pad_id=self.tokenizer.pad_token_id, state=state)
+        self.sync: WeightSync | None = None
+
+    def connect(self, rollout_actors: list[Any], route: str) -> None:
+        """Push weights to these rollout actors from now on, by "object_store" or "disk"."""
+        if route == "object_store":
+            self.sync = ObjectStoreSync(rollout_actors)
+        else:
+            self.sync = DiskSync([RemoteEngine(a) for a in rollout_actors], Path(self.config.out_dir) / "weights",
+                                 self.tokenizer)
+
+    def version(self) -> int:
+        return self.learner.version
+
+    async def step(self, *sub_batches: list[list[Trajectory]]) -> dict[str, float]:
+        """One learner step on the rollout actors' sub-batches, in a thread so the actor stays responsive."""
+        batch = [group for sub_batch in sub_batches for group in sub_batch]
+        return await asyncio.to_thread(self.learner.step, batch)
+
+    async def push_weights(self) -> int:
+        """Send the current weights to every rollout actor; returns their version."""
+        if self.sync is None:
+            raise RuntimeError("connect() the rollout actors first")
+        await self.sync.push(self.learner.model, self.learner.version)
+        return self.learner.version
+
+    def save_checkpoint(self, step: int, rollouts: list[dict[str, Any]]) -> str:
+        """Checkpoint `step`: the model dir, the learner state and every rollout actor's controller state."""
+        path = save_checkpoint(self.config.out_dir, step, model=self.learner.model, tokenizer=self.tokenizer,
+                               keep=self.config.keep_checkpoints,
+                               state={"learner": self.learner.trainer_state(), "rollouts": rollouts})
+        return os.fspath(path)
+
+
+class RolloutWorker:
+    """A rollout actor: its engine, its envs and its RolloutController, on its shard of the tasks.
+
+    It plays tasks `index::count` of the env's pool with seed `config.seed + index`, `batch_size / count`
+    groups per sub-batch and `max_concurrent_rollouts // count` episodes at once, under its own
+    staleness controller. Its groups are labelled with run-wide positions (`global_group`).
+    """
+
+    def __init__(self, config: TrainConfig, index: int, model_dir: str, addresses: list[str],
+                 state: dict[str, Any] | None, version: int, env: dict[str, str]):
+        os.environ.update(env)
+        count = config.ray.num_rollout_actors
+        self.index, self.count = index, count
+        make_env = make_env_factory(config.env)
+        tasks = shard(task_ids(make_env), index, count)
+        if config.rollout.engine == "sglang":
+            from transformers import AutoTokenizer
+
+            from searchgym.agents.engines.sglang_engine import SGLangEngine
+
+            self.engine = SGLangEngine(addresses)
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        else:
+            from searchgym.agents.engines.torch_engine import TorchEngine
+
+            device = "cuda" if config.ray.rollout_gpus > 0 else "cpu"
+            self.engine = TorchEngine(model_dir, device=device, seed=config.seed + index, version=version)
+            tokenizer = self.engine.tokenizer
+        rollout = config.rollout
+        self.controller = build_controller(config, self.engine, tokenizer, tasks, make_env=make_env,
+                                           batch_size=rollout.batch_size // count,
+                                           max_concurrent_rollouts=rollout.max_concurrent_rollouts // count,
+                                           seed=config.seed + index)
+        self.controller.trained_version = version
+        if state:
+            self.controller.load_state_dict(state)
+        self.start_timeout = config.ray.sglang_start_timeout_s
+        self._run: asyncio.Task | None = None
+
+    async def start(self) -> int:
+        """Connect the engine and start admitting groups; returns the engine's weight version."""
+        start = getattr(self.engine, "start", None)
+        if start is not None:
+            await start(timeout=self.start_timeout)
+        self._run = asyncio.create_task(self.controller.run())
+        return self.engine.version
+
+    async def get_batch(self) -> list[list[Trajectory]]:
+        """This actor's next sub-batch (oldest first, within the staleness bound), with run-wide group positions."""
+        batch = await self.controller.get_batch()
+        for group in batch:
+            for traj in group:
+                traj.group = global_group(traj.group, self.index, self.count)
+        return batch
+
+    async def update_weights(self, source: Any, version: int) -> None:
+        """Load new weights (a state dict from the object store, or a model dir) into the engine."""
+        await self.engine.update_weights(source, version)
+
+    def set_trained_version(self, version: int) -> None:
+        """The learner has trained `version`: admit groups against it."""
+        self.controller.trained_version = version
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.controller.state_dict()
+
+    def stats(self) -> RolloutStats:
+        return self.controller.stats()
+
+    def engine_version(self) -> int:
+        return self.engine.version
+
+    def engine_weight(self, name: str) -> torch.Tensor:
+        """One weight of the engine's model (TorchEngine only), to check a sync reached this actor."""
+        return self.engine.model.state_dict()[name].detach().cpu().clone()
+
+    async def stop(self) -> None:
+        """Stop admitting, cancel the groups in flight, close the engine."""
+        self.controller.stop()
+        if self._run is not None:
+            await self._run
+        await self.engine.close()
+
+
+class SGLangServerWorker:
+    """Runs one SGLang server (or our CPU stand-in, `sglang_server: searchgym`) on this actor's GPUs."""
+
+    def __init__(self, config: TrainConfig, model_dir: str, index: int, log_dir: str, env: dict[str, str]):
+        os.environ.update(env)
+        self.config, self.model_dir, self.index, self.log_dir = config, model_dir, index, Path(log_dir)
+        self.server = None
+
+    def start(self) -> str:
+        """Launch the server on this node (CUDA_VISIBLE_DEVICES as Ray set it), wait until ready; its host:port."""
+        import ray
+
+        from searchgym.agents.engines.sglang_engine import SGLangServer, sglang_launch_command
+
+        settings = self.config.ray
+        host = ray.util.get_node_ip_address()
+        port = _free_port(host)
+        if settings.sglang_server == "searchgym":
+            command = [sys.executable, "-m", "searchgym.agents.engines.model_server", "--model-path",
+                       self.model_dir, "--host", host, "--port", str(port), *settings.sglang_args]
+        else:
+            command = sglang_launch_command(self.model_dir, host=host, port=port,
+                                            tp_size=max(1, settings.sglang_gpus_per_server),
+                                            mem_fraction_static=settings.sglang_mem_fraction_static,
+                                            extra_args=settings.sglang_args)
+        self.server = SGLangServer(command, f"{host}:{port}", log_path=self.log_dir / f"server-{self.index}.log")
+        self.server.start()
+        asyncio.run(self.server.wait_ready(settings.sglang_start_timeout_s))
+        return f"{host}:{port}"
+
+    def stop(self) -> int | None:
+        """Stop the server process (SIGTERM, then SIGKILL); its exit code."""
+        return self.server.stop() if self.server is not None else None
+
+
+def _free_port(host: str) -> int:
+    """A port nothing listens on at `host` (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

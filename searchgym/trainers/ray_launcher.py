@@ -1,0 +1,265 @@
+"""The Ray launcher: the local launcher's training step, spread over Ray actors.
+
+Topology (resources from `config.ray`):
+
+    driver          this process: the step loop, RunLog (metrics, TensorBoard, trajectories)
+    learner actor   model + Learner on `learner_gpus`; pushes weights; writes checkpoints
+    rollout actors  `num_rollout_actors` async actors, each with its engine (CPU TorchEngine, or an
+                    SGLangEngine over its own SGLang servers), its env instances and a RolloutController
+    server actors   optional: `sglang_servers` actors with `sglang_gpus_per_server` GPUs, each running
+                    one SGLang server; their addresses are dealt out to the rollout actors
+
+Sharding. Rollout actor i of n plays the tasks i::n of the env's pool, in its own seeded order
+(seed `config.seed + i`), so the actors never play the same task in an epoch and a 1-actor run
+plays exactly the local launcher's data order. Groups are labelled with run-wide positions
+p * n + i (p: the actor's own position). SGLang servers are dealt the same way (actor i gets
+servers i::n), so each actor pauses and updates only its own servers.
+
+Staleness. Each actor runs AReaL's rule on its share: batch_size / n groups per step and
+max_concurrent_rollouts // n episodes. Every step takes one sub-batch from each actor at the same
+trained version v, and each actor's buffer only hands out groups started at version >= v - eta; so
+every group of the step's batch started at >= v - eta, and all actors together admit at most
+(v + eta + 1) * batch_size groups: AReaL's global bound, kept with no cross-actor coordination.
+
+The step loop: ask every actor for its sub-batch, train (the learner fetches the sub-batches from the
+object store itself), push the weights (object store for TorchEngines, disk for SGLang), set the
+trained version on every actor, record, checkpoint (learner state + every actor's controller state).
+Run files (out_dir, model dirs, weights/) must be on storage all nodes share.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from searchgym.trainers.checkpoint import rollout_states
+from searchgym.trainers.common import (
+    RunStart,
+    StepClock,
+    checkpoint_due,
+    make_env_factory,
+    start_run,
+    step_bar,
+    step_metrics,
+    task_ids,
+)
+from searchgym.trainers.config import TrainConfig, config_dict
+from searchgym.trainers.ray_actors import LearnerWorker, RolloutWorker, SGLangServerWorker, forwarded_env, shard
+from searchgym.trainers.run_log import RunLog
+
+log = logging.getLogger(__name__)
+
+PLACEMENT_TIMEOUT_S = 300
+
+
+def train_ray(config: TrainConfig, *, resume: bool = False, progress: bool = True) -> list[dict[str, float]]:
+    """Train until step `config.steps` on a Ray cluster: the same outputs and `resume` as local.train()."""
+    with RayTrainer(config, resume=resume, progress=progress) as trainer:
+        return trainer.train()
+
+
+def weight_route(config: TrainConfig) -> str:
+    """How weights reach the rollout actors: the configured route, or object store for torch and disk for SGLang."""
+    route = config.ray.weight_sync
+    if route == "auto":
+        return "disk" if config.rollout.engine == "sglang" else "object_store"
+    if route == "object_store" and config.rollout.engine == "sglang":
+        raise ValueError("SGLang servers load weights from disk: use ray.weight_sync=disk (or auto)")
+    return route
+
+
+def check_ray_config(config: TrainConfig) -> None:
+    """Refuse topologies that cannot keep the staleness bound or feed every actor, naming the setting."""
+    ray_cfg, rollout = config.ray, config.rollout
+    n = ray_cfg.num_rollout_actors
+    if n < 1:
+        raise ValueError("ray.num_rollout_actors must be at least 1")
+    if rollout.batch_size % n:
+        raise ValueError(f"rollout.batch_size ({rollout.batch_size} groups) must split evenly over "
+                         f"ray.num_rollout_actors ({n}): each actor's controller takes batch_size / n groups a step")
+    if rollout.max_concurrent_rollouts // n < rollout.group_size:
+        raise ValueError(f"rollout.max_concurrent_rollouts ({rollout.max_concurrent_rollouts} episodes) split over "
+                         f"{n} rollout actors leaves less than one group of {rollout.group_size} episodes per actor")
+    weight_route(config)
+    if rollout.engine == "sglang":
+        if config.model.path is None:
+            raise ValueError("rollout.engine=sglang needs model.path: the model the SGLang servers serve")
+        if ray_cfg.sglang_servers and rollout.sglang_addresses:
+            raise ValueError("give either ray.sglang_servers (launched here) or rollout.sglang_addresses, not both")
+        servers = ray_cfg.sglang_servers or len(rollout.sglang_addresses)
+        if servers < n:
+            raise ValueError(f"{servers} SGLang servers for {n} rollout actors: each actor needs its own server(s) "
+                             "(set ray.sglang_servers or rollout.sglang_addresses)")
+    elif ray_cfg.sglang_servers:
+        raise ValueError("ray.sglang_servers is set but rollout.engine is 'torch': set rollout.engine=sglang")
+
+
+def required_resources(config: TrainConfig) -> dict[str, float]:
+    """CPUs and GPUs all the run's actors reserve: learner, rollout actors, launched SGLang servers."""
+    settings, n = config.ray, config.ray.num_rollout_actors
+    return {"CPU": settings.learner_cpus + n * settings.rollout_cpus + settings.sglang_servers,
+            "GPU": settings.learner_gpus + n * settings.rollout_gpus
+            + settings.sglang_servers * settings.sglang_gpus_per_server}
+
+
+def _check_fits(needed: dict[str, float], available: dict[str, float]) -> None:
+    """Fail now, naming the settings, rather than wait forever for actors the cluster cannot place."""
+    short = {k: (v, available.get(k, 0.0)) for k, v in needed.items() if v > available.get(k, 0.0)}
+    if short:
+        detail = ", ".join(f"{v:g} {k} needed, {have:g} in the cluster" for k, (v, have) in short.items())
+        raise ValueError(f"the Ray cluster is too small for this run ({detail}): lower ray.learner_cpus/gpus, "
+                         "ray.rollout_cpus/gpus, ray.num_rollout_actors or ray.sglang_servers")
+
+
+class RayTrainer:
+    """One Ray training run: `start()` builds the actors, `train()` runs the steps, `shutdown()` ends them all."""
+
+    def __init__(self, config: TrainConfig, *, resume: bool = False, progress: bool = True):
+        check_ray_config(config)
+        self.config, self.resume, self.progress = config, resume, progress
+        self.learner: Any = None
+        self.rollout_actors: list[Any] = []
+        self.server_actors: list[Any] = []
+        self.run: RunStart | None = None
+        self._placement: Any = None
+        self._started_ray = False
+
+    def __enter__(self) -> RayTrainer:
+        try:
+            self.start()
+        except BaseException:
+            self.shutdown()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    # ---- setup -------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Join or start the cluster, launch servers, learner and rollout actors, and align their weights."""
+        import ray
+
+        config, n = self.config, self.config.ray.num_rollout_actors
+        self.run = run = start_run(config, self.resume, mmap=True)  # the driver reads only the small parts
+        states: list[dict[str, Any] | None] = list(rollout_states(run.state)) if run.state else [None] * n
+        if len(states) != n:
+            raise ValueError(f"{run.checkpoint} holds {len(states)} rollout controller states; resume it with "
+                             f"ray.num_rollout_actors={len(states)}")
+        tasks = task_ids(make_env_factory(config.env))  # builds a synthetic world's cache here, once, not in actors
+        if len(tasks) < n:
+            raise ValueError(f"{len(tasks)} tasks cannot be sharded over {n} rollout actors")
+        env = forwarded_env()
+        needed = required_resources(config)
+        if not ray.is_initialized():
+            # A local cluster's CPUs are scheduling slots: make room for every actor even on a small box
+            # (rollout actors mostly wait on their engine and tools); a running cluster is taken as it is.
+            local = {} if config.ray.address else {"num_cpus": max(os.cpu_count() or 1, math.ceil(needed["CPU"]))}
+            ray.init(address=config.ray.address, runtime_env={"env_vars": env}, log_to_driver=True, **local)
+            self._started_ray = True
+        _check_fits(needed, ray.cluster_resources())
+        model_dir = os.fspath(run.model_dir)
+        self.learner = self._learner_class().remote(config, model_dir,
+                                                    os.fspath(run.checkpoint) if run.checkpoint else None, env)
+        addresses = list(config.rollout.sglang_addresses) or self._launch_servers(model_dir, env)
+        Rollout = ray.remote(RolloutWorker).options(num_cpus=config.ray.rollout_cpus, num_gpus=config.ray.rollout_gpus)
+        self.rollout_actors = [Rollout.remote(config, i, model_dir, shard(addresses, i, n), states[i], run.version, env)
+                               for i in range(n)]
+        engine_versions = ray.get([actor.start.remote() for actor in self.rollout_actors])
+        ray.get(self.learner.connect.remote(self.rollout_actors, weight_route(config)))
+        if config.rollout.engine == "sglang" and (run.checkpoint is not None
+                                                 or any(v != run.version for v in engine_versions)):
+            ray.get(self.learner.push_weights.remote())  # the servers hold other weights than the learner's
+
+    def _learner_class(self) -> Any:
+        """The learner actor class; with GPUs, its GPUs are reserved on one node first (a placement group).
+
+        Reserving them before the server actors take GPUs one by one keeps the servers from leaving
+        every node with fewer free GPUs than the learner needs.
+        """
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        settings = self.config.ray
+        options: dict[str, Any] = {"num_cpus": settings.learner_cpus, "num_gpus": settings.learner_gpus}
+        if settings.learner_gpus:
+            bundle = {"CPU": settings.learner_cpus, "GPU": settings.learner_gpus}
+            self._placement = placement_group([{k: v for k, v in bundle.items() if v}], strategy="STRICT_PACK")
+            ready, _ = ray.wait([self._placement.ready()], timeout=PLACEMENT_TIMEOUT_S)
+            if not ready:
+                raise TimeoutError(f"no node could hold the learner's {bundle} within {PLACEMENT_TIMEOUT_S} s: "
+                                   "ray.learner_gpus must fit on one node")
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self._placement)
+        return ray.remote(LearnerWorker).options(**options)
+
+    def _launch_servers(self, model_dir: str, env: dict[str, str]) -> list[str]:
+        """Start `ray.sglang_servers` server actors (none for torch engines); their addresses, once all are ready."""
+        import ray
+
+        settings = self.config.ray
+        if not settings.sglang_servers:
+            return []
+        Server = ray.remote(SGLangServerWorker).options(num_cpus=1, num_gpus=settings.sglang_gpus_per_server)
+        log_dir = os.fspath(Path(self.config.out_dir) / "sglang")
+        self.server_actors = [Server.remote(self.config, model_dir, i, log_dir, env)
+                              for i in range(settings.sglang_servers)]
+        return ray.get([server.start.remote() for server in self.server_actors])
+
+    # ---- the step loop -----------------------------------------------------------------------------------
+
+    def train(self) -> list[dict[str, float]]:
+        """Run steps until `config.steps`; every step's metrics (also in TensorBoard and metrics.jsonl)."""
+        import ray
+
+        if self.run is None:
+            raise RuntimeError("start() the trainer first")
+        config, run, actors = self.config, self.run, self.rollout_actors
+        run_log = RunLog(run.out, config_dict(config), resume_step=run.first_step - 1)
+        clock = StepClock(config, run.first_step)
+        version = run.version
+        try:
+            for step in step_bar(config, run.first_step, self.progress):
+                sub_batches = [actor.get_batch.remote() for actor in actors]
+                stats_ref = self.learner.step.remote(*sub_batches)  # the learner fetches the sub-batches itself
+                batch = [group for sub_batch in ray.get(sub_batches) for group in sub_batch]
+                stats = ray.get(stats_ref)
+                trained_version, version = version, ray.get(self.learner.push_weights.remote())
+                ray.get([actor.set_trained_version.remote(version) for actor in actors])
+                rollouts = ray.get([actor.stats.remote() for actor in actors])
+                run_log.record(step, step_metrics(stats, batch, clock, step, rollouts), batch, trained_version)
+                if checkpoint_due(config, step):
+                    states = ray.get([actor.state_dict.remote() for actor in actors])
+                    ray.get(self.learner.save_checkpoint.remote(step, states))
+        finally:
+            run_log.close()
+        return run_log.history()
+
+    # ---- teardown ----------------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop the rollout actors and the servers, end every actor, and stop Ray if this trainer started it."""
+        import ray
+
+        if not ray.is_initialized():
+            return
+        for stop in ([actor.stop.remote() for actor in self.rollout_actors],
+                     [server.stop.remote() for server in self.server_actors]):
+            try:
+                ray.get(stop, timeout=60)
+            except Exception as e:  # noqa: BLE001 -- a dead actor must not keep the others running
+                log.warning("stopping actors: %r", e)
+        for actor in [*self.rollout_actors, *self.server_actors, *([self.learner] if self.learner else [])]:
+            ray.kill(actor)
+        self.rollout_actors, self.server_actors, self.learner = [], [], None
+        if self._placement is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._placement)
+            self._placement = None
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False

@@ -1,0 +1,100 @@
+"""The Ray launcher for real on a local CPU cluster: a learner actor, two rollout actors with TorchEngines."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from searchgym.trainers.checkpoint import latest_checkpoint, load_trainer_state
+from searchgym.trainers.config import load_config
+from searchgym.trainers.ray_launcher import RayTrainer, _check_fits, check_ray_config, required_resources, train_ray
+from tests.conftest import SMALL
+
+ray = pytest.importorskip("ray")
+
+ACTORS = 2
+NAME = "model.embed_tokens.weight"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A small local CPU cluster; workers inherit SEARCHGYM_CACHE, which conftest set before this starts."""
+    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=200 * 1024 ** 2, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _overrides(run_dir: Path, model_dir: Path, steps: int) -> list[str]:
+    return [
+        f"out_dir={run_dir}", f"steps={steps}", "save_every=1", "launcher=ray", f"model.path={model_dir}",
+        f"env.kwargs.size={SMALL['size']}", f"env.kwargs.n_tasks={SMALL['n_tasks']}", "env.kwargs.max_turns=2",
+        "rollout.group_size=2", "rollout.batch_size=2", "rollout.max_new_tokens=12", "rollout.max_staleness=1",
+        "learner.drop_no_spread=false", "learner.lr=1e-3", f"ray.num_rollout_actors={ACTORS}",
+        "learner.weight_decay=0.1",  # a fresh model earns no reward spread: decay makes every step move the weights
+    ]
+
+
+def _groups_by_version(run_dir: Path) -> list[list[int]]:
+    """The run-wide group positions each step trained on (one list per trajectories file, in version order)."""
+    return [sorted({json.loads(line)["group"] for line in path.read_text().splitlines()})
+            for path in sorted((run_dir / "trajectories").glob("version-*.jsonl"))]
+
+
+def test_two_rollout_actors_feed_each_step_and_get_the_new_weights(tmp_path, small_bundle, tiny_model_dir,
+                                                                   ray_cluster):
+    run_dir = tmp_path / "run"
+    with RayTrainer(load_config(None, _overrides(run_dir, tiny_model_dir, steps=2)), progress=False) as trainer:
+        history = trainer.train()
+        engine_versions = ray.get([actor.engine_version.remote() for actor in trainer.rollout_actors])
+        engine_weights = ray.get([actor.engine_weight.remote(NAME) for actor in trainer.rollout_actors])
+
+    assert [h["step"] for h in history] == [1, 2] and [h["version"] for h in history] == [1.0, 2.0]
+    assert all(h["staleness_max"] <= 1 and h["updated"] == 1.0 for h in history)
+    assert all(h["rollout/episodes"] >= 2 * 2 for h in history)
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    trained = _groups_by_version(run_dir)
+    assert len(trained) == 2 and all(len(groups) == 2 for groups in trained)
+    assert all({g % ACTORS for g in groups} == {0, 1} for groups in trained)  # one group from each actor per step
+    # the actors' engines run the learner's version-2 weights, which differ from the initial ones
+    assert engine_versions == [2, 2]
+    checkpoint = latest_checkpoint(run_dir)
+    assert checkpoint.name == "step-00002"
+    final = load_file(checkpoint / "model.safetensors")[NAME]
+    initial = load_file(tiny_model_dir / "model.safetensors")[NAME]
+    assert all(torch.equal(w, final) for w in engine_weights) and not torch.equal(final, initial)
+    state = load_trainer_state(checkpoint)
+    assert state["step"] == 2 and state["learner"]["version"] == 2 and len(state["rollouts"]) == ACTORS
+
+    # --resume continues the same versions with both actors' data positions: no group lost or repeated
+    history = train_ray(load_config(None, _overrides(run_dir, tiny_model_dir, steps=3)), resume=True, progress=False)
+    assert [h["step"] for h in history] == [1, 2, 3] and [h["version"] for h in history] == [1.0, 2.0, 3.0]
+    trained = [g for groups in _groups_by_version(run_dir) for g in groups]
+    assert len(trained) == 3 * 2 and len(set(trained)) == len(trained), trained
+    state = load_trainer_state(latest_checkpoint(run_dir))
+    assert state["step"] == 3 and state["learner"]["version"] == 3
+    for i, rollout in enumerate(state["rollouts"]):
+        mine = {g // ACTORS for g in trained if g % ACTORS == i}
+        assert not mine & set(rollout["replay"])
+        assert sorted(mine | set(rollout["replay"])) == list(range(rollout["position"]))
+
+
+def test_topology_errors_name_the_setting(tmp_path, tiny_model_dir):
+    def check(*extra):
+        check_ray_config(load_config(None, [*_overrides(tmp_path, tiny_model_dir, 1), *extra]))
+
+    with pytest.raises(ValueError, match="batch_size"):
+        check("rollout.batch_size=3")
+    with pytest.raises(ValueError, match="max_concurrent_rollouts"):
+        check("rollout.max_concurrent_rollouts=2", "rollout.group_size=2")
+    with pytest.raises(ValueError, match="SGLang servers for 2 rollout actors"):
+        check("rollout.engine=sglang", "rollout.sglang_addresses=[127.0.0.1:1]")
+    with pytest.raises(ValueError, match="weight_sync"):
+        check("rollout.engine=sglang", "ray.sglang_servers=2", "ray.weight_sync=object_store")
+    with pytest.raises(ValueError, match="rollout.engine=sglang"):
+        check("ray.sglang_servers=2")
+    config = load_config(None, [*_overrides(tmp_path, tiny_model_dir, 1), "ray.learner_gpus=1"])
+    assert required_resources(config) == {"CPU": 3.0, "GPU": 1.0}
+    with pytest.raises(ValueError, match="1 GPU needed, 0 in the cluster"):
+        _check_fits(required_resources(config), {"CPU": 4.0})  # refused at once, not a hang on unplaceable actors

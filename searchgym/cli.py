@@ -40,6 +40,14 @@ def _tasks_build(args: argparse.Namespace) -> None:
     print(json.dumps(report, indent=2))
 
 
+def _quickstart(args: argparse.Namespace) -> None:
+    from searchgym.quickstart import load_quickstart_config, run_quickstart
+
+    overrides = [*args.overrides, *([f"out_dir={args.out}"] if args.out else [])]
+    summary = run_quickstart(load_quickstart_config(overrides))
+    print(f"results in {summary['out_dir']}: summary.md, reward_curve.png, rl/tensorboard")
+
+
 def _demo(args: argparse.Namespace) -> None:
     from searchgym.synthesis.demo import run_demo
 
@@ -76,11 +84,23 @@ def _bench_engine(args: argparse.Namespace) -> None:
         print(json.dumps(run_engine_bench(model, out=args.out, device=args.device), indent=2))
 
 
+def _bench_trainer(args: argparse.Namespace) -> None:
+    from searchgym.benchmarks.trainer_bench import ParetoLatency, run_trainer_bench
+
+    latency = ParetoLatency(args.latency_ms / 1000, args.latency_alpha, args.latency_max_s, args.seed)
+    print(json.dumps(run_trainer_bench(steps=args.steps, size=args.size, n_tasks=args.n_tasks, seed=args.seed,
+                                       out=args.out, workdir=args.workdir, max_staleness=args.max_staleness,
+                                       latency=latency, torch_threads=args.threads or None), indent=2))
+
+
 def _train(args: argparse.Namespace) -> None:
     from searchgym.trainers.config import load_config
-    from searchgym.trainers.local import train
 
     config = load_config(args.config, args.overrides)
+    if config.launcher == "ray":
+        from searchgym.trainers.ray_launcher import train_ray as train
+    else:
+        from searchgym.trainers.local import train
     history = train(config, resume=args.resume)
     last = history[-1] if history else {}
     print(json.dumps({k: last[k] for k in sorted(last) if k.startswith("episode/") or k in ("loss", "version")}, indent=2))
@@ -115,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="tasks JSONL")
     p.add_argument("--dataset", type=Path, help="also save as a `datasets` dataset in this directory")
     p.set_defaults(run=_tasks_build)
+
+    p = rooms.add_parser("quickstart", help="world -> warm start -> async RL -> before/after evaluation, on a CPU")
+    p.add_argument("--out", default=None, help="output directory (default runs/quickstart)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rl.steps=10 eval.k=2")
+    p.set_defaults(run=_quickstart)
 
     p = rooms.add_parser("demo", help="build the default world and watch a scripted agent play it")
     p.add_argument("--size", type=int, default=10_000)
@@ -158,6 +183,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", type=Path, default=Path("results/bench_engine.json"))
     p.set_defaults(run=_bench_engine)
+    p = bench.add_parser("trainer", help="async vs sync training throughput with heavy-tailed (Pareto) tool latency")
+    p.add_argument("--steps", type=int, default=6, help="learner steps per mode")
+    p.add_argument("--size", type=int, default=1000, help="pages in the synthetic world")
+    p.add_argument("--n-tasks", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0, help="training seed (and latency seed)")
+    p.add_argument("--max-staleness", type=int, default=2, help="of the async run (the sync run has 0)")
+    p.add_argument("--latency-ms", type=float, default=250.0, help="median tool latency")
+    p.add_argument("--latency-alpha", type=float, default=1.2, help="Pareto tail index (smaller: heavier tail)")
+    p.add_argument("--latency-max-s", type=float, default=10.0, help="cap on one tool call's latency")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--out", type=Path, default=Path("results/bench_trainer.json"))
+    p.add_argument("--workdir", type=Path, default=None, help="where the runs write (default: a temp dir)")
+    p.set_defaults(run=_bench_trainer)
     return parser
 
 

@@ -40,6 +40,31 @@ def _tasks_build(args: argparse.Namespace) -> None:
     print(json.dumps(report, indent=2))
 
 
+def _demos(args: argparse.Namespace) -> None:
+    import asyncio
+
+    import gymnasium as gym
+
+    import searchgym  # noqa: F401  (registers the env ids)
+    from searchgym.synthesis.oracle import demonstrations
+
+    env = gym.make(args.env, **json.loads(args.env_kwargs)).unwrapped
+    chats = asyncio.run(demonstrations(env, skim=not args.read_pages, think=args.think))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w") as f:
+        for chat in chats:
+            f.write(json.dumps({"messages": chat}) + "\n")
+    print(f"{len(chats)} demonstrations of {len(env.tasks)} tasks written to {args.out}")
+
+
+def _sft(args: argparse.Namespace) -> None:
+    from searchgym.trainers.sft import SFTConfig, load_demonstrations, sft
+
+    config = SFTConfig(epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens, seed=args.seed)
+    history = sft(args.model, load_demonstrations(args.data), args.out, config, device=args.device)
+    print(json.dumps({"steps": len(history), "final": history[-1], "out": str(args.out)}, indent=2))
+
+
 def _quickstart(args: argparse.Namespace) -> None:
     from searchgym.quickstart import load_quickstart_config, run_quickstart
 
@@ -135,6 +160,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="tasks JSONL")
     p.add_argument("--dataset", type=Path, help="also save as a `datasets` dataset in this directory")
     p.set_defaults(run=_tasks_build)
+
+    p = rooms.add_parser("demos", help="the oracle's solved episodes as chat demonstrations (JSONL) for a warm start")
+    p.add_argument("--env", default="searchgym/SyntheticQA-v0")
+    p.add_argument("--env-kwargs", default='{"split": "train"}', help="JSON kwargs for gym.make")
+    p.add_argument("--read-pages", action="store_true", help="always open the page (default: answer from results)")
+    p.add_argument("--think", action="store_true", help="write a one-line thought before each call")
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=_demos)
+
+    p = rooms.add_parser("sft", help="supervised warm start on chat demonstrations")
+    p.add_argument("--data", required=True, help="JSONL rows with 'messages' (searchgym demos, trajectory dumps)")
+    p.add_argument("--model", required=True, help="a Hugging Face model directory")
+    p.add_argument("--out", required=True)
+    p.add_argument("--epochs", type=float, default=3.0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--batch-tokens", type=int, default=16_384)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(run=_sft)
 
     p = rooms.add_parser("quickstart", help="world -> warm start -> async RL -> before/after evaluation, on a CPU")
     p.add_argument("--out", default=None, help="output directory (default runs/quickstart)")

@@ -33,3 +33,18 @@ def test_errors_are_reported_not_raised(tmp_path, capsys):
     assert "searchgym: error:" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["world", "explode"])
+
+
+def test_demos_then_sft(tmp_path, capsys, small_bundle, tiny_model_dir):
+    from tests.conftest import SMALL
+
+    demos = tmp_path / "demos.jsonl"
+    kwargs = json.dumps({**SMALL, "split": "train", "hops": 1})
+    assert main(["demos", "--env-kwargs", kwargs, "--out", str(demos)]) == 0
+    assert "demonstrations of" in capsys.readouterr().out
+    rows = [json.loads(line) for line in demos.read_text().splitlines()]
+    assert rows and all(row["messages"][0]["role"] == "user" for row in rows)
+    assert main(["sft", "--data", str(demos), "--model", str(tiny_model_dir), "--out", str(tmp_path / "sft"),
+                 "--epochs", "0.1", "--batch-tokens", "4096"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] >= 1
+    assert (tmp_path / "sft" / "model.safetensors").exists()

@@ -76,26 +76,32 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedT
 
 
 def tiny_config(tokenizer: PreTrainedTokenizerFast, *, hidden_size: int, num_layers: int, num_heads: int,
-                num_kv_heads: int, intermediate_size: int, max_position_embeddings: int) -> Qwen2Config:
-    """A Qwen2 config sized by the arguments, with tied embeddings, INIT_STD and the tokenizer's special ids."""
+                num_kv_heads: int, intermediate_size: int, max_position_embeddings: int,
+                init_std: float = INIT_STD) -> Qwen2Config:
+    """A Qwen2 config sized by the arguments, with tied embeddings, `init_std` and the tokenizer's special ids."""
     return Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_layers,
         num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, intermediate_size=intermediate_size,
         max_position_embeddings=max_position_embeddings, tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
-        initializer_range=INIT_STD,
+        initializer_range=init_std,
     )
 
 
 def build_tiny_model(out_dir: str | Path, *, texts: Iterable[str] | None = None, vocab_size: int = 2048,
                      hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
-                     intermediate_size: int = 176, max_position_embeddings: int = 8192, seed: int = 0) -> Path:
-    """Train a tokenizer, initialise a seeded fp32 Qwen2 and save both to `out_dir`; same args, same files."""
+                     intermediate_size: int = 176, max_position_embeddings: int = 8192, seed: int = 0,
+                     init_std: float = INIT_STD) -> Path:
+    """Train a tokenizer, initialise a seeded fp32 Qwen2 and save both to `out_dir`; same args, same files.
+
+    The default `init_std` makes an untrained model write varied text (what engine tests need); a model
+    that is going to be trained wants a small one (0.02, as Hugging Face initialises Qwen2).
+    """
     out = Path(out_dir)
     tokenizer = train_tokenizer(default_texts() if texts is None else texts, vocab_size)
     config = tiny_config(tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
                          num_kv_heads=num_kv_heads, intermediate_size=intermediate_size,
-                         max_position_embeddings=max_position_embeddings)
+                         max_position_embeddings=max_position_embeddings, init_std=init_std)
     with torch.random.fork_rng(devices=[]):  # seeded weights without disturbing the caller's random state
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config).to(torch.float32).eval()
@@ -104,3 +110,47 @@ def build_tiny_model(out_dir: str | Path, *, texts: Iterable[str] | None = None,
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def pretrain_copying(model_dir: str | Path, steps: int, *, batch_size: int = 16, length: int = 256,
+                     lr: float = 1e-3, seed: int = 0) -> list[float]:
+    """Teach a fresh tiny model to copy from its context, in place; returns the loss per step.
+
+    Real LLMs arrive with induction heads (continue a span seen earlier in the context) from
+    pretraining, and a search agent leans on them: a name goes from the question into a query, an
+    answer from a result into the reply. A fresh tiny model has none, and demonstrations alone rarely
+    grow them in a CPU budget; a few hundred steps on random token sequences in which a span recurs
+    at a random distance do (a fixed distance would only teach a positional shortcut).
+    """
+    model = Qwen2ForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    vocab = model.config.vocab_size
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    losses = []
+    model.train()
+    for _ in range(steps):
+        ids, weights = _copy_batch(batch_size, length, vocab, generator)
+        logits = model(input_ids=ids).logits[:, :-1]
+        token_losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        loss = (token_losses * weights[:, 1:]).sum() / weights[:, 1:].sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    model.save_pretrained(model_dir)
+    return losses
+
+
+def _copy_batch(batch_size: int, length: int, vocab: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random tokens in which a span of 4-32 tokens recurs later; weight 1 on the recurrence after its first token."""
+    ids = torch.randint(len(SPECIAL_TOKENS), vocab, (batch_size, length), generator=generator)
+    weights = torch.zeros((batch_size, length))
+    for row in range(batch_size):
+        span = int(torch.randint(4, 33, (1,), generator=generator))
+        source = int(torch.randint(0, length // 2 - span, (1,), generator=generator))
+        target = int(torch.randint(source + span, length - span, (1,), generator=generator))
+        ids[row, target:target + span] = ids[row, source:source + span]
+        weights[row, target + 1:target + span] = 1.0
+    return ids, weights

@@ -59,7 +59,7 @@ class OracleAgent:
                 await self._lookup(env, result, query, url, expect)
             answer = task.answers[0]
             thought = self._thought(f"So the answer is {answer}.")
-            _, reward, _, _, info = await self._step(env, result, f"{thought}<answer>{answer}</answer>")
+            _, reward, _, _, info = await self._step(env, result, f"{thought}<answer> {answer} </answer>")
             result.reward = reward
             result.solved = bool(info.get("verdict", {}).get("correct"))
             if not result.solved:
@@ -81,13 +81,13 @@ class OracleAgent:
 
     async def _lookup(self, env: SearchEnv, result: OracleResult, query: str, url: str, expect: str) -> None:
         thought = self._thought(f"I need the page about {query}.")
-        obs, *_ = await self._step(env, result, f"{thought}<search>{query}</search>")
+        obs, *_ = await self._step(env, result, f"{thought}<search> {query} </search>")
         if f"({url})" not in obs:
             raise _Stop(f"not retrieved: searching {query!r} does not return {url}")
         if self.skim and expect in obs:
             return
         for _ in range(env.max_page_chunks):
-            obs, _, _, _, info = await self._step(env, result, f"<access>{url}</access>")
+            obs, _, _, _, info = await self._step(env, result, f"<access> {url} </access>")
             if expect in obs:
                 return
             page = info.get("page") or {}
@@ -105,3 +105,15 @@ class OracleAgent:
         if truncated:
             raise _Stop(f"budget: {info.get('truncation')}")
         return obs, reward, terminated, truncated, info
+
+
+async def demonstrations(env: SearchEnv, tasks: list[Task] | None = None, *, skim: bool = True,
+                         think: bool = False) -> list[list[dict[str, str]]]:
+    """The oracle's solved episodes on `tasks` (default: the env's pool) as chats, for a supervised warm start."""
+    oracle = OracleAgent(skim=skim, think=think)
+    chats = []
+    for task in env.tasks if tasks is None else tasks:
+        result = await oracle.arun(env, task)
+        if result.solved:
+            chats.append(result.messages())
+    return chats

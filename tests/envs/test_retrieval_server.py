@@ -1,0 +1,422 @@
+"""The retrieval server speaks the Search-R1/ASearcher API; RemoteSearch survives every server fault. Loopback only."""
+import asyncio
+import contextlib
+import json
+import socket
+import time
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from searchgym.envs.search_env import SearchEnv
+from searchgym.envs.tools.base import BackendError, PageNotFound, SearchHit
+from searchgym.envs.tools.remote_search import RemoteSearch
+from searchgym.envs.tools.retrieval_server import serving
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+QUERY = "The Sadesh Whispers"
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def server(small_index):
+    async with serving(small_index) as url:
+        yield url
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def http():
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def post(http, url, body, *, raw=False):
+    async with http.post(url, data=body if raw else json.dumps(body)) as resp:
+        return resp.status, await resp.json()
+
+
+def free_port() -> int:
+    """A loopback port with nothing listening on it (connections are refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- the wire format -----------------------------------------------------------------------------------------------
+
+
+async def test_retrieve_matches_the_index_in_search_r1_form(server, http, small_index):
+    status, body = await post(http, server + "/retrieve", {"queries": [QUERY, "Milan Amarsh", ""], "topk": 4})
+    assert status == 200 and len(body["result"]) == 3
+    expected = small_index.search_sync(QUERY, 4)
+    docs = body["result"][0]
+    assert [d["id"] for d in docs] == [h.doc_id for h in expected]
+    assert set(docs[0]) == {"id", "contents", "title", "url"}
+    assert docs[0]["contents"] == f'"{expected[0].title}"\n{expected[0].snippet}'  # Search-R1's corpus row form
+    assert docs[0]["url"] == expected[0].url and docs[0]["title"] == expected[0].title
+    assert body["result"][2] == []  # an empty query has no hits, not an error
+
+
+async def test_retrieve_with_scores_and_default_topk(server, http, small_index):
+    status, body = await post(http, server + "/retrieve", {"queries": [QUERY], "topk": None, "return_scores": True})
+    assert status == 200
+    items = body["result"][0]
+    assert len(items) == 3  # Search-R1's default topk
+    assert set(items[0]) == {"document", "score"}
+    assert items[0]["score"] == pytest.approx(small_index.search_sync(QUERY, 3)[0].score)
+
+
+async def test_access_returns_pages_or_null(server, http, small_index):
+    hit = small_index.search_sync(QUERY, 1)[0]
+    status, body = await post(http, server + "/access", {"urls": [hit.url, "https://nowhere.test/x", hit.doc_id]})
+    assert status == 200
+    page, missing, by_id = body["result"]
+    assert missing is None
+    assert page["url"] == hit.url and page["contents"] == small_index.get_page(hit.url).text
+    assert page["title"] == hit.title and page["links"] and by_id["url"] == hit.url
+
+
+async def test_health(server, http):
+    async with http.get(server + "/health") as resp:
+        assert resp.status == 200
+        assert (await resp.json()) == {"status": "ok", "docs": 1000, "access": True}
+
+
+# ---- bad input: always a 400 (or 404/405/413) with a JSON error, never a 500 -----------------------------------------
+
+
+@pytest.mark.parametrize("path,body,words", [
+    ("/retrieve", b"{not json", "not valid JSON"),
+    ("/retrieve", b"\xff\xfe\x00", "not valid JSON"),
+    ("/retrieve", b"[1, 2]", "JSON object"),
+    ("/retrieve", b'{"queries": "one"}', "queries must be a list"),
+    ("/retrieve", b'{"queries": [1]}', "queries must be a list"),
+    ("/retrieve", b'{"queries": ["a"], "topk": 0}', "topk"),
+    ("/retrieve", b'{"queries": ["a"], "topk": 101}', "topk"),
+    ("/retrieve", b'{"queries": ["a"], "topk": true}', "topk"),
+    ("/retrieve", b'{"queries": ["a"], "topk": 2.5}', "topk"),
+    ("/retrieve", b'{"queries": ["a"], "return_scores": "yes"}', "return_scores"),
+    ("/retrieve", json.dumps({"queries": ["a"] * 513}).encode(), "at most 512"),
+    ("/access", b'{"urls": "https://a"}', "urls must be a list"),
+    ("/access", json.dumps({"urls": ["u"] * 65}).encode(), "at most 64"),
+])
+async def test_bad_input_is_a_400_that_says_why(server, http, path, body, words):
+    status, out = await post(http, server + path, body, raw=True)
+    assert status == 400 and words in out["error"]
+
+
+async def test_size_limit_unknown_route_and_method(small_index, http):
+    async with serving(small_index, client_max_size=1024) as url:
+        status, out = await post(http, url + "/retrieve", {"queries": ["x" * 2000]})
+        assert status == 413 and "error" in out
+        async with http.get(url + "/nope") as resp:
+            assert resp.status == 404 and "error" in await resp.json()
+        async with http.get(url + "/retrieve") as resp:
+            assert resp.status == 405
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                     max_leaves=12)
+_VALID = {"/retrieve": ({"queries": ["Sadesh"], "topk": 2, "return_scores": True}, ["queries", "topk", "return_scores"]),
+          "/access": ({"urls": ["https://world.searchgym.test/wiki/The_Sadesh_Whispers"]}, ["urls"])}
+
+
+@st.composite
+def junk_requests(draw):
+    """(path, body bytes): random bytes, junk JSON, or a valid body with fields replaced by junk."""
+    path = draw(st.sampled_from(sorted(_VALID)))
+    kind = draw(st.integers(0, 2))
+    if kind == 0:
+        return path, draw(st.binary(max_size=64))
+    if kind == 1:
+        return path, json.dumps(draw(_JSON)).encode()
+    base, keys = _VALID[path]
+    body = json.loads(json.dumps(base))
+    for _ in range(draw(st.integers(1, 2))):
+        body[draw(st.sampled_from(keys))] = draw(_JSON)
+    return path, json.dumps(body).encode()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(request=junk_requests())
+async def test_junk_never_causes_a_500(server, request):
+    path, body = request
+    async with aiohttp.ClientSession() as http:
+        async with http.post(server + path, data=body) as resp:
+            assert resp.status in (200, 400), (resp.status, await resp.text())
+            out = await resp.json()
+            assert ("result" in out) if resp.status == 200 else isinstance(out["error"], str)
+
+
+# ---- concurrency and shutdown ---------------------------------------------------------------------------------------
+
+
+class SlowIndex:
+    """A blocking backend: every search takes `delay` seconds of a thread (like BM25 over a big index)."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    def search_sync(self, query: str, k: int) -> list[SearchHit]:
+        time.sleep(self.delay)
+        return [SearchHit(doc_id="1", title=query, url=f"https://x.test/{query}", snippet="s", score=1.0)]
+
+    async def search(self, query: str, k: int) -> list[SearchHit]:
+        return self.search_sync(query, k)
+
+
+async def test_batch_runs_concurrently_off_the_loop_and_health_stays_responsive(http):
+    async with serving(SlowIndex(0.3), threads=8) as url:
+        t0 = time.perf_counter()
+        batch = asyncio.create_task(post(http, url + "/retrieve", {"queries": [f"q{i}" for i in range(8)]}))
+        await asyncio.sleep(0.05)
+        async with http.get(url + "/health") as resp:
+            assert resp.status == 200 and (await resp.json())["access"] is False
+        assert time.perf_counter() - t0 < 0.25  # answered while the batch's searches block their threads
+        status, body = await batch
+        assert status == 200 and [r[0]["title"] for r in body["result"]] == [f"q{i}" for i in range(8)]
+        assert time.perf_counter() - t0 < 1.5  # 8 x 0.3 s sequentially would be 2.4 s
+        status, out = await post(http, url + "/access", {"urls": ["a"]})
+        assert status == 404 and "no page backend" in out["error"]
+
+
+async def test_graceful_shutdown_finishes_in_flight_requests(http):
+    async def stop_soon(cm):
+        await asyncio.sleep(0.1)
+        await cm.__aexit__(None, None, None)
+
+    cm = serving(SlowIndex(0.5))
+    url = await cm.__aenter__()
+    request = asyncio.create_task(post(http, url + "/retrieve", {"queries": ["late"]}))
+    await stop_soon(cm)  # shutdown starts while the search is still running
+    status, body = await request
+    assert status == 200 and body["result"][0][0]["title"] == "late"
+    async with aiohttp.ClientSession() as fresh:  # not a pooled keep-alive connection: a new one, refused
+        with pytest.raises(aiohttp.ClientConnectorError):
+            await post(fresh, url + "/health", {})
+
+
+# ---- RemoteSearch ------------------------------------------------------------------------------------------------
+
+
+async def test_remote_search_equals_the_local_index(server, small_index):
+    client = RemoteSearch(server)
+    try:
+        assert await client.search(QUERY, 5) == small_index.search_sync(QUERY, 5)
+        hit = small_index.search_sync(QUERY, 1)[0]
+        assert await client.fetch(hit.url) == small_index.get_page(hit.url)
+        with pytest.raises(PageNotFound):
+            await client.fetch("https://nowhere.test/x")
+        batch = await client.search_batch([QUERY, "Milan Amarsh"], 2)
+        assert batch == [small_index.search_sync(QUERY, 2), small_index.search_sync("Milan Amarsh", 2)]
+        assert (await client.health())["docs"] == 1000
+    finally:
+        await client.close()
+
+
+def search_r1_app() -> web.Application:
+    """A test double of Search-R1's retrieval server: /retrieve only, rows {"id", "contents"} without url or title."""
+    async def retrieve(request: web.Request) -> web.Response:
+        body = await request.json()
+        docs = [{"id": f"{i}", "contents": f'"Title {q} {i}"\ntext about {q}'} for q in body["queries"]
+                for i in range(body.get("topk") or 3)]
+        k = body.get("topk") or 3
+        rows = [docs[j * k:(j + 1) * k] for j in range(len(body["queries"]))]
+        if body.get("return_scores"):
+            rows = [[{"document": d, "score": 10.0 - i} for i, d in enumerate(r)] for r in rows]
+        return web.json_response({"result": rows})
+
+    app = web.Application()
+    app.router.add_post("/retrieve", retrieve)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def serve(app: web.Application, port: int = 0):
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        yield "http://127.0.0.1:%d" % runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
+
+
+async def test_remote_search_against_a_search_r1_server():
+    async with serve(search_r1_app()) as url:
+        client = RemoteSearch(url)
+        hits = await client.search("moon", 2)
+        assert [(h.doc_id, h.title, h.url, h.snippet, h.score) for h in hits] == [
+            ("0", "Title moon 0", "0", "text about moon", 10.0), ("1", "Title moon 1", "1", "text about moon", 9.0)]
+        with pytest.raises(BackendError, match="page access unsupported"):
+            await client.fetch("0")
+        await client.close()
+
+
+async def test_failover_skips_a_dead_server_and_tries_it_again_later(server, small_index):
+    dead = f"http://127.0.0.1:{free_port()}"
+    client = RemoteSearch([dead, server], retries=0, dead_s=0.3)
+    try:
+        assert await client.search(QUERY, 3) == small_index.search_sync(QUERY, 3)
+        assert client.stats()["remote_failovers"] == 1
+        for _ in range(4):  # round-robin would start at the dead one half the time: it is skipped instead
+            await client.search(QUERY, 3)
+        assert client.stats()["remote_failovers"] == 1
+        await asyncio.sleep(0.35)
+        await client.search(QUERY, 3)
+        await client.search(QUERY, 3)
+        assert client.stats()["remote_failovers"] == 2  # tried again once its dead time ran out
+    finally:
+        await client.close()
+
+
+# ---- faults: each becomes a BackendError within its time bound ------------------------------------------------------
+
+
+class Faulty:
+    """A server whose /retrieve and /access fail as told: 5xx, hang, garbage, or fail `flaky` times first."""
+
+    def __init__(self) -> None:
+        self.mode, self.flaky, self.hits = "ok", 0, 0
+        self.app = web.Application()
+        self.app.router.add_post("/retrieve", self.handle)
+        self.app.router.add_post("/access", self.handle)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.hits += 1
+        if self.mode == "500" or self.hits <= self.flaky:
+            return web.json_response({"error": "index shard offline"}, status=503 if self.flaky else 500)
+        if self.mode == "hang":
+            await asyncio.sleep(30)
+        if self.mode == "garbage":
+            return web.Response(text="<html>Bad Gateway</html>", content_type="text/html")
+        body = await request.json()
+        if request.path == "/access":
+            return web.json_response({"result": [{"url": u, "title": "T", "contents": "page"} for u in body["urls"]]})
+        return web.json_response({"result": [[{"document": {"id": "1", "contents": '"T"\nx', "url": "https://t"},
+                                               "score": 1.0}] for _ in body["queries"]]})
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def faulty():
+    fault = Faulty()
+    async with serve(fault.app) as url:
+        yield fault, url
+
+
+async def test_5xx_is_retried_with_backoff_then_reported(faulty):
+    fault, url = faulty
+    fault.mode = "500"
+    client = RemoteSearch(url, retries=2, backoff=0.05)
+    t0 = time.perf_counter()
+    with pytest.raises(BackendError, match="HTTP 500: index shard offline"):
+        await client.search("q", 3)
+    assert fault.hits == 3 and time.perf_counter() - t0 >= 0.05 + 0.1  # backoff 0.05 s, then 0.1 s
+    await client.close()
+
+
+async def test_transient_503s_recover(faulty):
+    fault, url = faulty
+    fault.flaky = 2
+    client = RemoteSearch(url, retries=2, backoff=0.01)
+    assert (await client.search("q", 3))[0].title == "T"
+    assert fault.hits == 3 and client.stats()["remote_retries"] == 2
+    await client.close()
+
+
+async def test_a_hanging_server_times_out(faulty):
+    fault, url = faulty
+    fault.mode = "hang"
+    client = RemoteSearch(url, timeout=0.3, retries=1, backoff=0.01)
+    t0 = time.perf_counter()
+    with pytest.raises(BackendError, match="no answer within 0.3 s"):
+        await client.search("q", 3)
+    assert time.perf_counter() - t0 < 1.5  # two tries of 0.3 s, not 30 s
+    await client.close()
+
+
+async def test_garbage_body_and_refused_connection():
+    fault = Faulty()
+    fault.mode = "garbage"
+    async with serve(fault.app) as url:
+        client = RemoteSearch(url, retries=1, backoff=0.01)
+        with pytest.raises(BackendError, match="not JSON"):
+            await client.search("q", 3)
+        await client.close()
+    client = RemoteSearch(f"http://127.0.0.1:{free_port()}", retries=1, backoff=0.01)
+    with pytest.raises(BackendError, match="cannot connect"):
+        await client.fetch("https://t")
+    await client.close()
+
+
+async def test_truncated_body():
+    async def half_response(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n"
+                     b'{"result": [[{"document"')
+        await writer.drain()
+        writer.close()
+
+    tcp = await asyncio.start_server(half_response, "127.0.0.1", 0)
+    port = tcp.sockets[0].getsockname()[1]
+    client = RemoteSearch(f"http://127.0.0.1:{port}", retries=1, backoff=0.01, timeout=2)
+    t0 = time.perf_counter()
+    with pytest.raises(BackendError, match="dropped mid-response|not JSON"):
+        await client.search("q", 3)
+    assert time.perf_counter() - t0 < 2
+    await client.close()
+    tcp.close()
+    await tcp.wait_closed()
+
+
+# ---- a whole episode through the server, which goes away mid-episode ----------------------------------------------
+
+
+async def test_episode_survives_the_server_going_away(small_index, small_pool):
+    port = free_port()
+    client = RemoteSearch(f"http://127.0.0.1:{port}", timeout=1.0, retries=1, backoff=0.01)
+    env = SearchEnv(small_pool, client)
+    task = small_pool.tasks[0] if hasattr(small_pool, "tasks") else next(iter(small_pool))
+    async with serving(small_index, port=port):
+        obs, info = await env.areset(options={"task_id": task.id})
+        obs, reward, terminated, truncated, info = await env.astep(f"<search>{QUERY}</search>")
+        assert "<information>" in obs and info["hits"] and info["counts"]["backend_errors"] == 0
+    t0 = time.perf_counter()
+    obs, reward, terminated, truncated, info = await env.astep(f"<search>{QUERY}</search>")
+    assert "The search failed" in obs and "cannot connect" in obs and not (terminated or truncated)
+    assert info["counts"]["backend_errors"] == 1 and "error" in info and info["backend"]["remote_errors"] == 1
+    obs, *_, info = await env.astep("<access>https://world.searchgym.test/wiki/The_Sadesh_Whispers</access>")
+    assert "failed" in obs and info["counts"]["backend_errors"] == 2
+    assert time.perf_counter() - t0 < 3
+    async with serving(small_index, port=port):  # back again: the episode goes on where it was
+        obs, *_, info = await env.astep("<access>https://world.searchgym.test/wiki/The_Sadesh_Whispers</access>")
+        assert "Milan Amarsh" in obs and info["counts"]["backend_errors"] == 2
+    obs, reward, terminated, truncated, info = await env.astep("<answer>Milan Amarsh</answer>")
+    assert terminated and info["counts"]["backend_errors"] == 2
+    await client.close()
+
+
+async def test_page_access_on_a_search_r1_server_is_an_observation(small_pool):
+    async with serve(search_r1_app()) as url:
+        client = RemoteSearch(url)
+        env = SearchEnv(small_pool, client)
+        await env.areset(seed=0)
+        obs, *_ = await env.astep("<search>moon</search>")
+        assert "Title moon 0" in obs
+        obs, *_, info = await env.astep("<access>0</access>")
+        assert "page access unsupported" in obs and info["counts"]["backend_errors"] == 1
+        await client.close()
+
+
+async def test_cli_has_serve_search_and_bench_search():
+    from searchgym.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "search", "--index", "idx", "--port", "8123"])
+    assert args.run.__name__ == "_serve_search" and args.port == 8123 and args.host == "127.0.0.1"
+    args = build_parser().parse_args(["bench", "search", "--size", "500"])
+    assert args.run.__name__ == "_bench_search" and args.size == 500

@@ -8,6 +8,7 @@ import gymnasium as gym
 
 LOCAL_QA = "searchgym/LocalQA-v0"
 SYNTHETIC_QA = "searchgym/SyntheticQA-v0"
+WEB_QA = "searchgym/WebQA-v0"
 
 
 def register_envs() -> None:
@@ -19,6 +20,9 @@ def register_envs() -> None:
     for env_id, entry_point in specs.items():
         if env_id not in gym.registry:
             gym.register(id=env_id, entry_point=entry_point, nondeterministic=False, disable_env_checker=False)
+    if WEB_QA not in gym.registry:  # the live web: same seed and actions need not give the same episode
+        gym.register(id=WEB_QA, entry_point="searchgym.envs.web_env:make_web_qa", nondeterministic=True,
+                     disable_env_checker=False)
 
 
 def make_local_qa(

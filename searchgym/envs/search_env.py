@@ -154,6 +154,8 @@ class SearchEnv(gym.Env[str, str]):
             info["truncation"] = "turn budget" if self.turn >= self.max_turns else "observation-token budget"
         self._done = terminated or truncated
         info.update(obs_tokens=self.obs_tokens, counts=dict(self.counts))
+        if parsed.tool in ("search", "access") and (stats := self._backend_stats()):
+            info["backend"] = stats
         self._transcript += [("agent", action[:4000]), ("env", obs)]
         return obs, reward, terminated, truncated, info
 
@@ -215,6 +217,16 @@ class SearchEnv(gym.Env[str, str]):
         if "index" in options:
             return self.tasks[int(options["index"]) % len(self.tasks)]
         return self.tasks.sample(self.np_random)
+
+    def _backend_stats(self) -> dict[str, Any]:
+        """Merged `stats()` of the backends that have one (cache hit rates, web error counters), for info."""
+        out: dict[str, Any] = {}
+        backends = [self.search_backend] + ([self.page_backend] if self.page_backend is not self.search_backend else [])
+        for backend in backends:
+            stats = getattr(backend, "stats", None)
+            if callable(stats):
+                out.update(stats())
+        return out
 
     def _fit(self, obs: str) -> str:
         """Keep an observation inside the observation space, saying so when it is cut."""

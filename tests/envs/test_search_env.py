@@ -31,6 +31,8 @@ def test_check_env_on_every_registered_id(small_bundle):
     kwargs = {
         "searchgym/SyntheticQA-v0": SMALL,
         "searchgym/LocalQA-v0": {"tasks": small_bundle / "tasks.jsonl", "index": small_bundle / "index"},
+        "searchgym/WebQA-v0": {"tasks": small_bundle / "tasks.jsonl", "search_api_key": "unused",  # nothing listens on :9
+                               "search_endpoint": "http://127.0.0.1:9/search"},
     }
     ids = [i for i in gym.registry if i.startswith("searchgym/")]
     assert set(ids) == set(kwargs), "a new env id needs a check_env entry here"

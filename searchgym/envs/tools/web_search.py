@@ -1,0 +1,156 @@
+"""WebSearch: the search tool on the live web, through the Serper API, behind the SearchBackend protocol.
+
+Serper wire format: ``POST https://google.serper.dev/search`` with headers ``X-API-KEY`` and
+``Content-Type: application/json`` and body ``{"q": query, "num": k}``; the answer's ``organic``
+list holds ``{"title", "link", "snippet", "position"}``. Requests are concurrency-limited, time-
+bounded and retried with exponential backoff on 429, 5xx, timeouts and dropped connections.
+Other providers plug in by implementing `SearchBackend`; `PROVIDERS` names the built-in ones.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+from collections import Counter
+from typing import Any
+
+import aiohttp
+
+from searchgym.envs.tools.base import BackendError, SearchHit
+from searchgym.envs.tools.url_safety import UrlPolicy
+
+SERPER_ENDPOINT = "https://google.serper.dev/search"
+RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+class MissingAPIKey(ValueError):
+    """No API key was given for a web search provider that needs one."""
+
+
+class WebSearch:
+    """SearchBackend for the Serper Google-search API (or anything speaking its wire format)."""
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        *,
+        endpoint: str = SERPER_ENDPOINT,
+        block: tuple[str, ...] | list[str] = (),
+        policy: UrlPolicy | None = None,
+        timeout: float = 15.0,
+        connect_timeout: float = 5.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        max_backoff: float = 8.0,
+        max_concurrency: int = 8,
+        require_key: bool = True,
+        extra_params: dict[str, Any] | None = None,
+    ):
+        self.api_key = api_key if api_key is not None else os.environ.get("SERPER_API_KEY")
+        if require_key and not self.api_key:
+            raise MissingAPIKey("web search needs a Serper API key: set SERPER_API_KEY or pass api_key=... "
+                                "(get one at https://serper.dev)")
+        self.endpoint = endpoint
+        self.policy = policy or UrlPolicy(block=block)
+        self.timeout, self.connect_timeout = timeout, connect_timeout
+        self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
+        self.max_concurrency = max_concurrency
+        self.extra_params = dict(extra_params or {})
+        self.counters: Counter[str] = Counter()
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sem: asyncio.Semaphore | None = None
+
+    async def search(self, query: str, k: int) -> list[SearchHit]:
+        """The top-k organic results for query, blocklisted domains removed."""
+        query = query.strip()
+        if not query:
+            return []
+        if not self.api_key:
+            raise BackendError("web search has no API key: set SERPER_API_KEY")
+        self._ensure_session()
+        assert self._session is not None and self._sem is not None
+        self.counters["requests"] += 1
+        body = {"q": query, "num": int(k), **self.extra_params}
+        headers = {"X-API-KEY": self.api_key, "Content-Type": "application/json"}
+        timeout = aiohttp.ClientTimeout(total=self.timeout, sock_connect=self.connect_timeout)
+        last = "no attempt made"
+        async with self._sem:
+            for attempt in range(self.retries + 1):
+                if attempt:
+                    self.counters["retries"] += 1
+                try:
+                    async with self._session.post(self.endpoint, json=body, headers=headers, timeout=timeout) as resp:
+                        if resp.status in RETRY_STATUS:
+                            last = f"the search provider answered HTTP {resp.status}"
+                            await self._sleep(attempt, resp.headers.get("Retry-After"))
+                            continue
+                        if resp.status in (401, 403):
+                            self.counters["errors"] += 1
+                            raise BackendError(f"the search provider refused the API key (HTTP {resp.status})")
+                        if resp.status >= 400:
+                            self.counters["errors"] += 1
+                            raise BackendError(f"the search provider answered HTTP {resp.status}")
+                        data = await resp.json(content_type=None)
+                except (asyncio.TimeoutError, aiohttp.ClientConnectionError) as e:
+                    last = "the search provider timed out" if isinstance(e, asyncio.TimeoutError) else \
+                        f"could not reach the search provider ({type(e).__name__})"
+                    await self._sleep(attempt, None)
+                    continue
+                except (aiohttp.ClientError, ValueError) as e:
+                    self.counters["errors"] += 1
+                    raise BackendError(f"bad answer from the search provider: {type(e).__name__}") from None
+                return self._hits(data, k)
+        self.counters["errors"] += 1
+        raise BackendError(f"{last} (after {self.retries + 1} attempts)")
+
+    def stats(self) -> dict[str, Any]:
+        """Cumulative search counters (requests, retries, errors, blocked results) for the env's info."""
+        return {"search": dict(self.counters)}
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+    def _hits(self, data: Any, k: int) -> list[SearchHit]:
+        """SearchHits from a Serper answer; unusable rows and blocklisted urls are dropped."""
+        if not isinstance(data, dict):
+            self.counters["errors"] += 1
+            raise BackendError("bad answer from the search provider: not a JSON object")
+        hits: list[SearchHit] = []
+        for i, row in enumerate(data.get("organic") or []):
+            if not isinstance(row, dict) or not isinstance(row.get("link"), str):
+                continue
+            link = row["link"]
+            if self.policy.is_blocked(link):
+                self.counters["blocked_results"] += 1
+                continue
+            position = row.get("position") if isinstance(row.get("position"), (int, float)) else i + 1
+            hits.append(SearchHit(doc_id=link, title=str(row.get("title") or link), url=link,
+                                  snippet=str(row.get("snippet") or ""), score=1.0 / max(float(position), 1.0)))
+            if len(hits) >= k:
+                break
+        self.counters["ok"] += 1
+        return hits
+
+    async def _sleep(self, attempt: int, retry_after: str | None) -> None:
+        """Exponential backoff before the next attempt (honouring Retry-After, capped); none after the last."""
+        if attempt >= self.retries:
+            return
+        delay = min(self.max_backoff, self.backoff * (2 ** attempt))
+        if retry_after and retry_after.strip().isdigit():
+            delay = min(self.max_backoff, max(delay, float(retry_after)))
+        await asyncio.sleep(delay)
+
+    def _ensure_session(self) -> None:
+        """One pooled session and concurrency limit per event loop."""
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._loop is not loop or self._session.closed:
+            self._loop = loop
+            self._sem = asyncio.Semaphore(self.max_concurrency)
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.max_concurrency),
+                                                  trust_env=False)
+
+
+PROVIDERS = {"serper": WebSearch}

@@ -91,6 +91,18 @@ def _serve_model(args: argparse.Namespace) -> None:
     run_server(args.model, host=args.host, port=args.port, device=args.device)
 
 
+def _serve_search(args: argparse.Namespace) -> None:
+    from searchgym.envs.tools.retrieval_server import run_server
+
+    run_server(args.index, host=args.host, port=args.port, threads=args.threads)
+
+
+def _bench_search(args: argparse.Namespace) -> None:
+    from searchgym.benchmarks.search_bench import run_search_bench
+
+    print(json.dumps(run_search_bench(size=args.size, n_queries=args.queries, out=args.out, workdir=args.workdir), indent=2))
+
+
 def _tiny_model(args: argparse.Namespace) -> None:
     from searchgym.agents.tiny_model import build_tiny_model
 
@@ -206,6 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--device", default="cpu")
     p.set_defaults(run=_serve_model)
+    p = serve.add_parser("search", help="a search index behind the Search-R1/ASearcher retrieval API (/retrieve, /access)")
+    p.add_argument("--index", type=Path, required=True, help="an index directory from `searchgym index build`")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--threads", type=int, default=8, help="search threads (queries of a batch run concurrently)")
+    p.set_defaults(run=_serve_search)
 
     model = rooms.add_parser("model", help="models").add_subparsers(dest="action", required=True)
     p = model.add_parser("tiny", help="build a tiny Qwen2 model + BPE tokenizer trained on the synthetic world")
@@ -227,6 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", type=Path, default=Path("results/bench_engine.json"))
     p.set_defaults(run=_bench_engine)
+    p = bench.add_parser("search", help="retrieval-server queries/s at concurrency 1 and 64 vs the in-process index")
+    p.add_argument("--size", type=int, default=10_000, help="pages in the synthetic world")
+    p.add_argument("--queries", type=int, default=2000, help="queries per measurement")
+    p.add_argument("--out", type=Path, default=Path("results/bench_search.json"))
+    p.add_argument("--workdir", type=Path, default=None, help="where to build the world (default: a temp dir)")
+    p.set_defaults(run=_bench_search)
     p = bench.add_parser("trainer", help="async vs sync training throughput with heavy-tailed (Pareto) tool latency")
     p.add_argument("--steps", type=int, default=6, help="learner steps per mode")
     p.add_argument("--size", type=int, default=1000, help="pages in the synthetic world")

@@ -33,21 +33,30 @@ def make_local_qa(
     task_split: str | None = None,
     hops: int | list[int] | None = None,
     on_bad_task: str = "raise",
+    servers: str | list[str] | None = None,
+    server_options: dict[str, Any] | None = None,
     **env_kwargs: Any,
 ):
-    """SearchEnv over any local corpus: an index directory, or a corpus JSONL indexed on first use."""
+    """SearchEnv over any local corpus: an index directory, a corpus JSONL indexed on first use, or
+    retrieval servers (`servers=["http://host:port", ...]`, ours or Search-R1's) shared by many envs."""
     from searchgym.envs.search_env import SearchEnv
     from searchgym.envs.tasks import TaskPool
     from searchgym.envs.tools.local_index import LocalIndex
 
-    if index is None and corpus is None:
-        raise ValueError("LocalQA-v0 needs index=DIR (from `searchgym index build`) or corpus=FILE.jsonl")
+    if sum(x is not None for x in (index, corpus, servers)) != 1:
+        raise ValueError("LocalQA-v0 needs exactly one of index=DIR (from `searchgym index build`), "
+                         "corpus=FILE.jsonl or servers=URL(s) (from `searchgym serve search`)")
+    pool = TaskPool.load(tasks, on_error=on_bad_task)
+    if task_split is not None or hops is not None:
+        pool = pool.filter(split=task_split, hops=hops)
+    if servers is not None:
+        from searchgym.envs.tools.remote_search import RemoteSearch
+
+        remote = RemoteSearch([servers] if isinstance(servers, str) else list(servers), **(server_options or {}))
+        return SearchEnv(pool, remote, remote, **env_kwargs)
     if index is None:
         index = f"{os.fspath(corpus)}.index"
         if not os.path.exists(os.path.join(index, "index.json")):
             LocalIndex.build(corpus, index)
-    pool = TaskPool.load(tasks, on_error=on_bad_task)
-    if task_split is not None or hops is not None:
-        pool = pool.filter(split=task_split, hops=hops)
     backend = LocalIndex(index)
     return SearchEnv(pool, backend, backend, **env_kwargs)

@@ -420,3 +420,23 @@ async def test_cli_has_serve_search_and_bench_search():
     assert args.run.__name__ == "_serve_search" and args.port == 8123 and args.host == "127.0.0.1"
     args = build_parser().parse_args(["bench", "search", "--size", "500"])
     assert args.run.__name__ == "_bench_search" and args.size == 500
+
+
+async def test_local_qa_over_retrieval_servers(server, small_bundle):
+    """LocalQA-v0 with servers=...: many envs share one retrieval server; an episode plays as over the index."""
+    import gymnasium as gym
+
+    import searchgym  # noqa: F401
+
+    env = gym.make("searchgym/LocalQA-v0", tasks=small_bundle / "tasks.jsonl", servers=[server],
+                   server_options={"timeout": 5.0}).unwrapped
+    task = env.tasks[0]
+    obs, _ = await env.areset(options={"task_id": task.id})
+    path = task.metadata["path"][0]
+    obs, *_ = await env.astep(f"<search>{path['name']}</search>")
+    assert f"({path['url']})" in obs
+    obs, *_ = await env.astep(f"<access>{path['url']}</access>")
+    assert path["name"] in obs
+    with pytest.raises(ValueError, match="exactly one"):
+        gym.make("searchgym/LocalQA-v0", tasks=small_bundle / "tasks.jsonl", servers=[server],
+                 index=small_bundle / "index")

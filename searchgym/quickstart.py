@@ -2,14 +2,19 @@
 
     1. world      a synthetic encyclopedia, its BM25 index and a validated task pool (cached bundle)
     2. demos      the oracle plays the training tasks through the env: tool-use demonstrations
-    3. warm start a tiny Qwen2 model (given induction heads by a short copy pretraining, as real
-                  LLMs have them from pretraining) learns the demonstrations (supervised)
+    3. warm start a tiny Qwen2 model learns the demonstrations (supervised)
     4. RL         fully asynchronous decoupled PPO from the warm start, on the same training tasks
     5. evaluate   warm start and RL policy on held-out test tasks, k samples each: the table, a
                   reward-curve PNG, TensorBoard logs and everything else under the output directory
 
 Every stage is the library's own code path (gym.make, OracleAgent, sft, train, evaluate_model), so
 the quickstart is also an end-to-end check that the pieces fit.
+
+Status (measured on 2 busy cores): with these defaults the warm start takes about 10 minutes and
+teaches the tool-call format (search, then answer: 73% of the demonstrations' action tokens right),
+but not yet to copy a name from the question into the query or an answer from a result, which is
+what earns reward (held-out F1 about 0.01). So the RL stage has almost no signal and the RL gain the
+quickstart is meant to show is not there yet; see README's Status.
 """
 from __future__ import annotations
 
@@ -24,14 +29,14 @@ import gymnasium as gym
 from omegaconf import OmegaConf
 
 import searchgym  # noqa: F401  (registers the env ids)
-from searchgym.agents.tiny_model import build_tiny_model, pretrain_copying
+from searchgym.agents.tiny_model import build_tiny_model
 from searchgym.benchmarks.evaluate import evaluate_model
 from searchgym.synthesis.oracle import demonstrations
 from searchgym.trainers.config import EnvConfig, LearnerConfig, RolloutConfig, TrainConfig
 from searchgym.trainers.local import train
 from searchgym.trainers.sft import SFTConfig, sft
 
-ENV_KWARGS = {"size": 5000, "n_tasks": 4000, "hops": 1, "top_k": 3, "doc_chars": 300, "max_turns": 4, "judge": "f1"}
+ENV_KWARGS = {"size": 5000, "n_tasks": 4000, "hops": 1, "top_k": 2, "doc_chars": 200, "max_turns": 4, "judge": "f1"}
 
 
 @dataclass
@@ -44,8 +49,7 @@ class TinyModelConfig:
     num_heads: int = 4
     num_kv_heads: int = 2
     intermediate_size: int = 384
-    init_std: float = 0.02
-    copy_pretrain_steps: int = 300  # induction heads before the warm start (see tiny_model.pretrain_copying)
+    init_std: float = 0.02  # Hugging Face's Qwen2 init; the tiny-model default (0.3) is for untrained test models
 
 
 @dataclass
@@ -67,7 +71,7 @@ class QuickstartConfig:
     torch_threads: int = 1
     env: EnvConfig = field(default_factory=lambda: EnvConfig(kwargs=dict(ENV_KWARGS)))
     model: TinyModelConfig = field(default_factory=TinyModelConfig)
-    sft: SFTConfig = field(default_factory=lambda: SFTConfig(epochs=2.0, lr=3e-3, batch_tokens=2048, warmup_steps=20))
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(epochs=6.0, lr=2e-3, batch_tokens=4096, warmup_steps=20))
     rl: TrainConfig = field(default_factory=lambda: TrainConfig(
         steps=30, save_every=10,
         rollout=RolloutConfig(group_size=8, batch_size=6, max_staleness=2, max_concurrent_rollouts=96,
@@ -108,9 +112,7 @@ def run_quickstart(config: QuickstartConfig, *, progress: bool = True) -> dict[s
     (out / "demos.jsonl").write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
     lap("demos")
 
-    shape = {k: v for k, v in vars(config.model).items() if k != "copy_pretrain_steps"}
-    base = build_tiny_model(out / "base-model", seed=config.seed, **shape)
-    pretrain_copying(base, config.model.copy_pretrain_steps, seed=config.seed)
+    base = build_tiny_model(out / "base-model", seed=config.seed, **vars(config.model))
     lap("base model")
     warm = out / "sft-model"
     sft_history = sft(base, chats, warm, config.sft, progress=progress)

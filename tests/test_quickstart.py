@@ -8,7 +8,7 @@ from tests.conftest import SMALL
 def test_quickstart_runs_every_stage_and_writes_its_results(tmp_path, small_bundle):
     config = load_quickstart_config([
         f"out_dir={tmp_path}", f"env.kwargs.size={SMALL['size']}", f"env.kwargs.n_tasks={SMALL['n_tasks']}", "env.kwargs.hops=null",
-        "model.hidden_size=32", "model.intermediate_size=64", "model.copy_pretrain_steps=5", "model.vocab_size=512",
+        "model.hidden_size=32", "model.intermediate_size=64", "model.vocab_size=512",
         "sft.epochs=0.3", "rl.steps=2", "rl.rollout.group_size=2", "rl.rollout.batch_size=2",
         "rl.rollout.max_new_tokens=16", "rl.learner.drop_no_spread=false",
         "eval.max_tasks=4", "eval.k=2", "eval.max_new_tokens=16",

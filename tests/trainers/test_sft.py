@@ -69,3 +69,13 @@ def test_demonstration_files_name_the_bad_line(tmp_path, demos):
         load_demonstrations(path)
     path.write_text(json.dumps({"messages": demos[0], "reward": 1.0}) + "\n")
     assert load_demonstrations(path) == [demos[0]]
+
+
+def test_observation_weight_also_models_the_tool_results(demos, tiny_model_dir, tmp_path):
+    """Weight 0 trains on the actions alone; a positive weight adds the prompt and tool results to the loss."""
+    actions_only = sft(tiny_model_dir, demos[:2], tmp_path / "a", SFTConfig(epochs=1, batch_tokens=100_000), progress=False)
+    everything = sft(tiny_model_dir, demos[:2], tmp_path / "b", SFTConfig(epochs=1, batch_tokens=100_000,
+                                                                          observation_weight=1.0), progress=False)
+    assert len(actions_only) == len(everything) == 1
+    assert actions_only[0]["loss"] != pytest.approx(everything[0]["loss"], rel=1e-3)
+    assert actions_only[0]["token_accuracy"] == everything[0]["token_accuracy"]  # accuracy is over actions either way

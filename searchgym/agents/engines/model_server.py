@@ -29,6 +29,7 @@ from aiohttp import web
 
 from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, SamplingParams
+from searchgym.envs.tools.http_session import serve_app  # noqa: F401  (re-exported: tests serve apps with it)
 
 logger = logging.getLogger(__name__)
 
@@ -547,19 +548,6 @@ async def _stop_warm_up(app: web.Application, server: _ModelServer) -> None:
     """Report not-ready from now on and stop a warm-up still running."""
     server.ready = False
     app[_WARM_UP].cancel()
-
-
-@contextlib.asynccontextmanager
-async def serve_app(app: web.Application, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
-    """Serve an aiohttp app on host:port (0 picks a free port) for the duration of the block; yields the base URL."""
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-        bound_host, bound_port = runner.addresses[0][:2]
-        yield f"http://{bound_host}:{bound_port}"
-    finally:
-        await runner.cleanup()
 
 
 @contextlib.asynccontextmanager

@@ -1,4 +1,4 @@
-"""One aiohttp session per event loop, for HTTP clients that may be driven from several loops.
+"""HTTP plumbing shared by clients and servers: one aiohttp session per event loop, and serving an app.
 
 A session belongs to the loop that made it, so a client used under `asyncio.run` more than once
 (LLMJudge.judge does this) needs a new session per loop; each is closed when its loop shuts down.
@@ -6,9 +6,11 @@ A session belongs to the loop that made it, so a client used under `asyncio.run`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
+from aiohttp import web
 
 
 async def close_at_loop_shutdown(session: aiohttp.ClientSession) -> AsyncIterator[None]:
@@ -43,3 +45,20 @@ class LoopSession:
         if self._session is not None and self._loop is asyncio.get_running_loop():
             await self._session.close()
         self._session = None
+
+
+@contextlib.asynccontextmanager
+async def serve_app(app: web.Application, host: str = "127.0.0.1", port: int = 0,
+                    shutdown_timeout: float = 60.0) -> AsyncIterator[str]:
+    """Serve an aiohttp app on host:port (0 picks a free port) for the block; yields the base URL.
+
+    On exit it stops accepting and lets in-flight requests finish (up to `shutdown_timeout`).
+    """
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        bound_host, bound_port = runner.addresses[0][:2]
+        yield f"http://{bound_host}:{bound_port}"
+    finally:
+        await runner.cleanup()

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from searchgym.envs.tools.base import Page, PageBackend, PageNotFound, SearchBackend, SearchHit
+from searchgym.envs.tools.http_session import serve_app
 
 logger = logging.getLogger(__name__)
 
@@ -191,15 +192,8 @@ def create_app(backend: SearchBackend, pages: PageBackend | None = None, *, thre
 async def serving(backend: SearchBackend, pages: PageBackend | None = None, *, host: str = "127.0.0.1",
                   port: int = 0, shutdown_timeout: float = 5.0, **app_kwargs: Any) -> AsyncIterator[str]:
     """Serve `backend` (see create_app) on host:port (0: a free port) for the block; yields the base URL."""
-    runner = web.AppRunner(create_app(backend, pages, **app_kwargs), access_log=None,
-                           shutdown_timeout=shutdown_timeout)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-        bound_host, bound_port = runner.addresses[0][:2]
-        yield f"http://{bound_host}:{bound_port}"
-    finally:
-        await runner.cleanup()  # stops accepting, lets in-flight requests finish (up to shutdown_timeout)
+    async with serve_app(create_app(backend, pages, **app_kwargs), host, port, shutdown_timeout) as url:
+        yield url
 
 
 def run_server(index_dir: str | os.PathLike, host: str = "127.0.0.1", port: int = 8000, **app_kwargs: Any) -> None:

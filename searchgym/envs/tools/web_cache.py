@@ -110,7 +110,25 @@ def _backend_stats(backend: Any) -> dict[str, Any]:
     return dict(stats()) if callable(stats) else {}
 
 
-class CachedSearch:
+
+class _CachedBackend:
+    """What both cached wrappers share: the wrapped backend's counters plus the cache's, and close()."""
+
+    backend: Any
+    cache: "WebCache"
+
+    def stats(self) -> dict[str, Any]:
+        """The wrapped backend's counters plus the cache's."""
+        return {**_backend_stats(self.backend), "cache": self.cache.stats()}
+
+    async def close(self) -> None:
+        """Close the wrapped backend."""
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            await close()
+
+
+class CachedSearch(_CachedBackend):
     """A SearchBackend that serves recorded answers and records new ones (or refuses misses in replay_only)."""
 
     def __init__(self, backend: SearchBackend, cache: WebCache):
@@ -130,18 +148,9 @@ class CachedSearch:
         self.cache.put("search", key, [h.__dict__ for h in hits])
         return hits
 
-    def stats(self) -> dict[str, Any]:
-        """The wrapped backend's counters plus the cache's."""
-        return {**_backend_stats(self.backend), "cache": self.cache.stats()}
-
-    async def close(self) -> None:
-        """Close the wrapped backend."""
-        close = getattr(self.backend, "close", None)
-        if close is not None:
-            await close()
 
 
-class CachedPages:
+class CachedPages(_CachedBackend):
     """A PageBackend that serves recorded pages (and 404s) and records new ones (or refuses misses in replay_only)."""
 
     def __init__(self, backend: PageBackend, cache: WebCache):
@@ -169,12 +178,3 @@ class CachedPages:
                                      "links": list(page.links), "doc_id": page.doc_id})
         return page
 
-    def stats(self) -> dict[str, Any]:
-        """The wrapped backend's counters plus the cache's."""
-        return {**_backend_stats(self.backend), "cache": self.cache.stats()}
-
-    async def close(self) -> None:
-        """Close the wrapped backend."""
-        close = getattr(self.backend, "close", None)
-        if close is not None:
-            await close()

@@ -10,7 +10,7 @@ import asyncio
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -44,12 +44,14 @@ class Sample:
     accesses: int
     generated_tokens: int
     answered: bool
+    verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)  # judge name -> Verdict.to_dict()
 
     @classmethod
-    def of(cls, traj: Trajectory, sample: int) -> "Sample":
+    def of(cls, traj: Trajectory, sample: int, verdicts: dict[str, dict[str, Any]] | None = None) -> "Sample":
         counts = traj.counts
         return cls(traj.task_id, sample, traj.reward, bool((traj.verdict or {}).get("correct")), len(traj.turns),
-                   counts.get("search", 0), counts.get("access", 0), traj.generated_tokens, traj.terminated)
+                   counts.get("search", 0), counts.get("access", 0), traj.generated_tokens, traj.terminated,
+                   dict(verdicts or {}))
 
 
 def summarize(samples: Sequence[Sample], k: int) -> dict[str, float]:
@@ -72,7 +74,30 @@ def summarize(samples: Sequence[Sample], k: int) -> dict[str, float]:
         "searches": sum(s.searches for s in samples) / n,
         "accesses": sum(s.accesses for s in samples) / n,
         "generated_tokens": sum(s.generated_tokens for s in samples) / n,
+        **judge_metrics(by_task, k),
     }
+
+
+def judge_metrics(by_task: dict[str, list[Sample]], k: int) -> dict[str, float]:
+    """Per judge: Avg@k of the score, Avg@k and Pass@k of correctness, and the number of judge failures.
+
+    A failed verdict (`error` set: the LLM judge gave no parsable answer or its call failed) is left out
+    of that judge's averages and counted in `failures/{judge}`, never scored as a wrong answer.
+    Pass@k per question uses its n valid samples (k capped at n)."""
+    names = list(dict.fromkeys(name for group in by_task.values() for s in group for name in s.verdicts))
+    out: dict[str, float] = {}
+    for name in names:
+        valid = {t: [s.verdicts[name] for s in g if name in s.verdicts and not s.verdicts[name].get("error")]
+                 for t, g in by_task.items()}
+        scores = [v["score"] for vs in valid.values() for v in vs]
+        failures = sum(1 for g in by_task.values() for s in g if s.verdicts.get(name, {}).get("error"))
+        passes = [pass_at_k(len(vs), sum(bool(v["correct"]) for v in vs), min(k, len(vs)))
+                  for vs in valid.values() if vs]
+        out[f"avg@{k}/{name}"] = float(np.mean(scores)) if scores else float("nan")
+        out[f"avg@{k}/{name}_correct"] = float(np.mean([bool(v["correct"]) for vs in valid.values() for v in vs])) if scores else float("nan")
+        out[f"pass@{k}/{name}"] = float(np.mean(passes)) if passes else float("nan")
+        out[f"failures/{name}"] = float(failures)
+    return out
 
 
 async def evaluate_engine(engine: InferenceEngine, tokenizer: Any, make_env: Callable[[], SearchEnv],

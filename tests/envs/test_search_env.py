@@ -34,6 +34,12 @@ def test_check_env_on_every_registered_id(small_bundle):
         "searchgym/WebQA-v0": {"tasks": small_bundle / "tasks.jsonl", "search_api_key": "unused",  # nothing listens on :9
                                "search_endpoint": "http://127.0.0.1:9/search"},
     }
+    from searchgym.benchmarks.suites import SUITES
+
+    for suite in SUITES.values():  # benchmark suites: LocalQA / WebQA envs over a suite's task file
+        if suite.kind != "embedded":
+            base = kwargs[f"searchgym/{'LocalQA' if suite.kind == 'local' else 'WebQA'}-v0"]
+            kwargs[suite.env_id] = {**{k: v for k, v in base.items() if k != "tasks"}, "data": small_bundle / "tasks.jsonl"}
     ids = [i for i in gym.registry if i.startswith("searchgym/")]
     assert set(ids) == set(kwargs), "a new env id needs a check_env entry here"
     for env_id in ids:

@@ -1,0 +1,294 @@
+"""`searchgym eval`: metrics, suites, the resumable sample store, end to end with the tiny model, and the HTML report."""
+import asyncio
+import itertools
+import json
+import queue
+import shutil
+import subprocess
+import threading
+from html.parser import HTMLParser
+
+import gymnasium as gym
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import searchgym  # noqa: F401
+from searchgym.benchmarks.evaluate import Sample, pass_at_k, summarize
+from searchgym.benchmarks.harness import SampleStore, parse_openai_spec, run_eval
+from searchgym.benchmarks.report import html_report
+from searchgym.benchmarks.suites import SUITES, resolve_data
+from searchgym.cli import main
+from tests.conftest import SMALL
+
+SYN = "searchgym/SyntheticQA-v0"
+FAST = {"max_new_tokens": 8, "max_context": 320, "progress": False}
+
+
+# --- metrics ---------------------------------------------------------------------------------------
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 8).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
+def test_pass_at_k_matches_brute_force_enumeration(nck):
+    n, c, k = nck
+    outcomes = [1] * c + [0] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    expected = sum(any(outcomes[i] for i in s) for s in subsets) / len(subsets)
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+def verdict(score, correct=None, error=None):
+    return {"score": score, "correct": bool(score == 1.0) if correct is None else correct, "error": error}
+
+
+def sample(task, i, em, llm=None):
+    verdicts = {"em": verdict(em)}
+    if llm is not None:
+        verdicts["llm"] = llm
+    return Sample(task, i, em, em == 1.0, 3, 2, 1, 50, True, verdicts)
+
+
+def test_avg_and_pass_at_k_on_hand_made_samples():
+    samples = [sample("a", 0, 1.0, verdict(1.0)), sample("a", 1, 0.0, verdict(0.0, error="no verdict")),
+               sample("b", 0, 0.0, verdict(0.0)), sample("b", 1, 0.0, verdict(0.0))]
+    m = summarize(samples, 2)
+    assert m["avg@2/em"] == 0.25 and m["pass@2/em"] == 0.5  # a: 1 of 2 -> 1.0; b: 0 of 2 -> 0.0
+    assert m["avg@2/correct"] == 0.25 and m["pass@2/correct"] == 0.5  # the keys quickstart reads
+    # the failed llm verdict is left out (a: 1 of 1 valid), and counted apart, not as wrong
+    assert m["failures/llm"] == 1 and m["avg@2/llm"] == pytest.approx(1 / 3) and m["pass@2/llm"] == 0.5
+    assert m["turns"] == 3 and m["searches"] == 2 and m["accesses"] == 1 and m["generated_tokens"] == 50
+
+
+def test_openai_spec_parsing():
+    assert parse_openai_spec("openai:http://h:8000/v1") == ("http://h:8000/v1", "default")
+    assert parse_openai_spec("openai:https://api.x.com/v1:qwen/QwQ-32B") == ("https://api.x.com/v1", "qwen/QwQ-32B")
+    with pytest.raises(ValueError):
+        parse_openai_spec("openai:http://h:8000")
+
+
+# --- suites ----------------------------------------------------------------------------------------
+
+def test_every_suite_is_a_gym_id_and_missing_data_says_where_to_put_it(tmp_path, monkeypatch):
+    for suite in SUITES.values():
+        assert suite.env_id in gym.registry
+    monkeypatch.delenv("SEARCHGYM_DATA", raising=False)
+    with pytest.raises(FileNotFoundError, match="SEARCHGYM_DATA"):
+        gym.make("searchgym/MuSiQue-v0", index="x")
+    with pytest.raises(FileNotFoundError) as e:
+        resolve_data(SUITES["Bamboogle"], tmp_path)
+    assert str(tmp_path / "bamboogle" / "test.jsonl") in str(e.value) and "'gt'" in str(e.value)
+
+
+def asearcher_layout(root, pool, name="hotpotqa", n=3):
+    """ASearcher test data: {root}/{name}/test.jsonl, `question` + `answer` (list) or `gt` (string)."""
+    (root / name).mkdir(parents=True)
+    with open(root / name / "test.jsonl", "w") as f:
+        for i, task in enumerate(pool.tasks[:n]):
+            row = {"id": task.id, "question": task.question}
+            row.update({"answer": list(task.answers)} if i % 2 else {"gt": task.answers[0]})
+            f.write(json.dumps(row) + "\n")
+    return root
+
+
+def test_local_suite_reads_the_asearcher_layout(tmp_path, small_bundle, small_pool):
+    root = asearcher_layout(tmp_path / "data", small_pool)
+    env = gym.make("searchgym/HotpotQA-v0", data_root=str(root), index=str(small_bundle / "index")).unwrapped
+    assert [t.id for t in env.tasks] == [t.id for t in small_pool.tasks[:3]]
+    assert env.tasks[0].answers[0] == small_pool.tasks[0].answers[0]
+    with pytest.raises(ValueError, match="search backend"):
+        gym.make("searchgym/HotpotQA-v0", data_root=str(root))
+
+
+# --- the sample store ------------------------------------------------------------------------------
+
+def test_store_drops_a_line_cut_by_a_kill_and_rewrites_the_file(tmp_path):
+    path = tmp_path / "samples.jsonl"
+    store = SampleStore(path)
+    for i in range(3):
+        store.append({"task_id": "t", "sample": i, "x": "y" * 50})
+    with pytest.raises(ValueError):
+        store.append({"task_id": "t", "sample": 0})
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 20])  # killed in the middle of writing the third line
+    with pytest.warns(UserWarning, match="dropped 1"):
+        again = SampleStore(path)
+    assert set(again.rows) == {("t", 0), ("t", 1)}
+    assert path.read_bytes() == data[: data.index(b"\n", data.index(b"\n") + 1) + 1]
+    again.append({"task_id": "t", "sample": 2})
+    assert [json.loads(line)["sample"] for line in path.read_text().splitlines()] == [0, 1, 2]
+
+
+# --- end to end ------------------------------------------------------------------------------------
+
+def keys(out):
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    return [(r["task_id"], r["sample"]) for r in rows], rows
+
+
+def test_eval_end_to_end_with_torch_engine_then_kill_and_resume(tmp_path, tiny_model_dir, small_bundle):
+    out = tmp_path / "eval"
+    args = dict(k=2, judge="em,f1", env_kwargs=dict(SMALL), max_tasks=3, concurrency=6, **FAST)
+    summary = run_eval(SYN, str(tiny_model_dir), out, **args)
+    m = summary["metrics"]
+    assert m["tasks"] == 3 and m["samples"] == 6
+    for name in ("em", "f1"):
+        assert 0 <= m[f"avg@2/{name}"] <= m[f"pass@2/{name}"] <= 1 and m[f"failures/{name}"] == 0
+    assert m["generated_tokens"] > 0 and m["turns"] >= 1
+    for name in ("samples.jsonl", "summary.json", "summary.md", "report.html", "score_vs_turns.png", "turns_searches.png"):
+        assert (out / name).exists(), name
+    assert (out / "score_vs_turns.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| em |" in (out / "summary.md").read_text()
+    done, rows = keys(out)
+    assert sorted(done) == sorted({(t, s) for t, s in done}) and len(done) == 6
+    row = rows[0]
+    assert set(row["verdicts"]) == {"em", "f1"} and row["trajectory"]["turns"] and row["trajectory"]["input_ids"]
+
+    # killed mid-write: the last line is cut in half; a rerun plays exactly the lost pair again
+    data = (out / "samples.jsonl").read_bytes()
+    cut = data.rindex(b"\n", 0, len(data) - 1) + 1
+    (out / "samples.jsonl").write_bytes(data[: cut + (len(data) - cut) // 2])
+    with pytest.warns(UserWarning, match="dropped 1"):
+        resumed = run_eval(SYN, str(tiny_model_dir), out, **args)
+    again, _ = keys(out)
+    assert sorted(again) == sorted(done) and len(set(again)) == 6
+    assert again[:5] == done[:5]
+    assert resumed["metrics"]["samples"] == 6
+
+    # a finished run reruns without playing anything; more samples per question extend it
+    run_eval(SYN, str(tiny_model_dir), out, **args)
+    assert keys(out)[0] == again
+    run_eval(SYN, str(tiny_model_dir), out, **{**args, "k": 3})
+    more, _ = keys(out)
+    assert len(more) == 9 and len(set(more)) == 9 and more[:6] == again
+    with pytest.raises(ValueError, match="another run"):
+        run_eval(SYN, str(tiny_model_dir), out, **{**args, "temperature": 0.5})
+
+
+@pytest.fixture
+def model_server(tiny_model_dir):
+    """Our model server (SGLang's native API) on a loopback port, in a thread with its own event loop."""
+    from searchgym.agents.engines.model_server import serving
+    from searchgym.agents.engines.torch_engine import TorchEngine
+
+    urls, stop = queue.Queue(), threading.Event()
+
+    async def serve():
+        engine = TorchEngine(tiny_model_dir, seed=0)
+        try:
+            async with serving(engine, model_path=str(tiny_model_dir)) as url:
+                urls.put(url)
+                while not stop.is_set():
+                    await asyncio.sleep(0.05)
+        finally:
+            await engine.close()
+
+    def run():
+        try:
+            asyncio.run(serve())
+        except BaseException as e:  # noqa: BLE001 - handed to the test instead of a 60 s wait
+            urls.put(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    url = urls.get(timeout=60)
+    if isinstance(url, BaseException):
+        raise url
+    yield url
+    stop.set()
+    thread.join(timeout=30)
+
+
+def test_eval_cli_through_the_model_server_on_a_local_knowledge_suite(tmp_path, model_server, small_bundle, small_pool, capsys):
+    root = asearcher_layout(tmp_path / "data", small_pool, n=2)
+    out = tmp_path / "eval"
+    env_kwargs = {"data_root": str(root), "index": str(small_bundle / "index")}
+    code = main(["eval", "--env", "searchgym/HotpotQA-v0", "--engine", f"sglang:{model_server}", "--k", "2",
+                 "--out", str(out), "--env-kwargs", json.dumps(env_kwargs), "--concurrency", "4",
+                 "--max-new-tokens", "8", "--max-context", "320"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["judges"] == ["em", "f1"] and summary["metrics"]["samples"] == 4  # the suite's default judges
+    done, rows = keys(out)
+    assert len(set(done)) == 4 and {t for t, _ in done} == {t.id for t in small_pool.tasks[:2]}
+    assert all(r["trajectory"]["input_ids"] for r in rows)
+    assert "| f1 |" in capsys.readouterr().out
+
+
+# --- the HTML report -------------------------------------------------------------------------------
+
+EVIL = '<script>document.title="pwned"</script><img src=x onerror=alert(1)> & "quotes"'
+
+
+def report_fixture(tmp_path):
+    turns = [{"action": f"<search>{EVIL}</search>", "tool": "search", "observation": f"<information>{EVIL}</information>"},
+             {"action": "<answer>Paris</answer>", "tool": "answer", "observation": "over"}]
+    rows = [{"task_id": f"q{t}", "sample": s, "question": f"Question {t} {EVIL}", "answers": ["Paris"], "prediction": "Paris",
+             "reward": 1.0, "verdicts": {"em": verdict(float(s == 0)), "llm": verdict(0.0, error="no verdict")},
+             "stats": {"turns": 2, "searches": 1, "accesses": 0, "generated_tokens": 9, "answered": True, "stop_reason": "answer"},
+             "trajectory": {"turns": turns, "messages": [{"role": "user", "content": "prompt"}]}}
+            for t in range(2) for s in range(2)]
+    from searchgym.benchmarks.harness import summarize_rows
+
+    summary = summarize_rows(rows, 2, env_id=SYN, engine="tiny", judges=["em", "llm"])
+    path = tmp_path / "report.html"
+    path.write_text(html_report(summary, rows, {}), encoding="utf-8")
+    return path
+
+
+class Structure(HTMLParser):
+    """Cells of the scores table, <pre> texts inside the trajectory viewer, and any script elements."""
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.cells, self.pres, self.scripts, self.details, self.title = [], [], [], 0, 0, ""
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.stack.append((tag, attrs))
+        self.scripts += tag == "script" or any(k.startswith("on") for k in attrs)
+        self.details += tag == "details"
+
+    def handle_endtag(self, tag):
+        while self.stack and self.stack.pop()[0] != tag:
+            pass
+
+    def handle_data(self, data):
+        tags = [t for t, _ in self.stack]
+        inside_scores = any(t == "table" and a.get("class") == "scores" for t, a in self.stack)
+        if tags and tags[-1] == "td" and inside_scores:
+            self.cells.append(data)
+        if tags and tags[-1] == "pre" and any(a.get("id") == "trajectories" for _, a in self.stack):
+            self.pres.append(data)
+        if tags and tags[-1] == "title":
+            self.title += data
+
+
+def check_structure(text):
+    doc = Structure()
+    doc.feed(text)
+    assert doc.scripts == 0, "untrusted text became markup"
+    assert doc.title == f"searchgym eval: {SYN}"
+    assert doc.cells[:5] == ["em", "0.500", "0.500", "1.000", "0"] and doc.cells[5] == "llm" and doc.cells[-1] == "4"
+    assert any(f"<search>{EVIL}</search>" in p for p in doc.pres)
+    assert doc.details >= 2 + 4 + 8  # questions, samples, turns (+ prompts)
+
+
+def test_report_escapes_untrusted_text(tmp_path):
+    check_structure(report_fixture(tmp_path).read_text())
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium package is not installed")
+def test_report_renders_in_headless_chromium(tmp_path):
+    path = report_fixture(tmp_path)
+    dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", path.as_uri()],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    check_structure(dom)  # the browser's DOM: the table rendered, the trajectory is text, nothing ran
+
+
+def test_eval_through_an_openai_compatible_endpoint(tmp_path, model_server, small_bundle):
+    out = tmp_path / "eval"
+    summary = run_eval(SYN, f"openai:{model_server}/v1", out, k=2, judge="f1", max_tasks=2, concurrency=4,
+                       env_kwargs={**SMALL, "max_turns": 3}, **FAST)
+    assert summary["metrics"]["samples"] == 4 and summary["metrics"]["generated_tokens"] == 0  # text only
+    done, rows = keys(out)
+    assert len(set(done)) == 4 and all(r["trajectory"]["messages"][1]["role"] == "assistant" for r in rows)

@@ -1,0 +1,274 @@
+"""The QA-synthesis agent: control flow, defensive parsing and every rejection path, driven through
+OpenAIEngine against a rule-based stand-in LLM (a test double speaking the OpenAI chat completions wire
+format on loopback), plus the real tiny model through our model server, the CLI, resuming, and loading a
+synthesized pool into LocalQA-v0."""
+import asyncio
+import contextlib
+import json
+import re
+import threading
+import time
+
+import gymnasium as gym
+import pytest
+from aiohttp import web
+
+import searchgym  # noqa: F401  (registers the env ids)
+from searchgym.envs.tools.http_session import serve_app
+from searchgym.agents.engines.openai_engine import OpenAIEngine
+from searchgym.cli import main as cli_main
+from searchgym.envs.judges import normalize_answer
+from searchgym.envs.tasks import TaskPool
+from searchgym.synthesis.qa_agent import (NearDuplicates, QAConfig, QASynthesisAgent, Rejected, asynthesize,
+                                          parse_engine_spec, parse_json_object, summary_path, synthesize)
+
+
+class StandInLLM:
+    """TEST DOUBLE: a rule-based stand-in for a chat LLM on /v1/chat/completions (loopback only).
+
+    It recognises each of the agent's prompts by its heading and answers by rule. Its behaviour per seed
+    page comes from `scenarios` (page title -> scenario; default "accept"); every question it writes is
+    remembered, so later prompts (solver, judge) that quote a question map back to the scenario.
+    """
+
+    def __init__(self, scenarios=None):
+        self.scenarios = dict(scenarios or {})
+        self.questions = {}  # question -> {"scenario", "answer", "turn"}
+        self.requests = 0
+        self.lock = threading.Lock()
+
+    # ---- rules ------------------------------------------------------------------------------------------
+    def _entry(self, prompt):
+        line = re.search(r"^(?:Current question|Question): (.*)$", prompt, re.M).group(1)
+        return self.questions[line.strip()]
+
+    def _remember(self, question, scenario, answer, turn=0):
+        self.questions[question] = {"scenario": scenario, "answer": answer, "turn": turn}
+        return question
+
+    def reply(self, prompt):
+        if prompt.startswith("## Task: read a page"):
+            title = re.search(r"^Title: (.*)$", prompt, re.M).group(1)
+            if self.scenarios.get(title) == "malformed":
+                return 'Here you go: {"summary": "cut short, "points": [}'
+            text = prompt.split("Page:\n", 1)[1]
+            first = re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
+            reading = {"summary": f"A page about {title}.", "points": [first, f"The page is titled {title}."]}
+            return "Reading done.\n```json\n" + json.dumps(reading) + "\n```"
+        if prompt.startswith("## Task: propose a question"):
+            title = re.search(r'of the page "(.*)"', prompt).group(1)
+            scenario = self.scenarios.get(title, "accept")
+            first = re.search(r"^- (.*)$", prompt, re.M).group(1)
+            question = "Who or what is this: " + first.replace(title, "this subject").rstrip(".") + "?"
+            self._remember(question, scenario, title)
+            if scenario == "missing":
+                return json.dumps({"question": question, "statement": first})
+            return json.dumps({"question": question, "answer": title, "statement": first})
+        if prompt.startswith("## Task: make the question harder"):
+            entry = self._entry(prompt)
+            entry["turn"] += 1
+            question = re.search(r"^Current question: (.*)$", prompt, re.M).group(1)
+            if entry["turn"] == 1:  # FUZZ: hide the year (or blur the wording)
+                fuzzed = re.sub(r"\b\d{3,4}\b", "a certain year", question)
+                fuzzed = fuzzed if fuzzed != question else question.replace("Who or what", "Which subject")
+                answer = "Somebody Else" if entry["scenario"] == "answer_changed" else entry["answer"]
+                self.questions[fuzzed] = entry
+                return json.dumps({"action": "FUZZ", "question": fuzzed, "answer": answer, "reason": "year"})
+            if entry["turn"] == 2:
+                link = re.search(r"^- (https?://\S+)$", prompt, re.M)
+                if link:
+                    return json.dumps({"action": "INJECT", "url": link.group(1)})
+            return 'Enough. {"action": "EXIT"}'
+        if prompt.startswith("## Task: inject a fact"):
+            entry = self._entry(prompt)
+            question = re.search(r"^Current question: (.*)$", prompt, re.M).group(1)
+            linked = re.search(r'^Linked page "(.*)"', prompt, re.M).group(1)
+            new = question.rstrip("?") + f", and is connected to {linked}?"
+            self.questions[new] = entry
+            return json.dumps({"statement": f"This subject is connected to {linked}.", "question": new,
+                               "answer": entry["answer"]})
+        if prompt.startswith("## Task: check a question's quality"):
+            ok = self._entry(prompt)["scenario"] != "quality"
+            return json.dumps({"fluent": ok, "self_contained": True, "unique_answer": True, "supported": True,
+                               "reason": "reads well" if ok else "a concatenation"})
+        if prompt.startswith("## Task: answer a question without tools"):
+            entry = self._entry(prompt)
+            guess = {"easy": entry["answer"], "nonunique": "Other Candidate"}.get(entry["scenario"], "Nobody Known")
+            return "Hmm, hard.\n" + json.dumps({"answer": guess})
+        if prompt.startswith("You are grading an answer"):
+            labels = re.search(r"^Labelled answer\(s\): (.*)$", prompt, re.M).group(1).split(" | ")
+            predicted = re.search(r"^Predicted answer: (.*)$", prompt, re.M).group(1)
+            ok = any(normalize_answer(predicted) == normalize_answer(label) for label in labels)
+            return json.dumps({"rationale": "compared", "judgement": "Correct" if ok else "Incorrect"})
+        if prompt.startswith("## Task: check an alternative answer"):
+            fits = self._entry(prompt)["scenario"] == "nonunique"
+            return json.dumps({"satisfies_all": fits, "reason": "checked"})
+        return "I do not understand."
+
+    # ---- the wire format ----------------------------------------------------------------------------------
+    async def chat(self, request):
+        body = await request.json()
+        with self.lock:
+            self.requests += 1
+            content = self.reply(body["messages"][-1]["content"])
+        return web.json_response({
+            "id": f"chatcmpl-standin-{self.requests}", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model", "stand-in"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": None,
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
+
+@contextlib.contextmanager
+def stand_in_server(double):
+    """Serve the stand-in on a free loopback port from a thread of its own; yields the base URL (…/v1)."""
+    loop = asyncio.new_event_loop()
+    ready, stop, box = threading.Event(), None, {}
+
+    async def serve():
+        nonlocal stop
+        stop = asyncio.Event()
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", double.chat)
+        async with serve_app(app) as url:
+            box["url"] = url + "/v1"
+            ready.set()
+            await stop.wait()
+
+    thread = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        yield box["url"]
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(10)
+        loop.close()
+
+
+SCENARIOS = ["accept", "malformed", "missing", "quality", "easy", "nonunique", "answer_changed"]
+
+
+@pytest.fixture(scope="module")
+def seed_docs(small_index):
+    """Seven person pages with links, one per scenario."""
+    docs = [d for d in small_index.iter_docs() if d.links and re.search(r"\(born \d{4}\)", d.text[:80])]
+    return docs[: len(SCENARIOS)]
+
+
+def _run(index, url, urls, out, n, *, concurrency=3, config=None):
+    async def go():
+        model = OpenAIEngine(url, "stand-in", api_key_env="SEARCHGYM_TEST_NO_SUCH_KEY")
+        agent = QASynthesisAgent(index, index, model, model, config or QAConfig(max_turns=3, k=3))
+        try:
+            return await asynthesize(agent, urls, out, n, concurrency=concurrency)
+        finally:
+            await model.close()
+    return asyncio.run(go())
+
+
+def test_parse_json_object_defensive():
+    req = {"question": str, "answer": str}
+    assert parse_json_object('blah {"x": 1} then {"question": "q?", "answer": "a"} bye', req, "s")["answer"] == "a"
+    assert parse_json_object('{"question": "new", "answer": "b"} {"other": 1}', req, "s")["question"] == "new"
+    for text, reason in [("no json here", "s: malformed JSON"), ('{"question": "q"', "s: malformed JSON"),
+                         (None, "s: malformed JSON"), ('{"question": "q"}', "s: missing fields"),
+                         ('{"question": "q", "answer": 3}', "s: missing fields"),
+                         ('{"question": "q", "answer": "  "}', "s: missing fields"), ("[1, 2]", "s: malformed JSON")]:
+        with pytest.raises(Rejected) as e:
+            parse_json_object(text, req, "s")
+        assert e.value.reason == reason
+    assert parse_engine_spec("openai:http://h:8000/v1:gpt-x") == ("openai", "http://h:8000/v1", "gpt-x")
+    assert parse_engine_spec("openai:http://h:8000/v1") == ("openai", "http://h:8000/v1", "default")
+    assert parse_engine_spec("openai:http://h:8000") == ("openai", "http://h:8000", "default")
+    with pytest.raises(ValueError):
+        parse_engine_spec("no-such-dir-or-spec")
+
+
+def test_near_duplicates():
+    d = NearDuplicates(0.8)
+    d.add("Who wrote the book The Sadesh Whispers in 1900?")
+    assert d.is_duplicate("who wrote the book the sadesh whispers in 1900")
+    assert not d.is_duplicate("Which city hosted the Grand Fair of 1900?")
+
+
+def test_every_path_with_the_stand_in(small_index, seed_docs, tmp_path):
+    double = StandInLLM({d.title: s for d, s in zip(seed_docs, SCENARIOS)})
+    out = tmp_path / "pool.jsonl"
+    with stand_in_server(double) as url:
+        report = _run(small_index, url, [d.url for d in seed_docs], out, n=10)
+    assert report["accepted"] == 1 and report["seeds_finished"] == len(SCENARIOS)
+    assert report["rejections"] == {"read: malformed JSON": 1, "propose: missing fields": 1, "quality: failed": 1,
+                                    "difficulty: too easy": 1, "uniqueness: another answer fits": 1,
+                                    "fuzz: answer changed": 1}
+    assert json.loads(summary_path(out).read_text())["accepted"] == 1
+    (task,) = TaskPool.from_jsonl(out)
+    meta = task.metadata
+    assert task.answers == (seed_docs[0].title,)
+    assert [h["action"] for h in meta["history"]] == ["PROPOSE", "FUZZ", "INJECT", "EXIT"]
+    fuzz, inject = meta["history"][1], meta["history"][2]
+    assert "a certain year" in fuzz["question"] and fuzz["before"] != fuzz["question"]
+    assert inject["page"] in seed_docs[0].links and inject["question"] == task.question
+    assert meta["pages"] == [seed_docs[0].url, inject["page"]] and len(meta["statements"]) == 2
+    assert meta["solve_rate"] == 0.0 and len(meta["solver"]) == 3
+    assert all(not s["correct"] and s["answer"] == "Nobody Known" for s in meta["solver"])
+
+
+def test_resume_skips_finished_seeds(small_index, seed_docs, tmp_path):
+    docs = [seed_docs[0], seed_docs[1], seed_docs[3], *[d for d in small_index.iter_docs() if d.links][50:52]]
+    double = StandInLLM({seed_docs[1].title: "malformed", seed_docs[3].title: "quality"})
+    out = tmp_path / "pool.jsonl"
+    urls = [d.url for d in docs]
+    with stand_in_server(double) as url:
+        first = _run(small_index, url, urls, out, n=1, concurrency=1)
+        calls = double.requests
+        again = _run(small_index, url, urls, out, n=1, concurrency=1)
+        assert double.requests == calls and again["this_run"]["seeds_tried"] == 0  # nothing redone
+        more = _run(small_index, url, urls, out, n=2, concurrency=1)
+    assert first["accepted"] == 1 and again["accepted"] == 1 and more["accepted"] == 2
+    assert more["rejections"] == {"read: malformed JSON": 1, "quality: failed": 1}
+    logged = [json.loads(line)["url"] for line in out.with_name(out.name + ".progress.jsonl").read_text().splitlines()]
+    assert len(logged) == len(set(logged)) == 4
+    assert len(TaskPool.from_jsonl(out)) == 2
+
+
+def test_cli_pool_loads_into_localqa(small_bundle, tmp_path):
+    out = tmp_path / "agent.jsonl"
+    with stand_in_server(StandInLLM()) as url:
+        code = cli_main(["synthesize", "--corpus", str(small_bundle / "index"), "--engine", f"openai:{url}:stand-in",
+                         "--judge-engine", f"openai:{url}", "--n", "3", "--out", str(out), "--max-seeds", "30",
+                         "--concurrency", "4", "--k", "2"])
+    assert code == 0
+    pool = TaskPool.from_jsonl(out)
+    assert len(pool) == 3 and all(t.metadata["source"] == "qa_agent" for t in pool)
+    env = gym.make("searchgym/LocalQA-v0", tasks=str(out), index=str(small_bundle / "index"), max_turns=4)
+    task = pool[0]
+    obs, info = env.reset(options={"task_id": task.id})
+    assert task.question in obs
+    obs, reward, terminated, truncated, info = env.step(f"<search>{task.answers[0]}</search>")
+    assert not terminated and "<information>" in obs
+    obs, reward, terminated, truncated, info = env.step(f"<answer>{task.answers[0]}</answer>")
+    assert terminated and reward == 1.0
+    env.close()
+
+
+def test_cli_kbwalk_method(small_bundle, tmp_path):
+    out = tmp_path / "kb.jsonl"
+    assert cli_main(["synthesize", "--method", "kbwalk", "--corpus", str(small_bundle), "--n", "5",
+                     "--out", str(out)]) == 0
+    assert len(TaskPool.from_jsonl(out)) == 5 and (tmp_path / "kb.summary.json").exists()
+
+
+def test_tiny_model_never_crashes(small_bundle, tiny_model_dir, tmp_path):
+    out = tmp_path / "tiny.jsonl"
+    report = synthesize(small_bundle / "index", str(tiny_model_dir), 2, out, concurrency=2, max_seeds=3,
+                        config=QAConfig(max_tokens=24, k=2, max_turns=2))
+    assert report["seeds_finished"] == 3  # the tiny model writes no usable JSON: every seed is rejected
+    assert sum(report["rejections"].values()) + report["accepted"] == 3
+    assert report["this_run"]["llm_calls"]["read"] == 3
+    # the stand-in reasons, the tiny model judges: its verdicts are malformed, so the checks reject
+    with stand_in_server(StandInLLM()) as url:
+        mixed = synthesize(small_bundle / "index", f"openai:{url}", 1, tmp_path / "mixed.jsonl",
+                           judge_engine=str(tiny_model_dir), concurrency=2, max_seeds=2,
+                           config=QAConfig(max_tokens=24, k=2, max_turns=2))
+    assert mixed["accepted"] == 0 and mixed["rejections"] == {"quality: malformed JSON": 2}

@@ -22,7 +22,7 @@ from searchgym.envs.actions import Action, parse_action
 from searchgym.envs.judges import FormatGate, Judge, make_judge
 from searchgym.envs.spaces import UnicodeText
 from searchgym.envs.tasks import Task, TaskPool
-from searchgym.envs.tools.base import BackendError, PageBackend, PageNotFound, SearchBackend
+from searchgym.envs.tools.base import BackendError, PageBackend, PageNotFound, SearchBackend, backend_stats
 from searchgym.envs.tools.chunking import chunk_text
 
 T = TypeVar("T")
@@ -223,9 +223,7 @@ class SearchEnv(gym.Env[str, str]):
         out: dict[str, Any] = {}
         backends = [self.search_backend] + ([self.page_backend] if self.page_backend is not self.search_backend else [])
         for backend in backends:
-            stats = getattr(backend, "stats", None)
-            if callable(stats):
-                out.update(stats())
+            out.update(backend_stats(backend))
         return out
 
     def _fit(self, obs: str) -> str:

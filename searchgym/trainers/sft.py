@@ -84,8 +84,8 @@ def sft(model_dir: str | os.PathLike, chats: list[list[dict[str, str]]], out_dir
         raise ValueError("no demonstration has an assistant token to learn")
     rng = random.Random(config.seed)
     torch.manual_seed(config.seed)
-    epoch_batches = _batches(samples, config.batch_tokens, rng)
-    total = max(1, math.ceil(config.epochs * len(epoch_batches)))
+    batches = _batches(samples, config.batch_tokens, rng)  # the first epoch; later ones are reshuffled as needed
+    total = max(1, math.ceil(config.epochs * len(batches)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     warmup = max(1, config.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -93,7 +93,6 @@ def sft(model_dir: str | os.PathLike, chats: list[list[dict[str, str]]], out_dir
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     history: list[dict[str, float]] = []
     model.train()
-    batches: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
     for step in tqdm(range(total), desc="sft", disable=not progress):
         if not batches:
             batches = _batches(samples, config.batch_tokens, rng)

@@ -8,7 +8,7 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from searchgym.agents.engines.model_server import serve_app
+from searchgym.envs.tools.http_session import serve_app
 from searchgym.agents.engines.sglang_engine import (
     SGLangEngine,
     SGLangError,

@@ -1,6 +1,5 @@
 """The retrieval server speaks the Search-R1/ASearcher API; RemoteSearch survives every server fault. Loopback only."""
 import asyncio
-import contextlib
 import json
 import socket
 import time
@@ -15,6 +14,7 @@ from hypothesis import strategies as st
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tools.base import BackendError, PageNotFound, SearchHit
 from searchgym.envs.tools.remote_search import RemoteSearch
+from searchgym.envs.tools.http_session import serve_app
 from searchgym.envs.tools.retrieval_server import serving
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -236,15 +236,8 @@ def search_r1_app() -> web.Application:
     return app
 
 
-@contextlib.asynccontextmanager
-async def serve(app: web.Application, port: int = 0):
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        yield "http://127.0.0.1:%d" % runner.addresses[0][1]
-    finally:
-        await runner.cleanup()
+def serve(app: web.Application, port: int = 0):
+    return serve_app(app, "127.0.0.1", port, shutdown_timeout=0.5)
 
 
 async def test_remote_search_against_a_search_r1_server():

@@ -29,7 +29,7 @@ from aiohttp import web
 
 from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, SamplingParams
-from searchgym.envs.tools.http_session import serve_app  # noqa: F401  (re-exported: tests serve apps with it)
+from searchgym.envs.tools.http_session import serve_app
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from searchgym.agents.engines.http import LoopSession
+from searchgym.envs.tools.http_session import LoopSession
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429})  # plus every 5xx
 

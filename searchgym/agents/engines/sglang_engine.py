@@ -29,7 +29,7 @@ from typing import Any
 
 import aiohttp
 
-from searchgym.agents.engines.http import LoopSession
+from searchgym.envs.tools.http_session import LoopSession
 from searchgym.agents.engines.types import FinishReason, GenerateRequest, GenerateResponse, SamplingParams
 
 LOG_TAIL_CHARS = 4000
@@ -136,7 +136,7 @@ class SGLangEngine:
         return self._version
 
     async def _http(self) -> aiohttp.ClientSession:
-        """The running loop's HTTP session (see engines/http.py)."""
+        """The running loop's HTTP session (see envs/tools/http_session.py)."""
         return (await self._sessions.get())[0]
 
     async def start(self, wait_ready: bool = True, timeout: float = 600) -> SGLangEngine:

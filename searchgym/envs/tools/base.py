@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -47,3 +47,9 @@ class PageBackend(Protocol):
     """Anything that returns a page's text for a url; raises PageNotFound for unknown urls."""
 
     async def fetch(self, url: str) -> Page: ...
+
+
+def backend_stats(backend: Any) -> dict[str, Any]:
+    """A backend's `stats()` (cache hit rates, error counters) if it has one, else {}; SearchEnv puts them in info."""
+    stats = getattr(backend, "stats", None)
+    return dict(stats()) if callable(stats) else {}

@@ -22,7 +22,7 @@ from typing import Any
 
 from yarl import URL
 
-from searchgym.envs.tools.base import BackendError, Page, PageBackend, PageNotFound, SearchBackend, SearchHit
+from searchgym.envs.tools.base import BackendError, Page, PageBackend, PageNotFound, SearchBackend, SearchHit, backend_stats
 
 MODES = ("off", "read_write", "replay_only")
 
@@ -104,12 +104,6 @@ class WebCache:
             self._db = None
 
 
-def _backend_stats(backend: Any) -> dict[str, Any]:
-    """A backend's stats() if it has one."""
-    stats = getattr(backend, "stats", None)
-    return dict(stats()) if callable(stats) else {}
-
-
 
 class _CachedBackend:
     """What both cached wrappers share: the wrapped backend's counters plus the cache's, and close()."""
@@ -119,7 +113,7 @@ class _CachedBackend:
 
     def stats(self) -> dict[str, Any]:
         """The wrapped backend's counters plus the cache's."""
-        return {**_backend_stats(self.backend), "cache": self.cache.stats()}
+        return {**backend_stats(self.backend), "cache": self.cache.stats()}
 
     async def close(self) -> None:
         """Close the wrapped backend."""

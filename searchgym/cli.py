@@ -66,7 +66,9 @@ def _synthesize(args: argparse.Namespace) -> None:
         pool, report = synthesize_pool(world, index, args.n, seed=args.seed, progress=True)
         report["seconds"] = round(time.perf_counter() - t0, 2)
         pool.to_jsonl(args.out)
-        Path(str(args.out).removesuffix(".jsonl") + ".summary.json").write_text(json.dumps(report, indent=2) + "\n")
+        from searchgym.synthesis.qa_agent import summary_path
+
+        summary_path(Path(args.out)).write_text(json.dumps(report, indent=2) + "\n")
         print(json.dumps(report, indent=2))
         return
     from searchgym.synthesis.qa_agent import QAConfig, synthesize

@@ -139,7 +139,9 @@ def evaluate_model(model_dir: str | os.PathLike, env_id: str, env_kwargs: dict[s
     def make_env() -> SearchEnv:
         return gym.make(env_id, **env_kwargs).unwrapped
 
-    task_ids = [t.id for t in make_env().tasks][:max_tasks]
+    probe = make_env()
+    task_ids = [t.id for t in probe.tasks][:max_tasks]
+    probe.close()
 
     async def run() -> list[Sample]:
         engine = TorchEngine(model_dir, device=device, seed=seed)

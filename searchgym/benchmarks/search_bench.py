@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import platform
 import random
 import socket
 import subprocess
@@ -21,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from searchgym.benchmarks.env_bench import _machine
 from searchgym.envs.tools.local_index import LocalIndex
 from searchgym.envs.tools.remote_search import RemoteSearch
 from searchgym.synthesis.world import World
@@ -151,8 +151,3 @@ class _server_process:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-
-
-def _machine() -> dict[str, Any]:
-    """Where the numbers were taken."""
-    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}

@@ -292,3 +292,19 @@ def test_eval_through_an_openai_compatible_endpoint(tmp_path, model_server, smal
     assert summary["metrics"]["samples"] == 4 and summary["metrics"]["generated_tokens"] == 0  # text only
     done, rows = keys(out)
     assert len(set(done)) == 4 and all(r["trajectory"]["messages"][1]["role"] == "assistant" for r in rows)
+
+
+async def test_the_final_answer_is_extracted_and_judged():
+    """The answer the judges see is the answering turn's argument; no answer is wrong, not a judge failure."""
+    from searchgym.agents.trajectory import Trajectory, Turn
+    from searchgym.benchmarks.harness import judge_all, make_judges, prediction_of
+
+    answered = Trajectory("t", turns=[Turn("<search> x </search>", "search", "obs"),
+                                      Turn("<answer> Paris </answer>", "answer", "done")])
+    silent = Trajectory("t", turns=[Turn("<search> x </search>", "search", "obs")])
+    assert prediction_of(answered) == "Paris" and prediction_of(silent) is None
+    judges = make_judges("em,f1")
+    right = await judge_all(judges, prediction_of(answered), ["Paris"], "Capital of France?")
+    assert right["em"]["score"] == 1.0 and right["f1"]["correct"]
+    wrong = await judge_all(judges, prediction_of(silent), ["Paris"], "Capital of France?")
+    assert wrong["em"]["score"] == 0.0 and wrong["em"]["error"] is None

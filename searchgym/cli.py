@@ -280,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", type=Path, default=None, help="bundle cache (default $SEARCHGYM_CACHE or ~/.cache/searchgym)")
     p.set_defaults(run=_demo)
 
-    p = rooms.add_parser("train", help="asynchronous decoupled-PPO training (local launcher)")
+    p = rooms.add_parser("train", help="asynchronous decoupled-PPO training (launcher: local or ray)")
     p.add_argument("--config", type=Path, default=None, help="a YAML config (see configs/)")
     p.add_argument("--resume", action="store_true",
                    help="continue from out_dir's latest checkpoint (same versions and data order); none: start fresh")

@@ -64,6 +64,19 @@ class _Sample:
     prox: torch.Tensor | None = None  # filled once per step by the pre-update weights
 
 
+def next_token_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor,
+                      where: torch.Tensor) -> torch.Tensor:
+    """Logits [N, vocab] predicting token t+1 at the N positions t where `where` [B, T-1] is set.
+
+    Only trained tokens need logits, and they are a small share of an agent's context (observations and
+    the prompt are most of it), so the LM head runs on those positions alone: with a 150k vocabulary this
+    is most of a step's memory and time. For models whose logits are `output_embeddings(last hidden state)`
+    (Qwen2, Llama and most causal LMs; not ones with logit soft-capping such as Gemma 2).
+    """
+    hidden = model.base_model(input_ids=ids, attention_mask=attention).last_hidden_state[:, :-1]
+    return model.get_output_embeddings()(hidden[where.bool()])
+
+
 class Learner:
     """Owns the trained model and its optimizer; `step` turns groups of trajectories into one new version."""
 
@@ -110,16 +123,17 @@ class Learner:
         weight_total = loss_total = 0.0
         for batch in self._micro_batches(samples):
             ids, attention, mask, behav, adv, prox = self._pad(batch)
-            logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1]
-            logp = token_logprobs(logits, ids[:, 1:], cfg.temperature)
+            where = mask > 0
+            logits = next_token_logits(self.model, ids, attention, where)
+            logp = torch.zeros_like(mask)
+            logp[where] = token_logprobs(logits, ids[:, 1:][where], cfg.temperature)
             loss, stats = decoupled_ppo_loss(logp, prox, behav, adv, mask, eps_clip=cfg.eps_clip,
                                              eps_clip_high=cfg.eps_clip_high, behav_weight_cap=cfg.behav_weight_cap,
                                              normalizer=max(normalizer, 1.0))
             loss.backward()
             with torch.no_grad():
                 entropy = entropy_from_logits(logits.detach(), cfg.temperature)
-                n = float(mask.sum())
-                stats["entropy"] = (entropy * mask).sum() / max(n, 1.0)
+                stats["entropy"] = (entropy * mask[where]).sum() / max(float(mask.sum()), 1.0)
             weight = float(stats["valid_tokens"])
             weight_total += weight
             for key, value in stats.items():
@@ -207,9 +221,11 @@ class Learner:
         """Log-probs of the pre-update weights, computed once when the batch arrives (no grad)."""
         self.model.eval()
         for batch in self._micro_batches(samples):
-            ids, attention, *_ = self._pad(batch)
-            logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1]
-            logp = token_logprobs(logits, ids[:, 1:], self.config.temperature)
+            ids, attention, mask, *_ = self._pad(batch)
+            where = mask > 0
+            logp = torch.zeros_like(mask)
+            logp[where] = token_logprobs(next_token_logits(self.model, ids, attention, where), ids[:, 1:][where],
+                                         self.config.temperature)
             for row, sample in enumerate(batch):
                 sample.prox = logp[row, : len(sample.ids) - 1].cpu()
 

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from searchgym.agents.formats import ChatTemplateDelta
+from searchgym.trainers.learner import next_token_logits
 
 
 @dataclass
@@ -97,17 +98,18 @@ def sft(model_dir: str | os.PathLike, chats: list[list[dict[str, str]]], out_dir
         if not batches:
             batches = _batches(samples, config.batch_tokens, rng)
         ids, attention, mask = (t.to(device) for t in _pad(batches.pop(), pad))
-        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
-        targets = ids[:, 1:]
-        weights = mask[:, 1:].float() + config.observation_weight * (1 - mask[:, 1:].float()) * attention[:, 1:]
-        losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+        actions = mask[:, 1:].float()
+        weights = actions + config.observation_weight * (1 - actions) * attention[:, 1:]
+        where = weights > 0
+        logits = next_token_logits(model, ids, attention, where)  # [N, vocab], trained positions only
+        targets, weights, actions = ids[:, 1:][where], weights[where], actions[where]
+        losses = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
         loss = (losses * weights).sum() / weights.sum()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
         scheduler.step()
-        actions = mask[:, 1:].float()
         accuracy = ((logits.argmax(-1) == targets).float() * actions).sum() / actions.sum()
         history.append({"step": step + 1, "loss": loss.item(), "token_accuracy": accuracy.item(),
                         "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0]})

@@ -10,7 +10,7 @@ from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.runner import run_episode
 from searchgym.envs.search_env import SearchEnv
-from searchgym.trainers.learner import Learner, LearnerConfig
+from searchgym.trainers.learner import Learner, LearnerConfig, next_token_logits
 from searchgym.trainers.ppo import token_logprobs
 
 
@@ -101,3 +101,15 @@ def test_state_dict_round_trip(tiny_model_dir, groups):
     learner.step(groups), other.step(groups)
     for a, b in zip(learner.model.state_dict().values(), other.model.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_logits_only_at_trained_positions_match_the_full_forward_pass(tiny_model_dir, groups):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    traj = groups[0][0]
+    ids = torch.tensor([traj.input_ids])
+    where = torch.tensor([traj.loss_mask[1:]], dtype=torch.bool)
+    with torch.no_grad():
+        full = model(ids).logits[:, :-1][where]
+        picked = next_token_logits(model, ids, torch.ones_like(ids), where)
+    assert picked.shape == (int(where.sum()), model.config.vocab_size)
+    torch.testing.assert_close(picked, full, rtol=1e-5, atol=1e-5)

@@ -33,6 +33,32 @@ Question: {question}"""
 
 INSTRUCTIONS = {"tags": TAGS_INSTRUCTIONS, "hermes": HERMES_INSTRUCTIONS}
 
+# One line instead of the full instructions: for small models that learn the format from
+# demonstrations rather than by reading it, where the full text would be most of every sequence.
+BRIEF_INSTRUCTIONS = {
+    "tags": "Use <search> query </search> and <answer> answer </answer>.\nQuestion: {question}",
+    "hermes": 'Call search or answer inside <tool_call> </tool_call>.\nQuestion: {question}',
+}
+
+
+def instructions_template(tool_format: str, instructions: str) -> str:
+    """The opening prompt's template: "full" (ASearcher's wording), "brief", or a custom template.
+
+    A custom template must contain `{question}` and may use `{max_turns}`; other braces are doubled.
+    """
+    if instructions == "full":
+        return INSTRUCTIONS[tool_format]
+    if instructions == "brief":
+        return BRIEF_INSTRUCTIONS[tool_format]
+    try:
+        probe = instructions.format(question="\0q", max_turns=1)
+    except (KeyError, IndexError, ValueError) as exc:
+        raise ValueError(f"instructions must be 'full', 'brief' or a template with {{question}} "
+                         f"(and optionally {{max_turns}}); formatting it failed: {exc!r}") from None
+    if "\0q" not in probe:
+        raise ValueError("a custom instructions template must contain {question}")
+    return instructions
+
 NO_RESULTS = "No search results are found."
 
 

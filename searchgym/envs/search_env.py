@@ -56,6 +56,7 @@ class SearchEnv(gym.Env[str, str]):
         max_page_chars: int = 250_000,
         max_page_chunks: int = 10,
         tool_format: str = "tags",
+        instructions: str = "full",
         format_gate: bool = False,
         token_counter: Callable[[str], int] = approx_tokens,
         render_mode: str | None = None,
@@ -79,6 +80,7 @@ class SearchEnv(gym.Env[str, str]):
         self.doc_chars, self.page_chunk_chars = doc_chars, page_chunk_chars
         self.max_page_chars, self.max_page_chunks = max_page_chars, max_page_chunks
         self.tool_format = tool_format
+        self.instructions = prompts.instructions_template(tool_format, instructions)
         self.token_counter = token_counter
         self.render_mode = render_mode
         self.observation_space = UnicodeText(MAX_OBS_CHARS, min_length=1)
@@ -118,7 +120,7 @@ class SearchEnv(gym.Env[str, str]):
         self.format_errors: list[str] = []
         self._page_cursor: dict[str, int] = {}
         self._done = False
-        obs = self._fit(prompts.INSTRUCTIONS[self.tool_format].format(question=self.task.question, max_turns=self.max_turns))
+        obs = self._fit(self.instructions.format(question=self.task.question, max_turns=self.max_turns))
         self.obs_tokens = self.token_counter(obs)
         self._transcript = [("task", obs)]
         return obs, {"task_id": self.task.id, "turn": 0, "obs_tokens": self.obs_tokens}

@@ -273,3 +273,21 @@ async def test_a_first_make_inside_a_running_loop_builds_its_bundle(tmp_path):
     env = gym.make("searchgym/SyntheticQA-v0", size=300, n_tasks=12, cache_dir=tmp_path).unwrapped
     obs, info = await env.areset(options={"task_id": env.tasks[0].id})
     assert "Question:" in obs and len(env.tasks) == 12
+
+
+@pytest.mark.parametrize("instructions", ["brief", "Q ({max_turns} turns, JSON {{ok}}): {question}"])
+def test_instructions_can_be_brief_or_custom(small_pool, small_index, instructions):
+    task = small_pool[0]
+    env = SearchEnv(small_pool, small_index, max_turns=3, instructions=instructions)
+    obs, _ = env.reset(options={"task_id": task.id})
+    assert obs.endswith(task.question) and "searching a knowledge source" not in obs
+    if instructions != "brief":
+        assert obs == f"Q (3 turns, JSON {{ok}}): {task.question}"
+    obs, reward, terminated, _, _ = env.step(f"<answer> {task.answers[0]} </answer>")  # the tools are the same
+    assert terminated and reward == 1.0
+
+
+@pytest.mark.parametrize("bad", ["no placeholder", "{question} {unknown}", "{question"])
+def test_a_bad_instructions_template_is_refused_up_front(small_pool, small_index, bad):
+    with pytest.raises(ValueError, match="instructions"):
+        SearchEnv(small_pool, small_index, instructions=bad)

@@ -7,7 +7,7 @@
     5. evaluate   warm start and RL policy on held-out test tasks, k samples each: the table, a
                   reward-curve PNG, TensorBoard logs and everything else under the output directory
 
-Every stage is the library's own code path (gym.make, OracleAgent, sft, train, evaluate_model), so
+Every stage is the library's own code path (gym.make, the oracle's demonstrations, sft, train, run_eval), so
 the quickstart is also an end-to-end check that the pieces fit.
 
 Status (measured on 2 busy cores): with these defaults the warm start takes about 10 minutes and
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from omegaconf import OmegaConf
 
 import searchgym  # noqa: F401  (registers the env ids)
 from searchgym.agents.tiny_model import build_tiny_model
-from searchgym.benchmarks.evaluate import evaluate_model
+from searchgym.benchmarks.harness import run_eval
 from searchgym.synthesis.oracle import demonstrations
 from searchgym.trainers.config import EnvConfig, LearnerConfig, RolloutConfig, TrainConfig
 from searchgym.trainers.local import train
@@ -60,6 +61,7 @@ class EvalConfig:
     max_tasks: int = 96
     temperature: float = 1.0
     max_new_tokens: int = 48
+    concurrency: int = 64
 
 
 @dataclass
@@ -124,14 +126,16 @@ def run_quickstart(config: QuickstartConfig, *, progress: bool = True) -> dict[s
     history = train(rl, progress=progress)
     lap("rl")
 
-    def evaluate(model_dir: Path) -> dict[str, float]:
-        summary, _ = evaluate_model(model_dir, config.env.id, test_kwargs, k=config.eval.k,
-                                    temperature=config.eval.temperature, max_new_tokens=config.eval.max_new_tokens,
-                                    max_tasks=config.eval.max_tasks, seed=config.seed, progress=progress)
-        return summary
+    def evaluate(model_dir: Path, name: str) -> dict[str, float]:
+        shutil.rmtree(out / name, ignore_errors=True)  # run_eval resumes: a rerun's new model must not reuse old samples
+        summary = run_eval(config.env.id, str(model_dir), out / name, k=config.eval.k, judge="em,f1",
+                           env_kwargs=test_kwargs, max_tasks=config.eval.max_tasks, concurrency=config.eval.concurrency,
+                           temperature=config.eval.temperature, max_new_tokens=config.eval.max_new_tokens,
+                           seed=config.seed, progress=progress)
+        return summary["metrics"]
 
-    before = evaluate(warm)
-    after = evaluate(out / "rl" / "checkpoints" / f"step-{rl.steps:05d}")
+    before = evaluate(warm, "eval-sft")
+    after = evaluate(out / "rl" / "checkpoints" / f"step-{rl.steps:05d}", "eval-rl")
     lap("evaluate")
 
     table = {"warm start (SFT)": before, "warm start + async RL": after}

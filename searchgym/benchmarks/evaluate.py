@@ -1,25 +1,16 @@
-"""Evaluate a policy on an environment's tasks: k sampled episodes per task, Avg@k and Pass@k.
+"""The evaluation metrics: k sampled episodes per task reduced to Avg@k and Pass@k.
 
-`evaluate_model` plays every task of an env `k` times through a TorchEngine (concurrently; the engine
-batches the requests) and reduces the episodes to the paper's numbers: Avg@k is the mean score over
-all samples, Pass@k the unbiased estimator 1 - C(n - c, k) / C(n, k) from n samples with c correct.
+Avg@k is the mean score over all samples, Pass@k the unbiased estimator 1 - C(n - c, k) / C(n, k)
+from n samples with c correct. Playing the episodes is `harness.run_eval`'s job.
 """
 from __future__ import annotations
 
-import asyncio
 import math
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
-
-from searchgym.agents.engines.types import InferenceEngine, SamplingParams
-from searchgym.agents.runner import run_episode
-from searchgym.agents.trajectory import Trajectory
-from searchgym.envs.search_env import SearchEnv
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -45,13 +36,6 @@ class Sample:
     generated_tokens: int
     answered: bool
     verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)  # judge name -> Verdict.to_dict()
-
-    @classmethod
-    def of(cls, traj: Trajectory, sample: int, verdicts: dict[str, dict[str, Any]] | None = None) -> "Sample":
-        counts = traj.counts
-        return cls(traj.task_id, sample, traj.reward, bool((traj.verdict or {}).get("correct")), len(traj.turns),
-                   counts.get("search", 0), counts.get("access", 0), traj.generated_tokens, traj.terminated,
-                   dict(verdicts or {}))
 
 
 def summarize(samples: Sequence[Sample], k: int) -> dict[str, float]:
@@ -98,59 +82,3 @@ def judge_metrics(by_task: dict[str, list[Sample]], k: int) -> dict[str, float]:
         out[f"pass@{k}/{name}"] = float(np.mean(passes)) if passes else float("nan")
         out[f"failures/{name}"] = float(failures)
     return out
-
-
-async def evaluate_engine(engine: InferenceEngine, tokenizer: Any, make_env: Callable[[], SearchEnv],
-                          task_ids: Sequence[str], *, k: int = 1, sampling: SamplingParams = SamplingParams(),
-                          max_context: int = 4096, tool_format: str = "tags", concurrency: int = 64, seed: int = 0,
-                          progress: bool = False) -> list[Sample]:
-    """Play each task k times (seeded per (task, sample)), at most `concurrency` episodes at once."""
-    gate = asyncio.Semaphore(concurrency)
-    bar = tqdm(total=len(task_ids) * k, desc="evaluating", disable=not progress)
-
-    async def play(index: int, task_id: str, sample: int) -> Sample:
-        async with gate:
-            env = make_env()
-            try:
-                traj = await run_episode(env, engine, tokenizer, tool_format=tool_format, sampling=sampling,
-                                         max_context=max_context, options={"task_id": task_id},
-                                         seed=int(np.random.SeedSequence([seed, index, sample]).generate_state(1)[0]),
-                                         rid=f"eval-{index}-{sample}")
-            finally:
-                env.close()
-            bar.update()
-            return Sample.of(traj, sample)
-
-    try:
-        return list(await asyncio.gather(*[play(i, t, s) for i, t in enumerate(task_ids) for s in range(k)]))
-    finally:
-        bar.close()
-
-
-def evaluate_model(model_dir: str | os.PathLike, env_id: str, env_kwargs: dict[str, Any], *, k: int = 1,
-                   temperature: float = 1.0, max_new_tokens: int = 64, max_tasks: int | None = None,
-                   device: str = "cpu", seed: int = 0, progress: bool = False) -> tuple[dict[str, float], list[Sample]]:
-    """Evaluate a Hugging Face model directory on an env's tasks; returns (summary, samples)."""
-    import gymnasium as gym
-
-    import searchgym  # noqa: F401  (registers the env ids)
-    from searchgym.agents.engines.torch_engine import TorchEngine
-
-    def make_env() -> SearchEnv:
-        return gym.make(env_id, **env_kwargs).unwrapped
-
-    probe = make_env()
-    task_ids = [t.id for t in probe.tasks][:max_tasks]
-    probe.close()
-
-    async def run() -> list[Sample]:
-        engine = TorchEngine(model_dir, device=device, seed=seed)
-        try:
-            return await evaluate_engine(engine, engine.tokenizer, make_env, task_ids, k=k, seed=seed,
-                                         sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
-                                         progress=progress)
-        finally:
-            await engine.close()
-
-    samples = asyncio.run(run())
-    return summarize(samples, k), samples

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -96,7 +95,7 @@ class Player:
         self.engine = None
         self.tokenizer: Any = None
         if spec.startswith("openai:"):
-            from searchgym.agents.engines.openai_engine import OpenAIEngine
+            from searchgym.agents.engines.openai_engine import OpenAIEngine, parse_openai_spec
 
             base_url, model = parse_openai_spec(spec)
             self.chat = OpenAIEngine(base_url, model)
@@ -149,14 +148,6 @@ class Player:
                     await result
 
 
-def parse_openai_spec(spec: str) -> tuple[str, str]:
-    """'openai:http://host:8000/v1:my-model' -> ('http://host:8000/v1', 'my-model'); the model defaults to 'default'."""
-    m = re.fullmatch(r"openai:(https?://.+?/v1)/?(?::(.+))?", spec)
-    if not m:
-        raise ValueError(f"engine {spec!r}: expected openai:http://host[:port]/v1[:model]")
-    return m.group(1), m.group(2) or "default"
-
-
 # --- judging ------------------------------------------------------------------------------------
 
 def make_judges(spec: str, judge_model: str | None = None) -> dict[str, Any]:
@@ -168,7 +159,7 @@ def make_judges(spec: str, judge_model: str | None = None) -> dict[str, Any]:
         if name == "llm":
             if not judge_model:
                 raise ValueError("the llm judge needs a chat model: pass --judge-model openai:http://host/v1[:model]")
-            from searchgym.agents.engines.openai_engine import OpenAIEngine
+            from searchgym.agents.engines.openai_engine import OpenAIEngine, parse_openai_spec
             from searchgym.agents.llm_judge import LLMJudge
 
             judges[name] = LLMJudge(OpenAIEngine(*parse_openai_spec(judge_model)))

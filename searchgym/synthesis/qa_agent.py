@@ -500,14 +500,9 @@ def seed_pages(index: Any, seed: int, *, limit: int | None = None) -> list[str]:
 def parse_engine_spec(spec: str) -> tuple[str, str, str]:
     """'openai:http://host:port/v1[:model]' -> ('openai', base_url, model); a path -> ('local', path, name)."""
     if spec.startswith("openai:"):
-        rest = spec[len("openai:"):]
-        model = "default"
-        head, sep, tail = rest.rpartition(":")
-        if sep and "://" in head and "/" not in tail and not tail.isdigit() and tail:
-            rest, model = head, tail
-        if not rest.startswith(("http://", "https://")):
-            raise ValueError(f"engine spec {spec!r}: expected openai:http(s)://host[:port]/v1[:model]")
-        return "openai", rest, model
+        from searchgym.agents.engines.openai_engine import parse_openai_spec
+
+        return "openai", *parse_openai_spec(spec)
     path = Path(spec)
     if not path.is_dir():
         raise ValueError(f"engine spec {spec!r}: neither openai:URL nor a local model directory")

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 import searchgym  # noqa: F401
 from searchgym.benchmarks.evaluate import Sample, pass_at_k, summarize
-from searchgym.benchmarks.harness import SampleStore, parse_openai_spec, run_eval
+from searchgym.agents.engines.openai_engine import parse_openai_spec
+from searchgym.benchmarks.harness import SampleStore, run_eval
 from searchgym.benchmarks.report import html_report
 from searchgym.benchmarks.suites import SUITES, resolve_data
 from searchgym.cli import main
@@ -62,8 +63,11 @@ def test_avg_and_pass_at_k_on_hand_made_samples():
 def test_openai_spec_parsing():
     assert parse_openai_spec("openai:http://h:8000/v1") == ("http://h:8000/v1", "default")
     assert parse_openai_spec("openai:https://api.x.com/v1:qwen/QwQ-32B") == ("https://api.x.com/v1", "qwen/QwQ-32B")
-    with pytest.raises(ValueError):
-        parse_openai_spec("openai:http://h:8000")
+    assert parse_openai_spec("openai:http://h:11434/v1:llama3:8b") == ("http://h:11434/v1", "llama3:8b")
+    assert parse_openai_spec("openai:http://h/openai/v1/") == ("http://h/openai/v1", "default")
+    for bad in ("openai:http://h:8000", "openai:http://h:8000/", "openai:ftp://h/v1", "openai:"):
+        with pytest.raises(ValueError, match="/v1"):
+            parse_openai_spec(bad)
 
 
 # --- suites ----------------------------------------------------------------------------------------

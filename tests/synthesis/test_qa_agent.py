@@ -180,7 +180,8 @@ def test_parse_json_object_defensive():
         assert e.value.reason == reason
     assert parse_engine_spec("openai:http://h:8000/v1:gpt-x") == ("openai", "http://h:8000/v1", "gpt-x")
     assert parse_engine_spec("openai:http://h:8000/v1") == ("openai", "http://h:8000/v1", "default")
-    assert parse_engine_spec("openai:http://h:8000") == ("openai", "http://h:8000", "default")
+    with pytest.raises(ValueError, match="/v1"):
+        parse_engine_spec("openai:http://h:8000")  # the same rules as `searchgym eval --engine`
     with pytest.raises(ValueError):
         parse_engine_spec("no-such-dir-or-spec")
 

@@ -9,17 +9,15 @@ servers (SGLang, vLLM, `searchgym serve model`) need none.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
 import os
 import random
-import time
-from collections.abc import Mapping
+import re
 from typing import Any
 
 import aiohttp
 
-from searchgym.envs.tools.http_session import LoopSession
+from searchgym.envs.tools.http_session import LoopSession, retry_after_seconds
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429})  # plus every 5xx
 
@@ -41,26 +39,17 @@ class _Retryable(Exception):
         self.wait = wait
 
 
-def retry_after_seconds(headers: Mapping[str, str], now: float | None = None) -> float | None:
-    """The wait a server asks for: `retry-after-ms`, or `Retry-After` in seconds or as an HTTP date."""
-    millis = headers.get("retry-after-ms")
-    if millis is not None:
-        try:
-            return max(0.0, float(millis) / 1000)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+def parse_openai_spec(spec: str) -> tuple[str, str]:
+    """'openai:http://host:8000/v1:qwen/QwQ-32B' -> ('http://host:8000/v1', 'qwen/QwQ-32B'); model defaults to 'default'.
+
+    The model is whatever follows the first ':' after the URL's path begins, so ports, slashes and
+    colons in model names ('llama3:8b') all parse. The path (usually /v1) is required: the API's routes
+    hang off it, and a bare host is the usual mistake.
+    """
+    m = re.fullmatch(r"openai:(https?://[^/\s]+)(/[^:\s]*?)/?(?::(\S+))?", spec)
+    if not m or m.group(2) in ("", "/"):
+        raise ValueError(f"engine {spec!r}: expected openai:http(s)://host[:port]/v1[:model]")
+    return m.group(1) + m.group(2), m.group(3) or "default"
 
 
 def _error_message(text: str) -> str:

@@ -12,7 +12,8 @@ import pytest_asyncio
 from aiohttp import web
 
 from searchgym.envs.tools.http_session import serve_app
-from searchgym.agents.engines.openai_engine import OpenAIEngine, OpenAIError, retry_after_seconds
+from searchgym.agents.engines.openai_engine import OpenAIEngine, OpenAIError
+from searchgym.envs.tools.http_session import retry_after_seconds
 from searchgym.agents.llm_judge import LLMJudge
 from tests.agents.test_model_server import model_server
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import socket
 import threading
@@ -52,6 +53,7 @@ class LocalWeb:
                               "text": row["text"]})
         self.hits: Counter[str] = Counter()
         self.flaky = 0  # the next this-many searches answer 503
+        self.retry_after: str | None = None  # when set, they answer 429 with this Retry-After instead
         self._loop = asyncio.new_event_loop()
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -97,6 +99,8 @@ class LocalWeb:
             return web.json_response({"message": "Unauthorized.", "statusCode": 403}, status=403)
         if self.flaky > 0:
             self.flaky -= 1
+            if self.retry_after is not None:
+                return web.Response(status=429, text="slow down", headers={"Retry-After": self.retry_after})
             return web.Response(status=503, text="busy")
         body = await request.json()
         terms = set(body["q"].lower().split())
@@ -311,6 +315,21 @@ async def test_search_retries_5xx_then_gives_up_and_survives_refused_connections
         await dead.search("anything", 3)
     assert time.monotonic() - t < 3
     await dead.close()
+
+
+@pytest.mark.parametrize("retry_after", ["seconds", "http-date"])
+async def test_search_waits_as_long_as_a_429_retry_after_asks_up_to_the_cap(local_web, retry_after):
+    _, doc = a_page(local_web)
+    search = WebSearch(KEY, endpoint=local_web.base + "/search", retries=1, backoff=0.01, max_backoff=0.6)
+    local_web.retry_after = "0.4" if retry_after == "seconds" else email.utils.formatdate(time.time() + 60, usegmt=True)
+    local_web.flaky = 1
+    try:
+        assert await search.search(doc["title"], 3)
+    finally:
+        local_web.retry_after = None
+        await search.close()
+    waited = search.stats()["search"]["retry_wait_s"]
+    assert waited == pytest.approx(0.4 if retry_after == "seconds" else 0.6, abs=0.05)  # 60 s asked, capped at 0.6
 
 
 # --- fetching and its faults ----------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 
 from searchgym.envs.tools.base import BackendError, SearchHit
+from searchgym.envs.tools.http_session import retry_after_seconds
 from searchgym.envs.tools.url_safety import UrlPolicy
 
 SERPER_ENDPOINT = "https://google.serper.dev/search"
@@ -82,7 +83,7 @@ class WebSearch:
                     async with self._session.post(self.endpoint, json=body, headers=headers, timeout=timeout) as resp:
                         if resp.status in RETRY_STATUS:
                             last = f"the search provider answered HTTP {resp.status}"
-                            await self._sleep(attempt, resp.headers.get("Retry-After"))
+                            await self._sleep(attempt, retry_after_seconds(resp.headers))
                             continue
                         if resp.status in (401, 403):
                             self.counters["errors"] += 1
@@ -104,7 +105,7 @@ class WebSearch:
         raise BackendError(f"{last} (after {self.retries + 1} attempts)")
 
     def stats(self) -> dict[str, Any]:
-        """Cumulative search counters (requests, retries, errors, blocked results) for the env's info."""
+        """Cumulative search counters (requests, retries, seconds waited before retries, errors, blocked results)."""
         return {"search": dict(self.counters)}
 
     async def close(self) -> None:
@@ -134,13 +135,14 @@ class WebSearch:
         self.counters["ok"] += 1
         return hits
 
-    async def _sleep(self, attempt: int, retry_after: str | None) -> None:
+    async def _sleep(self, attempt: int, retry_after: float | None) -> None:
         """Exponential backoff before the next attempt (honouring Retry-After, capped); none after the last."""
         if attempt >= self.retries:
             return
         delay = min(self.max_backoff, self.backoff * (2 ** attempt))
-        if retry_after and retry_after.strip().isdigit():
-            delay = min(self.max_backoff, max(delay, float(retry_after)))
+        if retry_after is not None:  # seconds, HTTP date or retry-after-ms, as the provider sent it
+            delay = min(self.max_backoff, max(delay, retry_after))
+        self.counters["retry_wait_s"] += delay
         await asyncio.sleep(delay)
 
     def _ensure_session(self) -> None:

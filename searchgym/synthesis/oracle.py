@@ -45,17 +45,19 @@ class OracleAgent:
 
     `skim` moves on as soon as the fact it needs shows in the search results (short demonstrations);
     by default it always opens the page (what task validation needs). `think` writes a one-line
-    thought before each call.
+    thought before each call. `question_query` makes the first search the question itself, verbatim
+    (Search-R1's habit, and a copy a very small model can learn); a task whose page that query does
+    not retrieve is then not solved.
     """
 
-    def __init__(self, *, skim: bool = False, think: bool = True):
-        self.skim, self.think = skim, think
+    def __init__(self, *, skim: bool = False, think: bool = True, question_query: bool = False):
+        self.skim, self.think, self.question_query = skim, think, question_query
 
     async def arun(self, env: SearchEnv, task: Task) -> OracleResult:
         first, _ = await env.areset(options={"task_id": task.id})
         result = OracleResult(task.id, solved=False, reward=0.0, prompt=first)
         try:
-            for query, url, expect in self._lookups(task):
+            for query, url, expect in self._lookups(task, self.question_query):
                 await self._lookup(env, result, query, url, expect)
             answer = task.answers[0]
             thought = self._thought(f"So the answer is {answer}.")
@@ -69,14 +71,14 @@ class OracleAgent:
         return result
 
     @staticmethod
-    def _lookups(task: Task) -> list[tuple[str, str, str]]:
+    def _lookups(task: Task, question_query: bool = False) -> list[tuple[str, str, str]]:
         """(query, page url, text that must be on that page) for each page the task needs."""
         meta = task.metadata
         path = meta["path"]
         if meta["kind"] == "comparison":
             return [(ref["name"], ref["url"], value) for ref, value in zip(path, meta["values_on_page"])]
         expects = [ref["name"] for ref in path[1:]] + [meta["answer_on_page"]]
-        queries = [meta["start_query"]] + [ref["name"] for ref in path[1:]]
+        queries = [task.question if question_query else meta["start_query"]] + [ref["name"] for ref in path[1:]]
         return [(q, ref["url"], e) for q, ref, e in zip(queries, path, expects)]
 
     async def _lookup(self, env: SearchEnv, result: OracleResult, query: str, url: str, expect: str) -> None:
@@ -108,9 +110,9 @@ class OracleAgent:
 
 
 async def demonstrations(env: SearchEnv, tasks: list[Task] | None = None, *, skim: bool = True,
-                         think: bool = False) -> list[list[dict[str, str]]]:
+                         think: bool = False, question_query: bool = False) -> list[list[dict[str, str]]]:
     """The oracle's solved episodes on `tasks` (default: the env's pool) as chats, for a supervised warm start."""
-    oracle = OracleAgent(skim=skim, think=think)
+    oracle = OracleAgent(skim=skim, think=think, question_query=question_query)
     chats = []
     for task in env.tasks if tasks is None else tasks:
         result = await oracle.arun(env, task)

@@ -11,7 +11,7 @@ from searchgym.envs.tasks import Task, TaskPool
 from searchgym.envs.tools.local_index import LocalIndex
 from searchgym.synthesis import schema
 from searchgym.synthesis.kbwalk import DESCRIPTIONS, KBWalker
-from searchgym.synthesis.oracle import OracleAgent
+from searchgym.synthesis.oracle import OracleAgent, demonstrations
 from searchgym.synthesis.synthetic_env import synthesize_pool
 from searchgym.synthesis.world import World
 from tests.conftest import SMALL
@@ -106,3 +106,14 @@ def test_hop_weights_are_respected(world):
     assert {next(stream).metadata["hops"] for _ in range(30)} == {3}
     with pytest.raises(ValueError, match="between 1 and 4"):
         KBWalker(world, hop_weights={5: 1.0})
+
+
+def test_question_query_demonstrations_search_the_question_verbatim(small_index, small_pool):
+    env = SearchEnv(small_pool.filter(hops=1), small_index, top_k=3)
+    chats = asyncio.run(demonstrations(env, list(env.tasks)[:20], question_query=True))
+    assert len(chats) >= 15  # the question finds its page nearly always
+    by_question = {t.question: t for t in env.tasks}
+    for chat in chats:
+        question = chat[0]["content"].rsplit("Question: ", 1)[1]
+        assert chat[1]["content"] == f"<search> {question} </search>"
+        assert chat[-1]["content"] == f"<answer> {by_question[question].answers[0]} </answer>"

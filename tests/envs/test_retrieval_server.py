@@ -1,7 +1,9 @@
 """The retrieval server speaks the Search-R1/ASearcher API; RemoteSearch survives every server fault. Loopback only."""
 import asyncio
 import json
+import signal
 import socket
+import subprocess
 import time
 
 import aiohttp
@@ -413,6 +415,26 @@ async def test_cli_has_serve_search_and_bench_search():
     assert args.run.__name__ == "_serve_search" and args.port == 8123 and args.host == "127.0.0.1"
     args = build_parser().parse_args(["bench", "search", "--size", "500"])
     assert args.run.__name__ == "_bench_search" and args.size == 500
+
+
+async def test_searchgym_serve_search_process_answers_then_stops_cleanly_on_sigterm(small_bundle, http, tmp_path):
+    port = free_port()
+    log = open(tmp_path / "server.log", "w+")
+    proc = subprocess.Popen(["searchgym", "serve", "search", "--index", str(small_bundle / "index"), "--port", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(300):
+            try:
+                status, body = await post(http, f"http://127.0.0.1:{port}/retrieve", {"queries": [QUERY], "topk": 1})
+                break
+            except aiohttp.ClientConnectionError:
+                assert proc.poll() is None, (tmp_path / "server.log").read_text()
+                await asyncio.sleep(0.1)
+        assert status == 200 and body["result"][0][0]["title"] == QUERY
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    assert code == 0, (tmp_path / "server.log").read_text()  # SIGTERM is a clean shutdown
 
 
 async def test_local_qa_over_retrieval_servers(server, small_bundle):

@@ -11,13 +11,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import os
 import re
 import reprlib
-import signal
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -29,7 +27,7 @@ from aiohttp import web
 
 from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, SamplingParams
-from searchgym.envs.tools.http_session import serve_app
+from searchgym.envs.tools.http_session import BadRequest, check, error_middleware, json_body, serve_app, wait_for_signal
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +47,6 @@ _LOAD_FORMATS = (None, "auto", "safetensors", "pt")  # what from_pretrained dete
 _show = reprlib.repr  # short reprs of client values for error messages
 
 
-class BadRequest(Exception):
-    """Client input the server refuses; becomes a 400 with this message."""
-
-
 @dataclass(frozen=True)
 class _Item:
     """One prompt of a /generate call, validated, with how to render its output."""
@@ -64,33 +58,27 @@ class _Item:
     no_stop_trim: bool
 
 
-def _check(condition: bool, message: str) -> None:
-    """Raise BadRequest(message) unless condition holds."""
-    if not condition:
-        raise BadRequest(message)
-
-
 def _int(value: Any, name: str) -> int:
     """A JSON integer (booleans are not integers here)."""
-    _check(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer, got {_show(value)}")
+    check(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an integer, got {_show(value)}")
     return value
 
 
 def _number(value: Any, name: str) -> float:
     """A finite JSON number."""
-    _check(isinstance(value, (int, float)) and not isinstance(value, bool),
+    check(isinstance(value, (int, float)) and not isinstance(value, bool),
            f"{name} must be a number, got {_show(value)}")
     try:
         number = float(value)
     except OverflowError:
         number = math.inf
-    _check(math.isfinite(number), f"{name} must be finite, got {_show(value)}")
+    check(math.isfinite(number), f"{name} must be finite, got {_show(value)}")
     return number
 
 
 def _bool(value: Any, name: str) -> bool:
     """A JSON boolean."""
-    _check(isinstance(value, bool), f"{name} must be true or false, got {_show(value)}")
+    check(isinstance(value, bool), f"{name} must be true or false, got {_show(value)}")
     return value
 
 
@@ -102,22 +90,9 @@ def _or(value: Any, default: Any) -> Any:
 def _stop_strings(value: Any, name: str = "stop") -> tuple[str, ...]:
     """Stop strings: one string or a list of non-empty strings."""
     strings = [value] if isinstance(value, str) else value
-    _check(isinstance(strings, list) and all(isinstance(s, str) and s for s in strings),
+    check(isinstance(strings, list) and all(isinstance(s, str) and s for s in strings),
            f"{name} must be a non-empty string or a list of them, got {_show(value)}")
     return tuple(strings)
-
-
-async def _json_body(request: web.Request, *, empty_ok: bool = False) -> dict:
-    """The request's JSON object; malformed JSON or a non-object is a 400."""
-    raw = await request.read()
-    if not raw.strip() and empty_ok:
-        return {}
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        raise BadRequest(f"request body is not valid JSON: {e}") from None
-    _check(isinstance(body, dict), f"request body must be a JSON object, got {type(body).__name__}")
-    return body
 
 
 def _error_response(request: web.Request, status: int, message: str) -> web.Response:
@@ -128,20 +103,6 @@ def _error_response(request: web.Request, status: int, message: str) -> web.Resp
     else:
         body = {"object": "error", "message": message, "type": HTTPStatus(status).phrase, "param": None, "code": status}
     return web.json_response(body, status=status)
-
-
-@web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Turn BadRequest into 400 and unexpected failures into a 500 that names them."""
-    try:
-        return await handler(request)
-    except BadRequest as e:
-        return _error_response(request, 400, str(e))
-    except web.HTTPException:
-        raise
-    except Exception as e:  # the last line of defence: a server bug, reported instead of dropped
-        logger.exception("%s %s failed", request.method, request.path)
-        return _error_response(request, 500, f"internal error: {type(e).__name__}: {e}")
 
 
 class _ModelServer:
@@ -187,19 +148,19 @@ class _ModelServer:
 
     def prompt_ids(self, ids: Any) -> list[int]:
         """Validate one prompt of token ids against the vocabulary and the context length."""
-        _check(isinstance(ids, list) and len(ids) > 0,
+        check(isinstance(ids, list) and len(ids) > 0,
                f"a prompt must be a non-empty list of token ids, got {_show(ids)}")
         for token in ids:
-            _check(isinstance(token, int) and not isinstance(token, bool) and 0 <= token < self.vocab_size,
+            check(isinstance(token, int) and not isinstance(token, bool) and 0 <= token < self.vocab_size,
                    f"token ids must be integers in [0, {self.vocab_size}), got {_show(token)}")
-        _check(len(ids) < self.context_length, f"The input ({len(ids)} tokens) is longer than the model's context "
+        check(len(ids) < self.context_length, f"The input ({len(ids)} tokens) is longer than the model's context "
                                                f"length ({self.context_length} tokens).")
         return ids
 
     def check_budget(self, prompt_len: int, max_new_tokens: int) -> None:
         """Refuse prompt + max_new_tokens beyond the context window, as SGLang does (no silent truncation)."""
         total = prompt_len + max_new_tokens
-        _check(total < self.context_length,
+        check(total < self.context_length,
                f"Requested token count exceeds the model's maximum context length of {self.context_length} tokens. "
                f"You requested a total of {total} tokens: {prompt_len} tokens from the input messages and "
                f"{max_new_tokens} tokens for the completion.")
@@ -221,24 +182,24 @@ class _ModelServer:
     def sampling(self, raw: Any) -> tuple[SamplingParams, bool, bool]:
         """SGLang sampling_params -> (SamplingParams, skip_special_tokens, no_stop_trim); unknown fields are a 400."""
         raw = {} if raw is None else raw
-        _check(isinstance(raw, dict), f"sampling_params must be an object, got {_show(raw)}")
+        check(isinstance(raw, dict), f"sampling_params must be an object, got {_show(raw)}")
         unknown = sorted(set(raw) - _SAMPLING_FIELDS)
-        _check(not unknown, f"unknown sampling_params field(s) {unknown}; supported: {sorted(_SAMPLING_FIELDS)}")
+        check(not unknown, f"unknown sampling_params field(s) {unknown}; supported: {sorted(_SAMPLING_FIELDS)}")
         for key, neutral in _NEUTRAL_ONLY.items():
             value = _number(_or(raw.get(key), neutral), key)
-            _check(value == neutral, f"{key}={value:g} is not supported by this server (only {neutral})")
+            check(value == neutral, f"{key}={value:g} is not supported by this server (only {neutral})")
         temperature = _number(_or(raw.get("temperature"), 1.0), "temperature")
         top_p = _number(_or(raw.get("top_p"), 1.0), "top_p")
         min_p = _number(_or(raw.get("min_p"), 0.0), "min_p")
         top_k = _int(_or(raw.get("top_k"), -1), "top_k")
         max_new_tokens = _int(_or(raw.get("max_new_tokens"), SGLANG_DEFAULT_MAX_NEW_TOKENS), "max_new_tokens")
-        _check(temperature >= 0, f"temperature must be a non-negative finite number, got {temperature}.")
-        _check(0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}.")
-        _check(0 <= min_p <= 1, f"min_p must be in [0, 1], got {min_p}.")
-        _check(top_k == -1 or top_k >= 1, f"top_k must be -1 (disable) or at least 1, got {top_k}.")
-        _check(max_new_tokens >= 0, f"max_new_tokens must be at least 0, got {max_new_tokens}.")
+        check(temperature >= 0, f"temperature must be a non-negative finite number, got {temperature}.")
+        check(0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}.")
+        check(0 <= min_p <= 1, f"min_p must be in [0, 1], got {min_p}.")
+        check(top_k == -1 or top_k >= 1, f"top_k must be -1 (disable) or at least 1, got {top_k}.")
+        check(max_new_tokens >= 0, f"max_new_tokens must be at least 0, got {max_new_tokens}.")
         stop_ids = _or(raw.get("stop_token_ids"), [])
-        _check(isinstance(stop_ids, list), f"stop_token_ids must be a list of token ids, got {_show(stop_ids)}")
+        check(isinstance(stop_ids, list), f"stop_token_ids must be a list of token ids, got {_show(stop_ids)}")
         params = SamplingParams(
             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
             top_k=top_k, min_p=min_p,
@@ -251,12 +212,12 @@ class _ModelServer:
     def prompts(self, body: dict) -> tuple[list[list[int]], bool]:
         """The prompts of a /generate body and whether it is a batch; text is tokenized like SGLang does."""
         has_ids, has_text = body.get("input_ids") is not None, body.get("text") is not None
-        _check(has_ids != has_text, "give exactly one of input_ids or text")
+        check(has_ids != has_text, "give exactly one of input_ids or text")
         if has_text:
             text = body["text"]
             if isinstance(text, str):
                 return [self.prompt_ids(self.engine.tokenizer.encode(text))], False
-            _check(isinstance(text, list) and len(text) > 0 and all(isinstance(t, str) for t in text),
+            check(isinstance(text, list) and len(text) > 0 and all(isinstance(t, str) for t in text),
                    f"text must be a string or a non-empty list of strings, got {_show(text)}")
             return [self.prompt_ids(self.engine.tokenizer.encode(t)) for t in text], True
         ids = body["input_ids"]
@@ -267,8 +228,8 @@ class _ModelServer:
     def items(self, body: dict) -> tuple[list[_Item], bool]:
         """Validate a /generate body into one item per prompt (scalars broadcast over a batch, lists per prompt)."""
         unknown = sorted(set(body) - _GENERATE_FIELDS)
-        _check(not unknown, f"unknown /generate field(s) {unknown}; supported: {sorted(_GENERATE_FIELDS)}")
-        _check(not _or(body.get("stream"), False), "streaming not supported by this server; send stream: false")
+        check(not unknown, f"unknown /generate field(s) {unknown}; supported: {sorted(_GENERATE_FIELDS)}")
+        check(not _or(body.get("stream"), False), "streaming not supported by this server; send stream: false")
         prompts, batch = self.prompts(body)
         n = len(prompts)
         per_item = {key: _per_item(body, key, n, batch) for key in
@@ -280,10 +241,10 @@ class _ModelServer:
             self.check_budget(len(ids), sampling.max_new_tokens)
             return_logprob = _bool(_or(per_item["return_logprob"][i], False), "return_logprob")
             start = _int(_or(per_item["logprob_start_len"][i], -1), "logprob_start_len")
-            _check(not return_logprob or start == -1 or start >= len(ids),
+            check(not return_logprob or start == -1 or start >= len(ids),
                    "input token logprobs are not supported by this server: send logprob_start_len -1 (output only)")
             top = _int(_or(per_item["top_logprobs_num"][i], 0), "top_logprobs_num")
-            _check(top == 0, "top_logprobs_num > 0 is not supported by this server: the engine returns only the "
+            check(top == 0, "top_logprobs_num > 0 is not supported by this server: the engine returns only the "
                              "sampled token's logprob")
             items.append(_Item(GenerateRequest(ids, sampling, rid), return_logprob,
                                _bool(_or(per_item["return_text_in_logprobs"][i], False),
@@ -306,7 +267,7 @@ class _ModelServer:
 
     async def handle_generate(self, request: web.Request) -> web.Response:
         """POST /generate: one prompt or a batch, answered once generation ends (or is aborted)."""
-        items, batch = self.items(await _json_body(request))
+        items, batch = self.items(await json_body(request))
         responses = await asyncio.gather(*(self.generate(item.request) for item in items))
         outputs = [self.output(item, response) for item, response in zip(items, responses)]
         return web.json_response(outputs if batch else outputs[0])
@@ -315,18 +276,18 @@ class _ModelServer:
 
     async def handle_abort_request(self, request: web.Request) -> web.Response:
         """POST /abort_request {rid, abort_all}: in-flight requests return with finish_reason abort."""
-        body = await _json_body(request)
+        body = await json_body(request)
         abort_all = _bool(_or(body.get("abort_all"), False), "abort_all")
         rid = _or(body.get("rid"), "")
-        _check(isinstance(rid, str), f"rid must be a string, got {_show(rid)}")
-        _check(abort_all or rid != "", "give a rid or abort_all: true")
+        check(isinstance(rid, str), f"rid must be a string, got {_show(rid)}")
+        check(abort_all or rid != "", "give a rid or abort_all: true")
         await self.engine.abort(None if abort_all else rid)
         return web.Response(status=200)
 
     async def handle_pause(self, request: web.Request) -> web.Response:
         """POST /pause_generation {mode}: abort returns in-flight requests; retract and in_place keep them."""
-        mode = _or((await _json_body(request, empty_ok=True)).get("mode"), "abort")
-        _check(mode in _PAUSE_MODES, f"Invalid mode: {_show(mode)}. Expected one of {list(_PAUSE_MODES)}.")
+        mode = _or((await json_body(request, empty_ok=True)).get("mode"), "abort")
+        check(mode in _PAUSE_MODES, f"Invalid mode: {_show(mode)}. Expected one of {list(_PAUSE_MODES)}.")
         self.resumed.clear()
         await self.engine.pause()
         if mode == "abort":
@@ -341,10 +302,10 @@ class _ModelServer:
 
     async def handle_update_weights(self, request: web.Request) -> web.Response:
         """POST /update_weights_from_disk: load a checkpoint dir; on failure the old weights keep serving."""
-        body = await _json_body(request)
+        body = await json_body(request)
         path = body.get("model_path")
-        _check(isinstance(path, str) and path != "", f"model_path must be a non-empty string, got {_show(path)}")
-        _check(body.get("load_format") in _LOAD_FORMATS,
+        check(isinstance(path, str) and path != "", f"model_path must be a non-empty string, got {_show(path)}")
+        check(body.get("load_format") in _LOAD_FORMATS,
                f"load_format must be one of {list(_LOAD_FORMATS)}, got {_show(body.get('load_format'))}")
         abort_all = _bool(_or(body.get("abort_all_requests"), False), "abort_all_requests")
         _bool(_or(body.get("flush_cache"), True), "flush_cache")  # validated only: there is no prefix cache to flush
@@ -405,7 +366,7 @@ class _ModelServer:
 
     def chat_prompt(self, messages: Any) -> list[int]:
         """Messages -> the tokenizer's chat template with the assistant turn opened."""
-        _check(isinstance(messages, list) and len(messages) > 0, "messages must be a non-empty list")
+        check(isinstance(messages, list) and len(messages) > 0, "messages must be a non-empty list")
         rendered = [_chat_message(m) for m in messages]
         try:
             ids = self.engine.tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True,
@@ -416,29 +377,29 @@ class _ModelServer:
 
     def chat_sampling(self, body: dict, prompt_len: int) -> SamplingParams:
         """OpenAI chat fields -> SamplingParams; unset max tokens means the rest of the context window."""
-        _check(not _or(body.get("stream"), False), "streaming not supported by this server; send stream: false")
-        _check(_int(_or(body.get("n"), 1), "n") == 1, f"n must be 1 on this server, got {body.get('n')}")
-        _check(not _or(body.get("logprobs"), False), "logprobs are not supported on /v1/chat/completions here; "
+        check(not _or(body.get("stream"), False), "streaming not supported by this server; send stream: false")
+        check(_int(_or(body.get("n"), 1), "n") == 1, f"n must be 1 on this server, got {body.get('n')}")
+        check(not _or(body.get("logprobs"), False), "logprobs are not supported on /v1/chat/completions here; "
                                                   "use /generate with return_logprob")
-        _check(not body.get("tools"), "tools are not supported on this server")
+        check(not body.get("tools"), "tools are not supported on this server")
         for key in ("frequency_penalty", "presence_penalty"):
-            _check(_number(_or(body.get(key), 0.0), key) == 0, f"{key} is not supported by this server (only 0)")
+            check(_number(_or(body.get(key), 0.0), key) == 0, f"{key} is not supported by this server (only 0)")
         if body.get("seed") is not None:
             _int(body["seed"], "seed")  # accepted: OpenAI's seed is best effort; the engine's RNG is seeded once
         limit = _or(body.get("max_completion_tokens"), body.get("max_tokens"))
         max_tokens = self.context_length - prompt_len - 1 if limit is None else _int(limit, "max_tokens")
-        _check(max_tokens >= 1, f"max_tokens must be at least 1, got {max_tokens}")
+        check(max_tokens >= 1, f"max_tokens must be at least 1, got {max_tokens}")
         self.check_budget(prompt_len, max_tokens)
         temperature = _number(_or(body.get("temperature"), 1.0), "temperature")
         top_p = _number(_or(body.get("top_p"), 1.0), "top_p")
-        _check(0 <= temperature <= 2, f"temperature must be in [0, 2], got {temperature}")
-        _check(0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}")
+        check(0 <= temperature <= 2, f"temperature must be in [0, 2], got {temperature}")
+        check(0 < top_p <= 1, f"top_p must be in (0, 1], got {top_p}")
         stop = _stop_strings(body["stop"]) if body.get("stop") is not None else ()
         return SamplingParams(max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop)
 
     async def handle_chat(self, request: web.Request) -> web.Response:
         """POST /v1/chat/completions: non-streaming, n = 1; the stop string is not part of the content."""
-        body = await _json_body(request)
+        body = await json_body(request)
         prompt = self.chat_prompt(body.get("messages"))
         sampling = self.chat_sampling(body, len(prompt))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
@@ -475,7 +436,7 @@ def _per_item(body: dict, key: str, n: int, batch: bool) -> list[Any]:
     """body[key] for each of n prompts: a list gives one value per prompt in a batch, anything else is shared."""
     value = body.get(key)
     if batch and isinstance(value, list):
-        _check(len(value) == n, f"{key} has {len(value)} entries for {n} prompts")
+        check(len(value) == n, f"{key} has {len(value)} entries for {n} prompts")
         return value
     return [value] * n
 
@@ -485,7 +446,7 @@ def _rids(value: Any, n: int, batch: bool) -> list[str]:
     if value is None:
         return [uuid.uuid4().hex for _ in range(n)]
     rids = value if batch else [value]
-    _check(isinstance(rids, list) and len(rids) == n and all(isinstance(r, str) and r for r in rids),
+    check(isinstance(rids, list) and len(rids) == n and all(isinstance(r, str) and r for r in rids),
            f"rid must be a non-empty string (a list of {n} for a batch), got {_show(value)}")
     return rids
 
@@ -494,21 +455,21 @@ def _version_label(value: Any) -> int | None:
     """weight_version: SGLang takes any string; this server's engine counts versions, so it must be an integer."""
     if value is None:
         return None
-    _check(isinstance(value, (str, int)) and not isinstance(value, bool) and re.fullmatch(r"-?[0-9]+", str(value)),
+    check(isinstance(value, (str, int)) and not isinstance(value, bool) and re.fullmatch(r"-?[0-9]+", str(value)),
            f"weight_version must be an integer (as a string), got {_show(value)}")
     return int(value)
 
 
 def _chat_message(message: Any) -> dict[str, str]:
     """One OpenAI chat message as {role, content} text; content parts must be text."""
-    _check(isinstance(message, dict) and isinstance(message.get("role"), str),
+    check(isinstance(message, dict) and isinstance(message.get("role"), str),
            f"each message must be an object with a string role, got {_show(message)}")
     content = message.get("content")
     if isinstance(content, list):
-        _check(all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content),
+        check(all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content),
                "only text content parts are supported")
         content = "".join(p["text"] for p in content)
-    _check(content is None or isinstance(content, str), f"message content must be a string, got {_show(content)}")
+    check(content is None or isinstance(content, str), f"message content must be a string, got {_show(content)}")
     return {"role": message["role"], "content": content or ""}
 
 
@@ -518,7 +479,7 @@ def create_app(engine: TorchEngine, *, model_path: str, served_model_name: str |
     """The aiohttp application serving `engine` (a TorchEngine) with SGLang's routes; warms up on startup."""
     server = _ModelServer(engine, model_path=model_path, served_model_name=served_model_name,
                           context_length=context_length, max_running_requests=max_running_requests)
-    app = web.Application(client_max_size=client_max_size, middlewares=[_errors])
+    app = web.Application(client_max_size=client_max_size, middlewares=[error_middleware(_error_response, http_errors=False)])
     app.router.add_route("*", "/generate", server.handle_generate)
     app.router.add_post("/abort_request", server.handle_abort_request)
     app.router.add_post("/pause_generation", server.handle_pause)
@@ -570,15 +531,11 @@ def run_server(model_dir: str | os.PathLike, host: str = "127.0.0.1", port: int 
 async def _serve_until_signal(model_dir: str | os.PathLike, host: str, port: int, engine_kwargs: dict,
                               app_kwargs: dict) -> None:
     """The body of run_server: signal handlers, engine, serve until a signal, close."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     engine = TorchEngine(model_dir, **engine_kwargs)
     try:
         async with serving(engine, model_path=str(model_dir), host=host, port=port, **app_kwargs) as url:
             logger.info("serving %s at %s", model_dir, url)
-            await stop.wait()
+            await wait_for_signal()
             logger.info("shutting down")
     finally:
         await engine.close()

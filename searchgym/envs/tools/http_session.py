@@ -1,4 +1,5 @@
-"""HTTP plumbing shared by clients and servers: one aiohttp session per event loop, and serving an app.
+"""HTTP plumbing shared by clients and servers: one aiohttp session per event loop, serving an app,
+validating requests into clear 400s, and Retry-After.
 
 A session belongs to the loop that made it, so a client used under `asyncio.run` more than once
 (LLMJudge.judge does this) needs a new session per loop; each is closed when its loop shuts down.
@@ -8,11 +9,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import json
+import logging
+import signal
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 import aiohttp
 from aiohttp import web
+
+logger = logging.getLogger(__name__)
 
 
 async def close_at_loop_shutdown(session: aiohttp.ClientSession) -> AsyncIterator[None]:
@@ -86,3 +93,61 @@ def retry_after_seconds(headers: Mapping[str, str], now: float | None = None) ->
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+# --- servers: request validation, error responses, running until a signal ----------------------
+
+class BadRequest(Exception):
+    """Client input a server refuses; its error middleware answers 400 with this message."""
+
+
+def check(condition: bool, message: str) -> None:
+    """Raise BadRequest(message) unless condition holds."""
+    if not condition:
+        raise BadRequest(message)
+
+
+async def json_body(request: web.Request, *, empty_ok: bool = False) -> dict:
+    """The request's JSON object; malformed JSON, non-UTF-8 bytes or a non-object is a 400."""
+    raw = await request.read()
+    if empty_ok and not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise BadRequest(f"request body is not valid JSON: {e}") from None
+    check(isinstance(body, dict), f"request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def error_middleware(render: Callable[[web.Request, int, str], web.StreamResponse], *,
+                     http_errors: bool = True) -> Any:
+    """BadRequest -> 400 and unexpected failures -> 500 (logged), each rendered in the server's dialect.
+
+    With `http_errors`, aiohttp's own 4xx/5xx (unknown route, wrong method, body too large) are rendered
+    the same way; otherwise they pass through as aiohttp makes them.
+    """
+    @web.middleware
+    async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except BadRequest as e:
+            return render(request, 400, str(e))
+        except web.HTTPException as e:
+            if not http_errors or e.status < 400:
+                raise
+            return render(request, e.status, e.text or e.reason)
+        except Exception as e:  # the last line of defence: a server bug, reported (clients retry 5xx), never dropped
+            logger.exception("%s %s failed", request.method, request.path)
+            return render(request, 500, f"internal error: {type(e).__name__}: {e}")
+
+    return errors
+
+
+async def wait_for_signal(*signals: int) -> None:
+    """Return when the process gets one of `signals` (default SIGINT, SIGTERM): a server's graceful stop."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in signals or (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()

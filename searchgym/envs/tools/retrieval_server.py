@@ -21,11 +21,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import reprlib
-import signal
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -33,7 +31,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from searchgym.envs.tools.base import Page, PageBackend, PageNotFound, SearchBackend, SearchHit
-from searchgym.envs.tools.http_session import serve_app
+from searchgym.envs.tools.http_session import check, error_middleware, json_body, serve_app, wait_for_signal
 
 logger = logging.getLogger(__name__)
 
@@ -47,16 +45,6 @@ _show = reprlib.repr  # short reprs of client values for error messages
 T = TypeVar("T")
 
 
-class BadRequest(Exception):
-    """Client input the server refuses; becomes a 400 with this message."""
-
-
-def _check(condition: bool, message: str) -> None:
-    """Raise BadRequest(message) unless condition holds."""
-    if not condition:
-        raise BadRequest(message)
-
-
 def doc_row(hit: SearchHit) -> dict[str, str]:
     """A hit as a Search-R1 corpus row (quoted title, newline, text) plus ASearcher's title and url."""
     return {"id": hit.doc_id, "contents": f'"{hit.title}"\n{hit.snippet}', "title": hit.title, "url": hit.url}
@@ -67,40 +55,18 @@ def page_row(page: Page) -> dict[str, Any]:
     return {"id": page.doc_id, "url": page.url, "title": page.title, "contents": page.text, "links": list(page.links)}
 
 
-async def _json_body(request: web.Request) -> dict:
-    """The request's JSON object; malformed JSON, non-UTF-8 bytes or a non-object is a 400."""
-    raw = await request.read()
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
-        raise BadRequest(f"request body is not valid JSON: {e}") from None
-    _check(isinstance(body, dict), f"request body must be a JSON object, got {type(body).__name__}")
-    return body
-
-
 def _strings(body: dict, key: str, cap: int) -> list[str]:
     """body[key] as a list of at most cap strings."""
     value = body.get(key)
-    _check(isinstance(value, list) and all(isinstance(v, str) for v in value),
+    check(isinstance(value, list) and all(isinstance(v, str) for v in value),
            f"{key} must be a list of strings, got {_show(value)}")
-    _check(len(value) <= cap, f"at most {cap} {key} per request, got {len(value)}; split the batch")
+    check(len(value) <= cap, f"at most {cap} {key} per request, got {len(value)}; split the batch")
     return value
 
 
-@web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """BadRequest -> 400 and unexpected failures -> 500, both as {"error": message}."""
-    try:
-        return await handler(request)
-    except BadRequest as e:
-        return web.json_response({"error": str(e)}, status=400)
-    except web.HTTPException as e:  # unknown route (404), wrong method (405), body too large (413)
-        if e.status < 400:
-            raise
-        return web.json_response({"error": e.text or e.reason}, status=e.status)
-    except Exception as e:  # a backend failure: reported (clients retry 5xx), never dropped
-        logger.exception("%s %s failed", request.method, request.path)
-        return web.json_response({"error": f"internal error: {type(e).__name__}: {e}"}, status=500)
+def _error(request: web.Request, status: int, message: str) -> web.Response:
+    """Errors as {"error": message}."""
+    return web.json_response({"error": message}, status=status)
 
 
 class _RetrievalServer:
@@ -135,15 +101,15 @@ class _RetrievalServer:
 
     async def handle_retrieve(self, request: web.Request) -> web.Response:
         """POST /retrieve: a batch of queries answered concurrently, in order."""
-        body = await _json_body(request)
+        body = await json_body(request)
         queries = _strings(body, "queries", self.max_queries)
         topk = body.get("topk")
         topk = self.default_topk if topk is None else topk
-        _check(isinstance(topk, int) and not isinstance(topk, bool) and 1 <= topk <= self.max_topk,
+        check(isinstance(topk, int) and not isinstance(topk, bool) and 1 <= topk <= self.max_topk,
                f"topk must be an integer in [1, {self.max_topk}] or null, got {_show(body.get('topk'))}")
         scores = body.get("return_scores", False)
         scores = False if scores is None else scores
-        _check(isinstance(scores, bool), f"return_scores must be true or false, got {_show(scores)}")
+        check(isinstance(scores, bool), f"return_scores must be true or false, got {_show(scores)}")
         results = await asyncio.gather(*(self.search_one(q, topk) for q in queries))
         if scores:
             rows: list[list[Any]] = [[{"document": doc_row(h), "score": h.score} for h in hits] for hits in results]
@@ -155,7 +121,7 @@ class _RetrievalServer:
         """POST /access: pages by url (or doc id), null where there is no such page."""
         if self.pages is None:
             raise web.HTTPNotFound(text="this server has no page backend")
-        urls = _strings(await _json_body(request), "urls", self.max_urls)
+        urls = _strings(await json_body(request), "urls", self.max_urls)
         pages = await asyncio.gather(*(self.page_one(u) for u in urls))
         return web.json_response({"result": [None if p is None else page_row(p) for p in pages]})
 
@@ -176,7 +142,7 @@ def create_app(backend: SearchBackend, pages: PageBackend | None = None, *, thre
         pages = backend
     server = _RetrievalServer(backend, pages, threads=threads, max_queries=max_queries, max_urls=max_urls,
                               max_topk=max_topk, default_topk=default_topk)
-    app = web.Application(client_max_size=client_max_size, middlewares=[_errors])
+    app = web.Application(client_max_size=client_max_size, middlewares=[error_middleware(_error)])
     app.router.add_post("/retrieve", server.handle_retrieve)
     app.router.add_post("/access", server.handle_access)
     app.router.add_get("/health", server.handle_health)
@@ -206,13 +172,9 @@ def run_server(index_dir: str | os.PathLike, host: str = "127.0.0.1", port: int 
 
 async def _serve_until_signal(index: Any, host: str, port: int, app_kwargs: dict) -> None:
     """The body of run_server: signal handlers, serve until a signal."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     async with serving(index, host=host, port=port, **app_kwargs) as url:
         print(f"serving {len(index)} documents at {url} (POST /retrieve, POST /access, GET /health)", flush=True)
-        await stop.wait()
+        await wait_for_signal()
         logger.info("shutting down")
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from searchgym.agents.engines.types import SamplingParams
+from searchgym.agents.env_pool import EnvPool
 from searchgym.agents.trajectory import Trajectory
 from searchgym.benchmarks.evaluate import Sample, summarize
 from searchgym.envs.actions import parse_action
@@ -261,16 +262,14 @@ async def _play(todo, make_env, store: SampleStore, judges, engine_spec: str, *,
     player = Player(engine_spec, device=device, tokenizer=tokenizer, seed=seed, sampling=sampling,
                     max_context=max_context, tool_format=tool_format)
     gate = asyncio.Semaphore(concurrency)
+    envs = EnvPool(make_env)
     bar = tqdm(total=total, initial=total - len(todo), desc="evaluating", disable=not progress)
 
     async def one(index: int, task, sample: int) -> None:
         async with gate:
-            env = make_env()
-            try:
+            with envs.env() as env:
                 traj = await player.play(env, task.id, int(np.random.SeedSequence([seed, index, sample]).generate_state(1)[0]),
                                          f"eval-{index}-{sample}")
-            finally:
-                env.close()
             prediction = prediction_of(traj)
             verdicts = await judge_all(judges, prediction, task.answers, task.question)
             counts = traj.counts
@@ -294,6 +293,7 @@ async def _play(todo, make_env, store: SampleStore, judges, engine_spec: str, *,
                                f"first: {type(errors[0]).__name__}: {errors[0]}") from errors[0]
     finally:
         bar.close()
+        envs.close()
         await player.close()
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from searchgym.agents.engines.types import InferenceEngine, SamplingParams
+from searchgym.agents.env_pool import EnvPool
 from searchgym.agents.runner import run_episode
 from searchgym.agents.trajectory import Trajectory
 from searchgym.envs.search_env import SearchEnv
@@ -50,8 +51,8 @@ class RolloutController:
     """Keeps episode groups in flight without ever waiting for training.
 
     Admits groups under the staleness rule, runs each task's `group_size` episodes concurrently through
-    the episode runner (each with its own env from `make_env`, its own seed and rid, all on the same
-    task), and puts finished groups the filter accepts in `buffer`. A rejected or failed group gives
+    the episode runner (each on its own env, lent from a pool of `make_env`'s envs, with its own seed
+    and rid, all on the same task), and puts finished groups the filter accepts in `buffer`. A rejected or failed group gives
     its slot back. `max_concurrent_rollouts` counts episodes; `batch_size` counts groups.
     """
 
@@ -62,7 +63,7 @@ class RolloutController:
         self.task_ids = [t.id for t in tasks] if isinstance(tasks, TaskPool) else [str(t) for t in tasks]
         if not self.task_ids:
             raise ValueError("no tasks to play")
-        self.make_env, self.engine, self.tokenizer = make_env, engine, tokenizer
+        self.envs, self.engine, self.tokenizer = EnvPool(make_env), engine, tokenizer
         self.group_size, self.batch_size = group_size, batch_size
         self.sampling, self.max_context, self.tool_format = sampling, max_context, tool_format
         self.seed, self.filter_group = seed, filter_group
@@ -121,6 +122,7 @@ class RolloutController:
             for group in groups:
                 group.cancel()
             await asyncio.gather(*groups, return_exceptions=True)
+            self.envs.close()
             self._stopping = False
 
     def stop(self) -> None:
@@ -197,14 +199,11 @@ class RolloutController:
 
     async def _play_episode(self, task_id: str, position: int, k: int) -> Trajectory:
         """One episode of the group on its own env, with a seed and rid unique to (position, k)."""
-        env = self.make_env()
-        try:
+        with self.envs.env() as env:
             seed = int(np.random.SeedSequence([self.seed, position, k]).generate_state(1)[0])
             return await run_episode(env, self.engine, self.tokenizer, tool_format=self.tool_format,
                                      sampling=self.sampling, max_context=self.max_context, seed=seed,
                                      options={"task_id": task_id}, rid=f"{self._rid}-{position}-{k}")
-        finally:
-            env.close()
 
     def _settle(self, version: int, group: list[Trajectory] | None) -> None:
         """Close a group's slot (accepted iff `group` is given) and wake the loop to refill it."""

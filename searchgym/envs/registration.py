@@ -40,15 +40,13 @@ def make_local_qa(
     """SearchEnv over any local corpus: an index directory, a corpus JSONL indexed on first use, or
     retrieval servers (`servers=["http://host:port", ...]`, ours or Search-R1's) shared by many envs."""
     from searchgym.envs.search_env import SearchEnv
-    from searchgym.envs.tasks import TaskPool
+    from searchgym.envs.tasks import load_pool
     from searchgym.envs.tools.local_index import LocalIndex
 
     if sum(x is not None for x in (index, corpus, servers)) != 1:
         raise ValueError("LocalQA-v0 needs exactly one of index=DIR (from `searchgym index build`), "
                          "corpus=FILE.jsonl or servers=URL(s) (from `searchgym serve search`)")
-    pool = TaskPool.load(tasks, on_error=on_bad_task)
-    if task_split is not None or hops is not None:
-        pool = pool.filter(split=task_split, hops=hops)
+    pool = load_pool(tasks, on_error=on_bad_task, split=task_split, hops=hops)
     if servers is not None:
         from searchgym.envs.tools.remote_search import RemoteSearch
 

@@ -219,3 +219,32 @@ def _rows_of(path: Path) -> Iterator[tuple[str, Any]]:
                     yield f"{path}:{lineno}", json.loads(line)
                 except ValueError as e:
                     yield f"{path}:{lineno}", ValueError(f"not valid JSON ({e})")
+
+
+_POOL_CACHE: dict[tuple, TaskPool] = {}
+_POOL_CACHE_SIZE = 8
+
+
+def load_pool(source: "str | os.PathLike | TaskPool | Iterable[Task]", *, on_error: str = "raise",
+              split: str | None = None, hops: int | Iterable[int] | None = None) -> TaskPool:
+    """`TaskPool.load(source)` filtered by metadata `split` and `hops`; pools read from a file are cached.
+
+    A trainer or an evaluation makes dozens of envs over one task file, and parsing 20,000 tasks takes
+    about a second, so a file's pool is parsed once per process (keyed by its path, size and mtime:
+    an edited file is read again). Pools are shared read-only; filtering makes a new one.
+    """
+    if not isinstance(source, (str, os.PathLike)):
+        pool = TaskPool.load(source, on_error=on_error)
+        return pool.filter(split=split, hops=hops) if split is not None or hops is not None else pool
+    path = Path(source).resolve()
+    stat = path.stat() if path.is_file() else None
+    key = (str(path), stat and (stat.st_size, stat.st_mtime_ns), on_error, split,
+           tuple(sorted({hops} if isinstance(hops, int) else set(hops))) if hops is not None else None)
+    if key not in _POOL_CACHE:
+        pool = TaskPool.load(path, on_error=on_error)
+        if split is not None or hops is not None:
+            pool = pool.filter(split=split, hops=hops)
+        if len(_POOL_CACHE) >= _POOL_CACHE_SIZE:
+            _POOL_CACHE.pop(next(iter(_POOL_CACHE)))
+        _POOL_CACHE[key] = pool
+    return _POOL_CACHE[key]

@@ -5,7 +5,7 @@ import os
 from typing import Any
 
 from searchgym.envs.search_env import SearchEnv
-from searchgym.envs.tasks import TaskPool
+from searchgym.envs.tasks import load_pool
 from searchgym.envs.tools.url_safety import UrlPolicy
 from searchgym.envs.tools.web_cache import CachedPages, CachedSearch, WebCache
 from searchgym.envs.tools.web_fetch import WebFetcher
@@ -73,7 +73,5 @@ def make_web_qa(
     web_cache = WebCache(cache, mode) if cache is not None else None
     if web_cache is not None:
         search, pages = CachedSearch(search, web_cache), CachedPages(pages, web_cache)
-    pool = TaskPool.load(tasks, on_error=on_bad_task)
-    if task_split is not None or hops is not None:
-        pool = pool.filter(split=task_split, hops=hops)
+    pool = load_pool(tasks, on_error=on_bad_task, split=task_split, hops=hops)
     return WebSearchEnv(pool, search, pages, web_cache=web_cache, **env_kwargs)

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 from tqdm import tqdm
 
 from searchgym.envs.search_env import SearchEnv
-from searchgym.envs.tasks import Task, TaskPool
+from searchgym.envs.tasks import Task, TaskPool, load_pool
 from searchgym.envs.tools.local_index import LocalIndex
 from searchgym.synthesis.kbwalk import KBWalker, to_task
 from searchgym.synthesis.oracle import OracleAgent
@@ -183,8 +183,6 @@ def make_synthetic_qa(
 ) -> SearchEnv:
     """`searchgym/SyntheticQA-v0`: a SearchEnv over the embedded synthetic world (no server, no network)."""
     bundle = ensure_bundle(size=size, seed=seed, n_tasks=n_tasks, cache_dir=cache_dir)
-    pool = TaskPool.from_jsonl(bundle / "tasks.jsonl")
-    if split is not None or hops is not None:
-        pool = pool.filter(split=split, hops=hops)
+    pool = load_pool(bundle / "tasks.jsonl", split=split, hops=hops)
     index = LocalIndex(bundle / "index")
     return SearchEnv(pool, index, index, **env_kwargs)

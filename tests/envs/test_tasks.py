@@ -88,3 +88,19 @@ def test_seeded_draws_and_order(seed):
 def test_empty_pool_draw_is_a_clear_error():
     with pytest.raises(ValueError, match="empty"):
         TaskPool([]).sample(np.random.default_rng(0))
+
+
+def test_load_pool_parses_a_file_once_and_again_after_it_changes(tmp_path):
+    from searchgym.envs.tasks import load_pool
+
+    path = tmp_path / "tasks.jsonl"
+    rows = [{"id": f"t{i}", "question": f"q{i}?", "answers": ["a"], "metadata": {"hops": 1 + i % 2,
+             "split": "test" if i % 3 == 0 else "train"}} for i in range(9)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    first = load_pool(path, split="train", hops=[1])
+    assert load_pool(str(path), split="train", hops=1) is first  # same file, same filters: the parsed pool
+    assert [t.id for t in first] == ["t2", "t4", "t8"]
+    assert len(load_pool(path)) == 9 and load_pool(path, hops=2) is not first
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))  # an edited file is read again
+    assert [t.id for t in load_pool(path, split="train", hops=1)] == ["t2"]
+    assert [t.id for t in load_pool(list(first), hops=1)] == ["t2", "t4", "t8"]  # tasks in memory: filtered, not cached

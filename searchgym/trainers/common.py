@@ -75,13 +75,19 @@ def make_env_factory(env: EnvConfig) -> Callable[[], SearchEnv]:
     return make_env
 
 
-def task_ids(make_env: Callable[[], SearchEnv]) -> list[str]:
-    """The ids of the env's task pool, in the pool's order."""
+def task_ids(make_env: Callable[[], SearchEnv], only: Sequence[str] | None = None) -> list[str]:
+    """The ids of the env's task pool in the pool's order, or `only` (checked to be in the pool) in its order."""
     env = make_env()
     try:
-        return [task.id for task in env.tasks]
+        ids = [task.id for task in env.tasks]
     finally:
         env.close()
+    if only is None:
+        return ids
+    missing = sorted(set(only) - set(ids))
+    if missing:
+        raise ValueError(f"{len(missing)} of the configured tasks are not in the env's pool, e.g. {missing[:3]}")
+    return list(only)
 
 
 def build_controller(config: TrainConfig, engine: InferenceEngine, tokenizer: Any, tasks: Sequence[str], *,

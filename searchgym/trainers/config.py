@@ -85,6 +85,7 @@ class TrainConfig:
     save_every: int = 10  # learner steps between checkpoints (the last step always saves one)
     keep_checkpoints: int = 2
     env: EnvConfig = field(default_factory=EnvConfig)
+    tasks: list[str] | None = None  # ids of the env's tasks to train on, in this order (default: all of them)
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)

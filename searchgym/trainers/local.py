@@ -77,7 +77,7 @@ async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict
             sync = InProcessSync([engine])
         make_env = make_env_factory(config.env)
         rollout = config.rollout
-        controller = build_controller(config, engine, tokenizer, task_ids(make_env), make_env=make_env,
+        controller = build_controller(config, engine, tokenizer, task_ids(make_env, config.tasks), make_env=make_env,
                                       batch_size=rollout.batch_size,
                                       max_concurrent_rollouts=rollout.max_concurrent_rollouts, seed=config.seed)
         controller.trained_version = learner.version

@@ -101,7 +101,7 @@ class RolloutWorker:
         count = config.ray.num_rollout_actors
         self.index, self.count = index, count
         make_env = make_env_factory(config.env)
-        tasks = shard(task_ids(make_env), index, count)
+        tasks = shard(task_ids(make_env, config.tasks), index, count)
         if config.rollout.engine == "sglang":
             from transformers import AutoTokenizer
 

@@ -149,7 +149,7 @@ class RayTrainer:
         if len(states) != n:
             raise ValueError(f"{run.checkpoint} holds {len(states)} rollout controller states; resume it with "
                              f"ray.num_rollout_actors={len(states)}")
-        tasks = task_ids(make_env_factory(config.env))  # builds a synthetic world's cache here, once, not in actors
+        tasks = task_ids(make_env_factory(config.env), config.tasks)  # builds a synthetic world's cache here, once, not in actors
         if len(tasks) < n:
             raise ValueError(f"{len(tasks)} tasks cannot be sharded over {n} rollout actors")
         env = forwarded_env()

@@ -28,3 +28,16 @@ def test_asearcher_7b_configs(name, env_id, max_turns):
     assert ray.sglang_servers * ray.sglang_gpus_per_server + ray.learner_gpus == 16
     assert ray.sglang_servers % ray.num_rollout_actors == 0 and ray.weight_sync == "disk"
     check_ray_config(config)  # the topology splits evenly: batch, concurrency and servers over the actors
+
+
+def test_a_run_can_train_on_a_chosen_subset_of_the_tasks(small_pool, small_index):
+    from searchgym.envs.search_env import SearchEnv
+    from searchgym.trainers.common import task_ids
+
+    make_env = lambda: SearchEnv(small_pool, small_index)  # noqa: E731
+    ids = [t.id for t in small_pool]
+    assert task_ids(make_env) == ids
+    assert task_ids(make_env, ids[5:1:-1]) == ids[5:1:-1]  # the given order is the data order
+    with pytest.raises(ValueError, match="not in the env's pool"):
+        task_ids(make_env, [ids[0], "no-such-task"])
+    assert load_config(None, [f"tasks=[{ids[0]},{ids[1]}]"]).tasks == ids[:2]

@@ -147,10 +147,22 @@ def _bench_search(args: argparse.Namespace) -> None:
 
 
 def _tiny_model(args: argparse.Namespace) -> None:
+    import tempfile
+
     from searchgym.agents.tiny_model import build_tiny_model
 
-    path = build_tiny_model(args.out, hidden_size=args.hidden, num_layers=args.layers, vocab_size=args.vocab, seed=args.seed)
-    print(f"tiny Qwen2 model written to {path}")
+    sizes = {"hidden_size": args.hidden, "num_layers": args.layers, "vocab_size": args.vocab, "seed": args.seed}
+    if not args.copy_steps:
+        path = build_tiny_model(args.out, **sizes)
+        print(f"tiny Qwen2 model written to {path}")
+        return
+    from searchgym.trainers.copy_pretrain import CopyPretrainConfig, copy_pretrain
+
+    with tempfile.TemporaryDirectory() as tmp:  # a model that will be trained starts from a small init (0.02)
+        fresh = build_tiny_model(Path(tmp) / "fresh", intermediate_size=3 * args.hidden, init_std=0.02, **sizes)
+        history = copy_pretrain(fresh, args.out, CopyPretrainConfig(steps=args.copy_steps, seed=args.seed))
+    print(f"tiny Qwen2 model written to {args.out}; copy accuracy after {args.copy_steps} copy-pretraining steps: "
+          f"{history[-1]['copy_accuracy']:.3f}")
 
 
 def _bench_engine(args: argparse.Namespace) -> None:
@@ -327,6 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--copy-steps", type=int, default=0,
+                   help="copy-pretraining steps (in-context copying, before SFT/RL; 600 learns it at --hidden 128)")
     p.set_defaults(run=_tiny_model)
 
     bench = rooms.add_parser("bench", help="system benchmarks").add_subparsers(dest="action", required=True)

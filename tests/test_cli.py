@@ -48,3 +48,11 @@ def test_demos_then_sft(tmp_path, capsys, small_bundle, tiny_model_dir):
                  "--epochs", "0.1", "--batch-tokens", "4096"]) == 0
     assert json.loads(capsys.readouterr().out)["steps"] >= 1
     assert (tmp_path / "sft" / "model.safetensors").exists()
+
+
+def test_model_tiny_with_copy_pretraining(tmp_path, capsys):
+    out = tmp_path / "tiny"
+    assert main(["model", "tiny", "--out", str(out), "--hidden", "32", "--vocab", "512", "--copy-steps", "3"]) == 0
+    assert "copy accuracy after 3 copy-pretraining steps" in capsys.readouterr().out
+    assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
+    assert (out / "copy_pretrain_history.jsonl").read_text().count("\n") == 3

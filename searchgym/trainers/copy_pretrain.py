@@ -14,17 +14,16 @@ predicts it, and because lengths and gaps are random no fixed-offset shortcut do
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from searchgym.trainers.learner import next_token_logits
+from searchgym.trainers.sft import save_trained
 
 
 @dataclass
@@ -100,9 +99,5 @@ def copy_pretrain(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
         accuracy = (logits.argmax(-1) == targets).float().mean()
         history.append({"step": step + 1, "loss": loss.item(), "copy_accuracy": accuracy.item(),
                         "lr": scheduler.get_last_lr()[0]})
-    model.eval()
-    out = Path(out_dir)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / "copy_pretrain_history.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+    save_trained(model, tokenizer, out_dir, history, "copy_pretrain_history.jsonl")
     return history

@@ -113,12 +113,18 @@ def sft(model_dir: str | os.PathLike, chats: list[list[dict[str, str]]], out_dir
         accuracy = ((logits.argmax(-1) == targets).float() * actions).sum() / actions.sum()
         history.append({"step": step + 1, "loss": loss.item(), "token_accuracy": accuracy.item(),
                         "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0]})
+    save_trained(model, tokenizer, out_dir, history, "sft_history.jsonl")
+    return history
+
+
+def save_trained(model: Any, tokenizer: Any, out_dir: str | os.PathLike, history: list[dict[str, float]],
+                 history_name: str) -> None:
+    """Save a trained model with its tokenizer (a loadable model directory) and its per-step history."""
     model.eval()
     out = Path(out_dir)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    (out / "sft_history.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
-    return history
+    (out / history_name).write_text("".join(json.dumps(h) + "\n" for h in history))
 
 
 def _batches(samples: list[tuple[torch.Tensor, torch.Tensor]], batch_tokens: int,

@@ -233,12 +233,12 @@ def load_pool(source: "str | os.PathLike | TaskPool | Iterable[Task]", *, on_err
     about a second, so a file's pool is parsed once per process (keyed by its path, size and mtime:
     an edited file is read again). Pools are shared read-only; filtering makes a new one.
     """
-    if not isinstance(source, (str, os.PathLike)):
+    if not isinstance(source, (str, os.PathLike)) or not os.path.exists(source):  # not cached (a missing file: its error)
         pool = TaskPool.load(source, on_error=on_error)
         return pool.filter(split=split, hops=hops) if split is not None or hops is not None else pool
     path = Path(source).resolve()
-    stat = path.stat() if path.is_file() else None
-    key = (str(path), stat and (stat.st_size, stat.st_mtime_ns), on_error, split,
+    stat = path.stat()
+    key = (str(path), stat.st_size, stat.st_mtime_ns, on_error, split,
            tuple(sorted({hops} if isinstance(hops, int) else set(hops))) if hops is not None else None)
     if key not in _POOL_CACHE:
         pool = TaskPool.load(path, on_error=on_error)

@@ -123,10 +123,7 @@ class Learner:
         weight_total = loss_total = 0.0
         for batch in self._micro_batches(samples):
             ids, attention, mask, behav, adv, prox = self._pad(batch)
-            where = mask > 0
-            logits = next_token_logits(self.model, ids, attention, where)
-            logp = torch.zeros_like(mask)
-            logp[where] = token_logprobs(logits, ids[:, 1:][where], cfg.temperature)
+            logp, logits, where = self._logprobs(ids, attention, mask)
             loss, stats = decoupled_ppo_loss(logp, prox, behav, adv, mask, eps_clip=cfg.eps_clip,
                                              eps_clip_high=cfg.eps_clip_high, behav_weight_cap=cfg.behav_weight_cap,
                                              normalizer=max(normalizer, 1.0))
@@ -222,12 +219,18 @@ class Learner:
         self.model.eval()
         for batch in self._micro_batches(samples):
             ids, attention, mask, *_ = self._pad(batch)
-            where = mask > 0
-            logp = torch.zeros_like(mask)
-            logp[where] = token_logprobs(next_token_logits(self.model, ids, attention, where), ids[:, 1:][where],
-                                         self.config.temperature)
+            logp, _, _ = self._logprobs(ids, attention, mask)
             for row, sample in enumerate(batch):
                 sample.prox = logp[row, : len(sample.ids) - 1].cpu()
+
+    def _logprobs(self, ids: torch.Tensor, attention: torch.Tensor,
+                  mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probs [B, T-1] of the trained tokens (0 elsewhere), their logits [N, vocab], and where they are."""
+        where = mask > 0
+        logits = next_token_logits(self.model, ids, attention, where)
+        logp = torch.zeros_like(mask)
+        logp[where] = token_logprobs(logits, ids[:, 1:][where], self.config.temperature)
+        return logp, logits, where
 
     def _pad(self, batch: list[_Sample]) -> tuple[torch.Tensor, ...]:
         """Right-pad a micro-batch to its longest sample: ids, attention, mask, behav, advantages, prox."""

@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 
 import searchgym  # noqa: F401  (registers the env ids)
 from searchgym.agents.tiny_model import build_tiny_model
-from searchgym.benchmarks.harness import SAMPLES, run_eval
+from searchgym.benchmarks.harness import SAMPLES, SampleStore, run_eval
 from searchgym.synthesis.oracle import demonstrations
 from searchgym.trainers.config import EnvConfig, LearnerConfig, RolloutConfig, TrainConfig
 from searchgym.trainers.copy_pretrain import CopyPretrainConfig, copy_pretrain
@@ -182,8 +182,7 @@ def paired_gain(before: Path, after: Path, *, seed: int = 0, resamples: int = 10
     """
     def per_task(path: Path) -> dict[str, float]:
         rewards: dict[str, list[float]] = {}
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
+        for row in SampleStore(path).rows.values():
             rewards.setdefault(row["task_id"], []).append(row["reward"])
         return {task: float(np.mean(r)) for task, r in rewards.items()}
 

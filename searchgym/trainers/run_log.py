@@ -10,8 +10,11 @@
                                              trajectory, which weight version sampled its generated tokens
                                              (runs of [version, tokens])
 
-A resumed run first cuts everything after its checkpoint (later metric lines, TensorBoard events and
-trajectory files), so the run directory always reads as one uninterrupted run.
+metrics.jsonl and provenance.jsonl go through the project's one append-only JSONL writer (JsonlLog): a
+line cut by a kill is dropped and a damaged line is set aside in NAME.damaged.jsonl, both reported by
+file and line. A resumed run first cuts everything after its checkpoint: later metric and provenance
+rows move to NAME.superseded.jsonl (those steps are trained again, so metrics.jsonl holds each step
+once), later TensorBoard events and trajectory files go, and the run directory reads as one run.
 """
 from __future__ import annotations
 
@@ -21,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.agents.trajectory import Trajectory
+from searchgym.envs.jsonl_log import JsonlLog
+
+LOGS = ("metrics.jsonl", "provenance.jsonl")
 
 
 class RunLog:
@@ -32,7 +38,8 @@ class RunLog:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        self._cut_after(resume_step)
+        self.logs = {name: _open_cut(self.dir / name, resume_step) for name in LOGS}
+        self._cut_trajectories(resume_step)
         self.writer = SummaryWriter(str(self.dir / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
 
     def record(self, step: int, stats: dict[str, float], batch: list[list[Trajectory]], trained_version: int) -> None:
@@ -46,17 +53,12 @@ class RunLog:
             for group in batch:
                 for traj in group:
                     f.write(json.dumps(traj.to_dict()) + "\n")
-        with open(self.dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps({"step": step, **stats}) + "\n")
-        with open(self.dir / "provenance.jsonl", "a") as f:
-            f.write(json.dumps(provenance(step, batch, trained_version)) + "\n")
+        self.logs["metrics.jsonl"].append({"step": step, **stats})
+        self.logs["provenance.jsonl"].append(provenance(step, batch, trained_version))
 
     def history(self) -> list[dict[str, float]]:
-        """Every step's metrics so far, this run's and (after a resume) the earlier ones'."""
-        path = self.dir / "metrics.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        """Every step's metrics so far, this run's and (after a resume) the earlier ones', each step once."""
+        return list(self.logs["metrics.jsonl"].rows)
 
     def close(self) -> None:
         self.writer.close()
@@ -67,14 +69,8 @@ class RunLog:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _cut_after(self, step: int) -> None:
-        """Forget steps after `step` (step 0: everything), as a kill between checkpoints leaves them."""
-        for name in ("metrics.jsonl", "provenance.jsonl"):
-            path = self.dir / name
-            if path.exists():
-                kept = [line for line in path.read_text().splitlines()
-                        if line.strip() and _step_of(line) is not None and _step_of(line) <= step]
-                path.write_text("".join(line + "\n" for line in kept))
+    def _cut_trajectories(self, step: int) -> None:
+        """Delete the trajectory files of steps after `step`: those steps are trained again."""
         for path in (self.dir / "trajectories").glob("version-*.jsonl"):
             if int(path.stem.split("-")[1]) >= step:  # version v is trained by step v + 1
                 path.unlink()
@@ -101,8 +97,41 @@ def version_runs(traj: Trajectory) -> list[list[int]]:
     return runs
 
 
-def _step_of(line: str) -> int | None:
-    try:
-        return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):
-        return None
+def _check_step(row: Any) -> None:
+    """A per-step row names its step as a positive integer (else JsonlLog sets it aside as damaged)."""
+    step = row["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        raise ValueError(f"step {step!r} is not a positive integer")
+
+
+def _open_cut(path: Path, step: int) -> JsonlLog:
+    """Open a per-step log, repaired, keeping rows up to `step` (each step's first copy, in step order).
+
+    Rows of later steps (a run killed between checkpoints trains them again) and repeated steps move to
+    NAME.superseded.jsonl, tagged with the step the run resumed from, so the log holds each step once and
+    nothing is silently deleted.
+    """
+    log = JsonlLog(path, check=_check_step)
+    kept: dict[int, Any] = {}
+    superseded = []
+    for row in log.rows:
+        if row["step"] <= step and row["step"] not in kept:
+            kept[row["step"]] = row
+        else:
+            superseded.append(row)
+    if not superseded:
+        return log
+    aside = path.with_name(path.name.removesuffix(".jsonl") + ".superseded.jsonl")
+    with open(aside, "a", encoding="utf-8") as f:
+        for row in superseded:
+            f.write(json.dumps({"resumed_after_step": step, "row": row}, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in sorted(kept.values(), key=lambda r: r["step"]):
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return JsonlLog(path, check=_check_step)

@@ -3,8 +3,11 @@ import asyncio
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from searchgym.agents.engines.detokenize import StopStrings
 from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import FinishReason, GenerateRequest, InferenceEngine, SamplingParams
 
@@ -296,3 +299,62 @@ async def test_closed_engine_refuses_work(tiny_model_dir, tokenizer):
     assert (await task).finish_reason.type == "abort"
     with pytest.raises(RuntimeError, match="closed"):
         await engine.agenerate(GenerateRequest([1, 2, 3], GREEDY))
+
+
+def first_stop_by_tail_decoding(tokenizer, ids: list[int], stops: tuple[str, ...]) -> tuple[int, str] | None:
+    """The engine's former rule, kept as the reference: after each token, decode the last 4n+4 tokens (n: the
+    longest stop's length) and return the first stop string, in `stops` order, found in that text."""
+    window = 4 * max(map(len, stops)) + 4
+    for j in range(1, len(ids) + 1):
+        tail = tokenizer.decode(ids[max(0, j - window):j], skip_special_tokens=False)
+        for stop in stops:
+            if stop in tail:
+                return j, stop
+    return None
+
+
+def first_stop_incrementally(tokenizer, ids: list[int], stops: tuple[str, ...]) -> tuple[int, str] | None:
+    matcher = StopStrings(tokenizer, stops)
+    for j, token in enumerate(ids, 1):
+        if (stop := matcher.push(token)) is not None:
+            return j, stop
+    return None
+
+
+TEXT_PIECES = ["héllo", " wörld", "</search>", "日本語", "\n\n", "<|im_end|>", "😀x", " the", "<answer>", "—"]
+
+
+@st.composite
+def ids_and_stops(draw, tokenizer):
+    """Generated ids (random vocabulary ids, split multi-byte characters included, or encoded text) and stop
+    strings: pieces of their decoded text (so that they match, anywhere) or strings that may not occur."""
+    if draw(st.booleans()):
+        ids = draw(st.lists(st.integers(0, len(tokenizer) - 1), min_size=1, max_size=60))
+    else:
+        ids = tokenizer.encode("".join(draw(st.lists(st.sampled_from(TEXT_PIECES), min_size=1, max_size=12))))
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    piece = st.builds(lambda a, n: text[a:a + n], st.integers(0, max(len(text) - 1, 0)), st.integers(1, 10))
+    stops = draw(st.lists(st.one_of(piece, st.sampled_from(["zz", "\n", "é", "</search>", "語"])), min_size=1,
+                          max_size=3).filter(lambda s: all(s)))
+    return ids, tuple(stops)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_incremental_stop_strings_finish_where_tail_decoding_did(tokenizer, data):
+    ids, stops = data.draw(ids_and_stops(tokenizer))
+    expected = first_stop_by_tail_decoding(tokenizer, ids, stops)
+    assert first_stop_incrementally(tokenizer, ids, stops) == expected
+
+
+async def test_stop_strings_end_the_engine_where_tail_decoding_does(engine, model, tokenizer):
+    """The engine's finish position and text with stop strings equal the reference rule on its own output."""
+    for i in range(4):
+        p = prompt(tokenizer, i)
+        greedy = reference_greedy(model, p, 40)
+        text = tokenizer.decode(greedy, skip_special_tokens=False)
+        stops = ("zzzz", text[20 + i:23 + i], text[30:32])
+        j, stop = first_stop_by_tail_decoding(tokenizer, greedy, stops)
+        r = await engine.agenerate(GenerateRequest(p, SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True, stop=stops)))
+        assert r.output_ids == greedy[:j] and r.finish_reason == FinishReason("stop", stop)
+        assert r.text == tokenizer.decode(greedy[:j], skip_special_tokens=False)

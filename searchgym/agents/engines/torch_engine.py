@@ -8,9 +8,26 @@ carry explicit position ids (the count of real tokens before them) and a 2D atte
 padding never changes a row's result. Model work runs on one dedicated worker thread under
 `torch.inference_mode`, so the event loop keeps serving thousands of environment coroutines.
 
+Prefix reuse: when a row finishes (stop or length), its keys and values (prompt + output, less the
+last sampled token, which was never fed) go into a `PrefixCache` under its rid, LRU-evicted under
+`prefix_cache_bytes` (0 turns reuse off). A request whose rid has an entry takes it, keeps the longest
+common token prefix with its prompt and prefills only the rest on top of it, at exact positions, so the
+result is that of a full prefill. Keyed by rid, not by a search over every cached prefix: the episode
+runners send one rid per episode and each turn's prompt extends the last turn's tokens exactly, so a
+rid lookup and one list comparison find the whole reusable prefix; what a token-prefix index would add
+is sharing a system prompt and question (~100 tokens of thousands) between episodes, which would need
+blocks shared between rows that this dense batch does not have. Aborted and cancelled rows are not
+kept, and `abort(rid)` drops rid's entry: an abort ends or restarts that trajectory.
+
 Pause, abort and weight updates take the step lock, so they happen between steps. A weight update
 re-prefills every in-flight row (prompt plus tokens so far, minus the last sampled token, which the
-next decode step feeds) with the new weights, so every later token comes from the new weights alone.
+next decode step feeds) with the new weights, so every later token comes from the new weights alone,
+and it empties the prefix cache for the same reason (as SGLang flushes its radix cache on a weight
+update): AReaL's interruptible generation labels each token with the one version that produced it,
+and a next turn computed over keys and values from older weights would come from neither policy. The
+next turn of every episode therefore prefills in full once after an update.
+
+Stop strings are matched incrementally (`detokenize.StopStrings`): each new token is decoded once.
 """
 from __future__ import annotations
 
@@ -29,6 +46,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from searchgym.agents.engines.detokenize import StopStrings
+from searchgym.agents.engines.prefix_cache import PrefixCache
 from searchgym.agents.engines.types import (
     GREEDY_TEMPERATURE,
     FinishReason,
@@ -37,7 +56,8 @@ from searchgym.agents.engines.types import (
     SamplingParams,
 )
 
-PREFILL_TOKENS = 16384  # padded tokens per prefill forward: bounds activation and attention-mask memory
+PREFILL_TOKENS = 16384  # padded tokens (cached + new) per prefill forward: bounds attention-mask memory
+PREFIX_CACHE_BYTES = 1 << 30  # default budget of finished sequences' keys and values kept for their next turn
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (rows, kv_heads, length, head_dim)
 
 
@@ -51,12 +71,14 @@ class _Sequence:
     generator: torch.Generator | None  # None: greedy
     stop_ids: frozenset[int]
     budget: int  # tokens it may generate: max_new_tokens capped by the model's context
-    stop_window: int  # trailing tokens whose text can hold a newly completed stop string
+    stops: StopStrings | None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     finish: FinishReason | None = None
     cancelled: bool = False
+    past: KV | None = None  # keys and values of prompt[:cached], taken from the prefix cache, until prefilled
+    cached: int = 0
 
     @property
     def live(self) -> bool:
@@ -67,11 +89,12 @@ class TorchEngine:
     """Token-in, token-out generation from a local HF causal LM; satisfies `types.InferenceEngine`.
 
     A model given as an object is owned by the engine from then on (moved, cast, updated in place).
+    `prefix_cache_bytes` bounds the keys and values kept between an episode's turns (0: no reuse).
     """
 
     def __init__(self, model: str | os.PathLike | PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None,
                  *, device: str = "cpu", dtype: torch.dtype = torch.float32, max_batch_size: int = 64, seed: int = 0,
-                 version: int = 0):
+                 version: int = 0, prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
         if not isinstance(model, PreTrainedModel):
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
             model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
@@ -87,7 +110,9 @@ class TorchEngine:
         self._running: list[_Sequence] = []  # batch rows, in order
         self._cache: DynamicCache | None = None
         self._mask: torch.Tensor | None = None  # (rows, length): 1 for real tokens, 0 for left padding
-        self._counts = {"generated_tokens": 0, "prefill_tokens": 0, "decode_steps": 0, "busy_s": 0.0}
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        self._counts = {"generated_tokens": 0, "prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0,
+                        "busy_s": 0.0}
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-engine")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
@@ -131,7 +156,10 @@ class TorchEngine:
         self._unpaused.set()
 
     async def abort(self, rid: str | None = None) -> int:
-        """End the in-flight requests with this rid (all when None) now, with their partial tokens; count them."""
+        """End the in-flight requests with this rid (all when None) now, with their partial tokens; count them.
+
+        The rid's cached prefix (every one when None) is dropped too.
+        """
         self._ensure_started()
         async with self._lock:
             hits = [s for s in [*self._running, *self._waiting] if s.live and (rid is None or s.request.rid == rid)]
@@ -139,10 +167,12 @@ class TorchEngine:
                 seq.finish = FinishReason("abort", message="aborted")
                 self._resolve(seq)
             self._waiting = deque(s for s in self._waiting if s.live)
+            self.prefix_cache.discard(rid)
             return len(hits)
 
     async def update_weights(self, source: str | os.PathLike | Mapping[str, torch.Tensor], version: int) -> None:
-        """Between steps, load new weights in place, set the version and rebuild in-flight KV caches with them.
+        """Between steps, load new weights in place, set the version, rebuild in-flight KV caches with them
+        and empty the prefix cache.
 
         Bad weights (unknown or missing keys, wrong shapes) raise before anything changes; a failure while
         rebuilding the caches fails the in-flight requests with it.
@@ -156,11 +186,14 @@ class TorchEngine:
             except Exception as exc:
                 self._fail([*self._running], exc)
                 raise
+            finally:
+                self.prefix_cache.discard()
 
     def stats(self) -> dict:
         """Load and work counters; busy_s is time spent inside steps, for an idle fraction over a window."""
         return {"running": sum(s.live for s in self._running), "waiting": len(self._waiting),
                 "version": self._version, "paused": self._task is not None and not self._unpaused.is_set(),
+                "prefix_cache_entries": len(self.prefix_cache), "prefix_cache_bytes": self.prefix_cache.nbytes,
                 **self._counts}
 
     async def close(self) -> None:
@@ -169,6 +202,7 @@ class TorchEngine:
             await self.abort()
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        self.prefix_cache.discard()
         self._closed = True
         self._worker.shutdown(wait=False)
 
@@ -191,23 +225,19 @@ class TorchEngine:
             seed = int(np.random.SeedSequence((self._seed, self._requests)).generate_state(1)[0])
             generator = torch.Generator().manual_seed(seed)
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_ids)
-        # a stop string of n characters spans at most 4n bytes, hence 4n tokens, plus one partial character
-        stop_window = 4 * max(map(len, params.stop)) + 4 if params.stop else 0
+        stops = StopStrings(self.tokenizer, params.stop) if params.stop else None
         budget = min(params.max_new_tokens, self.max_context - len(prompt))
         future = asyncio.get_running_loop().create_future()
-        return _Sequence(request, prompt, future, generator, stop_ids, budget, stop_window)
+        return _Sequence(request, prompt, future, generator, stop_ids, budget, stops)
 
     def _finish_reason(self, seq: _Sequence) -> FinishReason | None:
-        """SGLang's order: length, then stop token, then stop string (checked on the generated text's tail)."""
+        """SGLang's order: length, then stop token, then stop string (matched as the text grows)."""
         if len(seq.output_ids) >= seq.budget:
             return FinishReason("length", len(seq.output_ids))
         if seq.output_ids[-1] in seq.stop_ids:
             return FinishReason("stop", seq.output_ids[-1])
-        if seq.stop_window:
-            tail = self.tokenizer.decode(seq.output_ids[-seq.stop_window:], skip_special_tokens=False)
-            for stop in seq.request.sampling.stop:
-                if stop in tail:
-                    return FinishReason("stop", stop)
+        if seq.stops is not None and (stop := seq.stops.push(seq.output_ids[-1])) is not None:
+            return FinishReason("stop", stop)
         return None
 
     def _resolve(self, seq: _Sequence) -> None:
@@ -260,31 +290,40 @@ class TorchEngine:
         """Admit what fits, run a step on the worker, and resolve what finished; an error fails its rows."""
         free = self.max_batch_size - sum(s.live for s in self._running)
         admitted = [self._waiting.popleft() for _ in range(min(free, len(self._waiting)))]
+        rows = [*self._running, *admitted]
         start = time.perf_counter()
         try:
             await self._in_worker(self._step, admitted)
         except Exception as exc:  # noqa: BLE001 -- any failure must reach the callers, not hang them
-            self._fail([*self._running, *admitted], exc)
+            self._fail(rows, exc)
         finally:
             self._counts["busy_s"] += time.perf_counter() - start
-        for seq in self._running:
+        for seq in rows:
             if seq.finish is not None:
                 self._resolve(seq)
 
     @torch.inference_mode()
     def _step(self, admitted: list[_Sequence]) -> None:
-        """One engine step: drop dead rows, decode the rest by one token, prefill and merge the admitted."""
+        """One engine step: drop dead rows, decode the rest by one token, prefill and merge the admitted, then
+        drop (and cache) the rows that finished."""
         self._drop_dead_rows()
         if self._running:
             self._decode()
         admitted = [s for s in admitted if s.live]
         if admitted:
-            kv, mask, logits = self._prefill([s.prompt for s in admitted])
+            for seq in admitted:
+                seq.cached, seq.past = self.prefix_cache.take(seq.request.rid, seq.prompt)
+            try:
+                kv, mask, logits = self._prefill([(s.prompt[s.cached:], s.past) for s in admitted])
+            finally:
+                for seq in admitted:
+                    seq.past = None
             self._sample(admitted, logits)
             if self._running:
                 kv, mask = _merge([(_layers(self._cache), self._mask), (kv, mask)])
             self._cache, self._mask = DynamicCache(kv), mask
             self._running += admitted
+        self._drop_dead_rows()
 
     def _decode(self) -> None:
         """Feed every row its last sampled token and sample the next one."""
@@ -295,18 +334,23 @@ class TorchEngine:
         self._counts["decode_steps"] += 1
         self._sample(self._running, logits)
 
-    def _prefill(self, prompts: list[list[int]]) -> tuple[KV, torch.Tensor, torch.Tensor]:
-        """Run prompts through the model in left-padded groups; return their merged cache, mask, last logits."""
+    def _prefill(self, rows: list[tuple[list[int], KV | None]]) -> tuple[KV, torch.Tensor, torch.Tensor]:
+        """Run new tokens through the model on top of each row's cached keys and values (or none), in
+        left-padded groups; return their merged, compacted cache, mask and last logits."""
         parts, logits = [], []
-        for group in _groups(prompts, PREFILL_TOKENS):
-            width = max(map(len, group))
-            ids = torch.tensor([[0] * (width - len(p)) + p for p in group], device=self.device)  # pad id is masked
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group], device=self.device)
-            positions = (mask.cumsum(-1) - 1).clamp(min=0)
-            cache = DynamicCache()
+        for group in _groups(rows, PREFILL_TOKENS):
+            cached = [_length(past) for _, past in group]
+            past_width, width = max(cached), max(len(new) for new, _ in group)
+            ids = torch.tensor([[0] * (width - len(new)) + new for new, _ in group], device=self.device)  # pad: masked
+            mask = torch.tensor([[0] * (past_width - c) + [1] * c + [0] * (width - len(new)) + [1] * len(new)
+                                 for c, (new, _) in zip(cached, group)], device=self.device)
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past_width:]
+            cache = DynamicCache(_stack_past(group, past_width)) if past_width else DynamicCache()
             logits.append(self._forward(ids, mask, positions, cache))
-            parts.append((_layers(cache), mask))
-            self._counts["prefill_tokens"] += sum(map(len, group))
+            kv = _layers(cache)
+            parts.append(_compact(kv, mask) if past_width else (kv, mask))
+            self._counts["prefill_tokens"] += sum(len(new) for new, _ in group)
+            self._counts["reused_tokens"] += sum(cached)
         kv, mask = _merge(parts)
         return kv, mask, torch.cat(logits)
 
@@ -342,10 +386,14 @@ class TorchEngine:
         self._running, self._cache, self._mask = [], None, None
 
     def _drop_dead_rows(self) -> None:
-        """Remove finished, aborted and cancelled rows, then cut columns that are padding in every row."""
+        """Keep finished rows' keys and values for their next turn, remove finished, aborted and cancelled
+        rows, then cut columns that are padding in every row."""
         keep = [i for i, s in enumerate(self._running) if s.live]
         if len(keep) == len(self._running):
             return
+        for i, seq in enumerate(self._running):
+            if seq.finish is not None and seq.finish.type != "abort" and not seq.cancelled:
+                self._keep_prefix(i, seq)
         if not keep:
             self._reset_batch()
             return
@@ -355,6 +403,14 @@ class TorchEngine:
         self._cache = DynamicCache([(k[rows, :, start:], v[rows, :, start:]) for k, v in _layers(self._cache)])
         self._mask = mask[:, start:]
         self._running = [self._running[i] for i in keep]
+
+    def _keep_prefix(self, row: int, seq: _Sequence) -> None:
+        """Put a finished row's keys and values (prompt + output less its unfed last token) in the prefix cache."""
+        length = int(self._mask[row].sum())
+        tokens = seq.prompt + seq.output_ids[:-1]
+        if seq.request.rid and self.prefix_cache.budget_bytes and len(tokens) == length:
+            self.prefix_cache.put(seq.request.rid, tokens, [(k[row, :, -length:], v[row, :, -length:])
+                                                            for k, v in _layers(self._cache)])
 
     def _load_weights(self, source: str | os.PathLike | Mapping[str, torch.Tensor]) -> None:
         """Copy new weights into the model's own tensors, after checking them all."""
@@ -368,7 +424,7 @@ class TorchEngine:
         """Re-prefill in-flight rows with the current weights; each row's last sampled token stays unfed."""
         self._drop_dead_rows()
         if self._running:
-            kv, self._mask, _ = self._prefill([s.prompt + s.output_ids[:-1] for s in self._running])
+            kv, self._mask, _ = self._prefill([(s.prompt + s.output_ids[:-1], None) for s in self._running])
             self._cache = DynamicCache(kv)
 
 
@@ -412,17 +468,48 @@ def _response(seq: _Sequence, finish: FinishReason, text: str) -> GenerateRespon
                             finish_reason=finish, prompt_tokens=len(seq.prompt), text=text, rid=seq.request.rid)
 
 
-def _groups(prompts: list[list[int]], budget: int) -> list[list[list[int]]]:
-    """Split prompts, in order, into groups whose left-padded size (rows x longest) stays within budget."""
-    groups, current, width = [], [], 0
-    for prompt in prompts:
-        new_width = max(width, len(prompt))
-        if current and new_width * (len(current) + 1) > budget:
+def _groups(rows: list[tuple[list[int], KV | None]], budget: int) -> list[list[tuple[list[int], KV | None]]]:
+    """Split (new tokens, cached KV) rows, in order, into groups whose left-padded size (rows x (longest cached +
+    longest new)) stays within budget."""
+    groups, current, past, width = [], [], 0, 0
+    for new, kv in rows:
+        new_past, new_width = max(past, _length(kv)), max(width, len(new))
+        if current and (new_past + new_width) * (len(current) + 1) > budget:
             groups.append(current)
-            current, new_width = [], len(prompt)
-        current.append(prompt)
-        width = new_width
+            current, new_past, new_width = [], _length(kv), len(new)
+        current.append((new, kv))
+        past, width = new_past, new_width
     return [*groups, current]
+
+
+def _length(kv: KV | None) -> int:
+    """Tokens in one sequence's cached keys and values (kv_heads, length, head_dim) per layer; 0 for none."""
+    return 0 if kv is None else kv[0][0].shape[-2]
+
+
+def _stack_past(group: list[tuple[list[int], KV | None]], width: int) -> KV:
+    """One batch of cached keys and values, each row left-padded to `width` (zeros where a row has none)."""
+    layers = []
+    some = next(kv for _, kv in group if kv is not None)
+    for layer, (k0, v0) in enumerate(some):
+        keys, values = [], []
+        for _, kv in group:
+            k, v = kv[layer] if kv is not None else (k0[:, :0], v0[:, :0])
+            keys.append(F.pad(k, (0, 0, width - k.shape[-2], 0)))
+            values.append(F.pad(v, (0, 0, width - v.shape[-2], 0)))
+        layers.append((torch.stack(keys), torch.stack(values)))
+    return layers
+
+
+def _compact(kv: KV, mask: torch.Tensor) -> tuple[KV, torch.Tensor]:
+    """Move each row's padding holes (between cached and new tokens) to its left, then cut all-padding columns."""
+    order = torch.sort(mask, dim=1, stable=True).indices  # padding first, real tokens in their order after it
+    start = mask.shape[1] - int(mask.sum(1).max())
+    order = order[:, start:]
+    index = order[:, None, :, None]
+    kv = [(k.gather(2, index.expand(-1, k.shape[1], -1, k.shape[3])),
+           v.gather(2, index.expand(-1, v.shape[1], -1, v.shape[3]))) for k, v in kv]
+    return kv, mask.gather(1, order)
 
 
 def _layers(cache: DynamicCache) -> KV:

@@ -2,6 +2,7 @@
 
     run_dir/checkpoints/step-00012/   config.json, model.safetensors, tokenizer files, trainer.pt
     run_dir/checkpoints/latest        "step-00012"
+    run_dir/checkpoints/healthy       "step-00010": the collapse watchdog's restore point, never pruned
 
 `trainer.pt` holds what a model directory cannot: optimizer and scheduler state, the weight version,
 the rollout controllers' data positions and the groups to replay (one state per controller: one for
@@ -20,18 +21,24 @@ from typing import Any
 import torch
 
 LATEST = "latest"
+HEALTHY = "healthy"
 
 
 def checkpoint_root(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+def checkpoint_dir(run_dir: str | os.PathLike, step: int) -> Path:
+    """Where checkpoint `step` lives: run_dir/checkpoints/step-00012."""
+    return checkpoint_root(run_dir) / f"step-{step:05d}"
+
+
 def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: Any, tokenizer: Any, state: dict[str, Any],
                     keep: int = 2, extra: Callable[[Path], None] | None = None) -> Path:
     """Write checkpoint `step` (model, tokenizer, `state` as trainer.pt, `extra(dir)` files such as the sharded
-    learner's), point `latest` at it, prune old ones."""
+    learner's), point `latest` at it, prune old ones (never the one `healthy` names)."""
     root = checkpoint_root(run_dir)
-    name = f"step-{step:05d}"
+    name = checkpoint_dir(run_dir, step).name
 
     def add_files(directory: Path) -> None:
         torch.save({**state, "step": step}, directory / "trainer.pt")
@@ -39,8 +46,9 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: Any, tokeni
             extra(directory)
 
     final = write_model_dir(root / name, model=model, tokenizer=tokenizer, extra=add_files)
-    _write_atomic(root / LATEST, name)
-    prune(root, "step-*", keep)
+    write_pointer(root / LATEST, name)
+    healthy = root / HEALTHY
+    prune(root, "step-*", keep, protect=(healthy.read_text().strip(),) if healthy.exists() else ())
     return final
 
 
@@ -65,10 +73,21 @@ def write_model_dir(final: str | os.PathLike, *, model: Any, tokenizer: Any,
     return final
 
 
-def prune(root: Path, pattern: str, keep: int) -> None:
-    """Delete all but the last `keep` (at least one) directories matching `pattern`, by name order."""
+def prune(root: Path, pattern: str, keep: int, protect: tuple[str, ...] = ()) -> None:
+    """Delete all but the last `keep` (at least one) directories matching `pattern`, by name order, and those named
+    in `protect`."""
     for old in sorted(p for p in root.glob(pattern) if p.is_dir())[:-max(keep, 1)]:
-        shutil.rmtree(old, ignore_errors=True)
+        if old.name not in protect:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_weights(model: Any, model_dir: str | os.PathLike) -> None:
+    """Copy a Hugging Face model dir's weights into `model` in place (same architecture; bit for bit, any dtype)."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = next(model.parameters()).dtype
+    saved = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model.load_state_dict(saved.state_dict())
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
@@ -126,7 +145,8 @@ def rollout_states(state: dict[str, Any]) -> list[dict[str, Any]]:
     return list(state["rollouts"]) if "rollouts" in state else [state["rollout"]]
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_pointer(path: Path, text: str) -> None:
+    """Replace a one-line pointer file (`latest`, `healthy`) atomically: a reader sees the old name or the new one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
         f.write(text + "\n")

@@ -102,6 +102,32 @@ class RayConfig:
 
 
 @dataclass
+class WatchdogConfig:
+    """The collapse watchdog (trainers/watchdog.py): the signals that make a step unhealthy, and what a restore does.
+
+    A null threshold turns its rule off. "Median" is over the last `history` healthy steps; the relative rules wait
+    for `min_history` of them. On a trigger the run restores its last healthy checkpoint with the learning rate
+    times `lr_factor`; after `max_restores` restores the next trigger stops the run.
+    """
+
+    enabled: bool = True
+    max_restores: int = 2
+    lr_factor: float = 0.5  # each restore multiplies the learning rate by this (0 < lr_factor <= 1)
+    history: int = 20
+    min_history: int = 3
+    grad_norm_factor: float | None = 20.0  # grad_norm (before clipping) above this times its median
+    entropy_floor: float | None = 1e-3  # mean token entropy (nats) below this ...
+    entropy_drop: float = 0.1  # ... and below this share of its median (one healthy step is enough)
+    entropy_rise: float | None = 10.0  # mean token entropy above this times its median
+    ratio_max: float | None = 100.0  # importance_weight_max (pi_theta / pi_prox) above this
+    clip_fraction_max: float | None = 0.8  # share of tokens the PPO clip cut
+    behav_capped_max: float | None = 0.5  # share of tokens dropped for pi_prox / pi_behav above behav_weight_cap
+    reward_window: int = 5  # steps whose mean episode reward is compared with the median before them
+    reward_level: float = 0.1  # the reward rule watches only a median reward of at least this ...
+    reward_drop: float | None = 0.1  # ... and triggers when the window's mean falls below this share of it
+
+
+@dataclass
 class TrainConfig:
     """One training run. mode "sync" is the same code with staleness 0: generate a batch, then train."""
 
@@ -118,6 +144,7 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     learner: LearnerConfig = field(default_factory=LearnerConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
@@ -154,7 +181,20 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     _check_choice("learner.process_reward", config.learner.process_reward, ("clip", "delta", "none"))
     _check_choice("ray.weight_sync", config.ray.weight_sync, ("auto", "object_store", "disk"))
     _check_choice("ray.sglang_server", config.ray.sglang_server, ("sglang", "searchgym"))
+    _check_watchdog(config.watchdog)
     return config
+
+
+def _check_watchdog(watchdog: WatchdogConfig) -> None:
+    """Refuse watchdog settings that cannot work, naming the key."""
+    if not 0 < watchdog.lr_factor <= 1:
+        raise ValueError(f"watchdog.lr_factor must be in (0, 1], got {watchdog.lr_factor}")
+    for key in ("max_restores", "min_history"):
+        if getattr(watchdog, key) < 0:
+            raise ValueError(f"watchdog.{key} must be at least 0, got {getattr(watchdog, key)}")
+    for key in ("history", "reward_window"):
+        if getattr(watchdog, key) < 1:
+            raise ValueError(f"watchdog.{key} must be at least 1, got {getattr(watchdog, key)}")
 
 
 def _merge(base: Any, load: Callable[[], Any], source: str, key: str | None = None) -> Any:

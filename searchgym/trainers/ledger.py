@@ -140,6 +140,17 @@ class GroupLedger:
         self.cancelled += 1
         self._replay.append(position)
 
+    def requeue_buffered(self) -> int:
+        """Drop every buffered group (counted as cancelled); their positions are owed again, oldest first. How many."""
+        positions = [position for _, _, position in sorted(self._buffer)]
+        for position in positions:
+            del self._groups[position]
+        self._buffer.clear()
+        self._replay.extend(positions)
+        self.cancelled += len(positions)
+        self._changed.set()
+        return len(positions)
+
     def _end(self, position: int) -> Group:
         """The running group at `position`, now no longer running; wakes a waiting `take_batch`."""
         group = self._groups.get(position)

@@ -21,9 +21,11 @@ from searchgym.trainers.checkpoint import save_checkpoint
 from searchgym.trainers.config import TrainConfig, config_dict
 from searchgym.trainers.learner import Learner
 from searchgym.trainers.loop import Batch, Schedule, train_loop
+from searchgym.trainers.restore import initial_state, restore_learner
 from searchgym.trainers.rollout import RolloutController, RolloutStats
 from searchgym.trainers.run_log import RunLog
 from searchgym.trainers.run_start import start_run
+from searchgym.trainers.watchdog import Watchdog
 from searchgym.trainers.weight_sync import DiskSync, InProcessSync, WeightSync
 
 
@@ -45,6 +47,9 @@ class InProcessRollouts:
     async def state_dicts(self) -> list[dict[str, Any]]:
         return [self.controller.state_dict()]
 
+    async def discard(self) -> int:
+        return await self.controller.discard()
+
 
 class InProcessLearner:
     """The loop's learner side in this process: a Learner, the WeightSync to its engines, and checkpoints.
@@ -57,6 +62,8 @@ class InProcessLearner:
                  keep_checkpoints: int):
         self.learner, self.sync, self.tokenizer = learner, sync, tokenizer
         self.out_dir, self.keep_checkpoints = Path(out_dir), keep_checkpoints
+        self.watchdog_state: dict[str, Any] = {}  # the watchdog's restores and lr scale, saved with checkpoints
+        self._initial = initial_state(learner) if isinstance(learner, Learner) else None
 
     async def train_step(self, batch: Batch) -> dict[str, float]:
         return await asyncio.to_thread(self.learner.step, batch.groups)
@@ -66,9 +73,16 @@ class InProcessLearner:
         return self.learner.version
 
     async def save_checkpoint(self, step: int, rollouts: list[dict[str, Any]]) -> None:
-        state = {"learner": self.learner.trainer_state(), "rollouts": rollouts}
+        state = {"learner": self.learner.trainer_state(), "rollouts": rollouts, "watchdog": self.watchdog_state}
         await asyncio.to_thread(save_checkpoint, self.out_dir, step, model=self.learner.model,
                                 tokenizer=self.tokenizer, keep=self.keep_checkpoints, state=state)
+
+    async def restore(self, weights: str, from_checkpoint: bool, watchdog: dict[str, Any]) -> float:
+        """Put the learner back on healthy weights with the watchdog's lr scale (restore.py); the new lr."""
+        lr = await asyncio.to_thread(restore_learner, self.learner, weights, from_checkpoint=from_checkpoint,
+                                     lr_scale=float(watchdog["lr_scale"]), initial=self._initial)
+        self.watchdog_state = dict(watchdog)
+        return lr
 
 
 def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -> list[dict[str, float]]:
@@ -107,10 +121,13 @@ async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict
         if state is not None:
             controller.load_state_dict(state)
         schedule = Schedule(run.first_step, config.steps, run.version, config.save_every)
+        side = InProcessLearner(learner, sync, tokenizer, run.out, config.keep_checkpoints)
+        side.watchdog_state = dict(run.state.get("watchdog") or {})
+        watchdog = Watchdog.for_run(config.watchdog, run.out, run.model_dir, start_step=run.first_step - 1,
+                                    state=side.watchdog_state)
         async with controller.running():
             with RunLog(run.out, config_dict(config), resume_step=run.first_step - 1) as run_log:
-                return await train_loop(InProcessRollouts(controller),
-                                        InProcessLearner(learner, sync, tokenizer, run.out, config.keep_checkpoints),
-                                        run_log, schedule, progress=progress, desc=f"training ({config.mode}, local)")
+                return await train_loop(InProcessRollouts(controller), side, run_log, schedule, progress=progress,
+                                        desc=f"training ({config.mode}, local)", watchdog=watchdog)
     finally:
         await workflow.aclose()

@@ -10,6 +10,18 @@ Read top to bottom; one step is
     every save_every steps and at the last: learner.save_checkpoint(step, rollouts.state_dicts())
 
 The rollouts never wait for this loop: they keep playing groups while the learner trains.
+
+With the collapse watchdog (watchdog.py, on unless `watchdog.enabled: false`) each step is judged before its
+weights reach the engines. A collapsed step's update is never pushed; instead
+
+    learner.restore(healthy, lr_scale)      the last healthy checkpoint's weights and optimizer state, lower lr
+    learner.push_weights()                  the engines serve them, under a version that still only grows
+    rollouts.discard()                      every group in flight or buffered was sampled by the collapsed
+                                            weights (or older): dropped, their data positions played again
+    the step's metrics row says so (watchdog/*), one line on stderr, and a checkpoint of the restored state
+
+and the run goes on to its last step. A collapse after `max_restores` restores stops the run (TrainingCollapsed,
+with `latest` pointing at the last healthy checkpoint, so --resume starts from it).
 `local.py` passes in-process handles (a RolloutController, a Learner and a WeightSync in one event
 loop); `ray_launcher.py` passes handles to Ray actors.
 """
@@ -19,12 +31,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import sys
+
 from tqdm import tqdm
 
 from searchgym.agents.trajectory import Trajectory
-from searchgym.trainers.metrics import StepClock, step_metrics
+from searchgym.trainers.checkpoint import LATEST, checkpoint_root, write_pointer
+from searchgym.trainers.metrics import StepClock, episode_metrics, step_metrics
 from searchgym.trainers.rollout import RolloutStats
 from searchgym.trainers.run_log import RunLog
+from searchgym.trainers.watchdog import Alarm, HealthyState, TrainingCollapsed, Watchdog, describe
 
 
 @dataclass
@@ -54,6 +70,10 @@ class RolloutSide(Protocol):
         """Each controller's checkpoint state (data position, groups to replay, counts)."""
         ...
 
+    async def discard(self) -> int:
+        """Drop every group in flight or buffered (their positions are played again); how many."""
+        ...
+
 
 class LearnerSide(Protocol):
     """What the loop needs from the learner side (in this process, or a Ray actor)."""
@@ -68,6 +88,10 @@ class LearnerSide(Protocol):
 
     async def save_checkpoint(self, step: int, rollouts: list[dict[str, Any]]) -> None:
         """Write checkpoint `step`: the model, the learner state and the rollout controllers' states."""
+        ...
+
+    async def restore(self, weights: str, from_checkpoint: bool, watchdog: dict[str, Any]) -> float:
+        """Load healthy weights (a checkpoint, or the initial model) with the watchdog's lr scale; the new lr."""
         ...
 
 
@@ -86,7 +110,8 @@ class Schedule:
 
 
 async def train_loop(rollouts: RolloutSide, learner: LearnerSide, run_log: RunLog, schedule: Schedule, *,
-                     progress: bool = True, desc: str = "training") -> list[dict[str, float]]:
+                     progress: bool = True, desc: str = "training",
+                     watchdog: Watchdog | None = None) -> list[dict[str, float]]:
     """Train steps first_step .. last_step; every step's metrics, this run's and (after a resume) the earlier ones'."""
     clock, version = StepClock(), schedule.version
     steps = range(schedule.first_step, schedule.last_step + 1)
@@ -94,10 +119,60 @@ async def train_loop(rollouts: RolloutSide, learner: LearnerSide, run_log: RunLo
                      total=schedule.last_step):
         batch = await rollouts.get_batch()
         stats = await learner.train_step(batch)
-        trained_version, version = version, await learner.push_weights()
-        await rollouts.set_trained_version(version)
+        alarm = watchdog.check(step, {**stats, **episode_metrics(batch.groups)}) if watchdog else None
+        trained_version, stop = version, None
+        if alarm is None:
+            version, extra = await learner.push_weights(), {}
+            await rollouts.set_trained_version(version)
+        elif watchdog.exhausted:
+            extra, stop = _stop(run_log, watchdog, alarm, step)
+        else:
+            version, extra = await _recover(rollouts, learner, watchdog, alarm, step)
         metrics = step_metrics(stats, batch.groups, clock, await rollouts.stats())
-        run_log.record(step, metrics, batch.groups, trained_version)
-        if schedule.checkpoint_due(step):
+        run_log.record(step, {**metrics, **extra}, batch.groups, trained_version)
+        if stop is not None:
+            raise stop
+        if alarm is not None or schedule.checkpoint_due(step):  # after a restore: so latest is never collapsed
+            if watchdog is not None:
+                watchdog.protect()
             await learner.save_checkpoint(step, await rollouts.state_dicts())
+            if watchdog is not None:
+                watchdog.saved(step)
     return run_log.history()
+
+
+def _alarm_metrics(watchdog: Watchdog, alarm: Alarm, state: HealthyState) -> dict[str, float]:
+    """The metrics row's account of a trigger: which steps it blamed and what it restored."""
+    return {"watchdog/trigger": 1.0, "watchdog/since_step": float(alarm.since),
+            "watchdog/restored_step": float(state.step or 0), "watchdog/restores": float(watchdog.restores)}
+
+
+def _stop(run_log: RunLog, watchdog: Watchdog, alarm: Alarm, step: int) -> tuple[dict[str, float], TrainingCollapsed]:
+    """No restore left: point `latest` at the healthy state (so --resume starts there); the error that ends the run."""
+    state = watchdog.healthy(alarm)
+    if state.step is not None:
+        write_pointer(checkpoint_root(run_log.dir) / LATEST, state.path.name)
+    print(describe(alarm, state, step=step, lr=None, stopping=True), file=sys.stderr, flush=True)
+    where = (f"{state.name}, which checkpoints/latest now names: lower learner.lr and --resume" if state.step is not None
+             else f"{state.name}: lower learner.lr and start again")
+    error = TrainingCollapsed(
+        f"training collapsed at step {step} ({alarm.rule}: {alarm.reason}) after {watchdog.restores} restore(s) "
+        f"(watchdog.max_restores={watchdog.config.max_restores}); the last healthy state is {where}")
+    return {**_alarm_metrics(watchdog, alarm, state), "watchdog/stopped": 1.0}, error
+
+
+async def _recover(rollouts: RolloutSide, learner: LearnerSide, watchdog: Watchdog, alarm: Alarm,
+                   step: int) -> tuple[int, dict[str, float]]:
+    """Restore the healthy state with a lower lr, push it, drop the groups the collapsed weights generated."""
+    state = watchdog.healthy(alarm)
+    lr = await learner.restore(str(state.path), state.step is not None,
+                               {"restores": watchdog.restores + 1,
+                                "lr_scale": watchdog.lr_scale * watchdog.config.lr_factor})
+    watchdog.restored(state)
+    version = await learner.push_weights()  # the restored weights, under the collapsed step's version: never an old one
+    dropped = await rollouts.discard()
+    await rollouts.set_trained_version(version)
+    print(describe(alarm, state, step=step, lr=lr, stopping=False) + f"; {dropped} groups in flight dropped",
+          file=sys.stderr, flush=True)
+    return version, {**_alarm_metrics(watchdog, alarm, state), "watchdog/lr": lr,
+                     "watchdog/dropped_groups": float(dropped)}

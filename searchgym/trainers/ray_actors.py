@@ -54,6 +54,7 @@ class LearnerWorker:
         self.config = config
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         state = load_trainer_state(checkpoint) if checkpoint else None
+        self.watchdog_state = dict((state or {}).get("watchdog") or {})  # the collapse watchdog's restores, lr scale
         self.learner = load_learner(config.model, config.learner, model_dir, pad_id=self.tokenizer.pad_token_id,
                                     state=state)
         self.side: InProcessLearner | None = None
@@ -68,6 +69,7 @@ class LearnerWorker:
                             self.tokenizer)
         self.side = InProcessLearner(self.learner, sync, self.tokenizer, self.config.out_dir,
                                      self.config.keep_checkpoints)
+        self.side.watchdog_state = self.watchdog_state  # carried on into later checkpoints
 
     def version(self) -> int:
         return self.learner.version
@@ -83,6 +85,10 @@ class LearnerWorker:
     async def save_checkpoint(self, step: int, rollouts: list[dict[str, Any]]) -> None:
         """Checkpoint `step`: the model dir, the learner state and every rollout actor's controller state."""
         await self._connected().save_checkpoint(step, rollouts)
+
+    async def restore(self, weights: str, from_checkpoint: bool, watchdog: dict[str, Any]) -> float:
+        """The collapse watchdog's restore: healthy weights (a checkpoint dir, or the initial model), lower lr."""
+        return await self._connected().restore(weights, from_checkpoint, watchdog)
 
     def _connected(self) -> InProcessLearner:
         if self.side is None:
@@ -144,6 +150,10 @@ class RolloutWorker:
 
     def state_dict(self) -> dict[str, Any]:
         return self.controller.state_dict()
+
+    async def discard(self) -> int:
+        """Drop this actor's groups in flight or buffered (after a watchdog restore); their positions replay."""
+        return await self.controller.discard()
 
     def stats(self) -> RolloutStats:
         return self.controller.stats()

@@ -44,6 +44,7 @@ from searchgym.trainers.ray_servers import SGLangServerWorker
 from searchgym.trainers.rollout import RolloutStats
 from searchgym.trainers.run_log import RunLog
 from searchgym.trainers.run_start import RunStart, start_run
+from searchgym.trainers.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -214,9 +215,12 @@ class RayTrainer:
             raise RuntimeError("start() the trainer first")
         config, run = self.config, self.run
         schedule = Schedule(run.first_step, config.steps, run.version, config.save_every)
+        watchdog = Watchdog.for_run(config.watchdog, run.out, run.model_dir, start_step=run.first_step - 1,
+                                    state=run.state.get("watchdog"))
         with RunLog(run.out, config_dict(config), resume_step=run.first_step - 1) as run_log:
             return asyncio.run(train_loop(RayRollouts(self.rollout_actors), RayLearner(self.learner), run_log,
-                                          schedule, progress=self.progress, desc=f"training ({config.mode}, ray)"))
+                                          schedule, progress=self.progress, desc=f"training ({config.mode}, ray)",
+                                          watchdog=watchdog))
 
     # ---- teardown ----------------------------------------------------------------------------------------
 
@@ -264,6 +268,9 @@ class RayRollouts:
     async def state_dicts(self) -> list[dict[str, Any]]:
         return list(await asyncio.gather(*(actor.state_dict.remote() for actor in self.actors)))
 
+    async def discard(self) -> int:
+        return sum(await asyncio.gather(*(actor.discard.remote() for actor in self.actors)))
+
 
 class RayLearner:
     """The loop's learner side as the Ray learner actor; it fetches a batch's groups from the object store itself."""
@@ -279,3 +286,6 @@ class RayLearner:
 
     async def save_checkpoint(self, step: int, rollouts: list[dict[str, Any]]) -> None:
         await self.actor.save_checkpoint.remote(step, rollouts)
+
+    async def restore(self, weights: str, from_checkpoint: bool, watchdog: dict[str, Any]) -> float:
+        return await self.actor.restore.remote(weights, from_checkpoint, watchdog)

@@ -71,6 +71,7 @@ class RolloutController:
         self._stats = RolloutStats()
         self._wake = asyncio.Event()
         self._stopping = False
+        self._playing: set[asyncio.Task] = set()  # the groups being played
         self._rid = uuid.uuid4().hex[:8]
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, permutation of task indices)
         self._started_at: tuple[float, float] | None = None  # (wall clock, engine busy seconds) at run()
@@ -104,7 +105,7 @@ class RolloutController:
     async def run(self) -> None:
         """Admit and start groups whenever the rule allows, until stop(); then cancel the groups in flight."""
         self._started_at = (time.perf_counter(), self._engine_busy())
-        groups: set[asyncio.Task] = set()
+        groups = self._playing
         try:
             while not self._stopping:
                 self._wake.clear()
@@ -124,6 +125,20 @@ class RolloutController:
         """Ask run() to return: it starts nothing more and cancels the groups in flight."""
         self._stopping = True
         self._wake.set()
+
+    async def discard(self) -> int:
+        """Drop every group being played or buffered; their positions are played again. How many were dropped.
+
+        After the trainer restored older weights, no group sampled (even in part) by the weights it replaced may
+        reach the learner; replaying the positions keeps the data order whole.
+        """
+        playing = list(self._playing)
+        for group in playing:
+            group.cancel()
+        await asyncio.gather(*playing, return_exceptions=True)
+        dropped = len(playing) + self.ledger.requeue_buffered()
+        self._wake.set()
+        return dropped
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[RolloutController]:

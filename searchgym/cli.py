@@ -215,6 +215,11 @@ def _train(args: argparse.Namespace) -> None:
     from searchgym.trainers.config import load_config
 
     config = load_config(args.config, args.overrides)
+    if args.dry_run:
+        _train_plan(config, json_out=args.json, gpu_memory_gib=args.gpu_memory_gib)
+        return
+    if args.json or args.gpu_memory_gib is not None:
+        raise ValueError("--json and --gpu-memory-gib describe a plan: add --dry-run")
     if config.launcher == "ray":
         from searchgym.trainers.ray_launcher import train_ray as train
     else:
@@ -222,6 +227,20 @@ def _train(args: argparse.Namespace) -> None:
     history = train(config, resume=args.resume)
     last = history[-1] if history else {}
     print(json.dumps({k: last[k] for k in sorted(last) if k.startswith("episode/") or k in ("loss", "version")}, indent=2))
+
+
+def _train_plan(config: object, *, json_out: bool, gpu_memory_gib: float | None) -> None:
+    """`train --dry-run`: print the resource plan and the per-GPU memory estimate; refuse (status 2) what cannot fit."""
+    from searchgym.trainers.plan import PlanError, make_plan, plan_text
+
+    plan = make_plan(config, gpu_memory_gib=80.0 if gpu_memory_gib is None else gpu_memory_gib)
+    if json_out:
+        print(json.dumps(plan.to_json(), indent=2))
+    else:
+        print("dry run: nothing started, nothing written\n")
+        print(plan_text(plan))
+    if plan.refusal:
+        raise PlanError(f"this plan does not fit: {plan.refusal}")
 
 
 def _eval(args: argparse.Namespace) -> None:
@@ -353,6 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, default=None, help="a YAML config (see configs/)")
     p.add_argument("--resume", action="store_true",
                    help="continue from out_dir's latest checkpoint (same versions and data order); none: start fresh")
+    p.add_argument("--dry-run", action="store_true",
+                   help="start nothing: print the resource plan and a per-GPU memory estimate; exit 2 if it cannot fit")
+    p.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
+    p.add_argument("--gpu-memory-gib", type=float, default=None, help="with --dry-run: memory of one GPU (default 80)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-6 rollout.max_staleness=2")
     p.set_defaults(run=_train)
 

@@ -1,0 +1,518 @@
+"""A training run's resource plan and per-GPU memory estimate, computed before anything starts (`train --dry-run`).
+
+    plan = make_plan(config, gpu_memory_gib=80)    # reads the model's config.json (or shapes.json); starts nothing
+    print(plan_text(plan)); plan.refusal           # None, or why it cannot fit and what would make it fit
+
+What it counts, per learner rank (every term at once: an upper bound of the step's peak):
+
+- **parameters, gradients, optimizer state**: P parameters in `model.dtype` (p bytes each), sharded over the
+  `learner.ranks` FSDP2 ranks. FSDP2's `MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` (fsdp.py) keeps
+  the *sharded* parameters in their original dtype, computes in bf16 on unsharded copies, reduces gradients in fp32
+  and casts them back to the parameters' dtype; the optimizer steps the sharded parameters as they are, so there is
+  no fp32 master copy (torch's MixedPrecisionPolicy docstring: "The optimizer step uses the sharded parameter in the
+  original dtype"), and AdamW's exp_avg and exp_avg_sq take the parameters' dtype (`zeros_like`). So: P*p
+  parameters, P*p gradients, 2*P*p optimizer state, all divided by the ranks; `learner.cpu_offload` moves all three
+  to the host (CPUOffloadPolicy). `learner.ranks: 1` is the plain Learner: the same three terms, whole, computing in
+  the weights' dtype, with neither checkpointing nor offload (it applies neither).
+- **FSDP buffers** (not sharded): the root's unsharded parameters (embeddings, final norm, LM head) and two decoder
+  layers' (the one computing and the one prefetched) in the compute dtype, plus one layer's unsharded gradient in
+  fp32 for its reduce-scatter.
+- **activations** of one micro-batch of T = `learner.micro_batch_tokens` tokens, counted as Korthikanti et al.
+  2022, "Reducing Activation Recomputation in Large Transformer Models" (arXiv 2205.05198, section 4.1) count them:
+  the tensors each operation saves for its backward pass. Their GPT layer keeps 34*s*b*h + 5*a*s^2*b bytes (16-bit
+  activations, with dropout); the same count for a Hugging Face Qwen2/Llama layer (RMSNorm computed in fp32,
+  SwiGLU MLP, grouped-query attention, fused SDPA attention that keeps no s^2 scores, no dropout), with b bytes per
+  activation (2: bf16), is per token and layer
+
+      (6b + 8)*h + 4b*I + 2b*h_kv + 4*a       h hidden, I intermediate, h_kv = kv heads * head dim, a heads
+
+  (two norms keep their input, its fp32 copy and their output; q, the attention output and o_proj's input copy;
+  k and v; the MLP's gate, up, SiLU and product; SDPA's fp32 log-sum-exp per head), and (b + 4)*h + 2b*head_dim + 12
+  per token outside the layers. `tests/trainers/test_plan.py` checks the formula against the bytes autograd actually
+  saves for a real model. Without checkpointing all L layers keep theirs, plus one layer's worth of activation
+  gradients in the backward pass; with `learner.activation_checkpointing` each layer keeps only its input (b*h)
+  and one layer is recomputed (its activations and their gradients) at a time.
+- **loss head**: logits only at trained tokens (learner.next_token_logits), at most T of them: bf16 logits
+  plus three fp32 [tokens, vocab] tensors alive at once (the log-softmax kept for backward, its gradient and the
+  one it produces; the entropy statistic needs as many), (b + 12)*V bytes per token.
+
+SGLang servers: the weights per GPU (P * bytes / tp) must fit in `ray.sglang_mem_fraction_static` of the GPU (the
+static pool that holds weights and KV cache); what is left is KV cache, reported in tokens.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from searchgym.trainers.config import LearnerConfig, TrainConfig
+from searchgym.trainers.ray_launcher import check_ray_config, required_resources
+
+GIB = 2**30
+SHAPES = "shapes.json"  # package data next to this module
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8, "double": 8}
+TINY_MODEL = "a fresh tiny model (agents/tiny_model.py: build_tiny_model's defaults)"
+MAX_RANKS = 4096  # the most ranks a remedy proposes
+
+
+class PlanError(ValueError):
+    """A plan that cannot run: the CLI prints the message and exits with status 2."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the memory estimate needs of a model: exact parameter counts and the shapes activations scale with."""
+
+    name: str
+    source: str  # where the shapes came from (a config.json on disk, the package's table, the tiny model)
+    parameters: int  # sum(p.numel()) of the model built on the meta device (tied weights once)
+    layer_parameters: int  # one decoder layer's
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tied: bool
+
+    @property
+    def root_parameters(self) -> int:
+        """Parameters outside the decoder layers: embeddings, final norm, LM head (FSDP's root)."""
+        return self.parameters - self.num_layers * self.layer_parameters
+
+
+@dataclass(frozen=True)
+class Term:
+    """One line of a memory estimate: bytes on one device (`where`: "gpu" or "host")."""
+
+    name: str
+    bytes: int
+    where: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Group:
+    """Processes or actors of one kind: how many, and each one's CPUs, GPUs and device."""
+
+    name: str
+    count: int
+    cpus: float
+    gpus: float
+    detail: str
+
+
+@dataclass
+class Plan:
+    """The whole dry run: topology, totals, the learner's per-rank memory, the servers' and whether it all fits."""
+
+    launcher: str
+    ranks: int  # learner ranks
+    model: ModelShape
+    groups: list[Group]
+    total: dict[str, float]
+    gpu_memory_bytes: int
+    on_gpu: bool  # the learner ranks hold GPUs
+    learner: list[Term]
+    load_bytes: int  # each rank's GPU while the whole model is loaded, before it is sharded
+    host: list[Term]
+    servers: dict[str, Any] | None
+    notes: list[str] = field(default_factory=list)
+    refusal: str | None = None
+
+    @property
+    def learner_gpu_bytes(self) -> int:
+        """The estimate for one learner rank's GPU: every GPU term at once."""
+        return sum(t.bytes for t in self.learner if t.where == "gpu")
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as plain JSON-ready data (what `--dry-run --json` prints)."""
+        return {"launcher": self.launcher, "learner_ranks": self.ranks, "model": dataclasses.asdict(self.model),
+                "groups": [dataclasses.asdict(g) for g in self.groups], "total": self.total,
+                "gpu_memory_bytes": self.gpu_memory_bytes, "learner_on_gpu": self.on_gpu,
+                "learner_memory": [dataclasses.asdict(t) for t in self.learner],
+                "learner_gpu_bytes": self.learner_gpu_bytes, "load_gpu_bytes": self.load_bytes,
+                "host_memory": [dataclasses.asdict(t) for t in self.host], "servers": self.servers,
+                "notes": self.notes, "fits": self.refusal is None, "refusal": self.refusal}
+
+
+# ---- the model's shapes ----------------------------------------------------------------------------------------
+
+def known_shapes() -> dict[str, dict[str, Any]]:
+    """The package's table of config.json shapes (shapes.json), aliases resolved: {hub id: config.json fields}."""
+    table = json.loads(resources.files("searchgym.trainers").joinpath(SHAPES).read_text())
+    models = dict(table["models"])
+    models.update({alias: models[target] for alias, target in table["aliases"].items()})
+    return models
+
+
+def model_shape(path: str | None) -> ModelShape:
+    """The shapes of `model.path`: its config.json on disk, else the package's table for hub ids, else the HF cache.
+
+    Parameters are counted exactly by building the model on the meta device (no weights are read or allocated).
+    """
+    from transformers import AutoConfig
+
+    if path is None:
+        from searchgym.agents.tiny_model import build_tiny_model
+
+        defaults = {k: v.default for k, v in _signature(build_tiny_model).items()}
+        fields = {"model_type": "qwen2", "hidden_size": defaults["hidden_size"],
+                  "intermediate_size": defaults["intermediate_size"], "num_hidden_layers": defaults["num_layers"],
+                  "num_attention_heads": defaults["num_heads"], "num_key_value_heads": defaults["num_kv_heads"],
+                  "vocab_size": defaults["vocab_size"], "tie_word_embeddings": True}
+        return _count("searchgym tiny model", TINY_MODEL, AutoConfig.for_model(**fields))
+    local = Path(path).expanduser()
+    if (local / "config.json").is_file():
+        return _count(path, f"{local / 'config.json'}", AutoConfig.from_pretrained(local))
+    table = known_shapes()
+    if path in table:
+        return _count(path, f"searchgym/trainers/{SHAPES} (the public config.json of {path}: no such directory here)",
+                      AutoConfig.for_model(**table[path]))
+    try:  # a hub id downloaded before: the Hugging Face cache, never the network
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError):
+        raise PlanError(f"model.path {path!r}: no config.json on disk, not in the Hugging Face cache, and not one of "
+                        f"the known shapes ({', '.join(sorted(table))}): download it, or point model.path at a "
+                        "model directory") from None
+    return _count(path, "the Hugging Face cache's config.json", config)
+
+
+def _signature(function: Any) -> dict[str, Any]:
+    import inspect
+
+    return dict(inspect.signature(function).parameters)
+
+
+def _count(name: str, source: str, config: Any) -> ModelShape:
+    """Build `config`'s causal LM on the meta device and count its parameters (tied weights once)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from searchgym.trainers.fsdp import decoder_layers
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    layers = decoder_layers(model)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return ModelShape(name=name, source=source, parameters=sum(p.numel() for p in model.parameters()),
+                      layer_parameters=sum(p.numel() for p in layers[0].parameters()), hidden_size=text.hidden_size,
+                      intermediate_size=text.intermediate_size, num_layers=len(layers), num_heads=heads,
+                      num_kv_heads=getattr(text, "num_key_value_heads", None) or heads, head_dim=head_dim,
+                      vocab_size=text.vocab_size, tied=bool(getattr(text, "tie_word_embeddings", False)))
+
+
+# ---- the memory model ------------------------------------------------------------------------------------------
+
+def dtype_bytes(name: str) -> int:
+    """Bytes per element of a torch floating dtype name ("bfloat16" -> 2)."""
+    if name not in DTYPE_BYTES:
+        raise PlanError(f"model.dtype {name!r} is not one of {', '.join(DTYPE_BYTES)}")
+    return DTYPE_BYTES[name]
+
+
+def layer_activation_bytes(shape: ModelShape, act_bytes: int) -> int:
+    """Bytes one decoder layer saves for backward per token (module docstring: Korthikanti et al. 2022's count)."""
+    b, h = act_bytes, shape.hidden_size
+    return (6 * b + 8) * h + 4 * b * shape.intermediate_size + 2 * b * shape.num_kv_heads * shape.head_dim \
+        + 4 * shape.num_heads
+
+
+def outside_activation_bytes(shape: ModelShape, act_bytes: int, checkpointing: bool = False) -> int:
+    """Bytes saved per token outside the decoder layers: the embedding output and the final norm's ((b + 4)*h), the
+    rotary cos/sin tables the layers share (2b*head_dim; recomputed inside checkpointed layers) and 12 bytes of ids
+    and positions."""
+    rotary = 0 if checkpointing else 2 * act_bytes * shape.head_dim
+    return (act_bytes + 4) * shape.hidden_size + rotary + 12
+
+
+def stored_activation_bytes(shape: ModelShape, tokens: int, act_bytes: int, checkpointing: bool) -> int:
+    """What autograd keeps after the forward pass of `tokens` tokens (the part the test measures)."""
+    per_layer = act_bytes * shape.hidden_size if checkpointing else layer_activation_bytes(shape, act_bytes)
+    return tokens * (shape.num_layers * per_layer + outside_activation_bytes(shape, act_bytes, checkpointing))
+
+
+def learner_terms(shape: ModelShape, learner: LearnerConfig, *, dtype: str, on_gpu: bool) -> list[Term]:
+    """One learner rank's memory, term by term (module docstring), for `learner.ranks` ranks.
+
+    One rank is the plain Learner: no FSDP, so no buffers and no mixed precision (it computes in the weights'
+    dtype), and it applies neither activation checkpointing nor CPU offload. More ranks are FSDP2's.
+    """
+    p, ranks, tokens = dtype_bytes(dtype), learner.ranks, learner.micro_batch_tokens
+    sharded = ranks > 1
+    b = 2 if on_gpu and sharded else p  # FSDP's mixed precision computes in bf16 on GPUs
+    offload = learner.cpu_offload and sharded
+    ckpt = learner.activation_checkpointing and sharded
+    device = "gpu" if on_gpu else "host"
+    where = "host" if offload else device
+    shard = f"{dtype}, 1/{ranks} of {shape.parameters:,}" if sharded else f"{dtype}, {shape.parameters:,} (one rank)"
+    offloaded = " (learner.cpu_offload: on the host)" if offload else ""
+    layer = layer_activation_bytes(shape, b)
+    activations = stored_activation_bytes(shape, tokens, b, ckpt) + (2 if ckpt else 1) * tokens * layer
+    how = ("checkpointing on: each layer keeps its input, one layer recomputed at a time" if ckpt else
+           f"checkpointing off: all {shape.num_layers} layers keep theirs")
+    master = "FSDP2 keeps no fp32 master copy" if sharded else "the plain Learner keeps no fp32 master copy"
+    terms = [
+        Term("parameters", math.ceil(shape.parameters * p / ranks), where, shard + offloaded),
+        Term("gradients", math.ceil(shape.parameters * p / ranks), where,
+             f"{dtype}{' (reduced in fp32, kept in the parameters dtype)' if sharded else ''}{offloaded}"),
+        Term("optimizer state", math.ceil(2 * shape.parameters * p / ranks), where,
+             f"AdamW exp_avg + exp_avg_sq in {dtype}, the parameters' dtype ({master}){offloaded}"),
+    ]
+    if sharded:
+        terms.append(Term("FSDP buffers",
+                          (shape.root_parameters + 2 * shape.layer_parameters) * b + 4 * shape.layer_parameters,
+                          device, "unsharded root (embeddings, LM head) and 2 layers in the compute dtype, "
+                                  "one layer's fp32 gradient"))
+    terms += [
+        Term("activations", activations, device,
+             f"{tokens:,} tokens a micro-batch, {how} ({layer:,} B per token and layer)"),
+        Term("loss head", tokens * shape.vocab_size * (b + 12), device,
+             f"logits of up to {tokens:,} trained tokens x {shape.vocab_size:,} vocab: {b}-byte + 3 fp32 copies"),
+    ]
+    return terms
+
+
+def gpu_bytes(terms: list[Term]) -> int:
+    """The GPU terms' sum."""
+    return sum(t.bytes for t in terms if t.where == "gpu")
+
+
+# ---- the plan --------------------------------------------------------------------------------------------------
+
+def learner_on_gpu(config: TrainConfig) -> bool:
+    """Whether the learner ranks train on GPUs (ray: learner GPUs reserved; local: model.device is CUDA)."""
+    if config.launcher == "ray":
+        return config.ray.learner_gpus > 0
+    return config.model.device.startswith("cuda")
+
+
+def make_plan(config: TrainConfig, *, gpu_memory_gib: float = 80.0) -> Plan:
+    """The run's resource plan and memory estimate; `refusal` says why it cannot fit (and what would), else None."""
+    if not gpu_memory_gib > 0:
+        raise PlanError(f"--gpu-memory-gib must be > 0, got {gpu_memory_gib}")
+    if config.launcher == "ray":
+        check_ray_config(config)
+    shape = model_shape(config.model.path)
+    on_gpu = learner_on_gpu(config)
+    capacity = int(gpu_memory_gib * GIB)
+    terms = learner_terms(shape, config.learner, dtype=config.model.dtype, on_gpu=on_gpu)
+    p = dtype_bytes(config.model.dtype)
+    groups, total = _ray_groups(config) if config.launcher == "ray" else _local_groups(config, on_gpu)
+    host = [Term("model load", shape.parameters * p, "host",
+                 "each rank reads the whole model into host memory before sharding it")]
+    if config.learner.ranks > 1:
+        host.append(Term("consolidated copy (rank 0)", shape.parameters * p, "host",
+                         "rank 0's unsharded copy for weight pushes and checkpoints"))
+    if config.learner.cpu_offload:
+        host.append(Term("offloaded state per rank", sum(t.bytes for t in terms if t.where == "host"
+                                                         and t.name in ("parameters", "gradients", "optimizer state")),
+                         "host", "parameters, gradients and optimizer state of one rank (pinned)"))
+    plan = Plan(config.launcher, config.learner.ranks, shape, groups, total, capacity, on_gpu, terms,
+                0 if config.learner.cpu_offload or not on_gpu else shape.parameters * p, host,
+                _servers(config, shape, capacity))
+    if config.launcher == "local" and on_gpu and config.rollout.engine == "torch":
+        engine = Term("rollout engine weights", shape.parameters * 4, "gpu",
+                      f"rank 0's GPU also holds the in-process TorchEngine's fp32 copy ({config.model.device}), "
+                      "plus its KV cache")
+        plan.learner.append(engine)
+        plan.notes.append("the in-process TorchEngine shares rank 0's GPU: its weights are counted above")
+    if config.learner.ranks == 1 and (config.learner.activation_checkpointing or config.learner.cpu_offload):
+        plan.notes.append("learner.ranks=1 runs the plain Learner, which applies neither learner.activation_checkpointing "
+                          "nor learner.cpu_offload (the sharded learner does, from 2 ranks): the estimate leaves them out")
+    longest = config.rollout.max_context
+    if longest > config.learner.micro_batch_tokens:
+        alone = dataclasses.replace(config.learner, micro_batch_tokens=longest)
+        worst = gpu_bytes(learner_terms(shape, alone, dtype=config.model.dtype, on_gpu=on_gpu))
+        plan.notes.append(f"a trajectory longer than learner.micro_batch_tokens ({config.learner.micro_batch_tokens:,}) "
+                          f"is trained alone in a micro-batch of its own length: one of rollout.max_context "
+                          f"({longest:,}) tokens, all trained, would need {worst / GIB:.1f} GiB per learner GPU")
+    plan.refusal = _refusal(plan, config)
+    return plan
+
+
+def _ray_groups(config: TrainConfig) -> tuple[list[Group], dict[str, float]]:
+    """The Ray launcher's actors: learner ranks in one placement group, SGLang servers, rollout actors."""
+    ray_cfg, ranks = config.ray, config.learner.ranks
+    total = required_resources(config)
+    learner_gpus = total["GPU"] - ray_cfg.sglang_servers * ray_cfg.sglang_gpus_per_server \
+        - ray_cfg.num_rollout_actors * ray_cfg.rollout_gpus
+    learner_cpus = total["CPU"] - ray_cfg.sglang_servers - ray_cfg.num_rollout_actors * ray_cfg.rollout_cpus
+    if ranks > 1:
+        how = f"one placement group (PACK: as few nodes as hold them), FSDP2 over {'NCCL' if learner_gpus else 'gloo'}"
+    else:
+        how = "the plain Learner" + (" in a placement group" if learner_gpus else "")
+    groups = [Group("learner ranks", ranks, learner_cpus / ranks, learner_gpus / ranks, how)]
+    if ray_cfg.sglang_servers:
+        kind = "SGLang" if ray_cfg.sglang_server == "sglang" else "searchgym serve model"
+        groups.append(Group("inference servers", ray_cfg.sglang_servers, 1, ray_cfg.sglang_gpus_per_server,
+                            f"{kind}, --tp-size {ray_cfg.sglang_gpus_per_server}"))
+    elif config.rollout.engine == "sglang":
+        groups.append(Group("inference servers", len(config.rollout.sglang_addresses), 0, 0,
+                            "already running (rollout.sglang_addresses): not reserved here"))
+    engine = "its TorchEngine" if config.rollout.engine == "torch" else "SGLang clients"
+    groups.append(Group("rollout actors", ray_cfg.num_rollout_actors, ray_cfg.rollout_cpus, ray_cfg.rollout_gpus,
+                        f"{engine}, envs and a staleness controller over {config.rollout.batch_size} / "
+                        f"{ray_cfg.num_rollout_actors} groups a step"))
+    where = ray_cfg.address or "a local cluster started here"
+    return groups, {**total, "cluster": where}
+
+
+def _local_groups(config: TrainConfig, on_gpu: bool) -> tuple[list[Group], dict[str, float]]:
+    """The local launcher's processes: this one (loop, rank 0, engine) and the follower ranks."""
+    ranks, device = config.learner.ranks, config.model.device
+    gpu = 1.0 if on_gpu else 0.0
+    engine = ("an in-process TorchEngine" if config.rollout.engine == "torch"
+              else f"SGLang clients of {len(config.rollout.sglang_addresses)} running servers")
+    groups = [Group("this process", 1, 1, gpu, f"the training loop, learner rank 0 and {engine}, on "
+                    + (f"{device}:0" if on_gpu and ranks > 1 and ":" not in device else device))]
+    if ranks > 1:
+        devices = f"cuda:1..cuda:{ranks - 1}" if on_gpu else "cpu"
+        groups.append(Group("follower ranks", ranks - 1, 1, gpu, f"spawned processes replaying rank 0's "
+                            f"collectives, on {devices} ({'NCCL' if on_gpu else 'gloo'})"))
+    return groups, {"CPU": float(ranks), "GPU": gpu * ranks}
+
+
+def _servers(config: TrainConfig, shape: ModelShape, capacity: int) -> dict[str, Any] | None:
+    """SGLang servers launched on GPUs: weights per GPU against the static pool, and the KV cache left."""
+    ray_cfg = config.ray
+    if config.launcher != "ray" or not ray_cfg.sglang_servers or ray_cfg.sglang_server != "sglang":
+        return None
+    tp = max(ray_cfg.sglang_gpus_per_server, 1)
+    args = list(ray_cfg.sglang_args)
+    dtype = args[args.index("--dtype") + 1] if "--dtype" in args[:-1] else config.model.dtype
+    size = DTYPE_BYTES.get(dtype, dtype_bytes(config.model.dtype))
+    weights = math.ceil(shape.parameters * size / tp)
+    pool = int(ray_cfg.sglang_mem_fraction_static * capacity)
+    kv_per_token = 2 * shape.num_layers * max(1, math.ceil(shape.num_kv_heads / tp)) * shape.head_dim * size
+    kv_tokens = max(pool - weights, 0) // kv_per_token
+    in_flight = math.ceil(config.rollout.max_concurrent_rollouts / ray_cfg.sglang_servers)
+    return {"servers": ray_cfg.sglang_servers, "tp": tp, "dtype": dtype, "weights_per_gpu_bytes": weights,
+            "mem_fraction_static": ray_cfg.sglang_mem_fraction_static, "static_pool_bytes": pool,
+            "kv_bytes_per_token": kv_per_token, "kv_cache_tokens": kv_tokens, "episodes_per_server": in_flight,
+            "full_context_episodes": kv_tokens // max(config.rollout.max_context, 1)}
+
+
+# ---- the verdict -----------------------------------------------------------------------------------------------
+
+def _fits(config: TrainConfig, shape: ModelShape, learner: LearnerConfig, capacity: int, extra: int) -> int:
+    """GPU bytes of one rank under `learner` (with `extra` bytes of other GPU terms), or -1 when it does not fit."""
+    need = gpu_bytes(learner_terms(shape, learner, dtype=config.model.dtype, on_gpu=True)) + extra
+    return need if need <= capacity else -1
+
+
+def remedies(config: TrainConfig, shape: ModelShape, capacity: int, extra: int = 0) -> list[str]:
+    """Settings that would make one learner rank fit `capacity`, each computed with the estimate itself.
+
+    CPU offload and activation checkpointing need the sharded learner: from one rank they are proposed with two.
+    """
+    learner, found = config.learner, []
+    gib = lambda n: f"{n / GIB:.1f} GiB"  # noqa: E731
+    # from 2 ranks up every sharded term shrinks and nothing grows: the fewest ranks that fit, by bisection
+    low, high = max(learner.ranks + 1, 2), MAX_RANKS
+    if _fits(config, shape, dataclasses.replace(learner, ranks=high), capacity, extra) < 0:
+        unsharded = gpu_bytes(learner_terms(shape, dataclasses.replace(learner, ranks=high),
+                                            dtype=config.model.dtype, on_gpu=True)) + extra
+        found.append(f"no number of ranks (what FSDP does not shard alone needs {gib(unsharded)})")
+    else:
+        while low < high:
+            mid = (low + high) // 2
+            if _fits(config, shape, dataclasses.replace(learner, ranks=mid), capacity, extra) >= 0:
+                high = mid
+            else:
+                low = mid + 1
+        need = _fits(config, shape, dataclasses.replace(learner, ranks=low), capacity, extra)
+        found.append(f"learner.ranks={low} ({gib(need)} per GPU)")
+    for key in ("cpu_offload", "activation_checkpointing"):
+        if not getattr(learner, key) or learner.ranks == 1:
+            ranks = max(learner.ranks, 2)
+            need = _fits(config, shape, dataclasses.replace(learner, ranks=ranks, **{key: True}), capacity, extra)
+            if need >= 0:
+                more = f"learner.ranks={ranks} and " if ranks != learner.ranks else ""
+                found.append(f"{more}learner.{key}=true ({gib(need)} per GPU)")
+    low, high = 0, learner.micro_batch_tokens - 1  # the largest token budget that fits
+    while low < high:
+        mid = (low + high + 1) // 2
+        if _fits(config, shape, dataclasses.replace(learner, micro_batch_tokens=mid), capacity, extra) >= 0:
+            low = mid
+        else:
+            high = mid - 1
+    if low > 0:
+        need = _fits(config, shape, dataclasses.replace(learner, micro_batch_tokens=low), capacity, extra)
+        found.append(f"learner.micro_batch_tokens={low} ({gib(need)} per GPU)")
+    return found
+
+
+def _refusal(plan: Plan, config: TrainConfig) -> str | None:
+    """Why this plan cannot fit its GPUs (naming the biggest term and what would fit), or None."""
+    problems, capacity = [], plan.gpu_memory_bytes
+    gib = lambda n: f"{n / GIB:.1f} GiB"  # noqa: E731
+    if plan.on_gpu and plan.learner_gpu_bytes > capacity:
+        ranked = sorted((t for t in plan.learner if t.where == "gpu"), key=lambda t: -t.bytes)
+        extra = sum(t.bytes for t in plan.learner if t.name == "rollout engine weights")
+        terms = ", ".join(f"{t.name} {gib(t.bytes)}" for t in ranked)
+        fixes = " or ".join(remedies(config, plan.model, capacity, extra)) or (
+            "none of learner.ranks, cpu_offload, activation_checkpointing or micro_batch_tokens alone")
+        problems.append(f"one learner rank needs {gib(plan.learner_gpu_bytes)} of a {gib(capacity)} GPU; the biggest "
+                        f"term is {ranked[0].name} ({gib(ranked[0].bytes)}: {ranked[0].detail}); by size: {terms}. "
+                        f"It would fit with {fixes}")
+    elif plan.on_gpu and plan.load_bytes > capacity:
+        problems.append(f"each learner rank loads the whole model ({gib(plan.load_bytes)}) onto its GPU before "
+                        f"sharding it, more than its {gib(capacity)}: set learner.cpu_offload=true")
+    servers = plan.servers
+    if servers and servers["weights_per_gpu_bytes"] >= servers["static_pool_bytes"]:
+        tp = next((t for t in (2, 4, 8, 16) if t > servers["tp"] and
+                   servers["weights_per_gpu_bytes"] * servers["tp"] / t < servers["static_pool_bytes"]), None)
+        need = servers["weights_per_gpu_bytes"] / capacity
+        problems.append(f"an SGLang server's weights take {gib(servers['weights_per_gpu_bytes'])} per GPU, more than "
+                        f"ray.sglang_mem_fraction_static={servers['mem_fraction_static']} of {gib(capacity)} "
+                        f"({gib(servers['static_pool_bytes'])}) leaves for weights and KV cache: raise "
+                        f"ray.sglang_mem_fraction_static above {need:.2f}"
+                        + (f" or set ray.sglang_gpus_per_server={tp}" if tp else ""))
+    return "; ".join(problems) or None
+
+
+# ---- output ----------------------------------------------------------------------------------------------------
+
+def plan_text(plan: Plan) -> str:
+    """The plan as a few aligned lines for a terminal."""
+    gib = lambda n: f"{n / GIB:7.2f} GiB"  # noqa: E731
+    m = plan.model
+    lines = [f"model    {m.name}: {m.parameters:,} parameters ({m.num_layers} layers, hidden {m.hidden_size}, "
+             f"vocab {m.vocab_size}{', tied embeddings' if m.tied else ''})",
+             f"         shapes from {m.source}", "",
+             f"resources (launcher {plan.launcher}" + (f", cluster: {plan.total['cluster']})" if "cluster" in plan.total
+                                                      else ")")]
+    for g in plan.groups:
+        lines.append(f"  {g.name:<18} {g.count:>3} x {{CPU {g.cpus:g}, GPU {g.gpus:g}}}  {g.detail}")
+    lines.append(f"  {'total':<18} {plan.total['GPU']:g} GPUs, {plan.total['CPU']:g} CPUs")
+    device = "GPU" if plan.on_gpu else "process (CPU)"
+    kind = f"{plan.ranks} FSDP2 ranks" if plan.ranks > 1 else "one rank: the plain Learner"
+    lines += ["", f"learner memory per rank's {device} ({kind}; an upper bound: every term at once)"]
+    for t in plan.learner:
+        where = "" if t.where == "gpu" or not plan.on_gpu else " [host]"
+        lines.append(f"  {t.name:<24}{gib(t.bytes)}{where}  {t.detail}")
+    if plan.on_gpu:
+        lines.append(f"  {'total':<24}{gib(plan.learner_gpu_bytes)} of {plan.gpu_memory_bytes / GIB:g} GiB")
+    for t in plan.host:
+        lines.append(f"  host: {t.name:<18}{gib(t.bytes)}  {t.detail}")
+    s = plan.servers
+    if s:
+        lines += ["", f"SGLang servers ({s['servers']} x tp {s['tp']}, {s['dtype']})",
+                  f"  weights per GPU         {gib(s['weights_per_gpu_bytes'])}  of the static pool "
+                  f"{s['mem_fraction_static']} x {plan.gpu_memory_bytes / GIB:g} GiB = {gib(s['static_pool_bytes']).strip()}",
+                  f"  KV cache                {s['kv_cache_tokens']:>11,} tokens ({s['kv_bytes_per_token']:,} B each): "
+                  f"{s['full_context_episodes']:,} full-context episodes; up to {s['episodes_per_server']} in flight "
+                  "per server"]
+    lines += [f"note: {n}" for n in plan.notes]
+    lines.append("")
+    lines.append("fits: yes" if plan.refusal is None else "fits: NO (why, and what would fit: below)")
+    return "\n".join(lines)
+

@@ -1,0 +1,285 @@
+"""`searchgym train --dry-run`: the resource plan and per-GPU memory estimate (trainers/plan.py).
+
+Parameter counts are the real model's; the byte terms are hand-computed; the activation formula is checked against
+the bytes autograd really saves for real Qwen2 models; the 7B configs plan as they intend; what cannot fit is
+refused with the biggest term named and remedies that, applied, do fit; and a dry run starts and writes nothing.
+"""
+import dataclasses
+import functools
+import json
+import math
+import multiprocessing
+import re
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+from searchgym.cli import main
+from searchgym.trainers.config import LearnerConfig, ModelConfig, TrainConfig, load_config
+from searchgym.trainers.plan import (
+    GIB,
+    PlanError,
+    gpu_bytes,
+    learner_terms,
+    make_plan,
+    model_shape,
+    remedies,
+    stored_activation_bytes,
+)
+from searchgym.trainers.ray_launcher import required_resources
+
+CONFIGS = Path(__file__).parents[2] / "configs"
+ASEARCHER = sorted(CONFIGS.glob("asearcher-7b-*.yaml"))
+QWEN_7B = 7_615_616_512  # sum(p.numel()) of Qwen2.5-7B (the model card's 7.61B)
+
+
+@functools.cache
+def seven_b():
+    """Qwen2.5-7B's shapes (built once on the meta device)."""
+    return model_shape("Qwen/Qwen2.5-7B")
+
+
+def dry_run(capsys, *args: str) -> tuple[int, str, str]:
+    """`searchgym train --dry-run ARGS`: exit status, stdout, stderr."""
+    code = main(["train", "--dry-run", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---- parameters and bytes per term ------------------------------------------------------------------------------
+
+def test_the_parameter_count_is_the_real_models(tiny_model_dir):
+    shape = model_shape(str(tiny_model_dir))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert shape.parameters == sum(p.numel() for p in model.parameters()) == 223_808  # tied embeddings once
+    assert shape.layer_parameters == sum(p.numel() for p in model.model.layers[0].parameters())
+    assert shape.root_parameters == 2048 * 64 + 64  # the embedding (tied with the LM head) and the final norm
+    assert str(tiny_model_dir) in shape.source
+    # model.path null (a fresh tiny model built into the run) plans the model the run would build
+    assert model_shape(None).parameters == shape.parameters
+
+
+def test_the_table_gives_qwen25_7b_and_names_its_source():
+    shape = model_shape("Qwen/Qwen2.5-7B-Instruct")  # an alias of the base model's shapes
+    assert shape.parameters == QWEN_7B
+    assert (shape.hidden_size, shape.num_layers, shape.vocab_size, shape.tied) == (3584, 28, 152064, False)
+    assert "shapes.json" in shape.source
+
+
+def test_an_unknown_model_is_refused_naming_the_known_ones(capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(PlanError, match="Qwen/Qwen2.5-7B"):
+        model_shape("nobody/no-such-model")
+    code, _, err = dry_run(capsys, "model.path=nobody/no-such-model")
+    assert code == 2 and "no-such-model" in err and "Traceback" not in err
+
+
+def test_bytes_per_term_are_the_hand_computed_ones(tiny_model_dir):
+    shape = model_shape(str(tiny_model_dir))  # P = 223,808; one layer 46,336; h 64, I 176, L 2, 4 heads, 2 kv, V 2048
+    two = LearnerConfig(ranks=2, micro_batch_tokens=1000)
+    terms = {t.name: t for t in learner_terms(shape, two, dtype="float32", on_gpu=True)}
+    assert terms["parameters"].bytes == terms["gradients"].bytes == 223_808 * 4 // 2 == 447_616
+    assert terms["optimizer state"].bytes == 2 * 447_616  # AdamW's two states in the parameters' dtype
+    # root (131,136) + 2 layers in bf16, one layer's fp32 gradient
+    assert terms["FSDP buffers"].bytes == (131_136 + 2 * 46_336) * 2 + 4 * 46_336 == 632_960
+    # per token and layer in bf16: (6*2+8)*64 + 4*2*176 + 2*2*(2*16) + 4*4 = 1280 + 1408 + 128 + 16 = 2832;
+    # outside the layers: (2+4)*64 + 2*2*16 + 12 = 460; stored 1000*(2*2832 + 460), plus one layer of backward work
+    assert terms["activations"].bytes == 1000 * (2 * 2832 + 460) + 1000 * 2832 == 8_956_000
+    assert terms["loss head"].bytes == 1000 * 2048 * (2 + 12)  # bf16 logits + 3 fp32 copies per trained token
+    assert all(t.where == "gpu" for t in terms.values())
+
+    # checkpointing: each layer keeps its input (2*64 B a token), one layer recomputed (and its gradients)
+    ckpt = {t.name: t.bytes for t in learner_terms(shape, LearnerConfig(ranks=2, micro_batch_tokens=1000,
+                                                                        activation_checkpointing=True),
+                                                   dtype="float32", on_gpu=True)}
+    assert ckpt["activations"] == 1000 * (2 * 128 + (2 + 4) * 64 + 12) + 2 * 1000 * 2832
+    # offload: parameters, gradients and optimizer state move to the host, the rest stays on the GPU
+    offload = learner_terms(shape, LearnerConfig(ranks=2, micro_batch_tokens=1000, cpu_offload=True),
+                            dtype="float32", on_gpu=True)
+    assert {t.name for t in offload if t.where == "host"} == {"parameters", "gradients", "optimizer state"}
+    assert gpu_bytes(offload) == 632_960 + 8_956_000 + 1000 * 2048 * 14
+
+    # one rank is the plain Learner: whole terms, no FSDP buffers, fp32 compute, and it ignores checkpointing
+    one = {t.name: t.bytes for t in learner_terms(shape, LearnerConfig(ranks=1, micro_batch_tokens=1000,
+                                                                       activation_checkpointing=True),
+                                                  dtype="float32", on_gpu=True)}
+    layer = (6 * 4 + 8) * 64 + 4 * 4 * 176 + 2 * 4 * 32 + 4 * 4  # 5136 per token and layer in fp32
+    assert one == {"parameters": 895_232, "gradients": 895_232, "optimizer state": 1_790_464,
+                   "activations": 1000 * (2 * layer + 8 * 64 + 8 * 16 + 12) + 1000 * layer,
+                   "loss head": 1000 * 2048 * 16}
+
+
+def _saved_bytes(model: torch.nn.Module, tokens: int) -> int:
+    """Bytes of the tensors autograd saves for backward in one forward pass (each storage once, parameters not)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen.setdefault(storage.data_ptr(), storage.nbytes())
+        return tensor
+
+    ids = torch.randint(0, model.config.vocab_size, (1, tokens))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.base_model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["stored", "checkpointed"])
+@pytest.mark.parametrize(("dims", "dtype"), [
+    ({"hidden_size": 256, "intermediate_size": 704, "num_attention_heads": 4, "num_key_value_heads": 2}, "bfloat16"),
+    ({"hidden_size": 192, "intermediate_size": 500, "num_attention_heads": 6, "num_key_value_heads": 6}, "bfloat16"),
+    ({"hidden_size": 128, "intermediate_size": 352, "num_attention_heads": 8, "num_key_value_heads": 2}, "float32"),
+])
+def test_the_activation_formula_is_what_autograd_saves(tmp_path, dims, dtype, checkpointing):
+    """Korthikanti et al.'s count applied to Qwen2, against a real model's saved tensors (CPU, SDPA attention)."""
+    config = Qwen2Config(num_hidden_layers=3, vocab_size=512, tie_word_embeddings=False, **dims)
+    config.save_pretrained(tmp_path)  # config.json alone: the plan reads shapes, never weights
+    shape = model_shape(str(tmp_path))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(getattr(torch, dtype)).train()
+    if checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    tokens = 256
+    measured = _saved_bytes(model, tokens)
+    predicted = stored_activation_bytes(shape, tokens, 2 if dtype == "bfloat16" else 4, checkpointing)
+    assert predicted == pytest.approx(measured, rel=0.01), (predicted, measured)
+
+
+# ---- the shipped 7B configs ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ASEARCHER, ids=lambda p: p.name)
+def test_the_asearcher_configs_plan_what_they_intend(path, capsys, tmp_path):
+    out_dir = tmp_path / "run"
+    code, out, err = dry_run(capsys, "--json", "--config", str(path), f"out_dir={out_dir}")
+    plan = json.loads(out)
+    config = load_config(path)
+    assert plan["model"]["parameters"] == QWEN_7B and "shapes.json" in plan["model"]["source"]
+    # resources: the launcher's own totals, split into learner ranks, servers and rollout actors
+    groups = {g["name"]: g for g in plan["groups"]}
+    needed = required_resources(config)
+    for kind, key in (("GPU", "gpus"), ("CPU", "cpus")):
+        assert sum(g["count"] * g[key] for g in plan["groups"]) == pytest.approx(needed[kind]) == plan["total"][kind]
+    learner = groups["learner ranks"]
+    assert learner["count"] == config.learner.ranks and learner["gpus"] == config.ray.learner_gpus > 0
+    assert groups["inference servers"]["count"] == config.ray.sglang_servers
+    assert groups["inference servers"]["gpus"] == config.ray.sglang_gpus_per_server
+    assert groups["rollout actors"]["count"] == config.ray.num_rollout_actors
+    # memory: the learner's GPU terms fit 80 GiB, sharded over the configured ranks
+    terms = {t["name"]: t for t in plan["learner_memory"]}
+    assert terms["optimizer state"]["bytes"] == math.ceil(2 * QWEN_7B * 2 / config.learner.ranks)
+    assert plan["learner_gpu_bytes"] == sum(t["bytes"] for t in plan["learner_memory"] if t["where"] == "gpu")
+    assert plan["gpu_memory_bytes"] == 80 * GIB
+    servers = plan["servers"]
+    assert servers["weights_per_gpu_bytes"] == math.ceil(QWEN_7B * 2 / config.ray.sglang_gpus_per_server)
+    assert servers["weights_per_gpu_bytes"] < servers["static_pool_bytes"] == int(config.ray.sglang_mem_fraction_static
+                                                                                   * 80 * GIB)
+    assert servers["kv_cache_tokens"] > config.rollout.max_context
+    assert not out_dir.exists()  # nothing written
+
+
+def test_a_dry_run_starts_nothing_and_writes_nothing(capsys, tmp_path, tiny_model_dir):
+    out_dir = tmp_path / "run"
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    code, out, _ = dry_run(capsys, "--config", str(CONFIGS / "quickstart-cpu.yaml"), f"model.path={tiny_model_dir}",
+                           f"out_dir={out_dir}", "learner.ranks=2")
+    assert code == 0 and "nothing started, nothing written" in out and "follower ranks" in out
+    assert not out_dir.exists()
+    assert {p.pid for p in psutil.Process().children(recursive=True)} == before and not multiprocessing.active_children()
+    import ray
+
+    assert not ray.is_initialized()
+
+
+def test_plan_flags_need_dry_run(capsys):
+    assert main(["train", "--json"]) == 2
+    assert "--dry-run" in capsys.readouterr().err
+
+
+# ---- refusals ------------------------------------------------------------------------------------------------
+
+def _remedies(message: str) -> list[list[str]]:
+    """The overrides a refusal proposes: 'learner.ranks=2 and learner.cpu_offload=true (...)' -> [[...], ...]."""
+    fixes = message.split("It would fit with ", 1)[1]
+    return [re.findall(r"learner\.\w+=\w+", fix) for fix in fixes.split(" or ")]
+
+
+def test_a_7b_single_rank_plan_is_refused_naming_the_optimizer_state(capsys):
+    asearcher = str(CONFIGS / "asearcher-7b-local.yaml")
+    code, out, err = dry_run(capsys, "--config", asearcher, "learner.ranks=1", "ray.learner_gpus=1",
+                             "learner.cpu_offload=false", "--gpu-memory-gib", "80")
+    assert code == 2 and "fits: NO" in out
+    message = err.strip()
+    assert message.count("\n") == 0 and message.startswith("searchgym: error: this plan does not fit")
+    optimizer = 2 * QWEN_7B * 2 / GIB  # AdamW's two bf16 states of 7.6B parameters, unsharded: 28.4 GiB
+    assert f"optimizer state {optimizer:.1f} GiB" in message
+    # each proposed remedy, applied, fits: computed by the estimate, not guessed
+    fixes = _remedies(message)
+    assert {key.split("=")[0] for fix in fixes for key in fix} >= {"learner.ranks", "learner.cpu_offload",
+                                                                   "learner.activation_checkpointing",
+                                                                   "learner.micro_batch_tokens"}
+    for fix in fixes:
+        config = load_config(asearcher, ["learner.ranks=1", "ray.learner_gpus=1", *fix])
+        assert make_plan(config).refusal is None, fix
+    ranks = next(int(k.split("=")[1]) for fix in fixes if len(fix) == 1 for k in fix if k.startswith("learner.ranks"))
+    assert make_plan(load_config(asearcher, [f"learner.ranks={ranks - 1}", "ray.learner_gpus=1"])).refusal is not None
+
+
+def test_fp32_full_parameter_training_names_the_optimizer_state_as_the_biggest_term(capsys):
+    code, _, err = dry_run(capsys, "--config", str(CONFIGS / "asearcher-7b-local.yaml"), "learner.ranks=1",
+                           "ray.learner_gpus=1", "model.dtype=float32", "learner.micro_batch_tokens=1024")
+    assert code == 2
+    assert f"the biggest term is optimizer state ({2 * QWEN_7B * 4 / GIB:.1f} GiB" in err
+
+
+def test_sglang_weights_that_overflow_the_static_pool_are_refused():
+    config = load_config(CONFIGS / "asearcher-7b-local.yaml", ["learner.ranks=4", "ray.learner_gpus=1",
+                                                               "learner.activation_checkpointing=true",
+                                                               "ray.sglang_mem_fraction_static=0.1"])
+    refusal = make_plan(config).refusal
+    assert refusal and "ray.sglang_mem_fraction_static above 0.18" in refusal  # 14.2 GiB of 80
+    assert "ray.sglang_gpus_per_server=2" in refusal  # 7.1 GiB per GPU < 8 GiB
+    fixed = load_config(CONFIGS / "asearcher-7b-local.yaml", ["learner.ranks=4", "ray.learner_gpus=1",
+                                                              "learner.activation_checkpointing=true",
+                                                              "ray.sglang_mem_fraction_static=0.1",
+                                                              "ray.sglang_servers=6", "ray.sglang_gpus_per_server=2"])
+    assert make_plan(fixed).refusal is None
+
+
+def test_the_local_launcher_counts_the_engine_on_rank_0s_gpu(tiny_model_dir):
+    config = load_config(CONFIGS / "quickstart-cpu.yaml", [f"model.path={tiny_model_dir}", "model.device=cuda",
+                                                           "learner.ranks=2"])
+    plan = make_plan(config, gpu_memory_gib=1)
+    names = [g.name for g in plan.groups]
+    assert names == ["this process", "follower ranks"] and plan.total == {"CPU": 2.0, "GPU": 2.0}
+    assert any(t.name == "rollout engine weights" and t.bytes == 223_808 * 4 for t in plan.learner)
+    assert make_plan(config, gpu_memory_gib=0.001).refusal  # a GPU smaller than the terms: refused
+    assert make_plan(load_config(CONFIGS / "quickstart-cpu.yaml", [f"model.path={tiny_model_dir}"]),
+                     gpu_memory_gib=0.001).refusal is None  # on CPU there is no GPU to overflow
+
+
+@settings(max_examples=60, deadline=None)
+@given(ranks=st.integers(1, 16), tokens=st.integers(256, 65_536), ckpt=st.booleans(), offload=st.booleans(),
+       dtype=st.sampled_from(["bfloat16", "float32"]), gib=st.sampled_from([24, 40, 80, 141]))
+def test_every_proposed_remedy_fits(ranks, tokens, ckpt, offload, dtype, gib):
+    """Whatever the settings, each remedy a refusal would propose, applied to those settings, fits the GPU."""
+    learner = LearnerConfig(ranks=ranks, micro_batch_tokens=tokens, activation_checkpointing=ckpt, cpu_offload=offload)
+    config = TrainConfig(learner=learner, model=ModelConfig(path="Qwen/Qwen2.5-7B", dtype=dtype))
+    if gpu_bytes(learner_terms(seven_b(), learner, dtype=dtype, on_gpu=True)) <= gib * GIB:
+        return
+    fixes = remedies(config, seven_b(), gib * GIB)
+    assert fixes
+    for fix in fixes:
+        changes = {key.removeprefix("learner."): json.loads(value)
+                   for key, value in (kv.split("=") for kv in re.findall(r"learner\.\w+=\w+", fix))}
+        if not changes:
+            assert fix.startswith("no number of ranks"), fix
+            continue
+        fixed = dataclasses.replace(learner, **changes)
+        assert gpu_bytes(learner_terms(seven_b(), fixed, dtype=dtype, on_gpu=True)) <= gib * GIB, fix

@@ -11,7 +11,7 @@ from searchgym.bench.kills import (drill_agent_synthesis, drill_eval, drill_kbwa
                                    json_rows)
 from searchgym.envs.tasks import TaskPool
 from tests.conftest import SMALL, WARM_ENV
-from tests.synthesis.test_qa_agent import StandInLLM, stand_in_server
+from searchgym.bench.stand_in_llm import StandInLLM, stand_in_server
 
 RNG = random.Random(15)  # the kill points are drawn once, so every run of the suite kills at the same rows
 

@@ -1,133 +1,22 @@
 """The QA-synthesis agent: control flow, defensive parsing and every rejection path, driven through
-OpenAIEngine against a rule-based stand-in LLM (a test double speaking the OpenAI chat completions wire
-format on loopback), plus the real tiny model through our model server, the CLI, resuming, and loading a
-synthesized pool into LocalQA-v0."""
+OpenAIEngine against a rule-based stand-in LLM (searchgym.bench.stand_in_llm: a test double speaking the
+OpenAI chat completions wire format on loopback, shared with the reliability bench), plus the real tiny
+model through our model server, the CLI, resuming, and loading a synthesized pool into LocalQA-v0."""
 import asyncio
-import contextlib
 import json
 import re
-import threading
-import time
 
 import gymnasium as gym
 import pytest
-from aiohttp import web
 
 import searchgym  # noqa: F401  (registers the env ids)
 from searchgym.agents.engines.openai_engine import OpenAIEngine
+from searchgym.bench.stand_in_llm import StandInLLM, stand_in_server
 from searchgym.cli import main as cli_main
-from searchgym.envs.judges import normalize_answer
 from searchgym.envs.tasks import TaskPool
 from searchgym.synthesis.pool import NearDuplicates, asynthesize, summary_path
 from searchgym.synthesis.qa_agent import QAConfig, QASynthesisAgent, Rejected, parse_json_object
 from searchgym.synthesis.run import synthesize
-from tests.servers import ThreadServer
-
-
-class StandInLLM:
-    """TEST DOUBLE: a rule-based stand-in for a chat LLM on /v1/chat/completions (loopback only).
-
-    It recognises each of the agent's prompts by its heading and answers by rule. Its behaviour per seed
-    page comes from `scenarios` (page title -> scenario; default "accept"); every question it writes is
-    remembered, so later prompts (solver, judge) that quote a question map back to the scenario.
-    """
-
-    def __init__(self, scenarios=None):
-        self.scenarios = dict(scenarios or {})
-        self.questions = {}  # question -> {"scenario", "answer", "turn"}
-        self.requests = 0
-        self.lock = threading.Lock()
-
-    # ---- rules ------------------------------------------------------------------------------------------
-    def _entry(self, prompt):
-        line = re.search(r"^(?:Current question|Question): (.*)$", prompt, re.M).group(1)
-        return self.questions[line.strip()]
-
-    def _remember(self, question, scenario, answer, turn=0):
-        self.questions[question] = {"scenario": scenario, "answer": answer, "turn": turn}
-        return question
-
-    def reply(self, prompt):
-        if prompt.startswith("## Task: read a page"):
-            title = re.search(r"^Title: (.*)$", prompt, re.M).group(1)
-            if self.scenarios.get(title) == "malformed":
-                return 'Here you go: {"summary": "cut short, "points": [}'
-            text = prompt.split("Page:\n", 1)[1]
-            first = re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
-            reading = {"summary": f"A page about {title}.", "points": [first, f"The page is titled {title}."]}
-            return "Reading done.\n```json\n" + json.dumps(reading) + "\n```"
-        if prompt.startswith("## Task: propose a question"):
-            title = re.search(r'of the page "(.*)"', prompt).group(1)
-            scenario = self.scenarios.get(title, "accept")
-            first = re.search(r"^- (.*)$", prompt, re.M).group(1)
-            question = "Who or what is this: " + first.replace(title, "this subject").rstrip(".") + "?"
-            self._remember(question, scenario, title)
-            if scenario == "missing":
-                return json.dumps({"question": question, "statement": first})
-            return json.dumps({"question": question, "answer": title, "statement": first})
-        if prompt.startswith("## Task: make the question harder"):
-            entry = self._entry(prompt)
-            entry["turn"] += 1
-            question = re.search(r"^Current question: (.*)$", prompt, re.M).group(1)
-            if entry["turn"] == 1:  # FUZZ: hide the year (or blur the wording)
-                fuzzed = re.sub(r"\b\d{3,4}\b", "a certain year", question)
-                fuzzed = fuzzed if fuzzed != question else question.replace("Who or what", "Which subject")
-                answer = "Somebody Else" if entry["scenario"] == "answer_changed" else entry["answer"]
-                self.questions[fuzzed] = entry
-                return json.dumps({"action": "FUZZ", "question": fuzzed, "answer": answer, "reason": "year"})
-            if entry["turn"] == 2:
-                link = re.search(r"^- (https?://\S+)$", prompt, re.M)
-                if link:
-                    return json.dumps({"action": "INJECT", "url": link.group(1)})
-            return 'Enough. {"action": "EXIT"}'
-        if prompt.startswith("## Task: inject a fact"):
-            entry = self._entry(prompt)
-            question = re.search(r"^Current question: (.*)$", prompt, re.M).group(1)
-            linked = re.search(r'^Linked page "(.*)"', prompt, re.M).group(1)
-            new = question.rstrip("?") + f", and is connected to {linked}?"
-            self.questions[new] = entry
-            return json.dumps({"statement": f"This subject is connected to {linked}.", "question": new,
-                               "answer": entry["answer"]})
-        if prompt.startswith("## Task: check a question's quality"):
-            ok = self._entry(prompt)["scenario"] != "quality"
-            return json.dumps({"fluent": ok, "self_contained": True, "unique_answer": True, "supported": True,
-                               "reason": "reads well" if ok else "a concatenation"})
-        if prompt.startswith("## Task: answer a question without tools"):
-            entry = self._entry(prompt)
-            guess = {"easy": entry["answer"], "nonunique": "Other Candidate"}.get(entry["scenario"], "Nobody Known")
-            return "Hmm, hard.\n" + json.dumps({"answer": guess})
-        if prompt.startswith("You are grading an answer"):
-            labels = re.search(r"^Labelled answer\(s\): (.*)$", prompt, re.M).group(1).split(" | ")
-            predicted = re.search(r"^Predicted answer: (.*)$", prompt, re.M).group(1)
-            ok = any(normalize_answer(predicted) == normalize_answer(label) for label in labels)
-            return json.dumps({"rationale": "compared", "judgement": "Correct" if ok else "Incorrect"})
-        if prompt.startswith("## Task: check an alternative answer"):
-            fits = self._entry(prompt)["scenario"] == "nonunique"
-            return json.dumps({"satisfies_all": fits, "reason": "checked"})
-        return "I do not understand."
-
-    # ---- the wire format ----------------------------------------------------------------------------------
-    async def chat(self, request):
-        body = await request.json()
-        with self.lock:
-            self.requests += 1
-            content = self.reply(body["messages"][-1]["content"])
-        return web.json_response({
-            "id": f"chatcmpl-standin-{self.requests}", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model", "stand-in"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": None,
-                         "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
-
-
-@contextlib.contextmanager
-def stand_in_server(double):
-    """Serve the stand-in on a free loopback port from a thread of its own; yields the base URL (…/v1)."""
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", double.chat)
-    with ThreadServer.app(app) as url:
-        yield url + "/v1"
-
 
 SCENARIOS = ["accept", "malformed", "missing", "quality", "easy", "nonunique", "answer_changed"]
 

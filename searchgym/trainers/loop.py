@@ -121,7 +121,7 @@ async def train_loop(rollouts: RolloutSide, learner: LearnerSide, run_log: RunLo
         stats = await learner.train_step(batch)
         alarm = watchdog.check(step, {**stats, **episode_metrics(batch.groups)}) if watchdog else None
         trained_version, stop = version, None
-        if alarm is None:
+        if alarm is None or watchdog is None:
             version, extra = await learner.push_weights(), {}
             await rollouts.set_trained_version(version)
         elif watchdog.exhausted:

@@ -92,6 +92,9 @@ def load_learner(model: ModelConfig, settings: LearnerConfig, model_dir: Path | 
     """The learner on `model_dir`'s weights (model.device, model.dtype), with optimizer state from `state`."""
     from transformers import AutoModelForCausalLM
 
+    if state and "sharded_ranks" in state["learner"]:
+        raise ValueError(f"the checkpoint was written by a sharded learner of {state['learner']['sharded_ranks']} "
+                         f"ranks: resume it with learner.ranks={state['learner']['sharded_ranks']}")
     weights = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(model.dtype))
     learner = Learner(weights.to(model.device), settings, pad_id=pad_id or 0,
                       version=int(state["learner"]["version"]) if state else 0)

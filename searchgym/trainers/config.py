@@ -35,7 +35,8 @@ class LearnerConfig:
     process_reward: str = "clip"  # "clip" | "delta" | "none": how process rewards enter the return
     process_reward_weight: float = 0.0  # reward for a search that retrieves the answer page; 0: off
     process_reward_threshold: float = 0.0
-    # the sharded learner (trainers/fsdp.py): FSDP2 over `ranks` processes started by torchrun, one per GPU
+    # the sharded learner (trainers/fsdp.py): FSDP2 over `ranks` processes, one per GPU (local launcher: this
+    # process and ranks - 1 it spawns; Ray launcher: `ranks` learner actors); 1: the plain Learner
     ranks: int = 1
     activation_checkpointing: bool = False  # recompute each decoder layer's activations in the backward pass
     cpu_offload: bool = False  # keep parameters, gradients and optimizer state on the CPU between uses
@@ -88,11 +89,13 @@ class RayConfig:
 
     address: str | None = None  # None: start a local cluster; "auto" or "host:port": join a running one
     num_rollout_actors: int = 2
-    learner_gpus: float = 0  # GPUs reserved for the learner actor (one device, model.device: train does not launch the FSDP learner yet)
-    learner_cpus: float = 1
+    learner_gpus: float = 0  # GPUs per learner rank (learner.ranks actors, each training on its own device)
+    learner_cpus: float = 1  # per learner rank
     rollout_cpus: float = 1  # per rollout actor (its env instances and, for engine "torch", the CPU engine)
     rollout_gpus: float = 0  # per rollout actor; > 0 puts its TorchEngine on "cuda"
-    weight_sync: str = "auto"  # "auto" (object store for torch engines, disk for sglang) | "object_store" | "disk"
+    # "auto": object store for torch engines, "distributed" for SGLang servers launched here, disk for ones given
+    # by address | "object_store" | "disk" | "distributed" (learner rank 0 broadcasts to the servers, SGLang's API)
+    weight_sync: str = "auto"
     sglang_servers: int = 0  # server actors to launch (0: use rollout.sglang_addresses)
     sglang_gpus_per_server: int = 1  # each server's GPUs, also its --tp-size
     sglang_mem_fraction_static: float = 0.8
@@ -179,7 +182,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     _check_choice("rollout.engine", config.rollout.engine, ("torch", "sglang"))
     _check_choice("rollout.observation_role", config.rollout.observation_role, ("user", "tool", "inline"))
     _check_choice("learner.process_reward", config.learner.process_reward, ("clip", "delta", "none"))
-    _check_choice("ray.weight_sync", config.ray.weight_sync, ("auto", "object_store", "disk"))
+    _check_choice("ray.weight_sync", config.ray.weight_sync, ("auto", "object_store", "disk", "distributed"))
     _check_choice("ray.sglang_server", config.ray.sglang_server, ("sglang", "searchgym"))
     _check_watchdog(config.watchdog)
     return config

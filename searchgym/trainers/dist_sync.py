@@ -64,7 +64,9 @@ class DistributedWeightSync:
         named = list(model.state_dict().items())
         parts = list(buckets(named, self.bucket_bytes))
         # as AReaL: generation pauses in place (requests keep their state) so that no token is sampled from a
-        # half-updated model, and continues on the new weights
+        # half-updated model, then the buckets are broadcast, then generation continues on the new weights
+        # (pause -> update -> continue: AReaL's FSDPEngine._update_weights_from_distributed,
+        # areal/engine/fsdp_engine.py at inclusionAI/AReaL 4aef98d8d818af55b43621aaadba047ae10f4e77)
         await asyncio.gather(*(self._post(http, a, "/pause_generation", {"mode": "in_place"}) for a in self.addresses))
         try:
             await self._send_buckets(http, parts, version)
@@ -78,7 +80,8 @@ class DistributedWeightSync:
                     "shapes": [list(t.shape) for _, t in bucket], "group_name": self.group_name,
                     "flush_cache": i == len(parts) - 1, "abort_all_requests": False,
                     "weight_version": str(version) if i == len(parts) - 1 else None}
-            await asyncio.gather(asyncio.to_thread(send, self.group, [t for _, t in bucket]),
+            tensors = [t.to("cuda") if self.backend == "nccl" else t for _, t in bucket]  # NCCL sends from a GPU
+            await asyncio.gather(asyncio.to_thread(send, self.group, tensors),
                                  *(self._post(http, a, "/update_weights_from_distributed", body)
                                    for a in self.addresses))
 

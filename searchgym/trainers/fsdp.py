@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +45,25 @@ from searchgym.trainers.learner import Learner, _Sample, next_token_logits
 SHARDED = "sharded"  # the DCP directory inside a checkpoint
 
 
-def init_ranks(backend: str | None = None) -> tuple[int, int]:
-    """Join the process group torchrun (or the caller) described in the environment; (rank, world size).
+def init_ranks(backend: str | None = None, *, rank: int | None = None, world_size: int | None = None,
+               master_addr: str | None = None, master_port: int | None = None, device_index: int | None = None,
+               timeout_s: float = 1800) -> tuple[int, int]:
+    """Join the learner's process group; (rank, world size).
 
-    gloo on CPU, NCCL when CUDA is available; on GPU each rank takes the device LOCAL_RANK.
+    With no arguments it takes what torchrun put in the environment; the launchers pass `rank`, `world_size`
+    and rank 0's `master_addr:master_port` instead. gloo on CPU, NCCL when CUDA is available; on GPU each rank
+    takes the device `device_index` (default LOCAL_RANK).
     """
     if not dist.is_initialized():
         cuda = torch.cuda.is_available()
         if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend or ("nccl" if cuda else "gloo"))
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) if device_index is None else device_index)
+        options: dict[str, Any] = {"timeout": timedelta(seconds=timeout_s)}
+        if rank is not None:
+            if world_size is None or master_addr is None or master_port is None:
+                raise ValueError("init_ranks(rank=...) needs world_size, master_addr and master_port too")
+            options.update(rank=rank, world_size=world_size, init_method=f"tcp://{master_addr}:{int(master_port)}")
+        dist.init_process_group(backend or ("nccl" if cuda else "gloo"), **options)
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -115,6 +125,7 @@ class ShardedLearner(Learner):
         self._gradient_scale = float(self.world)  # FSDP averages over ranks; the loss is already a whole-batch mean
         self._mine: set[int] = set()
         self._leading = False
+        self._dense: nn.Module | None = None  # rank 0's consolidated copy, reused
         self._filler = _Sample(ids=torch.full((2,), pad_id, dtype=torch.long), mask=torch.zeros(1),
                                behav=torch.zeros(1), advantages=torch.zeros(1), versions=torch.full((1,), -1),
                                prox=torch.zeros(1))
@@ -203,7 +214,10 @@ class ShardedLearner(Learner):
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def consolidated_model(self) -> nn.Module | None:
-        """An ordinary (unsharded) copy of the model on rank 0's CPU, None elsewhere; a collective."""
+        """An ordinary (unsharded) copy of the model on rank 0's CPU, None elsewhere; a collective.
+
+        The copy is one module reused (and overwritten) by every later call: read or save it before the next.
+        """
         self._announce("consolidated_model")
         return self._consolidated()
 
@@ -213,9 +227,11 @@ class ShardedLearner(Learner):
         weights = self.full_state_dict()
         if self.rank != 0:
             return None
-        dense = AutoModelForCausalLM.from_config(self.model.config)
-        dense.load_state_dict(weights)
-        return dense
+        if self._dense is None:  # built once: rebuilding a 7B model on every weight push costs minutes
+            dtype = next(iter(weights.values())).dtype if weights else torch.float32
+            self._dense = AutoModelForCausalLM.from_config(self.model.config, dtype=dtype)
+        self._dense.load_state_dict(weights)
+        return self._dense
 
     def save_checkpoint(self, run_dir: str | os.PathLike, step: int, *, tokenizer: Any,
                         state: dict[str, Any] | None = None, keep: int = 2) -> Path:
@@ -246,7 +262,8 @@ class ShardedLearner(Learner):
         self._announce("load_checkpoint", checkpoint=checkpoint)
         checkpoint = Path(checkpoint)
         if not (checkpoint / SHARDED).is_dir():
-            raise FileNotFoundError(f"{checkpoint} has no {SHARDED}/ directory: it was not written by a sharded learner")
+            raise FileNotFoundError(f"{checkpoint} has no {SHARDED}/ directory: it was written by a single-rank "
+                                    "learner; resume it with learner.ranks=1")
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=checkpoint / SHARDED)
         set_state_dict(self.model, self.optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
@@ -257,19 +274,22 @@ class ShardedLearner(Learner):
 
 
 def load_sharded_learner(model_dir: str | os.PathLike, config: LearnerConfig, *, dtype: torch.dtype = torch.float32,
-                         pad_id: int = 0, checkpoint: str | os.PathLike | None = None) -> ShardedLearner:
+                         pad_id: int = 0, checkpoint: str | os.PathLike | None = None, version: int = 0,
+                         **ranks: Any) -> ShardedLearner:
     """A ShardedLearner on this rank (joining the process group) from `model_dir`, resumed from `checkpoint`.
 
-    On GPU each rank loads onto its own device; `config.activation_checkpointing` and `config.cpu_offload` apply.
+    `ranks` go to `init_ranks` (rank, world_size, master_addr, master_port, device_index; default: torchrun's
+    environment). Every rank calls this together (loading a checkpoint is a collective). On GPU each rank loads
+    onto its own device; `config.activation_checkpointing` and `config.cpu_offload` apply.
     """
     from transformers import AutoModelForCausalLM
 
-    init_ranks()
+    init_ranks(**ranks)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     if torch.cuda.is_available() and not config.cpu_offload:
         model = model.to(torch.device("cuda", torch.cuda.current_device()))
-    learner = ShardedLearner(model, config, pad_id=pad_id, activation_checkpointing=config.activation_checkpointing,
-                             cpu_offload=config.cpu_offload)
+    learner = ShardedLearner(model, config, pad_id=pad_id, version=version,
+                             activation_checkpointing=config.activation_checkpointing, cpu_offload=config.cpu_offload)
     if checkpoint is not None:
         learner.load_checkpoint(checkpoint)
     return learner

@@ -2,7 +2,8 @@
 
 - `LearnerWorker`: owns the model and the Learner; trains a step on the sub-batches the driver passes
   (as object refs, fetched straight from the rollout actors' results), pushes the new weights to the
-  rollout actors (object store or disk), and writes checkpoints.
+  rollout actors (object store, disk, or broadcast to their servers), and writes checkpoints. With
+  `learner.ranks: N` there are N of them, one ShardedLearner rank each; rank 0 leads, the others follow.
 - `RolloutWorker`: an async actor owning one engine (a TorchEngine, or an SGLangEngine over its own
   SGLang servers), its env instances, and a RolloutController running in the actor's event loop.
 
@@ -21,10 +22,13 @@ from searchgym.agents.trajectory import Trajectory
 from searchgym.trainers.build import build_controller, load_learner, make_env_factory, open_rollout_workflow, task_ids
 from searchgym.trainers.checkpoint import load_trainer_state
 from searchgym.trainers.config import TrainConfig
+from searchgym.trainers.fsdp import ShardedLearner
+from searchgym.trainers.learner import Learner
+from searchgym.trainers.learner_ranks import RankSpec, free_port, sharded_learner
 from searchgym.trainers.local import InProcessLearner
 from searchgym.trainers.loop import Batch
 from searchgym.trainers.rollout import RolloutStats
-from searchgym.trainers.weight_sync import DiskSync, ObjectStoreSync, RemoteEngine, WeightSync
+from searchgym.trainers.weight_sync import DiskSync, DistributedSync, ObjectStoreSync, RemoteEngine, WeightSync
 
 FORWARDED_ENV_PREFIXES = ("SEARCHGYM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
 
@@ -45,34 +49,83 @@ def global_group(position: int, index: int, count: int) -> int:
 
 
 class LearnerWorker:
-    """The learner actor: the local launcher's in-process learner side (model, optimizer, weight pushes, checkpoints)."""
+    """A learner actor: the local launcher's in-process learner side (model, optimizer, weight pushes, checkpoints).
 
-    def __init__(self, config: TrainConfig, model_dir: str, checkpoint: str | None, env: dict[str, str]):
+    With `learner.ranks: 1` it holds a Learner from construction. With N > 1 there are N of these actors,
+    `rank` 0..N-1: each `join()`s rank 0's process group and builds its ShardedLearner; rank 0 then leads
+    (the driver calls it as it calls a single learner) while the others `follow()` its collectives.
+    """
+
+    def __init__(self, config: TrainConfig, model_dir: str, checkpoint: str | None, env: dict[str, str],
+                 rank: int = 0):
         os.environ.update(env)
         from transformers import AutoTokenizer
 
-        self.config = config
+        self.config, self.model_dir, self.checkpoint, self.rank = config, model_dir, checkpoint, rank
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        state = load_trainer_state(checkpoint) if checkpoint else None
-        self.watchdog_state = dict((state or {}).get("watchdog") or {})  # the collapse watchdog's restores, lr scale
-        self.learner = load_learner(config.model, config.learner, model_dir, pad_id=self.tokenizer.pad_token_id,
-                                    state=state)
+        self.learner: Learner | None = None
+        if config.learner.ranks == 1:
+            state = load_trainer_state(checkpoint) if checkpoint else None
+            self.learner = load_learner(config.model, config.learner, model_dir, pad_id=self.tokenizer.pad_token_id,
+                                        state=state)
         self.side: InProcessLearner | None = None
 
-    def connect(self, rollout_actors: list[Any], route: str) -> None:
-        """Push weights to these rollout actors from now on, by "object_store" or "disk"."""
+    def master_address(self) -> tuple[str, int]:
+        """This node's IP and a free port on it: where rank 0 hosts the learner's process group."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        return host, free_port(host)
+
+    async def join(self, master_addr: str, master_port: int) -> None:
+        """Build this rank's ShardedLearner in rank 0's group (all ranks together: loading a checkpoint is a
+        collective); rank 0 then leads."""
+        config = self.config
+        spec = RankSpec(world=config.learner.ranks, master_addr=master_addr, master_port=master_port,
+                        model_dir=self.model_dir, dtype=config.model.dtype, learner=config.learner,
+                        pad_id=self.tokenizer.pad_token_id or 0, checkpoint=self.checkpoint)
+        learner = await asyncio.to_thread(sharded_learner, spec, self.rank, 0)  # Ray shows each actor its GPU as 0
+        if self.rank == 0:
+            learner.lead()
+        self.learner = learner
+
+    async def follow(self) -> None:
+        """On ranks > 0: replay rank 0's collectives until it stops; returns then."""
+        if not isinstance(self.learner, ShardedLearner) or self.rank == 0:
+            raise RuntimeError("follow() is for learner ranks > 0 after join()")
+        await asyncio.to_thread(self.learner.follow)
+
+    def stop_followers(self) -> None:
+        """On rank 0 of a sharded learner: release the followers from follow()."""
+        if isinstance(self.learner, ShardedLearner) and self.rank == 0:
+            self.learner.stop()
+
+    async def connect(self, rollout_actors: list[Any], route: str, servers: list[str] = ()) -> None:
+        """Push weights to these rollout actors from now on: "object_store", "disk", or "distributed" (a
+        torch.distributed group with their inference `servers`, host:port, formed here)."""
+        if self.learner is None:
+            raise RuntimeError("join() the learner ranks first")
         sync: WeightSync
         if route == "object_store":
             sync = ObjectStoreSync(rollout_actors)
+        elif route == "distributed":
+            import ray
+
+            host = ray.util.get_node_ip_address()
+            backend = "nccl" if self.config.model.device.startswith("cuda") else "gloo"
+            sync = DistributedSync(list(servers), [RemoteEngine(a) for a in rollout_actors], master_address=host,
+                                   master_port=free_port(host), backend=backend)
+            await sync.init()
         else:
             sync = DiskSync([RemoteEngine(a) for a in rollout_actors], Path(self.config.out_dir) / "weights",
                             self.tokenizer)
         self.side = InProcessLearner(self.learner, sync, self.tokenizer, self.config.out_dir,
                                      self.config.keep_checkpoints)
-        self.side.watchdog_state = self.watchdog_state  # carried on into later checkpoints
+        if self.checkpoint:  # the collapse watchdog's restores and lr scale carry on into later checkpoints
+            self.side.watchdog_state = dict(load_trainer_state(self.checkpoint, mmap=True).get("watchdog") or {})
 
     def version(self) -> int:
-        return self.learner.version
+        return self.learner.version if self.learner is not None else -1
 
     async def step(self, *sub_batches: list[list[Trajectory]]) -> dict[str, float]:
         """One learner step on the rollout actors' sub-batches, in a thread so the actor stays responsive."""
@@ -141,7 +194,13 @@ class RolloutWorker:
         return batch
 
     async def update_weights(self, source: Any, version: int) -> None:
-        """Load new weights (a state dict from the object store, or a model dir) into the engine."""
+        """Load new weights into the engine: a state dict from the object store, or a model dir; or, when the
+        learner already broadcast them to the servers (`source` None), re-read the servers' version."""
+        if source is None:
+            await self.engine.start(wait_ready=False)  # SGLangEngine: the version from each server's /model_info
+            if self.engine.version != version:
+                raise RuntimeError(f"the servers report weight version {self.engine.version}, not {version}")
+            return
         await self.engine.update_weights(source, version)
 
     def set_trained_version(self, version: int) -> None:

@@ -3,7 +3,10 @@
 Topology (resources from `config.ray`):
 
     driver          this process: the step loop, RunLog (metrics, TensorBoard, trajectories)
-    learner actor   model + Learner on `learner_gpus`; pushes weights; writes checkpoints
+    learner actors  `learner.ranks` of them in one placement group (PACK), `learner_gpus` each: one
+                    Learner, or the ranks of a ShardedLearner (FSDP2) in rank 0's process group
+                    (rank 0's node IP and a free port), rank 0 leading and the others following it;
+                    rank 0 pushes weights and writes checkpoints
     rollout actors  `num_rollout_actors` async actors, each with its engine (CPU TorchEngine, or an
                     SGLangEngine over its own SGLang servers), its env instances and a RolloutController
     server actors   optional: `sglang_servers` actors with `sglang_gpus_per_server` GPUs, each running
@@ -23,8 +26,9 @@ every group of the step's batch started at >= v - eta, and all actors together a
 
 The step loop is loop.py's, with handles to the actors (`RayRollouts`, `RayLearner`): every actor
 gives its sub-batch, the learner trains on it (fetching the sub-batches from the object store itself),
-pushes the weights (object store for TorchEngines, disk for SGLang), every actor gets the trained
-version, and checkpoints hold the learner state and every actor's controller state.
+pushes the weights (object store for TorchEngines; for SGLang servers a torch.distributed broadcast from
+learner rank 0, or disk), every actor gets the trained version, and checkpoints hold the learner state
+and every actor's controller state.
 Run files (out_dir, model dirs, weights/) must be on storage all nodes share.
 """
 from __future__ import annotations
@@ -58,12 +62,20 @@ def train_ray(config: TrainConfig, *, resume: bool = False, progress: bool = Tru
 
 
 def weight_route(config: TrainConfig) -> str:
-    """How weights reach the rollout actors: the configured route, or object store for torch and disk for SGLang."""
-    route = config.ray.weight_sync
+    """How weights reach the rollout actors: the configured route, or by default (`auto`) the object store for
+    CPU torch engines, a broadcast for SGLang servers this run launches (they and the learner are in one Ray
+    cluster, so each reaches the other), and disk for servers given by address (reachability unknown)."""
+    route, engine = config.ray.weight_sync, config.rollout.engine
     if route == "auto":
-        return "disk" if config.rollout.engine == "sglang" else "object_store"
-    if route == "object_store" and config.rollout.engine == "sglang":
-        raise ValueError("SGLang servers load weights from disk: use ray.weight_sync=disk (or auto)")
+        if engine != "sglang":
+            return "object_store"
+        return "distributed" if config.ray.sglang_servers else "disk"
+    if route == "object_store" and engine == "sglang":
+        raise ValueError("SGLang servers load weights from disk or a broadcast: use ray.weight_sync=disk, "
+                         "distributed (or auto)")
+    if route == "distributed" and engine != "sglang":
+        raise ValueError("ray.weight_sync=distributed broadcasts to SGLang servers: set rollout.engine=sglang, or "
+                         "use object_store (or auto) for torch engines")
     return route
 
 
@@ -95,9 +107,9 @@ def check_ray_config(config: TrainConfig) -> None:
 
 def required_resources(config: TrainConfig) -> dict[str, float]:
     """CPUs and GPUs all the run's actors reserve: learner, rollout actors, launched SGLang servers."""
-    settings, n = config.ray, config.ray.num_rollout_actors
-    return {"CPU": settings.learner_cpus + n * settings.rollout_cpus + settings.sglang_servers,
-            "GPU": settings.learner_gpus + n * settings.rollout_gpus
+    settings, n, ranks = config.ray, config.ray.num_rollout_actors, config.learner.ranks
+    return {"CPU": ranks * settings.learner_cpus + n * settings.rollout_cpus + settings.sglang_servers,
+            "GPU": ranks * settings.learner_gpus + n * settings.rollout_gpus
             + settings.sglang_servers * settings.sglang_gpus_per_server}
 
 
@@ -116,7 +128,9 @@ class RayTrainer:
     def __init__(self, config: TrainConfig, *, resume: bool = False, progress: bool = True):
         check_ray_config(config)
         self.config, self.resume, self.progress = config, resume, progress
-        self.learner: Any = None
+        self.learner: Any = None  # rank 0: the one the loop drives
+        self.learner_ranks: list[Any] = []  # every learner actor, rank 0 first
+        self._following: list[Any] = []  # refs of the follower ranks' follow() calls
         self.rollout_actors: list[Any] = []
         self.server_actors: list[Any] = []
         self.server_addresses: list[str] = []  # host:port of the SGLang servers the rollout actors use
@@ -158,8 +172,7 @@ class RayTrainer:
             self._started_ray = True
         _check_fits(needed, ray.cluster_resources())
         model_dir = os.fspath(run.model_dir)
-        self.learner = self._learner_class().remote(config, model_dir,
-                                                    os.fspath(run.checkpoint) if run.checkpoint else None, env)
+        self._start_learners(model_dir, os.fspath(run.checkpoint) if run.checkpoint else None, env)
         servers = self._launch_servers(model_dir, env)
         # the rollout actors' processes start (imports, envs) while the servers load their model
         Rollout = ray.remote(RolloutWorker).options(num_cpus=config.ray.rollout_cpus, num_gpus=config.ray.rollout_gpus)
@@ -167,30 +180,46 @@ class RayTrainer:
         self.server_addresses = addresses = list(config.rollout.sglang_addresses) or ray.get(servers)
         engine_versions = ray.get([actor.start.remote(shard(addresses, i, n))
                                    for i, actor in enumerate(self.rollout_actors)])
-        ray.get(self.learner.connect.remote(self.rollout_actors, weight_route(config)))
+        ray.get(self.learner.connect.remote(self.rollout_actors, weight_route(config), addresses))
         if config.rollout.engine == "sglang" and (run.checkpoint is not None
                                                  or any(v != run.version for v in engine_versions)):
             ray.get(self.learner.push_weights.remote())  # the servers hold other weights than the learner's
 
+    def _start_learners(self, model_dir: str, checkpoint: str | None, env: dict[str, str]) -> None:
+        """Start the learner actor(s); with `learner.ranks` > 1, form their process group and set ranks > 0
+        following rank 0 (their follow() calls return when rank 0 stops them)."""
+        import ray
+
+        ranks = self.config.learner.ranks
+        Learner = self._learner_class()
+        self.learner_ranks = [Learner.remote(self.config, model_dir, checkpoint, env, rank) for rank in range(ranks)]
+        self.learner = self.learner_ranks[0]
+        if ranks == 1:
+            return
+        master_addr, master_port = ray.get(self.learner.master_address.remote())
+        ray.get([actor.join.remote(master_addr, master_port) for actor in self.learner_ranks])
+        self._following = [actor.follow.remote() for actor in self.learner_ranks[1:]]
+
     def _learner_class(self) -> Any:
-        """The learner actor class; with GPUs, its GPUs are reserved on one node first (a placement group).
+        """The learner actor class; with GPUs or several ranks, their bundles are reserved first (a placement group
+        packing the ranks onto as few nodes as hold them).
 
         Reserving them before the server actors take GPUs one by one keeps the servers from leaving
-        every node with fewer free GPUs than the learner needs.
+        the nodes with fewer free GPUs than the learner needs.
         """
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        settings = self.config.ray
+        settings, ranks = self.config.ray, self.config.learner.ranks
         options: dict[str, Any] = {"num_cpus": settings.learner_cpus, "num_gpus": settings.learner_gpus}
-        if settings.learner_gpus:
-            bundle = {"CPU": settings.learner_cpus, "GPU": settings.learner_gpus}
-            self._placement = placement_group([{k: v for k, v in bundle.items() if v}], strategy="STRICT_PACK")
+        if settings.learner_gpus or ranks > 1:
+            bundle = {k: v for k, v in {"CPU": settings.learner_cpus, "GPU": settings.learner_gpus}.items() if v}
+            self._placement = placement_group([bundle] * ranks, strategy="PACK" if ranks > 1 else "STRICT_PACK")
             ready, _ = ray.wait([self._placement.ready()], timeout=PLACEMENT_TIMEOUT_S)
             if not ready:
-                raise TimeoutError(f"no node could hold the learner's {bundle} within {PLACEMENT_TIMEOUT_S} s: "
-                                   "ray.learner_gpus must fit on one node")
+                raise TimeoutError(f"the cluster could not hold {ranks} learner rank(s) of {bundle} within "
+                                   f"{PLACEMENT_TIMEOUT_S} s: lower learner.ranks or ray.learner_gpus/cpus")
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self._placement)
         return ray.remote(LearnerWorker).options(**options)
 
@@ -230,15 +259,22 @@ class RayTrainer:
 
         if not ray.is_initialized():
             return
+        if self._following:  # release the follower ranks (a dead rank 0 cannot: they are killed below)
+            try:
+                ray.get(self.learner.stop_followers.remote(), timeout=60)
+                ray.get(self._following, timeout=60)
+            except Exception as e:  # noqa: BLE001
+                log.warning("stopping learner ranks: %r", e)
+            self._following = []
         for stop in ([actor.stop.remote() for actor in self.rollout_actors],
                      [server.stop.remote() for server in self.server_actors]):
             try:
                 ray.get(stop, timeout=60)
             except Exception as e:  # noqa: BLE001 -- a dead actor must not keep the others running
                 log.warning("stopping actors: %r", e)
-        for actor in [*self.rollout_actors, *self.server_actors, *([self.learner] if self.learner else [])]:
+        for actor in [*self.rollout_actors, *self.server_actors, *self.learner_ranks]:
             ray.kill(actor)
-        self.rollout_actors, self.server_actors, self.learner = [], [], None
+        self.rollout_actors, self.server_actors, self.learner, self.learner_ranks = [], [], None, []
         if self._placement is not None:
             from ray.util.placement_group import remove_placement_group
 

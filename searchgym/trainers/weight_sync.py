@@ -10,6 +10,9 @@
 - `ObjectStoreSync`: Ray rollout actors holding TorchEngines on other processes or nodes. The CPU
   state dict is put in Ray's object store once; every actor's `update_weights(weights, version)`
   reads it from there (shared memory on the same node, one transfer per other node).
+- `DistributedSync`: SGLang (or `serve model`) servers join a torch.distributed group with the learner
+  and receive the weights broadcast in buckets (dist_sync.py, SGLang's protocol); then each engine
+  that routes to them reads the new version back (`update_weights(None, version)`).
 
 Every route returns once all engines serve `version`; generations in flight continue on the new
 weights and their later tokens carry the new version.
@@ -99,6 +102,38 @@ class ObjectStoreSync:
             await asyncio.gather(*(actor.update_weights.remote(weights, version) for actor in self.actors))
         finally:
             del weights  # the store frees it once no actor holds it
+
+
+class DistributedSync:
+    """Broadcast the weights to inference servers over a torch.distributed group; the engines then see `version`."""
+
+    def __init__(self, servers: Sequence[str], engines: Sequence[UpdatableEngine], *, master_address: str,
+                 master_port: int, backend: str = "gloo", bucket_bytes: int = 256 << 20):
+        from searchgym.trainers.dist_sync import DistributedWeightSync
+
+        self.broadcast = DistributedWeightSync(servers, master_port=master_port, master_address=master_address,
+                                               backend=backend, bucket_bytes=bucket_bytes)
+        self.engines = list(engines)
+        self._http: Any = None
+
+    async def init(self) -> None:
+        """Form the weight-update group with every server (they join over HTTP while this process hosts it)."""
+        import aiohttp
+
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        await self.broadcast.init(self._http)
+
+    async def push(self, model: torch.nn.Module, version: int) -> None:
+        if self._http is None:
+            raise RuntimeError("call init() before push()")
+        await self.broadcast.push(self._http, model, version)
+        await asyncio.gather(*(engine.update_weights(None, version) for engine in self.engines))
+
+    async def close(self) -> None:
+        """Close the HTTP session (the group lives as long as this process)."""
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
 
 
 class RemoteEngine:

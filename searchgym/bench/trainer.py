@@ -1,283 +1,264 @@
-"""`searchgym bench trainer`: the asynchronous trainer against the synchronous baseline, same code, heavy tails.
+"""`searchgym bench trainer`: asynchronous against synchronous RL on heavy-tailed agent episodes, at equal reward.
 
-Real search agents wait on tools whose latency has a heavy tail (web search APIs, page fetches), so
-some episodes take far longer than others. A synchronous trainer waits for the slowest episode of
-every batch; the asynchronous one keeps generating meanwhile. This benchmark runs `train()` twice
-with one `TrainConfig`, `mode: async` then `mode: sync` (staleness 0), on a benchmark-only env id,
-`searchgym-bench/SlowSyntheticQA-v0`: the normal SyntheticQA env with every search and page fetch
-delayed by a seeded Pareto-distributed `asyncio.sleep` (the event loop keeps running the other
-episodes meanwhile).
+The benchmark trains the same tiny policy with one config at each staleness bound of a sweep (AReaL's
+table: eta = 0 is the synchronous baseline, `mode: sync`; eta = 1, 2, 4, 8 are `mode: async` with
+`rollout.max_staleness` = eta), on `searchgym-bench/SlowSyntheticQA-v0` (slow_env.py): episodes
+whose turn counts and per-turn token counts are drawn from an ASearcher-shaped heavy-tailed
+`Workload` (workload.py; the same draws in every run), tools with Pareto latency, and a shaped
+reward the policy improves on (the share of its tokens that are tokens of its task's prompt). The sweep runs in
+`rounds`, each playing every eta once, alternately forwards and backwards, so a change in the
+machine's load hits every setting alike; ratios are taken within a round and their median reported.
 
-The default latency (median 0.25 s, alpha 1.2, capped at 10 s) is set against what a turn of the
-tiny model costs on a CPU (about a second): with a 50 ms median the tool time vanishes next to
-generation and episode durations are not heavy-tailed at all. Any median works (`--latency-ms`).
-
-The fresh tiny policy almost never writes a well-formed tool call, so it would never pay a tool
-latency; the benchmark env therefore runs a turn without a valid call as a search for that turn's
-text (`coerce_invalid=True`), as a trained agent searches on nearly every turn. Numbers go to a JSON
-file, never into asserts.
+Per run it reports AReaL's metric, trained (generated) tokens per second at steady state (the steps
+after `warmup_steps`), the engine's idle fraction over the same window, episode latency percentiles,
+the reward at the start and at the end (mean and spread over the last `final_steps` steps' episodes),
+and what limits throughput: the learner's share of the wall time, episodes in flight, and the share
+of time the staleness rule held admissions below the concurrency limit (probes.py). Numbers go to a
+JSON file, never into asserts.
 """
 from __future__ import annotations
 
-import asyncio
 import json
-import math
 import os
 import platform
-import re
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
+from searchgym.bench.plan_workflow import PLANNED_WORKFLOW
+from searchgym.bench.probes import Probe, probe_training
+from searchgym.bench.slow_env import (SLOW_SYNTHETIC_QA, TOOL_DELAYS, ParetoLatency, SlowPages, SlowSearch,  # noqa: F401
+                                      SlowSearchEnv, make_slow_synthetic_qa)
+from searchgym.bench.workload import Workload, quantiles
 
-from searchgym.envs.actions import parse_action
-from searchgym.envs.search_env import SearchEnv
-from searchgym.envs.tools.base import Page, PageBackend, SearchBackend, SearchHit
-
-SLOW_SYNTHETIC_QA = "searchgym-bench/SlowSyntheticQA-v0"
-
-# Every delay drawn by a ParetoLatency in this process, in order; the benchmark clears it per run.
-TOOL_DELAYS: list[float] = []
+STALENESS_SWEEP = (0, 1, 2, 4, 8)
 
 
-@dataclass
-class ParetoLatency:
-    """Seeded Pareto tool latency: P(delay > x) = (scale / x) ** alpha for x >= scale, capped at max_s.
-
-    Parameterised by the median (scale = median / 2 ** (1 / alpha)); alpha 1.2 gives a tail heavy
-    enough that the uncapped variance is infinite. `reseed(*keys)` makes the sequence a function of
-    the keys (the benchmark keys it on the episode's seed and task), so an episode draws the same
-    delays whichever mode plays it.
-    """
-
-    median_s: float = 0.25
-    alpha: float = 1.2
-    max_s: float = 10.0
-    seed: int = 0
-    _rng: Any = field(default=None, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.median_s < 0 or self.alpha <= 0 or self.max_s < 0:
-            raise ValueError("latency median_s and max_s must be >= 0 and alpha > 0")
-        self.reseed()
-
-    @property
-    def scale_s(self) -> float:
-        return self.median_s / 2 ** (1 / self.alpha)
-
-    def reseed(self, *keys: Any) -> None:
-        import random
-
-        self._rng = random.Random(":".join(str(k) for k in (self.seed, *keys)))
-
-    def draw(self) -> float:
-        """One delay in seconds (inverse-CDF sampling of the Pareto, then the cap)."""
-        u = self._rng.random()  # in [0, 1)
-        return min(self.scale_s * (1.0 - u) ** (-1.0 / self.alpha), self.max_s)
-
-    async def sleep(self) -> float:
-        delay = self.draw()
-        TOOL_DELAYS.append(delay)
-        await asyncio.sleep(delay)
-        return delay
-
-
-class SlowSearch:
-    """A SearchBackend that waits a drawn latency, then asks the wrapped backend."""
-
-    def __init__(self, inner: SearchBackend, latency: ParetoLatency):
-        self.inner, self.latency = inner, latency
-
-    async def search(self, query: str, k: int) -> list[SearchHit]:
-        await self.latency.sleep()
-        return await self.inner.search(query, k)
-
-
-class SlowPages:
-    """A PageBackend that waits a drawn latency, then asks the wrapped backend."""
-
-    def __init__(self, inner: PageBackend, latency: ParetoLatency):
-        self.inner, self.latency = inner, latency
-
-    async def fetch(self, url: str) -> Page:
-        await self.latency.sleep()
-        return await self.inner.fetch(url)
-
-
-_TAG = re.compile(r"<[^<>]{0,64}>")
-
-
-class SlowSearchEnv(SearchEnv):
-    """SearchEnv whose backends are slowed by `latency`, reseeded per episode; see the module docstring."""
-
-    def __init__(self, *args: Any, latency: ParetoLatency, coerce_invalid: bool = True, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.latency, self.coerce_invalid = latency, coerce_invalid
-        self.search_backend = SlowSearch(self.search_backend, latency)
-        self.page_backend = SlowPages(self.page_backend, latency)
-
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        obs, info = await super().areset(seed=seed, options=options)
-        self.latency.reseed(seed if seed is not None else f"instance-{id(self)}", info["task_id"])
-        return obs, info
-
-    async def astep(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self.coerce_invalid and isinstance(action, str) and self.task is not None and parse_action(action).tool is None:
-            action = f"<search>{self._query_from(action)}</search>"
-        return await super().astep(action)
-
-    def _query_from(self, text: str) -> str:
-        """The turn's words without tags (at most 32 words), else the question."""
-        words = _TAG.sub(" ", text).replace("<", " ").replace(">", " ").split()
-        return " ".join(words[:32])[:300].strip() or self.task.question
-
-
-def make_slow_synthetic_qa(size: int = 1000, seed: int = 0, *, n_tasks: int = 200, split: str | None = None,
-                           hops: int | list[int] | None = None, cache_dir: str | os.PathLike | None = None,
-                           latency_median_s: float = 0.25, latency_alpha: float = 1.2, latency_max_s: float = 10.0,
-                           latency_seed: int = 0, coerce_invalid: bool = True, **env_kwargs: Any) -> SlowSearchEnv:
-    """`searchgym-bench/SlowSyntheticQA-v0`: SyntheticQA-v0 with Pareto-slowed search and page backends."""
-    from searchgym.world.synthetic_env import make_synthetic_qa
-
-    base = make_synthetic_qa(size, seed, n_tasks=n_tasks, split=split, hops=hops, cache_dir=cache_dir, **env_kwargs)
-    latency = ParetoLatency(latency_median_s, latency_alpha, latency_max_s, latency_seed)
-    return SlowSearchEnv(base.tasks, base.search_backend, base.page_backend, latency=latency,
-                         coerce_invalid=coerce_invalid, **env_kwargs)
-
-
-def register() -> None:
-    """Register the benchmark-only env id (idempotent); importing this module does it."""
-    if SLOW_SYNTHETIC_QA not in gym.registry:
-        gym.register(id=SLOW_SYNTHETIC_QA, entry_point=f"{__name__}:make_slow_synthetic_qa")
-
-
-register()
-
-
-def run_trainer_bench(*, steps: int = 6, size: int = 1000, n_tasks: int = 200, world_seed: int = 0, seed: int = 0,
+def run_trainer_bench(*, steps: int = 6, warmup_steps: int = 2, final_steps: int = 2, rounds: int = 1,
+                      staleness: Sequence[int] = STALENESS_SWEEP, headline_staleness: int = 4,
+                      size: int = 1000, n_tasks: int = 200, world_seed: int = 0, seed: int = 0,
                       out: str | os.PathLike = "results/bench_trainer.json", workdir: str | os.PathLike | None = None,
-                      group_size: int = 4, batch_size: int = 4, max_new_tokens: int = 48, max_turns: int = 4, top_k: int = 3,
-                      max_staleness: int = 2, latency: ParetoLatency | None = None,
-                      modes: tuple[str, ...] = ("async", "sync"), overrides: list[str] | tuple[str, ...] = (),
+                      group_size: int = 4, batch_size: int = 2, max_concurrent_rollouts: int = 64, top_k: int = 2,
+                      doc_chars: int = 160, lr: float = 1e-2, workload: Workload | None = None,
+                      latency: ParetoLatency | None = None, overrides: Sequence[str] = (),
                       torch_threads: int | None = 1, progress: bool = True) -> dict[str, Any]:
-    """Train with one config in each mode (async first), summarise each run, write the results to `out`.
+    """Train once per staleness bound per round, summarise each run and the sweep, write the results to `out`.
 
     `torch_threads` sets torch's intra-op threads for the runs (None: leave torch's default). One
     thread by default: on a small shared box, intra-op threads that outnumber the free cores make
-    every tiny-model op wait on a descheduled thread (measured 20x slower decoding on 2 busy cores);
-    with one thread each, the engine and the learner's thread still run on two cores at once.
+    every tiny-model op wait on a descheduled thread; with one thread each, the engine and the
+    learner's thread still run on two cores at once.
     """
     import torch
-    from omegaconf import OmegaConf
 
+    from searchgym.agents.tiny_model import build_tiny_model
     from searchgym.world.bundle import ensure_bundle
-    from searchgym.trainers.config import load_config
-    from searchgym.trainers.local import train
 
-    latency = latency or ParetoLatency()
+    if 0 not in staleness:
+        raise ValueError("the sweep needs staleness 0 (the synchronous baseline) to compare against")
+    if any(eta < 0 for eta in staleness) or len(set(staleness)) != len(staleness):
+        raise ValueError(f"staleness bounds must be distinct and >= 0, got {list(staleness)}")
+    if not 0 <= warmup_steps < steps or not 1 <= final_steps <= steps or rounds < 1:
+        raise ValueError("need 0 <= warmup_steps < steps, 1 <= final_steps <= steps and rounds >= 1")
+    workload, latency = workload or Workload(seed=seed), latency or ParetoLatency(seed=seed)
     threads_before = torch.get_num_threads()
     if torch_threads is not None:
         torch.set_num_threads(torch_threads)
     # Built here, outside train()'s event loop: a bundle built inside it would call asyncio.run in a running loop.
     ensure_bundle(size=size, seed=world_seed, n_tasks=n_tasks, progress=progress)
-    base = [
-        f"steps={steps}", f"seed={seed}", f"env.id={SLOW_SYNTHETIC_QA}", "model.path=null",
-        f"env.kwargs.size={size}", f"env.kwargs.seed={world_seed}", f"env.kwargs.n_tasks={n_tasks}", "env.kwargs.split=train",
-        f"env.kwargs.max_turns={max_turns}", f"env.kwargs.top_k={top_k}", f"env.kwargs.latency_median_s={latency.median_s}",
-        f"env.kwargs.latency_alpha={latency.alpha}", f"env.kwargs.latency_max_s={latency.max_s}",
-        f"env.kwargs.latency_seed={latency.seed}",
-        f"rollout.group_size={group_size}", f"rollout.batch_size={batch_size}",
-        f"rollout.max_new_tokens={max_new_tokens}", f"rollout.max_staleness={max_staleness}",
-        "learner.drop_no_spread=false",  # the fresh model rarely earns reward: train on every group anyway
-        *overrides,
-    ]
     results: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-                    "load_average": [round(x, 2) for x in os.getloadavg()],
-                    "python": platform.python_version(), "platform": platform.platform()},
+        "machine": _machine(torch),
+        "workload": {**asdict(workload), "turns_sigma": round(workload.turns_sigma, 4),
+                     "distribution": "log-normal turns (median, p90, capped) x log-normal tokens per turn, "
+                                     "episode total scaled into [episode_tokens_min, episode_tokens_max]"},
         "latency": {**{k: v for k, v in asdict(latency).items() if not k.startswith("_")},
-                    "scale_s": round(latency.scale_s, 5), "distribution": "Pareto, capped at max_s",
-                    "coerce_invalid": True},
-        "config": None, "modes": {},
+                    "scale_s": round(latency.scale_s, 5), "distribution": "Pareto, capped at max_s"},
+        "reward": "shaped: share of the episode's generated tokens that occur in its opening prompt "
+                  "(instructions and question); plan_workflow.prompt_token_share",
+        "settings": {"steps": steps, "warmup_steps": warmup_steps, "final_steps": final_steps, "rounds": rounds,
+                     "staleness": list(staleness), "group_size": group_size, "batch_size": batch_size,
+                     "max_concurrent_rollouts": max_concurrent_rollouts, "lr": lr, "overrides": list(overrides)},
+        "runs": [],
     }
     try:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(workdir or tmp)
-            for mode in modes:
-                config = load_config(None, [*base, f"mode={mode}", f"out_dir={root / mode}"])
-                if results["config"] is None:
-                    results["config"] = {k: v for k, v in OmegaConf.to_container(OmegaConf.structured(config)).items()
-                                         if k not in ("mode", "out_dir")}
-                TOOL_DELAYS.clear()
-                t0 = time.perf_counter()
-                history = train(config, progress=progress)
-                wall = time.perf_counter() - t0
-                results["modes"][mode] = _summary(history, wall, list(TOOL_DELAYS), root / mode / "trajectories",
-                                                  config.rollout.max_staleness if mode == "async" else 0)
+            model = build_tiny_model(root / "model", seed=seed)  # one policy for every run (and no rebuilds)
+            base = _overrides(steps=steps, seed=seed, size=size, world_seed=world_seed, n_tasks=n_tasks, top_k=top_k,
+                              doc_chars=doc_chars, workload=workload, latency=latency, group_size=group_size,
+                              batch_size=batch_size, max_concurrent_rollouts=max_concurrent_rollouts, lr=lr,
+                              model=model)
+            for r in range(rounds):
+                for eta in (staleness if r % 2 == 0 else list(reversed(staleness))):
+                    run = root / f"round{r}-eta{eta}"
+                    summary = _run_one([*base, *overrides], eta, run, warmup_steps, final_steps, group_size, progress)
+                    results["runs"].append({"round": r, "staleness": eta, **summary})
+                    results["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     finally:
         torch.set_num_threads(threads_before)
-    if "async" in results["modes"] and "sync" in results["modes"]:
-        a, s = results["modes"]["async"], results["modes"]["sync"]
-        results["async_over_sync"] = {
-            key: round(a[key] / s[key], 3) if s[key] else None
-            for key in ("trajectories_per_s", "generated_tokens_per_s")}
-        results["async_over_sync"]["wall_speedup"] = round(s["wall_s"] / a["wall_s"], 3) if a["wall_s"] else None
-        results["throughput_ratio"] = results["async_over_sync"]["trajectories_per_s"]
+    results["sweep"] = _sweep(results["runs"], staleness)
+    head = results["sweep"].get(str(headline_staleness))
+    if head is not None:
+        results["headline"] = {"staleness": headline_staleness, **{k: head[k] for k in (
+            "speedup_median", "speedup_pooled", "final_reward", "steady_tokens_per_s")},
+            "sync_final_reward": results["sweep"]["0"]["final_reward"],
+            "sync_steady_tokens_per_s": results["sweep"]["0"]["steady_tokens_per_s"]}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 
-def _summary(history: list[dict[str, float]], wall: float, delays: list[float], trajectories: Path,
-             staleness_bound: int) -> dict[str, Any]:
-    """One run in a few numbers: throughput from the last step (cumulative), means over steps, tails."""
-    last = history[-1]
-    idle = [h["rollout/engine_idle_fraction"] for h in history if "rollout/engine_idle_fraction" in h]
-    tokens = [h.get("trained_tokens", 0.0) for h in history]
-    stale = [h["staleness_mean"] for h in history if "staleness_mean" in h]
-    out: dict[str, Any] = {
+def _machine(torch: Any) -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "load_average": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version(),
+            "platform": platform.platform(), "note": "a shared box: other engineers' jobs run on the same cores"}
+
+
+def _overrides(*, steps: int, seed: int, size: int, world_seed: int, n_tasks: int, top_k: int, doc_chars: int,
+               workload: Workload, latency: ParetoLatency, group_size: int, batch_size: int,
+               max_concurrent_rollouts: int, lr: float, model: Path) -> list[str]:
+    """The config every run shares (its staleness and mode set per run)."""
+    fields = [f"env.kwargs.workload.{k}={v}" for k, v in asdict(workload).items()]
+    context = workload.turns_max * (workload.turn_tokens_max + 256) + 1024
+    return [
+        f"steps={steps}", f"seed={seed}", f"save_every={steps}", "keep_checkpoints=1", f"model.path={model}",
+        f"env.id={SLOW_SYNTHETIC_QA}", f"env.kwargs.size={size}", f"env.kwargs.seed={world_seed}",
+        f"env.kwargs.n_tasks={n_tasks}", "env.kwargs.split=train", f"env.kwargs.max_turns={workload.turns_max}",
+        f"env.kwargs.top_k={top_k}", f"env.kwargs.doc_chars={doc_chars}",
+        f"env.kwargs.latency_median_s={latency.median_s}", f"env.kwargs.latency_alpha={latency.alpha}",
+        f"env.kwargs.latency_max_s={latency.max_s}", f"env.kwargs.latency_seed={latency.seed}", *fields,
+        f"rollout.workflow={PLANNED_WORKFLOW}", f"rollout.group_size={group_size}",
+        f"rollout.batch_size={batch_size}", f"rollout.max_concurrent_rollouts={max_concurrent_rollouts}",
+        f"rollout.max_new_tokens={workload.turn_tokens_max}", f"rollout.max_context={context}",
+        f"learner.lr={lr}", "learner.drop_no_spread=false", "learner.std_normalize=true",
+    ]
+
+
+def _run_one(overrides: list[str], eta: int, run: Path, warmup_steps: int, final_steps: int, group_size: int,
+             progress: bool) -> dict[str, Any]:
+    """One training run at staleness `eta` (0: mode sync), summarised."""
+    from searchgym.trainers.config import load_config
+    from searchgym.trainers.local import train
+
+    mode = "sync" if eta == 0 else "async"
+    config = load_config(None, [*overrides, f"mode={mode}", f"rollout.max_staleness={max(eta, 0)}",
+                                f"out_dir={run}"])
+    TOOL_DELAYS.clear()
+    t0 = time.perf_counter()
+    with probe_training() as probe:
+        history = train(config, progress=progress)
+    wall = time.perf_counter() - t0
+    return {"mode": mode, "wall_s": round(wall, 2),
+            **summarize_run(history, probe, run / "trajectories", warmup_steps, final_steps, group_size,
+                            list(TOOL_DELAYS))}
+
+
+def summarize_run(history: list[dict[str, float]], probe: Probe, trajectories: Path, warmup_steps: int,
+                  final_steps: int, group_size: int, delays: Sequence[float] = ()) -> dict[str, Any]:
+    """One run in numbers: steady-state throughput and idle after the warm-up, reward, latencies, limits."""
+    if len(probe.learner_steps) != len(history):
+        raise ValueError(f"{len(history)} steps recorded but {len(probe.learner_steps)} learner steps timed")
+    ends = [b for _, b in probe.learner_steps]
+    start = ends[warmup_steps - 1] if warmup_steps else probe.in_flight[0][0] if probe.in_flight else ends[0]
+    end = ends[-1]
+    steady = history[warmup_steps:]
+    tokens = sum(h["trained_tokens"] for h in steady)
+    episodes = _episodes(trajectories)
+    by_step = [[e for e in episodes if e["step"] == k] for k in range(len(history))]
+    final = [e["reward"] for step in by_step[-final_steps:] for e in step]
+    return {
         "steps": len(history),
-        "staleness_bound": staleness_bound,
-        "wall_s": round(wall, 2),  # the whole train() call: model build and load included
-        "train_elapsed_s": round(last["elapsed_s"], 2),  # from rollouts starting to the last learner step
-        "trajectories_trained": int(round(last["trajectories_per_s"] * last["elapsed_s"])),
-        "trajectories_per_s": round(last["trajectories_per_s"], 3),
-        "generated_tokens_per_s": round(last.get("rollout/generated_tokens_per_s", 0.0), 1),
-        "engine_idle_fraction_mean": round(statistics.fmean(idle), 4) if idle else None,
-        "engine_idle_fraction_final": round(idle[-1], 4) if idle else None,  # over the whole run
-        "staleness_mean": (round(sum(s * n for s, n in zip(stale, tokens)) / sum(tokens), 4)
-                           if stale and sum(tokens) else (round(statistics.fmean(stale), 4) if stale else None)),
-        "staleness_max": max((h["staleness_max"] for h in history if "staleness_max" in h), default=None),
-        "rollout_episodes_finished": int(last.get("rollout/episodes", 0)),
-        "episode_turns_mean": round(statistics.fmean(h["episode/turns"] for h in history), 3),
-        "episode_searches_mean": round(statistics.fmean(h["episode/searches"] for h in history), 3),
-        "reward_mean": round(statistics.fmean(h["episode/reward"] for h in history), 4),
-        "tool_delay_s": _quantiles(delays) | {"calls": len(delays), "total": round(sum(delays), 2)},
-        "episode_s": _quantiles(_episode_seconds(trajectories)),
+        "steady_window_s": round(end - start, 2),
+        "steady_trained_tokens": int(tokens),
+        "steady_tokens_per_s": round(tokens / (end - start), 2) if end > start else None,
+        "all_tokens_per_s": round(sum(h["trained_tokens"] for h in history) / history[-1]["elapsed_s"], 2),
+        "engine_idle_fraction": _idle(history, warmup_steps),
+        **probe.window(start, end, group_size),
+        "staleness_mean": round(statistics.fmean(h["staleness_mean"] for h in steady), 4) if steady else None,
+        "staleness_max": max((h["staleness_max"] for h in history), default=None),
+        "reward_first_step": round(statistics.fmean(e["reward"] for e in by_step[0]), 4),
+        "final_reward": _spread(final),
+        "episode_s": quantiles([e["seconds"] for e in episodes]),
+        "episode_turns": quantiles([e["turns"] for e in episodes]),
+        "episode_tokens": quantiles([e["tokens"] for e in episodes]),
+        "episodes_cut_by_context": sum(e["stop_reason"] == "context budget" for e in episodes),
+        "tool_delay_s": quantiles(list(delays)) | {"calls": len(delays)},
     }
+
+
+def _idle(history: list[dict[str, float]], warmup_steps: int) -> float | None:
+    """The engine's idle fraction between the warm-up's last step and the last step (from the cumulative figures)."""
+    key = "rollout/engine_idle_fraction"
+    if key not in history[-1]:
+        return None
+    busy = [(1.0 - h[key]) * h["elapsed_s"] for h in history]
+    t = [h["elapsed_s"] for h in history]
+    if warmup_steps == 0:
+        return round(history[-1][key], 4)
+    span = t[-1] - t[warmup_steps - 1]
+    return round(min(1.0, max(0.0, 1.0 - (busy[-1] - busy[warmup_steps - 1]) / span)), 4) if span > 0 else None
+
+
+def _episodes(directory: Path) -> list[dict[str, Any]]:
+    """Every trained episode: its step (0-based), reward, turns, generated tokens, seconds and how it ended."""
+    out = []
+    for step, path in enumerate(sorted(directory.glob("version-*.jsonl"))):
+        for line in path.read_text().splitlines():
+            traj = json.loads(line)
+            turns = traj.get("turns", [])
+            out.append({"step": step, "reward": traj["reward"], "turns": len(turns),
+                        "tokens": sum(traj["loss_mask"]), "stop_reason": traj.get("stop_reason", ""),
+                        "seconds": sum(t.get("generate_seconds", 0.0) + t.get("env_seconds", 0.0) for t in turns)})
     return out
 
 
-def _episode_seconds(directory: Path) -> list[float]:
-    """Each trained episode's duration: its turns' generation plus env (tool) seconds."""
-    seconds = []
-    for path in sorted(directory.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            turns = json.loads(line).get("turns", [])
-            seconds.append(sum(t.get("generate_seconds", 0.0) + t.get("env_seconds", 0.0) for t in turns))
-    return seconds
-
-
-def _quantiles(values: list[float]) -> dict[str, float | None]:
+def _spread(values: Sequence[float]) -> dict[str, float | int | None]:
+    """Mean, standard deviation and standard error of `values`."""
     if not values:
-        return {"p50": None, "p90": None, "p99": None, "max": None}
-    ordered = sorted(values)
+        return {"mean": None, "std": None, "sem": None, "n": 0}
+    std = statistics.pstdev(values)
+    return {"mean": round(statistics.fmean(values), 4), "std": round(std, 4),
+            "sem": round(std / len(values) ** 0.5, 4), "n": len(values)}
 
-    def q(p: float) -> float:
-        return round(ordered[min(len(ordered) - 1, math.ceil(p * len(ordered)) - 1)], 4)
 
-    return {"p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "max": round(ordered[-1], 4)}
+def _sweep(runs: list[dict[str, Any]], staleness: Sequence[int]) -> dict[str, Any]:
+    """Per staleness bound: throughput pooled over rounds, the within-round speedups over sync, reward, limits."""
+    sweep: dict[str, Any] = {}
+    sync = {run["round"]: run for run in runs if run["staleness"] == 0}
+    for eta in staleness:
+        mine = [run for run in runs if run["staleness"] == eta]
+        tokens = sum(run["steady_trained_tokens"] for run in mine)
+        seconds = sum(run["steady_window_s"] for run in mine)
+        ratios = [run["steady_tokens_per_s"] / sync[run["round"]]["steady_tokens_per_s"] for run in mine
+                  if run["steady_tokens_per_s"] and sync[run["round"]]["steady_tokens_per_s"]]
+        finals = [run["final_reward"]["mean"] for run in mine if run["final_reward"]["mean"] is not None]
+        pooled = round(tokens / seconds, 2) if seconds else None
+        sync_tokens = sum(run["steady_trained_tokens"] for run in sync.values())
+        sync_seconds = sum(run["steady_window_s"] for run in sync.values())
+        sweep[str(eta)] = {
+            "mode": "sync" if eta == 0 else "async",
+            "steady_tokens_per_s": pooled,
+            "speedup_per_round": [round(x, 3) for x in ratios],
+            "speedup_median": round(statistics.median(ratios), 3) if ratios else None,
+            "speedup_pooled": round(pooled / (sync_tokens / sync_seconds), 3) if pooled and sync_seconds else None,
+            "final_reward": {"mean": round(statistics.fmean(finals), 4) if finals else None,
+                             "per_round": finals,
+                             "episode_std": round(statistics.fmean(run["final_reward"]["std"] for run in mine), 4)},
+            "reward_first_step": round(statistics.fmean(run["reward_first_step"] for run in mine), 4),
+            **{key: _mean(run[key] for run in mine) for key in (
+                "engine_idle_fraction", "learner_share", "episodes_in_flight_mean", "admission_blocked_share",
+                "staleness_mean")},
+            "episode_s_p50": _mean(run["episode_s"]["p50"] for run in mine),
+            "episode_s_p90": _mean(run["episode_s"]["p90"] for run in mine),
+            "episode_s_p99": _mean(run["episode_s"]["p99"] for run in mine),
+        }
+    return sweep
+
+
+def _mean(values: Any) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(statistics.fmean(present), 4) if present else None

@@ -1,14 +1,17 @@
-"""`searchgym bench trainer`: the Pareto latency wrapper, the benchmark env, and a tiny end-to-end run."""
+"""`searchgym bench trainer`: heavy-tailed episode draws, the benchmark env and workflow, and a tiny end-to-end sweep."""
 import asyncio
 import json
 import os
 import statistics
 
 import gymnasium as gym
+import numpy as np
 import pytest
 
-from searchgym.bench.trainer import (SLOW_SYNTHETIC_QA, TOOL_DELAYS, ParetoLatency, SlowSearch,
-                                                SlowSearchEnv, run_trainer_bench)
+from searchgym.bench.plan_workflow import PLANNED_WORKFLOW, word_start_ids, word_start_share
+from searchgym.bench.slow_env import SLOW_SYNTHETIC_QA, TOOL_DELAYS, ParetoLatency, SlowSearch, SlowSearchEnv
+from searchgym.bench.trainer import run_trainer_bench
+from searchgym.bench.workload import EpisodePlan, Workload
 from searchgym.envs.tools.base import SearchHit
 from tests.conftest import SMALL
 
@@ -30,8 +33,34 @@ def test_latency_is_seeded_and_heavy_tailed():
     assert 0.045 < median < 0.055
     assert min(many) >= ParetoLatency(0.05, 1.2).scale_s and max(many) <= 30.0
     assert max(many) > 50 * median  # heavy tail: the largest draw dwarfs the typical one
-    assert statistics.fmean(many) > 1.5 * median
     assert sum(x > 20 * median for x in many) / len(many) > 0.005  # P(X > 20 median) = 20 ** -1.2 = 2.7 %
+
+
+def test_workload_draws_asearchers_shape_seeded():
+    workload = Workload()
+    plans = [workload.plan(seed, f"task-{seed % 7}") for seed in range(20_000)]
+    turns, tokens = [p.turns for p in plans], [p.tokens for p in plans]
+    ordered = sorted(turns)
+    assert statistics.median(turns) == 3 and 15 <= ordered[int(0.9 * len(turns))] <= 17  # median 3, p90 16
+    assert max(turns) == 40 and min(turns) == 1 and statistics.fmean(turns) > 1.8 * 3  # a long tail, capped
+    assert min(tokens) == 58 and max(tokens) == 1920  # ASearcher's 58 to 1,920 generated tokens per episode
+    assert statistics.fmean(tokens) > 1.8 * statistics.median(tokens)
+    assert all(1 <= t <= workload.turn_tokens_max for p in plans for t in p.turn_tokens)
+    # a function of (workload seed, episode seed, task) only: the same episode in every mode and process
+    assert [workload.plan(s, "t") for s in range(50)] == [Workload().plan(s, "t") for s in range(50)]
+    assert [workload.plan(s, "t") for s in range(50)] != [workload.plan(s, "u") for s in range(50)]
+    assert [workload.plan(s, "t") for s in range(50)] != [Workload(seed=1).plan(s, "t") for s in range(50)]
+    # configurable: a lighter tail gives shorter episodes
+    light = [Workload(turns_median=2, turns_p90=4, turns_max=6).plan(s, "t") for s in range(2000)]
+    assert max(p.turns for p in light) == 6 and statistics.median(p.turns for p in light) == 2
+
+
+@pytest.mark.parametrize("bad", [dict(turns_median=5, turns_p90=4), dict(turns_max=10, turns_p90=16),
+                                 dict(episode_tokens_min=0), dict(turn_tokens_median=500),
+                                 dict(episode_tokens_min=500)])
+def test_workload_refuses_impossible_shapes(bad):
+    with pytest.raises(ValueError):
+        Workload(**bad)
 
 
 def test_slow_backend_waits_then_delegates():
@@ -54,38 +83,124 @@ def test_bench_env_wraps_backends_and_turns_bad_turns_into_searches(small_bundle
     env.close()
 
 
-def test_bench_writes_both_modes(tmp_path, small_bundle):
-    out = tmp_path / "bench_trainer.json"
+def test_bench_env_plays_the_drawn_number_of_turns_as_searches(small_bundle):
+    workload = {"turns_median": 2, "turns_p90": 4, "turns_max": 6, "seed": 3}
+    make = lambda: gym.make(SLOW_SYNTHETIC_QA, **SMALL, latency_median_s=0.0, latency_max_s=0.0,  # noqa: E731
+                            workload=workload).unwrapped
+    env, other = make(), make()
+    for seed in range(6):
+        _, info = env.reset(seed=seed)
+        plan = Workload(**workload).plan(seed, info["task_id"])
+        assert env.plan == plan and info["plan"] == list(plan.turn_tokens)
+        _, other_info = other.reset(seed=seed, options={"task_id": info["task_id"]})
+        assert other.plan == plan  # the same episode whichever env instance (and trainer mode) plays it
+        for turn in range(1, plan.turns + 1):
+            # even an answer is played as a search: the episode lasts exactly its drawn number of turns
+            _, reward, terminated, truncated, step = env.step(f"<answer>{env.task.answers[0]}</answer>")
+            assert step["tool"] == "search" and not terminated and reward == 0.0
+            assert truncated == (turn == plan.turns)
+        assert step["truncation"] == "turn budget"
+    env.close(), other.close()
+
+
+def test_word_start_share_scores_each_turns_first_token(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from searchgym.agents.trajectory import Trajectory
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    starts = word_start_ids(tokenizer)
+    word, other = tokenizer.encode(" search")[0], tokenizer.encode("<search>")[0]
+    assert word in starts and other not in starts and 0.2 < len(starts) / len(tokenizer) < 0.8
+    traj = Trajectory("t")
+    traj.extend([other, other], generated=False)
+    traj.extend([word, other], generated=True, logprobs=[0.0, 0.0], versions=[0, 0])
+    traj.extend([word], generated=False)
+    traj.extend([other, word], generated=True, logprobs=[0.0, 0.0], versions=[0, 0])
+    assert word_start_share(traj, starts) == 0.5 and word_start_share(Trajectory("t"), starts) == 0.0
+
+
+def _plans_by_position(run, workload: Workload, seed: int, group_size: int) -> dict[int, list[list[int]]]:
+    """Each trained group's per-episode turn tokens, checked against the plans its episodes' seeds draw."""
+    groups: dict[int, list[list[int]]] = {}
+    for path in sorted((run / "trajectories").glob("version-*.jsonl")):
+        for line in path.read_text().splitlines():
+            traj = json.loads(line)
+            played = [t["generated_tokens"] for t in traj["turns"]]
+            position = traj["group"]
+            drawn = [list(workload.plan(int(np.random.SeedSequence([seed, position, k]).generate_state(1)[0]),
+                                        traj["task_id"]).turn_tokens) for k in range(group_size)]
+            assert played in drawn  # the episode played exactly one of its group's drawn plans
+            assert sum(traj["loss_mask"]) == sum(played)
+            groups.setdefault(position, []).append(played)
+    return {p: sorted(g) for p, g in groups.items()}
+
+
+def test_bench_sweeps_staleness_at_equal_workload_with_reward(tmp_path, small_bundle):
+    workload = Workload(turns_median=1.5, turns_p90=3, turns_max=3, turn_tokens_median=4, turn_tokens_max=8,
+                        episode_tokens_min=2, episode_tokens_max=20, seed=5)
+    out, runs = tmp_path / "bench_trainer.json", tmp_path / "runs"
     result = run_trainer_bench(
-        steps=2, size=SMALL["size"], n_tasks=SMALL["n_tasks"], world_seed=SMALL["seed"], out=out,
-        workdir=tmp_path / "runs", group_size=2, batch_size=2, max_new_tokens=16, max_turns=2, max_staleness=1,
-        latency=ParetoLatency(0.005, 1.2, 0.1), progress=False)
+        steps=3, warmup_steps=1, final_steps=2, rounds=2, staleness=(0, 2), headline_staleness=2,
+        size=SMALL["size"], n_tasks=SMALL["n_tasks"], world_seed=SMALL["seed"], out=out, workdir=runs,
+        group_size=2, batch_size=1, max_concurrent_rollouts=8, workload=workload,
+        latency=ParetoLatency(0.002, 1.2, 0.02), progress=False)
     written = json.loads(out.read_text())
     assert written == json.loads(json.dumps(result))
-    assert set(written["modes"]) == {"async", "sync"}
-    for mode, summary in written["modes"].items():
-        run = tmp_path / "runs" / mode
+    # interleaved: each round plays every bound, alternately forwards and backwards
+    assert [(r["round"], r["staleness"], r["mode"]) for r in written["runs"]] == [
+        (0, 0, "sync"), (0, 2, "async"), (1, 2, "async"), (1, 0, "sync")]
+    plans = {}
+    for r in written["runs"]:
+        run = runs / f"round{r['round']}-eta{r['staleness']}"
         history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        batches = [[json.loads(line) for line in path.read_text().splitlines()]
+        assert r["steps"] == len(history) == 3
+        # the steady-state metric counts the steps after the warm-up only, over their own window
+        assert r["steady_trained_tokens"] == sum(h["trained_tokens"] for h in history[1:]) < sum(
+            h["trained_tokens"] for h in history)
+        assert r["steady_tokens_per_s"] == pytest.approx(r["steady_trained_tokens"] / r["steady_window_s"], rel=0.01)
+        assert r["steady_window_s"] < history[-1]["elapsed_s"]
+        # the reward is non-zero, and the report's is the trained episodes' (the last final_steps steps)
+        rewards = [[json.loads(line)["reward"] for line in path.read_text().splitlines()]
                    for path in sorted((run / "trajectories").glob("version-*.jsonl"))]
-        assert summary["steps"] == len(history) == len(batches) == 2
-        assert summary["trajectories_trained"] == sum(map(len, batches)) == 2 * 2 * 2
-        # the rates are what was trained over the time it took, and the means are the trained episodes'
-        assert summary["trajectories_per_s"] == pytest.approx(history[-1]["trajectories_per_s"], abs=1e-3)
-        assert history[-1]["trajectories_per_s"] * history[-1]["elapsed_s"] == pytest.approx(8)
-        assert summary["train_elapsed_s"] <= summary["wall_s"]
-        searches = [statistics.fmean(sum(t["tool"] == "search" for t in traj["turns"]) for traj in batch)
-                    for batch in batches]
-        assert summary["episode_searches_mean"] == pytest.approx(statistics.fmean(searches), abs=1e-3)
-        assert summary["reward_mean"] == pytest.approx(
-            statistics.fmean(statistics.fmean(traj["reward"] for traj in batch) for batch in batches), abs=1e-4)
-        # every search and page access waited on the slow backend; the trained episodes made some of them
-        tools = sum(t["tool"] in ("search", "access") for batch in batches for traj in batch for t in traj["turns"])
-        assert summary["tool_delay_s"]["calls"] >= tools > 0
-        assert 0.0 <= summary["engine_idle_fraction_mean"] <= 1.0
-        assert summary["staleness_max"] <= summary["staleness_bound"] == (1 if mode == "async" else 0)
-    a, s = written["modes"]["async"], written["modes"]["sync"]
-    assert written["async_over_sync"]["trajectories_per_s"] == pytest.approx(
-        a["trajectories_per_s"] / s["trajectories_per_s"], abs=1e-3) == written["throughput_ratio"]
-    assert written["async_over_sync"]["wall_speedup"] == pytest.approx(s["wall_s"] / a["wall_s"], abs=1e-3)
-    assert written["config"]["env"]["id"] == SLOW_SYNTHETIC_QA and written["machine"]["cpus"] == os.cpu_count()
+        assert r["reward_first_step"] == pytest.approx(statistics.fmean(rewards[0]), abs=1e-4)
+        final = rewards[-2][0:] + rewards[-1]
+        assert r["final_reward"]["mean"] == pytest.approx(statistics.fmean(final), abs=1e-4) and r["final_reward"]["n"] == 4
+        assert any(x > 0 for step in rewards for x in step)
+        assert r["staleness_max"] <= r["staleness"]
+        for key in ("engine_idle_fraction", "learner_share", "admission_blocked_share"):
+            assert 0.0 <= r[key] <= 1.0
+        assert 0 < r["episodes_in_flight_mean"] <= 8
+        assert r["episode_turns"]["max"] <= 3 and r["episode_tokens"]["max"] <= 20
+        plans[(r["round"], r["staleness"])] = _plans_by_position(run, workload, 0, 2)
+    # the same groups are the same episodes in every run, sync or async
+    for key, groups in plans.items():
+        for other in plans.values():
+            assert all(groups[p] == other[p] for p in set(groups) & set(other))
+    sweep = written["sweep"]
+    assert set(sweep) == {"0", "2"} and sweep["0"]["mode"] == "sync" and sweep["2"]["mode"] == "async"
+    assert sweep["0"]["speedup_per_round"] == [1.0, 1.0] and sweep["0"]["speedup_median"] == 1.0
+    sync = {r["round"]: r for r in written["runs"] if r["staleness"] == 0}
+    ratios = [r["steady_tokens_per_s"] / sync[r["round"]]["steady_tokens_per_s"]
+              for r in written["runs"] if r["staleness"] == 2]
+    assert sweep["2"]["speedup_per_round"] == pytest.approx(ratios, abs=1e-3)
+    assert sweep["2"]["speedup_median"] == pytest.approx(statistics.median(ratios), abs=1e-3)
+    assert sweep["2"]["final_reward"]["per_round"] == [r["final_reward"]["mean"] for r in written["runs"]
+                                                       if r["staleness"] == 2]
+    assert written["headline"]["staleness"] == 2 and written["headline"]["speedup_median"] == sweep["2"]["speedup_median"]
+    assert written["workload"]["turns_max"] == 3 and written["machine"]["cpus"] == os.cpu_count()
+
+
+def test_bench_refuses_a_sweep_without_the_sync_baseline(tmp_path):
+    with pytest.raises(ValueError, match="staleness 0"):
+        run_trainer_bench(staleness=(1, 2), out=tmp_path / "x.json")
+    with pytest.raises(ValueError, match="warmup_steps"):
+        run_trainer_bench(steps=2, warmup_steps=2, out=tmp_path / "x.json")
+
+
+def test_planned_workflow_names_an_importable_class():
+    from searchgym.agents.workflow import load_object
+    from searchgym.bench.plan_workflow import PlannedWorkflow
+
+    assert load_object(PLANNED_WORKFLOW) is PlannedWorkflow
+    assert EpisodePlan((3, 4)).turns == 2 and EpisodePlan((3, 4)).tokens == 7

@@ -202,13 +202,28 @@ def _bench_engine(args: argparse.Namespace) -> None:
         print(json.dumps(run_engine_bench(model, out=args.out, device=args.device), indent=2))
 
 
+def _int_list(text: str) -> list[int]:
+    """"0,1,2" -> [0, 1, 2] (for --staleness); anything else is argparse's clear error."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
 def _bench_trainer(args: argparse.Namespace) -> None:
     from searchgym.bench.trainer import ParetoLatency, run_trainer_bench
+    from searchgym.bench.workload import Workload
 
     latency = ParetoLatency(args.latency_ms / 1000, args.latency_alpha, args.latency_max_s, args.seed)
-    print(json.dumps(run_trainer_bench(steps=args.steps, size=args.size, n_tasks=args.n_tasks, seed=args.seed,
-                                       out=args.out, workdir=args.workdir, max_staleness=args.max_staleness,
-                                       latency=latency, torch_threads=args.threads or None), indent=2))
+    workload = Workload(args.turns_median, args.turns_p90, args.turns_max, args.turn_tokens_median,
+                        args.turn_tokens_sigma, args.turn_tokens_max, args.episode_tokens_min,
+                        args.episode_tokens_max, args.seed)
+    print(json.dumps(run_trainer_bench(
+        steps=args.steps, warmup_steps=args.warmup_steps, final_steps=args.final_steps, rounds=args.rounds,
+        staleness=args.staleness, headline_staleness=args.headline_staleness, size=args.size, n_tasks=args.n_tasks,
+        seed=args.seed, out=args.out, workdir=args.workdir, group_size=args.group_size, batch_size=args.batch_size,
+        max_concurrent_rollouts=args.max_concurrent, lr=args.lr, workload=workload, latency=latency,
+        torch_threads=args.threads or None), indent=2))
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -464,12 +479,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("results/bench_search.json"))
     p.add_argument("--workdir", type=Path, default=None, help="where to build the world (default: a temp dir)")
     p.set_defaults(run=_bench_search)
-    p = bench.add_parser("trainer", help="async vs sync training throughput with heavy-tailed (Pareto) tool latency")
-    p.add_argument("--steps", type=int, default=6, help="learner steps per mode")
+    p = bench.add_parser("trainer", help="async vs sync RL on heavy-tailed agent episodes: the staleness sweep, "
+                                         "trained tokens/s at steady state and final reward")
+    p.add_argument("--steps", type=int, default=6, help="learner steps per run")
+    p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the steady-state throughput")
+    p.add_argument("--final-steps", type=int, default=2, help="last steps whose episodes give the final reward")
+    p.add_argument("--rounds", type=int, default=1, help="passes over the sweep, alternately forwards and backwards")
+    p.add_argument("--staleness", type=_int_list, default=[0, 1, 2, 4, 8],
+                   help="staleness bounds to sweep, comma-separated (0: the synchronous baseline, required)")
+    p.add_argument("--headline-staleness", type=int, default=4, help="the bound the headline speedup quotes")
     p.add_argument("--size", type=int, default=1000, help="pages in the synthetic world")
     p.add_argument("--n-tasks", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0, help="training seed (and latency seed)")
-    p.add_argument("--max-staleness", type=int, default=2, help="of the async run (the sync run has 0)")
+    p.add_argument("--seed", type=int, default=0, help="training seed (and the latency and workload seeds)")
+    p.add_argument("--group-size", type=int, default=4, help="episodes per task")
+    p.add_argument("--batch-size", type=int, default=2, help="groups per learner step")
+    p.add_argument("--max-concurrent", type=int, default=64, help="rollout.max_concurrent_rollouts (episodes)")
+    p.add_argument("--lr", type=float, default=1e-2, help="learning rate of the tiny policy")
+    p.add_argument("--turns-median", type=float, default=3.0, help="median turns per episode")
+    p.add_argument("--turns-p90", type=float, default=16.0, help="90th percentile of turns per episode")
+    p.add_argument("--turns-max", type=int, default=40, help="most turns an episode plays")
+    p.add_argument("--turn-tokens-median", type=float, default=48.0, help="median tokens one turn generates")
+    p.add_argument("--turn-tokens-sigma", type=float, default=0.5, help="log-normal sigma of a turn's tokens")
+    p.add_argument("--turn-tokens-max", type=int, default=192, help="most tokens one turn generates")
+    p.add_argument("--episode-tokens-min", type=int, default=58, help="fewest tokens an episode generates")
+    p.add_argument("--episode-tokens-max", type=int, default=1920, help="most tokens an episode generates")
     p.add_argument("--latency-ms", type=float, default=250.0, help="median tool latency")
     p.add_argument("--latency-alpha", type=float, default=1.2, help="Pareto tail index (smaller: heavier tail)")
     p.add_argument("--latency-max-s", type=float, default=10.0, help="cap on one tool call's latency")

@@ -224,6 +224,12 @@ def test_an_absurd_learning_rate_collapses_and_the_watchdog_recovers(tmp_path, s
     final = load_trainer_state(latest_checkpoint(run_dir))
     assert final["step"] == 4 and final["watchdog"] == {"restores": 1, "lr_scale": pytest.approx(1e-5)}
     assert final["learner"]["optimizer"]["param_groups"][0]["lr"] == pytest.approx(1e-3)
+    # after the restore the engines generate with the restored weights (version 2): no token of the collapsed
+    # weights (version 1) reached a later step
+    for trained_version, allowed in ((2, {2}), (3, {2, 3})):
+        rows = (run_dir / "trajectories" / f"version-{trained_version:05d}.jsonl").read_text().splitlines()
+        versions = {v for row in map(json.loads, rows) for v, m in zip(row["versions"], row["loss_mask"]) if m}
+        assert versions and versions <= allowed, (trained_version, versions)
     # the groups the collapse dropped were played again: no data position lost, none trained twice
     trained = [group for path in sorted((run_dir / "trajectories").glob("version-*.jsonl"))
                for group in sorted({json.loads(line)["group"] for line in path.read_text().splitlines()})]

@@ -226,6 +226,18 @@ def _bench_trainer(args: argparse.Namespace) -> None:
         torch_threads=args.threads or None), indent=2))
 
 
+def _bench_reliability(args: argparse.Namespace) -> None:
+    from searchgym.bench.reliability import markdown_table, readme_table, run_reliability
+
+    if args.markdown:  # render a table of an existing report: README's and docs/reliability.md's are this output
+        report = json.loads(Path(args.out).read_text())
+        print((readme_table if args.markdown == "readme" else markdown_table)(report), end="")
+        return
+    report = run_reliability(args.out, workdir=args.workdir, seed=args.seed, n=args.n, kills=not args.no_kills)
+    print(markdown_table(report), end="")
+    print(f"written to {args.out}")
+
+
 def _train(args: argparse.Namespace) -> None:
     from searchgym.trainers.config import load_config
 
@@ -510,6 +522,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("results/bench_trainer.json"))
     p.add_argument("--workdir", type=Path, default=None, help="where the runs write (default: a temp dir)")
     p.set_defaults(run=_bench_trainer)
+    p = bench.add_parser("reliability", help="issue 15's fault classes with fixed seeds (SSRF forms, agent turns, "
+                                             "web pages, server bodies, damaged caches, kills): crashes and items lost")
+    p.add_argument("--seed", type=int, default=15)
+    p.add_argument("--n", type=int, default=200, help="forms per fuzzed class")
+    p.add_argument("--no-kills", action="store_true", help="skip the kill-and-resume drills (subprocesses, minutes)")
+    p.add_argument("--workdir", type=Path, default=None, help="where the drills write (default: a temp dir)")
+    p.add_argument("--out", type=Path, default=Path("results/reliability.json"))
+    p.add_argument("--markdown", choices=["readme", "docs"], default=None,
+                   help="only print README's (short) or docs/reliability.md's table of the existing --out report")
+    p.set_defaults(run=_bench_reliability)
     return parser
 
 

@@ -199,7 +199,9 @@ def _bench_engine(args: argparse.Namespace) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or build_tiny_model(Path(tmp) / "tiny")
-        print(json.dumps(run_engine_bench(model, out=args.out, device=args.device), indent=2))
+        print(json.dumps(run_engine_bench(model, out=args.out, device=args.device, traffic=args.traffic,
+                                          episodes=args.episodes, turns=args.turns, turn_tokens=args.turn_tokens,
+                                          repeats=args.repeats, threads=args.threads), indent=2))
 
 
 def _int_list(text: str) -> list[int]:
@@ -479,9 +481,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("results/bench_env.json"))
     p.add_argument("--workdir", type=Path, default=None, help="where to build the world (default: a temp dir)")
     p.set_defaults(run=_bench_env)
-    p = bench.add_parser("engine", help="TorchEngine tokens/s at 1, 8, 64 concurrent requests vs model.generate")
+    p = bench.add_parser("engine", help="TorchEngine tokens/s on multi-turn agent episodes (prefix reuse on, off, "
+                                        "batched model.generate) or single-turn requests vs a model.generate loop")
     p.add_argument("--model", type=Path, default=None, help="model directory (default: a fresh tiny model)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--traffic", choices=["multiturn", "single", "both"], default="multiturn",
+                   help="multiturn: concurrent agent episodes; single: 1/8/64 one-turn requests (default multiturn)")
+    p.add_argument("--episodes", type=int, default=8, help="multiturn: concurrent episodes")
+    p.add_argument("--turns", type=int, default=8, help="multiturn: turns per episode")
+    p.add_argument("--turn-tokens", type=int, default=32, help="multiturn: tokens generated per turn")
+    p.add_argument("--repeats", type=int, default=5, help="multiturn: interleaved repetitions of the three systems")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
     p.add_argument("--out", type=Path, default=Path("results/bench_engine.json"))
     p.set_defaults(run=_bench_engine)
     p = bench.add_parser("search", help="LocalIndex vs tantivy, bm25s, rank-bm25 (queries/s, recall@5, MRR); "

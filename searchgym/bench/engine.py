@@ -1,7 +1,15 @@
-"""`searchgym bench engine`: generated tokens per second of TorchEngine's continuous batching at
-1, 8 and 64 concurrent requests, against a plain loop of per-request `model.generate` in the same run.
+"""`searchgym bench engine`: TorchEngine's generation speed on the default tiny model, two kinds of traffic.
 
-Every request generates exactly `new_tokens` tokens (eos ignored), so the work is the same for all.
+- multiturn (default): agent episodes. N concurrent episodes of T turns; each turn generates M tokens
+  (seeded sampling, eos ignored, so every system does the same work) and appends an observation of
+  60-200 tokens of world page text, and the next turn sends the whole conversation again, as the
+  episode runners do. Measured for (a) the engine with prefix reuse, (b) the same engine with reuse off
+  and (c) one batched Hugging Face `model.generate` call per turn over the same conversations (the
+  prompts (a) sent), in interleaved repetitions (the order rotates) in one process; reported: prompt
+  tokens processed per generated token and generated tokens/s, medians and their ratios.
+- single: 1, 8 and 64 concurrent one-turn requests against a loop of per-request `model.generate`.
+
+Results go to one JSON file; a run of one kind keeps the other kind's figures already there.
 """
 from __future__ import annotations
 
@@ -10,6 +18,7 @@ import json
 import os
 import platform
 import random
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -20,24 +29,159 @@ from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, SamplingParams
 from searchgym.world.world import World
 
+TRAFFIC = ("multiturn", "single", "both")
+
 
 def run_engine_bench(model_dir: str | os.PathLike, *, out: str | os.PathLike = "results/bench_engine.json",
-                     concurrency: tuple[int, ...] = (1, 8, 64), new_tokens: int = 64, device: str = "cpu",
-                     baseline_requests: int = 8) -> dict[str, Any]:
-    """Measure both ways on the same model and prompts; write the results to `out`."""
+                     traffic: str = "multiturn", concurrency: tuple[int, ...] = (1, 8, 64), new_tokens: int = 64,
+                     device: str = "cpu", baseline_requests: int = 8, episodes: int = 8, turns: int = 8,
+                     turn_tokens: int = 32, repeats: int = 5, threads: int | None = None) -> dict[str, Any]:
+    """Measure the chosen traffic on one model; merge the results into `out` and return them all.
+
+    `threads` sets torch's intra-op threads (None: torch's default); on a shared machine one thread avoids
+    stalls where a step waits for a descheduled worker thread.
+    """
+    if traffic not in TRAFFIC:
+        raise ValueError(f"traffic must be one of {TRAFFIC}, not {traffic!r}")
+    if min(episodes, turns, turn_tokens, repeats) < 1:
+        raise ValueError("episodes, turns, turn_tokens and repeats must be >= 1")
+    if threads is not None:
+        torch.set_num_threads(threads)
     engine = TorchEngine(model_dir, device=device)
+    path = Path(out)
+    results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    setup = {"model": str(model_dir), "device": device, "parameters": sum(p.numel() for p in engine.model.parameters()),
+             "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "platform": platform.platform(),
+                         "torch_threads": torch.get_num_threads()}}
+    if traffic in ("single", "both"):  # the single-turn figures and their setup stay at the top level
+        results.update(setup)
+        results.update(_single_turn(engine, concurrency, new_tokens, baseline_requests))
+    if traffic in ("multiturn", "both"):
+        results["multiturn"] = {**setup, **_multi_turn(engine, episodes, turns, turn_tokens, repeats)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+# ---- multi-turn agent traffic ---------------------------------------------------------------------------------------
+
+def _multi_turn(engine: TorchEngine, episodes: int, turns: int, turn_tokens: int, repeats: int) -> dict[str, Any]:
+    """Interleaved repetitions of (a) reuse on, (b) reuse off, (c) batched generate; medians and ratios."""
+    no_reuse = TorchEngine(engine.model, engine.tokenizer, device=str(engine.device), prefix_cache_bytes=0)
+    conversations = _conversations(engine.tokenizer, episodes, turns)
+    systems = {"engine_prefix_reuse": lambda rep: asyncio.run(_episodes(engine, conversations, turn_tokens, rep)),
+               "engine_no_reuse": lambda rep: asyncio.run(_episodes(no_reuse, conversations, turn_tokens, rep)),
+               "batched_generate": lambda rep: _batched_generate(engine, conversations, turn_tokens, rep)}
+    load_before = os.getloadavg()
+    warm, warm_rep = [c[:2] for c in conversations], repeats + 1  # warm-up: each system on two turns, own rids
+    asyncio.run(_episodes(engine, warm, turn_tokens, warm_rep))
+    asyncio.run(_episodes(no_reuse, warm, turn_tokens, warm_rep))
+    _batched_generate(engine, warm, turn_tokens, warm_rep)
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
+    names = list(systems)
+    for rep in range(repeats):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:  # rotate who goes first
+            runs[name].append(systems[name](rep))
+    load_after = os.getloadavg()
+    medians = {name: {key: round(statistics.median(r[key] for r in rs), 2) for key in rs[0]}
+               for name, rs in runs.items()}
+    tps = {name: m["tokens_per_s"] for name, m in medians.items()}
+    contexts = [len(c[0]) + sum(len(o) for o in c[1:]) + turns * turn_tokens for c in conversations]
+    given = sum(len(part) for c in conversations for part in c)  # prompt and observation tokens: read once at least
+    return {
+        "episodes": episodes, "turns": turns, "tokens_per_turn": turn_tokens, "repeats": repeats,
+        "observation_tokens": [min(len(o) for c in conversations for o in c[1:]),
+                               max(len(o) for c in conversations for o in c[1:])],
+        "final_context_tokens": [min(contexts), max(contexts)],
+        "given_tokens_per_generated_token": round(given / (episodes * turns * turn_tokens), 3),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in load_after],
+        "median": medians, "runs": runs,
+        "speedup_reuse_vs_no_reuse": round(tps["engine_prefix_reuse"] / tps["engine_no_reuse"], 2),
+        "speedup_reuse_vs_batched_generate": round(tps["engine_prefix_reuse"] / tps["batched_generate"], 2),
+        "speedup_no_reuse_vs_batched_generate": round(tps["engine_no_reuse"] / tps["batched_generate"], 2),
+    }
+
+
+def _conversations(tokenizer: Any, episodes: int, turns: int) -> list[list[list[int]]]:
+    """Per episode: the first prompt (a question about a world entity), then one observation per later turn."""
+    world, rng = World(1000, 0), random.Random(0)
+    out = []
+    for _ in range(episodes):
+        entity = world.entity(rng.randrange(1000))
+        question = f"Answer with the help of the search tool: what do you know about {entity.name}?"
+        first = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                              tokenize=True, return_dict=False)
+        observations = []
+        for _ in range(turns - 1):
+            page = tokenizer.encode(world.render_text(world.entity(rng.randrange(1000))))
+            size = rng.randint(60, 200)
+            observations.append(tokenizer.encode("\n<result>\n") + (page * (1 + size // max(len(page), 1)))[:size]
+                                + tokenizer.encode("\n</result>\n"))
+        out.append([first, *observations])
+    return out
+
+
+async def _episodes(engine: TorchEngine, conversations: list[list[list[int]]], turn_tokens: int,
+                    rep: int) -> dict[str, float]:
+    """Every episode at once, turn after turn; prompt tokens the engine prefilled and generated tokens/s."""
+    before = engine.stats()
+
+    async def episode(i: int, parts: list[list[int]]) -> None:
+        ids = list(parts[0])
+        sampling = SamplingParams(max_new_tokens=turn_tokens, temperature=1.0, ignore_eos=True, seed=1000 * rep + i)
+        for turn in range(len(parts)):
+            response = await engine.agenerate(GenerateRequest(list(ids), sampling, rid=f"bench-{rep}-{i}"))
+            ids += response.output_ids + (parts[turn + 1] if turn + 1 < len(parts) else [])
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(episode(i, parts) for i, parts in enumerate(conversations)))
+    seconds = time.perf_counter() - t0
+    after = engine.stats()
+    engine.prefix_cache.discard()
+    generated = after["generated_tokens"] - before["generated_tokens"]
+    return {"tokens_per_s": round(generated / seconds, 1), "seconds": round(seconds, 3),
+            "prompt_tokens_per_generated_token": round((after["prefill_tokens"] - before["prefill_tokens"])
+                                                       / generated, 3),
+            "generated_tokens": generated}
+
+
+def _batched_generate(engine: TorchEngine, conversations: list[list[list[int]]], turn_tokens: int,
+                      rep: int) -> dict[str, float]:
+    """Per turn, one left-padded `model.generate` over every episode's conversation so far (sampling, KV cache
+    within the call, none between turns)."""
+    model, pad = engine.model, engine.tokenizer.pad_token_id
+    histories = [list(parts[0]) for parts in conversations]
+    torch.manual_seed(rep)
+    generated = prompt_tokens = 0
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for turn in range(len(conversations[0])):
+            width = max(map(len, histories))
+            ids = torch.tensor([[pad] * (width - len(h)) + h for h in histories], device=model.device)
+            mask = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in histories], device=model.device)
+            y = model.generate(ids, attention_mask=mask, do_sample=True, max_new_tokens=turn_tokens,
+                               min_new_tokens=turn_tokens, pad_token_id=pad)
+            prompt_tokens += sum(map(len, histories))
+            generated += (y.shape[1] - width) * len(histories)
+            for h, row, parts in zip(histories, y[:, width:].tolist(), conversations):
+                h += row + (parts[turn + 1] if turn + 1 < len(parts) else [])
+    seconds = time.perf_counter() - t0
+    return {"tokens_per_s": round(generated / seconds, 1), "seconds": round(seconds, 3),
+            "prompt_tokens_per_generated_token": round(prompt_tokens / generated, 3), "generated_tokens": generated}
+
+
+# ---- single-turn requests -------------------------------------------------------------------------------------------
+
+def _single_turn(engine: TorchEngine, concurrency: tuple[int, ...], new_tokens: int,
+                 baseline_requests: int) -> dict[str, Any]:
     prompts = _prompts(engine.tokenizer, max(concurrency) * 2)
-    results: dict[str, Any] = {"model": str(model_dir), "device": device, "new_tokens": new_tokens,
-                               "parameters": sum(p.numel() for p in engine.model.parameters()),
-                               "machine": {"cpus": os.cpu_count(), "torch": torch.__version__,
-                                           "platform": platform.platform()}}
+    results: dict[str, Any] = {"new_tokens": new_tokens}
     results["generate_loop_tokens_per_s"] = _generate_loop(engine, prompts[:baseline_requests], new_tokens)
     results["engine_tokens_per_s"] = {
         str(c): asyncio.run(_engine_run(engine, prompts[: max(2 * c, 16)], c, new_tokens)) for c in concurrency}
     results["speedup_vs_generate_loop"] = {
         c: round(tps / results["generate_loop_tokens_per_s"], 2) for c, tps in results["engine_tokens_per_s"].items()}
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 
@@ -54,8 +198,9 @@ async def _engine_run(engine: TorchEngine, prompts: list[list[int]], concurrency
     gate = asyncio.Semaphore(concurrency)
 
     async def one(i: int, ids: list[int]) -> int:
-        async with gate:
-            return len((await engine.agenerate(GenerateRequest(list(ids), sampling, f"bench-{i}"))).output_ids)
+        async with gate:  # rids unique per run: a one-turn request never finds a cached prefix
+            request = GenerateRequest(list(ids), sampling, f"single-{concurrency}-{i}")
+            return len((await engine.agenerate(request)).output_ids)
 
     await one(-1, prompts[0])  # warm-up
     t0 = time.perf_counter()

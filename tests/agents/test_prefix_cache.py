@@ -234,3 +234,35 @@ async def test_a_failing_prefill_loses_its_prefix_without_leaking_it(tiny_model_
     assert torch.allclose(torch.tensor(second.logprobs), teacher_logprobs(model, turn2, second.output_ids),
                           atol=1e-4, rtol=0)
     await engine.close()
+
+
+def test_bench_engine_multiturn_counts_what_each_system_reads(tiny_model_dir, tmp_path):
+    """`bench engine`'s multi-turn figures, recomputed from its conversations: with reuse the engine reads each
+    given token once (plus each turn's last sampled token); without it, and `model.generate`, every prompt."""
+    import json
+
+    from searchgym.bench.engine import _conversations, run_engine_bench
+
+    out = tmp_path / "bench_engine.json"
+    out.write_text(json.dumps({"engine_tokens_per_s": {"64": 5399.1}}))  # single-turn figures already there
+    episodes, turns, tokens = 3, 3, 5
+    results = run_engine_bench(tiny_model_dir, out=out, episodes=episodes, turns=turns, turn_tokens=tokens, repeats=2)
+    assert json.loads(out.read_text()) == results and results["engine_tokens_per_s"] == {"64": 5399.1}
+    multiturn = results["multiturn"]
+    conversations = _conversations(AutoTokenizer.from_pretrained(tiny_model_dir), episodes, turns)
+    generated = episodes * turns * tokens
+    given = sum(len(part) for c in conversations for part in c)
+    prompts = sum(len(c[0]) + sum(len(o) for o in c[1:t]) + (t - 1) * tokens for c in conversations
+                  for t in range(1, turns + 1))
+    assert multiturn["given_tokens_per_generated_token"] == round(given / generated, 3)
+    for name, expected in [("engine_prefix_reuse", given + episodes * (turns - 1)), ("engine_no_reuse", prompts),
+                           ("batched_generate", prompts)]:
+        assert len(multiturn["runs"][name]) == 2
+        for run in multiturn["runs"][name]:
+            assert run["generated_tokens"] == generated
+            assert run["prompt_tokens_per_generated_token"] == round(expected / generated, 3)
+    ratio = multiturn["median"]["engine_prefix_reuse"]["tokens_per_s"] / multiturn["median"]["engine_no_reuse"][
+        "tokens_per_s"]
+    assert multiturn["speedup_reuse_vs_no_reuse"] == round(ratio, 2)
+    with pytest.raises(ValueError, match="traffic"):
+        run_engine_bench(tiny_model_dir, out=out, traffic="chat")

@@ -355,6 +355,7 @@ async def test_stop_strings_end_the_engine_where_tail_decoding_does(engine, mode
         text = tokenizer.decode(greedy, skip_special_tokens=False)
         stops = ("zzzz", text[20 + i:23 + i], text[30:32])
         j, stop = first_stop_by_tail_decoding(tokenizer, greedy, stops)
-        r = await engine.agenerate(GenerateRequest(p, SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True, stop=stops)))
+        params = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True, stop=stops)
+        r = await engine.agenerate(GenerateRequest(p, params))
         assert r.output_ids == greedy[:j] and r.finish_reason == FinishReason("stop", stop)
         assert r.text == tokenizer.decode(greedy[:j], skip_special_tokens=False)

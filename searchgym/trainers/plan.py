@@ -296,8 +296,8 @@ def learner_on_gpu(config: TrainConfig) -> bool:
 
 def make_plan(config: TrainConfig, *, gpu_memory_gib: float = 80.0) -> Plan:
     """The run's resource plan and memory estimate; `refusal` says why it cannot fit (and what would), else None."""
-    if not gpu_memory_gib > 0:
-        raise PlanError(f"--gpu-memory-gib must be > 0, got {gpu_memory_gib}")
+    if not (gpu_memory_gib > 0 and math.isfinite(gpu_memory_gib)):
+        raise PlanError(f"--gpu-memory-gib must be a positive number of GiB, got {gpu_memory_gib}")
     if config.launcher == "ray":
         check_ray_config(config)
     shape = model_shape(config.model.path)
@@ -327,6 +327,10 @@ def make_plan(config: TrainConfig, *, gpu_memory_gib: float = 80.0) -> Plan:
     if config.learner.ranks == 1 and (config.learner.activation_checkpointing or config.learner.cpu_offload):
         plan.notes.append("learner.ranks=1 runs the plain Learner, which applies neither learner.activation_checkpointing "
                           "nor learner.cpu_offload (the sharded learner does, from 2 ranks): the estimate leaves them out")
+    if config.launcher == "ray" and config.learner.ranks == 1 and config.ray.learner_gpus > 1:
+        plan.notes.append(f"learner.ranks=1 trains on one device: {config.ray.learner_gpus:g} GPUs are reserved for it "
+                          f"(ray.learner_gpus is per rank); for FSDP2 over them set learner.ranks="
+                          f"{config.ray.learner_gpus:g} ray.learner_gpus=1")
     longest = config.rollout.max_context
     if longest > config.learner.micro_batch_tokens:
         alone = dataclasses.replace(config.learner, micro_batch_tokens=longest)

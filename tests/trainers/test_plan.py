@@ -197,9 +197,17 @@ def test_a_dry_run_starts_nothing_and_writes_nothing(capsys, tmp_path, tiny_mode
     assert not ray.is_initialized()
 
 
-def test_plan_flags_need_dry_run(capsys):
+def test_plan_flags_need_dry_run_and_a_real_gpu_size(capsys):
     assert main(["train", "--json"]) == 2
     assert "--dry-run" in capsys.readouterr().err
+    for size in ("0", "-80", "inf", "nan"):
+        code, _, err = dry_run(capsys, "--gpu-memory-gib", size)
+        assert code == 2 and "--gpu-memory-gib must be a positive number" in err, size
+
+
+def test_a_one_rank_learner_on_several_gpus_is_pointed_at_fsdp():
+    config = load_config(CONFIGS / "asearcher-7b-local.yaml", ["learner.ranks=1", "ray.learner_gpus=4"])
+    assert any("set learner.ranks=4 ray.learner_gpus=1" in note for note in make_plan(config).notes)
 
 
 # ---- refusals ------------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from searchgym.bench.workload import Workload, quantiles
 STALENESS_SWEEP = (0, 1, 2, 4, 8)
 
 
-def run_trainer_bench(*, steps: int = 6, warmup_steps: int = 2, final_steps: int = 2, rounds: int = 1,
+def run_trainer_bench(*, steps: int = 5, warmup_steps: int = 1, final_steps: int = 2, rounds: int = 1,
                       staleness: Sequence[int] = STALENESS_SWEEP, headline_staleness: int = 4,
                       size: int = 1000, n_tasks: int = 200, world_seed: int = 0, seed: int = 0,
                       out: str | os.PathLike = "results/bench_trainer.json", workdir: str | os.PathLike | None = None,

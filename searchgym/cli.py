@@ -503,8 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_bench_search)
     p = bench.add_parser("trainer", help="async vs sync RL on heavy-tailed agent episodes: the staleness sweep, "
                                          "trained tokens/s at steady state and final reward")
-    p.add_argument("--steps", type=int, default=6, help="learner steps per run")
-    p.add_argument("--warmup-steps", type=int, default=2, help="steps left out of the steady-state throughput")
+    p.add_argument("--steps", type=int, default=5, help="learner steps per run")
+    p.add_argument("--warmup-steps", type=int, default=1, help="steps left out of the steady-state throughput")
     p.add_argument("--final-steps", type=int, default=2, help="last steps whose episodes give the final reward")
     p.add_argument("--rounds", type=int, default=1, help="passes over the sweep, alternately forwards and backwards")
     p.add_argument("--staleness", type=_int_list, default=[0, 1, 2, 4, 8],

@@ -42,6 +42,7 @@ static pool that holds weights and KV cache); what is left is KV cache, reported
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 from dataclasses import dataclass, field
@@ -122,18 +123,19 @@ class Plan:
     load_bytes: int  # each rank's GPU while the whole model is loaded, before it is sharded
     host: list[Term]
     servers: dict[str, Any] | None
+    cluster: str | None = None  # Ray: the cluster joined ("auto", an address) or started here
     notes: list[str] = field(default_factory=list)
     refusal: str | None = None
 
     @property
     def learner_gpu_bytes(self) -> int:
         """The estimate for one learner rank's GPU: every GPU term at once."""
-        return sum(t.bytes for t in self.learner if t.where == "gpu")
+        return gpu_bytes(self.learner)
 
     def to_json(self) -> dict[str, Any]:
         """The plan as plain JSON-ready data (what `--dry-run --json` prints)."""
         return {"launcher": self.launcher, "learner_ranks": self.ranks, "model": dataclasses.asdict(self.model),
-                "groups": [dataclasses.asdict(g) for g in self.groups], "total": self.total,
+                "groups": [dataclasses.asdict(g) for g in self.groups], "total": self.total, "cluster": self.cluster,
                 "gpu_memory_bytes": self.gpu_memory_bytes, "learner_on_gpu": self.on_gpu,
                 "learner_memory": [dataclasses.asdict(t) for t in self.learner],
                 "learner_gpu_bytes": self.learner_gpu_bytes, "load_gpu_bytes": self.load_bytes,
@@ -161,7 +163,7 @@ def model_shape(path: str | None) -> ModelShape:
     if path is None:
         from searchgym.agents.tiny_model import build_tiny_model
 
-        defaults = {k: v.default for k, v in _signature(build_tiny_model).items()}
+        defaults = {k: v.default for k, v in inspect.signature(build_tiny_model).parameters.items()}
         fields = {"model_type": "qwen2", "hidden_size": defaults["hidden_size"],
                   "intermediate_size": defaults["intermediate_size"], "num_hidden_layers": defaults["num_layers"],
                   "num_attention_heads": defaults["num_heads"], "num_key_value_heads": defaults["num_kv_heads"],
@@ -181,12 +183,6 @@ def model_shape(path: str | None) -> ModelShape:
                         f"the known shapes ({', '.join(sorted(table))}): download it, or point model.path at a "
                         "model directory") from None
     return _count(path, "the Hugging Face cache's config.json", config)
-
-
-def _signature(function: Any) -> dict[str, Any]:
-    import inspect
-
-    return dict(inspect.signature(function).parameters)
 
 
 def _count(name: str, source: str, config: Any) -> ModelShape:
@@ -317,7 +313,8 @@ def make_plan(config: TrainConfig, *, gpu_memory_gib: float = 80.0) -> Plan:
                          "host", "parameters, gradients and optimizer state of one rank (pinned)"))
     plan = Plan(config.launcher, config.learner.ranks, shape, groups, total, capacity, on_gpu, terms,
                 0 if config.learner.cpu_offload or not on_gpu else shape.parameters * p, host,
-                _servers(config, shape, capacity))
+                _servers(config, shape, capacity),
+                cluster=(config.ray.address or "a local cluster started here") if config.launcher == "ray" else None)
     if config.launcher == "local" and on_gpu and config.rollout.engine == "torch":
         engine = Term("rollout engine weights", shape.parameters * 4, "gpu",
                       f"rank 0's GPU also holds the in-process TorchEngine's fp32 copy ({config.model.device}), "
@@ -365,8 +362,7 @@ def _ray_groups(config: TrainConfig) -> tuple[list[Group], dict[str, float]]:
     groups.append(Group("rollout actors", ray_cfg.num_rollout_actors, ray_cfg.rollout_cpus, ray_cfg.rollout_gpus,
                         f"{engine}, envs and a staleness controller over {config.rollout.batch_size} / "
                         f"{ray_cfg.num_rollout_actors} groups a step"))
-    where = ray_cfg.address or "a local cluster started here"
-    return groups, {**total, "cluster": where}
+    return groups, total
 
 
 def _local_groups(config: TrainConfig, on_gpu: bool) -> tuple[list[Group], dict[str, float]]:
@@ -492,8 +488,7 @@ def plan_text(plan: Plan) -> str:
     lines = [f"model    {m.name}: {m.parameters:,} parameters ({m.num_layers} layers, hidden {m.hidden_size}, "
              f"vocab {m.vocab_size}{', tied embeddings' if m.tied else ''})",
              f"         shapes from {m.source}", "",
-             f"resources (launcher {plan.launcher}" + (f", cluster: {plan.total['cluster']})" if "cluster" in plan.total
-                                                      else ")")]
+             f"resources (launcher {plan.launcher}" + (f", cluster: {plan.cluster})" if plan.cluster else ")")]
     for g in plan.groups:
         lines.append(f"  {g.name:<18} {g.count:>3} x {{CPU {g.cpus:g}, GPU {g.gpus:g}}}  {g.detail}")
     lines.append(f"  {'total':<18} {plan.total['GPU']:g} GPUs, {plan.total['CPU']:g} CPUs")

@@ -1,9 +1,11 @@
-"""The Ray launcher for real on a local CPU cluster: a learner actor, rollout actors with TorchEngines, and server
-actors running our model server as the SGLang stand-in."""
+"""The Ray launcher for real on a local CPU cluster: learner actors (one, or two FSDP ranks), rollout actors with
+TorchEngines, and server actors running our model server as the SGLang stand-in (weights by disk or broadcast)."""
+import asyncio
 import json
 import urllib.request
 from pathlib import Path
 
+import aiohttp
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -11,7 +13,9 @@ from transformers import AutoModelForCausalLM
 
 from searchgym.trainers.checkpoint import latest_checkpoint, load_trainer_state
 from searchgym.trainers.config import load_config
-from searchgym.trainers.ray_launcher import RayTrainer, _check_fits, check_ray_config, required_resources, train_ray
+from searchgym.trainers.ray_launcher import (RayTrainer, _check_fits, check_ray_config, required_resources, train_ray,
+                                            weight_route)
+from tests.agents.servers import model_server
 from tests.conftest import SMALL
 
 ray = pytest.importorskip("ray")
@@ -138,6 +142,59 @@ def test_disk_weight_sync_reaches_model_server_actors(tmp_path, small_bundle, ti
     assert versions and versions <= {0, 1}
 
 
+def _model_info(address: str) -> dict:
+    with urllib.request.urlopen(f"http://{address}/model_info", timeout=60) as response:
+        return json.load(response)
+
+
+def test_two_learner_ranks_broadcast_weights_to_model_server_actors(tmp_path, small_bundle, tiny_model_dir,
+                                                                    ray_cluster, one_torch_thread):
+    """learner.ranks=2 (FSDP2 on gloo, two learner actors) and ray.weight_sync=distributed: rank 0 broadcasts the
+    consolidated weights to two `serve model` servers (SGLang's protocol), one per rollout actor."""
+    run_dir = tmp_path / "run"
+    config = load_config(None, [*_overrides(run_dir, tiny_model_dir, steps=2), "learner.ranks=2",
+                                "rollout.engine=sglang", "ray.sglang_server=searchgym", "ray.sglang_servers=2",
+                                "ray.weight_sync=distributed", "ray.sglang_gpus_per_server=0",
+                                "ray.sglang_start_timeout_s=120"])
+    prompt = list(range(5, 25))
+    with RayTrainer(config, progress=False) as trainer:
+        servers = trainer.server_addresses
+        history = trainer.train()
+        engine_versions = ray.get([actor.engine_version.remote() for actor in trainer.rollout_actors])
+        ray.get([actor.stop.remote() for actor in trainer.rollout_actors])  # the servers go idle: one request each
+        after = [_greedy(address, prompt, 4) for address in servers]
+        infos = [_model_info(address) for address in servers]
+
+    assert [h["version"] for h in history] == [1.0, 2.0] and all(h["updated"] == 1.0 for h in history)
+    assert load_trainer_state(latest_checkpoint(run_dir))["learner"]["sharded_ranks"] == 2
+    # every server serves version 2 and each rollout actor's engine sees it
+    assert [info["weight_version"] for info in infos] == ["2", "2"] and engine_versions == [2, 2]
+    assert [version for _, _, version in after] == ["2", "2"]
+    assert not (run_dir / "weights").exists()  # nothing went through disk
+    # the servers hold the learner's consolidated step-2 weights bit for bit: a server started on the checkpoint
+    # computes the very same log-probs (any changed bit of a weight shows in them), and the initial ones differ
+    checkpoint = run_dir / "checkpoints" / "step-00002"
+    assert (checkpoint / "sharded").is_dir()
+
+    async def reference() -> tuple[list[int], list[float]]:
+        async with model_server(checkpoint) as (url, _), aiohttp.ClientSession() as http:
+            body = {"input_ids": prompt, "return_logprob": True,
+                    "sampling_params": {"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True}}
+            async with http.post(url + "/generate", json=body) as response:
+                out = await response.json()
+        return out["output_ids"], [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
+
+    want_ids, want_logprobs = asyncio.run(reference())
+    for ids, logprobs, _ in after:
+        assert ids == want_ids and logprobs == want_logprobs
+    assert not torch.allclose(torch.tensor(want_logprobs),
+                              _logprobs(tiny_model_dir, prompt + want_ids, len(prompt)), atol=1e-3)
+    # the rollouts' tokens carry the versions the broadcasts set: the step from version 1 trained on tokens of 0 and 1
+    versions = {v for line in (run_dir / "trajectories" / "version-00001.jsonl").read_text().splitlines()
+                for v in json.loads(line)["versions"] if v >= 0}
+    assert versions and versions <= {0, 1}
+
+
 def test_topology_errors_name_the_setting(tmp_path, tiny_model_dir):
     def check(*extra):
         check_ray_config(load_config(None, [*_overrides(tmp_path, tiny_model_dir, 1), *extra]))
@@ -152,7 +209,16 @@ def test_topology_errors_name_the_setting(tmp_path, tiny_model_dir):
         check("rollout.engine=sglang", "ray.sglang_servers=2", "ray.weight_sync=object_store")
     with pytest.raises(ValueError, match="rollout.engine=sglang"):
         check("ray.sglang_servers=2")
+    with pytest.raises(ValueError, match="weight_sync=distributed broadcasts to SGLang servers"):
+        check("ray.weight_sync=distributed")
+    # by default servers launched here get the broadcast, servers given by address the disk route
+    assert weight_route(load_config(None, [*_overrides(tmp_path, tiny_model_dir, 1), "rollout.engine=sglang",
+                                           "ray.sglang_servers=2"])) == "distributed"
+    assert weight_route(load_config(None, [*_overrides(tmp_path, tiny_model_dir, 1), "rollout.engine=sglang",
+                                           "rollout.sglang_addresses=[h:1,h:2]"])) == "disk"
     config = load_config(None, [*_overrides(tmp_path, tiny_model_dir, 1), "ray.learner_gpus=1"])
     assert required_resources(config) == {"CPU": 3.0, "GPU": 1.0}
+    sharded = load_config(None, [*_overrides(tmp_path, tiny_model_dir, 1), "ray.learner_gpus=1", "learner.ranks=4"])
+    assert required_resources(sharded) == {"CPU": 6.0, "GPU": 4.0}  # cpus and gpus per learner rank
     with pytest.raises(ValueError, match="1 GPU needed, 0 in the cluster"):
         _check_fits(required_resources(config), {"CPU": 4.0})  # refused at once, not a hang on unplaceable actors

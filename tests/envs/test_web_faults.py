@@ -2,7 +2,6 @@
 non-global ranges, and a recorded cache cannot bypass the current URL policy (issue 15, items 1, 6 and 7)."""
 import asyncio
 import codecs
-import encodings.aliases
 import ipaddress
 import json
 import socket
@@ -14,6 +13,8 @@ from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from searchgym.bench.faults import CODEC_NAMES
+from searchgym.bench.faults import DAMAGED_CACHE_ROWS as DAMAGED_ROWS
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import Task, TaskPool
 from searchgym.envs.tools.base import BackendError, Page, PageNotFound
@@ -21,8 +22,6 @@ from searchgym.envs.tools.url_safety import NON_PUBLIC_NETWORKS, UnsafeURL, UrlP
 from searchgym.envs.tools.web_cache import CachedPages, CachedSearch, WebCache, normalise_url
 from searchgym.envs.tools.web_fetch import WebFetcher, decode_body
 
-CODEC_NAMES = sorted(set(encodings.aliases.aliases) | set(encodings.aliases.aliases.values())
-                     | {"rot13", "base64", "hex", "zlib", "bz2", "uu", "quopri", "idna", "punycode", "no-such-codec"})
 
 
 # --- the SSRF guard ------------------------------------------------------------------------------------
@@ -134,9 +133,6 @@ class _Pages:
         return Page(url=url, title="Fresh", text="fresh text")
 
 
-DAMAGED_ROWS = ["{not json", "[]", "null", '"text"', json.dumps({"url": 1, "title": "t", "text": "x", "links": []}),
-                json.dumps({"title": "t"}), json.dumps({"url": "https://example.com/", "title": "t", "text": "x",
-                                                        "links": [1, 2]})]
 
 
 @pytest.mark.parametrize("row", DAMAGED_ROWS)

@@ -148,11 +148,12 @@ def _run_one(overrides: list[str], eta: int, run: Path, warmup_steps: int, final
     config = load_config(None, [*overrides, f"mode={mode}", f"rollout.max_staleness={max(eta, 0)}",
                                 f"out_dir={run}"])
     TOOL_DELAYS.clear()
-    t0 = time.perf_counter()
+    load_before, t0 = os.getloadavg()[0], time.perf_counter()
     with probe_training() as probe:
         history = train(config, progress=progress)
     wall = time.perf_counter() - t0
-    return {"mode": mode, "wall_s": round(wall, 2),
+    load = [round(load_before, 2), round(os.getloadavg()[0], 2)]  # 1-minute load average at start and end
+    return {"mode": mode, "wall_s": round(wall, 2), "load_average_1min": load,
             **summarize_run(history, probe, run / "trajectories", warmup_steps, final_steps, group_size,
                             list(TOOL_DELAYS))}
 
@@ -178,6 +179,7 @@ def summarize_run(history: list[dict[str, float]], probe: Probe, trajectories: P
         "all_tokens_per_s": round(sum(h["trained_tokens"] for h in history) / history[-1]["elapsed_s"], 2),
         "engine_idle_fraction": _idle(history, warmup_steps),
         **probe.window(start, end, group_size),
+        **probe.engine_summary(),  # over the whole run, warm-up included
         "staleness_mean": round(statistics.fmean(h["staleness_mean"] for h in steady), 4) if steady else None,
         "staleness_max": max((h["staleness_max"] for h in history), default=None),
         "reward_first_step": round(statistics.fmean(e["reward"] for e in by_step[0]), 4),
@@ -251,7 +253,8 @@ def _sweep(runs: list[dict[str, Any]], staleness: Sequence[int]) -> dict[str, An
             "reward_first_step": round(statistics.fmean(run["reward_first_step"] for run in mine), 4),
             **{key: _mean(run[key] for run in mine) for key in (
                 "engine_idle_fraction", "learner_share", "episodes_in_flight_mean", "admission_blocked_share",
-                "staleness_mean")},
+                "staleness_mean", "engine_rows_per_decode_step", "engine_prefill_per_generated_token",
+                "engine_reused_per_generated_token")},
             "episode_s_p50": _mean(run["episode_s"]["p50"] for run in mine),
             "episode_s_p90": _mean(run["episode_s"]["p90"] for run in mine),
             "episode_s_p99": _mean(run["episode_s"]["p99"] for run in mine),

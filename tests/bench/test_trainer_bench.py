@@ -171,6 +171,9 @@ def test_bench_sweeps_staleness_at_equal_workload_with_reward(tmp_path, small_bu
         for key in ("engine_idle_fraction", "learner_share", "admission_blocked_share"):
             assert 0.0 <= r[key] <= 1.0
         assert 0 < r["episodes_in_flight_mean"] <= 8
+        # the engine's own counters: it decoded every trained token, batching rows, reusing cached prefixes
+        assert r["engine_rows_per_decode_step"] >= 1 and r["engine_prefill_per_generated_token"] > 0
+        assert len(r["load_average_1min"]) == 2
         assert r["episode_turns"]["max"] <= 3 and r["episode_tokens"]["max"] <= 20
         plans[(r["round"], r["staleness"])] = _plans_by_position(run, workload, 0, 2)
     # the same groups are the same episodes in every run, sync or async

@@ -129,6 +129,16 @@ def _demo(args: argparse.Namespace) -> None:
     run_demo(size=args.size, episodes=args.episodes, seed=args.seed, cache_dir=args.cache)
 
 
+def _bench_learning(args: argparse.Namespace) -> None:
+    from searchgym.bench.learning import load_learning_config, run_learning_bench
+
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds takes comma-separated integers, got {args.seeds!r}") from None
+    run_learning_bench(load_learning_config(args.overrides, preset=args.preset), seeds, out=args.out)
+
+
 def _bench_env(args: argparse.Namespace) -> None:
     from searchgym.bench.env import run_env_bench
 
@@ -532,6 +542,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("results/bench_trainer.json"))
     p.add_argument("--workdir", type=Path, default=None, help="where the runs write (default: a temp dir)")
     p.set_defaults(run=_bench_trainer)
+    p = bench.add_parser("learning", help="warm start vs async RL (and sync RL) over seeds: held-out gain per hop "
+                                          "count with a hierarchical bootstrap interval")
+    p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds; finished ones are reused")
+    p.add_argument("--preset", default="headroom", help="headroom (demos on 1-hop, RL on 2-hop) or quickstart")
+    p.add_argument("--out", type=Path, default=Path("results/bench_learning.json"))
+    p.add_argument("overrides", nargs="*", help="config overrides, e.g. rl.steps=20 out_dir=runs/bench_learning")
+    p.set_defaults(run=_bench_learning)
     p = bench.add_parser("reliability", help="issue 15's fault classes with fixed seeds (SSRF forms, agent turns, "
                                              "web pages, server bodies, damaged caches, kills): crashes and items lost")
     p.add_argument("--seed", type=int, default=15)

@@ -1,0 +1,424 @@
+"""`searchgym bench learning`: does RL make the tiny agent better, over several seeds, with intervals that say so?
+
+Per seed, the quickstart's stages (searchgym/quickstart.py) with that seed: a world and its task pool, the
+oracle's demonstrations, a warm start (SFT), async RL (staleness eta=4) and, at equal learner steps, sync
+RL from the same warm start; then all three policies on the same held-out questions, k samples each. The
+copy-pretrained base model (tokenizer and induction heads, no knowledge of any task) is built once, from
+the world of `base_seed`, and shared by every seed: it is the "pretrained LM" each seed starts from.
+
+The default preset, `headroom`, gives RL something the demonstrations do not: the oracle demonstrates only
+1-hop questions (search the question, copy the name), RL trains on 2-hop ones (where a second search with
+what the first one found is needed), and the held-out questions are 1- and 2-hop, reported separately.
+Preset `quickstart` is the quickstart's own setting (1-hop everywhere, half the train questions demonstrated)
+at the benchmark's scale.
+
+Each finished seed is one row of OUT/seeds.jsonl (a JsonlLog): a rerun skips it. The pooled gain is the mean
+over (seed, question) of the RL policy's held-out reward minus the warm start's, with a hierarchical
+bootstrap interval (seeds, then questions within seed: bench/bootstrap.py).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from searchgym.bench.bootstrap import hierarchical_bootstrap
+from searchgym.envs.jsonl_log import JsonlLog
+from searchgym.eval.compare import paired_delta
+from searchgym.eval.harness import sample_of
+from searchgym.eval.metrics import summarize
+from searchgym.bench.stages import (QuickstartConfig, build_base_model, deterministic_torch, evaluate_policy, make_demos,
+                                  make_env, run_rl)
+from searchgym.trainers.config import EnvConfig
+from searchgym.trainers.sft import sft
+
+POLICIES = ("warm", "async", "sync")
+# Each preset is a list of overrides applied before the command line's.
+PRESETS: dict[str, list[str]] = {
+    "headroom": [],  # LearningConfig's defaults
+    "quickstart": ["hops.demos=[1]", "hops.rl=[1]", "hops.eval=[1]", "demos.fraction=0.5"],
+}
+BEHAVIOUR = ("turns", "searches", "accesses", "answered")
+
+
+@dataclass
+class HopsConfig:
+    """Which hop counts the oracle demonstrates, RL trains on and the evaluation holds out (reported one by one)."""
+
+    demos: list[int] = field(default_factory=lambda: [1])
+    rl: list[int] = field(default_factory=lambda: [2])
+    eval: list[int] = field(default_factory=lambda: [1, 2])
+
+
+def _learning_env() -> dict[str, Any]:
+    return {"size": 10000, "n_tasks": 4000, "top_k": 2, "doc_chars": 200, "max_turns": 4, "judge": "f1",
+            "instructions": "brief"}
+
+
+@dataclass
+class LearningConfig(QuickstartConfig):
+    """The quickstart's stages per seed, plus which hops go where and the shared base model's world."""
+
+    out_dir: str = "runs/bench_learning"
+    preset: str = "headroom"
+    hops: HopsConfig = field(default_factory=HopsConfig)
+    max_demos: int = 800  # at most this many demonstrated tasks per seed (keeps the warm start to a minute or two)
+    base_seed: int = 0  # the world whose pages (and demos) train the shared base model's tokenizer
+    sync: bool = True  # also train the sync baseline (same steps, staleness 0)
+    bootstrap_resamples: int = 2000
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(kwargs=_learning_env()))
+
+
+def load_learning_config(overrides: list[str] | tuple[str, ...] = (), preset: str = "headroom") -> LearningConfig:
+    """The preset's settings, then `key=value` overrides, validated against the dataclasses."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; known: {', '.join(PRESETS)}")
+    defaults = LearningConfig(preset=preset)
+    defaults.sft.epochs, defaults.rl.steps, defaults.rl.save_every = 3.0, 40, 40
+    defaults.rl.rollout.max_staleness = 4  # AReaL's eta=4
+    defaults.rl.rollout.max_new_tokens = defaults.eval.max_new_tokens = 40
+    defaults.rl.learner.process_reward_weight = 0.0
+    defaults.demos.fraction = 1.0
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(defaults), OmegaConf.from_dotlist(PRESETS[preset]),
+                                 OmegaConf.from_dotlist(list(overrides)))
+        config: LearningConfig = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise ValueError(f"bench learning config: {(e.msg or str(e)).splitlines()[0]} (key {e.full_key})") from None
+    config.preset = preset
+    for name in ("demos", "rl", "eval"):
+        hops = getattr(config.hops, name)
+        if not hops or not set(hops) <= {1, 2, 3, 4}:
+            raise ValueError(f"hops.{name} must list hop counts between 1 and 4, got {hops}")
+    if config.eval.k < 1 or config.max_demos < 1:
+        raise ValueError("eval.k and max_demos must be at least 1")
+    return config
+
+
+def fingerprint(config: LearningConfig) -> str:
+    """What a seed's row depends on (everything but the output directory): rows of another config are not mixed."""
+    data = OmegaConf.to_container(OmegaConf.structured(config))
+    data.pop("out_dir", None)
+    data.pop("seed", None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def base_fingerprint(config: LearningConfig) -> str:
+    """What the shared base model depends on (its world, demonstrations, shape, copy pretraining, threads): a change
+    of RL or evaluation settings reuses it."""
+    data = {"env": OmegaConf.to_container(OmegaConf.structured(config.env)),
+            "demos": OmegaConf.to_container(OmegaConf.structured(config.demos)), "hops": list(config.hops.demos),
+            "model": OmegaConf.to_container(OmegaConf.structured(config.model)),
+            "copy": OmegaConf.to_container(OmegaConf.structured(config.copy)), "max_demos": config.max_demos,
+            "base_seed": config.base_seed, "torch_threads": config.torch_threads}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_learning_bench(config: LearningConfig, seeds: list[int], *, out: str | os.PathLike = "results/bench_learning.json",
+                       progress: bool = True) -> dict[str, Any]:
+    """Every seed not yet in OUT_DIR/seeds.jsonl, then the pooled report written to `out` (JSON) and a PNG beside it."""
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct and at least one, got {seeds}")
+    root = Path(config.out_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    key = fingerprint(config)
+    log = JsonlLog(root / "seeds.jsonl", check=_check_row)
+    for row in log.rows:
+        if row["fingerprint"] != key:
+            raise ValueError(f"{root / 'seeds.jsonl'} holds seeds run with another configuration "
+                             f"(fingerprint {row['fingerprint']}, now {key}); use another out_dir")
+    done = {row["seed"] for row in log.rows}
+    with deterministic_torch(config.torch_threads):
+        base = None
+        for seed in seeds:
+            if seed in done:
+                _say(progress, f"[bench learning] seed {seed}: done before, reused")
+                continue
+            base = base or shared_base_model(config, root, progress=progress)
+            log.append(run_seed(config, seed, base, root / f"seed-{seed}", key, progress=progress))
+    rows = sorted((r for r in log.rows if r["seed"] in seeds), key=lambda r: seeds.index(r["seed"]))
+    report = json.loads(json.dumps(pooled_report(rows, config)))  # as the file holds it (lists, not tuples)
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    plot_learning(report, path.with_suffix(".png"))
+    _say(progress, format_report(report))
+    return report
+
+
+def shared_base_model(config: LearningConfig, root: Path, *, progress: bool) -> Path:
+    """The copy-pretrained base model, built once per configuration from world `base_seed` and reused."""
+    where = root / "shared"
+    done = where / "base.json"
+    if done.exists() and json.loads(done.read_text()).get("fingerprint") == base_fingerprint(config):
+        return where / "base-model"
+    env = make_env(config.env.id, {**config.env.kwargs, "seed": config.base_seed,
+                                   "hops": sorted(set(config.hops.demos))}, "train")
+    chats = make_demos(env, _demo_tasks(env, config)[0], where / "demos.jsonl",
+                       question_query=config.demos.question_query)
+    base, history = build_base_model(env, chats, where, config.model, config.copy, seed=config.base_seed,
+                                     progress=progress)
+    done.write_text(json.dumps({"fingerprint": base_fingerprint(config), "base_seed": config.base_seed,
+                                "copy_accuracy": history[-1]["copy_accuracy"] if history else None}) + "\n")
+    return base
+
+
+def _demo_tasks(env: Any, config: LearningConfig) -> tuple[list[Any], list[Any]]:
+    """(demonstrated tasks, RL tasks) of the train split: demos from the `hops.demos` tasks (the first
+    `demos.fraction`, at most `max_demos`), RL on the `hops.rl` tasks that were not demonstrated."""
+    tasks = list(env.tasks)
+    demo_pool = [t for t in tasks if t.metadata.get("hops") in config.hops.demos]
+    demos = demo_pool[:min(round(config.demos.fraction * len(demo_pool)), config.max_demos)]
+    shown = {t.id for t in demos}
+    rl = [t for t in tasks if t.metadata.get("hops") in config.hops.rl and t.id not in shown]
+    return demos, rl
+
+
+def run_seed(config: LearningConfig, seed: int, base: Path, out: Path, key: str, *,
+             progress: bool = True) -> dict[str, Any]:
+    """One seed's pipeline (world, demos, warm start, async RL, sync RL, three evaluations) into one row."""
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        timings[stage] = round(time.perf_counter() - clock, 1)
+        clock = time.perf_counter()
+        _say(progress, f"[bench learning] seed {seed} {stage}: {timings[stage]} s")
+
+    hops = sorted(set(config.hops.demos) | set(config.hops.rl))
+    env_kwargs = {**config.env.kwargs, "seed": seed, "hops": hops}
+    env = make_env(config.env.id, env_kwargs, "train")
+    demo_tasks, rl_tasks = _demo_tasks(env, config)
+    if not rl_tasks:
+        raise ValueError(f"seed {seed}: no train task with hops {config.hops.rl} is left for RL")
+    lap("world")
+    chats = make_demos(env, demo_tasks, out / "demos.jsonl", question_query=config.demos.question_query)
+    if not chats:
+        raise ValueError(f"seed {seed}: the oracle solved none of the {len(demo_tasks)} demonstration tasks")
+    lap("demos")
+    warm = out / "sft-model"
+    sft_config = copy.deepcopy(config.sft)
+    sft_config.seed = seed
+    sft(base, chats, warm, sft_config, progress=progress)
+    lap("warm start")
+
+    histories: dict[str, list[dict[str, float]]] = {}
+    for mode in ("async", "sync") if config.sync else ("async",):
+        rl = copy.deepcopy(config.rl)
+        rl.mode = mode
+        histories[mode] = run_rl(rl, warm, out / f"rl-{mode}", env_id=config.env.id, env_kwargs=env_kwargs,
+                                 tasks=[t.id for t in rl_tasks], seed=seed, progress=progress)
+        lap(f"rl {mode}")
+
+    test_kwargs = {**config.env.kwargs, "seed": seed, "hops": sorted(set(config.hops.eval)), "split": "test"}
+    models = {"warm": warm, **{mode: out / f"rl-{mode}" / "checkpoints" / f"step-{config.rl.steps:05d}"
+                               for mode in histories}}
+    rows = {}
+    for policy, model in models.items():
+        evaluate_policy(model, out / f"eval-{policy}", config.eval, env_id=config.env.id, env_kwargs=test_kwargs,
+                        seed=seed, progress=progress)
+        rows[policy] = [json.loads(line) for line in (out / f"eval-{policy}" / "samples.jsonl").read_text().splitlines()]
+    lap("evaluate")
+
+    test_env = make_env(config.env.id, test_kwargs, "test")
+    hop_of = {t.id: int(t.metadata["hops"]) for t in test_env.tasks}
+    return seed_row(seed, key, rows, hop_of, histories, config.eval.k, demos=len(chats), demo_tasks=len(demo_tasks),
+                    rl_tasks=len(rl_tasks), timings=timings)
+
+
+def seed_row(seed: int, key: str, rows: dict[str, list[dict[str, Any]]], hop_of: dict[str, int],
+             histories: dict[str, list[dict[str, float]]], k: int, **extra: Any) -> dict[str, Any]:
+    """One seed's figures from its evaluation samples and RL histories (all of them recomputable from those)."""
+    policies = {policy: policy_metrics(samples, hop_of, k) for policy, samples in rows.items()}
+    per_question = {policy: per_question_reward(samples) for policy, samples in rows.items()}
+    gains = gains_by_hop(per_question["warm"], per_question["async"], hop_of, seed=seed)
+    row = {"seed": seed, "fingerprint": key, "k": k, **extra, "policies": policies, "gain": gains,
+           "per_question": per_question, "hops": {t: hop_of[t] for t in per_question["warm"]},
+           "rl": {mode: curve(history) for mode, history in histories.items()}}
+    if "sync" in rows:
+        row["async_vs_sync"] = async_vs_sync(per_question, hop_of, histories, seed=seed)
+    return row
+
+
+def policy_metrics(rows: list[dict[str, Any]], hop_of: dict[str, int], k: int) -> dict[str, dict[str, float]]:
+    """Avg@k, Pass@k and behaviour per episode, over all questions and per hop count ("all", "1", "2", ...)."""
+    def reduce(subset: list[dict[str, Any]]) -> dict[str, float]:
+        m = summarize([sample_of(r) for r in subset], k)
+        keep = (f"avg@{k}/reward", f"avg@{k}/correct", f"pass@{k}/correct", "tasks", *BEHAVIOUR)
+        return {name: float(m[name]) for name in keep}
+
+    out = {"all": reduce(rows)}
+    for hop in sorted({hop_of[r["task_id"]] for r in rows}):
+        out[str(hop)] = reduce([r for r in rows if hop_of[r["task_id"]] == hop])
+    return out
+
+
+def per_question_reward(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean reward of each question's k samples."""
+    by_task: dict[str, list[float]] = {}
+    for row in rows:
+        by_task.setdefault(row["task_id"], []).append(float(row["reward"]))
+    return {task: sum(v) / len(v) for task, v in sorted(by_task.items())}
+
+
+def gains_by_hop(before: dict[str, float], after: dict[str, float], hop_of: dict[str, int], *,
+                 seed: int) -> dict[str, dict[str, Any]]:
+    """after - before paired by question (eval compare's bootstrap over questions), overall and per hop count."""
+    out = {"all": paired_delta(before, after, seed=seed)}
+    for hop in sorted(set(hop_of[t] for t in before)):
+        keep = [t for t in before if hop_of[t] == hop]
+        out[str(hop)] = paired_delta({t: before[t] for t in keep}, {t: after[t] for t in keep}, seed=seed)
+    return out
+
+
+def curve(history: list[dict[str, float]]) -> list[dict[str, float]]:
+    """The RL run's per-step training figures (reward, searches, turns, wall clock since rollouts began)."""
+    keys = ("step", "elapsed_s", "episode/reward", "episode/searches", "episode/turns", "episode/accesses")
+    return [{k: float(h[k]) for k in keys if k in h} for h in history]
+
+
+def async_vs_sync(per_question: dict[str, dict[str, float]], hop_of: dict[str, int],
+                  histories: dict[str, list[dict[str, float]]], *, seed: int, window: int = 10) -> dict[str, Any]:
+    """Async against sync: held-out reward at equal learner steps (paired by question), and training reward and
+    steps reached at equal wall time (the shorter run's duration; no held-out evaluation at that point)."""
+    equal_steps = gains_by_hop(per_question["sync"], per_question["async"], hop_of, seed=seed)
+    span = min(histories["async"][-1]["elapsed_s"], histories["sync"][-1]["elapsed_s"])
+    at_time = {}
+    for mode, history in histories.items():
+        reached = [h for h in history if h["elapsed_s"] <= span + 1e-9]
+        last = reached[-window:]
+        at_time[mode] = {"steps": len(reached),
+                         "train_reward": sum(h["episode/reward"] for h in last) / len(last) if last else None,
+                         "total_s": history[-1]["elapsed_s"]}
+    return {"equal_steps": equal_steps, "equal_wall_time": {"seconds": span, **at_time},
+            "speedup": histories["sync"][-1]["elapsed_s"] / histories["async"][-1]["elapsed_s"]}
+
+
+def pooled_report(rows: list[dict[str, Any]], config: LearningConfig) -> dict[str, Any]:
+    """Per-seed rows (without the per-question data) and the pooled figures over seeds."""
+    if not rows:
+        raise ValueError("no finished seed to report")
+    k = rows[0]["k"]
+    hop_keys = sorted({h for r in rows for h in r["gain"] if h != "all"}, key=int)
+
+    def deltas(before: str, after: str, hop: str) -> dict[int, list[float]]:
+        return {r["seed"]: [r["per_question"][after][t] - r["per_question"][before][t] for t in r["per_question"][before]
+                            if hop == "all" or str(r["hops"][t]) == hop] for r in rows}
+
+    def pooled(before: str, after: str) -> dict[str, Any]:
+        out = hierarchical_bootstrap(deltas(before, after, "all"), resamples=config.bootstrap_resamples)
+        out["hops"] = {h: hierarchical_bootstrap(deltas(before, after, h), resamples=config.bootstrap_resamples)
+                       for h in hop_keys}
+        return out
+
+    def mean_over_seeds(policy: str, hop: str) -> dict[str, float]:
+        present = [r["policies"][policy][hop] for r in rows if hop in r["policies"].get(policy, {})]
+        return {name: sum(p[name] for p in present) / len(present) for name in present[0]} if present else {}
+
+    policies = sorted({p for r in rows for p in r["policies"]}, key=POLICIES.index)
+    gain = pooled("warm", "async")
+    report: dict[str, Any] = {
+        "benchmark": "searchgym bench learning", "preset": config.preset, "k": k,
+        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+                    "torch_threads": config.torch_threads},
+        "config": OmegaConf.to_container(OmegaConf.structured(config)),
+        "shared": "the copy-pretrained base model (tokenizer + induction heads) is built once from world "
+                  f"base_seed={config.base_seed} and shared; world, demos, warm start, RL and evaluation vary by seed",
+        "seeds": [{key: value for key, value in r.items() if key not in ("per_question", "hops")} for r in rows],
+        "pooled": {**gain, "policies": {p: {h: mean_over_seeds(p, h) for h in ["all", *hop_keys]} for p in policies}},
+    }
+    if all("sync" in r["per_question"] for r in rows):
+        report["pooled"]["async_vs_sync"] = {
+            "equal_steps": pooled("sync", "async"),
+            "speedup_mean": sum(r["async_vs_sync"]["speedup"] for r in rows) / len(rows),
+            "equal_wall_time": {mode: {
+                "steps_mean": sum(r["async_vs_sync"]["equal_wall_time"][mode]["steps"] for r in rows) / len(rows),
+                "train_reward_mean": _mean([r["async_vs_sync"]["equal_wall_time"][mode]["train_reward"] for r in rows]),
+            } for mode in ("async", "sync")}}
+    return report
+
+
+def _mean(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+def _check_row(row: Any) -> None:
+    for name in ("seed", "fingerprint", "per_question", "hops", "policies", "gain", "k"):
+        row[name]
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The pooled gain per hop, and each seed's, in a few lines."""
+    k, pooled = report["k"], report["pooled"]
+
+    def line(label: str, g: dict[str, Any]) -> str:
+        verdict = "interval excludes zero" if g["significant"] else "interval includes zero"
+        return f"{label}: {g['gain']:+.3f} (95% {g['ci95_low']:+.3f} to {g['ci95_high']:+.3f}, {verdict})"
+
+    lines = [f"RL gain in held-out reward (avg@{k}), pooled over {pooled['seeds']} seeds x questions, "
+             f"hierarchical bootstrap:", "  " + line("all", pooled)]
+    lines += ["  " + line(f"{hop}-hop", g) for hop, g in pooled["hops"].items()]
+    for row in report["seeds"]:
+        lines.append(f"  seed {row['seed']}: " + ", ".join(
+            f"{hop}: {g['before']:.3f} -> {g['after']:.3f}" for hop, g in row["gain"].items()))
+    if "async_vs_sync" in pooled:
+        a = pooled["async_vs_sync"]
+        lines.append("  " + line("async minus sync at equal steps", a["equal_steps"])
+                     + f"; sync/async wall time {a['speedup_mean']:.2f}x")
+    return "\n".join(lines)
+
+
+def plot_learning(report: dict[str, Any], path: Path) -> None:
+    """Held-out reward before/after RL per seed and hop count, with the pooled gain and its interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    k = report["k"]
+    hops = ["all", *report["pooled"]["hops"]]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.0), dpi=120)
+    ax = axes[0]
+    for i, hop in enumerate(hops):
+        for j, row in enumerate(report["seeds"]):
+            g = row["gain"].get(hop)
+            if g is None:
+                continue
+            x = i + (j - (len(report["seeds"]) - 1) / 2) * 0.08
+            ax.plot([x, x], [g["before"], g["after"]], color="tab:green" if g["after"] >= g["before"] else "tab:red")
+            ax.plot([x], [g["after"]], marker="o", markersize=3, color="black")
+    ax.set_xticks(range(len(hops)), [h if h == "all" else f"{h}-hop" for h in hops])
+    ax.set_ylabel(f"held-out reward (avg@{k})")
+    ax.set_title("per seed: warm start -> async RL")
+    ax = axes[1]
+    pooled = [report["pooled"], *report["pooled"]["hops"].values()]
+    labels = [f"RL - warm\n{h}" for h in hops]
+    if "async_vs_sync" in report["pooled"]:
+        pooled.append(report["pooled"]["async_vs_sync"]["equal_steps"])
+        labels.append("async - sync\nequal steps")
+    for i, g in enumerate(pooled):
+        ax.errorbar([i], [g["gain"]], yerr=[[g["gain"] - g["ci95_low"]], [g["ci95_high"] - g["gain"]]], fmt="o",
+                    capsize=4)
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_title(f"pooled over {report['pooled']['seeds']} seeds, 95% hierarchical bootstrap")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _say(progress: bool, text: str) -> None:
+    if progress:
+        print(text, flush=True)

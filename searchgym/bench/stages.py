@@ -1,0 +1,160 @@
+"""The pipeline's stages, one function each: world, demonstrations, base model, warm start, RL, evaluation.
+
+`searchgym quickstart` (searchgym/quickstart.py) runs them once; `searchgym bench learning`
+(searchgym/bench/learning.py) runs them once per seed. Their config is `QuickstartConfig`.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+from omegaconf import OmegaConf
+
+import searchgym  # noqa: F401  (registers the env ids)
+from searchgym.agents.scripted import demonstrations
+from searchgym.agents.tiny_model import build_tiny_model
+from searchgym.eval.harness import run_eval
+from searchgym.trainers.config import EnvConfig, LearnerConfig, RolloutConfig, TrainConfig
+from searchgym.trainers.copy_pretrain import CopyPretrainConfig, copy_pretrain
+from searchgym.trainers.local import train
+from searchgym.trainers.sft import SFTConfig
+
+ENV_KWARGS = {"size": 20000, "n_tasks": 20000, "hops": 1, "top_k": 2, "doc_chars": 200, "max_turns": 4, "judge": "f1",
+              "instructions": "brief"}
+
+
+@dataclass
+class TinyModelConfig:
+    """The policy's shape: small enough to train on a CPU in minutes, big enough to learn to copy."""
+
+    vocab_size: int = 8192  # a larger vocabulary keeps the world's names to few tokens, easier to copy
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 384
+    init_std: float = 0.02  # Hugging Face's Qwen2 init; the tiny-model default (0.3) is for untrained test models
+
+
+@dataclass
+class DemoConfig:
+    """Which training tasks the oracle demonstrates (the first `fraction`; RL trains on the rest, which the
+    warm start has not memorised) and how: search the question verbatim (a copy a tiny model learns) or
+    the entity's name."""
+
+    fraction: float = 0.5
+    question_query: bool = True
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation: k samples per test task at the sampling temperature the policy trains with."""
+
+    k: int = 4
+    max_tasks: int = 128
+    temperature: float = 1.0
+    max_new_tokens: int = 48
+    concurrency: int = 64
+
+
+@dataclass
+class QuickstartConfig:
+    """The quickstart's stages; any field can be overridden from the command line (e.g. rl.steps=10)."""
+
+    out_dir: str = "runs/quickstart"
+    seed: int = 0
+    torch_threads: int = 2
+    env: EnvConfig = field(default_factory=lambda: EnvConfig(kwargs=dict(ENV_KWARGS)))
+    demos: DemoConfig = field(default_factory=DemoConfig)
+    model: TinyModelConfig = field(default_factory=TinyModelConfig)
+    copy: CopyPretrainConfig = field(default_factory=CopyPretrainConfig)
+    sft: SFTConfig = field(default_factory=lambda: SFTConfig(epochs=4.0, lr=2e-3, batch_tokens=4096, warmup_steps=20))
+    rl: TrainConfig = field(default_factory=lambda: TrainConfig(
+        steps=60, save_every=20,
+        rollout=RolloutConfig(group_size=8, batch_size=6, max_staleness=2, max_concurrent_rollouts=96,
+                              max_new_tokens=48, max_context=2048),
+        learner=LearnerConfig(lr=3e-4, warmup_steps=2, eps_clip=0.2, eps_clip_high=0.28, micro_batch_tokens=16384,
+                              std_normalize=True)))
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+def load_quickstart_config(overrides: list[str] | tuple[str, ...] = ()) -> QuickstartConfig:
+    """Defaults plus dotted overrides, validated against the dataclasses."""
+    merged = OmegaConf.merge(OmegaConf.structured(QuickstartConfig), OmegaConf.from_dotlist(list(overrides)))
+    return OmegaConf.to_object(merged)
+
+
+@contextlib.contextmanager
+def deterministic_torch(threads: int) -> Iterator[None]:
+    """Fixed thread count and deterministic torch kernels for the block, so a seed fixes every float; restored after."""
+    import torch
+
+    previous = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous[0])
+        torch.use_deterministic_algorithms(previous[1], warn_only=previous[2])
+
+
+def make_env(env_id: str, kwargs: dict[str, Any], split: str) -> Any:
+    """The env (unwrapped) for one split of the task pool; building it builds the world on first use."""
+    return gym.make(env_id, **{**kwargs, "split": split}).unwrapped
+
+
+def make_demos(env: Any, tasks: list[Any], path: Path, *, question_query: bool = True) -> list[list[dict[str, str]]]:
+    """The oracle's solved episodes on `tasks` as chats, also written to `path` (one {"messages"} per line)."""
+    chats = asyncio.run(demonstrations(env, tasks, question_query=question_query))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
+    return chats
+
+
+def build_base_model(env: Any, chats: list[list[dict[str, str]]], out: Path, model: TinyModelConfig,
+                     copy: CopyPretrainConfig, *, seed: int, progress: bool = True) -> tuple[Path, list[dict[str, Any]]]:
+    """A fresh tiny model (tokenizer trained on the world and `chats`) copy-pretrained into OUT/base-model."""
+    fresh = build_tiny_model(out / "init-model", texts=tokenizer_texts(env, chats), seed=seed, **vars(model))
+    base = out / "base-model"
+    return base, copy_pretrain(fresh, base, copy, progress=progress)
+
+
+def run_rl(rl: TrainConfig, model: Path, out: Path, *, env_id: str, env_kwargs: dict[str, Any],
+           tasks: list[str] | None, seed: int, progress: bool = True) -> list[dict[str, float]]:
+    """`train()` from `model` into `out` on the train split's `tasks` (None: all); a previous run there is removed."""
+    rl.seed, rl.out_dir, rl.model.path = seed, str(out), str(model)
+    rl.env = EnvConfig(id=env_id, kwargs={**env_kwargs, "split": "train"})
+    rl.tasks = tasks
+    shutil.rmtree(out, ignore_errors=True)  # these stages redo their own work; train() refuses old runs
+    return train(rl, progress=progress)
+
+
+def evaluate_policy(model_dir: Path, out: Path, config: EvalConfig, *, env_id: str, env_kwargs: dict[str, Any],
+                    seed: int, progress: bool = True) -> dict[str, float]:
+    """`run_eval` of `model_dir` into `out` (k samples per question, EM and F1 judges); returns its metrics."""
+    shutil.rmtree(out, ignore_errors=True)  # run_eval resumes: a rerun's new model must not reuse old samples
+    summary = run_eval(env_id, str(model_dir), out, k=config.k, judge="em,f1", env_kwargs=env_kwargs,
+                       max_tasks=config.max_tasks, concurrency=config.concurrency, temperature=config.temperature,
+                       max_new_tokens=config.max_new_tokens, seed=seed, progress=progress)
+    return summary["metrics"]
+
+
+def tokenizer_texts(env: Any, chats: list[list[dict[str, str]]]) -> Iterator[str]:
+    """What the tiny model's tokenizer is trained on: the corpus's pages (when the backend can list them)
+    and the demonstrations (questions, tool tags, results), so the world's names become few tokens."""
+    iter_docs = getattr(env.page_backend, "iter_docs", None)
+    if iter_docs is not None:
+        for doc in iter_docs():
+            yield f"{doc.title}\n{doc.text}"
+    for chat in chats:
+        for message in chat:
+            yield message["content"]

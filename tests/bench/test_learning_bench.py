@@ -1,0 +1,178 @@
+"""`searchgym bench learning` at toy scale through the real pipeline, and its hierarchical bootstrap on hand-made data."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from searchgym.bench.bootstrap import hierarchical_bootstrap
+from searchgym.bench.learning import load_learning_config, run_learning_bench
+from searchgym.cli import main
+from tests.conftest import SMALL
+
+# Two seeds of a toy run: tiny model, a few demonstrations, two RL steps per mode, 10 held-out questions (both hop counts for seeds 0 and 1).
+TOY = [
+    "torch_threads=1", f"env.kwargs.size={SMALL['size']}", f"env.kwargs.n_tasks={SMALL['n_tasks']}",
+    "env.kwargs.top_k=1", "env.kwargs.doc_chars=120", "max_demos=6",
+    "model.hidden_size=32", "model.intermediate_size=64", "model.vocab_size=2048", "model.init_std=0.3",
+    "copy.steps=2", "copy.batch_size=4", "sft.epochs=2", "sft.lr=1e-2", "sft.warmup_steps=1",
+    "rl.steps=2", "rl.rollout.group_size=2", "rl.rollout.batch_size=2", "rl.rollout.max_new_tokens=12",
+    "rl.learner.drop_no_spread=false", "eval.max_tasks=10", "eval.k=2", "eval.max_new_tokens=12",
+    "bootstrap_resamples=300",
+]
+SEEDS = [0, 1]
+
+
+def samples(seed_dir: Path, policy: str) -> list[dict]:
+    return [json.loads(line) for line in (seed_dir / f"eval-{policy}" / "samples.jsonl").read_text().splitlines()]
+
+
+def per_question(rows: list[dict]) -> dict[str, float]:
+    by_task: dict[str, list[float]] = {}
+    for row in rows:
+        by_task.setdefault(row["task_id"], []).append(row["reward"])
+    return {t: float(np.mean(v)) for t, v in by_task.items()}
+
+
+def comparable(rows: list[dict]) -> list[dict]:
+    """Samples in (task, sample) order without wall-clock fields and behaviour logprobs (batching moves their last
+    bits, never a token: tests/test_determinism.py)."""
+    def strip(x):
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k not in ("generate_seconds", "env_seconds", "logprobs")}
+        return [strip(v) for v in x] if isinstance(x, list) else x
+    return [strip(r) for r in sorted(rows, key=lambda r: (r["task_id"], r["sample"]))]
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    root = tmp_path_factory.mktemp("learning")
+    config = load_learning_config([f"out_dir={root / 'runs'}", *TOY])
+    report = run_learning_bench(config, SEEDS, out=root / "bench_learning.json", progress=False)
+    return root, config, report
+
+
+def test_the_report_has_per_seed_and_pooled_figures_per_hop(bench):
+    root, _, report = bench
+    assert json.loads((root / "bench_learning.json").read_text()) == report
+    assert (root / "bench_learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [row["seed"] for row in report["seeds"]] == SEEDS
+    for row in report["seeds"]:
+        assert set(row["policies"]) == {"warm", "async", "sync"}
+        assert {"all", "1", "2"} <= set(row["gain"])
+        assert len(row["rl"]["async"]) == len(row["rl"]["sync"]) == 2
+        assert set(row["async_vs_sync"]) == {"equal_steps", "equal_wall_time", "speedup"}
+    pooled = report["pooled"]
+    assert pooled["ci95_low"] <= pooled["gain"] <= pooled["ci95_high"]
+    assert set(pooled["hops"]) == {"1", "2"} and pooled["seeds"] == 2
+    for hop in pooled["hops"].values():
+        assert hop["ci95_low"] <= hop["gain"] <= hop["ci95_high"]
+    assert {"equal_steps", "equal_wall_time", "speedup_mean"} <= set(pooled["async_vs_sync"])
+
+
+def test_the_figures_are_the_stored_samples(bench):
+    root, config, report = bench
+    deltas, two_hop = [], []
+    hops = {}
+    for seed in SEEDS:
+        seed_dir = Path(config.out_dir) / f"seed-{seed}"
+        warm, rl = per_question(samples(seed_dir, "warm")), per_question(samples(seed_dir, "async"))
+        assert set(warm) == set(rl) and warm
+        stored = next(r for r in (json.loads(line) for line in (Path(config.out_dir) / "seeds.jsonl").open())
+                      if r["seed"] == seed)
+        hops.update({(seed, t): h for t, h in stored["hops"].items()})
+        deltas += [rl[t] - warm[t] for t in warm]
+        two_hop += [rl[t] - warm[t] for t in warm if stored["hops"][t] == 2]
+        row = next(r for r in report["seeds"] if r["seed"] == seed)
+        for policy in ("warm", "async", "sync"):
+            rows = samples(seed_dir, policy)
+            assert row["policies"][policy]["all"]["avg@2/reward"] == pytest.approx(np.mean([r["reward"] for r in rows]))
+            one = [r for r in rows if stored["hops"][r["task_id"]] == 1]
+            if one:
+                assert row["policies"][policy]["1"]["searches"] == pytest.approx(
+                    np.mean([r["stats"]["searches"] for r in one]))
+    assert set(hops.values()) <= {1, 2}
+    assert report["pooled"]["gain"] == pytest.approx(np.mean(deltas))
+    assert report["pooled"]["hops"]["2"]["gain"] == pytest.approx(np.mean(two_hop))
+
+
+def test_a_rerun_reuses_finished_seeds_and_repeats_the_warm_start(bench, tmp_path):
+    root, config, report = bench
+    seeds_file = Path(config.out_dir) / "seeds.jsonl"
+    before = seeds_file.read_text()
+    weights = Path(config.out_dir) / "seed-0" / "sft-model" / "model.safetensors"
+    stamp = weights.stat().st_mtime_ns
+    again = run_learning_bench(config, SEEDS, out=tmp_path / "again.json", progress=False)
+    assert seeds_file.read_text() == before and weights.stat().st_mtime_ns == stamp  # nothing was rerun
+    assert again["seeds"] == report["seeds"]
+
+    # seed 0 from scratch, in a fresh directory: the world, demos, warm start and its evaluation repeat exactly
+    fresh = load_learning_config([f"out_dir={tmp_path / 'fresh'}", *TOY, "sync=false"])
+    rerun = run_learning_bench(fresh, [0], out=tmp_path / "fresh.json", progress=False)
+    assert rerun["seeds"][0]["policies"]["warm"] == report["seeds"][0]["policies"]["warm"]
+    assert comparable(samples(tmp_path / "fresh" / "seed-0", "warm")) == comparable(
+        samples(Path(config.out_dir) / "seed-0", "warm"))
+    assert (tmp_path / "fresh" / "seed-0" / "demos.jsonl").read_text() == (
+        Path(config.out_dir) / "seed-0" / "demos.jsonl").read_text()
+
+
+def test_rows_of_another_configuration_are_refused(bench):
+    _, config, _ = bench
+    other = load_learning_config([f"out_dir={config.out_dir}", *TOY, "rl.steps=3"])
+    with pytest.raises(ValueError, match="another configuration"):
+        run_learning_bench(other, SEEDS, out=Path(config.out_dir) / "x.json", progress=False)
+
+
+def test_bad_input_is_a_clear_error(tmp_path, capsys):
+    assert main(["bench", "learning", "--seeds", "0,x", "--out", str(tmp_path / "r.json")]) == 2
+    assert "--seeds takes comma-separated integers" in capsys.readouterr().err
+    assert main(["bench", "learning", "--preset", "nope", "--out", str(tmp_path / "r.json")]) == 2
+    assert "unknown preset 'nope'" in capsys.readouterr().err
+    assert main(["bench", "learning", "--out", str(tmp_path / "r.json"), "rl.stepz=3"]) == 2
+    assert "rl.stepz" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="distinct"):
+        run_learning_bench(load_learning_config([f"out_dir={tmp_path}"]), [1, 1], out=tmp_path / "r.json")
+
+
+# --- the hierarchical bootstrap ---------------------------------------------------------------------------------------
+
+groups = st.dictionaries(st.integers(0, 20), st.lists(st.floats(-1, 1, allow_nan=False), min_size=1, max_size=12),
+                         min_size=1, max_size=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(groups)
+def test_the_interval_contains_the_pooled_mean(data):
+    result = hierarchical_bootstrap(data, resamples=400)
+    values = [v for vs in data.values() for v in vs]
+    assert result["gain"] == pytest.approx(np.mean(values))
+    assert result["ci95_low"] - 1e-9 <= result["gain"] <= result["ci95_high"] + 1e-9
+    assert result["seeds"] == len(data) and result["questions"] == len(values)
+
+
+@given(st.floats(-1, 1, allow_nan=False), st.lists(st.integers(1, 10), min_size=1, max_size=5))
+@settings(max_examples=30, deadline=None)
+def test_zero_variance_gives_a_zero_width_interval(value, sizes):
+    result = hierarchical_bootstrap({seed: [value] * n for seed, n in enumerate(sizes)}, resamples=200)
+    assert result["ci95_high"] - result["ci95_low"] == pytest.approx(0.0, abs=1e-12)
+    assert result["gain"] == pytest.approx(value) and not (result["significant"] and value == 0)
+
+
+def test_seeds_that_disagree_widen_the_interval_more_than_questions_alone_would():
+    # two seeds, each internally consistent, disagreeing with each other: the seed level carries the spread
+    data = {0: [0.3] * 50, 1: [-0.1] * 50}
+    hierarchical = hierarchical_bootstrap(data)
+    assert hierarchical["gain"] == pytest.approx(0.1)
+    assert hierarchical["ci95_low"] == pytest.approx(-0.1) and hierarchical["ci95_high"] == pytest.approx(0.3)
+    assert not hierarchical["significant"]
+    one_seed = hierarchical_bootstrap({0: [0.3] * 25 + [-0.1] * 25})  # same values, as if from one seed
+    assert one_seed["ci95_high"] - one_seed["ci95_low"] < 0.5 * (hierarchical["ci95_high"] - hierarchical["ci95_low"])
+
+
+def test_the_bootstrap_refuses_empty_or_non_finite_data():
+    with pytest.raises(ValueError, match="empty"):
+        hierarchical_bootstrap({0: []})
+    with pytest.raises(ValueError, match="finite"):
+        hierarchical_bootstrap({0: [float("nan")]})

@@ -119,7 +119,7 @@ class WatchdogConfig:
     history: int = 20
     min_history: int = 3
     grad_norm_factor: float | None = 20.0  # grad_norm (before clipping) above this times its median
-    entropy_floor: float | None = 1e-3  # mean token entropy (nats) below this ...
+    entropy_floor: float | None = 0.05  # mean token entropy (nats) below this ...
     entropy_drop: float = 0.1  # ... and below this share of its median (one healthy step is enough)
     entropy_rise: float | None = 10.0  # mean token entropy above this times its median
     ratio_max: float | None = 100.0  # importance_weight_max (pi_theta / pi_prox) above this

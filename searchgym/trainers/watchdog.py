@@ -8,7 +8,7 @@ the one that sampled), or the episode reward falls to zero from a healthy level.
 
     non_finite         loss, grad_norm or entropy is NaN or infinite                      always on
     grad_norm_spike    grad_norm > grad_norm_factor x the median of earlier healthy ones   20x, after min_history 3
-    entropy_collapse   entropy < entropy_floor and < entropy_drop x its median             1e-3 nats and 0.1x
+    entropy_collapse   entropy < entropy_floor and < entropy_drop x its median             0.05 nats and 0.1x
     entropy_explosion  entropy > entropy_rise x its median                                 10x, after min_history 3
     ratio_blowup       importance_weight_max > ratio_max                                   100
     clip_blowup        clip_fraction > clip_fraction_max                                   0.8

@@ -60,7 +60,8 @@ def test_entropy_collapse_needs_a_fall_below_the_floor_not_a_low_level():
     converged = [healthy(s, entropy=5e-4) for s in range(1, 11)]  # a policy that learnt its task by heart
     assert rule(healthy(11, entropy=3e-4), converged) is None
     assert rule(healthy(1, entropy=1e-6), []) is None  # nothing to fall from
-    assert rule(healthy(11, entropy=0.05), HISTORY) is None  # fell, but not below the floor
+    assert rule(healthy(11, entropy=0.03), HISTORY) == "entropy_collapse"  # 2 nats to 0.03: not a natural step
+    assert rule(healthy(11, entropy=0.1), HISTORY) is None  # fell, but not below the floor
     assert rule(healthy(11, entropy=1e-4), HISTORY, WatchdogConfig(entropy_floor=None)) is None
 
 

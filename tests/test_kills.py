@@ -64,3 +64,20 @@ def test_eval_killed_then_resumed(small_bundle, tiny_model_dir, tmp_path):
     result = drill_eval(tmp_path, tiny_model_dir, WARM_ENV, kill_rows=kills, tasks=4, k=2)
     assert result.ok, result.to_dict()
     assert result.kills == result.kills_survived == 1 and result.damaged_injected == result.damaged_reported == 2
+
+
+def test_a_resumed_run_log_keeps_each_step_once_and_reports_damage(tmp_path):
+    """What a kill, a bad disk and a resume leave in metrics.jsonl: each step once, nothing silently dropped."""
+    from searchgym.trainers.run_log import RunLog
+
+    rows = [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.4}, {"step": 3, "loss": 0.3}, {"step": 2, "loss": 9.0}]
+    lines = [json.dumps(rows[0]), '{"step": 2, "lo', *map(json.dumps, rows[1:])]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 4, "loss"')  # a kill mid-write
+    with pytest.warns(UserWarning, match=r"metrics\.jsonl: set aside 2 unusable line\(s\): line 2: damaged.*line 6: cut"):
+        log = RunLog(tmp_path, {}, resume_step=2)  # resumed from checkpoint step 2
+    log.close()
+    assert json_rows(tmp_path / "metrics.jsonl") == rows[:2] == log.history()
+    assert json_rows(tmp_path / "metrics.superseded.jsonl") == [{"resumed_after_step": 2, "row": rows[2]},
+                                                                {"resumed_after_step": 2, "row": rows[3]}]
+    aside = json_rows(tmp_path / "metrics.damaged.jsonl")
+    assert [(row["line"], row["text"]) for row in aside] == [(2, '{"step": 2, "lo')]

@@ -137,6 +137,25 @@ def test_the_healthy_checkpoint_predates_the_blamed_weights_and_survives_pruning
     assert watchdog.healthy(again).step is None and watchdog.healthy(again).path == tiny_model_dir  # the initial
 
 
+def _fake_checkpoint(run_dir, step):
+    path = checkpoint_dir(run_dir, step)
+    path.mkdir(parents=True)
+    (path / "trainer.pt").write_bytes(b"")  # the watchdog only asks whether it is still on disk
+
+
+@pytest.mark.parametrize("reward, pinned", [(0.5, "step-00003"), (0.0, "step-00007")])
+def test_a_watched_reward_keeps_the_checkpoint_before_its_window(tmp_path, reward, pinned):
+    """Once the reward is at a level the reward rule watches, a collapse over its window (5 steps) blames weights that
+    far back, so the checkpoint before them is pinned; a run whose reward never got there pins only the last one."""
+    watchdog = Watchdog.for_run(CONFIG, tmp_path, "initial", start_step=0)
+    for step in range(1, 9):
+        assert watchdog.check(step, healthy(step, **{"episode/reward": reward})) is None
+        _fake_checkpoint(tmp_path, step)
+        watchdog.saved(step)
+    watchdog.protect()
+    assert (tmp_path / "checkpoints" / HEALTHY).read_text().strip() == pinned
+
+
 def test_the_initial_weights_are_healthy_before_any_checkpoint(tmp_path, tiny_model_dir):
     watchdog = Watchdog.for_run(CONFIG, tmp_path, tiny_model_dir, start_step=0)
     assert watchdog.check(1, healthy(1)) is None

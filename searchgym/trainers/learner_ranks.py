@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from searchgym.trainers.config import LearnerConfig
-from searchgym.trainers.fsdp import ShardedLearner, load_sharded_learner
+from searchgym.trainers.fsdp import SHARDED, ShardedLearner, load_sharded_learner
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def check_resume(checkpoint: str | os.PathLike | None, ranks: int) -> None:
+    """Refuse, before any rank starts, to resume a sharded checkpoint with one rank or a single-rank one sharded."""
+    if checkpoint is None:
+        return
+    sharded = (Path(checkpoint) / SHARDED).is_dir()
+    if ranks > 1 and not sharded:
+        raise ValueError(f"{checkpoint} was written by a single-rank learner: resume it with learner.ranks=1")
+    if ranks == 1 and sharded:
+        raise ValueError(f"{checkpoint} was written by a sharded learner: resume it with learner.ranks set to its "
+                         "ranks (trainer.pt's learner.sharded_ranks)")
 
 
 def sharded_learner(spec: RankSpec, rank: int, device_index: int | None = None) -> ShardedLearner:
@@ -124,8 +137,7 @@ class FollowerRanks:
         while builder.is_alive():  # a follower dying before it joins would leave the group waiting for it
             builder.join(PARENT_POLL_S)
             self.check()
-        if "error" in result:
-            self.check()
+        if "error" in result:  # rank 0's own failure explains a follower's that followed from it
             raise result["error"]
         learner: ShardedLearner = result["learner"]
         learner.lead()

@@ -28,7 +28,7 @@ from searchgym.trainers.checkpoint import save_checkpoint
 from searchgym.trainers.config import TrainConfig, config_dict
 from searchgym.trainers.fsdp import ShardedLearner
 from searchgym.trainers.learner import Learner
-from searchgym.trainers.learner_ranks import FollowerRanks, RankSpec, free_port
+from searchgym.trainers.learner_ranks import FollowerRanks, RankSpec, check_resume, free_port
 from searchgym.trainers.loop import Batch, Schedule, train_loop
 from searchgym.trainers.restore import initial_state, restore_learner
 from searchgym.trainers.rollout import RolloutController, RolloutStats
@@ -123,6 +123,7 @@ async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict
         raise ValueError("rollout.engine=sglang needs model.path: the model the SGLang servers serve")
     run = start_run(config.out_dir, config.model.path, seed=config.seed, resume=resume)
     [state] = run.rollout_states(1)
+    check_resume(run.checkpoint, config.learner.ranks)
     # the learner's other ranks start first: their processes import and load while the engine starts here
     followers = FollowerRanks(rank_spec(config, run)) if config.learner.ranks > 1 else None
     learner: Learner | None = None

@@ -42,6 +42,7 @@ from typing import Any
 
 from searchgym.trainers.build import make_env_factory, task_ids
 from searchgym.trainers.config import TrainConfig, config_dict
+from searchgym.trainers.learner_ranks import check_resume
 from searchgym.trainers.loop import Batch, Schedule, train_loop
 from searchgym.trainers.ray_actors import LearnerWorker, RolloutWorker, forwarded_env, shard
 from searchgym.trainers.ray_servers import SGLangServerWorker
@@ -159,6 +160,7 @@ class RayTrainer:
         # the driver reads only the checkpoint's small parts
         self.run = run = start_run(config.out_dir, config.model.path, seed=config.seed, resume=self.resume, mmap=True)
         states = run.rollout_states(n)
+        check_resume(run.checkpoint, config.learner.ranks)
         tasks = task_ids(make_env_factory(config.env), config.tasks)  # builds a synthetic world's cache here, once, not in actors
         if len(tasks) < n:
             raise ValueError(f"{len(tasks)} tasks cannot be sharded over {n} rollout actors")

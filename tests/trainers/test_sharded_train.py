@@ -19,6 +19,7 @@ from searchgym.trainers.build import load_learner
 from searchgym.trainers.checkpoint import latest_checkpoint, load_trainer_state
 from searchgym.trainers.config import load_config
 from searchgym.trainers.learner import Learner
+from searchgym.trainers.learner_ranks import check_resume
 from searchgym.trainers.local import train
 from tests.conftest import SMALL
 from tests.test_quickstart import SHAPED_ID  # a SyntheticQA whose unanswered episodes earn different rewards
@@ -133,7 +134,16 @@ def test_a_dead_follower_fails_the_run_naming_it(tmp_path, small_bundle, tiny_mo
     assert proc.returncode != 0 and f"learner rank 1 (pid {follower}) exited with code -9" in stderr, stderr[-3000:]
 
 
-def test_a_sharded_checkpoint_resumes_only_sharded(tmp_path, tiny_model_dir):
+def test_a_checkpoint_resumes_only_with_its_kind_of_learner(tmp_path, tiny_model_dir):
+    single, sharded = tmp_path / "single", tmp_path / "sharded"
+    single.mkdir()
+    (sharded / "sharded").mkdir(parents=True)
+    check_resume(single, 1)
+    check_resume(sharded, 2)
+    with pytest.raises(ValueError, match="single-rank learner: resume it with learner.ranks=1"):
+        check_resume(single, 2)  # refused before any follower starts
+    with pytest.raises(ValueError, match="sharded learner"):
+        check_resume(sharded, 1)
     config = load_config(None, _overrides(tmp_path, tiny_model_dir))
     with pytest.raises(ValueError, match="learner.ranks=2"):
         load_learner(config.model, config.learner, tiny_model_dir, pad_id=0,

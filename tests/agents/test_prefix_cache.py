@@ -11,6 +11,8 @@ from searchgym.agents.engines.prefix_cache import PrefixCache
 from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, SamplingParams
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # a tiny model on a shared 2-core machine
+
 OBSERVATIONS = ["<result> Krimar Therth was born in Ostvale, a port town on the northern coast. </result>",
                 "<result> No pages matched. </result>", "<result> Ganin Brewery was founded in 1841 by Olt Ganin, "
                 "whose family ran it for three generations before it was sold. </result>"]
@@ -69,7 +71,7 @@ async def run_episodes(engine: TorchEngine, tokenizer, n: int, turns: int) -> li
 
 
 async def test_reuse_gives_the_full_prefill_result_and_prefills_only_new_tokens(tiny_model_dir, tokenizer, model):
-    n, turns = 6, 4
+    n, turns = 6, 3
     reused = TorchEngine(tiny_model_dir)
     full = TorchEngine(tiny_model_dir, prefix_cache_bytes=0)
     with_reuse = await run_episodes(reused, tokenizer, n, turns)

@@ -274,6 +274,9 @@ def test_a_run_that_keeps_collapsing_stops_after_max_restores(tmp_path, small_bu
     err = capsys.readouterr().err
     assert code != 0
     assert "training collapsed at step 4" in err and "after 1 restore(s)" in err and "max_restores=1" in err
+    # the healthy state is the checkpoint written at the first restore (the initial weights again), and latest names it
+    assert "the last healthy state is step-00002" in err and "model.path=" in err
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step-00002"
     rows = _rows(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # stopped at the second collapse
     assert rows[1]["watchdog/restores"] == 1 and rows[3]["watchdog/stopped"] == 1

@@ -8,12 +8,15 @@ the plan is the one the env drew at reset (`SlowSearchEnv.plan`). So the generat
 episode follow the workload's distribution in every trainer mode, and the env's turn budget ends
 the episode after `plan.turns` turns. Configs name it `searchgym.bench.plan_workflow:PlannedWorkflow`.
 
-Its reward is shaped and depends on the generated tokens only: the share of them that occur in the
-episode's opening prompt (the instructions and the question), `prompt_token_share`. A search agent's
-queries are made of its task's words; the fresh tiny policy earns about 5% by chance with a spread
-between episodes, so group-normalised advantages have a signal, and a few dozen RL steps raise it.
-The env's judge never runs (the env plays every turn as a search), so every mode plays the same
-episodes whatever the policy learns.
+Its reward is shaped and depends on the generated tokens only: the share of the episode's turns
+whose first token starts a word (a space and letters) rather than a symbol or a byte fragment,
+`word_start_share`. The fresh tiny policy earns about 0.4 with a wide spread between episodes, so
+group-normalised advantages have a signal at every step, and the choice it rewards is made in one
+fixed context (right after the assistant header), which a tiny model can learn within tens of steps.
+Rewards tried first, and why not: the share of the prompt's tokens (about 5% by chance) or of the
+question's words (about 2%) among the generated ones moved nothing in 12 steps. The env's judge never
+runs (the env plays every turn as a search), so every mode plays the same episodes whatever the
+policy learns.
 """
 from __future__ import annotations
 

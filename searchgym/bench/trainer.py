@@ -5,7 +5,7 @@ table: eta = 0 is the synchronous baseline, `mode: sync`; eta = 1, 2, 4, 8 are `
 `rollout.max_staleness` = eta), on `searchgym-bench/SlowSyntheticQA-v0` (slow_env.py): episodes
 whose turn counts and per-turn token counts are drawn from an ASearcher-shaped heavy-tailed
 `Workload` (workload.py; the same draws in every run), tools with Pareto latency, and a shaped
-reward the policy improves on (the share of its tokens that are tokens of its task's prompt). The sweep runs in
+reward the policy improves on (the share of its turns that open with a word). The sweep runs in
 `rounds`, each playing every eta once, alternately forwards and backwards, so a change in the
 machine's load hits every setting alike; ratios are taken within a round and their median reported.
 
@@ -77,19 +77,21 @@ def run_trainer_bench(*, steps: int = 5, warmup_steps: int = 1, final_steps: int
                                      "episode total scaled into [episode_tokens_min, episode_tokens_max]"},
         "latency": {**{k: v for k, v in asdict(latency).items() if not k.startswith("_")},
                     "scale_s": round(latency.scale_s, 5), "distribution": "Pareto, capped at max_s"},
-        "reward": "shaped: share of the episode's generated tokens that occur in its opening prompt "
-                  "(instructions and question); plan_workflow.prompt_token_share",
+        "reward": "shaped: share of the episode's turns whose first generated token starts a word (a space and "
+                  "letters); plan_workflow.word_start_share",
         "settings": {"steps": steps, "warmup_steps": warmup_steps, "final_steps": final_steps, "rounds": rounds,
                      "staleness": list(staleness), "group_size": group_size, "batch_size": batch_size,
-                     "max_concurrent_rollouts": max_concurrent_rollouts, "lr": lr, "overrides": list(overrides)},
+                     "max_concurrent_rollouts": max_concurrent_rollouts, "lr": lr, "top_k": top_k,
+                     "doc_chars": doc_chars, "overrides": list(overrides)},
         "runs": [],
     }
     try:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(workdir or tmp)
             model = build_tiny_model(root / "model", seed=seed)  # one policy for every run (and no rebuilds)
+            positions = json.loads((model / "config.json").read_text())["max_position_embeddings"]
             base = _overrides(steps=steps, seed=seed, size=size, world_seed=world_seed, n_tasks=n_tasks, top_k=top_k,
-                              doc_chars=doc_chars, workload=workload, latency=latency, group_size=group_size,
+                              doc_chars=doc_chars, positions=positions, workload=workload, latency=latency, group_size=group_size,
                               batch_size=batch_size, max_concurrent_rollouts=max_concurrent_rollouts, lr=lr,
                               model=model)
             for r in range(rounds):
@@ -120,10 +122,14 @@ def _machine(torch: Any) -> dict[str, Any]:
 
 def _overrides(*, steps: int, seed: int, size: int, world_seed: int, n_tasks: int, top_k: int, doc_chars: int,
                workload: Workload, latency: ParetoLatency, group_size: int, batch_size: int,
-               max_concurrent_rollouts: int, lr: float, model: Path) -> list[str]:
-    """The config every run shares (its staleness and mode set per run)."""
+               max_concurrent_rollouts: int, lr: float, model: Path, positions: int) -> list[str]:
+    """The config every run shares (its staleness and mode set per run).
+
+    The context budget is the model's positions: an episode that reaches them ends there ("context
+    budget", counted in `episodes_cut_by_context`) instead of playing turns the model cannot extend.
+    """
     fields = [f"env.kwargs.workload.{k}={v}" for k, v in asdict(workload).items()]
-    context = workload.turns_max * (workload.turn_tokens_max + 256) + 1024
+    context = min(positions, workload.turns_max * (workload.turn_tokens_max + 256) + 1024)
     return [
         f"steps={steps}", f"seed={seed}", f"save_every={steps}", "keep_checkpoints=1", f"model.path={model}",
         f"env.id={SLOW_SYNTHETIC_QA}", f"env.kwargs.size={size}", f"env.kwargs.seed={world_seed}",

@@ -57,6 +57,7 @@ class HopsConfig:
     demos: list[int] = field(default_factory=lambda: [1])
     rl: list[int] = field(default_factory=lambda: [2])
     eval: list[int] = field(default_factory=lambda: [1, 2])
+    rl_demos: float = 0.0  # share of the RL hop counts' train tasks also demonstrated (seeds the behaviour; not RL'd)
 
 
 def _learning_env() -> dict[str, Any]:
@@ -95,6 +96,8 @@ def load_learning_config(overrides: list[str] | tuple[str, ...] = (), preset: st
     except OmegaConfBaseException as e:
         raise ValueError(f"bench learning config: {(e.msg or str(e)).splitlines()[0]} (key {e.full_key})") from None
     config.preset = preset
+    if not 0 <= config.hops.rl_demos < 1:
+        raise ValueError(f"hops.rl_demos must be in [0, 1), got {config.hops.rl_demos}")
     for name in ("demos", "rl", "eval"):
         hops = getattr(config.hops, name)
         if not hops or not set(hops) <= {1, 2, 3, 4}:
@@ -180,6 +183,9 @@ def _demo_tasks(env: Any, config: LearningConfig) -> tuple[list[Any], list[Any]]
     demos = demo_pool[:min(round(config.demos.fraction * len(demo_pool)), config.max_demos)]
     shown = {t.id for t in demos}
     rl = [t for t in tasks if t.metadata.get("hops") in config.hops.rl and t.id not in shown]
+    if config.hops.rl_demos > 0:  # demonstrate the first share of them too, and train RL on the rest
+        cut = round(config.hops.rl_demos * len(rl))
+        demos, rl = demos + rl[:cut], rl[cut:]
     return demos, rl
 
 

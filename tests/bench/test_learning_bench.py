@@ -118,6 +118,23 @@ def test_a_rerun_reuses_finished_seeds_and_repeats_the_warm_start(bench, tmp_pat
         Path(config.out_dir) / "seed-0" / "demos.jsonl").read_text()
 
 
+def test_demonstrated_and_rl_tasks_split_by_hop_count(small_bundle, tmp_path):
+    from searchgym.bench.learning import _demo_tasks
+    from searchgym.bench.stages import make_env
+
+    config = load_learning_config([f"out_dir={tmp_path}", *TOY, "max_demos=1000"])
+    env = make_env(config.env.id, {**config.env.kwargs, "seed": 0, "hops": [1, 2]}, "train")
+    demos, rl = _demo_tasks(env, config)
+    assert demos and rl and {t.metadata["hops"] for t in demos} == {1} and {t.metadata["hops"] for t in rl} == {2}
+    assert len(demos) == sum(t.metadata["hops"] == 1 for t in env.tasks)  # every 1-hop train task (fraction 1)
+    seeded = load_learning_config([f"out_dir={tmp_path}", *TOY, "max_demos=1000", "hops.rl_demos=0.25"])
+    more, fewer = _demo_tasks(env, seeded)
+    shown = [t for t in more if t.metadata["hops"] == 2]
+    assert shown == rl[:round(0.25 * len(rl))] and fewer == rl[len(shown):]  # disjoint: RL never trains on a demo
+    with pytest.raises(ValueError, match="rl_demos"):
+        load_learning_config(["hops.rl_demos=1.5"])
+
+
 def test_rows_of_another_configuration_are_refused(bench):
     _, config, _ = bench
     other = load_learning_config([f"out_dir={config.out_dir}", *TOY, "rl.steps=3"])

@@ -174,7 +174,7 @@ class RayTrainer:
             self._started_ray = True
         _check_fits(needed, ray.cluster_resources())
         model_dir = os.fspath(run.model_dir)
-        self._start_learners(model_dir, os.fspath(run.checkpoint) if run.checkpoint else None, env)
+        joining = self._start_learners(model_dir, os.fspath(run.checkpoint) if run.checkpoint else None, env)
         servers = self._launch_servers(model_dir, env)
         # the rollout actors' processes start (imports, envs) while the servers load their model
         Rollout = ray.remote(RolloutWorker).options(num_cpus=config.ray.rollout_cpus, num_gpus=config.ray.rollout_gpus)
@@ -182,14 +182,16 @@ class RayTrainer:
         self.server_addresses = addresses = list(config.rollout.sglang_addresses) or ray.get(servers)
         engine_versions = ray.get([actor.start.remote(shard(addresses, i, n))
                                    for i, actor in enumerate(self.rollout_actors)])
+        ray.get(joining)  # every learner rank has built its shard (and loaded the checkpoint's)
+        self._following = [actor.follow.remote() for actor in self.learner_ranks[1:]]
         ray.get(self.learner.connect.remote(self.rollout_actors, weight_route(config), addresses))
         if config.rollout.engine == "sglang" and (run.checkpoint is not None
                                                  or any(v != run.version for v in engine_versions)):
             ray.get(self.learner.push_weights.remote())  # the servers hold other weights than the learner's
 
-    def _start_learners(self, model_dir: str, checkpoint: str | None, env: dict[str, str]) -> None:
-        """Start the learner actor(s); with `learner.ranks` > 1, form their process group and set ranks > 0
-        following rank 0 (their follow() calls return when rank 0 stops them)."""
+    def _start_learners(self, model_dir: str, checkpoint: str | None, env: dict[str, str]) -> list[Any]:
+        """Start the learner actor(s); with `learner.ranks` > 1, refs to their joining rank 0's process group
+        (each builds its shard while the servers and rollout actors start; then ranks > 0 follow rank 0)."""
         import ray
 
         ranks = self.config.learner.ranks
@@ -197,10 +199,9 @@ class RayTrainer:
         self.learner_ranks = [Learner.remote(self.config, model_dir, checkpoint, env, rank) for rank in range(ranks)]
         self.learner = self.learner_ranks[0]
         if ranks == 1:
-            return
+            return []
         master_addr, master_port = ray.get(self.learner.master_address.remote())
-        ray.get([actor.join.remote(master_addr, master_port) for actor in self.learner_ranks])
-        self._following = [actor.follow.remote() for actor in self.learner_ranks[1:]]
+        return [actor.join.remote(master_addr, master_port) for actor in self.learner_ranks]
 
     def _learner_class(self) -> Any:
         """The learner actor class; with GPUs or several ranks, their bundles are reserved first (a placement group

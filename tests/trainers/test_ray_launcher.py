@@ -2,6 +2,8 @@
 TorchEngines, and server actors running our model server as the SGLang stand-in (weights by disk or broadcast)."""
 import asyncio
 import json
+import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -142,6 +144,18 @@ def test_disk_weight_sync_reaches_model_server_actors(tmp_path, small_bundle, ti
     assert versions and versions <= {0, 1}
 
 
+def _wait_idle(address: str) -> None:
+    """Until the server runs no request (its /flush_cache answers 400 while any runs, as SGLang's does)."""
+    for _ in range(600):
+        try:
+            with urllib.request.urlopen(urllib.request.Request(f"http://{address}/flush_cache", b"", method="POST"),
+                                        timeout=60):
+                return
+        except urllib.error.HTTPError:
+            time.sleep(0.1)
+    raise AssertionError(f"{address} kept running requests")
+
+
 def _model_info(address: str) -> dict:
     with urllib.request.urlopen(f"http://{address}/model_info", timeout=60) as response:
         return json.load(response)
@@ -161,7 +175,9 @@ def test_two_learner_ranks_broadcast_weights_to_model_server_actors(tmp_path, sm
         servers = trainer.server_addresses
         history = trainer.train()
         engine_versions = ray.get([actor.engine_version.remote() for actor in trainer.rollout_actors])
-        ray.get([actor.stop.remote() for actor in trainer.rollout_actors])  # the servers go idle: one request each
+        ray.get([actor.stop.remote() for actor in trainer.rollout_actors])
+        for address in servers:  # requests the stopped actors left finish: ours then runs alone, unbatched
+            _wait_idle(address)
         after = [_greedy(address, prompt, 4) for address in servers]
         infos = [_model_info(address) for address in servers]
 
@@ -186,7 +202,7 @@ def test_two_learner_ranks_broadcast_weights_to_model_server_actors(tmp_path, sm
 
     want_ids, want_logprobs = asyncio.run(reference())
     for ids, logprobs, _ in after:
-        assert ids == want_ids and logprobs == want_logprobs
+        assert (ids, logprobs) == (want_ids, want_logprobs)
     assert not torch.allclose(torch.tensor(want_logprobs),
                               _logprobs(tiny_model_dir, prompt + want_ids, len(prompt)), atol=1e-3)
     # the rollouts' tokens carry the versions the broadcasts set: the step from version 1 trained on tokens of 0 and 1

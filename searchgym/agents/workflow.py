@@ -155,6 +155,9 @@ class TokenWorkflow(Workflow):
         if seed is not None and sampling.seed is None:  # the episode's tokens come from its seed, not arrival order
             sampling = dataclasses.replace(sampling, seed=seed)
         max_context, rid = self.settings.max_context, rid or uuid.uuid4().hex
+        engine_context = getattr(self.engine, "max_context", None)  # the model's positions: beyond them it writes nothing
+        if isinstance(engine_context, int) and engine_context > 0:
+            max_context = min(max_context, engine_context)
         obs, traj = await self.start_episode(env, seed, options)
         traj.extend(self.template.prompt_ids(obs), generated=False)
         traj.prompt_length = len(traj.input_ids)
@@ -166,6 +169,9 @@ class TokenWorkflow(Workflow):
             t0 = time.perf_counter()
             response = await self.generate(traj, dataclasses.replace(sampling, max_new_tokens=budget), rid)
             seconds = time.perf_counter() - t0
+            if not response.output_ids and response.finish_reason.type == "length":  # the engine's context is full
+                traj.truncated, traj.stop_reason = True, "context budget"
+                return traj
             traj.extend(response.output_ids, generated=True, logprobs=response.logprobs, versions=response.versions)
             step = await self.step_env(env, traj, self.turn_text(response.output_ids), seconds,
                                        generated_tokens=len(response.output_ids),

@@ -225,3 +225,12 @@ def test_inline_observations_continue_the_assistant_message(engine, small_pool, 
         assert tokenizer.decode(traj.input_ids, skip_special_tokens=False) == expected
         assert tokenizer.decode(traj.input_ids[: traj.prompt_length], skip_special_tokens=False) == prompt
         check_generated_tokens_are_exactly_the_engines(traj, calls)
+
+
+def test_the_models_own_context_ends_the_episode_instead_of_empty_turns(tiny_model_dir, small_pool, small_index):
+    """An engine whose model has fewer positions than the workflow's budget ends the episode at its limit."""
+    short = TorchEngine(tiny_model_dir, seed=0)
+    short.max_context = 300  # as a model with 300 positions
+    traj = play_many(short, small_pool, small_index, 1, max_context=4096, max_turns=30)[0]
+    assert traj.truncated and traj.stop_reason == "context budget" and len(traj.input_ids) <= 300
+    assert all(turn.generated_tokens > 0 for turn in traj.turns)

@@ -71,10 +71,11 @@ def _synthesize(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         pool, report = synthesize_pool(world, index, args.n, seed=args.seed, progress=True)
         report["seconds"] = round(time.perf_counter() - t0, 2)
+        from searchgym.envs.atomic_file import write_atomic
         from searchgym.synthesis.pool import summary_path
 
         # the summary first, the pool (written atomically) last: a kill between them leaves no pool, so a rerun runs
-        summary_path(Path(args.out)).write_text(json.dumps(report, indent=2) + "\n")
+        write_atomic(summary_path(Path(args.out)), json.dumps(report, indent=2) + "\n")
         pool.to_jsonl(args.out)
         print(json.dumps(report, indent=2))
         return

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from searchgym.envs.atomic_file import atomic_open
+
 
 @dataclass(frozen=True)
 class Task:
@@ -176,12 +178,9 @@ class TaskPool(Sequence[Task]):
 
     def to_jsonl(self, path: str | os.PathLike) -> None:
         """Write the pool atomically as JSONL (one `Task.to_row` per line)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
+        with atomic_open(path) as f:
             for task in self.tasks:
                 f.write(json.dumps(task.to_row(), ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
 
     def to_dataset(self, path: str | os.PathLike | None = None) -> Any:
         """A `datasets.Dataset` of the pool (metadata as JSON text, since its keys vary); saved if `path`."""

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from searchgym.envs.atomic_file import write_atomic
+
 LATEST = "latest"
 HEALTHY = "healthy"
 
@@ -147,12 +149,7 @@ def rollout_states(state: dict[str, Any]) -> list[dict[str, Any]]:
 
 def write_pointer(path: Path, text: str) -> None:
     """Replace a one-line pointer file (`latest`, `healthy`) atomically: a reader sees the old name or the new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, text + "\n")
 
 
 def _fsync_tree(directory: Path) -> None:

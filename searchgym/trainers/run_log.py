@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.agents.trajectory import Trajectory
+from searchgym.envs.atomic_file import atomic_open
 from searchgym.envs.jsonl_log import JsonlLog
 
 LOGS = ("metrics.jsonl", "provenance.jsonl")
@@ -127,11 +128,7 @@ def _open_cut(path: Path, step: int) -> JsonlLog:
             f.write(json.dumps({"resumed_after_step": step, "row": row}, ensure_ascii=False) + "\n")
         f.flush()
         os.fsync(f.fileno())
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_open(path) as f:
         for row in sorted(kept.values(), key=lambda r: r["step"]):
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     return JsonlLog(path, check=_check_step)

@@ -6,10 +6,23 @@ with this one) check its native answers against SGLang 0.5.23's contract (tests/
 import aiohttp
 import pytest
 import pytest_asyncio
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.agents.sglang_contract import check_every_model_server
 
 check_every_model_server()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    """The default tiny model's tokenizer, loaded from its directory."""
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    """The default tiny model, loaded from its directory in eval mode."""
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
 
 
 @pytest.fixture(scope="session")

@@ -20,16 +20,6 @@ OBSERVATIONS = ["<result> Krimar Therth was born in Ostvale, a port town on the 
                 "whose family ran it for three generations before it was sold. </result>"]
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-
-
 def first_prompt(tokenizer, i: int) -> list[int]:
     content = f"Question {i}: " + " and ".join(["where was Krimar Therth born"] * (1 + i % 4))
     return tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
@@ -303,9 +293,11 @@ def test_prefill_over_cached_prefixes_equals_a_full_prefill(bare_engine, rows, s
             kv, mask, _ = bare_engine._prefill([(p[:cached], None)])
             pasts.append([(k[0, :, -cached:], v[0, :, -cached:]) for k, v in kv])
         kv, mask, logits = bare_engine._prefill([(p[c:], past) for (c, _), p, past in zip(rows, prompts, pasts)])
-    assert torch.allclose(logits, full_logits, atol=1e-5, rtol=1e-5)
+    # fp32 summation order alone moves these logits by up to ~2e-5 (one prompt prefilled alone vs in a batch);
+    # a wrong position or a misplaced cache column moves them by O(1)
+    assert torch.allclose(logits, full_logits, atol=1e-4, rtol=1e-5)
     assert mask.shape[1] == max(map(len, prompts))  # compact: left padding only
     assert all(mask[i, -len(p):].all() and not mask[i, :-len(p)].any() for i, p in enumerate(prompts))
     for i in range(len(prompts)):
         for got, expected in zip(real_columns(kv, mask, i), real_columns(full_kv, full_mask, i)):
-            assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5)
+            assert torch.allclose(got, expected, atol=1e-4, rtol=1e-5)

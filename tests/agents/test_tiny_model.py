@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2ForCausalLM
+from transformers import AutoTokenizer, Qwen2ForCausalLM
 
 from searchgym.agents.tiny_model import (
     IM_END,
@@ -21,19 +21,9 @@ TEXTS = ["The river Aldra flows through Grishofield.", "<think> search first </t
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
 def trained_tokenizer():
     """The in-memory tokenizer of a default build, before saving."""
     return train_tokenizer(default_texts())
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir)
 
 
 def test_loads_with_auto_classes(model, tokenizer):

@@ -5,7 +5,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from searchgym.agents.engines.detokenize import StopStrings
 from searchgym.agents.engines.torch_engine import TorchEngine
@@ -14,16 +14,6 @@ from searchgym.agents.engines.types import FinishReason, GenerateRequest, Infere
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)
 QUESTIONS = ["Where was Krimar Therth born?", "<search> Ganin Brewery founder </search>", "Who wrote it?",
              "<think> The river flows through two countries, so I should search for both of them. </think>"]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ class StopStrings:
     per token instead of a decode of the whole window.
     """
 
-    PENDING_LIMIT = 16  # tokens without a complete last character before they are committed anyway
+    PENDING_LIMIT = 16  # tokens without a complete last character (or any text) before they are committed anyway
 
     def __init__(self, tokenizer: Any, stops: tuple[str, ...]):
         self.stops = tuple(stops)
@@ -54,7 +54,7 @@ class StopStrings:
         pending = body.endswith("\ufffd") and len(self._ids) - self._context < self.PENDING_LIMIT
         window = self._tail + body
         match = next((stop for stop in self.stops if stop in window), None)
-        if not pending and body:
+        if (not pending and body) or len(self._ids) - self._context >= self.PENDING_LIMIT:  # bounded work per token
             self._tail = window[-self._keep:] if self._keep else ""
             self._ids = self._ids[self._context:][-1:]
             self._context, self._context_text = 1, self._decode(self._ids)

@@ -47,15 +47,16 @@ SHARDED = "sharded"  # the DCP directory inside a checkpoint
 
 def init_ranks(backend: str | None = None, *, rank: int | None = None, world_size: int | None = None,
                master_addr: str | None = None, master_port: int | None = None, device_index: int | None = None,
-               timeout_s: float = 1800) -> tuple[int, int]:
+               timeout_s: float = 1800, device: str | None = None) -> tuple[int, int]:
     """Join the learner's process group; (rank, world size).
 
     With no arguments it takes what torchrun put in the environment; the launchers pass `rank`, `world_size`
-    and rank 0's `master_addr:master_port` instead. gloo on CPU, NCCL when CUDA is available; on GPU each rank
-    takes the device `device_index` (default LOCAL_RANK).
+    and rank 0's `master_addr:master_port` instead. `device` "cpu" gives gloo, "cuda" gives NCCL for CUDA tensors
+    and gloo for CPU ones (the learner's small bookkeeping collectives); None: "cuda" when CUDA is available. On GPU
+    each rank takes the device `device_index` (default LOCAL_RANK).
     """
     if not dist.is_initialized():
-        cuda = torch.cuda.is_available()
+        cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) if device_index is None else device_index)
         options: dict[str, Any] = {"timeout": timedelta(seconds=timeout_s)}
@@ -63,7 +64,7 @@ def init_ranks(backend: str | None = None, *, rank: int | None = None, world_siz
             if world_size is None or master_addr is None or master_port is None:
                 raise ValueError("init_ranks(rank=...) needs world_size, master_addr and master_port too")
             options.update(rank=rank, world_size=world_size, init_method=f"tcp://{master_addr}:{int(master_port)}")
-        dist.init_process_group(backend or ("nccl" if cuda else "gloo"), **options)
+        dist.init_process_group(backend or ("cpu:gloo,cuda:nccl" if cuda else "gloo"), **options)
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -275,18 +276,20 @@ class ShardedLearner(Learner):
 
 def load_sharded_learner(model_dir: str | os.PathLike, config: LearnerConfig, *, dtype: torch.dtype = torch.float32,
                          pad_id: int = 0, checkpoint: str | os.PathLike | None = None, version: int = 0,
-                         **ranks: Any) -> ShardedLearner:
+                         device: str | None = None, **ranks: Any) -> ShardedLearner:
     """A ShardedLearner on this rank (joining the process group) from `model_dir`, resumed from `checkpoint`.
 
     `ranks` go to `init_ranks` (rank, world_size, master_addr, master_port, device_index; default: torchrun's
-    environment). Every rank calls this together (loading a checkpoint is a collective). On GPU each rank loads
-    onto its own device; `config.activation_checkpointing` and `config.cpu_offload` apply.
+    environment). Every rank calls this together (loading a checkpoint is a collective). `device` "cpu" or "cuda"
+    (None: CUDA when available); on GPU each rank loads onto its own device; `config.activation_checkpointing` and
+    `config.cpu_offload` apply.
     """
     from transformers import AutoModelForCausalLM
 
-    init_ranks(**ranks)
+    cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
+    init_ranks(device="cuda" if cuda else "cpu", **ranks)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    if torch.cuda.is_available() and not config.cpu_offload:
+    if cuda and not config.cpu_offload:
         model = model.to(torch.device("cuda", torch.cuda.current_device()))
     learner = ShardedLearner(model, config, pad_id=pad_id, version=version,
                              activation_checkpointing=config.activation_checkpointing, cpu_offload=config.cpu_offload)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -47,13 +46,7 @@ class RankSpec:
     pad_id: int
     checkpoint: str | None = None  # resume every rank from this checkpoint's sharded/ directory
     threads: int = 0  # torch threads per follower (0: torch's default)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on at `host` (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    device: str | None = None  # "cpu" (gloo) or "cuda" (NCCL); None: CUDA when available
 
 
 def check_resume(checkpoint: str | os.PathLike | None, ranks: int) -> None:
@@ -71,7 +64,7 @@ def check_resume(checkpoint: str | os.PathLike | None, ranks: int) -> None:
 def sharded_learner(spec: RankSpec, rank: int, device_index: int | None = None) -> ShardedLearner:
     """Rank `rank`'s ShardedLearner: joins the group, loads the model (and the checkpoint: a collective)."""
     return load_sharded_learner(spec.model_dir, spec.learner, dtype=getattr(torch, spec.dtype), pad_id=spec.pad_id,
-                                checkpoint=spec.checkpoint, rank=rank, world_size=spec.world,
+                                checkpoint=spec.checkpoint, device=spec.device, rank=rank, world_size=spec.world,
                                 master_addr=spec.master_addr, master_port=spec.master_port,
                                 device_index=rank if device_index is None else device_index)
 

@@ -28,7 +28,8 @@ from searchgym.trainers.checkpoint import save_checkpoint
 from searchgym.trainers.config import TrainConfig, config_dict
 from searchgym.trainers.fsdp import ShardedLearner
 from searchgym.trainers.learner import Learner
-from searchgym.trainers.learner_ranks import FollowerRanks, RankSpec, check_resume, free_port
+from searchgym.trainers.learner_ranks import FollowerRanks, RankSpec, check_resume
+from searchgym.trainers.ray_servers import free_port
 from searchgym.trainers.loop import Batch, Schedule, train_loop
 from searchgym.trainers.restore import initial_state, restore_learner
 from searchgym.trainers.rollout import RolloutController, RolloutStats
@@ -162,7 +163,7 @@ async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict
         async with controller.running():
             with RunLog(run.out, config_dict(config), resume_step=run.first_step - 1) as run_log:
                 watchdog = Watchdog.for_run(config.watchdog, run.out, run.model_dir, start_step=run.first_step - 1,
-                                            state=side.watchdog_state)
+                                            state=side.watchdog_state, can_restore=config.learner.ranks == 1)
                 history = await train_loop(InProcessRollouts(controller), side, run_log, schedule,
                                            progress=progress, desc=f"training ({config.mode}, local)",
                                            watchdog=watchdog)
@@ -192,4 +193,4 @@ def rank_spec(config: TrainConfig, run: Any) -> RankSpec:
                     model_dir=os.fspath(run.model_dir), dtype=config.model.dtype, learner=config.learner,
                     pad_id=AutoTokenizer.from_pretrained(run.model_dir).pad_token_id or 0,
                     checkpoint=os.fspath(run.checkpoint) if run.checkpoint else None,
-                    threads=torch.get_num_threads())
+                    threads=torch.get_num_threads(), device="cuda" if config.model.device.startswith("cuda") else "cpu")

@@ -152,10 +152,13 @@ def _stop(run_log: RunLog, watchdog: Watchdog, alarm: Alarm, step: int) -> tuple
     state = watchdog.healthy(alarm)
     if state.step is not None:
         write_pointer(checkpoint_root(run_log.dir) / LATEST, state.path.name)
+    else:  # the healthy state is the run's initial weights: no checkpoint of this run is, so --resume has none
+        (checkpoint_root(run_log.dir) / LATEST).unlink(missing_ok=True)
     print(describe(alarm, state, step=step, lr=None, stopping=True), file=sys.stderr, flush=True)
     where = (f"{state.name}, which checkpoints/latest now names (--resume goes on from it at its own learning rate; "
              f"for a lower one start a new run with model.path={state.path} and a lower learner.lr)"
-             if state.step is not None else f"{state.name}: start again with a lower learner.lr")
+             if state.step is not None else f"{state.name} (checkpoints/latest is removed, so --resume cannot go on "
+             "from collapsed weights): start again with a lower learner.lr")
     error = TrainingCollapsed(
         f"training collapsed at step {step} ({alarm.rule}: {alarm.reason}) after {watchdog.restores} restore(s) "
         f"(watchdog.max_restores={watchdog.config.max_restores}); the last healthy state is {where}")

@@ -24,7 +24,8 @@ from searchgym.trainers.checkpoint import load_trainer_state
 from searchgym.trainers.config import TrainConfig
 from searchgym.trainers.fsdp import ShardedLearner
 from searchgym.trainers.learner import Learner
-from searchgym.trainers.learner_ranks import RankSpec, free_port, sharded_learner
+from searchgym.trainers.learner_ranks import RankSpec, sharded_learner
+from searchgym.trainers.ray_servers import free_port
 from searchgym.trainers.local import InProcessLearner
 from searchgym.trainers.loop import Batch
 from searchgym.trainers.rollout import RolloutStats
@@ -83,7 +84,8 @@ class LearnerWorker:
         config = self.config
         spec = RankSpec(world=config.learner.ranks, master_addr=master_addr, master_port=master_port,
                         model_dir=self.model_dir, dtype=config.model.dtype, learner=config.learner,
-                        pad_id=self.tokenizer.pad_token_id or 0, checkpoint=self.checkpoint)
+                        pad_id=self.tokenizer.pad_token_id or 0, checkpoint=self.checkpoint,
+                        device="cuda" if config.ray.learner_gpus > 0 else "cpu")
         learner = await asyncio.to_thread(sharded_learner, spec, self.rank, 0)  # Ray shows each actor its GPU as 0
         if self.rank == 0:
             learner.lead()
@@ -123,6 +125,12 @@ class LearnerWorker:
                                      self.config.keep_checkpoints)
         if self.checkpoint:  # the collapse watchdog's restores and lr scale carry on into later checkpoints
             self.side.watchdog_state = dict(load_trainer_state(self.checkpoint, mmap=True).get("watchdog") or {})
+
+    async def close(self) -> None:
+        """Close what the weight sync opened (DistributedSync's HTTP session) before the actor is killed."""
+        close = getattr(self.side.sync, "close", None) if self.side is not None else None
+        if close is not None:
+            await close()
 
     def version(self) -> int:
         return self.learner.version if self.learner is not None else -1

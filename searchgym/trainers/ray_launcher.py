@@ -248,7 +248,7 @@ class RayTrainer:
         config, run = self.config, self.run
         schedule = Schedule(run.first_step, config.steps, run.version, config.save_every)
         watchdog = Watchdog.for_run(config.watchdog, run.out, run.model_dir, start_step=run.first_step - 1,
-                                    state=run.state.get("watchdog"))
+                                    state=run.state.get("watchdog"), can_restore=config.learner.ranks == 1)
         with RunLog(run.out, config_dict(config), resume_step=run.first_step - 1) as run_log:
             return asyncio.run(train_loop(RayRollouts(self.rollout_actors), RayLearner(self.learner), run_log,
                                           schedule, progress=self.progress, desc=f"training ({config.mode}, ray)",
@@ -270,7 +270,8 @@ class RayTrainer:
                 log.warning("stopping learner ranks: %r", e)
             self._following = []
         for stop in ([actor.stop.remote() for actor in self.rollout_actors],
-                     [server.stop.remote() for server in self.server_actors]):
+                     [server.stop.remote() for server in self.server_actors],
+                     [self.learner.close.remote()] if self.learner is not None else []):
             try:
                 ray.get(stop, timeout=60)
             except Exception as e:  # noqa: BLE001 -- a dead actor must not keep the others running

@@ -32,7 +32,7 @@ class SGLangServerWorker:
 
         settings = self.settings
         host = ray.util.get_node_ip_address()
-        port = _free_port(host)
+        port = free_port(host)
         if settings.sglang_server == "searchgym":
             command = [sys.executable, "-m", STAND_IN_MODULE, "--model-path",
                        self.model_dir, "--host", host, "--port", str(port), *settings.sglang_args]
@@ -51,7 +51,7 @@ class SGLangServerWorker:
         return self.server.stop() if self.server is not None else None
 
 
-def _free_port(host: str) -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on at `host` (bound, then released)."""
     with socket.socket() as sock:
         sock.bind((host, 0))

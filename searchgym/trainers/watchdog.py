@@ -29,6 +29,8 @@ The training loop (loop.py) acts on a trigger: it restores that state with a low
 """
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import os
 import statistics
@@ -160,13 +162,17 @@ class Watchdog:
 
     @classmethod
     def for_run(cls, config: WatchdogConfig, run_dir: str | os.PathLike, initial_weights: str | os.PathLike,
-                 *, start_step: int, state: dict[str, Any] | None = None) -> Watchdog | None:
+                 *, start_step: int, state: dict[str, Any] | None = None, can_restore: bool = True) -> Watchdog | None:
         """The watchdog of a run starting after `start_step` from `initial_weights` (None when it is disabled).
 
         `state` is a resumed checkpoint's `state()` (restores so far, learning-rate scale), so --resume keeps both.
+        A learner that cannot restore (the sharded one, today) gets `max_restores=0`: a collapse stops the run
+        cleanly at its last healthy checkpoint instead of failing in the middle of a restore.
         """
         if not config.enabled:
             return None
+        if not can_restore:
+            config = dataclasses.replace(config, max_restores=0)
         state = state or {}
         start = HealthyState(Path(initial_weights), start_step, start_step if start_step else None)
         return cls(config, Path(run_dir), start, restores=int(state.get("restores", 0)),

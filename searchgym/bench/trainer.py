@@ -179,7 +179,7 @@ def summarize_run(history: list[dict[str, float]], probe: Probe, trajectories: P
     final = [e["reward"] for step in by_step[-final_steps:] for e in step]
     return {
         "steps": len(history),
-        "steady_window_s": round(end - start, 2),
+        "steady_window_s": round(end - start, 4),  # precise enough to recompute the rate from it
         "steady_trained_tokens": int(tokens),
         "steady_tokens_per_s": round(tokens / (end - start), 2) if end > start else None,
         "all_tokens_per_s": round(sum(h["trained_tokens"] for h in history) / history[-1]["elapsed_s"], 2),

@@ -282,6 +282,18 @@ def test_a_run_that_keeps_collapsing_stops_after_max_restores(tmp_path, small_bu
     assert rows[1]["watchdog/restores"] == 1 and rows[3]["watchdog/stopped"] == 1
 
 
+def test_with_no_restores_a_collapse_stops_and_latest_no_longer_names_collapsed_weights(
+        tmp_path, small_bundle, tiny_model_dir, capsys, one_torch_thread):
+    """max_restores=0 (what a sharded learner runs with): the first trigger stops the run. Its healthy state is the
+    initial weights, so step 1's checkpoint (the weights step 2 blamed) must not stay `latest` for --resume."""
+    run_dir = tmp_path / "run"
+    code = main(["train", *_overrides(run_dir, tiny_model_dir, 1e2, 4, "watchdog.max_restores=0")])
+    err = capsys.readouterr().err
+    assert code != 0 and "training collapsed at step 2" in err and "checkpoints/latest is removed" in err
+    assert (run_dir / "checkpoints" / "step-00001").is_dir()  # kept: nothing the user did not ask to lose
+    assert not (run_dir / "checkpoints" / "latest").exists() and latest_checkpoint(run_dir) is None
+
+
 def test_a_sane_run_triggers_nothing(tmp_path, small_bundle, tiny_model_dir, one_torch_thread):
     history = train(load_config(None, _overrides(tmp_path / "run", tiny_model_dir, 1e-3, 3)), progress=False)
     assert [h["step"] for h in history] == [1, 2, 3] and all(h["grad_norm"] > 0 for h in history)

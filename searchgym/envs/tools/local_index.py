@@ -43,7 +43,7 @@ STOPWORDS = frozenset("a an and are as at be but by for if in into is it no not 
                       "there these they this to was will with".split())
 COMMON_TEXT_FRACTION = 0.05  # a word in the text of more pages than this share (and ...) is scored in titles only
 COMMON_TEXT_MIN_PAGES = 1000  # (... than this many pages) once the query has rarer words
-_DF_CACHE_MAX = 200_000
+_TERM_CACHE_MAX = 100_000
 _ITER_BATCH = 10_000
 _PROGRESS_EVERY = 100_000
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -103,7 +103,8 @@ class LocalIndex(PagesByUrl):
         self._index.reload()
         self._schema = self._index.schema
         self._searcher = self._index.searcher()
-        self._doc_freqs: dict[tuple[str, str], int] = {}
+        self._common_text_pages = max(COMMON_TEXT_MIN_PAGES, COMMON_TEXT_FRACTION * self._searcher.num_docs)
+        self._terms: dict[str, _Term] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickles as its directory: a copy (another process, a deepcopy) opens the index again."""
@@ -124,11 +125,15 @@ class LocalIndex(PagesByUrl):
         if k < 1 or not terms:
             return []
         plan = self._plan(terms)
-        hits = self._searcher.search(plan.ranking, k, count=False).hits  # exactly k; ties in index order
-        ranked = [(score, self._searcher.doc(address)) for score, address in hits]
-        snippets = SnippetGenerator.create(self._searcher, plan.words, self._schema, "text")
+        searcher = self._searcher
+        hits = searcher.search(plan.ranking, k, count=False).hits  # exactly k; ties in index order
+        if not hits:
+            return []
+        snippets = SnippetGenerator.create(searcher, plan.words, self._schema, "text")
         snippets.set_max_num_chars(self.snippet_chars)
-        return [self._hit(score, doc, snippets) for score, doc in ranked]
+        snippet_from_doc, hit = snippets.snippet_from_doc, self._hit
+        return [hit(score, doc, snippet_from_doc(doc).fragment()) for score, doc in
+                ((score, searcher.doc(address)) for score, address in hits)]
 
     async def search(self, query: str, k: int = 5) -> list[SearchHit]:
         """SearchBackend: the same as search_sync (BM25 here is fast and CPU-bound)."""
@@ -143,44 +148,44 @@ class LocalIndex(PagesByUrl):
             for _, address in sorted(zip(ords, addresses), key=lambda pair: pair[0]):
                 yield _corpus_doc(self._searcher.doc(address))
 
-    def _doc_freq(self, field: str, term: str) -> int:
-        """Pages whose `field` holds term (cached: the index never changes while open)."""
-        key = (field, term)
-        freq = self._doc_freqs.get(key)
-        if freq is None:
-            if len(self._doc_freqs) >= _DF_CACHE_MAX:
-                self._doc_freqs.clear()
-            freq = self._doc_freqs[key] = self._searcher.doc_freq(field, term)
-        return freq
+    def _term(self, term: str) -> _Term:
+        """A word's page counts and ready-made clauses (cached: the index never changes while open, and building
+        them anew is a third of a query's Python-side time)."""
+        info = self._terms.get(term)
+        if info is None:
+            if len(self._terms) >= _TERM_CACHE_MAX:
+                self._terms.clear()
+            title = Query.boost_query(Query.term_query(self._schema, "title", term, index_option="freq"), TITLE_BOOST)
+            text = Query.term_query(self._schema, "text", term, index_option="freq")
+            info = self._terms[term] = _Term(self._searcher.doc_freq("text", term),
+                                             self._searcher.doc_freq("title", term) > 0,
+                                             (Occur.Should, title), (Occur.Should, text))
+        return info
 
     def _plan(self, terms: list[str]) -> _Plan:
         """The clauses worth scoring for these terms: every non-stopword in titles, and in text all but the words
         too common there to tell pages apart (unless nothing rarer is left); the title phrase when titles hold
         every term."""
         words = list(dict.fromkeys(t for t in terms if t not in STOPWORDS)) or list(dict.fromkeys(terms))
-        text_freqs = {t: self._doc_freq("text", t) for t in words}
-        common = max(COMMON_TEXT_MIN_PAGES, COMMON_TEXT_FRACTION * len(self))
-        in_text = [t for t, n in text_freqs.items() if 0 < n <= common] or [t for t, n in text_freqs.items() if n]
-        clauses = [(Occur.Should, Query.boost_query(Query.term_query(self._schema, "title", t, index_option="freq"),
-                                                    TITLE_BOOST)) for t in words]
-        clauses += [(Occur.Should, Query.term_query(self._schema, "text", t, index_option="freq")) for t in in_text]
+        infos = [self._term(t) for t in words]
+        common = self._common_text_pages
+        in_text = [i for i in infos if 0 < i.text_pages <= common] or [i for i in infos if i.text_pages]
+        clauses = [i.title_clause for i in infos] + [i.text_clause for i in in_text]
         words_query = Query.boolean_query(clauses)
-        if len(terms) > 1 and all(self._doc_freq("title", t) for t in set(terms)):  # else no title can hold it
+        if len(terms) > 1 and all(self._term(t).in_titles for t in set(terms)):  # else no title can hold it
             phrase = Query.boost_query(Query.phrase_query(self._schema, "title", terms), TITLE_PHRASE_BOOST)
             return _Plan(words_query, Query.boolean_query([*clauses, (Occur.Should, phrase)]))  # flat: one union
         return _Plan(words_query, words_query)
 
-    def _hit(self, score: float, doc: tantivy.Document, snippets: SnippetGenerator) -> SearchHit:
-        """A SearchHit with a query-focused plain-text snippet, or the page's opening when nothing is highlighted."""
-        snippet = snippets.snippet_from_doc(doc)
-        text = snippet.fragment() if snippet.highlighted() else doc.get_first("text")
-        return SearchHit(
-            doc_id=doc.get_first("id"),
-            title=doc.get_first("title"),
-            url=doc.get_first("url"),
-            snippet=one_line(text, self.snippet_chars),
-            score=float(score),
-        )
+    def _hit(self, score: float, doc: tantivy.Document, fragment: str) -> SearchHit:
+        """A SearchHit with the query-focused fragment as its snippet, or the page's opening when it is empty.
+
+        tantivy keeps a fragment only where it highlights a word, so an empty one means nothing is highlighted (and
+        reading just the fragment skips building the highlight ranges as Python objects)."""
+        n = self.snippet_chars
+        text = fragment or doc.get_first("text")
+        return SearchHit(doc.get_first("id"), doc.get_first("title"), doc.get_first("url"),
+                         " ".join(text[: 4 * n].split())[:n], float(score))  # one_line, inlined: it runs k times a query
 
     def _lookup(self, field: str, value: str) -> CorpusDoc | None:
         """The doc whose raw field equals value exactly, or None (no stored url or id holds a lone surrogate)."""
@@ -188,6 +193,16 @@ class LocalIndex(PagesByUrl):
             return None
         hits = self._searcher.search(Query.term_query(self._schema, field, value, index_option="basic"), 1, count=False).hits
         return _corpus_doc(self._searcher.doc(hits[0][1])) if hits else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Term:
+    """One word's pages with it in their text, whether any title holds it, and its title and text clauses."""
+
+    text_pages: int
+    in_titles: bool
+    title_clause: tuple[Occur, Query]
+    text_clause: tuple[Occur, Query]
 
 
 @dataclass(frozen=True)

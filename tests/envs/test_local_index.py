@@ -77,6 +77,17 @@ def test_exactly_k_of_many_tied_pages_are_the_first_in_corpus_order(tmp_path: Pa
     assert hits[0].score > hits[1].score == hits[3].score
 
 
+def test_a_full_term_cache_is_emptied_and_answers_stay_the_same(index: LocalIndex, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The per-word clause cache is bounded: when full it starts over, and the hits are those of a fresh index."""
+    queries = ["Marie Curie", "paris", "Pierre Curie radium", "twin", "mystery novel paris"]
+    fresh = LocalIndex(index.index_dir)
+    expected = [fresh.search_sync(q, k=3) for q in queries]
+    monkeypatch.setattr("searchgym.envs.tools.local_index._TERM_CACHE_MAX", 2)
+    small = LocalIndex(index.index_dir)
+    assert [small.search_sync(q, k=3) for q in queries * 2] == expected * 2
+    assert 0 < len(small._terms) <= 2
+
+
 def test_snippet_is_query_focused_plain_text(tmp_path: Path) -> None:
     text = "filler words here. " * 40 + "The zebrafish regenerates its heart. " + "more filler text. " * 40
     corpus = _write_corpus(tmp_path / "c.jsonl", [{"id": "z", "title": "Fish", "text": text}])

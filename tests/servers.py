@@ -15,8 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+from hypothesis import strategies as st
 
 from searchgym.envs.tools.http_session import serve_app
+
+# any JSON value, small and nested: what the property tests put where a server expects a field
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=12)
 
 
 def free_port() -> int:

@@ -26,6 +26,7 @@ from tests.agents.servers import (
     teacher_forced,
     wait_for_tokens,
 )
+from tests.servers import JSON_VALUES
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -158,9 +159,7 @@ async def test_malformed_json_and_non_objects_are_400(server, http):
             assert (await resp.json())["error"]["message"]
 
 
-_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=12)
+_JSON = JSON_VALUES
 _VALID = {  # a valid body per endpoint, and the fields mutations replace (sampling ones inside sampling_params)
     "/generate": ({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}},
                   ["text", "input_ids", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num",

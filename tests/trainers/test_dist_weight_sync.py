@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from searchgym.trainers.dist_sync import DistributedWeightSync, buckets
 from tests.agents.servers import PROMPT, model_server, post
+from tests.servers import JSON_VALUES
 
 
 def free_port() -> int:
@@ -59,9 +60,7 @@ async def test_distributed_update_reaches_serve_model_bit_for_bit(tiny_model_dir
         assert status == 400 and "no weight-update group" in str(answer)
 
 
-_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=12)
+_JSON = JSON_VALUES
 # valid-looking bodies that can never form a group (world_size 1, no group joined), and the fields junk replaces
 _BASES = {
     "/init_weights_update_group": ({"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1,

@@ -36,7 +36,7 @@ import numpy as np
 
 from searchgym.bench.stages import (ENV_KWARGS, DemoConfig, EvalConfig, QuickstartConfig, TinyModelConfig,  # noqa: F401
                                     build_base_model, deterministic_torch, evaluate_policy, load_quickstart_config,
-                                    make_demos, make_env, run_rl, tokenizer_texts)
+                                    make_demos, make_env, run_rl, say, tokenizer_texts)
 from searchgym.eval.compare import compare_runs, write_comparison
 from searchgym.trainers.sft import sft
 
@@ -61,7 +61,7 @@ def _run_stages(config: QuickstartConfig, *, progress: bool) -> dict[str, Any]:
         now = time.perf_counter()
         timings[stage] = round(now - clock, 1)
         clock = now
-        _say(progress, f"[quickstart] {stage}: {timings[stage]} s")
+        say(progress, f"[quickstart] {stage}: {timings[stage]} s")
 
     test_kwargs = {**config.env.kwargs, "split": "test"}
     env = make_env(config.env.id, config.env.kwargs, "train")
@@ -104,7 +104,7 @@ def _run_stages(config: QuickstartConfig, *, progress: bool) -> dict[str, Any]:
     report = format_table(table, config.eval.k) + "\n\n" + format_gain(gain) + "\n\n" + format_scope(gain)
     (out / "summary.md").write_text(report + "\n")
     plot_reward_curve(history, before, after, config.eval.k, out / "reward_curve.png")
-    _say(progress, report)
+    say(progress, report)
     return summary
 
 
@@ -176,8 +176,3 @@ def plot_reward_curve(history: list[dict[str, float]], before: dict[str, float],
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
-
-
-def _say(progress: bool, text: str) -> None:
-    if progress:
-        print(text, flush=True)

@@ -37,7 +37,7 @@ from searchgym.eval.compare import paired_delta
 from searchgym.eval.harness import sample_of
 from searchgym.eval.metrics import summarize
 from searchgym.bench.stages import (QuickstartConfig, build_base_model, deterministic_torch, evaluate_policy, make_demos,
-                                  make_env, run_rl)
+                                  make_env, run_rl, say)
 from searchgym.trainers.config import EnvConfig
 from searchgym.trainers.sft import sft
 
@@ -144,7 +144,7 @@ def run_learning_bench(config: LearningConfig, seeds: list[int], *, out: str | o
         base = None
         for seed in seeds:
             if seed in done:
-                _say(progress, f"[bench learning] seed {seed}: done before, reused")
+                say(progress, f"[bench learning] seed {seed}: done before, reused")
                 continue
             base = base or shared_base_model(config, root, progress=progress)
             log.append(run_seed(config, seed, base, root / f"seed-{seed}", key, progress=progress))
@@ -154,7 +154,7 @@ def run_learning_bench(config: LearningConfig, seeds: list[int], *, out: str | o
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     plot_learning(report, path.with_suffix(".png"))
-    _say(progress, format_report(report))
+    say(progress, format_report(report))
     return report
 
 
@@ -200,7 +200,7 @@ def run_seed(config: LearningConfig, seed: int, base: Path, out: Path, key: str,
         nonlocal clock
         timings[stage] = round(time.perf_counter() - clock, 1)
         clock = time.perf_counter()
-        _say(progress, f"[bench learning] seed {seed} {stage}: {timings[stage]} s")
+        say(progress, f"[bench learning] seed {seed} {stage}: {timings[stage]} s")
 
     hops = sorted(set(config.hops.demos) | set(config.hops.rl))
     env_kwargs = {**config.env.kwargs, "seed": seed, "hops": hops}
@@ -423,8 +423,3 @@ def plot_learning(report: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
-
-
-def _say(progress: bool, text: str) -> None:
-    if progress:
-        print(text, flush=True)

@@ -158,3 +158,9 @@ def tokenizer_texts(env: Any, chats: list[list[dict[str, str]]]) -> Iterator[str
     for chat in chats:
         for message in chat:
             yield message["content"]
+
+
+def say(progress: bool, text: str) -> None:
+    """Print a pipeline's progress line when it was asked to."""
+    if progress:
+        print(text, flush=True)

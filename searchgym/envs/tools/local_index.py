@@ -13,15 +13,19 @@ Thread safety, by construction: the shared tantivy Searcher is a PyO3 object who
 immutably (`&self`), so any number of threads may use it at once; tantivy-py's `TextAnalyzer.analyze`
 takes `&mut self` and raises RuntimeError("Already borrowed") when a second thread calls it while a
 garbage collection inside the first call lets that thread run, so each thread analyses with its own.
+tantivy releases the GIL inside a search, so a batch (search_many_sync, rank_many_sync) is answered in one
+slice per thread of a small shared pool (one thread per core, at most MAX_THREADS).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +51,11 @@ _TERM_CACHE_MAX = 100_000
 _ITER_BATCH = 10_000
 _PROGRESS_EVERY = 100_000
 _SURROGATE = re.compile("[\ud800-\udfff]")
+DOC_IDS_FILE = "doc_ids.json"  # every page's id in corpus order, so ranking reads no stored document
+MAX_THREADS = 8  # the most pool threads a batch is spread over
 _per_thread = threading.local()
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
 
 
 def _analyzer() -> tantivy.TextAnalyzer:
@@ -90,8 +98,9 @@ class LocalIndex(PagesByUrl):
         One indexing thread writes one segment in corpus order while the corpus fits its budget (a 100,000-page world
         does), so equal scores rank in corpus order; more threads build a little faster, in several segments."""
         with atomic_build(out_dir) as tmp:
-            count = _write_index(Path(corpus), tmp, threads=threads, heap_mb=heap_mb, progress=progress)
-            write_manifest(tmp, KIND, count, **corpus_fields(Path(corpus)), tantivy_version=tantivy.__version__)
+            ids = _write_index(Path(corpus), tmp, threads=threads, heap_mb=heap_mb, progress=progress)
+            (tmp / DOC_IDS_FILE).write_text(json.dumps(ids))
+            write_manifest(tmp, KIND, len(ids), **corpus_fields(Path(corpus)), tantivy_version=tantivy.__version__)
         return cls(Path(out_dir).absolute())
 
     def __init__(self, index_dir: str | os.PathLike, *, snippet_chars: int = 300) -> None:
@@ -105,6 +114,8 @@ class LocalIndex(PagesByUrl):
         self._searcher = self._index.searcher()
         self._common_text_pages = max(COMMON_TEXT_MIN_PAGES, COMMON_TEXT_FRACTION * self._searcher.num_docs)
         self._terms: dict[str, _Term] = {}
+        self._ids: list[list[str]] | None = None  # doc id by [segment][doc in segment], made on the first rank_sync
+        self._ids_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickles as its directory: a copy (another process, a deepcopy) opens the index again."""
@@ -120,20 +131,64 @@ class LocalIndex(PagesByUrl):
     def search_sync(self, query: str, k: int = 5) -> list[SearchHit]:
         """Top-k pages for any query string (see the module docstring for the scoring); never raises on odd input,
         lone surrogates and non-strings included."""
-        k = min(k, MAX_K)
-        terms = query_terms(query)
-        if k < 1 or not terms:
-            return []
-        plan = self._plan(terms)
-        searcher = self._searcher
-        hits = searcher.search(plan.ranking, k, count=False).hits  # exactly k; ties in index order
+        plan, hits = self._top(query, k)
         if not hits:
             return []
-        snippets = SnippetGenerator.create(searcher, plan.words, self._schema, "text")
+        searcher = self._searcher
+        snippets = SnippetGenerator.create(searcher, plan.words(), self._schema, "text")  # type: ignore[union-attr]
         snippets.set_max_num_chars(self.snippet_chars)
         snippet_from_doc, hit = snippets.snippet_from_doc, self._hit
         return [hit(score, doc, snippet_from_doc(doc).fragment()) for score, doc in
                 ((score, searcher.doc(address)) for score, address in hits)]
+
+    def rank_sync(self, query: str, k: int = 5) -> list[tuple[str, float]]:
+        """(doc id, score) of the top-k pages: search_sync's ranking, order and scores without reading the pages or
+        making snippets (for retrieval evals and rerankers, and the like-for-like peer of rankers returning ids)."""
+        _, hits = self._top(query, k)
+        if not hits:
+            return []
+        ids = self._ids or self._load_ids()  # a list lookup: reading the `ord` fast field is 5x slower a call
+        return [(ids[address.segment_ord][address.doc], float(score)) for score, address in hits]
+
+    def search_many_sync(self, queries: Sequence[str], k: int = 5) -> list[list[SearchHit]]:
+        """search_sync of each query, in order, the batch spread over a thread pool (tantivy searches without the
+        GIL); the same hits as one call per query."""
+        return _in_slices(lambda part: [self.search_sync(q, k) for q in part], queries)
+
+    def rank_many_sync(self, queries: Sequence[str], k: int = 5) -> list[list[tuple[str, float]]]:
+        """rank_sync of each query, in order, the batch spread over a thread pool like search_many_sync."""
+        return _in_slices(lambda part: [self.rank_sync(q, k) for q in part], queries)
+
+    def _top(self, query: str, k: int) -> tuple[_Plan | None, list[tuple[float, tantivy.DocAddress]]]:
+        """The query's plan and its top-k (score, address) pairs from one search of exactly k (ties in index order);
+        (None, []) for a query with no terms or k below 1."""
+        k = min(k, MAX_K)
+        terms = query_terms(query)
+        if k < 1 or not terms:
+            return None, []
+        plan = self._plan(terms)
+        return plan, self._searcher.search(plan.ranking, k, count=False).hits
+
+    def _load_ids(self) -> list[list[str]]:
+        """Every page's id by its address, made once: the ids in corpus order from the file the build wrote (or, for
+        an index built before there was one, from the stored pages), placed by each page's `ord`."""
+        with self._ids_lock:
+            if self._ids is None:
+                addresses = [address for batch in self._ordered_addresses() for address in batch]
+                path = self.index_dir / DOC_IDS_FILE
+                if path.is_file():
+                    ids = json.loads(path.read_text())
+                else:
+                    ids = [self._searcher.doc(address).get_first("id") for address in addresses]
+                if len(ids) != len(addresses):
+                    raise ValueError(f"{path} lists {len(ids)} ids for {len(addresses)} pages; rebuild the index")
+                table: list[list[str]] = [[] for _ in range(self._searcher.num_segments)]
+                for address, doc_id in zip(addresses, ids):
+                    row = table[address.segment_ord]
+                    row.extend([""] * (address.doc + 1 - len(row)))
+                    row[address.doc] = doc_id
+                self._ids = table
+            return self._ids
 
     async def search(self, query: str, k: int = 5) -> list[SearchHit]:
         """SearchBackend: the same as search_sync (BM25 here is fast and CPU-bound)."""
@@ -141,12 +196,17 @@ class LocalIndex(PagesByUrl):
 
     def iter_docs(self) -> Iterator[CorpusDoc]:
         """Every indexed page, in corpus order, read back from the index's store."""
+        for batch in self._ordered_addresses():
+            for address in batch:
+                yield _corpus_doc(self._searcher.doc(address))
+
+    def _ordered_addresses(self) -> Iterator[list[tantivy.DocAddress]]:
+        """Every page's address in corpus (`ord`) order, in batches of _ITER_BATCH."""
         for lo in range(0, len(self), _ITER_BATCH):
             batch = Query.range_query(self._schema, "ord", FieldType.Unsigned, lo, lo + _ITER_BATCH - 1)
             addresses = [address for _, address in self._searcher.search(batch, _ITER_BATCH, count=False).hits]
             ords = self._searcher.fast_field_values("ord", addresses)
-            for _, address in sorted(zip(ords, addresses), key=lambda pair: pair[0]):
-                yield _corpus_doc(self._searcher.doc(address))
+            yield [address for _, address in sorted(zip(ords, addresses), key=lambda pair: pair[0])]
 
     def _term(self, term: str) -> _Term:
         """A word's page counts and ready-made clauses (cached: the index never changes while open, and building
@@ -171,11 +231,10 @@ class LocalIndex(PagesByUrl):
         common = self._common_text_pages
         in_text = [i for i in infos if 0 < i.text_pages <= common] or [i for i in infos if i.text_pages]
         clauses = [i.title_clause for i in infos] + [i.text_clause for i in in_text]
-        words_query = Query.boolean_query(clauses)
         if len(terms) > 1 and all(self._term(t).in_titles for t in set(terms)):  # else no title can hold it
             phrase = Query.boost_query(Query.phrase_query(self._schema, "title", terms), TITLE_PHRASE_BOOST)
-            return _Plan(words_query, Query.boolean_query([*clauses, (Occur.Should, phrase)]))  # flat: one union
-        return _Plan(words_query, words_query)
+            return _Plan(Query.boolean_query([*clauses, (Occur.Should, phrase)]), clauses)  # flat: one union
+        return _Plan(Query.boolean_query(clauses), None)
 
     def _hit(self, score: float, doc: tantivy.Document, fragment: str) -> SearchHit:
         """A SearchHit with the query-focused fragment as its snippet, or the page's opening when it is empty.
@@ -207,11 +266,47 @@ class _Term:
 
 @dataclass(frozen=True)
 class _Plan:
-    """One query's tantivy queries: its words (BM25 over title and text, what snippets highlight) and the whole
-    query that ranks pages (the words plus the title-phrase bonus)."""
+    """One query's tantivy query that ranks pages (its words' BM25 over title and text, plus the title-phrase bonus
+    where there is one), and its words' clauses apart when the phrase is in it (ranking alone never needs them)."""
 
-    words: Query
     ranking: Query
+    word_clauses: list[tuple[Occur, Query]] | None  # None: ranking is the words alone
+
+    def words(self) -> Query:
+        """The words' query without the phrase: what snippets highlight."""
+        return self.ranking if self.word_clauses is None else Query.boolean_query(self.word_clauses)
+
+
+def _in_slices(answer: Callable[[Sequence[str]], list[Any]], queries: Sequence[str]) -> list[Any]:
+    """answer() over the queries in one contiguous slice per pool thread, the first slice on the calling thread
+    (a thread hop per query costs about what a query does); the answers in query order."""
+    if isinstance(queries, str):
+        raise TypeError("queries must be a sequence of query strings, not one string")
+    queries = list(queries)
+    size = -(-len(queries) // _threads())  # the caller answers a slice too
+    if size < 2:  # too few to be worth a thread hop
+        return answer(queries)
+    pool = _shared_pool()
+    slices = [queries[i:i + size] for i in range(0, len(queries), size)]
+    futures = [pool.submit(answer, part) for part in slices[1:]]
+    out = answer(slices[0])
+    for future in futures:
+        out.extend(future.result())
+    return out
+
+
+def _threads() -> int:
+    """Threads a batch is spread over, the caller's included: one per core, at least 2, at most MAX_THREADS."""
+    return max(2, min(MAX_THREADS, os.cpu_count() or 1))
+
+
+def _shared_pool() -> ThreadPoolExecutor:
+    """The pool that answers all but the caller's slice of a batch, made on first use and shared by every index."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=_threads() - 1, thread_name_prefix="local-index")
+        return _pool
 
 
 def query_terms(query: str) -> list[str]:
@@ -242,23 +337,24 @@ def _corpus_doc(doc: tantivy.Document) -> CorpusDoc:
     )
 
 
-def _write_index(corpus: Path, out: Path, *, threads: int, heap_mb: int, progress: bool) -> int:
-    """Stream the corpus into a new tantivy index in out; returns the number of docs."""
+def _write_index(corpus: Path, out: Path, *, threads: int, heap_mb: int, progress: bool) -> list[str]:
+    """Stream the corpus into a new tantivy index in out; returns the docs' ids in corpus order."""
     index = tantivy.Index(_schema(), path=str(out), reuse=False)
     writer = index.writer(heap_size=heap_mb * 1_000_000, num_threads=threads)
     started = time.monotonic()
-    count = 0
+    ids: list[str] = []
     try:
-        for count, doc in enumerate(read_corpus(corpus), 1):
-            writer.add_document(_tantivy_doc(doc, count - 1))
-            if progress and count % _PROGRESS_EVERY == 0:
-                print(f"indexed {count:,} pages in {time.monotonic() - started:.0f}s", file=sys.stderr)
+        for doc in read_corpus(corpus):
+            writer.add_document(_tantivy_doc(doc, len(ids)))
+            ids.append(doc.id)
+            if progress and len(ids) % _PROGRESS_EVERY == 0:
+                print(f"indexed {len(ids):,} pages in {time.monotonic() - started:.0f}s", file=sys.stderr)
     except BaseException:
         writer.rollback()  # stop the indexing threads before the caller deletes their directory
         raise
     writer.commit()
     writer.wait_merging_threads()
-    return count
+    return ids
 
 
 def _tantivy_doc(doc: CorpusDoc, ord_: int) -> Document:

@@ -1,9 +1,11 @@
 """`searchgym bench search`: LocalIndex against its peers, and what the retrieval server costs.
 
 On one synthetic world (100,000 pages by default), in one run:
-- **peers**: LocalIndex, tantivy's default query path, bm25s and rank-bm25 on the same entity-name
-  queries and on the same questions (1-hop KB-walk questions naming the entity), interleaved chunk by
-  chunk; queries/s beside recall@5 and MRR of the answer page (the entity's own page);
+- **peers**: LocalIndex (with snippets; ranking only; ranking batched over the cores), tantivy's default
+  query path, bm25s (one query a call; batched on one thread and over the cores) and rank-bm25 on the
+  same entity-name queries and on the same questions (1-hop KB-walk questions naming the entity),
+  interleaved chunk by chunk; queries/s beside recall@5 and MRR of the answer page (the entity's own
+  page), and the like-for-like ratios (`like_for_like`: each LocalIndex row over the peer doing the same work);
 - **server**: the in-process index, then `searchgym serve search` in its own process queried through
   RemoteSearch at concurrency 1 and 64 (concurrent searches coalesce into shared requests) and batched
   (64 queries per /retrieve request);
@@ -27,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.bench.env import _machine
-from searchgym.bench.search_peers import (bm25s_peers, local_index_peer, race, rank_bm25_peer, read_corpus_texts,
-                                          tantivy_default_peer)
+from searchgym.bench.search_peers import (BM25S, RANK, SNIPPETS, batched, bm25s_peers, local_index_peers, race,
+                                          rank_bm25_peer, read_corpus_texts, tantivy_default_peer)
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import TaskPool
 from searchgym.envs.tools.indexes import open_index
-from searchgym.envs.tools.local_index import LocalIndex
+from searchgym.envs.tools.local_index import LocalIndex, batch_threads
 from searchgym.envs.tools.remote_search import RemoteSearch
 from searchgym.world.kbwalk import KBWalker
 from searchgym.world.oracle import OracleAgent
@@ -70,21 +72,38 @@ def run_search_bench(*, size: int = 100_000, n_queries: int = 2000, out: str | o
 
 
 def _peers(world: World, index: LocalIndex, root: Path, n: int, rank_bm25_queries: int) -> dict[str, Any]:
-    """Every peer on the name queries and on the questions; LocalIndex's queries/s over each peer's."""
+    """Every peer on the name queries and on the questions; each LocalIndex row's queries/s over each peer's, and
+    the like-for-like ratios apart."""
     names, questions = _name_queries(world, n), _question_queries(world, n)
+    threads = batch_threads()
     ids, texts = read_corpus_texts(root / "corpus.jsonl")
-    bm25s, built = bm25s_peers(ids, texts, K)
+    bm25s, built = bm25s_peers(ids, texts, K, threads=threads)
     rank, built_rank = rank_bm25_peer(ids, texts, K, max(1, rank_bm25_queries // 10))
     del texts
-    out: dict[str, Any] = {"built": {**built, **built_rank}}
+    out: dict[str, Any] = {"built": {**built, **built_rank}, "batch_threads": threads}
     for kind, pairs in (("name_queries", names), ("question_queries", questions)):
-        peers = [local_index_peer(index, K), tantivy_default_peer(root / "index", K), *bm25s, *rank]
+        locals_ = local_index_peers(index, K, threads)
+        peers = [*locals_, tantivy_default_peer(root / "index", K), *bm25s, *rank]
         systems = race(peers, [q for q, _ in pairs], [a for _, a in pairs], chunks=20)
-        local = systems["LocalIndex"]["qps"]
         out[kind] = {"queries": len(pairs), "example": pairs[0][0], "systems": systems,
-                     "local_index_speed_over": {name: round(local / r["qps"], 2) for name, r in systems.items()
-                                                if name != "LocalIndex" and r["qps"]}}
+                     "like_for_like": _like_for_like(systems, threads),
+                     "local_index_speed_over": {
+                         mine.name: {name: round(systems[mine.name]["qps"] / r["qps"], 2) for name, r in systems.items()
+                                     if not name.startswith("LocalIndex") and r["qps"]} for mine in locals_}}
     return out
+
+
+def _like_for_like(systems: dict[str, Any], threads: int) -> dict[str, float]:
+    """LocalIndex over the peer doing the same work: ranking one query a call over bm25s one query a call; ranking
+    a chunk a call over bm25s a chunk a call on the same threads (and on bm25s's default one); the env's search
+    (hits with snippets) over tantivy's default path (hits' stored ids)."""
+    pairs = {f"{RANK} / {BM25S}": (RANK, BM25S),
+             f"{batched(RANK, threads)} / {batched(BM25S, threads)}": (batched(RANK, threads), batched(BM25S, threads)),
+             f"{batched(RANK, threads)} / {batched(BM25S, 1)}": (batched(RANK, threads), batched(BM25S, 1)),
+             f"{SNIPPETS} / tantivy default": (SNIPPETS, "tantivy default"),
+             f"{RANK} / tantivy default": (RANK, "tantivy default")}
+    return {label: round(systems[a]["qps"] / systems[b]["qps"], 2) for label, (a, b) in pairs.items()
+            if a in systems and b in systems and systems[a]["qps"] and systems[b]["qps"]}
 
 
 def _name_queries(world: World, n: int) -> list[tuple[str, str]]:

@@ -1,9 +1,12 @@
 """The search systems `searchgym bench search` races, each answering a query with the ids of its top k pages.
 
-LocalIndex (hits with snippets, what an env shows), tantivy's default query path (`Index.parse_query` over
-title and text, the top k's stored ids), bm25s (its English stopwords, numba backend when installed; one
-query a call, and whole chunks of queries a call) and rank-bm25 (BM25Okapi over the same tokens), all over
-the same corpus. bm25s and rank-bm25 come with the `bench` extra; a missing one is reported, not raised.
+LocalIndex three ways: `search_sync` (hits with titles, urls and query-focused snippets: what an env shows),
+`rank_sync` (ids and scores only, one query a call: the like-for-like peer of bm25s) and `rank_many_sync`
+(a chunk of queries a call over `threads` threads); tantivy's default query path (`Index.parse_query` over
+title and text, the top k's stored ids); bm25s (its English stopwords, numba backend when installed; one
+query a call, and a chunk of queries a call with n_threads=0 and with `threads`); rank-bm25 (BM25Okapi over
+the same tokens); all over the same corpus. bm25s and rank-bm25 come with the `bench` extra; a missing one
+is reported, not raised.
 """
 from __future__ import annotations
 
@@ -45,9 +48,22 @@ class Peer:
         self.answers.update((i, ids) for (i, _), ids in zip(numbered, results))
 
 
-def local_index_peer(index: LocalIndex, k: int) -> Peer:
-    """LocalIndex.search_sync: the env's search, snippets included."""
-    return Peer("LocalIndex", search=lambda q: [hit.doc_id for hit in index.search_sync(q, k)])
+SNIPPETS = "LocalIndex with snippets"  # the peers' names, which the bench's ratios refer to
+RANK = "LocalIndex rank"
+BM25S = "bm25s"
+
+
+def batched(name: str, threads: int) -> str:
+    """A batched peer's name: "<name> batched, <threads> thread(s)"."""
+    return f"{name} batched, {threads} thread{'s' if threads != 1 else ''}"
+
+
+def local_index_peers(index: LocalIndex, k: int, threads: int) -> list[Peer]:
+    """LocalIndex.search_sync (the env's search, snippets included), rank_sync (ids only, one query a call) and
+    rank_many_sync (a chunk a call, spread over `threads` threads: LocalIndex's own choice, one per core)."""
+    return [Peer(SNIPPETS, search=lambda q: [hit.doc_id for hit in index.search_sync(q, k)]),
+            Peer(RANK, search=lambda q: [doc_id for doc_id, _ in index.rank_sync(q, k)]),
+            Peer(batched(RANK, threads), search_many=lambda qs: [[d for d, _ in r] for r in index.rank_many_sync(qs, k)])]
 
 
 def tantivy_default_peer(index_dir: Path, k: int) -> Peer:
@@ -77,9 +93,11 @@ def read_corpus_texts(corpus: Path) -> tuple[list[str], list[str]]:
     return ids, texts
 
 
-def bm25s_peers(ids: list[str], texts: list[str], k: int, backend: str | None = None) -> tuple[list[Peer], dict[str, Any]]:
-    """bm25s one query a call and a chunk of queries a call, plus what was built (or why not); `backend` None is
-    numba (bm25s's fast one) when installed, else numpy."""
+def bm25s_peers(ids: list[str], texts: list[str], k: int, backend: str | None = None,
+                threads: int = 1) -> tuple[list[Peer], dict[str, Any]]:
+    """bm25s one query a call, a chunk of queries a call with its default n_threads=0 (one thread) and, when
+    `threads` > 1, with n_threads=threads; plus what was built (or why not). `backend` None is numba (bm25s's
+    fast one) when installed, else numpy."""
     try:
         import bm25s
     except ImportError:
@@ -95,12 +113,15 @@ def bm25s_peers(ids: list[str], texts: list[str], k: int, backend: str | None = 
     retriever.index(bm25s.tokenize(texts, stopwords="en", show_progress=False), show_progress=False)
     built = {"bm25s": {"version": bm25s.__version__, "backend": backend, "index_s": round(time.perf_counter() - t0, 1)}}
 
-    def many(queries: Sequence[str]) -> list[list[str]]:
+    def many(queries: Sequence[str], n_threads: int = 0) -> list[list[str]]:
         tokens = bm25s.tokenize(list(queries), stopwords="en", show_progress=False)
-        docs, _ = retriever.retrieve(tokens, k=k, show_progress=False, n_threads=0)
+        docs, _ = retriever.retrieve(tokens, k=k, show_progress=False, n_threads=n_threads)
         return [[ids[i] for i in row] for row in docs.tolist()]
 
-    return [Peer("bm25s", search=lambda q: many([q])[0]), Peer("bm25s batched", search_many=many)], built
+    peers = [Peer(BM25S, search=lambda q: many([q])[0]), Peer(batched(BM25S, 1), search_many=many)]
+    if threads > 1:
+        peers.append(Peer(batched(BM25S, threads), search_many=lambda qs: many(qs, threads)))
+    return peers, built
 
 
 def rank_bm25_peer(ids: list[str], texts: list[str], k: int, per_chunk: int) -> tuple[list[Peer], dict[str, Any]]:

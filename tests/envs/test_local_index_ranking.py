@@ -66,7 +66,10 @@ def test_non_string_query_ranks_nothing(index: LocalIndex) -> None:
     assert index.rank_sync(None, 5) == [] and index.rank_many_sync([None, ""], 5) == [[], []]  # type: ignore[list-item]
 
 
-def test_batches_answer_as_one_call_per_query_in_order(index: LocalIndex, world: World) -> None:
+@pytest.mark.parametrize("threads", [1, 2, 5])
+def test_batches_answer_as_one_call_per_query_in_order(index: LocalIndex, world: World, threads: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("searchgym.envs.tools.local_index.batch_threads", lambda: threads)  # any machine's cores
     queries = _names(world, 150, seed=1) + OPERATORS + ["", "\ud800"] + [f"Who founded {n}?" for n in _names(world, 50)]
     random.Random(2).shuffle(queries)
     assert index.search_many_sync(queries, 4) == [index.search_sync(q, 4) for q in queries]

@@ -283,8 +283,9 @@ def _in_slices(answer: Callable[[Sequence[str]], list[Any]], queries: Sequence[s
     if isinstance(queries, str):
         raise TypeError("queries must be a sequence of query strings, not one string")
     queries = list(queries)
-    size = -(-len(queries) // _threads())  # the caller answers a slice too
-    if size < 2:  # too few to be worth a thread hop
+    threads = batch_threads()
+    size = -(-len(queries) // threads)  # the caller answers a slice too
+    if threads == 1 or size < 2:  # one core, or too few queries to be worth a thread hop
         return answer(queries)
     pool = _shared_pool()
     slices = [queries[i:i + size] for i in range(0, len(queries), size)]
@@ -295,9 +296,10 @@ def _in_slices(answer: Callable[[Sequence[str]], list[Any]], queries: Sequence[s
     return out
 
 
-def _threads() -> int:
-    """Threads a batch is spread over, the caller's included: one per core, at least 2, at most MAX_THREADS."""
-    return max(2, min(MAX_THREADS, os.cpu_count() or 1))
+def batch_threads() -> int:
+    """Threads a batch (search_many_sync, rank_many_sync) is spread over, the caller's included: one per core, at
+    most MAX_THREADS."""
+    return max(1, min(MAX_THREADS, os.cpu_count() or 1))
 
 
 def _shared_pool() -> ThreadPoolExecutor:
@@ -305,7 +307,7 @@ def _shared_pool() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=_threads() - 1, thread_name_prefix="local-index")
+            _pool = ThreadPoolExecutor(max_workers=max(1, batch_threads() - 1), thread_name_prefix="local-index")
         return _pool
 
 

@@ -105,3 +105,11 @@ def test_several_segments_rank_like_search(world: World, tmp_path: Path) -> None
     assert index._searcher.num_segments > 1
     queries = _names(world, 100, seed=5)
     assert index.rank_many_sync(queries, 5) == [_as_ranking(index.search_sync(q, 5)) for q in queries]
+
+
+def test_whole_text_hits_carry_each_page_whole(index: LocalIndex, world: World) -> None:
+    queries = _names(world, 40, seed=6) + ["", "(("]
+    for query, hits in zip(queries, index.search_many_sync(queries, 3, whole_text=True)):
+        expected = index.search_sync(query, 3)
+        assert [(h.doc_id, h.title, h.url, h.score) for h in hits] == [(h.doc_id, h.title, h.url, h.score) for h in expected]
+        assert [h.snippet for h in hits] == [index.get_page(h.url).text for h in expected]

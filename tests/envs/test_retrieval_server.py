@@ -60,6 +60,19 @@ async def test_retrieve_answers_the_whole_stored_documents_in_search_r1_form(ser
     assert body["result"][2] == []  # an empty query has no hits, not an error
 
 
+async def test_a_big_batch_answers_each_query_as_alone_in_order(server, http, small_index):
+    """The batch is spread over threads (LocalIndex.search_many_sync); each answer is that query's own, in order."""
+    names = [QUERY, "Milan Amarsh", "", "((", "the of", "Sadesh", "Whispers of Milan"] * 20
+    for snippet in (False, True):
+        status, body = await post(http, server + "/retrieve", {"queries": names, "topk": 3, "snippet": snippet})
+        assert status == 200 and len(body["result"]) == len(names)
+        for query, docs in zip(names, body["result"]):
+            hits = small_index.search_sync(query, 3)
+            assert [d["id"] for d in docs] == [h.doc_id for h in hits], query
+            texts = [h.snippet if snippet else small_index.get_page(h.url).text for h in hits]
+            assert [d["text"] for d in docs] == texts, query
+
+
 async def test_snippets_on_request_or_by_server_default(server, http, small_index):
     hit = small_index.search_sync(QUERY, 2)[0]
     status, body = await post(http, server + "/retrieve", {"queries": [QUERY], "topk": 2, "snippet": True})

@@ -128,13 +128,17 @@ class LocalIndex(PagesByUrl):
         """Number of pages in the index."""
         return self._searcher.num_docs
 
-    def search_sync(self, query: str, k: int = 5) -> list[SearchHit]:
+    def search_sync(self, query: str, k: int = 5, *, whole_text: bool = False) -> list[SearchHit]:
         """Top-k pages for any query string (see the module docstring for the scoring); never raises on odd input,
-        lone surrogates and non-strings included."""
+        lone surrogates and non-strings included. whole_text: each hit's snippet is its page's whole text, no
+        snippet made (a server answering Search-R1's whole documents reads each page once)."""
         plan, hits = self._top(query, k)
         if not hits:
             return []
         searcher = self._searcher
+        if whole_text:
+            return [SearchHit(doc.get_first("id"), doc.get_first("title"), doc.get_first("url"), doc.get_first("text"),
+                              float(score)) for score, doc in ((score, searcher.doc(address)) for score, address in hits)]
         snippets = SnippetGenerator.create(searcher, plan.words(), self._schema, "text")  # type: ignore[union-attr]
         snippets.set_max_num_chars(self.snippet_chars)
         snippet_from_doc, hit = snippets.snippet_from_doc, self._hit
@@ -150,10 +154,10 @@ class LocalIndex(PagesByUrl):
         ids = self._ids or self._load_ids()  # a list lookup: reading the `ord` fast field is 5x slower a call
         return [(ids[address.segment_ord][address.doc], float(score)) for score, address in hits]
 
-    def search_many_sync(self, queries: Sequence[str], k: int = 5) -> list[list[SearchHit]]:
+    def search_many_sync(self, queries: Sequence[str], k: int = 5, *, whole_text: bool = False) -> list[list[SearchHit]]:
         """search_sync of each query, in order, the batch spread over a thread pool (tantivy searches without the
         GIL); the same hits as one call per query."""
-        return _in_slices(lambda part: [self.search_sync(q, k) for q in part], queries)
+        return _in_slices(lambda part: [self.search_sync(q, k, whole_text=whole_text) for q in part], queries)
 
     def rank_many_sync(self, queries: Sequence[str], k: int = 5) -> list[list[tuple[str, float]]]:
         """rank_sync of each query, in order, the batch spread over a thread pool like search_many_sync."""

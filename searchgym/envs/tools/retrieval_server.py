@@ -146,9 +146,15 @@ class _RetrievalServer:
     async def docs_all(self, queries: list[str], k: int, snippet: bool) -> list[list[tuple[dict[str, str], float]]]:
         """Each query's (doc row, score) pairs: the whole stored text of each hit, or its snippet.
 
-        A blocking backend (search_sync, get_page) answers the batch in one slice per pool thread, pages included
-        (a thread hop per query costs more than a query); an async one answers each query concurrently."""
+        A backend with a batch method (LocalIndex.search_many_sync, which spreads the batch over the cores itself
+        and reads each hit's whole text with it) answers it in one call off the loop; another blocking backend
+        (search_sync, get_page) in one slice per pool thread, pages included (a thread hop per query costs more
+        than a query); an async one answers each query concurrently."""
         full = not snippet and self.pages is not None
+        many = getattr(self.backend, "search_many_sync", None)
+        if callable(many) and (not full or self.pages is self.backend):  # whole texts from the backend's own pages
+            return await self._off_loop(lambda: [[(doc_row(h, h.snippet), h.score) for h in hits]
+                                                 for hits in many(queries, k, whole_text=full)])
         if callable(getattr(self.backend, "search_sync", None)) and (not full or callable(getattr(self.pages, "get_page", None))):
             size = -(-len(queries) // self.threads) or 1
             slices = [queries[i:i + size] for i in range(0, len(queries), size)]

@@ -87,10 +87,18 @@ def _peers(world: World, index: LocalIndex, root: Path, n: int, rank_bm25_querie
         systems = race(peers, [q for q, _ in pairs], [a for _, a in pairs], chunks=20)
         out[kind] = {"queries": len(pairs), "example": pairs[0][0], "systems": systems,
                      "like_for_like": _like_for_like(systems, threads),
+                     "threads_over_one": _threads_over_one(systems, threads),
                      "local_index_speed_over": {
                          mine.name: {name: round(systems[mine.name]["qps"] / r["qps"], 2) for name, r in systems.items()
                                      if not name.startswith("LocalIndex") and r["qps"]} for mine in locals_}}
     return out
+
+
+def _threads_over_one(systems: dict[str, Any], threads: int) -> dict[str, float]:
+    """What the batch's threads buy each library: its batched queries/s on `threads` threads over one thread's."""
+    pairs = {"LocalIndex": (batched(RANK, threads), RANK), BM25S: (batched(BM25S, threads), batched(BM25S, 1))}
+    return {name: round(systems[a]["qps"] / systems[b]["qps"], 2) for name, (a, b) in pairs.items()
+            if threads > 1 and a in systems and b in systems and systems[a]["qps"] and systems[b]["qps"]}
 
 
 def _like_for_like(systems: dict[str, Any], threads: int) -> dict[str, float]:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from searchgym.bench.search import _like_for_like
+from searchgym.bench.search import _like_for_like, _threads_over_one
 from searchgym.bench.search_peers import (Peer, bm25s_peers, local_index_peers, race, rank_bm25_peer,
                                           read_corpus_texts, tantivy_default_peer)
 from searchgym.envs.tools.local_index import LocalIndex
@@ -60,6 +60,7 @@ def test_race_reports_every_row_and_the_like_for_like_ratios(corpus: Path) -> No
                            "LocalIndex with snippets / tantivy default", "LocalIndex rank / tantivy default"}
     rank_over_bm25s = systems["LocalIndex rank"]["qps"] / systems["bm25s"]["qps"]
     assert ratios["LocalIndex rank / bm25s"] == pytest.approx(rank_over_bm25s, abs=0.006)
+    assert set(_threads_over_one(systems, 2)) == {"LocalIndex", "bm25s"} and _threads_over_one(systems, 1) == {}
 
 
 def test_race_reports_rate_recall_and_mrr_of_the_answer_page() -> None:

@@ -547,7 +547,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = bench.add_parser("learning", help="warm start vs async RL (and sync RL) over seeds: held-out gain per hop "
                                           "count with a hierarchical bootstrap interval")
     p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds; finished ones are reused")
-    p.add_argument("--preset", default="headroom", help="headroom (demos on 1-hop, RL on 2-hop) or quickstart")
+    p.add_argument("--preset", default="headroom",
+                   help="headroom (demos on 1-hop and a tenth of the rest, RL on 1- and 2-hop) or quickstart")
     p.add_argument("--out", type=Path, default=Path("results/bench_learning.json"))
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. rl.steps=20 out_dir=runs/bench_learning")
     p.set_defaults(run=_bench_learning)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.agents.engines.open import engine_kind
+from searchgym.envs.atomic_file import write_atomic
 from searchgym.envs.tools.index_files import sha256
 from searchgym.world.bundle import default_cache_dir
 
@@ -78,9 +79,7 @@ class _DigestCache:
             return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".tmp-{os.getpid()}")
-            tmp.write_text(json.dumps({"files": self.entries}))
-            os.replace(tmp, self.path)
+            write_atomic(self.path, json.dumps({"files": self.entries}))
         except OSError:  # a read-only cache only costs a rehash next time
             pass
 

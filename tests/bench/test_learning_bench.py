@@ -122,12 +122,12 @@ def test_demonstrated_and_rl_tasks_split_by_hop_count(small_bundle, tmp_path):
     from searchgym.bench.learning import _demo_tasks
     from searchgym.bench.stages import make_env
 
-    config = load_learning_config([f"out_dir={tmp_path}", *TOY, "max_demos=1000"])
+    config = load_learning_config([f"out_dir={tmp_path}", *TOY, "max_demos=1000", "hops.rl=[2]", "hops.rl_demos=0"])
     env = make_env(config.env.id, {**config.env.kwargs, "seed": 0, "hops": [1, 2]}, "train")
     demos, rl = _demo_tasks(env, config)
     assert demos and rl and {t.metadata["hops"] for t in demos} == {1} and {t.metadata["hops"] for t in rl} == {2}
     assert len(demos) == sum(t.metadata["hops"] == 1 for t in env.tasks)  # every 1-hop train task (fraction 1)
-    seeded = load_learning_config([f"out_dir={tmp_path}", *TOY, "max_demos=1000", "hops.rl_demos=0.25"])
+    seeded = load_learning_config([f"out_dir={tmp_path}", *TOY, "max_demos=1000", "hops.rl=[2]", "hops.rl_demos=0.25"])
     more, fewer = _demo_tasks(env, seeded)
     shown = [t for t in more if t.metadata["hops"] == 2]
     assert shown == rl[:round(0.25 * len(rl))] and fewer == rl[len(shown):]  # disjoint: RL never trains on a demo

@@ -13,8 +13,10 @@ Per run it reports AReaL's metric, trained (generated) tokens per second at stea
 after `warmup_steps`), the engine's idle fraction over the same window, episode latency percentiles,
 the reward at the start and at the end (mean and spread over the last `final_steps` steps' episodes),
 and what limits throughput: the learner's share of the wall time, episodes in flight, and the share
-of time the staleness rule held admissions below the concurrency limit (probes.py). Numbers go to a
-JSON file, never into asserts.
+of time the staleness rule held admissions below the concurrency limit. All of these come from the
+run's own metrics rows (learner/step_s, rollout/episodes_in_flight_mean, rollout/admission_blocked_share,
+engine/*: trainers/metrics.py), which any `searchgym train` writes too. Numbers go to a JSON file,
+never into asserts.
 """
 from __future__ import annotations
 
@@ -30,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.bench.plan_workflow import PLANNED_WORKFLOW
-from searchgym.bench.probes import Probe, probe_training
 from searchgym.bench.slow_env import (SLOW_SYNTHETIC_QA, TOOL_DELAYS, ParetoLatency, SlowPages, SlowSearch,  # noqa: F401
                                       SlowSearchEnv, make_slow_synthetic_qa)
 from searchgym.bench.workload import Workload, quantiles
@@ -97,7 +98,7 @@ def run_trainer_bench(*, steps: int = 5, warmup_steps: int = 1, final_steps: int
             for r in range(rounds):
                 for eta in (staleness if r % 2 == 0 else list(reversed(staleness))):
                     run = root / f"round{r}-eta{eta}"
-                    summary = _run_one([*base, *overrides], eta, run, warmup_steps, final_steps, group_size, progress)
+                    summary = _run_one([*base, *overrides], eta, run, warmup_steps, final_steps, progress)
                     results["runs"].append({"round": r, "staleness": eta, **summary})
                     results["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     finally:
@@ -144,7 +145,7 @@ def _overrides(*, steps: int, seed: int, size: int, world_seed: int, n_tasks: in
     ]
 
 
-def _run_one(overrides: list[str], eta: int, run: Path, warmup_steps: int, final_steps: int, group_size: int,
+def _run_one(overrides: list[str], eta: int, run: Path, warmup_steps: int, final_steps: int,
              progress: bool) -> dict[str, Any]:
     """One training run at staleness `eta` (0: mode sync), summarised."""
     from searchgym.trainers.config import load_config
@@ -155,23 +156,23 @@ def _run_one(overrides: list[str], eta: int, run: Path, warmup_steps: int, final
                                 f"out_dir={run}"])
     TOOL_DELAYS.clear()
     load_before, t0 = os.getloadavg()[0], time.perf_counter()
-    with probe_training() as probe:
-        history = train(config, progress=progress)
+    history = train(config, progress=progress)
     wall = time.perf_counter() - t0
     load = [round(load_before, 2), round(os.getloadavg()[0], 2)]  # 1-minute load average at start and end
     return {"mode": mode, "wall_s": round(wall, 2), "load_average_1min": load,
-            **summarize_run(history, probe, run / "trajectories", warmup_steps, final_steps, group_size,
-                            list(TOOL_DELAYS))}
+            **summarize_run(history, run / "trajectories", warmup_steps, final_steps, list(TOOL_DELAYS))}
 
 
-def summarize_run(history: list[dict[str, float]], probe: Probe, trajectories: Path, warmup_steps: int,
-                  final_steps: int, group_size: int, delays: Sequence[float] = ()) -> dict[str, Any]:
-    """One run in numbers: steady-state throughput and idle after the warm-up, reward, latencies, limits."""
-    if len(probe.learner_steps) != len(history):
-        raise ValueError(f"{len(history)} steps recorded but {len(probe.learner_steps)} learner steps timed")
-    ends = [b for _, b in probe.learner_steps]
-    start = ends[warmup_steps - 1] if warmup_steps else probe.in_flight[0][0] if probe.in_flight else ends[0]
-    end = ends[-1]
+def summarize_run(history: list[dict[str, float]], trajectories: Path, warmup_steps: int, final_steps: int,
+                  delays: Sequence[float] = ()) -> dict[str, Any]:
+    """One run in numbers, from its metrics rows: steady-state throughput and idle after the warm-up, reward,
+    latencies, and what limits throughput."""
+    missing = [key for key in LIMIT_KEYS if any(key not in h for h in history)]
+    if missing:
+        raise ValueError(f"the run's metrics rows lack {missing}: a trainer that records them is needed")
+    times = [h["elapsed_s"] for h in history]
+    start = times[warmup_steps - 1] if warmup_steps else 0.0
+    end = times[-1]
     steady = history[warmup_steps:]
     tokens = sum(h["trained_tokens"] for h in steady)
     episodes = _episodes(trajectories)
@@ -184,8 +185,8 @@ def summarize_run(history: list[dict[str, float]], probe: Probe, trajectories: P
         "steady_tokens_per_s": round(tokens / (end - start), 2) if end > start else None,
         "all_tokens_per_s": round(sum(h["trained_tokens"] for h in history) / history[-1]["elapsed_s"], 2),
         "engine_idle_fraction": _idle(history, warmup_steps),
-        **probe.window(start, end, group_size),
-        **probe.engine_summary(),  # over the whole run, warm-up included
+        **window(history, warmup_steps),
+        **engine_summary(history[-1]),  # over the whole run, warm-up included
         "staleness_mean": round(statistics.fmean(h["staleness_mean"] for h in steady), 4) if steady else None,
         "staleness_max": max((h["staleness_max"] for h in history), default=None),
         "reward_first_step": round(statistics.fmean(e["reward"] for e in by_step[0]), 4),
@@ -196,6 +197,39 @@ def summarize_run(history: list[dict[str, float]], probe: Probe, trajectories: P
         "episodes_cut_by_context": sum(e["stop_reason"] == "context budget" for e in episodes),
         "tool_delay_s": quantiles(list(delays)) | {"calls": len(delays)},
     }
+
+
+LIMIT_KEYS = ("elapsed_s", "learner/step_s", "rollout/episodes_in_flight_mean", "rollout/admission_blocked_share")
+
+
+def window(history: list[dict[str, float]], warmup_steps: int) -> dict[str, float | None]:
+    """Over the rows after the warm-up: the learner's share of the time, mean episodes in flight, share below the limit.
+
+    Each row's in-flight mean and blocked share cover the time since the previous row, so the window's are
+    their means weighted by each row's span of elapsed_s.
+    """
+    times = [0.0, *(h["elapsed_s"] for h in history)]
+    rows = list(zip(history, times, times[1:]))[warmup_steps:]
+    span = times[-1] - times[warmup_steps]
+    if span <= 0:
+        return {"learner_share": None, "episodes_in_flight_mean": None, "admission_blocked_share": None}
+    weighted = lambda key: sum(h[key] * (b - a) for h, a, b in rows) / span  # noqa: E731
+    return {"learner_share": round(sum(h["learner/step_s"] for h, _, _ in rows) / span, 4),
+            "episodes_in_flight_mean": round(weighted("rollout/episodes_in_flight_mean"), 2),
+            "admission_blocked_share": round(weighted("rollout/admission_blocked_share"), 4)}
+
+
+def engine_summary(row: dict[str, float]) -> dict[str, float | None]:
+    """From a row's cumulative engine counters: rows per decode step (batching), prompt tokens prefilled and
+    reused per generated token, busy seconds (None where the engine does not count them)."""
+    generated, steps = row.get("engine/generated_tokens", 0), row.get("engine/decode_steps", 0)
+    prefill, reused, busy = row.get("engine/prefill_tokens"), row.get("engine/reused_tokens"), row.get("engine/busy_s")
+    return {"engine_rows_per_decode_step": round(generated / steps, 2) if steps else None,
+            "engine_prefill_per_generated_token": round(prefill / generated, 2) if generated and prefill is not None
+            else None,
+            "engine_reused_per_generated_token": round(reused / generated, 2) if generated and reused is not None
+            else None,
+            "engine_busy_s": round(busy, 2) if busy is not None else None}
 
 
 def _idle(history: list[dict[str, float]], warmup_steps: int) -> float | None:

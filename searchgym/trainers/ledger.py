@@ -26,6 +26,10 @@ groups still being played) whenever taking a batch now would leave more groups d
 v + k than the k batches before then can hold. Hence a group trained at version v started at
 version >= v - eta. eta = 0 is synchronous RL: no group starts before the previous batch is trained.
 
+Occupancy. Every change in the count of running groups goes to `occupancy` (occupancy.py): groups in
+flight integrated over time, and the seconds spent below the group limit (when admission is eager,
+that is the staleness rule holding groups back). The metrics rows read it per learner step.
+
 Checkpoints. `state_dict` holds the next new position, the positions to replay (owed from an earlier
 restart, then every group running or buffered, in admission order) and the counts of groups
 trained and rejected. Groups running or buffered are not saved as trajectories: a resumed run plays
@@ -36,10 +40,13 @@ from __future__ import annotations
 import asyncio
 import bisect
 import heapq
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from searchgym.agents.trajectory import Trajectory
+from searchgym.trainers.occupancy import Occupancy
 
 
 @dataclass(eq=False)
@@ -58,7 +65,8 @@ class Group:
 class GroupLedger:
     """Every group from admission to the learner: the admission rule, the oldest-first batch, the checkpoint."""
 
-    def __init__(self, batch_size: int, max_staleness: int, max_concurrent_rollouts: int, group_size: int = 1):
+    def __init__(self, batch_size: int, max_staleness: int, max_concurrent_rollouts: int, group_size: int = 1,
+                 *, clock: Callable[[], float] = time.perf_counter):
         if batch_size < 1 or group_size < 1 or max_staleness < 0:
             raise ValueError("batch_size and group_size must be >= 1 and max_staleness >= 0")
         if max_concurrent_rollouts < group_size:
@@ -77,6 +85,7 @@ class GroupLedger:
         self._arrivals = 0
         self._replay: list[int] = []  # positions owed (from a checkpoint or a stop), played before new ones
         self._changed = asyncio.Event()
+        self.occupancy = Occupancy(clock)  # groups in flight over time, and time below max_groups (`clock`'s seconds)
 
     # ---- counts ------------------------------------------------------------------------------------------
 
@@ -113,6 +122,7 @@ class GroupLedger:
             position, self.position = self.position, self.position + 1
         group = self._groups[position] = Group(position, trained_version)
         self.running += 1
+        self.occupancy.change(self.running, self.max_groups)
         return group
 
     # ---- endings -----------------------------------------------------------------------------------------
@@ -157,6 +167,7 @@ class GroupLedger:
         if group is None or not group.running:
             raise ValueError(f"no group is running at position {position}")
         self.running -= 1
+        self.occupancy.change(self.running, self.max_groups)
         self._changed.set()
         return group
 

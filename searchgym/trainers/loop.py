@@ -32,12 +32,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import sys
+import time
 
 from tqdm import tqdm
 
 from searchgym.agents.trajectory import Trajectory
 from searchgym.trainers.checkpoint import LATEST, checkpoint_root, write_pointer
-from searchgym.trainers.metrics import StepClock, episode_metrics, step_metrics
+from searchgym.trainers.metrics import OccupancyWindow, StepClock, episode_metrics, step_metrics
 from searchgym.trainers.rollout import RolloutStats
 from searchgym.trainers.run_log import RunLog
 from searchgym.trainers.watchdog import Alarm, HealthyState, TrainingCollapsed, Watchdog, describe
@@ -113,12 +114,14 @@ async def train_loop(rollouts: RolloutSide, learner: LearnerSide, run_log: RunLo
                      progress: bool = True, desc: str = "training",
                      watchdog: Watchdog | None = None) -> list[dict[str, float]]:
     """Train steps first_step .. last_step; every step's metrics, this run's and (after a resume) the earlier ones'."""
-    clock, version = StepClock(), schedule.version
+    clock, window, version = StepClock(), OccupancyWindow(), schedule.version
     steps = range(schedule.first_step, schedule.last_step + 1)
     for step in tqdm(steps, desc=desc, disable=not progress, initial=schedule.first_step - 1,
                      total=schedule.last_step):
         batch = await rollouts.get_batch()
+        started = time.perf_counter()
         stats = await learner.train_step(batch)
+        learner_s = time.perf_counter() - started
         alarm = watchdog.check(step, {**stats, **episode_metrics(batch.groups)}) if watchdog else None
         trained_version, stop = version, None
         if alarm is None or watchdog is None:
@@ -128,7 +131,8 @@ async def train_loop(rollouts: RolloutSide, learner: LearnerSide, run_log: RunLo
             extra, stop = _stop(run_log, watchdog, alarm, step)
         else:
             version, extra = await _recover(rollouts, learner, watchdog, alarm, step)
-        metrics = step_metrics(stats, batch.groups, clock, await rollouts.stats())
+        metrics = step_metrics({**stats, "learner/step_s": learner_s}, batch.groups, clock, await rollouts.stats(),
+                               window)
         run_log.record(step, {**metrics, **extra}, batch.groups, trained_version)
         if stop is not None:
             raise stop

@@ -1,4 +1,21 @@
-"""What one training step records: the learner's stats, the batch's episodes, throughput, the rollouts' counters."""
+"""What one training step records: the learner's stats, the batch's episodes, throughput, the rollouts' counters.
+
+Keys a row carries beside the learner's own stats (every row of metrics.jsonl, and TensorBoard):
+
+    learner/step_s                      seconds the loop waited for this step's learner update (for the Ray
+                                        launcher, the batch's trip to the learner actor included)
+    rollout/episodes                    episodes finished since the rollouts started (cumulative)
+    rollout/generated_tokens_per_s      policy tokens in finished episodes per second since the rollouts started
+    rollout/engine_idle_fraction        1 - engine busy seconds / elapsed, since the rollouts started (TorchEngine)
+    rollout/episodes_in_flight_mean     episodes being played, time-weighted mean since the previous row
+                                        (summed over rollout controllers; a group counts its group_size episodes)
+    rollout/admission_blocked_share     share of the time since the previous row the ledger ran below its group
+                                        limit (max_concurrent_rollouts // group_size): admission is eager, so
+                                        that is the staleness rule holding groups back (mean over controllers)
+    engine/decode_steps, engine/prefill_tokens, engine/reused_tokens, engine/generated_tokens, engine/busy_s
+                                        the engine's work counters, cumulative since this process started it
+                                        (summed over engines; only engines that count them: the TorchEngine)
+"""
 from __future__ import annotations
 
 import time
@@ -35,6 +52,37 @@ def episode_metrics(batch: list[list[Trajectory]]) -> dict[str, float]:
     }
 
 
+class OccupancyWindow:
+    """The rollouts' occupancy since the previous reading, from each controller's cumulative totals."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[float, float, float]] = {}  # per controller: episode-s, below-limit s, span s
+
+    def read(self, stats: Sequence[RolloutStats]) -> dict[str, float]:
+        """Mean episodes in flight and the share of time below the group limit since the last call (none: no time)."""
+        in_flight = blocked = span = 0.0
+        for i, r in enumerate(stats):
+            now = (r.in_flight_episode_s, r.below_limit_s, r.occupancy_s)
+            last, self._last[i] = self._last.get(i, (0.0, 0.0, 0.0)), now
+            d_episodes, d_blocked, d_span = (a - b for a, b in zip(now, last))
+            if d_span > 0:
+                in_flight += d_episodes / d_span
+                blocked, span = blocked + d_blocked, span + d_span
+        if span <= 0:
+            return {}
+        return {"rollout/episodes_in_flight_mean": in_flight,
+                "rollout/admission_blocked_share": min(1.0, max(0.0, blocked / span))}
+
+
+def engine_metrics(stats: Sequence[RolloutStats]) -> dict[str, float]:
+    """The engines' cumulative work counters (engine/decode_steps, ...), summed over controllers, where reported."""
+    out: dict[str, float] = {}
+    for r in stats:
+        for key, value in r.engine.items():
+            out[f"engine/{key}"] = out.get(f"engine/{key}", 0.0) + value
+    return out
+
+
 def rollout_metrics(stats: Sequence[RolloutStats]) -> dict[str, float]:
     """The rollout side's counters summed over controllers: throughput, engine idle fraction, dropped groups."""
     tokens_per_s = sum(r.generated_tokens / r.elapsed_s for r in stats if r.elapsed_s)
@@ -49,6 +97,7 @@ def rollout_metrics(stats: Sequence[RolloutStats]) -> dict[str, float]:
 
 
 def step_metrics(learner_stats: dict[str, float], batch: list[list[Trajectory]], clock: StepClock,
-                 rollouts: Sequence[RolloutStats]) -> dict[str, float]:
-    """One step's record: the learner's stats, the batch's episode means, throughput, rollout counters."""
-    return {**learner_stats, **episode_metrics(batch), **clock.tick(batch), **rollout_metrics(rollouts)}
+                 rollouts: Sequence[RolloutStats], window: OccupancyWindow | None = None) -> dict[str, float]:
+    """One step's record: the learner's stats, the batch's episode means, throughput, rollout and engine counters."""
+    return {**learner_stats, **episode_metrics(batch), **clock.tick(batch), **rollout_metrics(rollouts),
+            **(window.read(rollouts) if window is not None else {}), **engine_metrics(rollouts)}

@@ -31,6 +31,9 @@ from searchgym.trainers.ledger import GroupLedger
 
 log = logging.getLogger(__name__)
 
+# the engine's cumulative work counters a RolloutStats carries, where the engine's stats() has them (TorchEngine)
+ENGINE_COUNTERS = ("decode_steps", "prefill_tokens", "reused_tokens", "generated_tokens", "busy_s")
+
 
 @dataclass
 class RolloutStats:
@@ -45,6 +48,12 @@ class RolloutStats:
     reward_sum: float = 0.0  # over finished episodes
     elapsed_s: float = 0.0  # since run() began
     engine_idle_fraction: float | None = None  # 1 - engine busy time / elapsed, if the engine has stats()
+    # cumulative since the first admission (the ledger's Occupancy): episodes in flight integrated over time,
+    # seconds with fewer groups running than the limit, and the seconds observed
+    in_flight_episode_s: float = 0.0
+    below_limit_s: float = 0.0
+    occupancy_s: float = 0.0
+    engine: dict[str, float] = dataclasses.field(default_factory=dict)  # ENGINE_COUNTERS the engine reports
 
 
 class RolloutController:
@@ -152,13 +161,17 @@ class RolloutController:
 
     def stats(self) -> RolloutStats:
         """Counters so far, with the elapsed time and engine idle fraction since run() began."""
-        ledger = self.ledger
+        ledger, occupancy = self.ledger, self.ledger.occupancy.totals()
+        engine = self._engine_stats()
         stats = dataclasses.replace(self._stats, groups=ledger.accepted, rejected_groups=ledger.rejected,
-                                    failed_groups=ledger.failed, cancelled_groups=ledger.cancelled)
+                                    failed_groups=ledger.failed, cancelled_groups=ledger.cancelled,
+                                    in_flight_episode_s=occupancy.group_s * self.group_size,
+                                    below_limit_s=occupancy.below_limit_s, occupancy_s=occupancy.span_s,
+                                    engine={k: float(engine[k]) for k in ENGINE_COUNTERS if k in engine})
         if self._started_at is None:
             return stats
         elapsed = time.perf_counter() - self._started_at[0]
-        busy = self._engine_busy()
+        busy = engine.get("busy_s")
         idle = None if busy is None or elapsed <= 0 else max(0.0, 1.0 - (busy - self._started_at[1]) / elapsed)
         return dataclasses.replace(stats, elapsed_s=elapsed, engine_idle_fraction=idle)
 
@@ -207,5 +220,9 @@ class RolloutController:
 
     def _engine_busy(self) -> float | None:
         """Seconds the engine has spent working, if it reports them."""
+        return self._engine_stats().get("busy_s")
+
+    def _engine_stats(self) -> dict[str, Any]:
+        """The engine's stats(), or nothing when it has none."""
         stats = getattr(self.engine, "stats", None)
-        return stats().get("busy_s") if callable(stats) else None
+        return stats() if callable(stats) else {}

@@ -9,6 +9,7 @@ from searchgym.trainers.local import train
 from tests.conftest import SMALL
 
 MAX_STALENESS = 1
+MAX_EPISODES = 4  # 2 groups of 2 in flight at most
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
@@ -18,6 +19,7 @@ def test_training_steps_move_versions_within_the_staleness_bound(tmp_path, small
         f"env.kwargs.size={SMALL['size']}", f"env.kwargs.n_tasks={SMALL['n_tasks']}", "env.kwargs.max_turns=2",
         "rollout.group_size=2", "rollout.batch_size=2", "rollout.max_new_tokens=16",
         f"rollout.max_staleness={MAX_STALENESS}", "learner.drop_no_spread=false", "learner.lr=1e-3",
+        f"rollout.max_concurrent_rollouts={MAX_EPISODES}",  # one batch's groups: the limit binds while they play
     ])
     history = train(config, progress=False)
     assert [h["version"] for h in history] == [1.0, 2.0, 3.0]
@@ -36,3 +38,27 @@ def test_training_steps_move_versions_within_the_staleness_bound(tmp_path, small
         assert math.isfinite(h["grad_norm"]) and (h["grad_norm"] > 0) == spread, (h["grad_norm"], spread)
         assert h["reward_mean"] == pytest.approx(sum(r["reward"] for r in rows) / len(rows))
     assert json.loads((tmp_path / "config.json").read_text())["mode"] == mode
+    rows = [json.loads(line) for line in lines]
+    assert rows == json.loads(json.dumps(history))  # what the run returns is what metrics.jsonl holds
+    _assert_throughput_limits(rows, mode)
+
+
+def _assert_throughput_limits(rows, mode):
+    """What limited the run, recorded by the trainer itself in every row: learner time, occupancy, engine work."""
+    assert all(row["learner/step_s"] > 0 for row in rows)
+    assert sum(row["learner/step_s"] for row in rows) < rows[-1]["elapsed_s"]
+    for row in rows:
+        assert 0 < row["rollout/episodes_in_flight_mean"] <= MAX_EPISODES
+        assert 0.0 <= row["rollout/admission_blocked_share"] <= 1.0
+    if mode == "sync":
+        # each step's window holds its batch playing at the limit, then the learner step with nothing admitted
+        assert all(0.0 < row["rollout/admission_blocked_share"] < 1.0 for row in rows)
+    # the engine's cumulative counters: it decoded and prefilled, and generated every token trained so far
+    trained = 0.0
+    for before, row in zip([None, *rows], rows):
+        trained += row["trained_tokens"]
+        assert row["engine/generated_tokens"] >= trained and row["engine/prefill_tokens"] > 0
+        assert row["engine/decode_steps"] > 0 and row["engine/reused_tokens"] >= 0 and row["engine/busy_s"] > 0
+        if before is not None:
+            assert all(row[f"engine/{k}"] >= before[f"engine/{k}"] for k in (
+                "decode_steps", "prefill_tokens", "reused_tokens", "generated_tokens", "busy_s"))

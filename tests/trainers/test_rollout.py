@@ -7,7 +7,8 @@ from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.workflow import TokenWorkflow, WorkflowSettings
 from searchgym.envs.search_env import SearchEnv
-from searchgym.trainers.rollout import RolloutController
+from searchgym.trainers.metrics import OccupancyWindow, engine_metrics
+from searchgym.trainers.rollout import ENGINE_COUNTERS, RolloutController, RolloutStats
 
 SAMPLING = SamplingParams(max_new_tokens=32, temperature=1.0)
 GROUP, BATCH = 3, 2
@@ -81,6 +82,12 @@ def check_run(controller, batches, admissions, max_staleness):
     stats = controller.stats()
     assert stats.episodes >= len(batches) * BATCH * GROUP and stats.generated_tokens > 0
     assert stats.engine_idle_fraction is not None and 0.0 <= stats.engine_idle_fraction <= 1.0
+    # the ledger's occupancy, cumulative: episodes in flight over time never above the limit
+    assert 0 < stats.occupancy_s <= stats.elapsed_s and 0.0 <= stats.below_limit_s <= stats.occupancy_s
+    assert 0 < stats.in_flight_episode_s <= MAX_CONCURRENT * stats.occupancy_s
+    # the engine's own work counters ride along: every finished episode's tokens were decoded by it
+    assert stats.engine["generated_tokens"] >= stats.generated_tokens and stats.engine["decode_steps"] > 0
+    assert set(stats.engine) == set(ENGINE_COUNTERS)
     return ages
 
 
@@ -161,3 +168,17 @@ async def test_resume_continues_the_data_order(engine, small_pool, small_index):
     assert resumed.ledger.owed() == controller.ledger.owed() and len(state["replay"]) > 0
     epoch = [controller.task_at(i) for i in range(len(small_pool))]
     assert sorted(epoch) == sorted(task.id for task in small_pool)  # each epoch plays every task once
+
+
+def test_the_occupancy_window_takes_each_rows_share_of_the_controllers_totals():
+    """Per row: episodes in flight summed over controllers (Ray has several), blocked time averaged, engines summed."""
+    window = OccupancyWindow()
+    first = [RolloutStats(in_flight_episode_s=8.0, below_limit_s=1.0, occupancy_s=2.0, engine={"decode_steps": 5.0}),
+             RolloutStats(in_flight_episode_s=2.0, below_limit_s=2.0, occupancy_s=2.0, engine={"decode_steps": 1.0})]
+    assert window.read(first) == {"rollout/episodes_in_flight_mean": 4.0 + 1.0,
+                                  "rollout/admission_blocked_share": 3.0 / 4.0}
+    assert engine_metrics(first) == {"engine/decode_steps": 6.0}
+    later = [RolloutStats(in_flight_episode_s=14.0, below_limit_s=1.0, occupancy_s=4.0),  # 3 in flight, never blocked
+             RolloutStats(in_flight_episode_s=2.0, below_limit_s=2.0, occupancy_s=2.0)]  # no time since: left out
+    assert window.read(later) == {"rollout/episodes_in_flight_mean": 3.0, "rollout/admission_blocked_share": 0.0}
+    assert window.read(later) == {} and engine_metrics(later) == {}  # no time passed; an engine counting nothing

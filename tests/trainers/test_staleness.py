@@ -227,3 +227,28 @@ def test_unbalanced_calls_raise():
         ledger.load_state_dict(ledger.state_dict())
     with pytest.raises(ValueError, match="max_concurrent_rollouts"):
         GroupLedger(batch_size=2, max_staleness=0, max_concurrent_rollouts=3, group_size=4)
+
+
+def test_the_ledger_records_groups_in_flight_over_time_and_time_below_the_limit():
+    now = [0.0]
+    ledger = GroupLedger(batch_size=2, max_staleness=0, max_concurrent_rollouts=4, group_size=2,
+                         clock=lambda: now[0])  # 2 groups at once
+    assert ledger.occupancy.totals().span_s == 0.0  # nothing counted before the first admission
+    now[0] = 10.0
+    first = ledger.admit(0).position  # 1 running from t=10: below the limit
+    now[0] = 11.0
+    second = ledger.admit(0).position  # 2 running from t=11: at the limit
+    now[0] = 14.0
+    ledger.finish(first, [])  # 1 running from t=14
+    now[0] = 15.0
+    ledger.finish(second, [])  # 0 running from t=15: the staleness rule holds the next batch back
+    assert ledger.admit(0) is None
+    now[0] = 20.0
+    totals = ledger.occupancy.totals()
+    assert totals.span_s == 10.0 and totals.group_s == 1 * 1 + 2 * 3 + 1 * 1 + 0 * 5
+    assert totals.below_limit_s == 1 + 1 + 5  # all but the 3 seconds at the limit
+    now[0] = 21.0
+    ledger.admit(1)
+    assert ledger.occupancy.totals().group_s == totals.group_s  # the new group counts from its admission on
+    now[0] = 23.0
+    assert ledger.occupancy.totals() == type(totals)(totals.group_s + 2, totals.below_limit_s + 3, 13.0)

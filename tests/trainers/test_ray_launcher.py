@@ -62,6 +62,10 @@ def test_two_rollout_actors_feed_each_step_and_get_the_new_weights(tmp_path, sma
     assert all(h["staleness_max"] <= 1 and h["updated"] == 1.0 for h in history)
     assert all(h["rollout/episodes"] >= 2 * 2 for h in history)
     assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    # what limited the run, over both actors: learner seconds, episodes in flight (at most 32), both engines' work
+    assert all(h["learner/step_s"] > 0 and 0 < h["rollout/episodes_in_flight_mean"] <= 32 for h in history)
+    assert all(0.0 <= h["rollout/admission_blocked_share"] <= 1.0 for h in history)
+    assert all(h["engine/generated_tokens"] >= h["engine/decode_steps"] > 0 for h in history)
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     trained = _groups_by_version(run_dir)
     assert len(trained) == 2 and all(len(groups) == 2 for groups in trained)

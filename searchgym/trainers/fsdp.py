@@ -169,11 +169,10 @@ class ShardedLearner(Learner):
         dist.broadcast_object_list(box, src=0)
         return super().step(box[0] or [])
 
-    def _proximal_logprobs(self, samples: list[_Sample]) -> None:
-        """Decide which samples this rank trains (its share of each minibatch), then their proximal log-probs."""
+    def _assign(self, samples: list[_Sample]) -> None:
+        """The samples this rank trains: its share of each minibatch."""
         m = self.config.minibatches
         self._mine = {id(s) for i in range(m) for s in samples[i::m][self.rank::self.world]}
-        super()._proximal_logprobs(samples)
 
     def _micro_batches(self, samples: list[_Sample]) -> list[list[_Sample]]:
         """This rank's micro-batches of `samples`, padded with empty ones to the most any rank has.

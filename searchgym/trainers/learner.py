@@ -4,7 +4,9 @@
        rewarded action cannot raise the return), as a return-to-go per turn;
     2. advantages: group baseline (mean, optionally std) over each task's group; groups whose returns
        have no spread carry no signal and are dropped;
-    3. proximal log-probs: a no-grad forward pass of the pre-update weights, fixed for the whole step;
+    3. proximal log-probs: the pre-update weights' log-probs, fixed for the whole step (the first minibatch
+       trains on the pre-update weights, so its own forward pass gives them; later minibatches get a no-grad
+       pass before any update; a model with dropout gets the no-grad pass for all, in eval mode);
     4. the decoupled PPO loss, token-mean over the whole batch, accumulated over micro-batches packed
        to a token budget so long trajectories fit memory; AdamW, gradient clipping, LR warm-up.
 
@@ -81,6 +83,15 @@ def next_token_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torc
     return model.get_output_embeddings()(hidden[where.bool()])
 
 
+def has_dropout(model: torch.nn.Module) -> bool:
+    """Whether a train-mode forward pass can differ from an eval-mode one: a dropout module or a config rate above 0."""
+    if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(model, "config", None)
+    rates = config.to_dict().items() if hasattr(config, "to_dict") else ()
+    return any("dropout" in key and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for key, v in rates)
+
+
 class Learner:
     """Owns the trained model and its optimizer; `step` turns groups of trajectories into one new version."""
 
@@ -89,6 +100,7 @@ class Learner:
         self.model, self.config, self.pad_id, self.version = model, config, pad_id, version
         self.device = next(model.parameters()).device
         self._gradient_scale = 1.0  # the sharded learner's ranks multiply by their number (FSDP averages gradients)
+        self._prox_from_training_pass = not has_dropout(model)  # else train-mode passes differ from eval-mode ones
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.betas,
                                            weight_decay=config.weight_decay)
         warmup = max(config.warmup_steps, 0)
@@ -107,9 +119,11 @@ class Learner:
         if not samples:
             self.version += 1
             return {**stats, "updated": 0.0, "version": float(self.version)}
-        self._proximal_logprobs(samples)
         minibatches = [samples[i::self.config.minibatches] for i in range(self.config.minibatches)]
         minibatches = [m for m in minibatches if m]
+        self._assign(samples)
+        later = minibatches[1:] if self._prox_from_training_pass else minibatches  # the first one's own pass serves
+        self._proximal_logprobs([sample for minibatch in later for sample in minibatch])
         parts = [self._update(minibatch) for minibatch in minibatches]
         totals = aggregate_stats(parts, summed=())  # the step's loss: minibatch losses weighted by their tokens
         totals["lr"] = parts[-1]["lr"]
@@ -126,6 +140,8 @@ class Learner:
         for batch in self._micro_batches(samples):
             ids, attention, mask, behav, adv, prox = self._pad(batch)
             logp, logits, where = self._logprobs(ids, attention, mask)
+            if any(s.prox is None for s in batch):  # the first minibatch: these weights are the pre-update ones
+                prox = torch.stack([logp[row].detach() if s.prox is None else prox[row] for row, s in enumerate(batch)])
             loss, stats = decoupled_ppo_loss(logp, prox, behav, adv, mask, eps_clip=cfg.eps_clip,
                                              eps_clip_high=cfg.eps_clip_high, behav_weight_cap=cfg.behav_weight_cap,
                                              c_clip=cfg.c_clip, normalizer=max(normalizer, 1))
@@ -210,6 +226,9 @@ class Learner:
             else:
                 batches.append([sample])
         return batches
+
+    def _assign(self, samples: list[_Sample]) -> None:
+        """Which of the step's samples this process trains: all of them (a sharded learner's rank takes its share)."""
 
     @torch.no_grad()
     def _proximal_logprobs(self, samples: list[_Sample]) -> None:

@@ -177,6 +177,40 @@ def test_two_minibatches_are_two_sequential_updates_from_fixed_proximal_log_prob
         assert distance(model, expected) > 0.1 * update, other
 
 
+def forward_passes(learner):
+    """A list that gets one entry per forward pass of the learner's model body."""
+    calls = []
+    learner.model.base_model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    return calls
+
+
+def test_one_minibatch_takes_its_proximal_log_probs_from_its_own_forward_pass(tiny_model_dir, groups):
+    # the update is the math's (proximal log-probs of the pre-update weights), one forward pass per micro-batch
+    settings = dict(lr=1e-2, eps_clip=0.02, grad_clip=0.5, behav_weight_cap=5.0)
+    learner = fresh_learner(tiny_model_dir, micro_batch_tokens=64, **settings)
+    calls = forward_passes(learner)
+    learner.step(groups)
+    expected = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    reference_step(expected, groups, minibatches=1, **settings)
+    update = distance(expected, fresh_learner(tiny_model_dir).model)
+    assert distance(learner.model, expected) < 1e-4 * update
+    assert len(calls) == len(learner._micro_batches(learner._samples(groups)[0]))
+    # two minibatches: the second one's proximal log-probs need a pass before the first update, the first's do not
+    two = fresh_learner(tiny_model_dir, micro_batch_tokens=10**6, minibatches=2)
+    calls = forward_passes(two)
+    two.step(groups)
+    assert len(calls) == 3
+
+
+def test_a_model_with_dropout_gets_a_separate_eval_mode_proximal_pass(tiny_model_dir, groups):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model.config.attention_dropout = 0.1  # train-mode passes are random: they cannot stand for the proximal policy
+    learner = Learner(model, LearnerConfig(micro_batch_tokens=10**6))
+    calls = forward_passes(learner)
+    learner.step(groups)
+    assert len(calls) == 2
+
+
 def distance(a, b):
     """Euclidean distance between two models' weights, all parameters together."""
     return float(torch.cat([(x - y).flatten() for x, y in zip(a.state_dict().values(), b.state_dict().values())]).norm())

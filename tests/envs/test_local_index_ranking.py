@@ -2,15 +2,20 @@
 search_sync, for any query."""
 from __future__ import annotations
 
+import json
+import multiprocessing
+import os
 import random
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from searchgym.envs.tools.local_index import DOC_IDS_FILE, LocalIndex
+from searchgym.envs.tools import local_index
+from searchgym.envs.tools.local_index import DOC_IDS_FILE, MAX_THREADS, LocalIndex, batch_threads
 from searchgym.world.world import World
 
 SIZE = 1_500
@@ -91,12 +96,85 @@ def test_an_index_built_before_the_id_file_ranks_alike(index: LocalIndex, world:
     assert [LocalIndex(old).rank_sync(q, 5) for q in queries] == [index.rank_sync(q, 5) for q in queries]
 
 
-def test_a_wrong_id_file_is_a_clear_error(index: LocalIndex, world: World, tmp_path: Path) -> None:
+def _shuffled_ids(index: LocalIndex) -> bytes:
+    ids = json.loads((index.index_dir / DOC_IDS_FILE).read_text())
+    random.Random(7).shuffle(ids)  # another corpus's ids, or this one's rebuilt in another order: same count
+    return json.dumps(ids).encode()
+
+
+BAD_ID_FILES = {
+    "corrupt JSON": (lambda index: b'["doc-0", "doc-', "cannot be read"),
+    "a dict": (lambda index: json.dumps({str(i): f"doc-{i}" for i in range(SIZE)}).encode(), "not a JSON list of id"),
+    "numbers": (lambda index: json.dumps(list(range(SIZE))).encode(), "not a JSON list of id strings"),
+    "too few ids": (lambda index: b'["only-one"]', "lists 1 ids for 1500 pages"),
+    "not UTF-8": (lambda index: b"\xff\xfe[", "cannot be read"),
+    "shuffled ids": (_shuffled_ids, "says page"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ID_FILES))
+def test_a_wrong_id_file_is_replaced_by_the_stored_ids_with_one_warning(index: LocalIndex, world: World,
+                                                                         tmp_path: Path, case: str) -> None:
+    content, why = BAD_ID_FILES[case]
     bad = tmp_path / "bad"
     shutil.copytree(index.index_dir, bad)
-    (bad / DOC_IDS_FILE).write_text('["only-one"]')
-    with pytest.raises(ValueError, match="lists 1 ids for 1500 pages; rebuild"):
-        LocalIndex(bad).rank_sync(world.name(0), 5)
+    path = bad / DOC_IDS_FILE
+    path.write_bytes(content(index))
+    reopened = LocalIndex(bad)
+    queries = _names(world, 40, seed=8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rankings = [reopened.rank_sync(q, 5) for q in queries] + reopened.rank_many_sync(queries, 5)
+    assert rankings == [_as_ranking(index.search_sync(q, 5)) for q in queries] * 2
+    warned = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(warned) == 1  # once, however many calls
+    message = warned[0]
+    assert str(path) in message and why in message and "stored pages" in message
+
+
+def test_the_spot_check_accepts_the_file_the_build_wrote(index: LocalIndex, world: World) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a good file must not warn
+        assert LocalIndex(index.index_dir).rank_sync(world.name(3), 1)[0][0] == world.entity(3).doc_id
+
+
+def test_batch_threads_follow_the_cpus_this_process_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)  # the host's cores, of which a cgroup or taskset grants a few
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 5, 7}, raising=False)
+    assert batch_threads() == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert batch_threads() == MAX_THREADS
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # macOS, Windows: no affinity to ask
+    assert batch_threads() == MAX_THREADS
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert batch_threads() == 1
+
+
+def test_a_forked_child_answers_batches_like_its_parent(index: LocalIndex, world: World, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork after the pool exists (its threads do not survive) and while the pool's and id table's locks are held
+    (by a parent's thread, say) still answers in the child, and the same as the parent."""
+    monkeypatch.setattr(local_index, "batch_threads", lambda: 3)  # the pool is used on any machine
+    queries = _names(world, 30, seed=9)
+    expected = index.search_many_sync(queries, 4)  # makes the pool and its threads in the parent
+    fresh = LocalIndex(index.index_dir)  # its id table is made only in the child, under the id lock
+    assert local_index._pool is not None
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+
+    def child() -> None:
+        send.send((fresh.search_many_sync(queries, 4), fresh.rank_many_sync(queries, 4)))
+
+    process = context.Process(target=child, daemon=True)
+    with local_index._pool_lock, local_index._ids_lock:  # held at the fork: copied locked into the child
+        process.start()
+    try:
+        assert receive.poll(60), "the forked child did not answer its batch (a dead pool or a held lock)"
+        hits, rankings = receive.recv()
+    finally:
+        process.kill()
+        process.join(10)
+    assert hits == expected and rankings == [_as_ranking(h) for h in expected]
 
 
 def test_several_segments_rank_like_search(world: World, tmp_path: Path) -> None:

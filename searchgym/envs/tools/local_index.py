@@ -14,7 +14,11 @@ immutably (`&self`), so any number of threads may use it at once; tantivy-py's `
 takes `&mut self` and raises RuntimeError("Already borrowed") when a second thread calls it while a
 garbage collection inside the first call lets that thread run, so each thread analyses with its own.
 tantivy releases the GIL inside a search, so a batch (search_many_sync, rank_many_sync) is answered in one
-slice per thread of a small shared pool (one thread per core, at most MAX_THREADS).
+slice per thread of a small shared pool (one thread per core this process may run on, at most MAX_THREADS).
+
+Fork safety: a child forked after the pool exists inherits it without its threads, and the pool's and the id
+table's locks perhaps held, so a fork hook drops the pool and renews both locks in the child (the index itself is
+a read-only searcher over files and answers in the child as in the parent).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import re
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -52,10 +57,25 @@ _ITER_BATCH = 10_000
 _PROGRESS_EVERY = 100_000
 _SURROGATE = re.compile("[\ud800-\udfff]")
 DOC_IDS_FILE = "doc_ids.json"  # every page's id in corpus order, so ranking reads no stored document
+ID_SPOT_CHECKS = 16  # ids of DOC_IDS_FILE compared with the stored pages (first, last, spread between) before use
 MAX_THREADS = 8  # the most pool threads a batch is spread over
 _per_thread = threading.local()
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
+_ids_lock = threading.Lock()  # guards making any index's id table (rare: once per index)
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child: forget the parent's pool (its threads did not come along) and renew the locks a parent's
+    thread may have held at the fork, so a batch or a first rank_sync in the child never waits forever."""
+    global _pool, _pool_lock, _ids_lock
+    _pool = None
+    _pool_lock = threading.Lock()
+    _ids_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _analyzer() -> tantivy.TextAnalyzer:
@@ -115,7 +135,6 @@ class LocalIndex(PagesByUrl):
         self._common_text_pages = max(COMMON_TEXT_MIN_PAGES, COMMON_TEXT_FRACTION * self._searcher.num_docs)
         self._terms: dict[str, _Term] = {}
         self._ids: list[list[str]] | None = None  # doc id by [segment][doc in segment], made on the first rank_sync
-        self._ids_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickles as its directory: a copy (another process, a deepcopy) opens the index again."""
@@ -174,18 +193,14 @@ class LocalIndex(PagesByUrl):
         return plan, self._searcher.search(plan.ranking, k, count=False).hits
 
     def _load_ids(self) -> list[list[str]]:
-        """Every page's id by its address, made once: the ids in corpus order from the file the build wrote (or, for
-        an index built before there was one, from the stored pages), placed by each page's `ord`."""
-        with self._ids_lock:
+        """Every page's id by its address, made once: the ids in corpus order from the file the build wrote when it
+        checks out (else, and for an index built before there was one, from the stored pages), placed by `ord`."""
+        with _ids_lock:
             if self._ids is None:
                 addresses = [address for batch in self._ordered_addresses() for address in batch]
-                path = self.index_dir / DOC_IDS_FILE
-                if path.is_file():
-                    ids = json.loads(path.read_text())
-                else:
+                ids = self._ids_from_file(addresses)
+                if ids is None:
                     ids = [self._searcher.doc(address).get_first("id") for address in addresses]
-                if len(ids) != len(addresses):
-                    raise ValueError(f"{path} lists {len(ids)} ids for {len(addresses)} pages; rebuild the index")
                 table: list[list[str]] = [[] for _ in range(self._searcher.num_segments)]
                 for address, doc_id in zip(addresses, ids):
                     row = table[address.segment_ord]
@@ -193,6 +208,28 @@ class LocalIndex(PagesByUrl):
                     row[address.doc] = doc_id
                 self._ids = table
             return self._ids
+
+    def _ids_from_file(self, addresses: list[tantivy.DocAddress]) -> list[str] | None:
+        """The ids DOC_IDS_FILE lists, if it is a list of strings, one per page, whose first, last and spread ids match
+        the stored pages' (an index rebuilt in place or a copied file must not rank with wrong ids); else None, with
+        a warning naming the file when there is one."""
+        path = self.index_dir / DOC_IDS_FILE
+        if not path.is_file():
+            return None  # built before the file existed: the stored pages are the only source
+        try:
+            ids = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            return _distrust(path, f"cannot be read ({exc})")
+        if not isinstance(ids, list) or not all(isinstance(doc_id, str) for doc_id in ids):
+            return _distrust(path, "is not a JSON list of id strings")
+        if len(ids) != len(addresses):
+            return _distrust(path, f"lists {len(ids)} ids for {len(addresses)} pages")
+        n = len(ids)
+        for i in sorted({0, n - 1, *(j * n // ID_SPOT_CHECKS for j in range(ID_SPOT_CHECKS))} if n else set()):
+            stored = self._searcher.doc(addresses[i]).get_first("id")
+            if ids[i] != stored:
+                return _distrust(path, f"says page {i} is {ids[i]!r} but the index holds {stored!r}")
+        return ids
 
     async def search(self, query: str, k: int = 5) -> list[SearchHit]:
         """SearchBackend: the same as search_sync (BM25 here is fast and CPU-bound)."""
@@ -300,10 +337,18 @@ def _in_slices(answer: Callable[[Sequence[str]], list[Any]], queries: Sequence[s
     return out
 
 
+def _distrust(path: Path, why: str) -> None:
+    """Warn that an id file is not used (the ids come from the stored pages instead); None, for the caller to return."""
+    warnings.warn(f"{path} {why}; reading ids from the stored pages instead (slower to open; rebuild the index to "
+                  "restore the file)", RuntimeWarning, stacklevel=5)
+    return None
+
+
 def batch_threads() -> int:
-    """Threads a batch (search_many_sync, rank_many_sync) is spread over, the caller's included: one per core, at
-    most MAX_THREADS."""
-    return max(1, min(MAX_THREADS, os.cpu_count() or 1))
+    """Threads a batch (search_many_sync, rank_many_sync) is spread over, the caller's included: one per core this
+    process may run on (its CPU affinity, which cgroup cpusets narrow), at most MAX_THREADS."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(MAX_THREADS, cores or 1))
 
 
 def _shared_pool() -> ThreadPoolExecutor:

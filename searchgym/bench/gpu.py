@@ -77,9 +77,13 @@ def bench_learner(learner: Any, *, steps: int, device: str, group_size: int = 8,
     _sync(device)
     seconds = time.perf_counter() - t0
     tokens = steps * groups * group_size * length
-    # forward + backward (6 N per token) of the update, plus the proximal forward (2 N), plus the
-    # recomputed forward of activation checkpointing (2 N); attention's quadratic term left out
-    flops = tokens * params * (6 + 2 + 2)
+    # forward + backward (6 N per token) of the update; the proximal forward (2 N) for the minibatches after the
+    # first (the first takes its own pass's log-probs) or all of them for a model with dropout; the recomputed
+    # forward of activation checkpointing (2 N) where it is on; attention's quadratic term left out
+    m = learner.config.minibatches
+    proximal = 2.0 if not learner._prox_from_training_pass else 2.0 * (m - 1) / m
+    recompute = 2.0 if learner.config.activation_checkpointing else 0.0
+    flops = tokens * params * (6 + proximal + recompute)
     peak = _peak(torch.cuda.get_device_name()) if device == "cuda" else None
     return {"parameters": params, "steps": steps, "tokens_per_step": tokens // steps, "seconds": round(seconds, 2),
             "tokens_per_s": round(tokens / seconds, 1),

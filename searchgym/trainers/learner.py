@@ -83,13 +83,26 @@ def next_token_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torc
     return model.get_output_embeddings()(hidden[where.bool()])
 
 
+_TRAIN_MODE_NOISE = ("dropout", "jitter", "layerdrop")  # config rates that make train-mode passes random
+
+
 def has_dropout(model: torch.nn.Module) -> bool:
-    """Whether a train-mode forward pass can differ from an eval-mode one: a dropout module or a config rate above 0."""
+    """Whether a train-mode forward pass can differ from an eval-mode one: a dropout module, or a config rate above 0
+    named like dropout, router jitter or layer drop (nested configs included, e.g. a multimodal model's text_config)."""
     if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
         return True
     config = getattr(model, "config", None)
-    rates = config.to_dict().items() if hasattr(config, "to_dict") else ()
-    return any("dropout" in key and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for key, v in rates)
+    return _noisy(config.to_dict()) if hasattr(config, "to_dict") else False
+
+
+def _noisy(settings: dict[str, Any]) -> bool:
+    for key, value in settings.items():
+        if isinstance(value, dict) and _noisy(value):
+            return True
+        if (isinstance(key, str) and any(word in key for word in _TRAIN_MODE_NOISE) and isinstance(value, (int, float))
+                and not isinstance(value, bool) and value > 0):
+            return True
+    return False
 
 
 class Learner:

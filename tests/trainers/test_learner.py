@@ -10,7 +10,7 @@ from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.workflow import TokenWorkflow, WorkflowSettings
 from searchgym.envs.search_env import SearchEnv
-from searchgym.trainers.learner import Learner, LearnerConfig, next_token_logits
+from searchgym.trainers.learner import Learner, LearnerConfig, has_dropout, next_token_logits
 from searchgym.trainers.ppo import decoupled_ppo_loss, token_logprobs
 
 
@@ -209,6 +209,16 @@ def test_a_model_with_dropout_gets_a_separate_eval_mode_proximal_pass(tiny_model
     calls = forward_passes(learner)
     learner.step(groups)
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("setting", [{"attention_dropout": 0.1}, {"router_jitter_noise": 0.01}, {"layerdrop": 0.1},
+                                     {"text_config": {"hidden_dropout": 0.1}}])
+def test_train_mode_noise_is_found_wherever_the_config_keeps_it(tiny_model_dir, setting):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    assert not has_dropout(model)
+    for key, value in setting.items():
+        setattr(model.config, key, value)
+    assert has_dropout(model)
 
 
 def distance(a, b):

@@ -10,8 +10,8 @@ The default preset, `headroom`, gives RL something the demonstrations barely sho
 1-hop questions (search the question, copy the name) and only a tenth of the 1- and 2-hop questions RL may train
 on (so the warm start has seen a second search, rarely); RL trains on the rest, and the held-out questions are
 1- and 2-hop, reported separately. Each run uses one torch thread, so seeds can run side by side.
-Preset `quickstart` is the quickstart's own setting (1-hop everywhere, half the train questions demonstrated)
-at the benchmark's scale.
+Preset `quickstart` is the quickstart's own setting (1-hop everywhere, half the train questions demonstrated, at
+most `max_demos`) at the benchmark's scale.
 
 Each finished seed is one row of OUT/seeds.jsonl (a JsonlLog): a rerun skips it. The pooled gain is the mean
 over (seed, question) of the RL policy's held-out reward minus the warm start's, with a hierarchical
@@ -46,7 +46,7 @@ POLICIES = ("warm", "async", "sync")
 # Each preset is a list of overrides applied before the command line's.
 PRESETS: dict[str, list[str]] = {
     "headroom": [],  # LearningConfig's defaults
-    "quickstart": ["hops.demos=[1]", "hops.rl=[1]", "hops.eval=[1]", "demos.fraction=0.5"],
+    "quickstart": ["hops.demos=[1]", "hops.rl=[1]", "hops.eval=[1]", "demos.fraction=0.5", "hops.rl_demos=0"],
 }
 BEHAVIOUR = ("turns", "searches", "accesses", "answered")
 

@@ -10,8 +10,9 @@ Keys a row carries beside the learner's own stats (every row of metrics.jsonl, a
     rollout/episodes_in_flight_mean     episodes being played, time-weighted mean since the previous row
                                         (summed over rollout controllers; a group counts its group_size episodes)
     rollout/admission_blocked_share     share of the time since the previous row the ledger ran below its group
-                                        limit (max_concurrent_rollouts // group_size): admission is eager, so
-                                        that is the staleness rule holding groups back (mean over controllers)
+                                        limit (max_concurrent_rollouts // group_size): mostly the staleness rule
+                                        holding groups back, plus the moments between a group's end and the next
+                                        admission and after the run stops admitting (mean over controllers)
     engine/decode_steps, engine/prefill_tokens, engine/reused_tokens, engine/generated_tokens, engine/busy_s
                                         the engine's work counters, cumulative since this process started it
                                         (summed over engines; only engines that count them: the TorchEngine)

@@ -86,7 +86,7 @@ def next_token_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torc
 _TRAIN_MODE_NOISE = ("dropout", "jitter", "layerdrop")  # config rates that make train-mode passes random
 
 
-def has_dropout(model: torch.nn.Module) -> bool:
+def has_train_mode_noise(model: torch.nn.Module) -> bool:
     """Whether a train-mode forward pass can differ from an eval-mode one: a dropout module, or a config rate above 0
     named like dropout, router jitter or layer drop (nested configs included, e.g. a multimodal model's text_config)."""
     if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
@@ -113,7 +113,7 @@ class Learner:
         self.model, self.config, self.pad_id, self.version = model, config, pad_id, version
         self.device = next(model.parameters()).device
         self._gradient_scale = 1.0  # the sharded learner's ranks multiply by their number (FSDP averages gradients)
-        self._prox_from_training_pass = not has_dropout(model)  # else train-mode passes differ from eval-mode ones
+        self._prox_from_training_pass = not has_train_mode_noise(model)  # else train-mode passes differ from eval-mode ones
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.betas,
                                            weight_decay=config.weight_decay)
         warmup = max(config.warmup_steps, 0)

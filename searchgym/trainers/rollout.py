@@ -113,7 +113,7 @@ class RolloutController:
 
     async def run(self) -> None:
         """Admit and start groups whenever the rule allows, until stop(); then cancel the groups in flight."""
-        self._started_at = (time.perf_counter(), self._engine_busy())
+        self._started_at = (time.perf_counter(), self._engine_stats().get("busy_s"))
         groups = self._playing
         try:
             while not self._stopping:
@@ -217,10 +217,6 @@ class RolloutController:
             seed = int(np.random.SeedSequence([self.seed, position, k]).generate_state(1)[0])
             return await self.workflow.arun_episode(env, seed=seed, options={"task_id": task_id},
                                                     rid=f"{self._rid}-{position}-{k}")
-
-    def _engine_busy(self) -> float | None:
-        """Seconds the engine has spent working, if it reports them."""
-        return self._engine_stats().get("busy_s")
 
     def _engine_stats(self) -> dict[str, Any]:
         """The engine's stats(), or nothing when it has none."""

@@ -10,7 +10,7 @@ from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.workflow import TokenWorkflow, WorkflowSettings
 from searchgym.envs.search_env import SearchEnv
-from searchgym.trainers.learner import Learner, LearnerConfig, has_dropout, next_token_logits
+from searchgym.trainers.learner import Learner, LearnerConfig, has_train_mode_noise, next_token_logits
 from searchgym.trainers.ppo import decoupled_ppo_loss, token_logprobs
 
 
@@ -215,10 +215,10 @@ def test_a_model_with_dropout_gets_a_separate_eval_mode_proximal_pass(tiny_model
                                      {"text_config": {"hidden_dropout": 0.1}}])
 def test_train_mode_noise_is_found_wherever_the_config_keeps_it(tiny_model_dir, setting):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    assert not has_dropout(model)
+    assert not has_train_mode_noise(model)
     for key, value in setting.items():
         setattr(model.config, key, value)
-    assert has_dropout(model)
+    assert has_train_mode_noise(model)
 
 
 def distance(a, b):

@@ -240,6 +240,12 @@ def _bench_trainer(args: argparse.Namespace) -> None:
         torch_threads=args.threads or None), indent=2))
 
 
+def _bench_learner(args: argparse.Namespace) -> None:
+    from searchgym.bench.learner_memory import run_from_args
+
+    print(json.dumps(run_from_args(args)["ratios"], indent=2))
+
+
 def _bench_reliability(args: argparse.Namespace) -> None:
     from searchgym.bench.reliability import markdown_table, readme_table, run_reliability
 
@@ -544,6 +550,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("results/bench_trainer.json"))
     p.add_argument("--workdir", type=Path, default=None, help="where the runs write (default: a temp dir)")
     p.set_defaults(run=_bench_trainer)
+    p = bench.add_parser("learner", help="learner peak memory and step time against trajectory length (1k to 32k "
+                                         "tokens, 151,936 vocabulary): chunked loss head vs whole logits")
+    from searchgym.bench.learner_memory import add_arguments as learner_arguments
+    learner_arguments(p)
+    p.set_defaults(run=_bench_learner)
     p = bench.add_parser("learning", help="warm start vs async RL (and sync RL) over seeds: held-out gain per hop "
                                           "count with a hierarchical bootstrap interval")
     p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds; finished ones are reused")

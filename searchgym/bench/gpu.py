@@ -103,7 +103,6 @@ def logprob_agreement(engine: Any, learner: Any, *, device: str, requests: int =
                       new_tokens: int = 128) -> dict[str, float]:
     """The engine's sampling log-probs vs the learner's recomputation of the same tokens (same weights)."""
     from searchgym.agents.engines.types import GenerateRequest, SamplingParams
-    from searchgym.trainers.ppo import token_logprobs
 
     sampling = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True)
     prompts = [[5 + i, 17, 42, 99, 123] for i in range(requests)]
@@ -118,8 +117,7 @@ def logprob_agreement(engine: Any, learner: Any, *, device: str, requests: int =
         where = torch.zeros(1, ids.shape[1] - 1, dtype=torch.bool, device=device)
         where[0, len(prompt) - 1:] = True
         with torch.no_grad():
-            logits = learner.root(ids, torch.ones_like(ids), where)
-            recomputed = token_logprobs(logits, ids[:, 1:][where]).cpu()
+            recomputed = learner.root(ids, torch.ones_like(ids), where)[0].float().cpu()
         diffs.append((recomputed - torch.tensor(response.logprobs)).abs())
     diff = torch.cat(diffs)
     return {"mean_abs_diff": float(diff.mean()), "max_abs_diff": float(diff.max()), "tokens": len(diff)}

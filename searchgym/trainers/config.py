@@ -29,6 +29,7 @@ class LearnerConfig:
     c_clip: float | None = None  # dual clip (> 1): a token's loss is at most c_clip * |A|; None: off
     temperature: float = 1.0
     micro_batch_tokens: int = 16_384
+    logit_chunk_tokens: int = 512  # positions whose [chunk, vocab] logits exist at once (lm_head.chunked_logprobs)
     minibatches: int = 1
     std_normalize: bool = False
     drop_no_spread: bool = True  # groups whose returns are all equal carry no signal: skip them
@@ -172,6 +173,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
                                config.rollout.group_size),
                               ("rollout.max_new_tokens", config.rollout.max_new_tokens, 1),
                               ("learner.minibatches", config.learner.minibatches, 1),
+                              ("learner.micro_batch_tokens", config.learner.micro_batch_tokens, 1),
+                              ("learner.logit_chunk_tokens", config.learner.logit_chunk_tokens, 1),
                               ("learner.ranks", config.learner.ranks, 1)):
         if value < least:
             raise ValueError(f"{key} must be at least {least}, got {value}")

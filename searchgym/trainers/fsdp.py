@@ -40,7 +40,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from searchgym.agents.trajectory import Trajectory
 from searchgym.trainers.checkpoint import checkpoint_root, load_trainer_state, save_checkpoint
 from searchgym.trainers.config import LearnerConfig
-from searchgym.trainers.learner import Learner, _Sample, next_token_logits
+from searchgym.trainers.learner import Learner, _Sample, next_token_logprobs
 
 SHARDED = "sharded"  # the DCP directory inside a checkpoint
 
@@ -76,15 +76,17 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     return layers
 
 
-class _TrainedTokenLogits(nn.Module):
-    """The FSDP root: `next_token_logits` as a forward, so the root's parameters are gathered around it."""
+class _TrainedTokenLogprobs(nn.Module):
+    """The FSDP root: `next_token_logprobs` as a forward, so the root's parameters are gathered around it (the LM
+    head's weight too, which the chunked log-probs use in the forward pass and again in the backward pass)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, ids: torch.Tensor, attention: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-        return next_token_logits(self.model, ids, attention, where)
+    def forward(self, ids: torch.Tensor, attention: torch.Tensor, where: torch.Tensor, temperature: float = 1.0,
+                chunk_tokens: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+        return next_token_logprobs(self.model, ids, attention, where, temperature, chunk_tokens)
 
 
 def shard_model(model: nn.Module, *, mixed_precision: bool | None = None, activation_checkpointing: bool = False,
@@ -108,7 +110,7 @@ def shard_model(model: nn.Module, *, mixed_precision: bool | None = None, activa
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     for layer in decoder_layers(model):
         fully_shard(layer, **options)
-    return fully_shard(_TrainedTokenLogits(model), **options)
+    return fully_shard(_TrainedTokenLogprobs(model), **options)
 
 
 class ShardedLearner(Learner):
@@ -185,8 +187,9 @@ class ShardedLearner(Learner):
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         return batches + [[self._filler]] * (int(count) - len(batches))
 
-    def _trained_logits(self, ids: torch.Tensor, attention: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-        return self.root(ids, attention, where)
+    def _trained_logprobs(self, ids: torch.Tensor, attention: torch.Tensor,
+                          where: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.root(ids, attention, where, self.config.temperature, self.config.logit_chunk_tokens)
 
     def _clip_gradients(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)

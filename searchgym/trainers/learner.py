@@ -10,6 +10,10 @@
     4. the decoupled PPO loss, token-mean over the whole batch, accumulated over micro-batches packed
        to a token budget so long trajectories fit memory; AdamW, gradient clipping, LR warm-up.
 
+Log-probs and entropies come from the last hidden states through the LM head a chunk of positions at a time
+(`lm_head.chunked_logprobs`): the [tokens, vocab] logits never exist whole, so a trajectory's memory per token does
+not grow with the vocabulary.
+
 Log-probs are log softmax(logits / temperature), the quantity the engines report for the behaviour
 policy, so behaviour, proximal and current policies are compared like for like.
 """
@@ -26,12 +30,11 @@ from searchgym.trainers.config import LearnerConfig
 from searchgym.trainers.ppo import (
     STAT_WEIGHTS,
     decoupled_ppo_loss,
-    entropy_from_logits,
     group_advantages,
     loss_normalizer,
     returns_to_go,
-    token_logprobs,
 )
+from searchgym.trainers.lm_head import DEFAULT_CHUNK_TOKENS, chunked_logprobs
 
 _COUNTS = ("valid_tokens", "normalizer_tokens")
 
@@ -70,17 +73,37 @@ class _Sample:
     prox: torch.Tensor | None = None  # filled once per step by the pre-update weights
 
 
-def next_token_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor,
+def next_token_hidden(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor,
                       where: torch.Tensor) -> torch.Tensor:
-    """Logits [N, vocab] predicting token t+1 at the N positions t where `where` [B, T-1] is set.
+    """Last hidden states [N, hidden] predicting token t+1 at the N positions t where `where` [B, T-1] is set.
 
-    Only trained tokens need logits, and they are a small share of an agent's context (observations and
-    the prompt are most of it), so the LM head runs on those positions alone: with a 150k vocabulary this
-    is most of a step's memory and time. For models whose logits are `output_embeddings(last hidden state)`
-    (Qwen2, Llama and most causal LMs; not ones with logit soft-capping such as Gemma 2).
+    Only trained tokens need the LM head, and they are a small share of an agent's context (observations and
+    the prompt are most of it). For models whose logits are `output_embeddings(last hidden state)` (Qwen2, Llama
+    and most causal LMs; not ones with logit soft-capping such as Gemma 2).
     """
     hidden = model.base_model(input_ids=ids, attention_mask=attention).last_hidden_state[:, :-1]
-    return model.get_output_embeddings()(hidden[where.bool()])
+    return hidden[where.bool()]
+
+
+def next_token_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor,
+                      where: torch.Tensor) -> torch.Tensor:
+    """Logits [N, vocab] at the positions `where` marks (`next_token_hidden` through the LM head), for callers
+    that want whole logits of few positions (warm starts); the learner uses `next_token_logprobs` instead."""
+    return model.get_output_embeddings()(next_token_hidden(model, ids, attention, where))
+
+
+def next_token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor, where: torch.Tensor,
+                        temperature: float = 1.0,
+                        chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 log-probs [N] of the next tokens at the positions `where` [B, T-1] marks, and the entropies [N] there.
+
+    The same quantity as log softmax(next_token_logits / temperature) at the labels, computed a chunk of positions
+    at a time (`lm_head.chunked_logprobs`), so memory does not grow with tokens x vocabulary.
+    """
+    head = model.get_output_embeddings()
+    hidden = next_token_hidden(model, ids, attention, where)
+    return chunked_logprobs(hidden, head.weight, ids[:, 1:][where.bool()], temperature,
+                            bias=getattr(head, "bias", None), chunk_tokens=chunk_tokens)
 
 
 _TRAIN_MODE_NOISE = ("dropout", "jitter", "layerdrop")  # config rates that make train-mode passes random
@@ -152,7 +175,7 @@ class Learner:
         parts = []
         for batch in self._micro_batches(samples):
             ids, attention, mask, behav, adv, prox = self._pad(batch)
-            logp, logits, where = self._logprobs(ids, attention, mask)
+            logp, entropy, where = self._logprobs(ids, attention, mask)
             if any(s.prox is None for s in batch):  # the first minibatch: these weights are the pre-update ones
                 prox = torch.stack([logp[row].detach() if s.prox is None else prox[row] for row, s in enumerate(batch)])
             loss, stats = decoupled_ppo_loss(logp, prox, behav, adv, mask, eps_clip=cfg.eps_clip,
@@ -160,7 +183,6 @@ class Learner:
                                              c_clip=cfg.c_clip, normalizer=max(normalizer, 1))
             (loss * self._gradient_scale).backward()
             with torch.no_grad():
-                entropy = entropy_from_logits(logits.detach(), cfg.temperature)
                 stats["entropy"] = (entropy * mask[where]).sum() / max(float(mask.sum()), 1.0)
             parts.append({key: float(value) for key, value in stats.items()})
         grad_norm = self._clip_gradients()
@@ -255,16 +277,18 @@ class Learner:
 
     def _logprobs(self, ids: torch.Tensor, attention: torch.Tensor,
                   mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Log-probs [B, T-1] of the trained tokens (0 elsewhere), their logits [N, vocab], and where they are."""
+        """Log-probs [B, T-1] of the trained tokens (0 elsewhere), their entropies [N], and where they are."""
         where = mask > 0
-        logits = self._trained_logits(ids, attention, where)
+        logp_trained, entropy = self._trained_logprobs(ids, attention, where)
         logp = torch.zeros_like(mask)
-        logp[where] = token_logprobs(logits, ids[:, 1:][where], self.config.temperature)
-        return logp, logits, where
+        logp[where] = logp_trained
+        return logp, entropy, where
 
-    def _trained_logits(self, ids: torch.Tensor, attention: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-        """`next_token_logits` of the trained model (the sharded learner calls it through its FSDP root)."""
-        return next_token_logits(self.model, ids, attention, where)
+    def _trained_logprobs(self, ids: torch.Tensor, attention: torch.Tensor,
+                          where: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`next_token_logprobs` of the trained model (the sharded learner calls it through its FSDP root)."""
+        return next_token_logprobs(self.model, ids, attention, where, self.config.temperature,
+                                   self.config.logit_chunk_tokens)
 
     def _pad(self, batch: list[_Sample]) -> tuple[torch.Tensor, ...]:
         """Right-pad a micro-batch to its longest sample: ids, attention, mask, behav, advantages, prox."""

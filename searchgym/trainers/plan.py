@@ -32,9 +32,12 @@ What it counts, per learner rank (every term at once: an upper bound of the step
   saves for a real model. Without checkpointing all L layers keep theirs, plus one layer's worth of activation
   gradients in the backward pass; with `learner.activation_checkpointing` each layer keeps only its input (b*h)
   and one layer is recomputed (its activations and their gradients) at a time.
-- **loss head**: logits only at trained tokens (learner.next_token_logits), at most T of them: bf16 logits
-  plus three fp32 [tokens, vocab] tensors alive at once (the log-softmax kept for backward, its gradient and the
-  one it produces; the entropy statistic needs as many), (b + 12)*V bytes per token.
+- **loss head**: log-probs and entropies from the last hidden states a chunk of C = `learner.logit_chunk_tokens`
+  positions at a time (lm_head.chunked_logprobs), so no [tokens, vocab] tensor exists whole: at most two [chunk,
+  vocab] buffers at once (fp32 log-probs and probabilities; a b-byte product and its fp32 copy), min(C, T)*V*
+  max(8, b + 4) bytes in the forward pass and its recomputation in the backward pass, plus, when T > C and the
+  head is in 16 bits, an fp32 accumulator of its gradient (V*h*4), and three fp32 numbers per token.
+  Before the chunked head, the whole logits of T trained tokens and three fp32 copies took T*V*(b + 12).
 
 SGLang servers: the weights per GPU (P * bytes / tp) must fit in `ray.sglang_mem_fraction_static` of the GPU (the
 static pool that holds weights and KV cache); what is left is KV cache, reported in tokens.
@@ -235,6 +238,12 @@ def stored_activation_bytes(shape: ModelShape, tokens: int, act_bytes: int, chec
     return tokens * (shape.num_layers * per_layer + outside_activation_bytes(shape, act_bytes, checkpointing))
 
 
+def loss_head_bytes(shape: ModelShape, tokens: int, chunk_tokens: int, act_bytes: int) -> int:
+    """The chunked loss head's peak for `tokens` trained tokens (module docstring)."""
+    accumulator = shape.vocab_size * shape.hidden_size * 4 if tokens > chunk_tokens and act_bytes < 4 else 0
+    return min(chunk_tokens, tokens) * shape.vocab_size * max(8, act_bytes + 4) + accumulator + 12 * tokens
+
+
 def learner_terms(shape: ModelShape, learner: LearnerConfig, *, dtype: str, on_gpu: bool) -> list[Term]:
     """One learner rank's memory, term by term (module docstring), for `learner.ranks` ranks.
 
@@ -270,8 +279,9 @@ def learner_terms(shape: ModelShape, learner: LearnerConfig, *, dtype: str, on_g
     terms += [
         Term("activations", activations, device,
              f"{tokens:,} tokens a micro-batch, {how} ({layer:,} B per token and layer)"),
-        Term("loss head", tokens * shape.vocab_size * (b + 12), device,
-             f"logits of up to {tokens:,} trained tokens x {shape.vocab_size:,} vocab: {b}-byte + 3 fp32 copies"),
+        Term("loss head", loss_head_bytes(shape, tokens, learner.logit_chunk_tokens, b), device,
+             f"logits of {min(tokens, learner.logit_chunk_tokens):,} positions at a time (learner.logit_chunk_tokens) x "
+             f"{shape.vocab_size:,} vocab, two buffers at once"),
     ]
     return terms
 

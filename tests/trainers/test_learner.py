@@ -311,3 +311,20 @@ def test_process_rewards_credit_the_turn_whose_search_found_the_answer_page(tiny
     assert after["finder", 0] > before["finder", 0]
     for key in [("finder", 1), ("finder", 2), ("other", 0), ("other", 1), ("other", 2)]:
         assert after[key] < before[key], key
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 4096])
+def test_the_chunked_loss_head_trains_as_the_whole_logits_one_did(tiny_model_dir, groups, chunk):
+    """Two steps on real episodes: the same statistics and the same weights after, within fp32 tolerance, whether
+    the logits come a few positions at a time or whole (the head this learner had before)."""
+    from searchgym.bench.learner_memory import whole_logits_learner
+
+    config = LearnerConfig(lr=1e-3, minibatches=2, logit_chunk_tokens=chunk)
+    chunked = Learner(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), config)
+    whole = whole_logits_learner(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), config)
+    for _ in range(2):
+        a, b = chunked.step(groups), whole.step(groups)
+        for key in ("loss", "entropy", "grad_norm", "approx_kl", "importance_weight_mean"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+    for (name, p), q in zip(chunked.model.named_parameters(), whole.model.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)

@@ -90,7 +90,9 @@ def test_bytes_per_term_are_the_hand_computed_ones(tiny_model_dir):
     # per token and layer in bf16: (6*2+8)*64 + 4*2*176 + 2*2*(2*16) + 4*4 = 1280 + 1408 + 128 + 16 = 2832;
     # outside the layers: (2+4)*64 + 2*2*16 + 12 = 460; stored 1000*(2*2832 + 460), plus one layer of backward work
     assert terms["activations"].bytes == 1000 * (2 * 2832 + 460) + 1000 * 2832 == 8_956_000
-    assert terms["loss head"].bytes == 1000 * 2048 * (2 + 12)  # bf16 logits + 3 fp32 copies per trained token
+    # chunked loss head: 512 positions x 2048 vocab x two fp32 buffers, the 16-bit head's fp32 gradient sum (1000
+    # tokens are two chunks), 12 B per token
+    assert terms["loss head"].bytes == 512 * 2048 * 8 + 2048 * 64 * 4 + 12 * 1000
     assert all(t.where == "gpu" for t in terms.values())
 
     # checkpointing: each layer keeps its input (2*64 B a token), one layer recomputed (and its gradients)
@@ -102,7 +104,7 @@ def test_bytes_per_term_are_the_hand_computed_ones(tiny_model_dir):
     offload = learner_terms(shape, LearnerConfig(ranks=2, micro_batch_tokens=1000, cpu_offload=True),
                             dtype="float32", on_gpu=True)
     assert {t.name for t in offload if t.where == "host"} == {"parameters", "gradients", "optimizer state"}
-    assert gpu_bytes(offload) == 632_960 + 8_956_000 + 1000 * 2048 * 14
+    assert gpu_bytes(offload) == 632_960 + 8_956_000 + terms["loss head"].bytes
 
     # one rank is the plain Learner: whole terms, no FSDP buffers, fp32 compute, and it ignores checkpointing
     one = {t.name: t.bytes for t in learner_terms(shape, LearnerConfig(ranks=1, micro_batch_tokens=1000,
@@ -111,7 +113,7 @@ def test_bytes_per_term_are_the_hand_computed_ones(tiny_model_dir):
     layer = (6 * 4 + 8) * 64 + 4 * 4 * 176 + 2 * 4 * 32 + 4 * 4  # 5136 per token and layer in fp32
     assert one == {"parameters": 895_232, "gradients": 895_232, "optimizer state": 1_790_464,
                    "activations": 1000 * (2 * layer + 8 * 64 + 8 * 16 + 12) + 1000 * layer,
-                   "loss head": 1000 * 2048 * 16}
+                   "loss head": 512 * 2048 * 8 + 12 * 1000}  # fp32: no separate gradient accumulator
 
 
 def _saved_bytes(model: torch.nn.Module, tokens: int) -> int:
@@ -325,3 +327,13 @@ def test_every_proposed_remedy_fits(ranks, tokens, ckpt, offload, dtype, gib):
             continue
         fixed = dataclasses.replace(learner, **changes)
         assert gpu_bytes(learner_terms(seven_b(), fixed, dtype=dtype, on_gpu=True)) <= gib * GIB, fix
+
+
+@pytest.mark.parametrize("path", ASEARCHER, ids=lambda p: p.name)
+def test_a_65k_token_trajectory_trained_alone_fits_an_80_gib_gpu_in_the_7b_configs(path, capsys):
+    """The long-horizon worst case: one trajectory of rollout.max_context = 65,536 tokens, every one trained, alone
+    in its micro-batch. With whole logits it needed 189 GiB; the chunked loss head keeps it under 80."""
+    code, out, err = dry_run(capsys, "--config", str(path), "rollout.max_context=65536")
+    assert code == 0, err
+    need = float(re.search(r"rollout\.max_context \(65,536\) tokens, all trained, would need ([0-9.]+) GiB", out).group(1))
+    assert need < 80

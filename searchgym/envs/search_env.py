@@ -23,7 +23,7 @@ from gymnasium.error import ResetNeeded
 
 from searchgym.envs import prompts
 from searchgym.envs.actions import Action, parse_action
-from searchgym.envs.judges import FormatGate, Judge, make_judge
+from searchgym.envs.judges import FormatGate, Judge, aug_kwargs, make_judge
 from searchgym.envs.spaces import UnicodeText
 from searchgym.envs.tasks import Task, TaskPool
 from searchgym.envs.tools.base import BackendError, PageBackend, PageNotFound, SearchBackend, backend_stats
@@ -331,7 +331,8 @@ class SearchEnv(gym.Env[str, str]):
     async def _answer(self, action: Action, info: dict[str, Any]) -> tuple[float, str]:
         self.counts["answer"] += 1
         verdict = await self.judge.ajudge(action.argument, self.task.answers, question=self.task.question,
-                                          format_errors=self.format_errors)
+                                          format_errors=self.format_errors,
+                                          **aug_kwargs(self.judge, self.task.aug_answers))  # asearcher_* blend them
         info.update(prediction=action.argument, verdict=verdict.to_dict(), answers=list(self.task.answers))
         return float(verdict.score), "Your answer was recorded. The episode is over."
 

@@ -16,7 +16,6 @@ import re
 import string
 from collections.abc import Sequence
 
-_ASCII_PUNCTUATION = frozenset(string.punctuation)
 _TO_SPACE = str.maketrans({p: " " for p in string.punctuation})
 _DROP_PUNCTUATION = str.maketrans("", "", string.punctuation)
 _ARTICLES = re.compile(r"\b(?:a|an|the)\b")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import string
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from hypothesis import strategies as st
 from searchgym.envs import reference_metrics as ref
 from searchgym.envs.judges import CompositeJudge, FormatGate, aug_kwargs, make_judge
 from searchgym.envs.search_env import SearchEnv
-from searchgym.envs.tasks import TaskPool
+from searchgym.envs.tasks import Task, TaskPool
 
 FIXTURE = Path(__file__).parent / "fixtures" / "reference_scores.jsonl"
 ROWS = [json.loads(line) for line in FIXTURE.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -153,6 +152,7 @@ def test_env_blends_aug_answer_of_an_asearcher_row(tmp_path, small_index) -> Non
                                  "qid": 7}) + "\n")
     pool = TaskPool.from_jsonl(tasks)
     assert pool[0].answers == ("Paris",) and pool[0].aug_answers == ("Lutetia",)
+    assert Task.from_row(pool[0].to_row(), fallback_id="x").aug_answers == ("Lutetia",)  # kept through our row form
     rewards = {}
     for judge in ("asearcher_f1", "f1", "asearcher_f1,em"):
         for answer in ("Lutetia", "Paris"):

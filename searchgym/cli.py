@@ -156,7 +156,8 @@ def _serve_model(args: argparse.Namespace) -> None:
 def _serve_search(args: argparse.Namespace) -> None:
     from searchgym.envs.tools.retrieval_server import run_server
 
-    run_server(args.index, host=args.host, port=args.port, threads=args.threads, snippets=args.snippets)
+    run_server(args.index, host=args.host, port=args.port, threads=args.threads, snippets=args.snippets,
+               max_queries=args.max_queries)
 
 
 def _serve_env(args: argparse.Namespace) -> None:
@@ -473,6 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=8, help="search threads (queries of a batch run concurrently)")
     p.add_argument("--snippets", action="store_true",
                    help="answer hits with query-focused snippets instead of whole documents (a request's \"snippet\" wins)")
+    p.add_argument("--max-queries", type=int, default=4096, metavar="N",  # retrieval_server.MAX_QUERIES (not imported:
+                   help="most queries one /retrieve request may hold; more is a 400 "  # the CLI stays light)
+                        "(default 4096, above the 2,560 Search-R1's training sends)")
     p.set_defaults(run=_serve_search)
     p = serve.add_parser("env", help="a registered env id as an OpenEnv environment server (needs searchgym[openenv])")
     p.add_argument("env_id", help="e.g. searchgym/SyntheticQA-v0")

@@ -7,7 +7,9 @@ import string
 import unicodedata
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+from searchgym.envs import reference_metrics as ref
 
 MAX_DETAIL_CHARS = 1000
 _ARTICLES = re.compile(r"\b(?:a|an|the)\b")
@@ -201,12 +203,93 @@ class CoverExactMatch(_MaxOverReferences):
     metric = staticmethod(_cover)
 
 
-def _run_sync(judge: Judge, prediction: str, references: Sequence[str], question: str, format_errors: Sequence[str]) -> Verdict:
+def aug_kwargs(judge: Judge, aug_references: Sequence[str]) -> dict[str, Any]:
+    """`{"aug_references": [...]}` for a judge that blends a task's augmented answers (`uses_aug_references`),
+    else `{}`: other judges, user judges included, keep the plain `Judge` call."""
+    if aug_references and getattr(judge, "uses_aug_references", False):
+        return {"aug_references": _as_references(aug_references)}
+    return {}
+
+
+class _ReferenceJudge:
+    """Base for judges equal to another project's reward function (`reference_metrics`): the max over the golds,
+    blended with a task's `aug_answer` list the way ASearcher does when `uses_aug_references`."""
+
+    name: str
+    uses_aug_references = False
+
+    def score(self, prediction: str, gold: str) -> float:
+        """The metric against one gold."""
+        raise NotImplementedError
+
+    def judge(self, prediction: str, references: Sequence[str], *, question: str = "",
+              format_errors: Sequence[str] = (), aug_references: Sequence[str] = ()) -> Verdict:
+        """Max over references (0 with none), blended with the max over `aug_references` when there are any;
+        correct iff some reference alone scores 1."""
+        refs = _as_references(references)
+        scores = [self.score(prediction, r) for r in refs]
+        base = max(scores, default=0.0)
+        detail: dict[str, Any] = {"best_reference": refs[scores.index(base)] if refs else None, "gold_score": base}
+        if not refs:
+            detail["reason"] = "no reference answers"
+        total = base
+        if self.uses_aug_references and aug_references:
+            augs = _as_references(aug_references)
+            aug = max(self.score(prediction, a) for a in augs)
+            total = ref.blend_aug(base, aug)
+            detail.update(aug_score=aug, aug_references=[_clip(a) for a in augs])
+        return Verdict(min(total, 1.0), base == 1.0, self.name, detail)
+
+    async def ajudge(self, prediction: str, references: Sequence[str], *, question: str = "",
+                     format_errors: Sequence[str] = (), aug_references: Sequence[str] = ()) -> Verdict:
+        """Async entry point; the metric is cheap, so it just calls `judge`."""
+        return self.judge(prediction, references, question=question, format_errors=format_errors,
+                          aug_references=aug_references)
+
+
+class ASearcherF1(_ReferenceJudge):
+    """ASearcher's training reward (`AReaL/ASearcher/utils/rewards.py` F1): set-token F1, ASCII punctuation to
+    spaces, articles kept, True/False -> yes/no, Chinese golds by characters; `aug_answer` blended."""
+
+    name = "asearcher_f1"
+    uses_aug_references = True
+
+    def score(self, prediction: str, gold: str) -> float:
+        """ASearcher F1 against one gold."""
+        return ref.asearcher_f1(prediction, gold)
+
+
+class ASearcherEM(_ReferenceJudge):
+    """ASearcher's EM reward (`AReaL/ASearcher/utils/rewards.py`): SQuAD normalisation after True/False -> yes/no;
+    `aug_answer` blended."""
+
+    name = "asearcher_em"
+    uses_aug_references = True
+
+    def score(self, prediction: str, gold: str) -> float:
+        """ASearcher EM against one gold."""
+        return ref.asearcher_em(prediction, gold)
+
+
+class SearchR1EM(_ReferenceJudge):
+    """Search-R1's reward (`verl/utils/reward_score/qa_em.py` `em_check`): SQuAD normalisation with ASCII punctuation
+    only, equality with any gold. Search-R1 has no augmented answers, so they are ignored."""
+
+    name = "searchr1_em"
+
+    def score(self, prediction: str, gold: str) -> float:
+        """Search-R1 EM against one gold."""
+        return ref.searchr1_em(prediction, [gold])
+
+
+def _run_sync(judge: Judge, prediction: str, references: Sequence[str], question: str, format_errors: Sequence[str],
+              aug_references: Sequence[str] = ()) -> Verdict:
     """Call a judge synchronously, falling back to its async method for async-only judges."""
+    extra = aug_kwargs(judge, aug_references)
     sync = getattr(judge, "judge", None)
     if sync is not None:
-        return sync(prediction, references, question=question, format_errors=format_errors)
-    return asyncio.run(judge.ajudge(prediction, references, question=question, format_errors=format_errors))
+        return sync(prediction, references, question=question, format_errors=format_errors, **extra)
+    return asyncio.run(judge.ajudge(prediction, references, question=question, format_errors=format_errors, **extra))
 
 
 class FormatGate:
@@ -215,18 +298,23 @@ class FormatGate:
     def __init__(self, inner: Judge) -> None:
         self.inner = inner
         self.name = f"{inner.name}+format"
+        self.uses_aug_references = bool(getattr(inner, "uses_aug_references", False))
 
     def judge(
-        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = ()
+        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = (),
+        aug_references: Sequence[str] = (),
     ) -> Verdict:
         """Sync form of `ajudge`."""
-        return self._gate(_run_sync(self.inner, prediction, references, question, ()), format_errors)
+        return self._gate(_run_sync(self.inner, prediction, references, question, (), aug_references), format_errors)
 
     async def ajudge(
-        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = ()
+        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = (),
+        aug_references: Sequence[str] = (),
     ) -> Verdict:
         """Judge the content with the inner judge, then apply the format gate."""
-        return self._gate(await self.inner.ajudge(prediction, references, question=question), format_errors)
+        inner = await self.inner.ajudge(prediction, references, question=question,
+                                        **aug_kwargs(self.inner, aug_references))
+        return self._gate(inner, format_errors)
 
     def _gate(self, inner: Verdict, format_errors: Sequence[str]) -> Verdict:
         """Pass the inner verdict through, or zero it when there are format errors."""
@@ -250,31 +338,37 @@ class CompositeJudge:
         self.judges = dict(judges)
         self.primary = primary
         self.name = ",".join(self.judges)
+        self.uses_aug_references = any(getattr(j, "uses_aug_references", False) for j in self.judges.values())
 
     def judge(
-        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = ()
+        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = (),
+        aug_references: Sequence[str] = (),
     ) -> Verdict:
         """Run every judge synchronously and combine."""
         verdicts = {}
         for name, judge in self.judges.items():
             try:
-                verdicts[name] = _run_sync(judge, prediction, references, question, format_errors)
+                verdicts[name] = _run_sync(judge, prediction, references, question, format_errors, aug_references)
             except Exception as exc:  # noqa: BLE001 - recorded as that judge's failure
                 verdicts[name] = _failure(name, exc)
         return self._combine(verdicts)
 
     async def ajudge(
-        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = ()
+        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = (),
+        aug_references: Sequence[str] = (),
     ) -> Verdict:
         """Run every judge concurrently (LLM judges are slow) and combine."""
         return self._combine(await self.averdicts(prediction, references, question=question,
-                                                  format_errors=format_errors))
+                                                  format_errors=format_errors, aug_references=aug_references))
 
     async def averdicts(
-        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = ()
+        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = (),
+        aug_references: Sequence[str] = (),
     ) -> dict[str, Verdict]:
-        """Every judge's own verdict by name; a judge that raised gets a failure verdict (`error` set)."""
-        calls = [j.ajudge(prediction, references, question=question, format_errors=format_errors) for j in self.judges.values()]
+        """Every judge's own verdict by name; a judge that raised gets a failure verdict (`error` set). Judges that
+        blend augmented answers get `aug_references`; the others are called as plain `Judge`s."""
+        calls = [j.ajudge(prediction, references, question=question, format_errors=format_errors,
+                          **aug_kwargs(j, aug_references)) for j in self.judges.values()]
         results = await asyncio.gather(*calls, return_exceptions=True)
         return {name: _failure(name, r) if isinstance(r, Exception) else r for name, r in zip(self.judges, results)}
 
@@ -291,7 +385,10 @@ class CompositeJudge:
         return Verdict(main.score, main.correct, self.name, detail, error=main.error)
 
 
-_JUDGES: dict[str, Callable[[], Judge]] = {"em": ExactMatch, "f1": TokenF1, "cover_em": CoverExactMatch}
+_JUDGES: dict[str, Callable[[], Judge]] = {
+    "em": ExactMatch, "f1": TokenF1, "cover_em": CoverExactMatch,
+    "asearcher_f1": ASearcherF1, "asearcher_em": ASearcherEM, "searchr1_em": SearchR1EM,
+}
 
 
 def _named_judge(name: str, chat: ChatModel | None = None) -> Judge:
@@ -311,7 +408,8 @@ def _named_judge(name: str, chat: ChatModel | None = None) -> Judge:
 
 
 def make_judge(spec: str | Judge, chat: ChatModel | None = None) -> Judge:
-    """Build a judge from a name ('em', 'f1', 'cover_em', 'llm', 'f1+format') or comma list (first is primary),
+    """Build a judge from a name ('em', 'f1', 'cover_em', 'asearcher_f1', 'asearcher_em', 'searchr1_em', 'llm',
+    'f1+format') or comma list (first is primary),
     or pass one through; `chat` is the model behind 'llm'."""
     if not isinstance(spec, str):
         if not isinstance(spec, Judge):

@@ -23,7 +23,7 @@ from gymnasium.error import ResetNeeded
 
 from searchgym.envs import prompts
 from searchgym.envs.actions import Action, parse_action
-from searchgym.envs.judges import FormatGate, Judge, make_judge
+from searchgym.envs.judges import FormatGate, Judge, aug_kwargs, make_judge
 from searchgym.envs.spaces import UnicodeText
 from searchgym.envs.tasks import Task, TaskPool
 from searchgym.envs.tools.base import BackendError, PageBackend, PageNotFound, SearchBackend, backend_stats
@@ -76,8 +76,8 @@ class SearchEnv(gym.Env[str, str]):
     and optionally `{max_turns}`) followed by the question. `step` returns the tool's result inside
     `<information>...</information>`:
 
-    - search: the `top_k` hits, each `[Doc k](url):` then title and snippet (cut to `doc_chars`), or
-      "No search results are found.";
+    - search: up to `top_k` hits (a BM25 index returns fewer when fewer pages match the query), each
+      `[Doc k](url):` then title and snippet (cut to `doc_chars`), or "No search results are found.";
     - access: the page (cut to `max_page_chars`) in parts of `page_chunk_chars` characters, at most
       `max_page_chunks` of them, headed `>>>> Page n >>>> (of N) Title`; accessing the same url again
       gives the next part, and after the last one a note says all parts were read;
@@ -87,8 +87,9 @@ class SearchEnv(gym.Env[str, str]):
     ## Rewards
 
     0.0 on every turn but the answer. An answer gets the judge's score in [0, 1]: `judge="f1"` (token
-    F1, the default), `"em"`, `"cover_em"`, a comma list such as `"em,f1"` (the first is the reward,
-    all are in the verdict), or any `Judge` object (e.g. `LLMJudge`). With `format_gate=True` an
+    F1, the default), `"em"`, `"cover_em"`, the reference projects' own rewards `"asearcher_f1"`,
+    `"asearcher_em"` (which blend a task's `aug_answer` in at 0.3) and `"searchr1_em"`, a comma list such
+    as `"em,f1"` (the first is the reward, all are in the verdict), or any `Judge` object (e.g. `LLMJudge`). With `format_gate=True` an
     answer from an episode that had a format error scores 0 (the verdict keeps what it would have
     scored).
 
@@ -331,7 +332,8 @@ class SearchEnv(gym.Env[str, str]):
     async def _answer(self, action: Action, info: dict[str, Any]) -> tuple[float, str]:
         self.counts["answer"] += 1
         verdict = await self.judge.ajudge(action.argument, self.task.answers, question=self.task.question,
-                                          format_errors=self.format_errors)
+                                          format_errors=self.format_errors,
+                                          **aug_kwargs(self.judge, self.task.aug_answers))  # asearcher_* blend them
         info.update(prediction=action.argument, verdict=verdict.to_dict(), answers=list(self.task.answers))
         return float(verdict.score), "Your answer was recorded. The episode is over."
 

@@ -25,7 +25,10 @@ class Task:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any], *, fallback_id: str) -> "Task":
-        """A Task from our row form or ASearcher's (`question`, `answer`/`gt` str or list, `aug_answer`, `qid`/`idx`)."""
+        """A Task from our row form or ASearcher's (`question`, `answer`/`gt` str or list, `aug_answer`, `qid`/`idx`).
+
+        `aug_answer` (ASearcher's augmented answers) is kept apart in `metadata["aug_answer"]`, not among the
+        answers: ASearcher's reward gives them at most 0.3 (see `aug_answers`), so they are not full aliases."""
         if not isinstance(row, Mapping):
             raise ValueError(f"a task row must be a JSON object, got {type(row).__name__}")
         question = row.get("question")
@@ -41,27 +44,43 @@ class Task:
         if not isinstance(metadata, dict):
             raise ValueError("'metadata' must be an object")
         extra = {k: v for k, v in row.items() if k not in _KNOWN_KEYS}
-        return cls(str(task_id), question.strip(), tuple(answers), {**extra, **metadata})
+        metadata = {**extra, **metadata}
+        aug = _strings_of(metadata.get(AUG_KEY))
+        if aug:
+            metadata[AUG_KEY] = aug
+        else:
+            metadata.pop(AUG_KEY, None)
+        return cls(str(task_id), question.strip(), tuple(answers), metadata)
+
+    @property
+    def aug_answers(self) -> tuple[str, ...]:
+        """ASearcher's augmented answers of this task (`metadata["aug_answer"]`), which judges such as
+        `asearcher_f1` blend in at weight 0.3; empty for most tasks."""
+        return tuple(_strings_of(self.metadata.get(AUG_KEY)))
 
     def to_row(self) -> dict[str, Any]:
         return {"id": self.id, "question": self.question, "answers": list(self.answers), "metadata": self.metadata}
 
 
 _ID_KEYS = ("id", "qid", "idx", "question_id")
-_ANSWER_KEYS = ("answers", "answer", "gt", "golden_answers", "aug_answer")
+_ANSWER_KEYS = ("answers", "answer", "gt", "golden_answers")
+AUG_KEY = "aug_answer"  # ASearcher's row field for augmented answers; kept in metadata under the same name
 _KNOWN_KEYS = frozenset({*_ID_KEYS, *_ANSWER_KEYS, "question", "metadata"})
 
 
 def _answers_of(row: Mapping[str, Any]) -> list[str]:
     """All reference answers of a row, aliases included, de-duplicated in order."""
-    found: list[str] = []
-    for key in _ANSWER_KEYS:
-        value = row.get(key)
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            value = [value]
-        if isinstance(value, (list, tuple)):
-            found.extend(str(v).strip() for v in value if isinstance(v, (str, int, float)) and str(v).strip())
-    return list(dict.fromkeys(found))
+    return list(dict.fromkeys(s for key in _ANSWER_KEYS for s in _strings_of(row.get(key))))
+
+
+def _strings_of(value: Any) -> list[str]:
+    """A string, number or list of them as stripped non-empty strings, de-duplicated in order; anything else: []."""
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        return []
+    found = (str(v).strip() for v in value if isinstance(v, (str, int, float)))
+    return list(dict.fromkeys(s for s in found if s))
 
 
 class TaskFileError(ValueError):

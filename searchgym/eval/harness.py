@@ -86,13 +86,14 @@ def eval_judge(spec: str, chat: Any = None) -> CompositeJudge:
     return CompositeJudge({name: judge}, primary=name)
 
 
-async def judge_all(judge: CompositeJudge, prediction: str | None, answers: Sequence[str], question: str
-                    ) -> dict[str, dict]:
-    """Every judge's verdict as a dict; no answer is wrong for every judge (score 0), not a judge failure."""
+async def judge_all(judge: CompositeJudge, prediction: str | None, answers: Sequence[str], question: str,
+                    aug_answers: Sequence[str] = ()) -> dict[str, dict]:
+    """Every judge's verdict as a dict; no answer is wrong for every judge (score 0), not a judge failure.
+    `aug_answers` (a task's ASearcher `aug_answer`) reach only the judges that blend them (asearcher_*)."""
     if prediction is None:
         return {n: {"score": 0.0, "correct": False, "judge": n, "detail": {"reason": "no answer"}, "error": None}
                 for n in judge.judges}
-    verdicts = await judge.averdicts(prediction, list(answers), question=question)
+    verdicts = await judge.averdicts(prediction, list(answers), question=question, aug_references=list(aug_answers))
     return {name: verdict.to_dict() for name, verdict in verdicts.items()}
 
 
@@ -220,7 +221,7 @@ async def _play(todo, make_env, store: SampleStore, judge: CompositeJudge, workf
                 episode_seed = int(np.random.SeedSequence([seed, index, sample]).generate_state(1)[0])
                 traj = await workflow.arun_episode(env, seed=episode_seed, options={"task_id": task.id},
                                                    rid=f"eval-{index}-{sample}")
-            verdicts = await judge_all(judge, traj.prediction, task.answers, task.question)
+            verdicts = await judge_all(judge, traj.prediction, task.answers, task.question, task.aug_answers)
             counts = traj.counts
             store.append({
                 "task_id": task.id, "sample": sample, "question": task.question, "answers": list(task.answers),

@@ -1,5 +1,6 @@
 """The retrieval server speaks the Search-R1/ASearcher API; RemoteSearch survives every server fault. Loopback only."""
 import asyncio
+import contextlib
 import gc
 import json
 import pickle
@@ -23,7 +24,7 @@ from searchgym.envs.tools.base import BackendError, PageNotFound, SearchHit
 from searchgym.envs.tools.local_index import LocalIndex
 from searchgym.envs.tools.remote_search import RemoteSearch
 from searchgym.envs.tools.http_session import serve_app
-from searchgym.envs.tools.retrieval_server import serving
+from searchgym.envs.tools.retrieval_server import MAX_QUERIES, serving
 from tests.servers import ThreadServer, free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -131,7 +132,7 @@ async def test_health(server, http):
     ("/retrieve", b'{"queries": ["a"], "return_scores": "maybe"}', "return_scores"),
     ("/retrieve", b'{"queries": ["a"], "return_scores": 2}', "return_scores"),
     ("/retrieve", b'{"queries": ["a"], "snippet": [true]}', "snippet"),
-    ("/retrieve", json.dumps({"queries": ["a"] * 513}).encode(), "at most 512"),
+    ("/retrieve", json.dumps({"queries": ["a"] * 4097}).encode(), "at most 4096 queries per request, got 4097"),
     ("/access", b'{"urls": "https://a"}', "urls must be a list"),
     ("/access", json.dumps({"urls": ["u"] * 65}).encode(), "at most 64"),
     ("/retrieve", b'{"queries": ["ok", "a\\ud800b"]}', "queries[1] is not valid Unicode: a lone surrogate U+D800 at character 1"),
@@ -568,6 +569,8 @@ async def test_cli_has_serve_search_and_bench_search():
     args = build_parser().parse_args(["serve", "search", "--index", "idx", "--port", "8123"])
     assert args.run.__name__ == "_serve_search" and args.port == 8123 and args.host == "127.0.0.1"
     assert not args.snippets and build_parser().parse_args(["serve", "search", "--index", "i", "--snippets"]).snippets
+    assert args.max_queries == MAX_QUERIES >= 2560  # Search-R1's train_grpo.sh: 512 questions x 5 in one request
+    assert build_parser().parse_args(["serve", "search", "--index", "i", "--max-queries", "7"]).max_queries == 7
     args = build_parser().parse_args(["bench", "search", "--size", "500"])
     assert args.run.__name__ == "_bench_search" and args.size == 500
 
@@ -590,6 +593,66 @@ async def test_searchgym_serve_search_process_answers_then_stops_cleanly_on_sigt
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
     assert code == 0, (tmp_path / "server.log").read_text()  # SIGTERM is a clean shutdown
+
+
+@contextlib.asynccontextmanager
+async def serve_search_process(index: Path, log_path: Path, *flags: str):
+    """`searchgym serve search` as its own process on 127.0.0.1 and a free port; yields the base URL once it answers,
+    stops it with SIGTERM after."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with open(log_path, "w+") as log:
+        proc = subprocess.Popen(["searchgym", "serve", "search", "--index", str(index), "--port", str(port), *flags],
+                                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            async with aiohttp.ClientSession() as http:
+                for _ in range(600):
+                    try:
+                        async with http.get(url + "/health") as resp:
+                            if resp.status == 200:
+                                break
+                    except aiohttp.ClientConnectionError:
+                        assert proc.poll() is None, log_path.read_text()
+                        await asyncio.sleep(0.1)
+            yield url
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+
+
+async def test_one_request_of_2560_queries_as_search_r1_training_sends(small_bundle, small_index, http, tmp_path):
+    """Search-R1's train_grpo.sh (512 questions x 5 samples) sends 2,560 queries in one /retrieve: the real server
+    answers it with default flags, each query's documents exactly those of that query asked alone."""
+    titles = [doc.title for doc, _ in zip(small_index.iter_docs(), range(700))]
+    n = len(titles)
+    queries = [titles[i % n] if i % 5 == 0 else f"{titles[i % n]} {titles[(i + i // n + 1) % n].split()[0]}"
+               for i in range(2558)] + ["zzqx nothing matches", ""]
+    assert len(queries) == 2560 and len(set(queries)) > 2000
+    async with serve_search_process(small_bundle / "index", tmp_path / "server.log") as url:
+        status, body = await post(http, url + "/retrieve", {"queries": queries, "topk": 3, "return_scores": True})
+        assert status == 200, body
+        assert len(body["result"]) == 2560
+        gate = asyncio.Semaphore(16)
+
+        async def alone(query: str) -> list:
+            async with gate:
+                status, one = await post(http, url + "/retrieve", {"queries": [query], "topk": 3, "return_scores": True})
+                assert status == 200
+                return one["result"][0]
+
+        singles = await asyncio.gather(*map(alone, queries))
+    assert body["result"] == singles
+    assert sum(len(docs) == 3 for docs in singles) > 2000  # real answers, not empty lists
+
+
+async def test_max_queries_flag_caps_a_request_and_the_400_names_it(small_bundle, http, tmp_path):
+    """`serve search --max-queries N`: N queries are answered, N + 1 are a 400 that names the flag to raise."""
+    async with serve_search_process(small_bundle / "index", tmp_path / "server.log", "--max-queries", "5") as url:
+        status, body = await post(http, url + "/retrieve", {"queries": [QUERY] * 5, "topk": 1})
+        assert status == 200 and len(body["result"]) == 5
+        status, body = await post(http, url + "/retrieve", {"queries": [QUERY] * 6, "topk": 1})
+        assert status == 400 and "at most 5 queries per request, got 6" in body["error"]
+        assert "--max-queries" in body["error"]
 
 
 async def test_local_qa_over_retrieval_servers_by_either_url(server, small_bundle, small_index):

@@ -23,7 +23,9 @@ def test_asearcher_and_own_rows(tmp_path):
     ])
     pool = TaskPool.from_jsonl(path)
     assert [t.id for t in pool] == ["3", "t-1", "x", "t-3"]
-    assert pool.by_id("t-1").answers == ("1873", "eighteen seventy-three", "1873 AD")
+    assert pool.by_id("t-1").answers == ("1873", "eighteen seventy-three")  # aug_answer is not a full alias
+    assert pool.by_id("t-1").aug_answers == ("1873 AD",) == tuple(pool.by_id("t-1").metadata["aug_answer"])
+    assert pool.by_id("3").aug_answers == ()
     assert pool.by_id("3").metadata == {"source": "nq"}
     assert pool.by_id("t-3").answers == ("7",)
     assert [t.id for t in pool.filter(split="test")] == ["x"]

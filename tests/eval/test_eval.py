@@ -393,6 +393,15 @@ async def test_the_judged_answer_is_the_one_the_env_recorded(small_pool, small_i
     assert wrong["em"]["score"] == 0.0 and wrong["em"]["error"] is None
 
 
+async def test_aug_answers_reach_only_the_judges_that_blend_them():
+    """A task's ASearcher aug_answer counts 0.3 for asearcher_f1 in an evaluation, and nothing for searchgym's f1."""
+    from searchgym.eval.harness import eval_judge, judge_all
+
+    verdicts = await judge_all(eval_judge("asearcher_f1,f1"), "Lutetia", ["Paris"], "Capital of France?", ["Lutetia"])
+    assert verdicts["asearcher_f1"]["score"] == pytest.approx(0.3) and verdicts["f1"]["score"] == 0.0
+    assert not verdicts["asearcher_f1"]["correct"]
+
+
 def test_a_damaged_run_record_is_one_error_naming_the_file(tmp_path):
     (tmp_path / "run.json").write_text('{"env": "searchgym/Synthe')  # cut by a kill
     with pytest.raises(ValueError, match=r"run\.json is damaged"):

@@ -27,6 +27,17 @@ def test_a_shipped_config_loads_and_its_launcher_accepts_it(path, tmp_path):
     assert load_config(tmp_path / "config.json") == config
 
 
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("asearcher-7b-*.yaml")), ids=lambda p: p.name)
+def test_the_asearcher_configs_reward_with_asearchers_f1(path):
+    """The configs that mirror ASearcher's training reward build the judge that equals it (format gate on top)."""
+    from searchgym.envs.judges import ASearcherF1, FormatGate, make_judge
+
+    kwargs = load_config(path).env.kwargs
+    judge = make_judge(kwargs["judge"])
+    assert isinstance(judge, ASearcherF1) and kwargs["format_gate"] is True
+    assert FormatGate(judge).judge("the Paris", ["Paris"], aug_references=["x"]).score == pytest.approx(2 / 3)
+
+
 def test_the_file_overrides_the_defaults_and_overrides_override_the_file(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("steps: 7\nlearner:\n  lr: 0.001\nrollout:\n  group_size: 8\n  max_concurrent_rollouts: 64\n")

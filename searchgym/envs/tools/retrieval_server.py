@@ -18,8 +18,9 @@ PageBackend (normally a LocalIndex), so their clients and our RemoteSearch are i
 
 Bodies are parsed and checked, queries searched and answers encoded on a thread pool, so neither a big
 request (10 MB) nor a slow batch keeps the event loop from answering `/health`. Bad input (malformed
-JSON, bytes that are not UTF-8, strings holding lone surrogates, wrong types, too many queries, topk out
-of range) is a 400 with a JSON {"error": message}, never a 500; bodies over `client_max_size` (16 MiB by
+JSON, bytes that are not UTF-8, strings holding lone surrogates, wrong types, more queries than `max_queries`
+(`--max-queries`, 4,096 by default: Search-R1's training sends up to 2,560 in one request), topk out of range)
+is a 400 with a JSON {"error": message}, never a 500; bodies over `client_max_size` (16 MiB by
 default) are a 413. Unknown request fields are ignored, as Search-R1's server (pydantic) ignores them.
 """
 from __future__ import annotations
@@ -45,7 +46,7 @@ from searchgym.envs.tools.http_session import BadRequest, check, error_middlewar
 logger = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 16 * 2**20
-MAX_QUERIES = 512  # per /retrieve request
+MAX_QUERIES = 4096  # per /retrieve request: above Search-R1's train_grpo.sh, which sends up to 512 x 5 = 2,560
 MAX_URLS = 64  # per /access request
 MAX_TOPK = 100
 DEFAULT_TOPK = 3  # Search-R1's --topk default, used when topk is 0, null or missing
@@ -79,13 +80,13 @@ def parse_body(raw: bytes) -> dict:
     return body
 
 
-def _strings(body: dict, key: str, cap: int) -> list[str]:
+def _strings(body: dict, key: str, cap: int, raise_cap: str = "") -> list[str]:
     """body[key] as a list of at most cap strings of valid Unicode (JSON's \\ud800 escapes can make lone surrogates,
-    which no UTF-8 text holds)."""
+    which no UTF-8 text holds); `raise_cap` tells the client how the server's cap is raised, when it can be."""
     value = body.get(key)
     check(isinstance(value, list) and all(isinstance(v, str) for v in value),
            f"{key} must be a list of strings, got {_show(value)}")
-    check(len(value) <= cap, f"at most {cap} {key} per request, got {len(value)}; split the batch")
+    check(len(value) <= cap, f"at most {cap} {key} per request, got {len(value)}; split the batch{raise_cap}")
     for i, text in enumerate(value):
         bad = _SURROGATE.search(text)
         if bad is not None:
@@ -183,7 +184,8 @@ class _RetrievalServer:
     def _retrieve_args(self, raw: bytes) -> tuple[list[str], int, bool, bool]:
         """(queries, topk, return_scores, snippet) of a /retrieve body, checked (on a pool thread)."""
         body = parse_body(raw)
-        queries = _strings(body, "queries", self.max_queries)
+        queries = _strings(body, "queries", self.max_queries,
+                           " or start the server with a higher --max-queries (max_queries=)")
         topk = body.get("topk")
         check(topk is None or (isinstance(topk, int) and not isinstance(topk, bool) and 0 <= topk <= self.max_topk),
               f"topk must be an integer in [1, {self.max_topk}], or 0 or null for the default ({self.default_topk}), "
@@ -234,7 +236,10 @@ def create_app(backend: SearchBackend, pages: PageBackend | None = None, *, thre
                default_topk: int = DEFAULT_TOPK, snippets: bool = False,
                client_max_size: int = MAX_REQUEST_BYTES) -> web.Application:
     """The aiohttp app serving `backend` (pages default to the backend itself when it is a PageBackend);
-    `snippets=True` answers hits with their snippets unless a request asks otherwise."""
+    `snippets=True` answers hits with their snippets unless a request asks otherwise; a /retrieve request of more
+    than `max_queries` queries is a 400 (`serve search --max-queries`)."""
+    if max_queries < 1:
+        raise ValueError(f"max_queries must be at least 1, got {max_queries}")
     if pages is None and isinstance(backend, PageBackend):
         pages = backend
     server = _RetrievalServer(backend, pages, threads=threads, max_queries=max_queries, max_urls=max_urls,
@@ -282,9 +287,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--snippets", action="store_true", help="answer hits with snippets, not whole documents")
+    add_max_queries_flag(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    run_server(args.index, args.host, args.port, snippets=args.snippets)
+    run_server(args.index, args.host, args.port, snippets=args.snippets, max_queries=args.max_queries)
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_max_queries_flag(parser: argparse.ArgumentParser) -> None:
+    """`--max-queries N`, shared by `searchgym serve search` and this module's own entry point."""
+    parser.add_argument("--max-queries", type=_positive_int, default=MAX_QUERIES, metavar="N",
+                        help=f"most queries one /retrieve request may hold, more is a 400 (default {MAX_QUERIES}; "
+                             "Search-R1's training sends up to 2,560)")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The other end of a weight-update group, run with SGLang 0.5.23's own code in a child process.
+"""The other end of a weight-update group in a child process: SGLang 0.5.23's own code, or our trainer.
 
 - `sglang_trainer`: rank 0 formed by SGLang's `init_custom_process_group` (AReaL's trainer forms its group
   with the same function), broadcasting each tensor with `torch.distributed.broadcast(src=0, group=...)` as
@@ -7,7 +7,10 @@
   (its tensor-parallel world of one), then `WeightUpdater.init_weights_update_group` and
   `WeightUpdater.receive_weights_from_distributed` from the wheel, bound to a stand-in `self`.
 
-The definitions are read out of the installed wheel (tests/agents/sglang_source.py). A group needs two
+- `searchgym_trainer`: our `DistributedWeightSync` driving a `serve model` over HTTP (a process holds one
+  group per name, so the trainer end cannot share the test's process with the server's).
+
+The SGLang definitions are read out of the installed wheel (tests/agents/sglang_source.py). A group needs two
 processes, and SGLang's calls wait up to 30 minutes: `Peer` runs each in a spawned child, writes its error
 to a file, and kills it when a bound passes, so a broken pairing fails fast instead of hanging.
 """
@@ -109,3 +112,23 @@ class Peer:
         if self.process.is_alive():
             self.process.kill()
             self.process.join(10)
+
+
+def searchgym_trainer(url: str, master_port: int, model_dir: str, version: str, bucket_bytes: int) -> None:
+    """Our trainer end (DistributedWeightSync) in its own process, pushing the model saved at `model_dir`."""
+    import asyncio
+
+    import aiohttp
+    from transformers import AutoModelForCausalLM
+
+    from searchgym.trainers.dist_sync import DistributedWeightSync
+
+    async def push() -> None:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        sync = DistributedWeightSync([url], master_port=master_port, backend="gloo", bucket_bytes=bucket_bytes)
+        async with aiohttp.ClientSession() as http:
+            await sync.init(http)
+            await sync.push(http, model, version)
+        sync.close()
+
+    asyncio.run(push())

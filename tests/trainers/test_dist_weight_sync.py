@@ -45,7 +45,7 @@ async def assert_serves_logprobs_of(http, url, pushed, original):
 
 @pytest.mark.asyncio(loop_scope="function")
 async def test_distributed_update_reaches_serve_model_bit_for_bit(tiny_model_dir, tmp_path):
-    """Our trainer end (its own process, as in a run) -> serve model: weights equal, log-probs are the pushed model's."""
+    """Our trainer end (in its own process, as in a run) -> serve model: weights equal, log-probs the pushed model's."""
     original = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     trained = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     with torch.no_grad():  # "the learner's step": every weight changes

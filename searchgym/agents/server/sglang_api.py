@@ -348,7 +348,8 @@ class SGLangAPI:
         for dtype in dtypes:
             require(dtype.removeprefix("torch.") in DTYPES, f"dtypes: unsupported dtype {show(dtype)}")
         require(body.get("load_format") is None,  # SGLang's "flattened_bucket" sends one flat tensor per bucket
-                f"load_format={show(body.get('load_format'))} is not supported by this server: send null (tensor by tensor)")
+                f"load_format={show(body.get('load_format'))} is not supported by this server: send null "
+                "(tensor by tensor)")
         name = f.string(f.or_default(body.get("group_name"), "weight_update_group"), "group_name")
         require(name in self.weight_groups, f"no weight-update group {show(name)}: call /init_weights_update_group")
         abort_all = lax_boolean(f.or_default(body.get("abort_all_requests"), False), "abort_all_requests")

@@ -5,8 +5,9 @@
     await sync.push(http, model, version)       per bucket: POST /update_weights_from_distributed to each server
                                                 while broadcasting the bucket's tensors from rank 0
 
-Each server answers once its bucket has arrived and is loaded; generations in flight continue, their later
-tokens carrying the new version. Disk sync (`weight_sync.py`) stays the fallback.
+The group is formed as SGLang's and AReaL's `init_custom_process_group` forms it (dist_weights.py), so the
+servers can be SGLang's own. Each server answers once its bucket has arrived and is loaded; generations in
+flight continue, their later tokens carrying the new version. Disk sync (`weight_sync.py`) stays the fallback.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 import aiohttp
 import torch
 
-from searchgym.agents.server.dist_weights import open_group, send
+from searchgym.agents.server.dist_weights import close_group, open_group, send
 
 
 def buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
@@ -84,6 +85,12 @@ class DistributedWeightSync:
             await asyncio.gather(asyncio.to_thread(send, self.group, tensors),
                                  *(self._post(http, a, "/update_weights_from_distributed", body)
                                    for a in self.addresses))
+
+    def close(self) -> None:
+        """Leave the group (this process may form one of the same name again)."""
+        if self.group is not None:
+            close_group(self.group)
+            self.group = None
 
     async def _post(self, http: aiohttp.ClientSession, address: str, path: str, body: dict) -> dict:
         """POST to one server; a refusal raises with the server's message."""

@@ -130,7 +130,8 @@ class DistributedSync:
         await asyncio.gather(*(engine.update_weights(None, version) for engine in self.engines))
 
     async def close(self) -> None:
-        """Close the HTTP session (the group lives as long as this process)."""
+        """Leave the weight-update group and close the HTTP session."""
+        self.broadcast.close()
         if self._http is not None:
             await self._http.close()
             self._http = None

@@ -1,5 +1,6 @@
 """SGLang's distributed weight update against a real `serve model` on loopback (gloo on CPU): after the broadcast
-the server's weights equal the trainer's bit for bit, it serves the new version, and a request in flight finishes."""
+the server's weights equal the trainer's bit for bit, its log-probs are the pushed model's, it serves the new
+version, and a request in flight finishes. Pairings with SGLang's own code: test_weight_group_pairings.py."""
 import asyncio
 import json
 import socket
@@ -13,8 +14,9 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
 from searchgym.trainers.dist_sync import DistributedWeightSync, buckets
-from tests.agents.servers import PROMPT, model_server, post
+from tests.agents.servers import PROMPT, model_server, post, teacher_forced
 from tests.servers import JSON_VALUES
+from tests.trainers.sglang_weight_peer import Peer, searchgym_trainer
 
 
 def free_port() -> int:
@@ -29,22 +31,40 @@ def test_buckets_keep_order_and_respect_the_size():
     assert got == [["w0", "w1"], ["w2"], ["w3"]]
 
 
+async def assert_serves_logprobs_of(http, url, pushed, original):
+    """The server's log-probs for a sampled continuation are the pushed model's (and not the original's)."""
+    status, out = await post(http, url, "/generate", {
+        "input_ids": PROMPT, "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 8, "temperature": 1.0, "ignore_eos": True, "sampling_seed": 3}})
+    assert status == 200, out
+    served = [row[0] for row in out["meta_info"]["output_token_logprobs"]]
+    expected = teacher_forced(pushed, PROMPT, out["output_ids"])
+    assert served == pytest.approx(expected, abs=1e-4)
+    assert served != pytest.approx(teacher_forced(original, PROMPT, out["output_ids"]), abs=1e-3)
+
+
 @pytest.mark.asyncio(loop_scope="function")
-async def test_distributed_update_reaches_serve_model_bit_for_bit(tiny_model_dir):
+async def test_distributed_update_reaches_serve_model_bit_for_bit(tiny_model_dir, tmp_path):
+    """Our trainer end (in its own process, as in a run) -> serve model: weights equal, log-probs the pushed model's."""
+    original = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     trained = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     with torch.no_grad():  # "the learner's step": every weight changes
         for p in trained.parameters():
             p.add_(torch.randn_like(p) * 0.01)
+    trained.save_pretrained(tmp_path / "trained")
     async with model_server(tiny_model_dir) as (url, engine), aiohttp.ClientSession() as http:
         assert not torch.equal(engine.model.state_dict()["lm_head.weight"], trained.state_dict()["lm_head.weight"])
         # a long generation in flight across the update
         long = asyncio.create_task(post(http, url, "/generate", {
             "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 60, "temperature": 0.0, "ignore_eos": True}}))
         await asyncio.sleep(0.2)
-        sync = DistributedWeightSync([url], master_port=free_port(), backend="gloo", bucket_bytes=64 << 10)
-        await sync.init(http)
-        assert len(list(buckets(trained.state_dict().items(), sync.bucket_bytes))) > 1  # several buckets
-        await sync.push(http, trained, 7)
+        bucket_bytes = 64 << 10
+        assert len(list(buckets(trained.state_dict().items(), bucket_bytes))) > 1  # several buckets
+        trainer = Peer(searchgym_trainer, url, free_port(), str(tmp_path / "trained"), "7", bucket_bytes, tmp=tmp_path)
+        try:
+            await asyncio.to_thread(trainer.join, 180)
+        finally:
+            trainer.kill()
 
         served = engine.model.state_dict()
         for name, tensor in trained.state_dict().items():
@@ -53,6 +73,7 @@ async def test_distributed_update_reaches_serve_model_bit_for_bit(tiny_model_dir
         assert status == 200 and info["meta_info"]["weight_version"] == "7"
         status, body = await long
         assert status == 200 and len(body["output_ids"]) == 60
+        await assert_serves_logprobs_of(http, url, trained, original)
 
         # a bucket for a group the server never joined is refused (before any broadcast), a clear 400
         status, answer = await post(http, url, "/update_weights_from_distributed", {

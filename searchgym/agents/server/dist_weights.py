@@ -6,9 +6,16 @@
     broadcast each bucket from rank 0        <->   POST /update_weights_from_distributed {names, dtypes, shapes,
                                                         group_name, flush_cache, abort_all_requests, weight_version}
 
-The group is a gloo (CPU) or NCCL (GPU) process group built on its own TCPStore, so neither side needs
-`torch.distributed.init_process_group` and a trainer's own ranks stay separate. Both calls block until every
-member joins or sends: servers run them in a worker thread, callers run both ends concurrently.
+The group is formed the way SGLang 0.5.23 (`init_custom_process_group`, server side) and AReaL (trainer side)
+form theirs, so any of them can sit at either end: a `tcp://` rendezvous store on the master's port (rank 0
+hosts it), wrapped in a store prefixed with the group name, handed to torch's own group factory
+(`_new_process_group_helper`), which adds the `<group_name>/` and `<device>/` prefixes (`cpu/` for gloo,
+`cuda/` for NCCL) and the backend's sequence-number handshake. Keys built any other way never meet theirs
+(a hand-made `PrefixStore(name) -> ProcessGroupGloo` waits for keys SGLang never writes, then times out).
+Neither side needs `torch.distributed.init_process_group`, and a trainer's own ranks stay separate.
+Both calls block until every member joins or sends: servers run them in a worker thread, callers run both
+ends concurrently. A process holds at most one open group per name (torch's registry is by name, as in
+SGLang); `close_group` frees the name.
 """
 from __future__ import annotations
 
@@ -16,23 +23,49 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
 
 DTYPES = {name: getattr(torch, name) for name in ("float32", "float16", "bfloat16", "float64")}
 
 
+def _host(address: str) -> str:
+    """An IPv6 host as AReaL sends it ("[::1]", URL form) or bare: the bare form TCPStore wants."""
+    return address[1:-1] if address.startswith("[") and address.endswith("]") else address
+
+
 def open_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
                backend: str = "gloo", timeout_s: float = 300.0) -> dist.ProcessGroup:
-    """Join (rank 0: host) the weight-update group `group_name` of `world_size` members; blocks until all join."""
+    """Join (rank 0: host) the weight-update group `group_name` of `world_size` members; blocks until all join.
+
+    Same store keys and handshake as SGLang's and AReaL's `init_custom_process_group`, so either can be the
+    other end. Raises ValueError for a bad argument or a name already open in this process, and torch's
+    DistStoreError when the other members do not join within `timeout_s`.
+    """
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside a group of {world_size}")
+    if not group_name:
+        raise ValueError("group_name must be a non-empty string")
+    if group_name in c10d._world.pg_names.values():
+        raise ValueError(f"a weight-update group named {group_name!r} is already open in this process")
     timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(master_address, int(master_port), world_size, is_master=rank == 0, timeout=timeout)
-    store = dist.PrefixStore(group_name, store)
-    if backend == "gloo":
-        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
-    return dist.ProcessGroupNCCL(store, rank, world_size)
+    # what torch's tcp:// rendezvous builds for `init_method="tcp://host:port"`: rank 0 hosts, the rest connect
+    store = dist.TCPStore(_host(master_address), int(master_port), world_size, is_master=rank == 0,
+                          timeout=timeout, multi_tenant=True)
+    store = dist.PrefixStore(group_name, store)  # the caller's prefix, as SGLang and AReaL add it
+    # torch's group factory: "<group_name>/" and "<device>/" prefixes, the backend and its sequence handshake;
+    # `[]` ranks = a group of its own, not a subgroup of any default group
+    group, _ = c10d._new_process_group_helper(world_size, rank, [], dist.Backend(backend), store,
+                                              group_name=group_name, timeout=timeout)
+    c10d._world.pg_group_ranks[group] = {i: i for i in range(world_size)}  # so dist.broadcast(group=...) works too
+    return group
+
+
+def close_group(group: dist.ProcessGroup) -> None:
+    """Leave a group opened by `open_group` and free its name in this process (a trainer may form it again)."""
+    if group in c10d._world.pg_map:
+        dist.destroy_process_group(group)
 
 
 def parse_dtype(name: str) -> torch.dtype:

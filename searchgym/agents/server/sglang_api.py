@@ -23,6 +23,7 @@ from searchgym.agents.engines.detokenize import output_text
 from searchgym.agents.engines.fields import require, show
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, SamplingParams
 from searchgym.agents.server.core import ServedModel
+from searchgym.agents.server.lax_fields import lax_boolean, lax_integer, shapes, strings
 from searchgym.envs.tools.http_session import json_body
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default when a request leaves max_new_tokens unset
@@ -261,7 +262,7 @@ class SGLangAPI:
     async def abort_request(self, request: web.Request) -> web.Response:
         """POST /abort_request {rid, abort_all}: in-flight requests return with finish_reason abort."""
         body = await json_body(request)
-        abort_all = f.boolean(f.or_default(body.get("abort_all"), False), "abort_all")
+        abort_all = lax_boolean(f.or_default(body.get("abort_all"), False), "abort_all")
         rid = f.string(f.or_default(body.get("rid"), ""), "rid")
         require(abort_all or rid != "", "give a rid or abort_all: true")
         await self.model.engine.abort(None if abort_all else rid)
@@ -274,7 +275,8 @@ class SGLangAPI:
 
     async def resume(self, request: web.Request) -> web.Response:
         """POST /continue_generation: paused requests go on, waiting ones are admitted."""
-        await json_body(request, empty_ok=True)
+        body = await json_body(request, empty_ok=True)
+        lax_boolean(f.or_default(body.get("torch_empty_cache"), True), "torch_empty_cache")  # no CUDA cache here
         await self.model.resume()
         return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
@@ -285,11 +287,11 @@ class SGLangAPI:
         require(isinstance(path, str) and path != "", f"model_path must be a non-empty string, got {show(path)}")
         require(body.get("load_format") in LOAD_FORMATS,
                 f"load_format must be one of {list(LOAD_FORMATS)}, got {show(body.get('load_format'))}")
-        abort_all = f.boolean(f.or_default(body.get("abort_all_requests"), False), "abort_all_requests")
-        keep_pause = f.boolean(f.or_default(body.get("keep_pause"), False), "keep_pause")
+        abort_all = lax_boolean(f.or_default(body.get("abort_all_requests"), False), "abort_all_requests")
+        keep_pause = lax_boolean(f.or_default(body.get("keep_pause"), False), "keep_pause")
         for name in ("is_async", "torch_empty_cache", "recapture_cuda_graph", "flush_cache"):  # no effect here
-            f.boolean(f.or_default(body.get(name), False), name)
-        f.integer(f.or_default(body.get("token_step"), 0), "token_step")
+            lax_boolean(f.or_default(body.get(name), False), name)
+        lax_integer(f.or_default(body.get("token_step"), 0), "token_step")
         f.neutral(body, "manifest", ())
         label = _label(body.get("weight_version"), "weight_version")
         model = self.model
@@ -310,18 +312,20 @@ class SGLangAPI:
 
     async def init_weights_update_group(self, request: web.Request) -> web.Response:
         """POST /init_weights_update_group: join a trainer's weight-update group (answers once all members joined)."""
-        from searchgym.agents.server.dist_weights import open_group
+        from searchgym.agents.server.dist_weights import close_group, open_group
 
-        body = await json_body(request)
+        body = await json_body(request)  # SGLang's lax ints: AReaL sends "master_port": str(port)
         address = f.string(body.get("master_address"), "master_address")
-        port = f.integer(body.get("master_port"), "master_port")
-        rank = f.integer(body.get("rank_offset"), "rank_offset")
-        world = f.integer(body.get("world_size"), "world_size")
+        port = lax_integer(body.get("master_port"), "master_port")
+        rank = lax_integer(body.get("rank_offset"), "rank_offset")
+        world = lax_integer(body.get("world_size"), "world_size")
         name = f.string(f.or_default(body.get("group_name"), "weight_update_group"), "group_name")
         backend = f.string(f.or_default(body.get("backend"), "nccl"), "backend")
         require(backend in ("gloo", "nccl"), f"backend must be 'gloo' or 'nccl', got {show(backend)}")
         require(1 <= port <= 65535 and world >= 2 and 1 <= rank < world,
                 f"need 1 <= master_port <= 65535 and 1 <= rank_offset < world_size (>= 2), got {port}, {rank}, {world}")
+        if name in self.weight_groups:  # the trainer formed the group again (it restarted): leave the old one
+            close_group(self.weight_groups.pop(name)[0])
         try:
             group = await asyncio.to_thread(open_group, address, port, rank, world, name, backend)
         except Exception as e:  # unreachable master, NCCL on a CPU box: reported, the server serves on
@@ -334,22 +338,30 @@ class SGLangAPI:
         """POST /update_weights_from_distributed: receive a bucket of tensors broadcast by rank 0 and load them."""
         from searchgym.agents.server.dist_weights import receive
 
+        from searchgym.agents.server.dist_weights import DTYPES
+
         body = await json_body(request)
-        names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
-        require(isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)
-                and len(names) == len(dtypes) == len(shapes) > 0,
+        names, dtypes = strings(body.get("names"), "names"), strings(body.get("dtypes"), "dtypes")
+        sizes = shapes(body.get("shapes"), "shapes")
+        require(len(names) == len(dtypes) == len(sizes) > 0,
                 "names, dtypes and shapes must be non-empty lists of one length")
+        for dtype in dtypes:
+            require(dtype.removeprefix("torch.") in DTYPES, f"dtypes: unsupported dtype {show(dtype)}")
+        require(body.get("load_format") is None,  # SGLang's "flattened_bucket" sends one flat tensor per bucket
+                f"load_format={show(body.get('load_format'))} is not supported by this server: send null "
+                "(tensor by tensor)")
         name = f.string(f.or_default(body.get("group_name"), "weight_update_group"), "group_name")
         require(name in self.weight_groups, f"no weight-update group {show(name)}: call /init_weights_update_group")
-        abort_all = f.boolean(f.or_default(body.get("abort_all_requests"), False), "abort_all_requests")
-        f.boolean(f.or_default(body.get("flush_cache"), True), "flush_cache")  # no prefix cache here
+        abort_all = lax_boolean(f.or_default(body.get("abort_all_requests"), False), "abort_all_requests")
+        for flag in ("flush_cache", "torch_empty_cache"):  # no prefix cache, no CUDA cache here
+            lax_boolean(f.or_default(body.get(flag), False), flag)
         label = _label(body.get("weight_version"), "weight_version")
         model = self.model
         group, backend = self.weight_groups[name]
         device = next(model.engine.model.parameters()).device if backend == "nccl" else "cpu"
         aborted = await model.engine.abort(None) if abort_all else 0
         try:
-            tensors = await asyncio.to_thread(receive, group, names, dtypes, shapes, device)
+            tensors = await asyncio.to_thread(receive, group, names, dtypes, sizes, device)
             await model.update_weights({**model.engine.model.state_dict(), **tensors}, label)
         except Exception as e:  # wrong names or shapes: the old weights keep serving
             message = (f"Failed to update weights: {type(e).__name__}: {e}. "
@@ -364,7 +376,7 @@ class SGLangAPI:
         body = await json_body(request)
         label = _label(body.get("new_version"), "new_version")
         require(label is not None, "new_version is required")
-        if f.boolean(f.or_default(body.get("abort_all_requests"), True), "abort_all_requests"):
+        if lax_boolean(f.or_default(body.get("abort_all_requests"), True), "abort_all_requests"):
             await self.model.engine.abort(None)
         await self.model.set_label(label)
         return web.json_response({"success": True, "message": f"Weight version updated to {label}",

@@ -48,9 +48,9 @@ def whole_logits_learner(model: torch.nn.Module, config: Any) -> Any:
     from searchgym.trainers.ppo import entropy_from_logits, token_logprobs
 
     class WholeLogitsLearner(Learner):
-        def _trained_logprobs(self, ids: torch.Tensor, attention: torch.Tensor,
-                              where: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            logits = next_token_logits(self.model, ids, attention, where)
+        def _trained_logprobs(self, ids: torch.Tensor, attention: torch.Tensor | None, where: torch.Tensor,
+                              positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+            logits = next_token_logits(self.model, ids, attention, where, positions)
             labels = ids[:, 1:][where]
             return (token_logprobs(logits, labels, self.config.temperature),
                     entropy_from_logits(logits.detach(), self.config.temperature))
@@ -137,8 +137,7 @@ def agreement(*, device: str, length: int = 2048, trained_share: float = 0.25,
     for head in HEADS:
         learner = _learner(head, _model(device, torch.float32), length, chunk_tokens)
         samples, _ = learner._samples([_group(length, trained_share, seed=0)])
-        ids, attention, mask, *_ = learner._pad(samples[:1])
-        logp, _, _ = learner._logprobs(ids, attention, mask)
+        logp, _, _ = learner._logprobs(learner._layout(samples[:1]))
         logp.sum().backward()
         results[head] = (logp.detach().cpu(), [p.grad.detach().cpu() for p in learner.model.parameters()])
     (a, ga), (b, gb) = results["chunked"], results["whole_logits"]

@@ -30,6 +30,7 @@ class LearnerConfig:
     temperature: float = 1.0
     micro_batch_tokens: int = 16_384
     logit_chunk_tokens: int = 512  # positions whose [chunk, vocab] logits exist at once (lm_head.chunked_logprobs)
+    packing: str = "auto"  # "auto" | "on" | "off": several trajectories in one row (auto: with flash attention)
     minibatches: int = 1
     std_normalize: bool = False
     drop_no_spread: bool = True  # groups whose returns are all equal carry no signal: skip them
@@ -184,6 +185,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     _check_choice("launcher", config.launcher, ("local", "ray"))
     _check_choice("rollout.engine", config.rollout.engine, ("torch", "sglang"))
     _check_choice("rollout.observation_role", config.rollout.observation_role, ("user", "tool", "inline"))
+    _check_choice("learner.packing", config.learner.packing, ("auto", "on", "off"))
     _check_choice("learner.process_reward", config.learner.process_reward, ("clip", "delta", "none"))
     _check_choice("ray.weight_sync", config.ray.weight_sync, ("auto", "object_store", "disk", "distributed"))
     _check_choice("ray.sglang_server", config.ray.sglang_server, ("sglang", "searchgym"))

@@ -84,9 +84,9 @@ class _TrainedTokenLogprobs(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, ids: torch.Tensor, attention: torch.Tensor, where: torch.Tensor, temperature: float = 1.0,
-                chunk_tokens: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
-        return next_token_logprobs(self.model, ids, attention, where, temperature, chunk_tokens)
+    def forward(self, ids: torch.Tensor, attention: torch.Tensor | None, where: torch.Tensor, temperature: float = 1.0,
+                chunk_tokens: int = 512, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return next_token_logprobs(self.model, ids, attention, where, temperature, chunk_tokens, positions)
 
 
 def shard_model(model: nn.Module, *, mixed_precision: bool | None = None, activation_checkpointing: bool = False,
@@ -187,9 +187,9 @@ class ShardedLearner(Learner):
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         return batches + [[self._filler]] * (int(count) - len(batches))
 
-    def _trained_logprobs(self, ids: torch.Tensor, attention: torch.Tensor,
-                          where: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.root(ids, attention, where, self.config.temperature, self.config.logit_chunk_tokens)
+    def _trained_logprobs(self, ids: torch.Tensor, attention: torch.Tensor | None, where: torch.Tensor,
+                          positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.root(ids, attention, where, self.config.temperature, self.config.logit_chunk_tokens, positions)
 
     def _clip_gradients(self) -> float:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)

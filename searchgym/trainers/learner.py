@@ -20,7 +20,7 @@ policy, so behaviour, proximal and current policies are compared like for like.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -73,37 +73,76 @@ class _Sample:
     prox: torch.Tensor | None = None  # filled once per step by the pre-update weights
 
 
-def next_token_hidden(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor,
-                      where: torch.Tensor) -> torch.Tensor:
+class _Layout(NamedTuple):
+    """A micro-batch as tensors: rows of ids, and per position t the mask, behaviour log-prob, advantage and
+    proximal log-prob of token t+1. Padded: one sample a row, `attention` marks the real tokens. Packed: the samples
+    one after another in one row, `positions` restarting at 0 for each and `attention` None, so attention stays
+    inside each sample; the position ending a sample (which would predict the next one's first token) is masked.
+    `spans` says where each sample's n-1 positions are: (row, start)."""
+
+    ids: torch.Tensor
+    attention: torch.Tensor | None
+    positions: torch.Tensor | None
+    mask: torch.Tensor
+    behav: torch.Tensor
+    adv: torch.Tensor
+    prox: torch.Tensor
+    spans: list[tuple[int, int]]
+
+
+def next_token_hidden(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor | None,
+                      where: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Last hidden states [N, hidden] predicting token t+1 at the N positions t where `where` [B, T-1] is set.
 
     Only trained tokens need the LM head, and they are a small share of an agent's context (observations and
     the prompt are most of it). For models whose logits are `output_embeddings(last hidden state)` (Qwen2, Llama
-    and most causal LMs; not ones with logit soft-capping such as Gemma 2).
+    and most causal LMs; not ones with logit soft-capping such as Gemma 2). With `positions` (packed rows) and no
+    `attention`, Hugging Face models keep attention inside each run of restarting positions.
     """
-    hidden = model.base_model(input_ids=ids, attention_mask=attention).last_hidden_state[:, :-1]
-    return hidden[where.bool()]
+    if positions is not None:
+        out = model.base_model(input_ids=ids, position_ids=positions, attention_mask=None, use_cache=False)
+    else:
+        out = model.base_model(input_ids=ids, attention_mask=attention)
+    return out.last_hidden_state[:, :-1][where.bool()]
 
 
-def next_token_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor,
-                      where: torch.Tensor) -> torch.Tensor:
+def next_token_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor | None,
+                      where: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Logits [N, vocab] at the positions `where` marks (`next_token_hidden` through the LM head), for callers
     that want whole logits of few positions (warm starts); the learner uses `next_token_logprobs` instead."""
-    return model.get_output_embeddings()(next_token_hidden(model, ids, attention, where))
+    return model.get_output_embeddings()(next_token_hidden(model, ids, attention, where, positions))
 
 
-def next_token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor, where: torch.Tensor,
-                        temperature: float = 1.0,
-                        chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
+def next_token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor | None,
+                        where: torch.Tensor, temperature: float = 1.0, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                        positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 log-probs [N] of the next tokens at the positions `where` [B, T-1] marks, and the entropies [N] there.
 
     The same quantity as log softmax(next_token_logits / temperature) at the labels, computed a chunk of positions
     at a time (`lm_head.chunked_logprobs`), so memory does not grow with tokens x vocabulary.
     """
     head = model.get_output_embeddings()
-    hidden = next_token_hidden(model, ids, attention, where)
+    hidden = next_token_hidden(model, ids, attention, where, positions)
     return chunked_logprobs(hidden, head.weight, ids[:, 1:][where.bool()], temperature,
                             bias=getattr(head, "bias", None), chunk_tokens=chunk_tokens)
+
+
+_VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")  # attention that runs packed rows per sample
+
+
+def packs_sequences(model: torch.nn.Module, packing: str = "auto") -> bool:
+    """Whether micro-batches are packed rows (several trajectories, positions restarting) rather than padded ones.
+
+    "auto" packs where the model's attention treats each packed sample on its own at no extra cost (flash
+    attention's variable-length kernels); elsewhere a packed row needs a dense [row, row] mask and attention over
+    the whole row, O(row^2) instead of the sum of O(n^2), so micro-batches stay padded and length-bucketed.
+    "on" packs anyway (exact with Hugging Face's sdpa and eager attention too), "off" never does.
+    """
+    if packing not in ("auto", "on", "off"):
+        raise ValueError(f"learner.packing must be one of 'auto', 'on', 'off', got {packing!r}")
+    if packing != "auto":
+        return packing == "on"
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) in _VARLEN_ATTENTION
 
 
 _TRAIN_MODE_NOISE = ("dropout", "jitter", "layerdrop")  # config rates that make train-mode passes random
@@ -137,6 +176,7 @@ class Learner:
         self.device = next(model.parameters()).device
         self._gradient_scale = 1.0  # the sharded learner's ranks multiply by their number (FSDP averages gradients)
         self._prox_from_training_pass = not has_train_mode_noise(model)  # else train-mode passes differ from eval-mode ones
+        self.packed = packs_sequences(model, config.packing)
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.betas,
                                            weight_decay=config.weight_decay)
         warmup = max(config.warmup_steps, 0)
@@ -174,11 +214,15 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         parts = []
         for batch in self._micro_batches(samples):
-            ids, attention, mask, behav, adv, prox = self._pad(batch)
-            logp, entropy, where = self._logprobs(ids, attention, mask)
+            layout = self._layout(batch)
+            mask, prox = layout.mask, layout.prox
+            logp, entropy, where = self._logprobs(layout)
             if any(s.prox is None for s in batch):  # the first minibatch: these weights are the pre-update ones
-                prox = torch.stack([logp[row].detach() if s.prox is None else prox[row] for row, s in enumerate(batch)])
-            loss, stats = decoupled_ppo_loss(logp, prox, behav, adv, mask, eps_clip=cfg.eps_clip,
+                prox = prox.clone()
+                for (row, start), s in zip(layout.spans, batch):
+                    if s.prox is None:
+                        prox[row, start:start + len(s.ids) - 1] = logp[row, start:start + len(s.ids) - 1].detach()
+            loss, stats = decoupled_ppo_loss(logp, prox, layout.behav, layout.adv, mask, eps_clip=cfg.eps_clip,
                                              eps_clip_high=cfg.eps_clip_high, behav_weight_cap=cfg.behav_weight_cap,
                                              c_clip=cfg.c_clip, normalizer=max(normalizer, 1))
             (loss * self._gradient_scale).backward()
@@ -253,10 +297,24 @@ class Learner:
                        advantages=token_advantage[1:], versions=torch.tensor(traj.versions[1:], dtype=torch.long))
 
     def _micro_batches(self, samples: list[_Sample]) -> list[list[_Sample]]:
-        """Pack samples (longest first) so each micro-batch's padded size stays within the token budget."""
+        """Group samples (longest first) so each micro-batch stays within the token budget: padded, its longest
+        sample times its count (neighbours in length share a batch, so padding stays small); packed, the sum of its
+        lengths (first fit). A sample longer than the budget is trained alone."""
+        budget = self.config.micro_batch_tokens
         batches: list[list[_Sample]] = []
+        if self.packed:
+            room: list[int] = []
+            for sample in sorted(samples, key=lambda s: -len(s.ids)):
+                fit = next((i for i, left in enumerate(room) if len(sample.ids) <= left), None)
+                if fit is None:
+                    batches.append([sample])
+                    room.append(budget - len(sample.ids))
+                else:
+                    batches[fit].append(sample)
+                    room[fit] -= len(sample.ids)
+            return batches
         for sample in sorted(samples, key=lambda s: -len(s.ids)):
-            if batches and len(batches[-1][0].ids) * (len(batches[-1]) + 1) <= self.config.micro_batch_tokens:
+            if batches and len(batches[-1][0].ids) * (len(batches[-1]) + 1) <= budget:
                 batches[-1].append(sample)
             else:
                 batches.append([sample])
@@ -270,39 +328,51 @@ class Learner:
         """Log-probs of the pre-update weights, computed once when the batch arrives (no grad)."""
         self.model.eval()
         for batch in self._micro_batches(samples):
-            ids, attention, mask, *_ = self._pad(batch)
-            logp, _, _ = self._logprobs(ids, attention, mask)
-            for row, sample in enumerate(batch):
-                sample.prox = logp[row, : len(sample.ids) - 1].cpu()
+            layout = self._layout(batch)
+            logp, _, _ = self._logprobs(layout)
+            for (row, start), sample in zip(layout.spans, batch):
+                sample.prox = logp[row, start:start + len(sample.ids) - 1].cpu()
 
-    def _logprobs(self, ids: torch.Tensor, attention: torch.Tensor,
-                  mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _logprobs(self, layout: _Layout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probs [B, T-1] of the trained tokens (0 elsewhere), their entropies [N], and where they are."""
-        where = mask > 0
-        logp_trained, entropy = self._trained_logprobs(ids, attention, where)
-        logp = torch.zeros_like(mask)
+        where = layout.mask > 0
+        logp_trained, entropy = self._trained_logprobs(layout.ids, layout.attention, where, layout.positions)
+        logp = torch.zeros_like(layout.mask)
         logp[where] = logp_trained
         return logp, entropy, where
 
-    def _trained_logprobs(self, ids: torch.Tensor, attention: torch.Tensor,
-                          where: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _trained_logprobs(self, ids: torch.Tensor, attention: torch.Tensor | None, where: torch.Tensor,
+                          positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`next_token_logprobs` of the trained model (the sharded learner calls it through its FSDP root)."""
         return next_token_logprobs(self.model, ids, attention, where, self.config.temperature,
-                                   self.config.logit_chunk_tokens)
+                                   self.config.logit_chunk_tokens, positions)
 
-    def _pad(self, batch: list[_Sample]) -> tuple[torch.Tensor, ...]:
-        """Right-pad a micro-batch to its longest sample: ids, attention, mask, behav, advantages, prox."""
-        width = max(len(s.ids) for s in batch)
-        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(batch), width), dtype=torch.long)
-        mask, behav, adv, prox = (torch.zeros((len(batch), width - 1)) for _ in range(4))
-        for row, s in enumerate(batch):
+    def _layout(self, batch: list[_Sample]) -> _Layout:
+        """The micro-batch as a `_Layout` on the learner's device: packed in one row, or one padded row a sample."""
+        rows, width = (1, sum(len(s.ids) for s in batch)) if self.packed else (len(batch), max(len(s.ids) for s in batch))
+        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
+        attention = None if self.packed else torch.zeros((rows, width), dtype=torch.long)
+        positions = torch.zeros((rows, width), dtype=torch.long) if self.packed else None
+        mask, behav, adv, prox = (torch.zeros((rows, width - 1)) for _ in range(4))
+        spans, start = [], 0
+        for i, s in enumerate(batch):
+            row, start = (0, start) if self.packed else (i, 0)
             n = len(s.ids)
-            ids[row, :n], attention[row, :n] = s.ids, 1
-            mask[row, : n - 1], behav[row, : n - 1], adv[row, : n - 1] = s.mask, s.behav, s.advantages
+            ids[row, start:start + n] = s.ids
+            if positions is not None:
+                positions[row, start:start + n] = torch.arange(n)
+            if attention is not None:
+                attention[row, :n] = 1
+            # n - 1 positions predict this sample's own tokens; the n-th (packed: the next sample's first) stays 0
+            mask[row, start:start + n - 1], behav[row, start:start + n - 1] = s.mask, s.behav
+            adv[row, start:start + n - 1] = s.advantages
             if s.prox is not None:
-                prox[row, : n - 1] = s.prox
-        return tuple(t.to(self.device) for t in (ids, attention, mask, behav, adv, prox))
+                prox[row, start:start + n - 1] = s.prox
+            spans.append((row, start))
+            start += n
+        move = lambda t: None if t is None else t.to(self.device)  # noqa: E731
+        return _Layout(move(ids), move(attention), move(positions), *(move(t) for t in (mask, behav, adv, prox)),
+                       spans)
 
     # --- checkpoints ---------------------------------------------------------------------------
 

@@ -328,3 +328,44 @@ def test_the_chunked_loss_head_trains_as_the_whole_logits_one_did(tiny_model_dir
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
     for (name, p), q in zip(chunked.model.named_parameters(), whole.model.parameters()):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_packed_rows_give_the_log_probs_of_padded_ones_and_train_alike(tiny_model_dir, groups):
+    """Several trajectories in one row, positions restarting and attention kept inside each: the same log-probs as
+    one padded row each, and the same update."""
+    packed = fresh_learner(tiny_model_dir, lr=1e-3, packing="on", micro_batch_tokens=4096)
+    padded = fresh_learner(tiny_model_dir, lr=1e-3, packing="off", micro_batch_tokens=4096)
+    assert packed.packed and not padded.packed
+    samples, _ = packed._samples(groups)
+    batches = packed._micro_batches(samples)
+    assert len(batches[0]) > 2 and sum(len(s.ids) for s in batches[0]) <= 4096  # several samples share a row
+    layout = packed._layout(batches[0])
+    assert layout.ids.shape[0] == 1 and layout.attention is None
+    with torch.no_grad():
+        logp, _, _ = packed._logprobs(layout)
+        for (row, start), sample in zip(layout.spans, batches[0]):
+            alone, _, _ = padded._logprobs(padded._layout([sample]))
+            n = len(sample.ids) - 1
+            torch.testing.assert_close(logp[row, start:start + n], alone[0, :n], atol=1e-5, rtol=1e-5)
+            if start + n < layout.mask.shape[1]:
+                assert layout.mask[row, start + n] == 0  # the position ending a sample (before the next) is never trained
+    a, b = packed.step(groups), padded.step(groups)
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
+    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    # AdamW's first step moves each weight by about lr (1e-3) whatever its gradient's size, so a gradient that is ~0
+    # in both and differs in float noise may move differently: compare at a tenth of one step
+    for p, q in zip(packed.model.parameters(), padded.model.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-4, rtol=1e-4)
+
+
+def test_packing_is_off_by_default_without_varlen_attention_and_settings_are_checked(tiny_model_dir):
+    from searchgym.trainers.config import load_config
+    from searchgym.trainers.learner import packs_sequences
+
+    learner = fresh_learner(tiny_model_dir)
+    assert learner.config.packing == "auto" and not learner.packed  # sdpa: a packed row would cost O(row^2)
+    model = learner.model
+    model.config._attn_implementation = "flash_attention_2"
+    assert packs_sequences(model, "auto") and not packs_sequences(model, "off")
+    with pytest.raises(ValueError, match="learner.packing"):
+        load_config(overrides=["learner.packing=sometimes"])

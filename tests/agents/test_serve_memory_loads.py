@@ -172,3 +172,17 @@ async def test_junk_bodies_to_the_memory_routes_are_a_400_naming_the_field(serve
             if resp.status == 400 and isinstance(body, dict) and "tags" in body:
                 assert "tags" in out["error"]["message"]
         assert await control(http, url, "/resume_memory_occupation") == (200, None)  # whatever was released
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(query=st.dictionaries(st.sampled_from(["include", "dp_rank", "format", "other"]),
+                             st.text(st.characters(codec="ascii", exclude_categories=["Cc"]), max_size=12),
+                             max_size=3))
+async def test_junk_loads_queries_are_answered_never_a_500(server, query):
+    url, _ = server
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url + "/v1/loads", params=query) as resp:
+            assert resp.status in (200, 400, 422), (resp.status, await resp.text())
+            if resp.status != 200:
+                detail = (await resp.json())["detail"]
+                assert "include" in detail or "dp_rank" in detail

@@ -18,6 +18,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
+import torch
 from aiohttp import web
 
 from searchgym.agents.engines.fields import show
@@ -65,9 +66,8 @@ class ControlAPI:
         if query.get("format") == "prometheus":
             return web.Response(body=prometheus(loads).encode(),
                                 headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
-        device = self.model.engine.device
         return web.json_response({"timestamp": datetime.now(timezone.utc).isoformat(), "version": SGLANG_VERSION,
-                                  "accelerator": None if device.type == "cpu" else str(device),
+                                  "accelerator": accelerator_name(self.model.engine.device),
                                   "num_accelerators": 1, "loads": loads})
 
     def load(self, include: set[str] | None) -> dict[str, Any]:
@@ -97,6 +97,13 @@ class ControlAPI:
             app.router.add_route(method, "/release_memory_occupation", self.release)
             app.router.add_route(method, "/resume_memory_occupation", self.resume)
         app.router.add_get("/v1/loads", self.loads)
+
+
+def accelerator_name(device: torch.device) -> str | None:
+    """The accelerator's marketing name ("NVIDIA H100 80GB HBM3"), as SGLang reports it; None on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return None if device.type == "cpu" else str(device)
 
 
 def prometheus(loads: list[dict[str, Any]]) -> str:

@@ -96,6 +96,11 @@ class EngineChat:
         prompt = prompt_ids if prompt_ids is not None else self.render(messages, tools, template_kwargs)
         self.check_budget(len(prompt), sampling.max_new_tokens)
         response = await self.engine.agenerate(GenerateRequest(prompt, sampling, rid))
+        return self.result(prompt, response, tools, parallel_tool_calls=parallel_tool_calls)
+
+    def result(self, prompt: list[int], response: GenerateResponse, tools: list[dict[str, Any]] | None = None, *,
+               parallel_tool_calls: bool = True) -> ChatResult:
+        """The reply in a finished response: its text, and with `tools` its `<tool_call>` blocks as tool calls."""
         text = output_text(self.tokenizer, list(response.output_ids), response.finish_reason)
         content: str | None = text
         calls: list[ToolCall] = []

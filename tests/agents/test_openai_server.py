@@ -86,8 +86,8 @@ INERT = {"user": "user-1", "safety_identifier": "hash-1", "prompt_cache_key": "k
          "reasoning_effort": "none", "verbosity": "medium", "tool_choice": "auto", "parallel_tool_calls": True,
          "logprobs": False, "top_logprobs": 0, "frequency_penalty": 0, "presence_penalty": 0, "n": 1, "stream": False,
          "model": NAME, "tools": []}
-# values this server cannot honour: a 400 naming the field
-REFUSED = {"stream": True, "stream_options": {"include_usage": True}, "logprobs": True, "top_logprobs": 2,
+# values this server cannot honour (stream_options without stream: true included): a 400 naming the field
+REFUSED = {"stream_options": {"include_usage": True}, "logprobs": True, "top_logprobs": 2,
            "response_format": {"type": "json_object"}, "store": True, "service_tier": "flex",
            "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"},
            "prediction": {"type": "content", "content": "x"}, "reasoning_effort": "high", "verbosity": "low",
@@ -200,7 +200,7 @@ async def test_a_generation_aborted_by_a_pause_is_a_503_with_retry_after(server)
 
 # ---- /v1/completions and /v1/models -------------------------------------------------------------------------------
 
-COMPLETION_REFUSED = {"best_of": 2, "logprobs": 2, "suffix": "end", "stream": True,
+COMPLETION_REFUSED = {"best_of": 2, "logprobs": 2, "suffix": "end", "stream": "yes",
                       "stream_options": {"include_usage": True}, "n": 2, "frequency_penalty": 1, "presence_penalty": 1,
                       "echo": "yes", "prompt": ["one", "two"], "max_tokens": 0, "temperature": -1, "top_p": 2,
                       "seed": 1.5, "stop": 7, "logit_bias": {"x": 1}, "user": 1, "model": 1}

@@ -59,6 +59,7 @@ from searchgym.agents.engines.types import (
 PREFILL_TOKENS = 16384  # padded tokens (cached + new) per prefill forward: bounds attention-mask memory
 PREFIX_CACHE_BYTES = 1 << 30  # default budget of finished sequences' keys and values kept for their next turn
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (rows, kv_heads, length, head_dim)
+Progress = Callable[[list[int], list[float], list[int]], None]  # new (output ids, logprobs, versions): streaming
 
 
 @dataclass(eq=False)
@@ -79,6 +80,8 @@ class _Sequence:
     cancelled: bool = False
     past: KV | None = None  # keys and values of prompt[:cached], taken from the prefix cache, until prefilled
     cached: int = 0
+    progress: Progress | None = None  # told the new tokens after each step that leaves the sequence unfinished
+    reported: int = 0  # output tokens already given to `progress`
 
     @property
     def live(self) -> bool:
@@ -124,13 +127,17 @@ class TorchEngine:
 
     # ---- public API -------------------------------------------------------------------------------------------------
 
-    async def agenerate(self, request: GenerateRequest) -> GenerateResponse:
+    async def agenerate(self, request: GenerateRequest, *, progress: Progress | None = None) -> GenerateResponse:
         """Queue a request, wait for the batch loop to finish it, and return tokens, logprobs and versions.
 
         A prompt that leaves no room in the model's context returns at once: no tokens, finish "length".
+        `progress`, if given, is called in the event loop with the new (output ids, logprobs, versions) after
+        every step that leaves the request unfinished (a server streams from it); the last step's tokens come
+        only in the returned response. Cancelling the call drops the request from the batch at the next step.
         """
         self._ensure_started()
         seq = self._new_sequence(request)
+        seq.progress = progress
         if seq.budget <= 0:
             return _response(seq, FinishReason("length", 0), text="")
         self._waiting.append(seq)
@@ -301,6 +308,10 @@ class TorchEngine:
         for seq in rows:
             if seq.finish is not None:
                 self._resolve(seq)
+            elif seq.progress is not None and seq.live and not seq.future.done() and len(seq.output_ids) > seq.reported:
+                new = slice(seq.reported, len(seq.output_ids))
+                seq.reported = new.stop
+                seq.progress(seq.output_ids[new], seq.logprobs[new], seq.versions[new])
 
     @torch.inference_mode()
     def _step(self, admitted: list[_Sequence]) -> None:

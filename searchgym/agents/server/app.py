@@ -21,6 +21,7 @@ from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.server.core import ServedModel
 from searchgym.agents.server.openai_api import OpenAIAPI, error_body
 from searchgym.agents.server.sglang_api import SGLangAPI
+from searchgym.agents.server.sglang_control import ControlAPI
 from searchgym.envs.tools.http_session import error_middleware, serve_app, wait_for_signal
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ def create_app(engine: TorchEngine, *, model_path: str, served_model_name: str |
     app = web.Application(client_max_size=client_max_size, middlewares=[error_middleware(error_response)])
     app[_MODEL] = model
     SGLangAPI(model).add_routes(app)
+    ControlAPI(model).add_routes(app)
     OpenAIAPI(model).add_routes(app)
     app.on_startup.append(_start_warm_up)
     app.on_shutdown.append(_stop_warm_up)

@@ -1,6 +1,7 @@
 """The served model: a TorchEngine and the state both APIs share.
 
-Requests wait at a pause gate, then hold one of `max_running_requests` slots. Request ids in flight are
+Requests wait at a pause gate (and, while memory is released, at the memory gate), then hold one of
+`max_running_requests` slots. Request ids in flight are
 unique (SGLang refuses a duplicate `rid`). Weight versions are SGLang's string labels ("v2-step7" is
 as valid as "3") over the engine's integer versions: a numeric label becomes that integer (so
 in-process observers and our own clients read versions as numbers), any other label the next free one.
@@ -16,8 +17,9 @@ from typing import Any
 
 from searchgym.agents.chat import EngineChat
 from searchgym.agents.engines.fields import require, show
-from searchgym.agents.engines.torch_engine import TorchEngine
+from searchgym.agents.engines.torch_engine import Progress, TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, SamplingParams
+from searchgym.agents.server.memory import MemoryOccupation, memory_tags
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +86,7 @@ class ServedModel:
         self.in_flight: set[str] = set()
         self.running = 0
         self.waiting = 0
+        self.memory = MemoryOccupation(engine)
         self.ready = False
         self.warmup_error: str | None = None
         self.created = int(time.time())
@@ -98,6 +101,22 @@ class ServedModel:
     async def agenerate(self, request: GenerateRequest) -> GenerateResponse:
         """One request through the gate (its rid must not be in flight)."""
         return (await self.run([request]))[0]
+
+    def start(self, request: GenerateRequest, progress: Progress | None = None) -> asyncio.Task:
+        """Claim the request's rid now (a duplicate is a 400 before anything starts) and generate it in a task.
+
+        `progress` gets the new tokens after each engine step (streaming). Cancelling the task drops the
+        request from the engine's batch and frees its rid.
+        """
+        self.claim([request.rid])
+
+        async def run() -> GenerateResponse:
+            try:
+                return await self._generate(request, progress)
+            finally:
+                self.in_flight.discard(request.rid)
+
+        return asyncio.ensure_future(run())
 
     async def run(self, requests: list[GenerateRequest]) -> list[GenerateResponse]:
         """Generate all `requests` concurrently; a rid already in flight, or twice in the batch, is a 400."""
@@ -116,17 +135,19 @@ class ServedModel:
             seen.add(rid)
         self.in_flight.update(named)
 
-    async def _generate(self, request: GenerateRequest) -> GenerateResponse:
-        """Wait while paused, then hold one of the bounded slots while the engine generates."""
+    async def _generate(self, request: GenerateRequest, progress: Progress | None = None) -> GenerateResponse:
+        """Wait while paused or released, then hold one of the bounded slots while the engine generates."""
         self.waiting += 1
         try:
-            await self.resumed.wait()
+            while not (self.resumed.is_set() and self.memory.resumed.is_set()):
+                await self.resumed.wait()
+                await self.memory.resumed.wait()
             await self.slots.acquire()
         finally:
             self.waiting -= 1
         self.running += 1
         try:
-            return await self.engine.agenerate(request)
+            return await self.engine.agenerate(request, progress=progress)
         finally:
             self.running -= 1
             self.slots.release()
@@ -190,7 +211,22 @@ class ServedModel:
     def stats(self) -> dict[str, Any]:
         """Load and settings for /server_info."""
         return {"paused": not self.resumed.is_set(), "pause_mode": self.pause_mode, "running_requests": self.running,
-                "waiting_requests": self.waiting, "internal_states": [self.engine.stats()]}
+                "waiting_requests": self.waiting, "released_memory": self.memory.released_tags(),
+                "internal_states": [self.engine.stats()]}
+
+    # ---- memory occupation ------------------------------------------------------------------------------
+
+    async def release_memory(self, tags: list[str] | None) -> None:
+        """SGLang's /release_memory_occupation: only when idle (requests held by a pause may wait); new ones wait."""
+        tags = memory_tags(tags)
+        require(self.running == 0 and (self.waiting == 0 or not self.resumed.is_set()),
+                f"release_memory_occupation should be called only when server is idle "
+                f"({self.running} running, {self.waiting} waiting requests)")
+        await self.memory.release(tags)
+
+    async def resume_memory(self, tags: list[str] | None) -> None:
+        """SGLang's /resume_memory_occupation: restore what was released; held requests go on once all is back."""
+        await self.memory.resume(tags)
 
     # ---- lifecycle --------------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ Chat goes through `EngineChat` (the chat template renders `tools`, assistant `to
 messages; `<tool_call>` output becomes `message.tool_calls` with finish_reason "tool_calls"). Every
 documented request field is honoured, inert (identifiers and tags that change no output), or refused
 with a 400 in OpenAI's error envelope; an unknown field is refused as OpenAI refuses it. Nothing is
-silently ignored.
+silently ignored. `stream: true` is answered by `openai_stream`.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from searchgym.agents.engines.detokenize import output_text
 from searchgym.agents.engines.fields import require, show
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse
 from searchgym.agents.server.core import ServedModel
+from searchgym.agents.server.openai_stream import stream_chat, stream_completion, stream_settings
 from searchgym.envs.tools.http_session import json_body
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and SGLang's) default for /v1/completions
@@ -41,18 +42,18 @@ INERT: dict[str, Callable[[Any, str], Any]] = {
     "metadata": _string_map, "prompt_cache_options": _object, "prompt_cache_retention": f.string}
 # accepted only at values that ask for nothing this server cannot do (null is always accepted)
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "stream": (False,), "stream_options": (), "logprobs": (False,), "top_logprobs": (0,),
+    "logprobs": (False,), "top_logprobs": (0,),
     "response_format": ({"type": "text"},), "store": (False,), "service_tier": ("auto", "default"),
     "modalities": (["text"],), "audio": (), "prediction": (), "reasoning_effort": ("none",),
     "verbosity": ("medium",), "web_search_options": (), "functions": (), "function_call": (), "moderation": ()}
-WHY = {"stream": "; send stream: false", "logprobs": "; /generate returns per-token logprobs",
+WHY = {"logprobs": "; /generate returns per-token logprobs",
        "response_format": ": structured output needs constrained decoding",
        "functions": "; use tools", "function_call": "; use tool_choice"}
-CHAT_FIELDS = {"messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs",
-               *INERT, *NEUTRAL, *SAMPLING_OPTIONS}
-COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "stream": (False,), "stream_options": (), "logprobs": (0,), "suffix": ("",), "best_of": (1,)}
-COMPLETION_FIELDS = {"prompt", "echo", "model", "user", *COMPLETION_NEUTRAL, *SAMPLING_OPTIONS}
+CHAT_FIELDS = {"messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "stream",
+               "stream_options", *INERT, *NEUTRAL, *SAMPLING_OPTIONS}
+COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"logprobs": (0,), "suffix": ("",), "best_of": (1,)}
+COMPLETION_FIELDS = {"prompt", "echo", "model", "user", "stream", "stream_options", *COMPLETION_NEUTRAL,
+                     *SAMPLING_OPTIONS}
 
 
 def error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
@@ -99,14 +100,15 @@ class OpenAIAPI:
         completion = len(response.output_ids)
         return {"prompt_tokens": prompt_len, "completion_tokens": completion, "total_tokens": prompt_len + completion}
 
-    async def chat(self, request: web.Request) -> web.Response:
-        """POST /v1/chat/completions: non-streaming, n = 1; tool calls parsed when tools are given."""
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/chat/completions: n = 1; tool calls parsed when tools are given; streamed on request."""
         body = await json_body(request)
         _check_known(body, CHAT_FIELDS)
         for name, check in INERT.items():
             if body.get(name) is not None:
                 check(body[name], name)
         _check_neutral(body, NEUTRAL)
+        streamed = stream_settings(body)
         tools = _tools_for(body)
         parallel = f.boolean(f.or_default(body.get("parallel_tool_calls"), True), "parallel_tool_calls")
         template_kwargs = f.or_default(body.get("chat_template_kwargs"), {})
@@ -115,6 +117,11 @@ class OpenAIAPI:
         prompt = chat.render(body.get("messages"), tools, template_kwargs)
         sampling = chat.sampling(len(prompt), **_sampling_options(body))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
+        if streamed is not None:
+            chat.check_budget(len(prompt), sampling.max_new_tokens)
+            return await stream_chat(self.model, request, GenerateRequest(prompt, sampling, rid),
+                                     model_name=self._model_name(body), tools=tools, parallel_tool_calls=parallel,
+                                     settings=streamed)
         result = await chat.acomplete(body["messages"], sampling, tools, rid=rid, parallel_tool_calls=parallel,
                                       prompt_ids=prompt)
         if result.finish_reason == "abort":
@@ -126,14 +133,15 @@ class OpenAIAPI:
             "usage": self._usage(len(prompt), result.response), "system_fingerprint": None,
             "metadata": {"weight_version": self.model.weight_version(result.response)}})
 
-    async def completions(self, request: web.Request) -> web.Response:
-        """POST /v1/completions: text (or token ids) in, text out; no chat template."""
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/completions: text (or token ids) in, text out; no chat template; streamed on request."""
         body = await json_body(request)
         _check_known(body, COMPLETION_FIELDS)
         for name in ("model", "user"):
             if body.get(name) is not None:
                 f.string(body[name], name)
         _check_neutral(body, COMPLETION_NEUTRAL)
+        streamed = stream_settings(body)
         prompt = self._prompt(body.get("prompt"))
         echo = f.boolean(f.or_default(body.get("echo"), False), "echo")
         options = _sampling_options(body)
@@ -141,6 +149,9 @@ class OpenAIAPI:
         sampling = self.model.chat.sampling(len(prompt), **options)
         self.model.chat.check_budget(len(prompt), sampling.max_new_tokens)
         rid = f"cmpl-{uuid.uuid4().hex}"
+        if streamed is not None:
+            return await stream_completion(self.model, request, GenerateRequest(prompt, sampling, rid),
+                                           model_name=self._model_name(body), echo=echo, settings=streamed)
         response = await self.model.agenerate(GenerateRequest(prompt, sampling, rid))
         if response.finish_reason.type == "abort":
             return self._aborted(response)

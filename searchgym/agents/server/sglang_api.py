@@ -24,6 +24,7 @@ from searchgym.agents.engines.fields import require, show
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, SamplingParams
 from searchgym.agents.server.core import ServedModel
 from searchgym.agents.server.lax_fields import lax_boolean, lax_integer, shapes, strings
+from searchgym.agents.server.sglang_stream import stream_generate
 from searchgym.envs.tools.http_session import json_body
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default when a request leaves max_new_tokens unset
@@ -89,7 +90,7 @@ NEUTRAL: dict[str, Callable[[Any], bool]] = {
 SAMPLING_HONOURED = ("max_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p",
                      "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
                      "logit_bias", "sampling_seed",
-                     "stream_interval",  # no streaming: no effect
+                     "stream_interval",  # read by sglang_stream
                      "custom_params")  # read only by a custom logit processor, and none is allowed: no effect
 SAMPLING_NEUTRAL: dict[str, tuple[Any, ...]] = {
     "stop_regex": ("", []), "frequency_penalty": (0.0,), "presence_penalty": (0.0,), "repetition_penalty": (1.0,),
@@ -205,8 +206,7 @@ class SGLangAPI:
     def items(self, body: dict) -> tuple[list[Item], bool]:
         """Validate a /generate body into one item per prompt (scalars broadcast over a batch, lists per prompt)."""
         check_fields(body)
-        require(not f.boolean(f.or_default(body.get("stream"), False), "stream"),
-                "streaming not supported by this server; send stream: false")
+        f.boolean(f.or_default(body.get("stream"), False), "stream")
         prompts, batch = self.prompts(body)
         n = len(prompts)
         per_item = {key: _per_item(body, key, n, batch) for key in
@@ -249,10 +249,14 @@ class SGLangAPI:
             out["prompt_token_ids"] = list(item.request.input_ids)
         return out
 
-    async def generate(self, request: web.Request) -> web.Response:
-        """POST /generate: one prompt or a batch, answered once generation ends (or is aborted)."""
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        """POST /generate: one prompt or a batch, answered once generation ends (or is aborted); with stream: true
+        as server-sent events (sglang_stream)."""
         started = time.perf_counter()
-        items, batch = self.items(await json_body(request))
+        body = await json_body(request)
+        items, batch = self.items(body)
+        if body.get("stream"):
+            return await stream_generate(self, body, items, batch, request, started)
         responses = await self.model.run([item.request for item in items])
         outputs = [self.output(item, response, started) for item, response in zip(items, responses)]
         return web.json_response(outputs if batch else outputs[0])

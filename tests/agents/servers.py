@@ -70,3 +70,24 @@ def teacher_forced(model, prompt, output):
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt) - 1:-1].float()
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(output)[:, None])[:, 0].tolist()
+
+
+def tool_model_fixtures(name: str):
+    """Module-scoped fixtures `server` (the tool-trained tiny model behind `serve model` as `name`, context 1024,
+    yielding (url, engine)) and `client` (the official openai client on it), for OpenAI-route test modules:
+    `server_fixture, client_fixture = tool_model_fixtures(NAME)`."""
+    import openai
+    import pytest_asyncio
+
+    @pytest_asyncio.fixture(loop_scope="module", scope="module", name="server")
+    async def server(tool_model_dir):
+        async with model_server(tool_model_dir, served_model_name=name, context_length=1024) as running:
+            yield running
+
+    @pytest_asyncio.fixture(loop_scope="module", name="client")
+    async def client(server):
+        url, _ = server
+        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as c:
+            yield c
+
+    return server, client

@@ -11,23 +11,23 @@ import importlib.abc
 import importlib.util
 import json
 import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 from aiohttp import web
 
-SGLANG_VERSION = "0.5.23"
+from tests.agents.sglang_source import SGLANG_VERSION, sglang_root
+
 INSTALL = f"pip install --no-deps sglang=={SGLANG_VERSION} msgspec"
 
 
 def _load() -> ModuleType | None:
     """sglang.api.v1.api_types, or None when the wheel is not installed."""
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
+    root = sglang_root()
+    if root is None:
         return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "api" / "v1" / "api_types.py"
+    path = root / "api" / "v1" / "api_types.py"
     module_spec = importlib.util.spec_from_file_location("sglang_api_types", path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)

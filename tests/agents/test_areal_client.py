@@ -7,16 +7,14 @@ import asyncio
 import json
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
-import aiohttp
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tests.agents.servers import model_server, post, teacher_forced
+from tests.agents.servers import model_server, teacher_forced
 
 ROOT = Path(__file__).resolve().parents[2]
 AREAL_SITE = Path(os.environ.get("SEARCHGYM_AREAL_SITE", ROOT / ".areal-site"))
@@ -49,7 +47,7 @@ async def test_areals_client_generates_updates_weights_both_ways_and_offloads(ti
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (Path(tiny_model_dir) / name).exists():
             (tmp_path / "disk_model" / name).write_bytes((Path(tiny_model_dir) / name).read_bytes())
-    async with model_server(tiny_model_dir) as (url, engine), aiohttp.ClientSession() as http:
+    async with model_server(tiny_model_dir) as (url, engine):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(AREAL_SITE)])}
         child = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "tests.agents.areal_client", url, str(tmp_path), "127.0.0.1", str(free_port()),

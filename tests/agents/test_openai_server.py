@@ -6,11 +6,10 @@ import json
 import aiohttp
 import openai
 import pytest
-import pytest_asyncio
 from openai.types import completion_create_params as legacy_params
 from openai.types.chat import completion_create_params as chat_params
 
-from tests.agents.servers import generate, model_server, post, wait_for_tokens
+from tests.agents.servers import generate, post, tool_model_fixtures, wait_for_tokens
 from tests.agents.tool_model import ANSWER, ARGUMENTS, QUESTION, RESULT, TOOLS, exchange
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")  # shares the loop of the module's server
@@ -19,17 +18,7 @@ MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "conten
 GREEDY = {"temperature": 0, "max_tokens": 6, "extra_body": {"ignore_eos": True}}
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def server(tool_model_dir):
-    async with model_server(tool_model_dir, served_model_name=NAME, context_length=1024) as running:
-        yield running
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def client(server):
-    url, _ = server
-    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
+server_fixture, client_fixture = tool_model_fixtures(NAME)  # `server` and `client`
 
 
 async def chat(client, **kwargs):

@@ -6,9 +6,8 @@ import json
 import aiohttp
 import openai
 import pytest
-import pytest_asyncio
 
-from tests.agents.servers import generate, model_server, post, wait_for_tokens
+from tests.agents.servers import generate, post, tool_model_fixtures, wait_for_tokens
 from tests.agents.sglang_contract import require_contract
 from tests.agents.tool_model import ANSWER, ARGUMENTS, TOOLS, exchange
 
@@ -19,17 +18,7 @@ MESSAGES = [{"role": "user", "content": "Who founded it?"}]
 GREEDY = {"temperature": 0, "max_tokens": 8, "extra_body": {"ignore_eos": True}}
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def server(tool_model_dir):
-    async with model_server(tool_model_dir, served_model_name=NAME, context_length=1024) as running:
-        yield running
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def client(server):
-    url, _ = server
-    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
+server_fixture, client_fixture = tool_model_fixtures(NAME)  # `server` and `client`
 
 
 async def sse(resp):

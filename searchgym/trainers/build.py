@@ -9,6 +9,7 @@ import gymnasium as gym
 import torch
 
 import searchgym  # noqa: F401  (registers the env ids)
+from searchgym.agents.context import context_policy
 from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.workflow import Workflow, WorkflowSettings, open_workflow
 from searchgym.envs.search_env import SearchEnv
@@ -43,9 +44,11 @@ def task_ids(make_env: Callable[[], SearchEnv], only: Sequence[str] | None = Non
 
 
 def workflow_settings(rollout: RolloutConfig) -> WorkflowSettings:
-    """How the run's episodes are generated (sampling, context budget, observation role)."""
+    """How the run's episodes are generated (sampling, context budget and policy, observation role)."""
     return WorkflowSettings(SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature),
-                            max_context=rollout.max_context, observation_role=rollout.observation_role)
+                            max_context=rollout.max_context, observation_role=rollout.observation_role,
+                            context=context_policy(rollout.context_policy, summary_tokens=rollout.summary_tokens),
+                            max_segments=rollout.max_segments)
 
 
 async def open_rollout_workflow(rollout: RolloutConfig, model_dir: Path | str, *, device: str, seed: int,

@@ -106,10 +106,16 @@ def truncate_text(template: ChatTemplateDelta, text: str, limit: int) -> tuple[s
         keep = max(keep - max(len(template.encode(cut)) - limit, 1), 0)
 
 
-def lay_out(template: ChatTemplateDelta, history: History, target: int) -> Layout | None:
-    """The shortest-needed prompt of at most `target` tokens: fold old observations oldest first, then drop oldest
-    whole turns, then truncate the newest observation. Turns are never split. None when not even the question and
-    the newest turn (its observation cut to nothing) fit."""
+def lay_out(template: ChatTemplateDelta, history: History, target: int, fold_to: int | None = None) -> Layout | None:
+    """A prompt of at most `target` tokens: fold old observations oldest first, then drop oldest whole turns, until
+    it is at most `fold_to` (default `target`) long, then truncate the newest observation if it still exceeds
+    `target`. Turns are never split. None when not even the question and the newest turn (its observation cut to
+    nothing) fit.
+
+    Folding below the hard limit (`fold_to` < `target`) leaves room for a few turns before the next rebuild, so
+    an episode is not rebuilt (and a new segment prompt prefilled) at every turn.
+    """
+    soft = min(target, fold_to if fold_to is not None else target)
     entries = history.entries
     if not entries:
         return None
@@ -129,11 +135,11 @@ def lay_out(template: ChatTemplateDelta, history: History, target: int) -> Layou
 
     first = 0
     for i in range(len(entries) - 1):  # fold oldest first; the newest observation stays whole
-        if size(first) <= target:
+        if size(first) <= soft:
             break
         if entries[i].foldable:
             folded[i] = True
-    while size(first) > target and first < len(entries) - 1:  # drop oldest whole turns
+    while size(first) > soft and first < len(entries) - 1:  # drop oldest whole turns
         first += 1
     last = entries[-1]
     newest, cut = observations[-1], 0
@@ -180,21 +186,31 @@ class EndPolicy(ContextPolicy):
     """No context management: an episode that outgrows the window ends truncated ("context budget")."""
 
 
+@dataclass
 class FoldPolicy(ContextPolicy):
-    """Replace old observations by stubs (oldest first), keeping the question and every action whole."""
+    """Replace old observations by stubs (oldest first), keeping the question and every action whole.
 
+    Each rebuild folds until the prompt is at most `keep_fraction` of the room a segment has, so a few turns
+    fit before the next rebuild (1.0: fold only what must go, rebuilding at nearly every turn late in an episode).
+    """
+
+    keep_fraction: float = 0.75
     name = "fold"
     managed = True
 
+    def __post_init__(self) -> None:
+        if not 0 < self.keep_fraction <= 1:
+            raise ValueError(f"keep_fraction must be in (0, 1], got {self.keep_fraction}")
+
     async def rebuild(self, workflow: "TokenWorkflow", traj: "Trajectory", history: History, *, target: int,
                       sampling: SamplingParams, rid: str) -> Rebuild | None:
-        return fold(workflow.template, history, target, self.name)
+        return fold(workflow.template, history, target, self.name, fold_to=int(target * self.keep_fraction))
 
 
-def fold(template: ChatTemplateDelta, history: History, target: int, end: str,
+def fold(template: ChatTemplateDelta, history: History, target: int, end: str, fold_to: int | None = None,
          **event: Any) -> Rebuild | None:
     """The folded layout as a Rebuild (None when nothing fits), its sizes in the event."""
-    layout = lay_out(template, history, target)
+    layout = lay_out(template, history, target, fold_to)
     if layout is None:
         return None
     return Rebuild(layout.ids, end, {"policy": end, "prompt_tokens": len(layout.ids), "folded": layout.folded,
@@ -252,10 +268,12 @@ class SummarisePolicy(ContextPolicy):
 POLICIES: dict[str, type[ContextPolicy]] = {"end": EndPolicy, "fold": FoldPolicy, "summarise": SummarisePolicy}
 
 
-def context_policy(name: str, *, summary_tokens: int = 256) -> ContextPolicy:
+def context_policy(name: str, *, summary_tokens: int = 256, keep_fraction: float = 0.75) -> ContextPolicy:
     """The built-in policy called `name` ("end", "fold" or "summarise")."""
     if name not in POLICIES:
         raise ValueError(f"unknown context policy {name!r}; use one of {sorted(POLICIES)}")
     if name == "summarise":
         return SummarisePolicy(summary_tokens=summary_tokens)
+    if name == "fold":
+        return FoldPolicy(keep_fraction=keep_fraction)
     return POLICIES[name]()

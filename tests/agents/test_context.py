@@ -27,6 +27,7 @@ from searchgym.envs.search_env import SearchEnv
 from searchgym.trainers.config import LearnerConfig, load_config
 from searchgym.trainers.learner import Learner
 from tests.agents.forced_engine import ForcedEngine
+from tests.conftest import torch_threads
 
 TURNS, MAX_CONTEXT = 64, 2048
 SAMPLING = SamplingParams(max_new_tokens=48, temperature=1.0)
@@ -48,10 +49,10 @@ entries = st.lists(st.builds(Entry, action_ids=st.lists(st.integers(10, 1500), m
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(entries=entries, target=st.integers(40, 2048))
-def test_a_rebuilt_context_fits_and_never_splits_a_turn(template, entries, target):
+@given(entries=entries, target=st.integers(40, 2048), keep=st.floats(0.1, 1.0))
+def test_a_rebuilt_context_fits_and_never_splits_a_turn(template, entries, target, keep):
     history = History("Where does the Aldra flow?", entries)
-    layout = lay_out(template, history, target)
+    layout = lay_out(template, history, target, int(target * keep))
     if layout is None:  # only when not even the question and the newest action fit
         least = (len(template.prompt_ids(history.question + (DROPPED_NOTE.format(n=len(entries) - 1)
                                                              if len(entries) > 1 else "")))
@@ -132,7 +133,8 @@ def play_group(engine, tokenizer, pool, index, policy, *, empty_first_summary=Fa
         return await asyncio.gather(*(workflow.arun_episode(env, seed=0, options={"task_id": task.id}, rid=rid)
                                       for env, rid in zip(envs, answers)))
 
-    return asyncio.run(main()), forced
+    with torch_threads(1):  # a tiny model on a shared 2-core machine: a second thread only waits
+        return asyncio.run(main()), forced
 
 
 def assert_segments_are_the_engines_record(traj: Trajectory, calls, rid: str) -> None:
@@ -223,7 +225,8 @@ def test_one_learner_step_trains_every_segment_of_the_episodes(tiny_model_dir, f
     trained = []
     update = learner._update
     learner._update = lambda samples: trained.extend(samples) or update(samples)
-    stats = learner.step(groups)
+    with torch_threads(1):
+        stats = learner.step(groups)
     episodes = [t for g in groups for t in g]
     segments = [s for t in episodes for s in t.token_segments()]
     assert stats["updated"] == 1.0 and stats["trained_segments"] == len(segments) == len(trained)

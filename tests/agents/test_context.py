@@ -119,14 +119,15 @@ class Script:
         return f"<answer>{self.answers[rid]}</answer>", False
 
 
-def play_group(engine, tokenizer, pool, index, policy, *, empty_first_summary=False) -> tuple[list[Trajectory], ForcedEngine]:
+def play_group(engine, tokenizer, pool, index, policy, *, empty_first_summary=False, max_segments=256,
+               workflow_class=TokenWorkflow) -> tuple[list[Trajectory], ForcedEngine]:
     """Two 64-turn episodes of one task, one answering right and one wrong, played concurrently."""
     task = pool[0]
     answers = {"right": task.answers[0], "wrong": "Nowhere at all"}
     script = Script(tokenizer, answers, {"right"} if empty_first_summary else set())
     forced = ForcedEngine(engine, tokenizer, script)
-    workflow = TokenWorkflow(forced, tokenizer, WorkflowSettings(SAMPLING, MAX_CONTEXT, context=policy,
-                                                                 max_segments=256))
+    workflow = workflow_class(forced, tokenizer, WorkflowSettings(SAMPLING, MAX_CONTEXT, context=policy,
+                                                                 max_segments=max_segments))
 
     async def main():
         envs = [SearchEnv(pool, index, max_turns=TURNS + 4, top_k=3, doc_chars=400) for _ in answers]
@@ -135,6 +136,25 @@ def play_group(engine, tokenizer, pool, index, policy, *, empty_first_summary=Fa
 
     with torch_threads(1):  # a tiny model on a shared 2-core machine: a second thread only waits
         return asyncio.run(main()), forced
+
+
+class HugePages(TokenWorkflow):
+    """Shows the model every result ten times over: each observation alone is bigger than the 2k window."""
+
+    async def observe(self, env, traj, step):
+        return "\n".join([step.observation] * 10)
+
+
+def test_an_episode_over_its_segment_budget_ends_truncated_with_everything_kept(engine, small_pool, small_index):
+    """Observations bigger than the whole window are truncated with a note; the segment budget ends the episode."""
+    (right, wrong), forced = play_group(engine, engine.tokenizer, small_pool, small_index, FoldPolicy(),
+                                        max_segments=3, workflow_class=HugePages)
+    for traj, rid in ((right, "right"), (wrong, "wrong")):
+        assert traj.truncated and traj.stop_reason == "segment budget" and traj.num_segments == 3
+        assert_segments_are_the_engines_record(traj, forced.calls, rid)  # every token the engine gave is kept
+        assert any(e["truncated_tokens"] > 0 for e in traj.context_events)
+        assert "[truncated: this result had" in engine.tokenizer.decode(traj.segments[1].input_ids)
+        assert traj.generated_tokens == sum(len(c.response.output_ids) for c in forced.calls if c.rid == rid)
 
 
 def assert_segments_are_the_engines_record(traj: Trajectory, calls, rid: str) -> None:

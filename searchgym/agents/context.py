@@ -25,14 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from searchgym.agents.engines.types import SamplingParams
+from searchgym.agents.engines.types import GenerateResponse, SamplingParams
 from searchgym.agents.formats import ChatTemplateDelta
-
-if TYPE_CHECKING:  # the workflow imports this module; this one only needs its type
-    from searchgym.agents.trajectory import Trajectory
-    from searchgym.agents.workflow import TokenWorkflow
+from searchgym.agents.trajectory import Trajectory
 
 SUMMARY_INSTRUCTION = ("Your context is full. Summarise what you have found so far that helps answer the "
                        "question: the facts, the sources, and what is left to find. Write only the summary.")
@@ -163,6 +160,20 @@ def lay_out(template: ChatTemplateDelta, history: History, target: int, fold_to:
     return Layout(ids, pieces, folded=sum(folded[first:]), dropped=first, truncated_tokens=cut)
 
 
+class TokenWorkflow(Protocol):
+    """What a policy uses of the `TokenWorkflow` that runs it (declared here: the workflow module imports this one)."""
+
+    template: ChatTemplateDelta
+    eos_ids: set[int]
+
+    @property
+    def max_context(self) -> int: ...
+
+    async def generate(self, traj: Trajectory, sampling: SamplingParams, rid: str) -> GenerateResponse: ...
+
+    def turn_text(self, output_ids: list[int]) -> str: ...
+
+
 class ContextPolicy:
     """How a `TokenWorkflow` rebuilds its context when the next observation would not fit.
 
@@ -174,10 +185,10 @@ class ContextPolicy:
     name = "end"
     managed = False
 
-    def reserve(self, workflow: "TokenWorkflow") -> int:
+    def reserve(self, workflow: TokenWorkflow) -> int:
         return 0
 
-    async def rebuild(self, workflow: "TokenWorkflow", traj: "Trajectory", history: History, *, target: int,
+    async def rebuild(self, workflow: TokenWorkflow, traj: Trajectory, history: History, *, target: int,
                       sampling: SamplingParams, rid: str) -> Rebuild | None:
         return None
 
@@ -202,7 +213,7 @@ class FoldPolicy(ContextPolicy):
         if not 0 < self.keep_fraction <= 1:
             raise ValueError(f"keep_fraction must be in (0, 1], got {self.keep_fraction}")
 
-    async def rebuild(self, workflow: "TokenWorkflow", traj: "Trajectory", history: History, *, target: int,
+    async def rebuild(self, workflow: TokenWorkflow, traj: Trajectory, history: History, *, target: int,
                       sampling: SamplingParams, rid: str) -> Rebuild | None:
         return fold(workflow.template, history, target, self.name, fold_to=int(target * self.keep_fraction))
 
@@ -230,10 +241,10 @@ class SummarisePolicy(ContextPolicy):
     name = "summarise"
     managed = True
 
-    def reserve(self, workflow: "TokenWorkflow") -> int:
+    def reserve(self, workflow: TokenWorkflow) -> int:
         return self.summary_tokens + len(workflow.template.observation_ids(self.instruction, False)) + 1
 
-    async def rebuild(self, workflow: "TokenWorkflow", traj: "Trajectory", history: History, *, target: int,
+    async def rebuild(self, workflow: TokenWorkflow, traj: Trajectory, history: History, *, target: int,
                       sampling: SamplingParams, rid: str) -> Rebuild | None:
         last = history.entries[-1]
         request = workflow.template.observation_ids(self.instruction, last.ended_with_eos)

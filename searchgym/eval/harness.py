@@ -229,7 +229,8 @@ async def _play(todo, make_env, store: SampleStore, judge: CompositeJudge, workf
                 "env_correct": bool((traj.verdict or {}).get("correct")), "verdicts": verdicts,
                 "stats": {"turns": len(traj.turns), "searches": counts.get("search", 0),
                           "accesses": counts.get("access", 0), "generated_tokens": traj.generated_tokens,
-                          "answered": traj.prediction is not None, "stop_reason": traj.stop_reason},
+                          "answered": traj.prediction is not None, "stop_reason": traj.stop_reason,
+                          "segments": traj.num_segments},
                 "trajectory": traj.to_dict(),
             })
             bar.update()

@@ -24,6 +24,7 @@ from searchgym.agents.formats import ChatTemplateDelta
 from searchgym.agents.trajectory import Trajectory
 from searchgym.agents.workflow import TokenWorkflow, WorkflowSettings
 from searchgym.envs.search_env import SearchEnv
+from searchgym.trainers.build import workflow_settings
 from searchgym.trainers.config import LearnerConfig, load_config
 from searchgym.trainers.learner import Learner
 from tests.agents.forced_engine import ForcedEngine
@@ -83,8 +84,13 @@ def test_an_observation_bigger_than_the_window_is_truncated_with_a_note(template
 
 
 def test_the_context_policy_settings_are_checked_by_key():
-    config = load_config(None, ["rollout.context_policy=summarise", "rollout.summary_tokens=64"])
-    assert config.rollout.context_policy == "summarise"
+    config = load_config(None, ["rollout.context_policy=summarise", "rollout.summary_tokens=64",
+                                "rollout.max_segments=9"])
+    settings = workflow_settings(config.rollout)  # what the trainer's workflow is built with
+    assert isinstance(settings.context, SummarisePolicy) and settings.context.summary_tokens == 64
+    assert settings.max_segments == 9
+    assert isinstance(workflow_settings(load_config(None, ["rollout.context_policy=fold"]).rollout).context, FoldPolicy)
+    assert not workflow_settings(load_config(None, []).rollout).context.managed  # default: end, as before
     for override, key in (("rollout.context_policy=squash", "rollout.context_policy"),
                           ("rollout.max_segments=0", "rollout.max_segments"),
                           ("rollout.summary_tokens=0", "rollout.summary_tokens")):

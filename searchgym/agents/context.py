@@ -50,6 +50,13 @@ class Entry:
     observation: str
     stub: str
     foldable: bool = True
+    _ids: dict[str, list[int]] = field(default_factory=dict, repr=False, compare=False)  # tokenised once per text
+
+    def ids(self, template: ChatTemplateDelta, which: str) -> list[int]:
+        """The observation (`which`="observation") or stub ("stub") as the template's delta after this action."""
+        if which not in self._ids:
+            self._ids[which] = template.observation_ids(getattr(self, which), self.ended_with_eos)
+        return self._ids[which]
 
 
 @dataclass
@@ -117,8 +124,8 @@ def lay_out(template: ChatTemplateDelta, history: History, target: int, fold_to:
     if not entries:
         return None
     folded = [False] * len(entries)
-    observations = [template.observation_ids(e.observation, e.ended_with_eos) for e in entries]
-    stubs = [template.observation_ids(e.stub, e.ended_with_eos) for e in entries]
+    observations = [e.ids(template, "observation") for e in entries]
+    stubs = [e.ids(template, "stub") for e in entries]
     prompts = {0: template.prompt_ids(history.question)}
 
     def prompt(dropped: int) -> list[int]:
@@ -240,6 +247,10 @@ class SummarisePolicy(ContextPolicy):
     instruction: str = SUMMARY_INSTRUCTION
     name = "summarise"
     managed = True
+
+    def __post_init__(self) -> None:
+        if self.summary_tokens < 1:
+            raise ValueError(f"summary_tokens must be at least 1, got {self.summary_tokens}")
 
     def reserve(self, workflow: TokenWorkflow) -> int:
         return self.summary_tokens + len(workflow.template.observation_ids(self.instruction, False)) + 1

@@ -57,6 +57,12 @@ class WorkflowSettings:
     context: ContextPolicy = field(default_factory=EndPolicy)  # what to do when the window fills (agents/context.py)
     max_segments: int = 64  # an episode needing more context segments ends truncated ("segment budget")
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.context, ContextPolicy):
+            raise TypeError(f"context must be a ContextPolicy (agents/context.py), got {type(self.context).__name__}")
+        if self.max_segments < 1:
+            raise ValueError(f"max_segments must be at least 1, got {self.max_segments}")
+
 
 @dataclass
 class Step:

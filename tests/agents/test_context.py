@@ -43,8 +43,9 @@ def template(tokenizer):
 
 words = st.lists(st.sampled_from(["river", "Aldra", "flows", "through", "the", "city", "of", "1987", "page", "."]),
                  max_size=300).map(" ".join)
+observations = st.tuples(words, st.integers(1, 12)).map(lambda pair: "\n".join([pair[0]] * pair[1]))
 entries = st.lists(st.builds(Entry, action_ids=st.lists(st.integers(10, 1500), min_size=1, max_size=40),
-                             ended_with_eos=st.booleans(), observation=words,
+                             ended_with_eos=st.booleans(), observation=observations,
                              stub=st.sampled_from(["[folded: result of search 'x']", "[folded: page 'doc://1']"]),
                              foldable=st.booleans()), min_size=1, max_size=25)
 
@@ -73,6 +74,9 @@ def test_a_rebuilt_context_fits_and_never_splits_a_turn(template, entries, targe
             assert shown == full or (entries[i].foldable
                                      and shown == template.observation_ids(entries[i].stub, entries[i].ended_with_eos))
     assert [kind for kind, *_ in layout.pieces] == ["prompt"] + ["action", "observation"] * len(kept)
+    if layout.truncated_tokens:  # the newest observation was cut, and says so
+        start, end = layout.pieces[-1][1:3]
+        assert "[truncated: this result had" in template.tokenizer.decode(layout.ids[start:end])
 
 
 def test_an_observation_bigger_than_the_window_is_truncated_with_a_note(template, tokenizer):

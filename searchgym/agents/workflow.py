@@ -217,20 +217,29 @@ class TokenWorkflow(Workflow):
                 continue
             # keep room for the next turn and for the policy's own work (a summary) in every segment
             headroom = turn_tokens + policy.reserve(self)
-            traj.messages.append({"role": role if role != "inline" else "user", "content": seen})
+            message = {"role": role if role != "inline" else "user", "content": seen}
             if len(traj.input_ids) + len(delta) + headroom <= max_context:
                 traj.extend(delta, generated=False)
+                traj.messages.append(message)
                 continue
-            if traj.num_segments >= self.settings.max_segments:
-                traj.truncated, traj.stop_reason = True, "segment budget"
+            if not await self.next_segment(traj, history, target=max_context - headroom, sampling=sampling, rid=rid):
                 return traj
-            rebuilt = await policy.rebuild(self, traj, history, target=max_context - headroom, sampling=sampling,
-                                           rid=rid)
-            if rebuilt is None:
-                traj.truncated, traj.stop_reason = True, "context budget"
-                return traj
-            traj.context_events.append({"segment": traj.num_segments, "turn": len(traj.turns), **rebuilt.event})
-            traj.start_segment(rebuilt.prompt_ids, rebuilt.end)
+            traj.messages.append(message)  # the transcript: after a summary exchange, as the new segment shows it
+
+    async def next_segment(self, traj: Trajectory, history: History, *, target: int, sampling: SamplingParams,
+                           rid: str) -> bool:
+        """Have the context policy rebuild the prompt (at most `target` tokens) and open a new segment from it;
+        False when the episode ends instead (truncated: the segment budget is spent, or nothing fits)."""
+        if traj.num_segments >= self.settings.max_segments:
+            traj.truncated, traj.stop_reason = True, "segment budget"
+            return False
+        rebuilt = await self.settings.context.rebuild(self, traj, history, target=target, sampling=sampling, rid=rid)
+        if rebuilt is None:
+            traj.truncated, traj.stop_reason = True, "context budget"
+            return False
+        traj.context_events.append({"segment": traj.num_segments, "turn": len(traj.turns), **rebuilt.event})
+        traj.start_segment(rebuilt.prompt_ids, rebuilt.end)
+        return True
 
     def turn_text(self, output_ids: list[int]) -> str:
         """The turn as text, special tokens kept (so transcript and tokens agree), a final eos dropped."""

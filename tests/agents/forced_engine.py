@@ -43,7 +43,8 @@ class ForcedEngine:
         wanted = wanted[: request.sampling.max_new_tokens]
         ids, logprobs, versions = [], [], []
         for token in wanted:
-            sampling = dataclasses.replace(request.sampling, max_new_tokens=1, stop=(), logit_bias=((token, FORCE_BIAS),))
+            sampling = dataclasses.replace(request.sampling, max_new_tokens=1, stop=(),
+                                           logit_bias=((token, FORCE_BIAS),))
             inner_request = GenerateRequest(list(request.input_ids) + ids, sampling, request.rid)
             response = await self.inner.agenerate(inner_request)
             self.calls.append(Call(request.rid, inner_request.input_ids, response))

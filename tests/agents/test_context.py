@@ -268,3 +268,27 @@ def test_one_learner_step_trains_every_segment_of_the_episodes(tiny_model_dir, f
         values = sample.advantages[sample.mask.bool()]
         assert len(values) and (bool((values > 0).all()) or bool((values < 0).all()))
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_eval_plays_past_its_window_with_a_context_policy(tmp_path, tiny_model_dir, small_bundle):
+    """`searchgym eval --context-policy fold`: episodes longer than --max-context go on in segments, counted per row."""
+    import json
+
+    from searchgym.eval.harness import run_eval
+    from tests.conftest import WARM_ENV
+
+    env_kwargs = {**WARM_ENV, "max_turns": 8}
+    with pytest.raises(ValueError, match="squash"):
+        run_eval("searchgym/SyntheticQA-v0", str(tiny_model_dir), tmp_path / "bad", context_policy="squash",
+                 env_kwargs=env_kwargs, progress=False, report=False)
+    with torch_threads(1):
+        run_eval("searchgym/SyntheticQA-v0", str(tiny_model_dir), tmp_path / "fold", k=1, max_tasks=3, judge="em",
+                 env_kwargs=env_kwargs, max_new_tokens=32, max_context=256, context_policy="fold", progress=False,
+                 report=False)
+    rows = [json.loads(line) for line in (tmp_path / "fold" / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and max(r["stats"]["segments"] for r in rows) > 1
+    for row in rows:  # every segment of every episode is in the stored trajectory and within the window
+        traj = Trajectory.from_dict(row["trajectory"])
+        assert traj.num_segments == row["stats"]["segments"]
+        assert all(len(s.input_ids) <= 256 for s in traj.token_segments())
+    assert json.loads((tmp_path / "fold" / "run.json").read_text())["context_policy"] == "fold"

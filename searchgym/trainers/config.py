@@ -74,7 +74,8 @@ class RolloutConfig:
     max_context: int = 4096
     observation_role: str = "user"  # how tool results enter the chat: "user", "tool" or "inline" (Search-R1)
     # when an episode outgrows max_context: "end" it truncated, "fold" old observations into stubs, or have the
-    # policy "summarise" its findings (trained); the episode then goes on in a new segment (agents/context.py)
+    # policy "summarise" its findings (trained); the episode then goes on in a new segment (agents/context.py);
+    # or a ContextPolicy subclass, "module:Class" or "file.py:Class"
     context_policy: str = "end"
     summary_tokens: int = 256  # the longest summary "summarise" asks for
     max_segments: int = 64  # an episode needing more context segments ends truncated
@@ -191,7 +192,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     _check_choice("launcher", config.launcher, ("local", "ray"))
     _check_choice("rollout.engine", config.rollout.engine, ("torch", "sglang"))
     _check_choice("rollout.observation_role", config.rollout.observation_role, ("user", "tool", "inline"))
-    _check_choice("rollout.context_policy", config.rollout.context_policy, ("end", "fold", "summarise"))
+    if ":" not in config.rollout.context_policy:  # else a custom ContextPolicy class, "module:Class" or "file.py:Class"
+        _check_choice("rollout.context_policy", config.rollout.context_policy, ("end", "fold", "summarise"))
     if config.rollout.context_policy == "summarise" and config.rollout.summary_tokens * 2 > config.rollout.max_context:
         raise ValueError(f"rollout.summary_tokens must be at most half of rollout.max_context "
                          f"({config.rollout.max_context}) so a segment has room to summarise, "

@@ -87,6 +87,13 @@ def test_an_observation_bigger_than_the_window_is_truncated_with_a_note(template
     assert "[truncated: this result had" in tokenizer.decode(layout.ids)
 
 
+class TightFold(FoldPolicy):
+    """A user's policy: fold down to half the room at each rebuild."""
+
+    def __init__(self):
+        super().__init__(keep_fraction=0.5)
+
+
 def test_the_context_policy_settings_are_checked_by_key():
     config = load_config(None, ["rollout.context_policy=summarise", "rollout.summary_tokens=64",
                                 "rollout.max_segments=9"])
@@ -95,6 +102,10 @@ def test_the_context_policy_settings_are_checked_by_key():
     assert settings.max_segments == 9
     assert isinstance(workflow_settings(load_config(None, ["rollout.context_policy=fold"]).rollout).context, FoldPolicy)
     assert not workflow_settings(load_config(None, []).rollout).context.managed  # default: end, as before
+    custom = load_config(None, ["rollout.context_policy=tests.agents.test_context:TightFold"]).rollout
+    assert isinstance(workflow_settings(custom).context, TightFold)  # a user's subclass, by import path
+    with pytest.raises(ValueError, match="rollout.context_policy"):
+        workflow_settings(load_config(None, ["rollout.context_policy=tests.agents.test_context:Script"]).rollout)
     for override, key in (("rollout.context_policy=squash", "rollout.context_policy"),
                           ("rollout.max_segments=0", "rollout.max_segments"),
                           ("rollout.summary_tokens=0", "rollout.summary_tokens")):

@@ -113,8 +113,8 @@ def truncate_text(template: ChatTemplateDelta, text: str, limit: int) -> tuple[s
 def lay_out(template: ChatTemplateDelta, history: History, target: int, fold_to: int | None = None) -> Layout | None:
     """A prompt of at most `target` tokens: fold old observations oldest first, then drop oldest whole turns, until
     it is at most `fold_to` (default `target`) long, then truncate the newest observation if it still exceeds
-    `target`. Turns are never split. None when not even the question and the newest turn (its observation cut to
-    nothing) fit.
+    `target` (one longer than half of `target` is cut to that half first, so it does not evict every turn). Turns
+    are never split. None when not even the question and the newest turn (its observation cut to nothing) fit.
 
     Folding below the hard limit (`fold_to` < `target`) leaves room for a few turns before the next rebuild, so
     an episode is not rebuilt (and a new segment prompt prefilled) at every turn.
@@ -137,6 +137,10 @@ def lay_out(template: ChatTemplateDelta, history: History, target: int, fold_to:
         return len(prompt(first)) + sum(len(entries[i].action_ids) + len(stubs[i] if folded[i] else observations[i])
                                         for i in range(first, len(entries)))
 
+    last, cut = entries[-1], 0
+    if len(observations[-1]) > target // 2:  # a huge newest result is cut first, so it does not evict every turn
+        text, cut = truncate_text(template, last.observation, target // 2)
+        observations[-1] = template.observation_ids(text, last.ended_with_eos)
     first = 0
     for i in range(len(entries) - 1):  # fold oldest first; the newest observation stays whole
         if size(first) <= soft:
@@ -145,16 +149,17 @@ def lay_out(template: ChatTemplateDelta, history: History, target: int, fold_to:
             folded[i] = True
     while size(first) > soft and first < len(entries) - 1:  # drop oldest whole turns
         first += 1
-    last = entries[-1]
-    newest, cut = observations[-1], 0
-    if size(first) > target:  # the newest observation alone is bigger than what is left: truncate it
+    newest = observations[-1]
+    if size(first) > target:  # the newest observation is bigger than what is left: truncate it (again)
         fixed = size(first) - len(newest)
         overhead = len(template.observation_ids("", last.ended_with_eos))
         limit = target - fixed - overhead
         if limit <= 0:
             return None
-        text, cut = truncate_text(template, last.observation, limit)
+        full = len(template.encode(last.observation))
+        text, _ = truncate_text(template, last.observation, limit)
         newest = template.observation_ids(text, last.ended_with_eos)
+        cut = full - len(template.encode(text))
         if fixed + len(newest) > target:
             return None
     ids = list(prompt(first))

@@ -307,7 +307,7 @@ def _eval(args: argparse.Namespace) -> None:
                        max_tasks=args.max_tasks, concurrency=args.concurrency, temperature=args.temperature,
                        max_new_tokens=args.max_new_tokens, max_context=args.max_context, seed=args.seed,
                        device=args.device, tokenizer=args.tokenizer, judge_model=args.judge_model,
-                       workflow=args.workflow)
+                       workflow=args.workflow, context_policy=args.context_policy)
     print((Path(args.out) / "summary.md").read_text())
     print(f"samples, summary.json, plots and report.html in {args.out} ({int(summary['metrics']['samples'])} samples)")
 
@@ -455,6 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=1024, help="per turn")
     p.add_argument("--max-context", type=int, default=32_768, help="tokens per episode")
+    p.add_argument("--context-policy", default="end", choices=("end", "fold", "summarise"),
+                   help="past --max-context: end the episode, fold old results, or have the model summarise")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", help="of a local model directory")
     p.add_argument("--tokenizer", default=None, help="tokenizer of sglang servers (default: the served model's)")

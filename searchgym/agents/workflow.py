@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from searchgym.agents.context import ContextPolicy, EndPolicy, Entry, History, stub_for
 from searchgym.agents.engines.open import EngineHandle, open_engine
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, InferenceEngine, SamplingParams
 from searchgym.agents.formats import ChatTemplateDelta, ToolFormat
@@ -53,6 +54,14 @@ class WorkflowSettings:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_context: int = 32_768
     observation_role: str = "user"  # "user", "tool" (the template's tool role) or "inline" (Search-R1 style)
+    context: ContextPolicy = field(default_factory=EndPolicy)  # what to do when the window fills (agents/context.py)
+    max_segments: int = 64  # an episode needing more context segments ends truncated ("segment budget")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.context, ContextPolicy):
+            raise TypeError(f"context must be a ContextPolicy (agents/context.py), got {type(self.context).__name__}")
+        if self.max_segments < 1:
+            raise ValueError(f"max_segments must be at least 1, got {self.max_segments}")
 
 
 @dataclass
@@ -148,21 +157,33 @@ class TokenWorkflow(Workflow):
         """The model's next turn from the whole token sequence so far (one engine call)."""
         return await self.engine.agenerate(GenerateRequest(list(traj.input_ids), sampling, rid))
 
+    @property
+    def max_context(self) -> int:
+        """The context budget: the setting, or the engine's positions where fewer (beyond them it writes nothing)."""
+        engine_context = getattr(self.engine, "max_context", None)
+        if isinstance(engine_context, int) and engine_context > 0:
+            return min(self.settings.max_context, engine_context)
+        return self.settings.max_context
+
     async def arun_episode(self, env: SearchEnv, *, seed: int | None = None, options: dict[str, Any] | None = None,
                            rid: str | None = None) -> Trajectory:
-        """Play one episode; stops on an answer, an env budget, or the context budget."""
+        """Play one episode; stops on an answer, an env budget, or the context budget.
+
+        With a managed context policy (`settings.context`), an observation that would leave no room for the next
+        turn makes the policy rebuild the prompt, and the episode goes on in a new segment of the trajectory.
+        """
         sampling = _with_stops(self.settings.sampling, env)
         if seed is not None and sampling.seed is None:  # the episode's tokens come from its seed, not arrival order
             sampling = dataclasses.replace(sampling, seed=seed)
-        max_context, rid = self.settings.max_context, rid or uuid.uuid4().hex
-        engine_context = getattr(self.engine, "max_context", None)  # the model's positions: beyond them it writes nothing
-        if isinstance(engine_context, int) and engine_context > 0:
-            max_context = min(max_context, engine_context)
+        max_context, rid, policy = self.max_context, rid or uuid.uuid4().hex, self.settings.context
         obs, traj = await self.start_episode(env, seed, options)
         traj.extend(self.template.prompt_ids(obs), generated=False)
         traj.prompt_length = len(traj.input_ids)
+        history = History(obs)
+        # a managed context keeps every turn within a quarter of the window, so a segment always has room for it
+        turn_tokens = min(sampling.max_new_tokens, max_context // 4) if policy.managed else sampling.max_new_tokens
         while True:
-            budget = min(sampling.max_new_tokens, max_context - len(traj.input_ids))
+            budget = min(turn_tokens, max_context - len(traj.input_ids))
             if budget <= 0:
                 traj.truncated, traj.stop_reason = True, "context budget"
                 return traj
@@ -173,6 +194,8 @@ class TokenWorkflow(Workflow):
                 traj.truncated, traj.stop_reason = True, "context budget"
                 return traj
             traj.extend(response.output_ids, generated=True, logprobs=response.logprobs, versions=response.versions)
+            if response.output_ids:
+                traj.run_turns.append(len(traj.turns))  # the turn step_env is about to record
             step = await self.step_env(env, traj, self.turn_text(response.output_ids), seconds,
                                        generated_tokens=len(response.output_ids),
                                        finish_reason=response.finish_reason.type)
@@ -182,12 +205,41 @@ class TokenWorkflow(Workflow):
             ended_with_eos = bool(response.output_ids) and response.output_ids[-1] in self.eos_ids
             delta = self.template.observation_ids(seen, ended_with_eos)
             traj.turns[-1].observation_tokens = len(delta)
-            if len(traj.input_ids) + len(delta) >= max_context:
-                traj.truncated, traj.stop_reason = True, "context budget"
-                return traj
-            traj.extend(delta, generated=False)
+            history.entries.append(Entry(list(response.output_ids), ended_with_eos, seen,
+                                         stub_for(traj.turns[-1].tool, step.info)))
             role = self.settings.observation_role
-            traj.messages.append({"role": role if role != "inline" else "user", "content": seen})
+            if not policy.managed:
+                if len(traj.input_ids) + len(delta) >= max_context:
+                    traj.truncated, traj.stop_reason = True, "context budget"
+                    return traj
+                traj.extend(delta, generated=False)
+                traj.messages.append({"role": role if role != "inline" else "user", "content": seen})
+                continue
+            # keep room for the next turn and for the policy's own work (a summary) in every segment
+            headroom = turn_tokens + policy.reserve(self)
+            message = {"role": role if role != "inline" else "user", "content": seen}
+            if len(traj.input_ids) + len(delta) + headroom <= max_context:
+                traj.extend(delta, generated=False)
+                traj.messages.append(message)
+                continue
+            if not await self.next_segment(traj, history, target=max_context - headroom, sampling=sampling, rid=rid):
+                return traj
+            traj.messages.append(message)  # the transcript: after a summary exchange, as the new segment shows it
+
+    async def next_segment(self, traj: Trajectory, history: History, *, target: int, sampling: SamplingParams,
+                           rid: str) -> bool:
+        """Have the context policy rebuild the prompt (at most `target` tokens) and open a new segment from it;
+        False when the episode ends instead (truncated: the segment budget is spent, or nothing fits)."""
+        if traj.num_segments >= self.settings.max_segments:
+            traj.truncated, traj.stop_reason = True, "segment budget"
+            return False
+        rebuilt = await self.settings.context.rebuild(self, traj, history, target=target, sampling=sampling, rid=rid)
+        if rebuilt is None:
+            traj.truncated, traj.stop_reason = True, "context budget"
+            return False
+        traj.context_events.append({"segment": traj.num_segments, "turn": len(traj.turns), **rebuilt.event})
+        traj.start_segment(rebuilt.prompt_ids, rebuilt.end)
+        return True
 
     def turn_text(self, output_ids: list[int]) -> str:
         """The turn as text, special tokens kept (so transcript and tokens agree), a final eos dropped."""

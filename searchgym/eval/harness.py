@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from searchgym.agents.context import context_policy as make_context_policy
 from searchgym.agents.engines.open import open_engine
 from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.env_pool import EnvPool
@@ -110,12 +111,15 @@ def run_eval(env_id: str, engine: str, out: str | os.PathLike, *, k: int = 4, ju
              temperature: float = 1.0, max_new_tokens: int = 1024, max_context: int = 32_768, seed: int = 0,
              device: str = "cpu", tokenizer: str | None = None, judge_model: str | None = None,
              workflow: str | None = None, progress: bool = True, make_env: Callable[[], SearchEnv] | None = None,
-             report: bool = True, labels: str | os.PathLike | None = None) -> dict[str, Any]:
+             report: bool = True, labels: str | os.PathLike | None = None,
+             context_policy: str = "end") -> dict[str, Any]:
     """Evaluate `engine` (any engine spec) on `env_id` into `out`; resumes a previous run there. Returns the summary.
 
     The episodes are played by the workflow `open_workflow` builds (`workflow` names a custom class), so
     what is evaluated is exactly what trains; the tool format is the env's (`env_kwargs["tool_format"]`).
     `labels` is a file of human verdicts (question id, prediction, verdict) that each judge is scored against.
+    `context_policy` ("end", "fold", "summarise") says how an episode longer than `max_context` goes on
+    (agents/context.py).
     """
     import gymnasium as gym
 
@@ -124,6 +128,7 @@ def run_eval(env_id: str, engine: str, out: str | os.PathLike, *, k: int = 4, ju
 
     if k < 1:
         raise ValueError("k must be at least 1")
+    policy = make_context_policy(context_policy)  # an unknown name fails before any episode
     env_kwargs = dict(env_kwargs or {})
     suite = suite_of(env_id)
     judge = judge or (suite.judge if suite else "em,f1")
@@ -135,6 +140,8 @@ def run_eval(env_id: str, engine: str, out: str | os.PathLike, *, k: int = 4, ju
     run = {"env": env_id, "env_kwargs": env_kwargs, "engine": engine, "seed": seed, "temperature": temperature,
            "max_new_tokens": max_new_tokens, "max_context": max_context, "workflow": workflow,
            "model": model["identity"]}
+    if context_policy != "end":  # runs made before context policies existed keep resuming
+        run["context_policy"] = context_policy
     run_path = out / RUN
     if run_path.exists():
         try:
@@ -158,7 +165,7 @@ def run_eval(env_id: str, engine: str, out: str | os.PathLike, *, k: int = 4, ju
         store = SampleStore(out / SAMPLES)
         todo = [(i, t, s) for i, t in enumerate(tasks) for s in range(k) if (t.id, s) not in store]
         sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
-        settings = WorkflowSettings(sampling, max_context=max_context)
+        settings = WorkflowSettings(sampling, max_context=max_context, context=policy)
         judges, judge_stats = asyncio.run(_evaluate(
             todo, make_env, store, judge, judge_model, engine, workflow=workflow, settings=settings,
             concurrency=concurrency, seed=seed, device=device, tokenizer=tokenizer, progress=progress,
@@ -229,7 +236,8 @@ async def _play(todo, make_env, store: SampleStore, judge: CompositeJudge, workf
                 "env_correct": bool((traj.verdict or {}).get("correct")), "verdicts": verdicts,
                 "stats": {"turns": len(traj.turns), "searches": counts.get("search", 0),
                           "accesses": counts.get("access", 0), "generated_tokens": traj.generated_tokens,
-                          "answered": traj.prediction is not None, "stop_reason": traj.stop_reason},
+                          "answered": traj.prediction is not None, "stop_reason": traj.stop_reason,
+                          "segments": traj.num_segments},
                 "trajectory": traj.to_dict(),
             })
             bar.update()

@@ -9,8 +9,9 @@ import gymnasium as gym
 import torch
 
 import searchgym  # noqa: F401  (registers the env ids)
+from searchgym.agents.context import ContextPolicy, context_policy
 from searchgym.agents.engines.types import SamplingParams
-from searchgym.agents.workflow import Workflow, WorkflowSettings, open_workflow
+from searchgym.agents.workflow import Workflow, WorkflowSettings, load_object, open_workflow
 from searchgym.envs.search_env import SearchEnv
 from searchgym.trainers.config import EnvConfig, LearnerConfig, ModelConfig, RolloutConfig
 from searchgym.trainers.learner import Learner
@@ -43,9 +44,21 @@ def task_ids(make_env: Callable[[], SearchEnv], only: Sequence[str] | None = Non
 
 
 def workflow_settings(rollout: RolloutConfig) -> WorkflowSettings:
-    """How the run's episodes are generated (sampling, context budget, observation role)."""
+    """How the run's episodes are generated (sampling, context budget and policy, observation role)."""
     return WorkflowSettings(SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature),
-                            max_context=rollout.max_context, observation_role=rollout.observation_role)
+                            max_context=rollout.max_context, observation_role=rollout.observation_role,
+                            context=rollout_context_policy(rollout), max_segments=rollout.max_segments)
+
+
+def rollout_context_policy(rollout: RolloutConfig) -> ContextPolicy:
+    """The run's context policy: a built-in name, or a ContextPolicy subclass named "module:Class" / "file.py:Class"."""
+    if ":" not in rollout.context_policy:
+        return context_policy(rollout.context_policy, summary_tokens=rollout.summary_tokens)
+    cls = load_object(rollout.context_policy)
+    if not (isinstance(cls, type) and issubclass(cls, ContextPolicy)):
+        raise ValueError(f"rollout.context_policy {rollout.context_policy!r} is not a ContextPolicy subclass "
+                         "(searchgym.agents.context)")
+    return cls()
 
 
 async def open_rollout_workflow(rollout: RolloutConfig, model_dir: Path | str, *, device: str, seed: int,

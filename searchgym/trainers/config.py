@@ -74,6 +74,12 @@ class RolloutConfig:
     temperature: float = 1.0
     max_context: int = 4096
     observation_role: str = "user"  # how tool results enter the chat: "user", "tool" or "inline" (Search-R1)
+    # when an episode outgrows max_context: "end" it truncated, "fold" old observations into stubs, or have the
+    # policy "summarise" its findings (trained); the episode then goes on in a new segment (agents/context.py);
+    # or a ContextPolicy subclass, "module:Class" or "file.py:Class"
+    context_policy: str = "end"
+    summary_tokens: int = 256  # the longest summary "summarise" asks for
+    max_segments: int = 64  # an episode needing more context segments ends truncated
     workflow: str | None = None  # a custom Workflow class, "module:Class" or "file.py:Class" (default: TokenWorkflow)
     engine: str = "torch"  # "torch": an in-process TorchEngine; "sglang": SGLang servers, weights synced via disk
     sglang_addresses: list[str] = field(default_factory=list)  # running servers ("host:port") for engine "sglang"
@@ -173,6 +179,8 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
                               ("rollout.max_concurrent_rollouts", config.rollout.max_concurrent_rollouts,
                                config.rollout.group_size),
                               ("rollout.max_new_tokens", config.rollout.max_new_tokens, 1),
+                              ("rollout.summary_tokens", config.rollout.summary_tokens, 1),
+                              ("rollout.max_segments", config.rollout.max_segments, 1),
                               ("learner.minibatches", config.learner.minibatches, 1),
                               ("learner.micro_batch_tokens", config.learner.micro_batch_tokens, 1),
                               ("learner.logit_chunk_tokens", config.learner.logit_chunk_tokens, 1),
@@ -186,6 +194,12 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     _check_choice("rollout.engine", config.rollout.engine, ("torch", "sglang"))
     _check_choice("rollout.observation_role", config.rollout.observation_role, ("user", "tool", "inline"))
     _check_choice("learner.packing", config.learner.packing, ("auto", "on", "off"))
+    if ":" not in config.rollout.context_policy:  # else a custom ContextPolicy class, "module:Class" or "file.py:Class"
+        _check_choice("rollout.context_policy", config.rollout.context_policy, ("end", "fold", "summarise"))
+    if config.rollout.context_policy == "summarise" and config.rollout.summary_tokens * 2 > config.rollout.max_context:
+        raise ValueError(f"rollout.summary_tokens must be at most half of rollout.max_context "
+                         f"({config.rollout.max_context}) so a segment has room to summarise, "
+                         f"got {config.rollout.summary_tokens}")
     _check_choice("learner.process_reward", config.learner.process_reward, ("clip", "delta", "none"))
     _check_choice("ray.weight_sync", config.ray.weight_sync, ("auto", "object_store", "disk", "distributed"))
     _check_choice("ray.sglang_server", config.ray.sglang_server, ("sglang", "searchgym"))

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from searchgym.agents.trajectory import Trajectory
+from searchgym.agents.trajectory import Segment, Trajectory
 from searchgym.envs.rewards import answer_page_rewards, refine_process_rewards
 from searchgym.trainers.config import LearnerConfig
 from searchgym.trainers.ppo import (
@@ -255,13 +255,15 @@ class Learner:
         first = torch.tensor([[r[0] for r in group] for group in turn_returns], dtype=torch.float64)
         advantages, keep = group_advantages(first, std_normalize=cfg.std_normalize)
         scale = first.std(dim=1, keepdim=True, correction=0) + 1e-6 if cfg.std_normalize else torch.ones_like(first[:, :1])
-        samples = []
+        samples, trained_segments = [], []
         for g, group in enumerate(groups):
             if cfg.drop_no_spread and not keep[g]:
                 continue
             for i, traj in enumerate(group):
                 per_turn = [float(advantages[g, i] + (r - first[g, i]) / scale[g, 0]) for r in turn_returns[g][i]]
-                samples.append(self._sample(traj, per_turn))
+                segments = traj.token_segments()  # each context segment is its own sample, same advantages
+                samples.extend(self._sample(segment, per_turn) for segment in segments)
+                trained_segments.append(len(segments))
         versions = torch.cat([s.versions[s.mask.bool()] for s in samples]) if samples else torch.zeros(0)
         stale = (self.version - versions).float() if len(versions) else torch.zeros(1)
         return samples, {
@@ -270,6 +272,8 @@ class Learner:
             "reward_mean": float(sum(t.reward for g in groups for t in g) / sum(len(g) for g in groups)),
             "trained_tokens": float(len(versions)),
             "staleness_mean": float(stale.mean()), "staleness_max": float(stale.max()),
+            "segments_mean": float(sum(t.num_segments for g in groups for t in g) / sum(len(g) for g in groups)),
+            "trained_segments": float(sum(trained_segments)),
         }
 
     def _turn_returns(self, traj: Trajectory) -> list[float]:
@@ -279,22 +283,22 @@ class Learner:
         refined = refine_process_rewards(process, mode=cfg.process_reward, threshold=cfg.process_reward_threshold)
         return returns_to_go(traj.reward, refined)
 
-    def _sample(self, traj: Trajectory, per_turn_advantage: list[float]) -> _Sample:
+    def _sample(self, segment: Segment, per_turn_advantage: list[float]) -> _Sample:
         """Tensors shifted by one (target token i+1 at position i), each turn's advantage on its tokens."""
-        # each turn that generated tokens is one contiguous run of loss_mask == 1, in order
-        run_advantages = [a for turn, a in zip(traj.turns, per_turn_advantage) if turn.generated_tokens > 0]
-        token_advantage = torch.zeros(len(traj.input_ids), dtype=torch.float32)
+        # each run of loss_mask == 1 is one engine call's output; `run_turns` names the turn whose advantage it gets
+        run_advantages = [per_turn_advantage[min(turn, len(per_turn_advantage) - 1)] for turn in segment.run_turns]
+        token_advantage = torch.zeros(len(segment.input_ids), dtype=torch.float32)
         run, previous = -1, 0
-        for i, generated in enumerate(traj.loss_mask):
+        for i, generated in enumerate(segment.loss_mask):
             if generated and not previous:
                 run += 1
-            if generated:
+            if generated and run_advantages:
                 token_advantage[i] = run_advantages[min(run, len(run_advantages) - 1)]
             previous = generated
-        return _Sample(ids=torch.tensor(traj.input_ids, dtype=torch.long),
-                       mask=torch.tensor(traj.loss_mask[1:], dtype=torch.float32),
-                       behav=torch.tensor(traj.logprobs[1:], dtype=torch.float32),
-                       advantages=token_advantage[1:], versions=torch.tensor(traj.versions[1:], dtype=torch.long))
+        return _Sample(ids=torch.tensor(segment.input_ids, dtype=torch.long),
+                       mask=torch.tensor(segment.loss_mask[1:], dtype=torch.float32),
+                       behav=torch.tensor(segment.logprobs[1:], dtype=torch.float32),
+                       advantages=token_advantage[1:], versions=torch.tensor(segment.versions[1:], dtype=torch.long))
 
     def _micro_batches(self, samples: list[_Sample]) -> list[list[_Sample]]:
         """Group samples (longest first) so each micro-batch stays within the token budget: padded, its longest

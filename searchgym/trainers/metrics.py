@@ -50,6 +50,7 @@ def episode_metrics(batch: list[list[Trajectory]]) -> dict[str, float]:
         "episode/searches": sum(t.counts.get("search", 0) for t in episodes) / n,
         "episode/accesses": sum(t.counts.get("access", 0) for t in episodes) / n,
         "episode/generated_tokens": sum(t.generated_tokens for t in episodes) / n,
+        "episode/segments": sum(t.num_segments for t in episodes) / n,  # context segments (1: never overflowed)
     }
 
 

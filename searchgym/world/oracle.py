@@ -16,6 +16,7 @@ from typing import Any
 from searchgym.envs.actions import ARGUMENT_KEYS
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import Task
+from searchgym.world.prover import part_body
 
 
 @dataclass
@@ -91,10 +92,11 @@ class OracleAgent:
     def _replay(self, task: Task) -> Script:
         """The witness play of the task's min-calls proof, call by call; the last observation must show the answer."""
         meta = task.metadata
-        obs = ""
+        obs, read = "", ""
         for tool, argument in meta["min_calls_proof"]["play"]:
             obs, _ = yield self._call(tool, argument)
-        if meta["answer_on_page"] not in obs and meta["path"][-1]["name"] not in obs:
+            read = read + part_body(obs) if tool == "access" else ""  # the play's final parts, joined
+        if not any(text in seen for text in (meta["answer_on_page"], meta["path"][-1]["name"]) for seen in (obs, read)):
             return f"not observed: the proof's play does not show {meta['answer_on_page']!r}"
         answer = task.answers[0]
         yield self._thought(f"So the answer is {answer}.") + self._call("answer", answer)

@@ -6,6 +6,9 @@ one play of that length (the witness, which the oracle then replays through the 
 
 What the proof quantifies over (the full action space is infinite, so this is the model):
 
+Names found in parts 1..k of a page, joined, are formable after its k-th access (a name cut across
+two parts counts).
+
 * Queries an agent may search at any point:
   - the question verbatim, and the task's `start_query` (the start's name or its description);
   - the answer's own spellings verbatim (every alias: a conservative "lucky guess");
@@ -16,8 +19,9 @@ What the proof quantifies over (the full action space is infinite, so this is th
   allowed as a query (an agent that guesses urls from names), the answer's own name included.
   Accessing a url for the k-th time returns its k-th part, as the env does.
 
-*Observed the answer*: a search hit or a page part of the answer page (the last page of the walk)
-whose text contains the answer as that page states it, or, when the answer is an entity, a hit or
+*Observed the answer*: a search hit of the answer page (the last page of the walk) whose text contains
+the answer as that page states it, or parts 1..k of that page, joined (a play that reads part k has
+read the parts before it, so a fact cut across two parts counts once both are read), or, when the answer is an entity, a hit or
 part of the answer entity's own page whose text names the answer page's entity (a fact stated from the
 other end, e.g. "X is the capital of Y").
 
@@ -44,7 +48,7 @@ from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import Task, TaskPool
 from searchgym.world.world import World, page_url
 
-PROOF_VERSION = 1
+PROOF_VERSION = 2
 QUERY_SET = ("question verbatim; start_query; every answer alias verbatim; every entity name in the question or in "
              "any observation so far; each such name followed by the question's keywords")
 URL_SET = "every search hit's url seen so far; page_url(name) of every name allowed as a query (answer included)"
@@ -52,6 +56,13 @@ _STOP = frozenset("a an the of in on at by to for from and or is was were which 
                   "does did do has have had with into through where when that this".split())
 _DOC = re.compile(r"\[Doc \d+\]\((?P<url>[^)\s]*)\):\n")
 _WORD = re.compile(r"[^\s,.;:?!()\"]+")
+_PART = re.compile(r">>>> Page \d+ >>>> \(of \d+\) [^\n]*\n(?P<body>.*)\n\[[^\]\n]*\]\n</information>$", re.S)
+
+
+def part_body(observation: str) -> str:
+    """The page text of an access observation (its part, without the env's header and note)."""
+    match = _PART.search(observation)
+    return match.group("body") if match else observation
 
 
 @dataclass(frozen=True)
@@ -146,6 +157,10 @@ class MinCallsProver:
             self._pages[url] = parts
         return self._pages[url]
 
+    def read(self, url: str, part: int) -> str:
+        """The text of parts 1..part of a page (already fetched with `page`), joined: what k accesses have shown."""
+        return "".join(part_body(obs) for obs in self._pages[url][:part])
+
     # --- the proof ----------------------------------------------------------------------------
 
     async def prove(self, task: Task, limit: int) -> Proof:
@@ -205,7 +220,7 @@ class MinCallsProver:
                 parts = await self.page(call.arg)
                 if call.part > len(parts):
                     continue
-                segments = [(call.arg, parts[call.part - 1])]
+                segments = [(call.arg, self.read(call.arg, call.part))]
                 if call.part < len(parts):
                     nxt = Call("access", call.arg, call.part + 1)
                     parent[nxt] = call

@@ -15,7 +15,7 @@ from searchgym.world import mincalls
 from searchgym.world.kbwalk import KBWalker
 from searchgym.world.mincalls import PROOF_ENV, synthesize_min_calls_pool
 from searchgym.world.oracle import OracleAgent
-from searchgym.world.prover import _STOP, MinCallsProver
+from searchgym.world.prover import _STOP, PROOF_VERSION, MinCallsProver, part_body
 from searchgym.world.world import World, page_url
 from tests.conftest import SMALL
 
@@ -58,13 +58,14 @@ def test_the_oracle_solves_them_through_the_gym_env_in_min_calls(deep_env):
     env = deep_env.unwrapped
     for task in env.tasks:
         obs, _ = deep_env.reset(options={"task_id": task.id})
-        calls = 0
+        calls, read = 0, ""
         for tool, argument in task.metadata["min_calls_proof"]["play"]:
             obs, reward, terminated, truncated, info = deep_env.step(f"<{tool}> {argument} </{tool}>")
             calls += 1
+            read = read + part_body(obs) if tool == "access" else obs
             assert not terminated and not truncated and info["tool"] == tool
         meta = task.metadata
-        assert meta["answer_on_page"] in obs or meta["path"][-1]["name"] in obs, "the last call shows the answer"
+        assert meta["answer_on_page"] in read or meta["path"][-1]["name"] in read, "the last call shows the answer"
         _, reward, terminated, _, info = deep_env.step(f"<answer> {task.answers[0]} </answer>")
         assert terminated and reward == 1.0 and calls == meta["min_calls"] >= N
         result = asyncio.run(OracleAgent().arun(env, task))
@@ -102,7 +103,7 @@ def brute_force_min(prover: MinCallsProver, task: Task, depth: int) -> int | Non
             else:
                 parts = asyncio.run(prover.page(arg))
                 k = cursor.get(arg, 0) + 1
-                segments = [(arg, parts[k - 1])] if k <= len(parts) else []
+                segments = [(arg, prover.read(arg, k))] if k <= len(parts) else []  # parts 1..k, joined
                 new_cursor = {**cursor, arg: k}
             if any(goal(u, t) for u, t in segments):
                 best[0] = n + 1
@@ -163,7 +164,7 @@ def test_hops_pools_are_untouched(small_bundle, deep_env):
     plain = gym.make("searchgym/SyntheticQA-v0", **SMALL)
     assert all("min_calls" not in t.metadata and t.metadata["hops"] <= 4 for t in plain.unwrapped.tasks)
     assert hashlib.sha256((small_bundle / "tasks.jsonl").read_bytes()).hexdigest() == digest
-    assert (small_bundle / f"mincalls-v1-{N}-{N}-tasks3.jsonl").exists()  # beside tasks.jsonl, keyed by its kwargs
+    assert (small_bundle / f"mincalls-v{PROOF_VERSION}-{N}-{N}-tasks3.jsonl").exists()  # beside tasks.jsonl, keyed by its kwargs
     with pytest.raises(ValueError, match="hops must be between 1 and 4"):
         KBWalker(World(SMALL["size"], SMALL["seed"]), hop_weights={5: 1.0})
     plain.close()

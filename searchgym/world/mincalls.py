@@ -1,4 +1,4 @@
-"""Questions with a proven minimum number of tool calls: deep KB walks, served with titles-only hits and short page parts.
+"""Questions with a proven minimum number of tool calls: deep walks, served with title-only hits and short parts.
 
 A chain question of up to `MAX_HOPS` relations is kept only when `prover.MinCallsProver` shows that
 the fewest search/access calls that observe its answer (over the prover's stated action set) falls in
@@ -96,8 +96,7 @@ async def _synthesize(world: World, index: LocalIndex, n_tasks: int, low: int, h
                       progress: bool) -> tuple[TaskPool, dict[str, Any]]:
     walker = KBWalker(world, seed=seed, comparison_prob=0.0, max_hops=MAX_HOPS,
                       hop_weights={h: 1.0 for h in range(1, MAX_HOPS + 1)})
-    placeholder = TaskPool([Task("probe", "probe", ("probe",), {})])
-    prover = MinCallsProver(world, SearchEnv(placeholder, index, index, judge="em", max_turns=100_000, **PROOF_ENV))
+    prover = MinCallsProver.over(world, index, **PROOF_ENV)
     oracle = OracleAgent()
     budget = max(MIN_CANDIDATES, CANDIDATES_PER_TASK * n_tasks)
     accepted: list[Task] = []
@@ -141,12 +140,18 @@ async def _synthesize(world: World, index: LocalIndex, n_tasks: int, low: int, h
     return TaskPool(accepted, name=f"synthetic-{world.size}-{world.seed}-mincalls{low}-{high}"), report
 
 
+def pool_key() -> str:
+    """What shapes a min_calls pool besides its range and size: the proof's version, env settings and walk depth."""
+    spec = json.dumps({"proof": PROOF_VERSION, "env": PROOF_ENV, "max_hops": MAX_HOPS}, sort_keys=True)
+    return f"v{PROOF_VERSION}-" + hashlib.sha256(spec.encode()).hexdigest()[:8]
+
+
 def ensure_min_calls_pool(bundle: Path, min_calls: Any, n_tasks: int, *, progress: bool = False) -> Path:
     """The min_calls task file inside a built bundle, proven on first use under a file lock (keyed by range,
     count and proof version, so other pools of the bundle never change)."""
     low, high = parse_min_calls(min_calls)
     manifest = json.loads((bundle / "bundle.json").read_text())
-    path = bundle / f"mincalls-v{PROOF_VERSION}-{low}-{high}-tasks{n_tasks}.jsonl"
+    path = bundle / f"mincalls-{pool_key()}-{low}-{high}-tasks{n_tasks}.jsonl"
     if path.exists():
         return path
     with file_lock(path.with_name(path.name + ".lock")):

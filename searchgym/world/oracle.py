@@ -67,7 +67,8 @@ class OracleAgent:
         self.tool_format = tool_format
 
     def script(self, task: Task, max_page_chunks: int) -> Script:
-        """The oracle's turns on `task`: look up each page of its path (or replay a min-calls proof's play), then answer."""
+        """The oracle's turns on `task`: look up each page of its path (or replay a min-calls proof's play),
+        then answer."""
         if "min_calls_proof" in task.metadata:
             return (yield from self._replay(task))
         for query, url, expect in self._lookups(task, self.question_query):

@@ -21,9 +21,9 @@ two parts counts).
 
 *Observed the answer*: a search hit of the answer page (the last page of the walk) whose text contains
 the answer as that page states it, or parts 1..k of that page, joined (a play that reads part k has
-read the parts before it, so a fact cut across two parts counts once both are read), or, when the answer is an entity, a hit or
-part of the answer entity's own page whose text names the answer page's entity (a fact stated from the
-other end, e.g. "X is the capital of Y").
+read the parts before it, so a fact cut across two parts counts once both are read), or, when the
+answer is an entity, a hit or parts of the answer entity's own page whose text names the answer
+page's entity (a fact stated from the other end, e.g. "X is the capital of Y").
 
 Why the search below is exact for this model: every action needs one observed item (a name or a url)
 and nothing else, and an observation depends only on the call (never on the task or on earlier calls),
@@ -37,7 +37,6 @@ it explored and that every call of cost below the bound was explored.
 """
 from __future__ import annotations
 
-import asyncio
 import heapq
 import re
 from collections import defaultdict
@@ -116,6 +115,13 @@ class MinCallsProver:
     Observations of search and access depend on the call alone, so one prover serves every task of a
     world; `env_settings` are recorded in each proof so a served env can be checked against them.
     """
+
+    @classmethod
+    def over(cls, world: World, index: Any, **env_settings: Any) -> MinCallsProver:
+        """A prover playing through a fresh SearchEnv over `index` with these settings (and a turn budget
+        that never truncates a probe)."""
+        placeholder = TaskPool([Task("probe", "probe", ("probe",), {})])
+        return cls(world, SearchEnv(placeholder, index, index, judge="em", **{**env_settings, "max_turns": 100_000}))
 
     def __init__(self, world: World, env: SearchEnv):
         self.world, self.env = world, env
@@ -244,15 +250,3 @@ class MinCallsProver:
             play.append((node.tool, node.arg))
             node = parent.get(node)
         return play[::-1]
-
-
-def prover_env(world_pool: TaskPool, index: Any, **env_kwargs: Any) -> SearchEnv:
-    """A SearchEnv for probing: the given settings, a turn budget that never truncates a probe."""
-    return SearchEnv(world_pool, index, index, judge="em", **{**env_kwargs, "max_turns": 100_000})
-
-
-def prove_sync(prover: MinCallsProver, task: Task, limit: int) -> Proof:
-    """`prove` from sync code."""
-    return asyncio.run(prover.prove(task, limit))
-
-

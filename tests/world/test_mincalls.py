@@ -13,7 +13,7 @@ from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import Task, TaskPool
 from searchgym.world import mincalls
 from searchgym.world.kbwalk import KBWalker
-from searchgym.world.mincalls import PROOF_ENV, synthesize_min_calls_pool
+from searchgym.world.mincalls import PROOF_ENV, pool_key, synthesize_min_calls_pool
 from searchgym.world.oracle import OracleAgent
 from searchgym.world.prover import _STOP, PROOF_VERSION, MinCallsProver, part_body
 from searchgym.world.world import World, page_url
@@ -35,8 +35,7 @@ def deep_env():
 
 
 def fresh_prover(world, index) -> MinCallsProver:
-    placeholder = TaskPool([Task("probe", "probe", ("probe",), {})])
-    return MinCallsProver(world, SearchEnv(placeholder, index, index, judge="em", max_turns=100_000, **PROOF_ENV))
+    return MinCallsProver.over(world, index, **PROOF_ENV)
 
 
 def test_every_question_needs_exactly_its_proven_calls(deep_env, world):
@@ -164,7 +163,8 @@ def test_hops_pools_are_untouched(small_bundle, deep_env):
     plain = gym.make("searchgym/SyntheticQA-v0", **SMALL)
     assert all("min_calls" not in t.metadata and t.metadata["hops"] <= 4 for t in plain.unwrapped.tasks)
     assert hashlib.sha256((small_bundle / "tasks.jsonl").read_bytes()).hexdigest() == digest
-    assert (small_bundle / f"mincalls-v{PROOF_VERSION}-{N}-{N}-tasks3.jsonl").exists()  # beside tasks.jsonl, keyed by its kwargs
+    assert (small_bundle / f"mincalls-{pool_key()}-{N}-{N}-tasks3.jsonl").exists()  # beside tasks.jsonl, keyed
+    assert pool_key().startswith(f"v{PROOF_VERSION}-")
     with pytest.raises(ValueError, match="hops must be between 1 and 4"):
         KBWalker(World(SMALL["size"], SMALL["seed"]), hop_weights={5: 1.0})
     plain.close()

@@ -128,6 +128,7 @@ class MinCallsProver:
         self.names = _Names(world)
         self._search: dict[str, list[tuple[str, str]]] = {}  # query -> [(url, hit text)]
         self._pages: dict[str, list[str]] = {}  # url -> parts
+        self._found: dict[str, list[str]] = {}  # observed text -> entity names in it
         self.env_settings = {"top_k": env.top_k, "doc_chars": env.doc_chars, "page_chunk_chars": env.page_chunk_chars,
                              "max_page_chars": env.max_page_chars, "max_page_chunks": env.max_page_chunks}
 
@@ -162,6 +163,12 @@ class MinCallsProver:
                     break
             self._pages[url] = parts
         return self._pages[url]
+
+    def _names_in(self, text: str) -> list[str]:
+        """The entity names in an observed text, sorted (cached: the same texts recur across calls and tasks)."""
+        if text not in self._found:
+            self._found[text] = sorted(self.names.find(text))
+        return self._found[text]
 
     def read(self, url: str, part: int) -> str:
         """The text of parts 1..part of a page (already fetched with `page`), joined: what k accesses have shown."""
@@ -237,7 +244,7 @@ class MinCallsProver:
                              {"env": self.env_settings, "explored_below_bound": True})
             for url, text in segments:
                 enable("u", url, cost, call)
-                for name in sorted(self.names.find(text)):
+                for name in self._names_in(text):
                     enable_name(name, cost, call)
         return Proof(None, [], explored, limit, {"env": self.env_settings})
 

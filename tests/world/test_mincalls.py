@@ -138,6 +138,12 @@ def test_recorded_min_calls_equal_play_length_and_bound_for_any_seed(world, smal
     assert report["accepted"] == 2
 
 
+def test_same_seed_same_questions_and_proofs(world, small_index):
+    first, _ = synthesize_min_calls_pool(world, small_index, 2, (3, 4), seed=7)
+    again, _ = synthesize_min_calls_pool(world, small_index, 2, (3, 4), seed=7)
+    assert [t.to_row() for t in first] == [t.to_row() for t in again]
+
+
 @pytest.mark.parametrize("bad", [0, -1, 13, (5, 3), True, "6", 2.5, range(4, 4)])
 def test_bad_min_calls_is_a_value_error_naming_it(bad):
     with pytest.raises(ValueError, match="min_calls"):

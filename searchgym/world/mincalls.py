@@ -95,7 +95,7 @@ def synthesize_min_calls_pool(world: World, index: LocalIndex, n_tasks: int, min
 async def _synthesize(world: World, index: LocalIndex, n_tasks: int, low: int, high: int, seed: int,
                       progress: bool) -> tuple[TaskPool, dict[str, Any]]:
     walker = KBWalker(world, seed=seed, comparison_prob=0.0, max_hops=MAX_HOPS,
-                      hop_weights={h: 1.0 for h in range(1, MAX_HOPS + 1)})
+                      hop_weights={h: float(h * h) for h in range(1, MAX_HOPS + 1)})  # long walks first
     prover = MinCallsProver.over(world, index, **PROOF_ENV)
     oracle = OracleAgent()
     budget = max(MIN_CANDIDATES, CANDIDATES_PER_TASK * n_tasks)
@@ -110,7 +110,7 @@ async def _synthesize(world: World, index: LocalIndex, n_tasks: int, low: int, h
                 raise ValueError(
                     f"min_calls={low if low == high else (low, high)}: only {len(accepted)} of {n_tasks} questions "
                     f"found in {budget:,} candidates of this {world.size:,}-page world (proven minima seen: "
-                    f"{dict(sorted(minima.items()))}); ask for a smaller min_calls, fewer tasks or a larger world")
+                    f"{_by_calls(minima)}); ask for a smaller min_calls, fewer tasks or a larger world")
             candidate = next(candidates)
             if candidate.question in seen:
                 continue
@@ -135,9 +135,14 @@ async def _synthesize(world: World, index: LocalIndex, n_tasks: int, low: int, h
             bar.update(1)
     prover.env.close()
     report = {"accepted": len(accepted), "candidates": len(seen), "min_calls": [low, high],
-              "proven_minima": dict(sorted(minima.items())), "rejections": dict(sorted(rejections.items())),
+              "proven_minima": _by_calls(minima), "rejections": dict(sorted(rejections.items())),
               "kb_rejections": dict(walker.rejections), "env": PROOF_ENV, "proof_version": PROOF_VERSION}
     return TaskPool(accepted, name=f"synthetic-{world.size}-{world.seed}-mincalls{low}-{high}"), report
+
+
+def _by_calls(minima: Counter[str]) -> dict[str, int]:
+    """Proven minima in call order ("1", "2", ..., then ">N")."""
+    return dict(sorted(minima.items(), key=lambda kv: (kv[0].startswith(">"), int(kv[0].lstrip(">")))))
 
 
 def pool_key() -> str:

@@ -93,10 +93,12 @@ class OracleAgent:
     def _replay(self, task: Task) -> Script:
         """The witness play of the task's min-calls proof, call by call; the last observation must show the answer."""
         meta = task.metadata
-        obs, read = "", ""
+        obs, read, last = "", "", None
         for tool, argument in meta["min_calls_proof"]["play"]:
             obs, _ = yield self._call(tool, argument)
-            read = read + part_body(obs) if tool == "access" else ""  # the play's final parts, joined
+            same_page = tool == "access" and last == ("access", argument)
+            read = (read if same_page else "") + (part_body(obs) if tool == "access" else "")  # a page's parts, joined
+            last = (tool, argument)
         if not any(text in seen for text in (meta["answer_on_page"], meta["path"][-1]["name"]) for seen in (obs, read)):
             return f"not observed: the proof's play does not show {meta['answer_on_page']!r}"
         answer = task.answers[0]

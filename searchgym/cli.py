@@ -128,7 +128,7 @@ def _quickstart(args: argparse.Namespace) -> None:
 def _demo(args: argparse.Namespace) -> None:
     from searchgym.demo import run_demo
 
-    run_demo(size=args.size, episodes=args.episodes, seed=args.seed, cache_dir=args.cache)
+    run_demo(size=args.size, episodes=args.episodes, seed=args.seed, cache_dir=args.cache, min_calls=args.min_calls)
 
 
 def _bench_learning(args: argparse.Namespace) -> None:
@@ -414,6 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", type=Path, default=None, help="bundle cache (default $SEARCHGYM_CACHE or ~/.cache/searchgym)")
+    p.add_argument("--min-calls", type=int, default=None,
+                   help="show questions proven to need this many tool calls, played by the oracle")
     p.set_defaults(run=_demo)
 
     p = rooms.add_parser("train", help="asynchronous decoupled-PPO training (launcher: local or ray)")

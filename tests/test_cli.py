@@ -28,6 +28,13 @@ def test_demo_prints_episodes(tmp_path, capsys):
     assert "baseline 'search the question once" in out
 
 
+def test_demo_shows_a_question_that_needs_min_calls(tmp_path, capsys):
+    assert main(["demo", "--size", "400", "--episodes", "1", "--min-calls", "4", "--cache", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "proof: min_calls=4" in out and "reward 1.0 after 4 tool calls" in out
+    assert out.count("--- turn ") == 5  # four calls and the answer
+
+
 def test_errors_are_reported_not_raised(tmp_path, capsys):
     assert main(["world", "build", "--size", "5", "--out", str(tmp_path / "w")]) == 2
     assert "searchgym: error:" in capsys.readouterr().err

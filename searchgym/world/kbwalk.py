@@ -134,13 +134,13 @@ class KBWalker:
     """Draws chain and comparison questions from a world; rejects what the KB shows to be flawed."""
 
     def __init__(self, world: World, *, seed: int = 0, fuzz_prob: float = 0.25, comparison_prob: float = 0.15,
-                 hop_weights: dict[int, float] | None = None):
+                 hop_weights: dict[int, float] | None = None, max_hops: int = 4):
         self.world = world
         self.rng = random.Random(seed)
         self.fuzz_prob, self.comparison_prob = fuzz_prob, comparison_prob
         self.hop_weights = hop_weights or {1: 0.3, 2: 0.35, 3: 0.2, 4: 0.15}
-        if not set(self.hop_weights) <= {1, 2, 3, 4}:
-            raise ValueError("hops must be between 1 and 4")
+        if not set(self.hop_weights) <= set(range(1, max_hops + 1)):
+            raise ValueError(f"hops must be between 1 and {max_hops}")
         self.rejections: Counter[str] = Counter()
         self._description_counts: Counter[tuple] | None = None
 

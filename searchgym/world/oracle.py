@@ -16,6 +16,7 @@ from typing import Any
 from searchgym.envs.actions import ARGUMENT_KEYS
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import Task
+from searchgym.world.prover import part_body
 
 
 @dataclass
@@ -66,7 +67,10 @@ class OracleAgent:
         self.tool_format = tool_format
 
     def script(self, task: Task, max_page_chunks: int) -> Script:
-        """The oracle's turns on `task`: look up each page of its path, then answer."""
+        """The oracle's turns on `task`: look up each page of its path (or replay a min-calls proof's play),
+        then answer."""
+        if "min_calls_proof" in task.metadata:
+            return (yield from self._replay(task))
         for query, url, expect in self._lookups(task, self.question_query):
             obs, _ = yield self._thought(f"I need the page about {query}.") + self._call("search", query)
             if f"({url})" not in obs:
@@ -82,6 +86,21 @@ class OracleAgent:
                     return f"fact missing: {expect!r} is not on {url}"
             else:
                 return f"fact missing: {expect!r} is not on {url}"
+        answer = task.answers[0]
+        yield self._thought(f"So the answer is {answer}.") + self._call("answer", answer)
+        return None
+
+    def _replay(self, task: Task) -> Script:
+        """The witness play of the task's min-calls proof, call by call; the last observation must show the answer."""
+        meta = task.metadata
+        obs, read, last = "", "", None
+        for tool, argument in meta["min_calls_proof"]["play"]:
+            obs, _ = yield self._call(tool, argument)
+            same_page = tool == "access" and last == ("access", argument)
+            read = (read if same_page else "") + (part_body(obs) if tool == "access" else "")  # a page's parts, joined
+            last = (tool, argument)
+        if not any(text in seen for text in (meta["answer_on_page"], meta["path"][-1]["name"]) for seen in (obs, read)):
+            return f"not observed: the proof's play does not show {meta['answer_on_page']!r}"
         answer = task.answers[0]
         yield self._thought(f"So the answer is {answer}.") + self._call("answer", answer)
         return None

@@ -105,13 +105,15 @@ async def _synthesize(world: World, index: LocalIndex, n_tasks: int, low: int, h
     rejections: Counter[str] = Counter()
     candidates = walker.candidates()
     with tqdm(total=n_tasks, desc=f"proving min_calls {low}..{high}", disable=not progress, unit="task") as bar:
+        drawn = 0
         while len(accepted) < n_tasks:
-            if len(seen) >= budget:
+            if len(seen) >= budget or drawn >= 4 * budget:  # the second: a world with few distinct questions
                 raise ValueError(
                     f"min_calls={low if low == high else (low, high)}: only {len(accepted)} of {n_tasks} questions "
                     f"found in {budget:,} candidates of this {world.size:,}-page world (proven minima seen: "
                     f"{_by_calls(minima)}); ask for a smaller min_calls, fewer tasks or a larger world")
             candidate = next(candidates)
+            drawn += 1
             if candidate.question in seen:
                 continue
             seen.add(candidate.question)

@@ -99,7 +99,9 @@ class OracleAgent:
             same_page = tool == "access" and last == ("access", argument)
             read = (read if same_page else "") + (part_body(obs) if tool == "access" else "")  # a page's parts, joined
             last = (tool, argument)
-        if not any(text in seen for text in (meta["answer_on_page"], meta["path"][-1]["name"]) for seen in (obs, read)):
+        # the answer's text (on the answer page), or for an entity answer its own page naming the answer page's entity
+        shown = [meta["answer_on_page"]] + ([meta["path"][-1]["name"]] if meta.get("answer_type") == "entity" else [])
+        if not any(text in seen for text in shown for seen in (obs, read)):
             return f"not observed: the proof's play does not show {meta['answer_on_page']!r}"
         answer = task.answers[0]
         yield self._thought(f"So the answer is {answer}.") + self._call("answer", answer)

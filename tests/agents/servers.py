@@ -46,10 +46,12 @@ async def generate(http, url, **body):
     return out
 
 
-async def wait_for_tokens(engine, n):
-    """Return once the engine has generated at least n more tokens than when called."""
+async def wait_for_tokens(engine, n, timeout_s=60.0):
+    """Return once the engine has generated at least n more tokens than when called (fail after `timeout_s`)."""
     start = engine.stats()["generated_tokens"]
+    deadline = asyncio.get_running_loop().time() + timeout_s
     while engine.stats()["generated_tokens"] < start + n:
+        assert asyncio.get_running_loop().time() < deadline, f"the engine generated no {n} tokens in {timeout_s} s"
         await asyncio.sleep(0.005)
 
 

@@ -57,6 +57,7 @@ async def test_areals_client_generates_updates_weights_both_ways_and_offloads(ti
         finally:
             if child.returncode is None:
                 child.kill()
+                await child.wait()
         assert child.returncode == 0, output.decode()[-3000:]
         seen = json.loads((tmp_path / "areal.json").read_text())
         served = engine.model.state_dict()

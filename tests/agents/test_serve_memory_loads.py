@@ -5,6 +5,7 @@ import json
 
 import aiohttp
 import pytest
+import pytest_asyncio
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -19,6 +20,26 @@ from tests.servers import JSON_VALUES
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 LOGPROBS = {"input_ids": PROMPT, "return_logprob": True, "sampling_params": {"max_new_tokens": 8, **GREEDY}}
+
+
+@pytest_asyncio.fixture(autouse=True, loop_scope="module")
+async def restored(server, http):
+    """Whatever a test leaves paused or released is given back, so a failure cannot hold the shared server."""
+    yield
+    url, _ = server
+    await post(http, url, "/continue_generation", {})
+    await control(http, url, "/resume_memory_occupation", {"tags": None})
+
+
+async def waiting_requests(http, url, n, timeout_s=30.0):
+    """Poll /v1/loads until `n` requests wait (fail after `timeout_s`); the load row."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        load = (await loads(http, url))["loads"][0]
+        if load["num_waiting_reqs"] == n:
+            return load
+        assert asyncio.get_running_loop().time() < deadline, load
+        await asyncio.sleep(0.02)
 
 
 async def control(http, url, path, body=None, method="POST"):
@@ -56,16 +77,15 @@ async def test_release_holds_generation_and_resume_gives_the_same_logprobs(serve
     assert engine.stats()["prefix_cache_entries"] == 0 and engine.prefix_cache.nbytes == 0  # the KV cache is freed
 
     held = asyncio.create_task(generate(http, url, **LOGPROBS))
-    await asyncio.sleep(0.3)
+    load = await waiting_requests(http, url, 1)
     assert not held.done()
-    load = (await loads(http, url))["loads"][0]
     assert (load["num_running_reqs"], load["num_waiting_reqs"], load["queues"]["paused"]) == (0, 1, 1)
 
     assert await control(http, url, "/resume_memory_occupation", {"tags": ["weights"]}) == (200, None)
     await asyncio.sleep(0.2)
     assert not held.done()  # the KV cache is still released: generation still waits
     assert await control(http, url, "/resume_memory_occupation", {"tags": ["kv_cache"]}) == (200, None)
-    after = await held
+    after = await asyncio.wait_for(held, 60)
     assert after["output_ids"] == before["output_ids"]
     assert logprobs(after) == logprobs(before)  # same weights, bit for bit
     assert (await server_info(http, url))["released_memory"] == ["cuda_graph"]  # held no generation
@@ -91,13 +111,13 @@ async def test_release_after_a_pause_lets_held_requests_wait(server, http):
     url, _ = server
     await post(http, url, "/pause_generation", {"mode": "abort"})
     held = asyncio.create_task(generate(http, url, **LOGPROBS))
-    await asyncio.sleep(0.2)
+    await waiting_requests(http, url, 1)
     assert await control(http, url, "/release_memory_occupation", {"tags": ["kv_cache", "weights"]}) == (200, None)
     await post(http, url, "/continue_generation", {})
     await asyncio.sleep(0.2)
     assert not held.done()  # continue_generation does not bring back released memory
     assert await control(http, url, "/resume_memory_occupation", method="GET") == (200, None)
-    assert (await held)["meta_info"]["completion_tokens"] == 8
+    assert (await asyncio.wait_for(held, 60))["meta_info"]["completion_tokens"] == 8
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="weights move off an accelerator only")

@@ -38,8 +38,11 @@ def lax_integer(value: Any, name: str) -> int:
         return int(value)
     if isinstance(value, str):
         text = value.strip(_SPACE)
-        require(_INT_TEXT.fullmatch(text) is not None, f"{name} must be an integer, got {show(value)}")
-        return int(text.partition(".")[0])
+        require(len(text) <= 64 and _INT_TEXT.fullmatch(text) is not None,
+                f"{name} must be an integer, got {show(value)}")
+        number = int(text.partition(".")[0])
+        require(-_I64 < number < _I64, f"{name} must be an integer, got {show(value)}")
+        return number
     raise InvalidRequest(f"{name} must be an integer, got {show(value)}")
 
 

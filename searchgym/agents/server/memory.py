@@ -46,6 +46,7 @@ class MemoryOccupation:
         self.released: set[str] = set()
         self.resumed = asyncio.Event()
         self.resumed.set()
+        self._moving = asyncio.Lock()  # one release or resume at a time: weights move in a thread
 
     def released_tags(self) -> list[str]:
         """The released tags, in SGLang's order."""
@@ -53,7 +54,10 @@ class MemoryOccupation:
 
     async def release(self, tags: list[str] | None) -> None:
         """Release `tags` (all when None); the caller has checked that nothing is running."""
-        tags = memory_tags(tags)
+        async with self._moving:
+            await self._release(memory_tags(tags))
+
+    async def _release(self, tags: list[str]) -> None:
         if GATING & set(tags):
             self.resumed.clear()
         new = [t for t in tags if t not in self.released]
@@ -67,6 +71,10 @@ class MemoryOccupation:
 
     async def resume(self, tags: list[str] | None) -> None:
         """Take back `tags` (all when None); each must be released (as SGLang, which refuses others)."""
+        async with self._moving:
+            await self._resume(tags)
+
+    async def _resume(self, tags: list[str] | None) -> None:
         tags = self.released_tags() if tags is None or tags == [] else memory_tags(tags)  # null: what is released
         missing = [t for t in tags if t not in self.released]
         require(not missing, f"tags: {missing} not released (released: {self.released_tags()})")

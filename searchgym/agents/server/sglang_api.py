@@ -10,6 +10,7 @@ status codes follow SGLang's `http_server.py`; the `/get_*` names are its deprec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Callable
@@ -329,7 +330,7 @@ class SGLangAPI:
         require(1 <= port <= 65535 and world >= 2 and 1 <= rank < world,
                 f"need 1 <= master_port <= 65535 and 1 <= rank_offset < world_size (>= 2), got {port}, {rank}, {world}")
         if name in self.weight_groups:  # the trainer formed the group again (it restarted): leave the old one
-            close_group(self.weight_groups.pop(name)[0])
+            await asyncio.to_thread(close_group, self.weight_groups.pop(name)[0])
         try:
             group = await asyncio.to_thread(open_group, address, port, rank, world, name, backend)
         except Exception as e:  # unreachable master, NCCL on a CPU box: reported, the server serves on
@@ -422,8 +423,19 @@ class SGLangAPI:
             "max_context_length": model.context_length, "max_running_requests": model.max_running_requests,
             "weight_version": model.weight_version(), **model.stats()})
 
+    async def close_weight_groups(self, _app: web.Application) -> None:
+        """Leave every weight-update group on shutdown, so a later server in this process can form one by that name."""
+        from searchgym.agents.server.dist_weights import close_group
+
+        while self.weight_groups:
+            _, (group, _backend) = self.weight_groups.popitem()
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(close_group, group)
+
     def add_routes(self, app: web.Application) -> None:
-        """Register the native routes (current names and SGLang's deprecated aliases)."""
+        """Register the native routes (current names and SGLang's deprecated aliases), and leave weight groups on
+        shutdown."""
+        app.on_shutdown.append(self.close_weight_groups)
         router = app.router
         for method in ("POST", "PUT"):
             router.add_route(method, "/generate", self.generate)

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from searchgym.agents.engines import fields as f
-from searchgym.agents.engines.fields import require
+from searchgym.agents.engines.fields import InvalidRequest, require
 from searchgym.agents.engines.types import FinishReason, GenerateResponse
 from searchgym.agents.server.core import ServedModel
 from searchgym.agents.server.streaming import Partial, Stream, open_sse, send, send_done
@@ -68,9 +68,11 @@ async def stream_generate(api: NativeOutput, body: dict, items: list[Any], batch
         except ConnectionError:  # the client left: the generation is cancelled on the way out
             pass
         except Exception as e:  # noqa: BLE001 -- the status line is gone: report in the stream, as SGLang does
+            bad_request = isinstance(e, InvalidRequest)  # else the server failed: a client may retry
             with contextlib.suppress(ConnectionError):
-                await send(response, {"error": {"message": f"{type(e).__name__}: {e}", "type": "invalid_request_error",
-                                                "code": 400, "retryable": False}})
+                await send(response, {"error": {"message": f"{type(e).__name__}: {e}",
+                                                "type": "invalid_request_error" if bad_request else "server_error",
+                                                "code": 400 if bad_request else 500, "retryable": not bad_request}})
                 await send_done(response)
     return response
 

@@ -76,6 +76,8 @@ class Stream:
             finally:
                 waiter.cancel()
             if self.task.done():
+                if self.task.cancelled():  # cancelled from elsewhere (the server stopping): an error, not an end
+                    raise RuntimeError("the generation was cancelled before it finished")
                 yield self.task.result()
                 return
             if client_gone(http):

@@ -232,13 +232,13 @@ def _bench_trainer(args: argparse.Namespace) -> None:
     latency = ParetoLatency(args.latency_ms / 1000, args.latency_alpha, args.latency_max_s, args.seed)
     workload = Workload(args.turns_median, args.turns_p90, args.turns_max, args.turn_tokens_median,
                         args.turn_tokens_sigma, args.turn_tokens_max, args.episode_tokens_min,
-                        args.episode_tokens_max, args.seed)
+                        args.episode_tokens_max, args.seed, args.tail_share)
     print(json.dumps(run_trainer_bench(
         steps=args.steps, warmup_steps=args.warmup_steps, final_steps=args.final_steps, rounds=args.rounds,
         staleness=args.staleness, headline_staleness=args.headline_staleness, size=args.size, n_tasks=args.n_tasks,
         seed=args.seed, out=args.out, workdir=args.workdir, group_size=args.group_size, batch_size=args.batch_size,
         max_concurrent_rollouts=args.max_concurrent, lr=args.lr, workload=workload, latency=latency,
-        torch_threads=args.threads or None), indent=2))
+        torch_threads=args.threads or None, overrides=[f"rollout.context_policy={args.context_policy}"]), indent=2))
 
 
 def _bench_learner(args: argparse.Namespace) -> None:
@@ -551,6 +551,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--turn-tokens-max", type=int, default=192, help="most tokens one turn generates")
     p.add_argument("--episode-tokens-min", type=int, default=58, help="fewest tokens an episode generates")
     p.add_argument("--episode-tokens-max", type=int, default=1920, help="most tokens an episode generates")
+    p.add_argument("--tail-share", type=float, default=0.0,
+                   help="share of episodes that play exactly --turns-max turns (a long tail on purpose)")
+    p.add_argument("--context-policy", default="end", choices=("end", "fold", "summarise"),
+                   help="what an episode does when its context is full (rollout.context_policy)")
     p.add_argument("--latency-ms", type=float, default=250.0, help="median tool latency")
     p.add_argument("--latency-alpha", type=float, default=1.2, help="Pareto tail index (smaller: heavier tail)")
     p.add_argument("--latency-max-s", type=float, default=10.0, help="cap on one tool call's latency")

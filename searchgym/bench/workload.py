@@ -45,6 +45,7 @@ class Workload:
     episode_tokens_min: int = 58
     episode_tokens_max: int = 1920
     seed: int = 0
+    tail_share: float = 0.0  # the share of episodes that play exactly turns_max turns (a long tail on purpose)
 
     def __post_init__(self) -> None:
         if not 1 <= self.turns_median < self.turns_p90 <= self.turns_max:
@@ -52,6 +53,8 @@ class Workload:
                              f"{self.turns_p90}, {self.turns_max}")
         if not 1 <= self.turn_tokens_median <= self.turn_tokens_max or self.turn_tokens_sigma < 0:
             raise ValueError("turn tokens need 1 <= median <= max and sigma >= 0")
+        if not 0.0 <= self.tail_share <= 1.0:
+            raise ValueError(f"tail_share must be in [0, 1], got {self.tail_share}")
         if not 1 <= self.episode_tokens_min <= self.episode_tokens_max:
             raise ValueError("episode tokens need 1 <= min <= max")
         if self.episode_tokens_min > self.turn_tokens_max or self.episode_tokens_max < self.turns_max:
@@ -67,6 +70,8 @@ class Workload:
         """The episode's plan, a function of (seed, episode_seed, task_id) only."""
         rng = random.Random(f"workload:{self.seed}:{episode_seed}:{task_id}")
         turns = min(self.turns_max, max(1, round(rng.lognormvariate(math.log(self.turns_median), self.turns_sigma))))
+        if self.tail_share and rng.random() < self.tail_share:  # drawn only with a tail: other plans stay as they were
+            turns = self.turns_max
         tokens = [min(self.turn_tokens_max, max(1, round(rng.lognormvariate(math.log(self.turn_tokens_median),
                                                                            self.turn_tokens_sigma))))
                   for _ in range(turns)]

@@ -207,3 +207,24 @@ def test_planned_workflow_names_an_importable_class():
 
     assert load_object(PLANNED_WORKFLOW) is PlannedWorkflow
     assert EpisodePlan((3, 4)).turns == 2 and EpisodePlan((3, 4)).tokens == 7
+
+
+def test_a_tail_share_makes_that_share_of_episodes_play_every_turn_and_leaves_other_workloads_alone():
+    tail = Workload(turns_max=128, episode_tokens_max=6144, tail_share=0.1)
+    plans = [tail.plan(s, "t") for s in range(2000)]
+    share = sum(p.turns == 128 for p in plans) / len(plans)
+    assert 0.07 < share < 0.13  # the log-normal alone reaches 128 turns about 0.2% of the time
+    assert [Workload().plan(s, "t") for s in range(50)] == [Workload(tail_share=0.0).plan(s, "t") for s in range(50)]
+    with pytest.raises(ValueError, match="tail_share"):
+        Workload(tail_share=1.5)
+
+
+def test_the_planned_reward_counts_turns_in_every_context_segment():
+    from searchgym.agents.trajectory import Segment, Trajectory
+    from searchgym.bench.plan_workflow import word_start_share
+
+    traj = Trajectory(task_id="t")
+    traj.segments.append(Segment(input_ids=[5, 6, 9], loss_mask=[0, 1, 1]))  # a closed segment: one turn, starts 6
+    traj.extend([5, 6], generated=False)
+    traj.extend([7, 8], generated=True, logprobs=[-1.0, -1.0], versions=[0, 0])  # the live one: one turn, starts 7
+    assert word_start_share(traj, frozenset({6})) == 0.5

@@ -253,7 +253,8 @@ def _episodes(directory: Path) -> list[dict[str, Any]]:
             traj = json.loads(line)
             turns = traj.get("turns", [])
             out.append({"step": step, "reward": traj["reward"], "turns": len(turns),
-                        "tokens": sum(traj["loss_mask"]), "stop_reason": traj.get("stop_reason", ""),
+                        "tokens": sum(traj["loss_mask"]) + sum(sum(s["loss_mask"]) for s in traj.get("segments", [])),
+                        "stop_reason": traj.get("stop_reason", ""),
                         "seconds": sum(t.get("generate_seconds", 0.0) + t.get("env_seconds", 0.0) for t in turns)})
     return out
 

@@ -228,3 +228,11 @@ def test_the_planned_reward_counts_turns_in_every_context_segment():
     traj.extend([5, 6], generated=False)
     traj.extend([7, 8], generated=True, logprobs=[-1.0, -1.0], versions=[0, 0])  # the live one: one turn, starts 7
     assert word_start_share(traj, frozenset({6})) == 0.5
+
+
+def test_episode_tokens_count_every_context_segment(tmp_path):
+    from searchgym.bench.trainer import _episodes
+
+    row = {"reward": 1.0, "turns": [{}], "loss_mask": [0, 1, 1], "segments": [{"loss_mask": [0, 1, 1, 1]}]}
+    (tmp_path / "version-00000.jsonl").write_text(json.dumps(row) + "\n")
+    assert _episodes(tmp_path)[0]["tokens"] == 5

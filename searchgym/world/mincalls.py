@@ -14,13 +14,10 @@ refuses others. The hops-based pools of the bundle (`tasks.jsonl`) are untouched
 """
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +30,7 @@ from searchgym.envs.tools.local_index import LocalIndex
 from searchgym.world.kbwalk import KBWalker, to_task
 from searchgym.world.oracle import OracleAgent
 from searchgym.world.prover import PROOF_VERSION, MinCallsProver
-from searchgym.world.validation import TEST_SHARE
+from searchgym.world.validation import TEST_SHARE, run_blocking
 from searchgym.world.world import World
 
 MAX_HOPS = 8  # longest walk drawn for these pools
@@ -83,13 +80,7 @@ def synthesize_min_calls_pool(world: World, index: LocalIndex, n_tasks: int, min
     Blocking; also callable from a running event loop (the work then runs on a loop of its own in a thread).
     """
     low, high = parse_min_calls(min_calls)
-    work = partial(asyncio.run, _synthesize(world, index, n_tasks, low, high, seed, progress))
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return work()
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(work).result()
+    return run_blocking(_synthesize(world, index, n_tasks, low, high, seed, progress))
 
 
 async def _synthesize(world: World, index: LocalIndex, n_tasks: int, low: int, high: int, seed: int,

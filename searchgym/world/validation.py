@@ -10,7 +10,8 @@ import hashlib
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from tqdm import tqdm
 
@@ -20,6 +21,8 @@ from searchgym.envs.tools.local_index import LocalIndex
 from searchgym.world.kbwalk import KBWalker, to_task
 from searchgym.world.oracle import OracleAgent
 from searchgym.world.world import World
+
+T = TypeVar("T")
 
 TEST_SHARE = 10  # one task in TEST_SHARE goes to the "test" split
 
@@ -41,9 +44,15 @@ def synthesize_pool(
     Blocking; also callable from inside a running event loop (a trainer creating its first env), where
     the work runs on a loop of its own in a worker thread.
     """
-    work = partial(asyncio.run, _synthesize(world, index, n_tasks, seed, KBWalker(
+    return run_blocking(_synthesize(world, index, n_tasks, seed, KBWalker(
         world, seed=seed, fuzz_prob=fuzz_prob, comparison_prob=comparison_prob, hop_weights=hop_weights),
         max_turns, progress))
+
+
+def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run `coroutine` to its end and return its result: here, or from inside a running event loop (a trainer
+    creating its first env) on a loop of its own in a worker thread."""
+    work = partial(asyncio.run, coroutine)
     try:
         asyncio.get_running_loop()
     except RuntimeError:

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+from searchgym.envs.llm_calls import DependencyFailed
+
 
 def _world_build(args: argparse.Namespace) -> None:
     from searchgym.world.world import World
@@ -595,6 +597,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"searchgym: error: {e}", file=sys.stderr)
         return 2
+    except DependencyFailed as e:  # an LLM endpoint (or another dependency) failed: the work stays to be redone
+        print(f"searchgym: error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -85,6 +85,14 @@ class EngineChat:
             raise ChatAborted(f"generation was aborted: {result.response.finish_reason.message}")
         return result.text
 
+    async def achat_full(self, messages: list[dict[str, Any]], **sampling: Any) -> dict[str, Any]:
+        """{content, finish_reason} of one reply, as OpenAIEngine gives them: judges tell a cut-off reply apart."""
+        prompt = self.render(messages)
+        result = await self.acomplete(messages, self.sampling(len(prompt), **sampling), prompt_ids=prompt)
+        if result.finish_reason == "abort":
+            raise ChatAborted(f"generation was aborted: {result.response.finish_reason.message}")
+        return {"content": result.text, "finish_reason": result.finish_reason}
+
     # ---- the richer call the model server uses --------------------------------------------------------
 
     async def acomplete(self, messages: list[dict[str, Any]], sampling: SamplingParams,

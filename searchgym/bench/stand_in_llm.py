@@ -30,8 +30,11 @@ class StandInLLM:
     remembered, so later prompts (solver, judge) that quote a question map back to the scenario.
     """
 
-    def __init__(self, scenarios=None):
+    def __init__(self, scenarios=None, faults=None):
         self.scenarios = dict(scenarios or {})
+        # faults(request number, prompt) -> None, "503" or "429" (an error with Retry-After: 0) or "cut" (half
+        # the reply, finish_reason "length"): an endpoint that fails as real ones do, for outage tests
+        self.faults = faults
         self.questions = {}  # question -> {"scenario", "answer", "turn"}
         self.requests = 0
         self.lock = threading.Lock()
@@ -107,14 +110,22 @@ class StandInLLM:
     # ---- the wire format ----------------------------------------------------------------------------------
     async def chat(self, request):
         body = await request.json()
+        prompt = body["messages"][-1]["content"]
         with self.lock:
             self.requests += 1
-            content = self.reply(body["messages"][-1]["content"])
+            fault = self.faults(self.requests, prompt) if self.faults else None
+            if fault in ("503", "429"):
+                return web.json_response({"error": {"message": "the stand-in is unavailable"}}, status=int(fault),
+                                         headers={"Retry-After": "0"})
+            content = self.reply(prompt)
+        finish = "stop"
+        if fault == "cut":
+            content, finish = content[: len(content) // 2], "length"
         return web.json_response({
             "id": f"chatcmpl-standin-{self.requests}", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", "stand-in"),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": None,
-                         "finish_reason": "stop"}],
+                         "finish_reason": finish}],
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 
 

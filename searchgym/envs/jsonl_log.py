@@ -17,6 +17,10 @@ from pathlib import Path
 from typing import Any
 
 
+class BadRow(ValueError):
+    """Raised by a `check` to say why a parsed row is unusable (e.g. "missing field 'stats'"); reported as the reason."""
+
+
 @dataclass(frozen=True)
 class DamagedLine:
     """A line that could not be used: where it was, why, and its first characters."""
@@ -74,10 +78,15 @@ class JsonlLog:
             last = number == len(lines)
             try:
                 row = json.loads(raw)
+            except ValueError as e:
+                reason = "cut by a kill mid-write" if last and not complete else f"damaged ({type(e).__name__})"
+                self.damaged.append(DamagedLine(number, reason, raw.decode("utf-8", "replace")))
+                continue
+            try:
                 if self.check is not None:
                     self.check(row)
-            except (ValueError, KeyError, TypeError) as e:
-                reason = "cut by a kill mid-write" if last and not complete else f"damaged ({type(e).__name__})"
+            except (ValueError, KeyError, TypeError) as e:  # a whole row the caller cannot use: kept aside
+                reason = f"damaged ({str(e)[:200]})" if isinstance(e, BadRow) else f"damaged ({type(e).__name__})"
                 self.damaged.append(DamagedLine(number, reason, raw.decode("utf-8", "replace")))
                 continue
             self.rows.append(row)

@@ -1,10 +1,13 @@
 """LLM-as-judge over any chat model, with ASearcher's verdict format and explicit failures.
 
 The judge sees the question, the labelled answers and the prediction, and must end with a JSON block
-`{"rationale": "...", "judgement": "Correct" | "Incorrect"}`. Parsing takes the last JSON block with
-a judgement, then falls back to the last standalone word Correct/Incorrect; anything else is a judge
-*failure* (`Verdict.error` set, counted in `stats`), never silently a wrong answer. Valid verdicts
-are cached, so re-judging the same (question, references, prediction) is free.
+`{"rationale": "...", "judgement": "Correct" | "Incorrect"}`. Parsing is strict: reasoning inside
+`<think>` blocks is never read (a reply that ends inside one holds no verdict), the last JSON block with a
+judgement decides, and the only fallback is a last line that is the verdict alone ("Judgement: Correct").
+A reply cut at max_tokens (finish_reason "length") or without a clear verdict is asked again with
+backoff (`ReplyRetry`), then is a judge *failure* (`Verdict.error` set, counted in `stats`), never a
+verdict. Each verdict's detail says how many model calls it took (`calls`; 0 when cached). Valid
+verdicts are cached, so re-judging the same (question, references, prediction) is free.
 """
 from __future__ import annotations
 
@@ -12,10 +15,12 @@ import asyncio
 import json
 import re
 from collections import OrderedDict
+from dataclasses import replace
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from searchgym.envs.judges import ChatModel, Verdict, normalize_answer
+from searchgym.envs.llm_calls import CallFailed, ReplyRetry, Unparseable, ask
 
 JUDGE_PROMPT = """\
 You are grading an answer to a question against the labelled correct answer(s).
@@ -33,7 +38,10 @@ Reply with a short rationale, then end with exactly one JSON block:
 {{"rationale": "<one or two sentences>", "judgement": "Correct" or "Incorrect"}}
 ```"""
 
-_WORD = re.compile(r"\b(incorrect|correct)\b", re.IGNORECASE)
+# the fallback: a last line holding only the verdict, optionally labelled and in markdown emphasis
+_VERDICT_LINE = re.compile(r"[\s*_`#>-]*(?:(?:final\s+)?(?:judgement|judgment|verdict|grade)\s*[:=-]?[\s*_`]*)?"
+                           r"(correct|incorrect)[\s*_`.!]*", re.IGNORECASE)
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 MAX_PROMPT_FIELD = 4000
 MAX_PARSED_CHARS = 8000  # a verdict sits at the end; do not scan megabytes of rambling
 
@@ -59,16 +67,40 @@ def json_objects_from_end(text: str, max_chars: int = MAX_PARSED_CHARS, limit: i
                 return
 
 
+def visible_reply(text: str) -> str | None:
+    """The part of a reply after its reasoning: text after the last `</think>`; None when it ends inside `<think>`.
+
+    Reasoning models open their thoughts in the prompt or the reply and close them with `</think>`; a
+    verdict-like word in the thoughts ("could this be incorrect?") is never the verdict."""
+    lowered = text.lower()
+    close = lowered.rfind(_THINK_CLOSE)
+    tail = text[close + len(_THINK_CLOSE):] if close >= 0 else text
+    return None if _THINK_OPEN in tail.lower() else tail
+
+
 def parse_judgement(text: str) -> str | None:
-    """'Correct', 'Incorrect', or None when the judge's output holds no verdict."""
+    """'Correct', 'Incorrect', or None when the judge's output holds no clear verdict."""
     if not isinstance(text, str):
         return None
-    for obj in json_objects_from_end(text):  # the last JSON object that carries a judgement wins
-        value = obj.get("judgement")
-        if isinstance(value, str) and value.strip().lower() in ("correct", "incorrect"):
-            return value.strip().capitalize()
-    words = _WORD.findall(text[-MAX_PARSED_CHARS:][-2000:])
-    return words[-1].capitalize() if words else None
+    visible = visible_reply(text[-MAX_PARSED_CHARS * 4:])
+    if visible is None:
+        return None
+    for obj in json_objects_from_end(visible):  # the last JSON object that carries a judgement decides
+        if "judgement" in obj:
+            value = obj["judgement"]
+            if isinstance(value, str) and value.strip().lower() in ("correct", "incorrect"):
+                return value.strip().capitalize()
+            return None
+    lines = [line for line in visible[-2000:].splitlines() if line.strip()]
+    match = _VERDICT_LINE.fullmatch(lines[-1]) if lines else None
+    return match.group(1).capitalize() if match else None
+
+
+def _verdict_of(text: str) -> str:
+    judgement = parse_judgement(text)
+    if judgement is None:
+        raise Unparseable("no verdict in the judge's output")
+    return judgement
 
 
 class LLMJudge:
@@ -76,8 +108,10 @@ class LLMJudge:
 
     name = "llm"
 
-    def __init__(self, model: ChatModel, *, cache_size: int = 100_000, max_tokens: int = 512):
+    def __init__(self, model: ChatModel, *, cache_size: int = 100_000, max_tokens: int = 512,
+                 retry: ReplyRetry | None = None):
         self.model = model
+        self.retry = retry or ReplyRetry()
         self.max_tokens = max_tokens
         self.decoding = {"temperature": 0.0, "max_tokens": max_tokens}  # what every call sends (and eval cards record)
         self.cache_size = cache_size
@@ -91,22 +125,25 @@ class LLMJudge:
         if key in self._cache:
             self.stats["cache_hits"] += 1
             self._cache.move_to_end(key)
-            return self._cache[key]
+            cached = self._cache[key]
+            return replace(cached, detail={**cached.detail, "calls": 0, "cached": True})
         if not normalize_answer(prediction):
-            return Verdict(0.0, False, self.name, {"reason": "empty prediction"})
+            return Verdict(0.0, False, self.name, {"reason": "empty prediction", "calls": 0})
         prompt = JUDGE_PROMPT.format(question=question[:MAX_PROMPT_FIELD],
                                      references=" | ".join(r[:MAX_PROMPT_FIELD] for r in references),
                                      prediction=prediction[:MAX_PROMPT_FIELD])
-        self.stats["calls"] += 1
         try:
-            output = await self.model.achat([{"role": "user", "content": prompt}], **self.decoding)
-        except Exception as e:  # any transport failure is a judge failure, reported as such
-            return self._failure(f"judge call failed: {type(e).__name__}: {e}", None)
-        judgement = parse_judgement(output)
-        if judgement is None:
-            return self._failure("no verdict in the judge's output", output)
+            (judgement, output), calls = await ask(self.model, [{"role": "user", "content": prompt}],
+                                                   lambda text: (_verdict_of(text), text), retry=self.retry,
+                                                   **self.decoding)
+        except CallFailed as e:  # transport, cut-off or verdict-less replies: a judge failure, never a verdict
+            self.stats["calls"] += e.calls
+            reason = {"call": f"judge call failed: {e.detail}", "cut off": f"judge reply cut off: {e.detail}"
+                      }.get(e.kind, e.detail)
+            return self._failure(reason, e.output, e.calls)
+        self.stats["calls"] += calls
         verdict = Verdict(1.0 if judgement == "Correct" else 0.0, judgement == "Correct", self.name,
-                          {"judgement": judgement, "output": output[-1000:]})
+                          {"judgement": judgement, "output": output[-1000:], "calls": calls})
         self._remember(key, verdict)
         return verdict
 
@@ -114,9 +151,9 @@ class LLMJudge:
               format_errors: Sequence[str] = ()) -> Verdict:
         return asyncio.run(self.ajudge(prediction, references, question=question, format_errors=format_errors))
 
-    def _failure(self, reason: str, output: Any) -> Verdict:
+    def _failure(self, reason: str, output: Any, calls: int) -> Verdict:
         self.stats["failures"] += 1
-        detail = {"output": output[-1000:]} if isinstance(output, str) else {}
+        detail = {"output": output[-1000:], "calls": calls} if isinstance(output, str) else {"calls": calls}
         return Verdict(0.0, False, self.name, detail, error=reason)
 
     def _remember(self, key: tuple, verdict: Verdict) -> None:

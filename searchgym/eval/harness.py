@@ -6,6 +6,15 @@ that file, drops a last line cut by a kill (rewriting the file without it), and 
 pairs that are missing, so no pair is repeated or lost. `run.json` records what the samples were
 made with; a rerun into the same directory with another env, engine, sampling or model weights is refused.
 
+A dependency's failure is never a result. An episode whose agent (or its endpoint) failed is not stored:
+it is logged in `failures.jsonl`, counted apart, and played by the rerun, which exits non-zero naming the
+cause. A sample whose judge failed (endpoint down, a reply cut at max_tokens or without a verdict, after
+retries) is stored with the failure in its verdict, left out of that judge's scores, and judged again by
+the rerun, which appends the row again with `revision` raised (the highest revision of a key counts).
+A row that is valid JSON but lacks a field is set aside in `samples.damaged.jsonl` (reported with its
+line and the missing field) and its sample played again. `judge_stats` and the card's `run.llm_calls`
+count calls and failures over every stored row, so across every resumed process.
+
 `summary.json` opens with the run's protocol card (`card.py`: suite and question-set hash, judges,
 k, sampling, budgets, tool stack, model fingerprint, searchgym version; its hash covers the
 score-relevant fields), then the scores, per-subset breakdowns (hops, ...) and the agreement between
@@ -16,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,7 +39,8 @@ from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.env_pool import EnvPool
 from searchgym.agents.workflow import Workflow, WorkflowSettings, open_workflow
 from searchgym.envs.judges import CompositeJudge, make_judge
-from searchgym.envs.jsonl_log import JsonlLog
+from searchgym.envs.jsonl_log import BadRow, JsonlLog
+from searchgym.envs.llm_calls import DependencyFailed
 from searchgym.envs.search_env import SearchEnv
 from searchgym.eval.agreement import judge_agreement, label_accuracy, load_labels
 from searchgym.eval.card import build_card
@@ -39,6 +50,9 @@ from searchgym.eval.metrics import BREAKDOWN_KEYS, Sample, breakdown, summarize
 SAMPLES = "samples.jsonl"
 RUN = "run.json"
 SUMMARY = "summary.json"
+FAILURES = "failures.jsonl"
+ROW_FIELDS = ("task_id", "sample", "reward", "verdicts", "stats")
+STATS_FIELDS = ("turns", "searches", "accesses", "generated_tokens", "answered", "stop_reason")
 
 
 class SampleStore:
@@ -50,15 +64,22 @@ class SampleStore:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self.log = JsonlLog(self.path, check=_sample_key)
+        self.log = JsonlLog(self.path, check=check_row)
         self.rows: dict[tuple[str, int], dict[str, Any]] = {}
         for row in self.log:
-            self.rows.setdefault(_sample_key(row), row)
+            key = _sample_key(row)
+            if key not in self.rows or row.get("revision", 0) > self.rows[key].get("revision", 0):
+                self.rows[key] = row
         self.damaged = self.log.damaged
 
     @property
     def dropped(self) -> int:
         return len(self.damaged)
+
+    @property
+    def versions(self) -> list[dict[str, Any]]:
+        """Every stored row, superseded revisions included (judge calls are counted over these)."""
+        return self.log.rows
 
     def __contains__(self, key: tuple[str, int]) -> bool:
         return key in self.rows
@@ -70,10 +91,60 @@ class SampleStore:
         self.log.append(row)
         self.rows[key] = row
 
+    def revise(self, row: dict[str, Any]) -> None:
+        """Store a new revision of a stored sample (e.g. judged again), appended: the old one stays in the file."""
+        key = _sample_key(row)
+        new = {**row, "revision": self.rows[key].get("revision", 0) + 1}
+        self.log.append(new)
+        self.rows[key] = new
+
 
 def _sample_key(row: dict[str, Any]) -> tuple[str, int]:
     """(task_id, sample) of a stored row; KeyError/TypeError/ValueError for a row that has none."""
     return str(row["task_id"]), int(row["sample"])
+
+
+def check_row(row: Any) -> None:
+    """BadRow naming what a stored sample row lacks (the fields the summary reads), so it is set aside, not a crash."""
+    if not isinstance(row, dict):
+        raise BadRow(f"not a JSON object but {type(row).__name__}")
+    missing = [k for k in ROW_FIELDS if k not in row]
+    stats = row.get("stats")
+    if "stats" in row:
+        if not isinstance(stats, dict):
+            raise BadRow("field 'stats' is not an object")
+        missing += [f"stats.{k}" for k in STATS_FIELDS if k not in stats]
+    if missing:
+        raise BadRow(f"missing field{'s' if len(missing) > 1 else ''} {', '.join(repr(m) for m in missing)}")
+    if not isinstance(row["verdicts"], dict) or not all(isinstance(v, dict) for v in row["verdicts"].values()):
+        raise BadRow("field 'verdicts' is not an object of verdicts")
+    try:
+        _sample_key(row)
+    except (TypeError, ValueError):
+        raise BadRow(f"fields 'task_id'/'sample' are not an id and an integer: {row['task_id']!r}, "
+                     f"{row['sample']!r}") from None
+
+
+def failed_judges(row: dict[str, Any]) -> list[str]:
+    """The judges whose verdict on a stored row is a failure (to be judged again)."""
+    return [name for name, v in row["verdicts"].items() if v.get("error")]
+
+
+def call_stats(store: SampleStore, failures: JsonlLog, names: Sequence[str], wanted: set) -> dict[str, Any]:
+    """Calls and failures of each model-backed judge and of the agent, over every stored row and failure record."""
+    judges = {}
+    for name in names:
+        versions = [r["verdicts"][name] for r in store.versions if name in r["verdicts"]]
+        judges[name] = {
+            "calls": sum(int((v.get("detail") or {}).get("calls", 0) or 0) for v in versions),
+            "cache_hits": sum(bool((v.get("detail") or {}).get("cached")) for v in versions),
+            "failures": sum(bool(v.get("error")) for v in versions),
+            "pending": sum(bool(row["verdicts"].get(name, {}).get("error"))
+                           for key, row in store.rows.items() if key in wanted),
+        }
+    agent_rows = [r for r in failures if r.get("stage") == "agent"]
+    pending = {(str(r["task_id"]), int(r["sample"])) for r in agent_rows} - set(store.rows)
+    return {"judges": judges, "agent": {"failures": len(agent_rows), "pending": len(pending & wanted)}}
 
 
 # --- judging ------------------------------------------------------------------------------------
@@ -163,71 +234,130 @@ def run_eval(env_id: str, engine: str, out: str | os.PathLike, *, k: int = 4, ju
     try:
         tasks = list(probe.tasks)[:max_tasks]
         store = SampleStore(out / SAMPLES)
+        failures = JsonlLog(out / FAILURES, check=_sample_key)
+        wanted = {(t.id, s) for t in tasks for s in range(k)}
         todo = [(i, t, s) for i, t in enumerate(tasks) for s in range(k) if (t.id, s) not in store]
+        rejudge = [row for key, row in store.rows.items() if key in wanted and failed_judges(row)]
         sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
         settings = WorkflowSettings(sampling, max_context=max_context, context=policy)
-        judges, judge_stats = asyncio.run(_evaluate(
+        judges, errors = asyncio.run(_evaluate(
             todo, make_env, store, judge, judge_model, engine, workflow=workflow, settings=settings,
             concurrency=concurrency, seed=seed, device=device, tokenizer=tokenizer, progress=progress,
-            total=len(tasks) * k))
+            total=len(tasks) * k, rejudge=rejudge, tasks={t.id: t for t in tasks}, failures=failures))
+        counted = [n for n, j in judges.judges.items() if hasattr(j, "stats")]  # model-backed judges keep counters
+        calls = call_stats(store, failures, counted, wanted)
+        rows = [row for key, row in store.rows.items() if key in wanted]
+        if not rows and errors:
+            raise DependencyFailed(f"all {len(errors)} episodes failed (rerun the command to retry them); "
+                                   f"first: {type(errors[0]).__name__}: {errors[0]}") from errors[0]
         if model["identity"] is None:  # servers that were not up yet answered while the run played
             model = asyncio.run(engine_fingerprint(engine))
         card = build_card(env_id=env_id, env=probe, tasks=tasks, judges=judges.judges, primary=judges.primary,
                           judge_model=judge_fp, k=k, sampling=sampling, max_context=max_context, engine=engine,
                           model=model, workflow=workflow,
                           run={"seed": seed, "env_kwargs": env_kwargs, "max_tasks": max_tasks,
-                               "concurrency": concurrency, "device": device, "tokenizer": tokenizer})
+                               "concurrency": concurrency, "device": device, "tokenizer": tokenizer,
+                               "llm_calls": calls})
     finally:
         probe.close()
-    wanted = {(t.id, s) for t in tasks for s in range(k)}
-    rows = [row for key, row in store.rows.items() if key in wanted]
     summary = {"card": card,
-               **summarize_rows(rows, k, env_id=env_id, engine=engine, judges=list(judge_stats))}
+               **summarize_rows(rows, k, env_id=env_id, engine=engine, judges=list(judges.judges))}
     summary["agreement"] = judge_agreement(rows, summary["judges"])
     if human is not None:
         summary["labels"] = {"file": str(labels), **label_accuracy(rows, human, summary["judges"])}
-    summary["judge_stats"] = {n: stats for n, stats in judge_stats.items() if stats is not None}
+    summary["judge_stats"] = calls["judges"]
+    summary["failed_calls"] = {"agent": calls["agent"],
+                               "judges": {n: {"pending": st["pending"]} for n, st in calls["judges"].items()}}
     (out / SUMMARY).write_text(json.dumps(_finite(summary), indent=2))  # NaN (no valid verdict) -> null
     if report:
         from searchgym.eval.report import write_report
 
         write_report(out, summary, rows)
+    if errors:  # every other episode was finished and stored: a rerun plays only the failed ones
+        raise DependencyFailed(f"{len(errors)} of {len(todo)} episodes failed (rerun the command to retry them); "
+                               f"first: {type(errors[0]).__name__}: {errors[0]}") from errors[0]
+    _check_judges(calls["judges"], rows)
     return summary
 
 
+def _check_judges(stats: dict[str, dict[str, int]], rows: Sequence[dict[str, Any]]) -> None:
+    """DependencyFailed when a model judge failed on every sample it judged; a warning when on some."""
+    import warnings
+
+    for name, st in stats.items():
+        if not st["pending"]:
+            continue
+        judged = [r for r in rows if name in r["verdicts"] and r.get("prediction") is not None]
+        first = next(r["verdicts"][name]["error"] for r in rows if r["verdicts"].get(name, {}).get("error"))
+        message = (f"judge {name!r} failed on {st['pending']} of {len(judged)} samples (left out of its scores; "
+                   f"rerun the command to judge them again); first: {first}")
+        if st["pending"] >= len(judged):
+            raise DependencyFailed(message)
+        warnings.warn(message, stacklevel=3)
+
+
 async def _evaluate(todo, make_env, store: SampleStore, judge_spec: str, judge_model: str | None, engine: str, *,
-                    workflow, settings, concurrency, seed, device, tokenizer, progress, total
-                    ) -> tuple[CompositeJudge, dict[str, Any]]:
-    """Play and judge the missing samples; returns the judges and each one's counters (None if it keeps none)."""
+                    workflow, settings, concurrency, seed, device, tokenizer, progress, total, rejudge=(),
+                    tasks=None, failures: JsonlLog | None = None) -> tuple[CompositeJudge, list[BaseException]]:
+    """Judge again the stored samples whose judge failed, play and judge the missing ones; returns the judges
+    and the episodes' errors (those samples are not stored, and logged in `failures`)."""
     judge_handle = await open_engine(judge_model, device=device, seed=seed) if judge_model else None
     try:
         judge = eval_judge(judge_spec, judge_handle.chat if judge_handle else None)
+        if rejudge:
+            await _rejudge(rejudge, tasks or {}, judge, store, concurrency=concurrency)
+        errors: list[BaseException] = []
         if todo:
             player = await open_workflow(engine, workflow=workflow, settings=settings, device=device, seed=seed,
                                          tokenizer=tokenizer)
             try:
-                await _play(todo, make_env, store, judge, player, concurrency=concurrency, seed=seed,
-                            progress=progress, total=total)
+                errors = await _play(todo, make_env, store, judge, player, concurrency=concurrency, seed=seed,
+                                     progress=progress, total=total, failures=failures)
             finally:
                 await player.aclose()
-        return judge, {n: dict(j.stats) if hasattr(j, "stats") else None for n, j in judge.judges.items()}
+        return judge, errors
     finally:
         if judge_handle is not None:
             await judge_handle.aclose()
 
 
+async def _rejudge(rows, tasks: dict[str, Any], judge: CompositeJudge, store: SampleStore, *, concurrency) -> None:
+    """Judge stored samples again with the judges that failed on them; each is stored as a new revision."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(row: dict[str, Any]) -> None:
+        names = [n for n in failed_judges(row) if n in judge.judges]
+        if not names:
+            return
+        task = tasks.get(row["task_id"])
+        again = CompositeJudge({n: judge.judges[n] for n in names}, primary=names[0])
+        async with gate:
+            verdicts = await judge_all(again, row.get("prediction"), row.get("answers") or (list(task.answers) if task else []),
+                                       row.get("question", ""), task.aug_answers if task else ())
+        store.revise({**row, "verdicts": {**row["verdicts"], **verdicts}})
+
+    await asyncio.gather(*(one(row) for row in rows))
+
+
 async def _play(todo, make_env, store: SampleStore, judge: CompositeJudge, workflow: Workflow, *, concurrency, seed,
-                progress, total) -> None:
+                progress, total, failures: JsonlLog | None = None) -> list[BaseException]:
+    """Play, judge and store each missing sample; an episode that raised is logged in `failures`, not stored."""
     gate = asyncio.Semaphore(concurrency)
     envs = EnvPool(make_env)
     bar = tqdm(total=total, initial=total - len(todo), desc="evaluating", disable=not progress)
 
     async def one(index: int, task, sample: int) -> None:
         async with gate:
-            with envs.env() as env:
-                episode_seed = int(np.random.SeedSequence([seed, index, sample]).generate_state(1)[0])
-                traj = await workflow.arun_episode(env, seed=episode_seed, options={"task_id": task.id},
-                                                   rid=f"eval-{index}-{sample}")
+            try:
+                with envs.env() as env:
+                    episode_seed = int(np.random.SeedSequence([seed, index, sample]).generate_state(1)[0])
+                    traj = await workflow.arun_episode(env, seed=episode_seed, options={"task_id": task.id},
+                                                       rid=f"eval-{index}-{sample}")
+            except Exception as e:  # the agent or its endpoint failed: a failure of this sample, never a score
+                if failures is not None:
+                    failures.append({"task_id": task.id, "sample": sample, "stage": "agent", "time": time.time(),
+                                     "error": f"{type(e).__name__}: {e}"[:1000]})
+                raise
             verdicts = await judge_all(judge, traj.prediction, task.answers, task.question, task.aug_answers)
             counts = traj.counts
             store.append({
@@ -244,10 +374,7 @@ async def _play(todo, make_env, store: SampleStore, judge: CompositeJudge, workf
 
     try:
         results = await asyncio.gather(*[one(i, t, s) for i, t, s in todo], return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:  # every other episode was finished and stored: a rerun plays only the failed ones
-            raise RuntimeError(f"{len(errors)} of {len(todo)} episodes failed (rerun the command to retry them); "
-                               f"first: {type(errors[0]).__name__}: {errors[0]}") from errors[0]
+        return [r for r in results if isinstance(r, BaseException)]
     finally:
         bar.close()
         envs.close()

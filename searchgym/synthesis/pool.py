@@ -1,7 +1,11 @@
 """The synthesis pool driver: many seed pages through the QA agent into an append-only, resumable task pool.
 
 Finished seeds are recorded in a progress file and skipped on a rerun; near-duplicate questions are
-dropped; a summary counts acceptances and rejection reasons.
+dropped; a summary counts acceptances and rejection reasons. A seed whose LLM call failed (`CallFailure`:
+endpoint down, rate limited, replies cut off or unparseable after retries) is logged as a failure, not
+finished: a rerun tries it again, and the summary counts failures apart, across resumed processes. After
+`stop_after` seeds in a row fail so, the run stops taking seeds (an endpoint that is down is not asked
+for every seed) and says why; `raise_on_failures` turns that into the command's error.
 """
 from __future__ import annotations
 
@@ -19,8 +23,9 @@ from tqdm import tqdm
 
 from searchgym.envs.judges import normalize_answer
 from searchgym.envs.jsonl_log import JsonlLog
+from searchgym.envs.llm_calls import DependencyFailed
 from searchgym.envs.tasks import Task
-from searchgym.synthesis.qa_agent import Candidate, QASynthesisAgent, Rejected
+from searchgym.synthesis.qa_agent import CallFailure, Candidate, QASynthesisAgent, Rejected
 
 TEST_SHARE = 10
 
@@ -78,12 +83,16 @@ def summary_path(out: Path) -> Path:
 
 async def asynthesize(agent: QASynthesisAgent, seed_urls: Sequence[str], out: str | Path, n: int, *,
                       concurrency: int = 4, progress: bool = False, engine_name: str = "",
-                      judge_name: str = "") -> dict[str, Any]:
+                      judge_name: str = "", stop_after: int | None = 16) -> dict[str, Any]:
     """Run `agent` over seed pages (in the given order) until `n` tasks are in `out`; resumable.
 
     `out` gets one task row per accepted candidate; OUT.progress.jsonl one row per finished seed (accepted
-    or with its rejection reason), so a rerun skips finished seeds and carries the counts on.
+    or with its rejection reason) and one per failed try of a seed ({"url", "failed", "detail"}), so a rerun
+    skips finished seeds, tries failed ones again and carries the counts on. `stop_after` consecutive
+    failed seeds stop the run (None: never).
     """
+    if stop_after is not None and (not isinstance(stop_after, int) or stop_after < 1):
+        raise ValueError(f"stop_after must be an integer >= 1 or None, got {stop_after!r}")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Both files are repaired on open: a line cut by a kill is dropped (that seed runs again), a damaged
@@ -93,7 +102,11 @@ async def asynthesize(agent: QASynthesisAgent, seed_urls: Sequence[str], out: st
     pooled = {str(row.get("metadata", {}).get("seed_page", "")) for row in pool}
     done: set[str] = set(pooled)  # a task row written just before a kill counts even if its log row was not
     rejections: Counter[str] = Counter()
+    failures: Counter[str] = Counter()  # every failed try of a seed, in every process
     for row in log:
+        if "failed" in row:
+            failures[str(row["failed"])] += 1
+            continue
         if row.get("reason") is None and row["url"] not in pooled:
             continue  # logged as accepted, but its task row was set aside as damaged: that seed runs again
         done.add(row["url"])
@@ -108,10 +121,15 @@ async def asynthesize(agent: QASynthesisAgent, seed_urls: Sequence[str], out: st
     queue = iter([u for u in seed_urls if u not in done])
     t0 = time.perf_counter()
     attempted = 0
+    failed_now: list[CallFailure] = []
+    in_a_row = 0
+    stopped: str | None = None
     bar = tqdm(total=n, initial=min(n, accepted), desc="synthesizing", unit="task", disable=not progress)
 
     def record(url: str, reason: str | None, task: Task | None) -> None:
-        nonlocal accepted
+        nonlocal accepted, in_a_row
+        in_a_row = 0
+        done.add(url)
         if task is not None:
             pool.append(task.to_row())
             accepted += 1
@@ -120,9 +138,18 @@ async def asynthesize(agent: QASynthesisAgent, seed_urls: Sequence[str], out: st
             rejections[reason or "unknown"] += 1
         log.append({"url": url, "reason": reason})
 
+    def record_failure(url: str, failure: CallFailure) -> None:
+        nonlocal in_a_row, stopped
+        failures[failure.reason] += 1
+        failed_now.append(failure)
+        log.append({"url": url, "failed": failure.reason, "detail": failure.detail[:500]})
+        in_a_row += 1
+        if stop_after is not None and in_a_row >= stop_after and stopped is None:
+            stopped = f"{in_a_row} seeds in a row failed on an LLM call (last: {failure})"
+
     async def worker() -> None:
         nonlocal attempted
-        while accepted < n:
+        while accepted < n and stopped is None:
             url = next(queue, None)
             if url is None:
                 return
@@ -131,6 +158,9 @@ async def asynthesize(agent: QASynthesisAgent, seed_urls: Sequence[str], out: st
                 cand = await agent.run(url)
             except Rejected as r:
                 record(url, r.reason, None)
+                continue
+            except CallFailure as f:  # not finished: logged as a failure, tried again by a rerun
+                record_failure(url, f)
                 continue
             except Exception as e:  # a bug in a backend must not end the whole run either
                 record(url, f"error: {type(e).__name__}", None)
@@ -147,11 +177,16 @@ async def asynthesize(agent: QASynthesisAgent, seed_urls: Sequence[str], out: st
     bar.close()
     elapsed = time.perf_counter() - t0
     total = accepted + sum(rejections.values())
+    pending = {row["url"] for row in log if "failed" in row} - done
     report = {
         "out": str(out), "target": n, "accepted": accepted, "seeds_finished": total,
         "acceptance_rate": round(accepted / total, 4) if total else 0.0,
         "rejections": dict(sorted(rejections.items())),
-        "this_run": {"seeds_tried": attempted, "seconds": round(elapsed, 2),
+        "failed_calls": {"seeds_pending": len(pending), "tries_failed": sum(failures.values()),
+                         "by_reason": dict(sorted(failures.items()))},
+        "stopped": stopped,
+        "this_run": {"seeds_tried": attempted, "seeds_failed": len(failed_now),
+                     "first_failure": str(failed_now[0]) if failed_now else None, "seconds": round(elapsed, 2),
                      "seeds_per_s": round(attempted / elapsed, 3) if elapsed > 0 else None,
                      "llm_calls": dict(sorted(agent.calls.items())), "judge_stats": dict(agent.judge.stats)},
         "resumed_from": resumed, "config": asdict(agent.config),
@@ -159,3 +194,17 @@ async def asynthesize(agent: QASynthesisAgent, seed_urls: Sequence[str], out: st
     }
     summary_path(out).write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def raise_on_failures(report: dict[str, Any]) -> None:
+    """DependencyFailed naming the cause when this run's seeds failed on LLM calls and its target was not reached."""
+    run = report["this_run"]
+    if not run["seeds_failed"] or (report["accepted"] >= report["target"] and not report["stopped"]):
+        return
+    if run["seeds_failed"] == run["seeds_tried"]:
+        head = f"all {run['seeds_tried']} seeds tried failed"
+    else:
+        head = f"{run['seeds_failed']} of {run['seeds_tried']} seeds failed"
+    stop = f"; stopped early: {report['stopped']}" if report["stopped"] else ""
+    raise DependencyFailed(f"{head} on an LLM call and stay unfinished (rerun to retry them): "
+                           f"{run['first_failure']}{stop}")

@@ -8,20 +8,23 @@ model: quality (fluent, self-contained, unique answer supported by the statement
 solver answers `k` times without tools, each answer judged; keep when the solve rate is at most
 `max_solve_rate`) and uniqueness (no wrong solver answer satisfies every constraint).
 
-Every model output is parsed defensively: malformed JSON, missing fields or a failed call reject that
-candidate with a counted reason (`Rejected`); nothing a model writes crashes a run. The pool driver is
+Every model output is parsed defensively and nothing a model writes crashes a run. A step whose LLM
+call failed (transport, rate limit, a reply cut at max_tokens, or one without the JSON the step needs,
+asked again with backoff first) raises `CallFailure`: the seed is not finished and a rerun tries it again.
+Only a judged outcome (answer changed, quality, difficulty, uniqueness, an unknown link) is a `Rejected`
+candidate with a counted reason. The pool driver is
 `synthesis.pool.asynthesize`; `synthesis.run.synthesize` wires engines and an index to it.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from searchgym.envs.judges import ChatModel, normalize_answer
+from searchgym.envs.llm_calls import CallFailed, ReplyRetry, Unparseable, ask
 from searchgym.envs.llm_judge import LLMJudge, json_objects_from_end
 from searchgym.envs.tools.base import Page, PageBackend, PageNotFound, SearchBackend
 from searchgym.synthesis.prompts import (ACT_PROMPT, INJECT_PROMPT, PROPOSE_PROMPT, QUALITY_PROMPT, READ_PROMPT,
@@ -60,6 +63,17 @@ def parse_json_object(text: Any, required: dict[str, type | tuple[type, ...]], s
     raise Rejected(f"{step}: missing fields", ",".join(missing) or "empty field")
 
 
+class CallFailure(Exception):
+    """A step's LLM call gave no usable reply after its retries: a failure of that call, never a rejection."""
+
+    def __init__(self, step: str, failure: CallFailed) -> None:
+        self.step = step
+        self.kind = failure.kind
+        self.detail = failure.detail
+        self.reason = f"{step}: {failure.kind}"
+        super().__init__(f"{self.reason}: {failure.detail}")
+
+
 @dataclass
 class QAConfig:
     """Knobs of the agent; defaults follow ASearcher's (k solver attempts, exit at a 0 solve rate)."""
@@ -72,6 +86,16 @@ class QAConfig:
     solver_temperature: float = 1.0
     max_links: int = 8
     near_duplicate: float = 0.8  # token-set Jaccard at or above which a question is a near duplicate
+    reply_attempts: int = 3  # tries of a call whose reply was cut off or unparseable
+    retry_backoff: float | None = None  # seconds before the second try (doubling); None: $SEARCHGYM_LLM_BACKOFF or 0.5
+
+    def __post_init__(self) -> None:
+        ReplyRetry(self.reply_attempts, self.retry_backoff)  # checks both, naming the bad one
+
+    @property
+    def retry(self) -> ReplyRetry:
+        """How a cut-off or unparseable reply is asked again."""
+        return ReplyRetry(self.reply_attempts, self.retry_backoff)
 
 
 @dataclass
@@ -104,20 +128,31 @@ class QASynthesisAgent:
         self.pages = pages
         self.model = model
         self.judge_model = judge_model or model
-        self.judge = LLMJudge(self.judge_model, max_tokens=(config or QAConfig()).max_tokens)
         self.config = config or QAConfig()
+        self.judge = LLMJudge(self.judge_model, max_tokens=self.config.max_tokens, retry=self.config.retry)
         self.calls: Counter[str] = Counter()
 
-    async def _ask(self, model: ChatModel, prompt: str, step: str, *, temperature: float | None = None) -> str:
-        self.calls[step] += 1
-        try:
-            return await model.achat([{"role": "user", "content": prompt}], max_tokens=self.config.max_tokens,
-                                     temperature=self.config.temperature if temperature is None else temperature)
-        except Exception as e:  # transport or server failures reject this candidate, never the run
-            raise Rejected(f"{step}: call failed", f"{type(e).__name__}: {e}"[:300]) from None
+    async def _json(self, model: ChatModel, prompt: str, step: str, required: dict, *,
+                    check: Any = None, temperature: float | None = None) -> dict[str, Any]:
+        """The JSON object a step asks for; `check(obj)` may raise Unparseable. Raises CallFailure."""
+        def parse(text: str) -> dict[str, Any]:
+            try:
+                obj = parse_json_object(text, required, step)
+            except Rejected as r:
+                raise Unparseable(f"{r.reason} ({r.detail})"[:300] if r.detail else r.reason) from None
+            if check is not None:
+                check(obj)
+            return obj
 
-    async def _json(self, model: ChatModel, prompt: str, step: str, required: dict, **kw: Any) -> dict[str, Any]:
-        return parse_json_object(await self._ask(model, prompt, step, **kw), required, step)
+        try:
+            obj, calls = await ask(model, [{"role": "user", "content": prompt}], parse, retry=self.config.retry,
+                                   max_tokens=self.config.max_tokens,
+                                   temperature=self.config.temperature if temperature is None else temperature)
+        except CallFailed as e:
+            self.calls[step] += e.calls
+            raise CallFailure(step, e) from None
+        self.calls[step] += calls
+        return obj
 
     async def _fetch(self, url: str) -> Page:
         try:
@@ -144,10 +179,8 @@ class QASynthesisAgent:
         page = await self._fetch(url)
         read = await self._json(self.model, READ_PROMPT.format(title=page.title, url=page.url,
                                                                text=page.text[:MAX_PAGE_CHARS]),
-                                "read", {"summary": str, "points": list})
-        points = [str(p) for p in read["points"] if isinstance(p, (str, int, float)) and str(p).strip()]
-        if not points:
-            raise Rejected("read: missing fields", "no information points")
+                                "read", {"summary": str, "points": list}, check=_has_points)
+        points = _points(read)
         base = await self._json(self.model, PROPOSE_PROMPT.format(title=page.title, points=_bullets(points)),
                                 "propose", {"question": str, "answer": str, "statement": str})
         cand = Candidate(base["question"].strip(), base["answer"].strip(), [base["statement"].strip()], [page.url],
@@ -158,21 +191,19 @@ class QASynthesisAgent:
         for _ in range(cfg.max_turns):
             act = await self._json(self.model, ACT_PROMPT.format(
                 question=cand.question, answer=cand.answer, statements=_bullets(cand.statements),
-                links=_bullets(links)), "act", {"action": str})
+                links=_bullets(links)), "act", {"action": str}, check=_check_action)
             action = act["action"].strip().upper()
             if action == "EXIT":
                 cand.history.append({"action": "EXIT"})
                 break
             if action == "FUZZ":
-                edit = parse_json_object(json.dumps(act), {"question": str, "answer": str}, "fuzz")
+                edit = act
                 self._keep_answer(cand, edit["answer"], "fuzz")
                 cand.history.append({"action": "FUZZ", "before": cand.question, "question": edit["question"].strip(),
                                      "reason": str(act.get("reason", ""))})
                 cand.question = edit["question"].strip()
             elif action == "INJECT":
-                target = act.get("url")
-                if not isinstance(target, str) or not target.strip():
-                    raise Rejected("inject: missing fields", "url")
+                target = act["url"]
                 if target.strip() not in links:
                     raise Rejected("inject: unknown link", target[:200])
                 linked = await self._fetch(target.strip())
@@ -186,8 +217,6 @@ class QASynthesisAgent:
                 cand.statements.append(edit["statement"].strip())
                 if linked.url not in cand.pages:
                     cand.pages.append(linked.url)
-            else:
-                raise Rejected("act: unknown action", action[:50])
         await self.check(cand)
         return cand
 
@@ -210,12 +239,10 @@ class QASynthesisAgent:
         attempts = await asyncio.gather(*(self._solve(cand.question) for _ in range(cfg.k)))
         correct = 0
         for answer in attempts:
-            if answer is None:
-                cand.solver.append({"answer": None, "correct": False, "parsed": False})
-                continue
             verdict = await self.judge.ajudge(answer, [cand.answer], question=cand.question)
+            self.calls["judge"] += verdict.detail.get("calls", 0)
             if verdict.error:
-                raise Rejected("difficulty: judge failed", verdict.error)
+                raise CallFailure("difficulty judge", CallFailed("judge failed", verdict.error))
             correct += bool(verdict.correct)
             cand.solver.append({"answer": answer, "correct": bool(verdict.correct), "parsed": True})
         cand.solve_rate = correct / max(1, cfg.k)
@@ -229,14 +256,31 @@ class QASynthesisAgent:
             if verdict["satisfies_all"]:
                 raise Rejected("uniqueness: another answer fits", alternative[:200])
 
-    async def _solve(self, question: str) -> str | None:
-        """One tool-free solver answer, or None when its output holds none (counted as a wrong attempt)."""
-        try:
-            out = await self._json(self.model, SOLVE_PROMPT.format(question=question), "solve", {"answer": str},
-                                   temperature=self.config.solver_temperature)
-        except Rejected:
-            return None
+    async def _solve(self, question: str) -> str:
+        """One tool-free solver answer; a reply without one is asked again, then fails the seed (CallFailure)."""
+        out = await self._json(self.model, SOLVE_PROMPT.format(question=question), "solve", {"answer": str},
+                               temperature=self.config.solver_temperature)
         return out["answer"].strip()[:500]
+
+
+def _points(read: dict[str, Any]) -> list[str]:
+    return [str(p) for p in read["points"] if isinstance(p, (str, int, float)) and str(p).strip()]
+
+
+def _has_points(read: dict[str, Any]) -> None:
+    if not _points(read):
+        raise Unparseable("read: missing fields (no information points)")
+
+
+def _check_action(act: dict[str, Any]) -> None:
+    """An act reply must name a known action with that action's fields; anything else is unparseable."""
+    action = act["action"].strip().upper()
+    needs = {"EXIT": {}, "FUZZ": {"question": str, "answer": str}, "INJECT": {"url": str}}.get(action)
+    if needs is None:
+        raise Unparseable(f"act: unknown action {action[:50]!r}")
+    missing = [k for k, t in needs.items() if not isinstance(act.get(k), t) or not act[k].strip()]
+    if missing:
+        raise Unparseable(f"act: {action} without {', '.join(missing)}")
 
 
 # ---- the pool driver ---------------------------------------------------------------------------------------

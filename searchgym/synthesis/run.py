@@ -9,7 +9,7 @@ from typing import Any
 
 from searchgym.agents.engines.open import open_engine
 from searchgym.envs.tools.indexes import open_index
-from searchgym.synthesis.pool import asynthesize
+from searchgym.synthesis.pool import asynthesize, raise_on_failures
 from searchgym.synthesis.qa_agent import QAConfig, QASynthesisAgent
 
 
@@ -46,7 +46,12 @@ async def _synthesize_main(corpus: str | Path, engine: str, judge_engine: str | 
 def synthesize(corpus: str | Path, engine: str, n: int, out: str | Path, *, judge_engine: str | None = None,
                concurrency: int = 4, seed: int = 0, config: QAConfig | None = None, max_seeds: int | None = None,
                progress: bool = False, device: str = "cpu") -> dict[str, Any]:
-    """Blocking entry point of `searchgym synthesize --method agent`; returns the summary (also written)."""
-    return asyncio.run(_synthesize_main(corpus, engine, judge_engine, n, out, concurrency=concurrency, seed=seed,
+    """Blocking entry point of `searchgym synthesize --method agent`; returns the summary (also written).
+
+    Raises DependencyFailed (naming the cause) after writing the summary when seeds failed on LLM calls
+    and the target was not reached: the command then exits non-zero, and its rerun tries them again."""
+    report = asyncio.run(_synthesize_main(corpus, engine, judge_engine, n, out, concurrency=concurrency, seed=seed,
                                         config=config or QAConfig(), max_seeds=max_seeds, progress=progress,
                                         device=device))
+    raise_on_failures(report)
+    return report

@@ -13,6 +13,7 @@ import searchgym  # noqa: F401  (registers the env ids)
 from searchgym.agents.engines.openai_engine import OpenAIEngine
 from searchgym.bench.stand_in_llm import StandInLLM, stand_in_server
 from searchgym.cli import main as cli_main
+from searchgym.envs.llm_calls import DependencyFailed
 from searchgym.envs.tasks import TaskPool
 from searchgym.synthesis.pool import NearDuplicates, asynthesize, summary_path
 from searchgym.synthesis.qa_agent import QAConfig, QASynthesisAgent, Rejected, parse_json_object
@@ -30,8 +31,10 @@ def seed_docs(small_index):
 
 def _run(index, url, urls, out, n, *, concurrency=3, config=None):
     async def go():
-        model = OpenAIEngine(url, "stand-in", api_key_env="SEARCHGYM_TEST_NO_SUCH_KEY")
-        agent = QASynthesisAgent(index, index, model, model, config or QAConfig(max_turns=3, k=3))
+        model = OpenAIEngine(url, "stand-in", api_key_env="SEARCHGYM_TEST_NO_SUCH_KEY", backoff_base=0.001,
+                             max_retries=2)
+        agent = QASynthesisAgent(index, index, model, model,
+                                 config or QAConfig(max_turns=3, k=3, retry_backoff=0.001))
         try:
             return await asynthesize(agent, urls, out, n, concurrency=concurrency)
         finally:
@@ -78,10 +81,12 @@ def test_every_path_with_the_stand_in(small_index, seed_docs, tmp_path):
     out = tmp_path / "pool.jsonl"
     with stand_in_server(double) as url:
         report = _run(small_index, url, [d.url for d in seed_docs], out, n=10)
-    assert report["accepted"] == 1 and report["seeds_finished"] == len(SCENARIOS)
-    assert report["rejections"] == {"read: malformed JSON": 1, "propose: missing fields": 1, "quality: failed": 1,
-                                    "difficulty: too easy": 1, "uniqueness: another answer fits": 1,
-                                    "fuzz: answer changed": 1}
+    # malformed and missing-field replies are asked 3 times, then failures of that call: not finished seeds
+    assert report["accepted"] == 1 and report["seeds_finished"] == len(SCENARIOS) - 2
+    assert report["rejections"] == {"quality: failed": 1, "difficulty: too easy": 1,
+                                    "uniqueness: another answer fits": 1, "fuzz: answer changed": 1}
+    assert report["failed_calls"] == {"seeds_pending": 2, "tries_failed": 2,
+                                      "by_reason": {"propose: unparseable": 1, "read: unparseable": 1}}
     assert json.loads(summary_path(out).read_text())["accepted"] == 1
     (task,) = TaskPool.from_jsonl(out)
     meta = task.metadata
@@ -107,9 +112,11 @@ def test_resume_skips_finished_seeds(small_index, seed_docs, tmp_path):
         assert double.requests == calls and again["this_run"]["seeds_tried"] == 0  # nothing redone
         more = _run(small_index, url, urls, out, n=2, concurrency=1)
     assert first["accepted"] == 1 and again["accepted"] == 1 and more["accepted"] == 2
-    assert more["rejections"] == {"read: malformed JSON": 1, "quality: failed": 1}
-    logged = [json.loads(line)["url"] for line in out.with_name(out.name + ".progress.jsonl").read_text().splitlines()]
-    assert len(logged) == len(set(logged)) == 4
+    assert more["rejections"] == {"quality: failed": 1}
+    assert more["failed_calls"]["seeds_pending"] == 1  # the malformed seed is tried by every run, never finished
+    logged = [json.loads(line) for line in out.with_name(out.name + ".progress.jsonl").read_text().splitlines()]
+    finished = [row["url"] for row in logged if "failed" not in row]
+    assert len(finished) == len(set(finished)) == 3
     assert len(TaskPool.from_jsonl(out)) == 2
 
 
@@ -170,15 +177,21 @@ def test_cli_kbwalk_method(small_bundle, tmp_path):
 
 
 def test_tiny_model_never_crashes(small_bundle, tiny_model_dir, tmp_path):
+    """The tiny model's replies are cut at max_tokens: each read is asked 3 times, then the seed is a failure of
+    that call (not a rejection), the summary says so, and the command's error names the cause."""
     out = tmp_path / "tiny.jsonl"
-    report = synthesize(small_bundle / "index", str(tiny_model_dir), 2, out, concurrency=2, max_seeds=3,
-                        config=QAConfig(max_tokens=24, k=2, max_turns=2))
-    assert report["seeds_finished"] == 3  # the tiny model writes no usable JSON: every seed is rejected
-    assert sum(report["rejections"].values()) + report["accepted"] == 3
-    assert report["this_run"]["llm_calls"]["read"] == 3
-    # the stand-in reasons, the tiny model judges: its verdicts are malformed, so the checks reject
+    fast = {"max_tokens": 24, "k": 2, "max_turns": 2, "retry_backoff": 0.001}
+    with pytest.raises(DependencyFailed, match=r"all 3 seeds tried failed .* read: cut off: .*max_tokens=24"):
+        synthesize(small_bundle / "index", str(tiny_model_dir), 2, out, concurrency=2, max_seeds=3,
+                   config=QAConfig(**fast))
+    report = json.loads(summary_path(out).read_text())
+    assert report["seeds_finished"] == 0 and report["rejections"] == {} and report["accepted"] == 0
+    assert report["failed_calls"]["seeds_pending"] == 3 and report["this_run"]["llm_calls"]["read"] == 9
+    # the stand-in reasons, the tiny model judges: its verdicts are cut off, so the seeds stay unfinished
     with stand_in_server(StandInLLM()) as url:
-        mixed = synthesize(small_bundle / "index", f"openai:{url}", 1, tmp_path / "mixed.jsonl",
-                           judge_engine=str(tiny_model_dir), concurrency=2, max_seeds=2,
-                           config=QAConfig(max_tokens=24, k=2, max_turns=2))
-    assert mixed["accepted"] == 0 and mixed["rejections"] == {"quality: malformed JSON": 2}
+        with pytest.raises(DependencyFailed, match="quality: cut off"):
+            synthesize(small_bundle / "index", f"openai:{url}", 1, tmp_path / "mixed.jsonl",
+                       judge_engine=str(tiny_model_dir), concurrency=2, max_seeds=2, config=QAConfig(**fast))
+    mixed = json.loads(summary_path(tmp_path / "mixed.jsonl").read_text())
+    assert mixed["accepted"] == 0 and mixed["rejections"] == {}
+    assert mixed["failed_calls"]["by_reason"] == {"quality: cut off": 2}

@@ -2,8 +2,9 @@
 
 For evaluation, LLM judges (it satisfies `searchgym.envs.judges.ChatModel`) and QA synthesis. It
 retries what is worth retrying (429, 408, 409, 5xx, connection errors, timeouts) with exponential
-backoff and jitter, honouring the server's Retry-After, and fails fast with the server's message on
-any other 4xx. Without an API key in the environment it sends no Authorization header, as local
+backoff and jitter, honouring the server's Retry-After (a 200 whose body is not a chat completion is
+retried too), and fails fast with the server's message on any other 4xx. Retries and backoff default to
+$SEARCHGYM_LLM_RETRIES (5) and $SEARCHGYM_LLM_BACKOFF (0.5 s). Without an API key in the environment it sends no Authorization header, as local
 servers (SGLang, vLLM, `searchgym serve model`) need none.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from searchgym.envs.llm_calls import BACKOFF_ENV, RETRIES_ENV, env_float, env_int
 from searchgym.envs.tools.http_session import LoopSession, retry_after_seconds
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429})  # plus every 5xx
@@ -80,14 +82,14 @@ class OpenAIEngine:
     """Chat completions from an OpenAI-compatible server, with bounded concurrency and patient retries."""
 
     def __init__(self, base_url: str, model: str, *, api_key_env: str = "OPENAI_API_KEY", max_concurrency: int = 16,
-                 max_retries: int = 5, timeout: float = 600, backoff_base: float = 0.5,
+                 max_retries: int | None = None, timeout: float = 600, backoff_base: float | None = None,
                  backoff_max: float = 30.0) -> None:
         self.url = base_url.rstrip("/") + "/chat/completions"  # base_url ends in /v1, as with the OpenAI SDK
         self.model = model
         self.max_concurrency = max_concurrency
-        self.max_retries = max_retries
+        self.max_retries = env_int(RETRIES_ENV, 5) if max_retries is None else max_retries
         self.timeout = timeout
-        self.backoff_base = backoff_base
+        self.backoff_base = env_float(BACKOFF_ENV, 0.5) if backoff_base is None else backoff_base
         self.backoff_max = backoff_max
         api_key = os.environ.get(api_key_env)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -125,9 +127,12 @@ class OpenAIEngine:
         """One POST: the parsed completion; raises _Retryable for transient failures, OpenAIError for the rest."""
         try:
             async with http.post(self.url, json=body, headers=self._headers) as resp:
-                text = await resp.text()
+                text = (await resp.read()).decode("utf-8", "replace")
                 if resp.status == 200:
-                    return _parse_completion(text)
+                    try:
+                        return _parse_completion(text)
+                    except OpenAIError as e:  # a proxy's error page or a cut body: worth another try
+                        raise _Retryable(e, None) from None
                 error = OpenAIError(f"HTTP {resp.status}: {_error_message(text)}", resp.status)
                 if resp.status < 500 and resp.status not in RETRYABLE_STATUSES:
                     raise error

@@ -90,7 +90,11 @@ class QAConfig:
     retry_backoff: float | None = None  # seconds before the second try (doubling); None: $SEARCHGYM_LLM_BACKOFF or 0.5
 
     def __post_init__(self) -> None:
-        ReplyRetry(self.reply_attempts, self.retry_backoff)  # checks both, naming the bad one
+        if isinstance(self.reply_attempts, bool) or not isinstance(self.reply_attempts, int) or self.reply_attempts < 1:
+            raise ValueError(f"reply_attempts must be an integer >= 1, got {self.reply_attempts!r}")
+        if self.retry_backoff is not None and not (isinstance(self.retry_backoff, (int, float))
+                                                   and 0 <= self.retry_backoff < 1e6):
+            raise ValueError(f"retry_backoff must be a number of seconds >= 0 or None, got {self.retry_backoff!r}")
 
     @property
     def retry(self) -> ReplyRetry:
@@ -236,7 +240,10 @@ class QASynthesisAgent:
         failed = [k for k in flags if not quality[k]]
         if failed:
             raise Rejected("quality: failed", ",".join(failed) + f" ({str(quality.get('reason', ''))[:150]})")
-        attempts = await asyncio.gather(*(self._solve(cand.question) for _ in range(cfg.k)))
+        attempts = await asyncio.gather(*(self._solve(cand.question) for _ in range(cfg.k)), return_exceptions=True)
+        for attempt in attempts:  # every attempt ran to its end; the first failure of a call fails the seed
+            if isinstance(attempt, BaseException):
+                raise attempt
         correct = 0
         for answer in attempts:
             verdict = await self.judge.ajudge(answer, [cand.answer], question=cand.question)

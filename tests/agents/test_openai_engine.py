@@ -129,6 +129,35 @@ async def test_gives_up_after_max_retries():
 
 
 @in_module_loop
+async def test_a_malformed_200_body_is_retried_and_a_cut_reply_reports_its_finish_reason():
+    """A proxy's HTML page with status 200 is retried like a 5xx; a reply cut at max_tokens comes back with
+    finish_reason "length", which the callers that need a whole reply (judges, synthesis) treat as a failure."""
+    cut = completion("The answer is Par")
+    cut["choices"][0]["finish_reason"] = "length"
+    double = OpenAITestDouble([lambda: web.Response(text="<html>502 Bad Gateway</html>", content_type="text/html"),
+                               lambda: web.json_response(cut)])
+    async with double.serving() as url:
+        engine = OpenAIEngine(url, "gpt-test", backoff_base=0.01)
+        full = await engine.achat_full(MESSAGES, max_tokens=4)
+        await engine.close()
+    assert len(double.requests) == 2 and (full["content"], full["finish_reason"]) == ("The answer is Par", "length")
+
+
+def test_retry_settings_come_from_the_environment_and_are_checked(monkeypatch):
+    monkeypatch.setenv("SEARCHGYM_LLM_RETRIES", "2")
+    monkeypatch.setenv("SEARCHGYM_LLM_BACKOFF", "0.001")
+    engine = OpenAIEngine("http://127.0.0.1:9/v1", "m")
+    assert (engine.max_retries, engine.backoff_base) == (2, 0.001)
+    assert OpenAIEngine("http://127.0.0.1:9/v1", "m", max_retries=0).max_retries == 0  # an argument wins
+    for name, bad in [("SEARCHGYM_LLM_RETRIES", "-1"), ("SEARCHGYM_LLM_RETRIES", "two"),
+                      ("SEARCHGYM_LLM_BACKOFF", "nan"), ("SEARCHGYM_LLM_BACKOFF", "-0.5")]:
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match=name):
+            OpenAIEngine("http://127.0.0.1:9/v1", "m")
+        monkeypatch.delenv(name)
+
+
+@in_module_loop
 async def test_connection_errors_are_retried_then_reported():
     async with OpenAITestDouble([]).serving() as url:
         pass  # the double is gone: its port refuses connections now

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import searchgym  # noqa: F401
 from searchgym.eval.metrics import Sample, pass_at_k, summarize
 from searchgym.agents.engines.openai_engine import parse_openai_spec
-from searchgym.eval.harness import SampleStore, run_eval
+from searchgym.eval.harness import STATS_FIELDS, SampleStore, run_eval
 from searchgym.eval.report import SCRIPT, html_report
 from searchgym.envs.suites import SUITES, resolve_data
 from searchgym.cli import main
@@ -107,20 +107,25 @@ def test_local_suite_reads_the_asearcher_layout(tmp_path, small_bundle, small_po
 
 # --- the sample store ------------------------------------------------------------------------------
 
+def stored_row(i, **extra):
+    return {"task_id": "t", "sample": i, "reward": 0.0, "verdicts": {}, "stats": dict.fromkeys(STATS_FIELDS, 0),
+            **extra}
+
+
 def test_store_drops_a_line_cut_by_a_kill_and_rewrites_the_file(tmp_path):
     path = tmp_path / "samples.jsonl"
     store = SampleStore(path)
     for i in range(3):
-        store.append({"task_id": "t", "sample": i, "x": "y" * 50})
+        store.append(stored_row(i, x="y" * 50))
     with pytest.raises(ValueError):
-        store.append({"task_id": "t", "sample": 0})
+        store.append(stored_row(0))
     data = path.read_bytes()
     path.write_bytes(data[: len(data) - 20])  # killed in the middle of writing the third line
     with pytest.warns(UserWarning, match="set aside 1 unusable"):
         again = SampleStore(path)
     assert set(again.rows) == {("t", 0), ("t", 1)}
     assert path.read_bytes() == data[: data.index(b"\n", data.index(b"\n") + 1) + 1]
-    again.append({"task_id": "t", "sample": 2})
+    again.append(stored_row(2))
     assert [json.loads(line)["sample"] for line in path.read_text().splitlines()] == [0, 1, 2]
 
 

@@ -110,7 +110,9 @@ async def complete_reply(model: ChatModel, messages: list[dict[str, Any]], **sam
     except asyncio.CancelledError:
         raise
     except Exception as e:  # noqa: BLE001 -- any failure of the call is the dependency's, reported with its cause
-        raise CallFailed("call", f"LLM endpoint {endpoint_of(model)} failed: {type(e).__name__}: {e}"[:600]) from None
+        endpoint, message = endpoint_of(model), str(e)
+        cause = message.removeprefix(f"{endpoint}: ") if message.startswith(endpoint) else f"{type(e).__name__}: {e}"
+        raise CallFailed("call", f"LLM endpoint {endpoint}: {cause}"[:600]) from None
     if finish == "length":
         raise CallFailed("cut off", f"the reply was cut at max_tokens={sampling.get('max_tokens')} "
                                     f"(finish_reason length)", output=text)

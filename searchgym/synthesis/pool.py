@@ -145,7 +145,7 @@ async def asynthesize(agent: QASynthesisAgent, seed_urls: Sequence[str], out: st
         log.append({"url": url, "failed": failure.reason, "detail": failure.detail[:500]})
         in_a_row += 1
         if stop_after is not None and in_a_row >= stop_after and stopped is None:
-            stopped = f"{in_a_row} seeds in a row failed on an LLM call (last: {failure})"
+            stopped = f"{in_a_row} seeds in a row failed on an LLM call"
 
     async def worker() -> None:
         nonlocal attempted
@@ -174,6 +174,8 @@ async def asynthesize(agent: QASynthesisAgent, seed_urls: Sequence[str], out: st
             record(url, None, candidate_to_task(cand, url, engine=engine_name, judge=judge_name))
 
     await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
+    if stopped is not None:
+        stopped += f"; {sum(1 for _ in queue)} seeds not tried"
     bar.close()
     elapsed = time.perf_counter() - t0
     total = accepted + sum(rejections.values())
@@ -205,6 +207,6 @@ def raise_on_failures(report: dict[str, Any]) -> None:
         head = f"all {run['seeds_tried']} seeds tried failed"
     else:
         head = f"{run['seeds_failed']} of {run['seeds_tried']} seeds failed"
-    stop = f"; stopped early: {report['stopped']}" if report["stopped"] else ""
-    raise DependencyFailed(f"{head} on an LLM call and stay unfinished (rerun to retry them): "
-                           f"{run['first_failure']}{stop}")
+    stop = f" (stopped early: {report['stopped']})" if report["stopped"] else ""
+    raise DependencyFailed(f"{head} on an LLM call and stay unfinished{stop}; rerun to retry them. "
+                           f"First: {run['first_failure']}")

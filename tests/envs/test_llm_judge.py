@@ -103,7 +103,7 @@ def test_verdicts_failures_and_cache():
     assert (again.correct, again.detail["calls"], again.detail["cached"]) == (True, 0, True)
     assert "Who founded Tessar Works?" in model.prompts[0] and "Kelda Voss" in model.prompts[0]
     assert unsure.error == "no verdict in the judge's output (after 3 tries)" and unsure.detail["calls"] == 3
-    assert down.error.startswith("judge call failed: LLM endpoint ScriptedChatModel failed: ConnectionError")
+    assert down.error.startswith("judge call failed: LLM endpoint ScriptedChatModel: ConnectionError")
     assert empty.error is None and not empty.correct
     assert judge.stats == {"calls": 5, "cache_hits": 1, "failures": 2}
 

@@ -6,10 +6,13 @@ import socket
 
 import pytest
 from aiohttp import web
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from searchgym.cli import main as cli_main
 from searchgym.bench.stand_in_llm import StandInLLM, serve_in_thread, stand_in_server
 from searchgym.envs.llm_calls import DependencyFailed
-from searchgym.eval.harness import run_eval
+from searchgym.eval.harness import ROW_FIELDS, STATS_FIELDS, SampleStore, run_eval
 from tests.conftest import WARM_ENV
 
 SYN = "searchgym/SyntheticQA-v0"
@@ -21,10 +24,13 @@ def fast_retries(monkeypatch):
     monkeypatch.setenv("SEARCHGYM_LLM_RETRIES", "1")
 
 
-def answering_agent():
-    """TEST DOUBLE: an OpenAI-compatible agent endpoint that answers every question at once with 'Velmora'."""
+def answering_agent(fails=None):
+    """TEST DOUBLE: an OpenAI-compatible agent endpoint that answers every question at once with 'Velmora';
+    `fails(prompt)` true makes it refuse that request with a 503 (as an overloaded server does)."""
     async def chat(request):
-        await request.json()
+        body = await request.json()
+        if fails is not None and fails(body["messages"][-1]["content"]):
+            return web.json_response({"error": {"message": "overloaded"}}, status=503, headers={"Retry-After": "0"})
         return web.json_response({"id": "a", "object": "chat.completion", "created": 0, "model": "agent",
                                   "choices": [{"index": 0, "finish_reason": "stop",
                                                "message": {"role": "assistant", "content": "<answer>Velmora</answer>"}}],
@@ -104,3 +110,51 @@ def test_a_row_missing_fields_is_reported_and_played_again_without_losing_the_ot
     assert len(kept) == 6 and [json.loads(line) for line in lines[:2]] == kept[:2]
     aside = [json.loads(line) for line in (out / "samples.damaged.jsonl").read_text().splitlines()]
     assert aside[0]["line"] == 3 and json.loads(aside[0]["text"]) == broken  # the user's row is kept, not lost
+
+
+def test_the_eval_command_exits_non_zero_naming_an_agent_outage_and_its_rerun_completes(tmp_path, capsys):
+    """The agent endpoint keeps failing for one question: its samples are failures (logged, counted, not scored),
+    the others are stored, the command exits 1 naming the cause; with the endpoint healthy the rerun plays them."""
+    import gymnasium as gym
+
+    out = tmp_path / "eval"
+    first = gym.make(SYN, **WARM_ENV).unwrapped.tasks[0].question
+    args = ["eval", "--env", SYN, "--k", "2", "--judge", "em", "--max-tasks", "3", "--out", str(out),
+            "--env-kwargs", json.dumps(WARM_ENV), "--max-new-tokens", "16", "--temperature", "0"]
+    with answering_agent(fails=lambda prompt: first in prompt) as agent:
+        assert cli_main([*args, "--engine", f"openai:{agent}/v1"]) == 1
+        err = capsys.readouterr().err
+        assert "2 of 6 episodes failed (rerun the command to retry them)" in err and "HTTP 503: overloaded" in err
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["metrics"]["samples"] == 4 and summary["failed_calls"]["agent"] == {"failures": 2, "pending": 2}
+    with answering_agent() as agent:
+        run = out / "run.json"
+        run.write_text(run.read_text().replace(json.loads(run.read_text())["engine"], f"openai:{agent}/v1"))
+        assert cli_main([*args, "--engine", f"openai:{agent}/v1"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["metrics"]["samples"] == 6 and summary["failed_calls"]["agent"] == {"failures": 2, "pending": 0}
+    assert len(rows(out)) == 6
+
+
+def _complete_row(i):
+    return {"task_id": "t", "sample": i, "reward": 0.5, "verdicts": {"em": {"score": 0.0, "correct": False}},
+            "stats": dict.fromkeys(STATS_FIELDS, 0)}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.sampled_from([*ROW_FIELDS, *(f"stats.{k}" for k in STATS_FIELDS)]), min_size=1, max_size=4,
+                unique=True))
+def test_any_missing_field_is_named_and_the_other_rows_load(tmp_path_factory, gone):
+    path = tmp_path_factory.mktemp("store") / "samples.jsonl"
+    broken = _complete_row(1)
+    for field in gone:
+        if field.startswith("stats.") and isinstance(broken.get("stats"), dict):
+            broken["stats"].pop(field.split(".", 1)[1])
+        else:
+            broken.pop(field, None)
+    path.write_text("".join(json.dumps(r) + "\n" for r in (_complete_row(0), broken, _complete_row(2))))
+    with pytest.warns(UserWarning, match="line 2: damaged \\(missing field"):
+        store = SampleStore(path)
+    assert set(store.rows) == {("t", 0), ("t", 2)} and store.damaged[0].line == 2
+    named = store.damaged[0].reason
+    assert any(repr(f) in named for f in gone if not f.startswith("stats.") or "stats" not in gone)

@@ -116,6 +116,9 @@ def markdown(summary: dict[str, Any]) -> str:
     if card:
         parts.append("## Protocol card\n\n" + _md_table(["field", "value"], card_rows(card)) + "\n")
     parts.append("## Scores\n\n" + _md_table(head, rows) + "\n\n" + _md_table(bhead, [brow]) + "\n")
+    pending = pending_failures(summary)
+    if pending:
+        parts.append("## Incomplete\n\n" + pending + "\n")
     for key, h, rs in breakdown_tables(summary):
         parts.append(f"## By {key}\n\n" + _md_table(h, rs) + "\n")
     agreement = summary.get("agreement")
@@ -125,6 +128,19 @@ def markdown(summary: dict[str, Any]) -> str:
     if summary.get("labels"):
         parts.append("## Judges against human labels\n\n" + _md_table(*labels_table(summary["labels"])) + "\n")
     return "\n".join(parts)
+
+
+def pending_failures(summary: dict[str, Any]) -> str:
+    """One sentence on the samples a dependency failed (not scored, completed by a rerun), or "" when none."""
+    failed = summary.get("failed_calls") or {}
+    parts = []
+    agent = (failed.get("agent") or {}).get("pending", 0)
+    if agent:
+        parts.append(f"{agent} samples whose agent failed are not stored")
+    for name, counts in (failed.get("judges") or {}).items():
+        if counts.get("pending"):
+            parts.append(f"{counts['pending']} verdicts of judge `{name}` failed (left out of its scores)")
+    return "; ".join(parts) + ". Rerun the same command to complete them." if parts else ""
 
 
 # --- plots -----------------------------------------------------------------------------------------------

@@ -127,13 +127,14 @@ def test_the_eval_command_exits_non_zero_naming_an_agent_outage_and_its_rerun_co
         assert "2 of 6 episodes failed (rerun the command to retry them)" in err and "HTTP 503: overloaded" in err
         summary = json.loads((out / "summary.json").read_text())
         assert summary["metrics"]["samples"] == 4 and summary["failed_calls"]["agent"] == {"failures": 2, "pending": 2}
+        assert "2 samples whose agent failed are not stored" in (out / "summary.md").read_text()
     with answering_agent() as agent:
         run = out / "run.json"
         run.write_text(run.read_text().replace(json.loads(run.read_text())["engine"], f"openai:{agent}/v1"))
         assert cli_main([*args, "--engine", f"openai:{agent}/v1"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["metrics"]["samples"] == 6 and summary["failed_calls"]["agent"] == {"failures": 2, "pending": 0}
-    assert len(rows(out)) == 6
+    assert len(rows(out)) == 6 and "## Incomplete" not in (out / "summary.md").read_text()
 
 
 def _complete_row(i):

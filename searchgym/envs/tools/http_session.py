@@ -20,6 +20,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from searchgym.envs.tools.server_limits import GuardedSite, ServerLimits
+
 logger = logging.getLogger(__name__)
 
 
@@ -66,15 +68,18 @@ class LoopSession:
 
 @contextlib.asynccontextmanager
 async def serve_app(app: web.Application, host: str = "127.0.0.1", port: int = 0,
-                    shutdown_timeout: float = 60.0) -> AsyncIterator[str]:
+                    shutdown_timeout: float = 60.0, limits: ServerLimits | None = None) -> AsyncIterator[str]:
     """Serve an aiohttp app on host:port (0 picks a free port) for the block; yields the base URL.
 
+    Connections obey `limits` (header and idle timeouts, a connection cap; ServerLimits() by default).
     On exit it stops accepting and lets in-flight requests finish (up to `shutdown_timeout`).
     """
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
+    limits = limits or ServerLimits()
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout,
+                           keepalive_timeout=limits.idle_timeout)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await GuardedSite(runner, host, port, limits).start()
         bound_host, bound_port = runner.addresses[0][:2]
         yield f"http://{bound_host}:{bound_port}"
     finally:

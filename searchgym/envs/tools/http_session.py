@@ -20,7 +20,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from searchgym.envs.tools.server_limits import GuardedSite, ServerLimits
+from searchgym.envs.tools.guarded_site import GuardedSite
+from searchgym.envs.tools.server_limits import ServerLimits
 
 logger = logging.getLogger(__name__)
 

@@ -169,7 +169,11 @@ def _serve_env(args: argparse.Namespace) -> None:
 
     print(f"serving {args.env_id} as an OpenEnv environment on http://{args.host}:{args.port} (WebSocket /ws)",
           flush=True)
-    serve(args.env_id, args.env_kwargs, host=args.host, port=args.port, max_sessions=args.max_sessions)
+    from searchgym.envs.tools.server_limits import limits_from_args
+
+    serve(args.env_id, args.env_kwargs, host=args.host, port=args.port, max_sessions=args.max_sessions,
+          limits=limits_from_args(args), max_body_bytes=args.max_body_bytes,
+          session_idle_timeout=args.session_idle_timeout)
 
 
 def _json_object(text: str) -> dict:
@@ -333,7 +337,7 @@ def _eval_compare(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from searchgym.envs.tools.server_limits import add_limit_flags, positive_int  # light: no aiohttp
+    from searchgym.envs.tools.server_limits import add_limit_flags, positive_int, seconds  # light: no aiohttp
 
     parser = argparse.ArgumentParser(prog="searchgym", description=__doc__)
     rooms = parser.add_subparsers(dest="command", required=True)
@@ -499,7 +503,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env-kwargs", type=_json_object, default={}, help="JSON kwargs for gym.make")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-sessions", type=int, default=64, help="concurrent client sessions (one env each)")
+    p.add_argument("--max-sessions", type=positive_int, default=64, help="concurrent client sessions (one env each)")
+    p.add_argument("--session-idle-timeout", type=seconds, default=600.0, metavar="S",
+                   help="close a session whose client has sent nothing for S seconds, freeing its slot (default 600)")
+    p.add_argument("--max-body-bytes", type=positive_int, default=2**20, metavar="N",
+                   help="largest request body or WebSocket message; a larger body is a 413 (default 1 MiB)")
+    add_limit_flags(p)
     p.set_defaults(run=_serve_env)
 
     model = rooms.add_parser("model", help="models").add_subparsers(dest="action", required=True)

@@ -50,7 +50,7 @@ class ServerLimits:
         return self.max_connections if self.max_connections is not None else default_max_connections()
 
 
-def _seconds(text: str) -> float:
+def seconds(text: str) -> float:
     """argparse type: a positive finite number of seconds."""
     try:
         value = float(text)
@@ -74,10 +74,10 @@ def positive_int(text: str) -> int:
 
 def add_limit_flags(parser: argparse.ArgumentParser) -> None:
     """`--header-timeout`, `--idle-timeout`, `--max-connections`: shared by `serve search` and `serve model`."""
-    parser.add_argument("--header-timeout", type=_seconds, default=DEFAULT_HEADER_TIMEOUT, metavar="S",
+    parser.add_argument("--header-timeout", type=seconds, default=DEFAULT_HEADER_TIMEOUT, metavar="S",
                         help="close a connection whose request head is not whole S seconds after it connects "
                              f"(default {DEFAULT_HEADER_TIMEOUT:g})")
-    parser.add_argument("--idle-timeout", type=_seconds, default=DEFAULT_IDLE_TIMEOUT, metavar="S",
+    parser.add_argument("--idle-timeout", type=seconds, default=DEFAULT_IDLE_TIMEOUT, metavar="S",
                         help=f"close a keep-alive connection idle for S seconds (default {DEFAULT_IDLE_TIMEOUT:g})")
     parser.add_argument("--max-connections", type=positive_int, default=None, metavar="N",
                         help="open connections past which new ones get a 503 with Retry-After "

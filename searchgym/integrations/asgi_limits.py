@@ -6,9 +6,9 @@ WebSocket sessions, and a header timeout for uvicorn's HTTP protocol.
 - `WebSocketIdleTimeout` closes a WebSocket whose client has sent nothing for `idle_s` seconds while the app
   waits for it (code 1001, the reason naming the setting); the app hears a disconnect and frees the session.
   Time the server spends answering does not count.
-- `guarded_http_protocol(header_timeout)` is uvicorn's HTTP protocol with a header timeout: uvicorn never times
-  out a connection that sends nothing, or only part of a request head (its keep-alive timer stops at the first
-  byte); this one answers 408 and closes it.
+- `guarded_http_protocol(header_timeout, idle_timeout)` is uvicorn's HTTP protocol with a header timeout: uvicorn
+  never times out a connection that sends nothing, or only part of a request head (its keep-alive timer stops at
+  the first byte); this one answers 408 and closes it, and closes an idle keep-alive connection.
 """
 from __future__ import annotations
 
@@ -124,23 +124,29 @@ class WebSocketIdleTimeout:
                 pending.cancel()
 
 
-def guarded_http_protocol(header_timeout: float) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol class (h11 or httptools, as uvicorn picks) with a header timeout."""
+def guarded_http_protocol(header_timeout: float, idle_timeout: float | None = None) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class (h11 or httptools, as uvicorn picks) with a header timeout: a new connection's
+    first head must be whole within `header_timeout` s, a later one within `idle_timeout` s (default the same) of
+    the last answer, bytes or no bytes."""
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+    later = header_timeout if idle_timeout is None else idle_timeout
+
     class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
-        """Each request head must be whole within `header_timeout` s of the connection opening or of the last answer."""
+        """Each request head must be whole in time; see guarded_http_protocol."""
 
         _header_timer: asyncio.TimerHandle | None = None
         _head_tail = b""
+        _head_started = False
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
             super().connection_made(transport)
-            self._arm()
+            self._arm(header_timeout)
 
         def data_received(self, data: bytes) -> None:
             if self._header_timer is not None:
                 seen = self._head_tail + data
+                self._head_started = True
                 if b"\r\n\r\n" in seen or b"\n\n" in seen:
                     self._disarm()
                 else:
@@ -150,32 +156,34 @@ def guarded_http_protocol(header_timeout: float) -> type[asyncio.Protocol]:
         def on_response_complete(self) -> None:
             super().on_response_complete()
             if not self.transport.is_closing():
-                self._arm()
+                self._arm(later)
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
 
-        def _arm(self) -> None:
+        def _arm(self, delay: float) -> None:
             self._disarm()
-            self._head_tail = b""
-            self._header_timer = asyncio.get_running_loop().call_later(header_timeout, self._too_slow)
+            self._head_tail, self._head_started = b"", False
+            self._header_timer = asyncio.get_running_loop().call_later(delay, self._too_slow, delay)
 
         def _disarm(self) -> None:
             if self._header_timer is not None:
                 self._header_timer.cancel()
                 self._header_timer = None
 
-        def _too_slow(self) -> None:
+        def _too_slow(self, delay: float) -> None:
             self._header_timer = None
             cycle = getattr(self, "cycle", None)
             if cycle is not None and not cycle.response_complete:
                 return  # a request is being answered (its head came pipelined): not ours to cut
-            if not self.transport.is_closing():
-                body = json.dumps({"detail": f"no whole request head within {header_timeout:g} s "
-                                             "(header_timeout)"}).encode()
+            if self.transport.is_closing():
+                return
+            if self._head_started or cycle is None:  # part of a head, or nothing since connecting: say why
+                setting = "header_timeout" if cycle is None else "idle_timeout"
+                body = json.dumps({"detail": f"no whole request head within {delay:g} s ({setting})"}).encode()
                 self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
                                      b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
-                self.transport.close()
+            self.transport.close()  # an idle keep-alive connection just closes, as aiohttp's does
 
     return GuardedHTTPProtocol

@@ -312,7 +312,8 @@ def uvicorn_options(limits: ServerLimits, max_body_bytes: int = MAX_BODY_BYTES) 
     cap (uvicorn answers 503 past it), the request-head size and the WebSocket message size."""
     from searchgym.integrations.asgi_limits import guarded_http_protocol
 
-    return {"http": guarded_http_protocol(limits.header_timeout), "timeout_keep_alive": limits.idle_timeout,
+    return {"http": guarded_http_protocol(limits.header_timeout, limits.idle_timeout),
+            "timeout_keep_alive": limits.idle_timeout,
             "limit_concurrency": limits.connection_cap, "h11_max_incomplete_event_size": 64 * 2**10,
             "ws_max_size": max_body_bytes}
 

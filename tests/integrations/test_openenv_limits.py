@@ -184,6 +184,25 @@ def test_uvicorn_closes_silent_and_half_sent_connections_after_the_header_timeou
             sock.close()
 
 
+def test_uvicorn_closes_an_idle_keep_alive_connection_and_a_late_half_head_after_the_idle_timeout(limited_url):
+    port = int(limited_url.rsplit(":", 1)[1])
+    replies = []
+    for then in (b"", b"GET /health HTTP/1.1\r\n"):  # after one answer: silence, or half of the next head
+        with socket.create_connection(("127.0.0.1", port), timeout=15) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            first = sock.recv(65536)
+            while not first.endswith(b"}"):  # the head and the JSON body may come apart
+                first += sock.recv(65536)
+            assert first.startswith(b"HTTP/1.1 200")
+            sock.sendall(then)
+            started, reply = time.monotonic(), b""
+            while chunk := sock.recv(4096):
+                reply += chunk
+            assert 1.5 < time.monotonic() - started < 10  # the fixture's 2 s idle timeout, not the 1 s header one
+            replies.append(reply)
+    assert replies[0] == b"" and replies[1].startswith(b"HTTP/1.1 408") and b"idle_timeout" in replies[1]
+
+
 def test_serve_env_flags_are_checked():
     from searchgym.cli import build_parser
 

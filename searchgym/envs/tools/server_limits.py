@@ -1,7 +1,8 @@
 """Socket-level limits of our aiohttp servers (`serve search`, `serve model`): the settings and their flags.
 
-aiohttp (before 3.10 or so) never times out a connection that connects and sends nothing, or only part of a
-request head, and it accepts connections until the process runs out of file descriptors. ServerLimits says
+aiohttp closes a connection that connects and sends nothing, or only part of a request head, only after its
+3,630 s keep-alive (older releases never), and it accepts connections until the process runs out of file
+descriptors. ServerLimits says
 how long a client may take to send its first request head (`header_timeout`), how long a keep-alive
 connection may sit idle (`idle_timeout`, which also bounds a later head), and how many connections may be
 open at once (`max_connections`; past it a new one is answered 503 with Retry-After). guarded_site.py

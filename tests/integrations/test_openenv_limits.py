@@ -26,6 +26,7 @@ from tests.integrations.conftest import ENV_KWARGS, free_port, wait_until  # noq
 ENV_ID = "searchgym/SyntheticQA-v0"
 IDLE_S = 1.5
 MAX_BODY = 64 * 2**10
+CAP = 50  # connections
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def limited_url():
 
     port = free_port()
     app = make_app(ENV_ID, ENV_KWARGS, max_sessions=4, max_body_bytes=MAX_BODY, session_idle_timeout=IDLE_S)
-    limits = ServerLimits(header_timeout=1.0, idle_timeout=2.0, max_connections=200)
+    limits = ServerLimits(header_timeout=1.0, idle_timeout=2.0, max_connections=CAP)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                           **uvicorn_options(limits, MAX_BODY)))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -167,7 +168,7 @@ def test_an_unknown_step_field_is_named(limited_url):
 
 def test_uvicorn_closes_silent_and_half_sent_connections_after_the_header_timeout(limited_url):
     port = int(limited_url.rsplit(":", 1)[1])
-    held = [socket.create_connection(("127.0.0.1", port), timeout=15) for _ in range(60)]
+    held = [socket.create_connection(("127.0.0.1", port), timeout=15) for _ in range(CAP - 10)]
     try:
         for sock in held[::2]:
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # half a head; the others send nothing
@@ -182,6 +183,29 @@ def test_uvicorn_closes_silent_and_half_sent_connections_after_the_header_timeou
     finally:
         for sock in held:
             sock.close()
+
+
+def test_past_the_connection_cap_uvicorn_answers_503_until_held_sockets_time_out(limited_url):
+    port = int(limited_url.rsplit(":", 1)[1])
+    held = [socket.create_connection(("127.0.0.1", port), timeout=15) for _ in range(CAP)]
+    try:
+        response = requests.get(f"{limited_url}/health", timeout=10)
+        assert response.status_code == 503  # full: refused cleanly, not queued
+        wait_until(lambda: requests.get(f"{limited_url}/health", timeout=10).status_code == 200,
+                   "the held sockets' header timeout to free the server", limit=15)
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_an_idle_http_mcp_session_is_reaped_too(limited_url):
+    """OpenEnv's HTTP MCP sessions hold a slot as a WebSocket does; its reaper frees them after the idle timeout."""
+    before = open_sessions()
+    created = requests.post(f"{limited_url}/mcp", json={"jsonrpc": "2.0", "method": "openenv/session/create",
+                                                        "params": {}, "id": 1}, timeout=30)
+    assert created.status_code == 200 and created.json()["result"]["session_id"]
+    assert open_sessions() == before + 1
+    wait_until(lambda: open_sessions() == before, "the idle MCP session to be reaped", limit=30)  # checked every 5 s
 
 
 def test_uvicorn_closes_an_idle_keep_alive_connection_and_a_late_half_head_after_the_idle_timeout(limited_url):

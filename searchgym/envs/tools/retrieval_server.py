@@ -203,12 +203,16 @@ class _RetrievalServer:
         """POST /retrieve: a batch of queries answered concurrently, in order."""
         queries, topk, scores, snippet = await self._off_loop(self._retrieve_args, await request.read())
         results = await self.docs_all(queries, topk, snippet)
+        at_least = sum(len(doc["contents"]) + len(doc["text"]) for docs in results for doc, _ in docs)
+        advice = "send fewer queries, a smaller topk or \"snippet\": true"
+        check(at_least <= self.max_reply_bytes,  # refused before encoding: no second copy of an oversized reply
+              f"the reply would be more than {at_least:,} bytes, more than the {self.max_reply_bytes:,} one reply "
+              f"may hold (max_reply_bytes): {advice}, or start the server with a higher --max-reply-bytes")
         if scores:
             rows: list[list[Any]] = [[{"document": doc, "score": s} for doc, s in docs] for docs in results]
         else:
             rows = [[doc for doc, _ in docs] for docs in results]
-        return await self._off_loop(self._reply, {"result": rows},
-                                    "send fewer queries, a smaller topk or \"snippet\": true")
+        return await self._off_loop(self._reply, {"result": rows}, advice)
 
     def _reply(self, payload: Any, advice: str) -> web.Response:
         """The JSON response (encoded on a pool thread), or a 400 when it is longer than max_reply_bytes."""

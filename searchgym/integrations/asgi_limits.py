@@ -33,10 +33,11 @@ async def _send_json(send: Send, status: int, detail: str) -> None:
 
 
 class BodyLimit:
-    """ASGI middleware: a request body over `max_bytes` is a 413 naming the setting, never read whole."""
+    """ASGI middleware: a request body over `max_bytes` is a 413 naming the setting, never read whole; one not
+    whole `timeout_s` seconds after its head is a 408 (a client that stalls mid-body holds nothing for long)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 60.0) -> None:
+        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
 
     def _too_large(self, size: str) -> str:
         return f"request body of {size} bytes is over the {self.max_bytes:,}-byte cap (max_body_bytes)"
@@ -53,12 +54,25 @@ class BodyLimit:
             if int(length) > self.max_bytes:
                 await _send_json(send, 413, self._too_large(f"{int(length):,}"))
                 return
-        seen, refused, started = 0, False, False
+        seen, refused, started, whole = 0, False, False, False
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
 
         async def counted() -> Message:
-            nonlocal seen, refused
-            message = await receive()
-            if message["type"] == "http.request" and not refused:
+            nonlocal seen, refused, whole
+            if refused:
+                return {"type": "http.disconnect"}
+            if whole:  # after the body: a wait for the client's disconnect, however long
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
+            except asyncio.TimeoutError:
+                refused = True
+                if not started:
+                    await _send_json(send, 408, f"the request body did not arrive whole within {self.timeout_s:g} s "
+                                                "(body_timeout)")
+                return {"type": "http.disconnect"}
+            whole = message["type"] != "http.request" or not message.get("more_body", False)
+            if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
                     refused = True
@@ -70,7 +84,7 @@ class BodyLimit:
         async def guarded_send(message: Message) -> None:
             nonlocal started
             if refused:
-                return  # the 413 is the answer
+                return  # the 413 or 408 is the answer
             started = True
             await send(message)
 

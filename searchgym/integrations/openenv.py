@@ -252,10 +252,11 @@ def open_sessions() -> int:
 
 def make_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *, max_sessions: int = 64,
              process_reward: str | None = None, process_weight: float = 0.0, process_threshold: float = 0.0,
-             max_body_bytes: int = MAX_BODY_BYTES, session_idle_timeout: float = SESSION_IDLE_TIMEOUT) -> Any:
+             max_body_bytes: int = MAX_BODY_BYTES, session_idle_timeout: float = SESSION_IDLE_TIMEOUT,
+             body_timeout: float = 60.0) -> Any:
     """The FastAPI app that serves `env_id` with OpenEnv's server (one env per WebSocket session).
 
-    A body over `max_body_bytes` is a 413 before it is read; a session silent for `session_idle_timeout` seconds
+    A body over `max_body_bytes` is a 413 before it is read, one not whole `body_timeout` s after its head a 408; a session silent for `session_idle_timeout` seconds
     is closed and its slot freed (WebSocket sessions here, HTTP MCP sessions by OpenEnv's reaper); a reset or step
     field of the wrong type or range, or unknown, is a 422 naming it.
     """
@@ -268,6 +269,7 @@ def make_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *, max_sessi
     _check_setting("max_sessions", max_sessions, whole=True)
     _check_setting("max_body_bytes", max_body_bytes, whole=True)
     _check_setting("session_idle_timeout", session_idle_timeout)
+    _check_setting("body_timeout", body_timeout)
     if env_id not in gym.registry:
         raise ValueError(f"unknown env id {env_id!r}; registered searchgym ids: "
                          f"{sorted(i for i in gym.registry if i.startswith('searchgym/'))}")
@@ -284,7 +286,7 @@ def make_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *, max_sessi
 
     app.add_exception_handler(BadField, bad_field)
     app.add_middleware(WebSocketIdleTimeout, idle_s=session_idle_timeout)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, timeout_s=body_timeout)
     return app
 
 
@@ -301,10 +303,10 @@ def serve(env_id: str, env_kwargs: dict[str, Any] | None = None, *, host: str = 
     """Serve `env_id` until interrupted (what `searchgym serve env` runs), its connections under `limits`."""
     import uvicorn
 
+    limits = limits or ServerLimits()
     app = make_app(env_id, env_kwargs, max_sessions=max_sessions, max_body_bytes=max_body_bytes,
-                   session_idle_timeout=session_idle_timeout, **reward_options)
-    uvicorn.run(app, host=host, port=port, log_level="warning", **uvicorn_options(limits or ServerLimits(),
-                                                                                  max_body_bytes))
+                   session_idle_timeout=session_idle_timeout, body_timeout=limits.body_timeout, **reward_options)
+    uvicorn.run(app, host=host, port=port, log_level="warning", **uvicorn_options(limits, max_body_bytes))
 
 
 def uvicorn_options(limits: ServerLimits, max_body_bytes: int = MAX_BODY_BYTES) -> dict[str, Any]:

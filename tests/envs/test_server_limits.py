@@ -12,7 +12,7 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
-from searchgym.envs.tools.http_session import serve_app
+from searchgym.envs.tools.http_session import json_body, serve_app
 from searchgym.envs.tools.server_limits import ServerLimits
 
 
@@ -143,11 +143,31 @@ async def test_past_the_connection_cap_new_clients_get_503_and_established_ones_
                 writer.close()
 
 
+async def test_a_body_that_stalls_after_its_head_is_a_408_and_others_are_served():
+    async def echo(request: web.Request) -> web.Response:  # json_body reads through read_body, as every route does
+        return web.json_response(await json_body(request))
+
+    app = hello_app()
+    app.router.add_post("/echo", echo)
+    async with serve_app(app, limits=ServerLimits(body_timeout=1.0), shutdown_timeout=0.5) as url:
+        reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"a\": ")  # then nothing more
+        started = time.monotonic()
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/echo", json={"a": 1}) as resp:  # another client, meanwhile
+                assert resp.status == 200 and await resp.json() == {"a": 1}
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 8
+        assert b"body_timeout" in await asyncio.wait_for(reader.read(200), 5)
+        writer.close()
+
+
 bad_seconds = st.one_of(st.floats(max_value=0), st.just(float("inf")), st.just(float("nan")), st.booleans(),
                         st.text(max_size=3), st.none())
 
 
-@given(key=st.sampled_from(["header_timeout", "idle_timeout"]), value=bad_seconds)
+@given(key=st.sampled_from(["header_timeout", "idle_timeout", "body_timeout"]), value=bad_seconds)
 def test_bad_timeouts_are_refused_naming_the_setting(key, value):
     with pytest.raises(ValueError, match=key):
         ServerLimits(**{key: value})

@@ -44,7 +44,8 @@ def limited_url():
     import uvicorn
 
     port = free_port()
-    app = make_app(ENV_ID, ENV_KWARGS, max_sessions=4, max_body_bytes=MAX_BODY, session_idle_timeout=IDLE_S)
+    app = make_app(ENV_ID, ENV_KWARGS, max_sessions=4, max_body_bytes=MAX_BODY, session_idle_timeout=IDLE_S,
+                   body_timeout=1.0)
     limits = ServerLimits(header_timeout=1.0, idle_timeout=2.0, max_connections=CAP)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                           **uvicorn_options(limits, MAX_BODY)))
@@ -106,6 +107,17 @@ def test_a_body_over_the_cap_is_refused_before_it_is_read(limited_url):
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=10)
         assert closed.value.rcvd.code == 1009
+
+
+def test_a_body_that_stalls_after_its_head_is_a_408(limited_url):
+    with socket.create_connection(("127.0.0.1", int(limited_url.rsplit(":", 1)[1])), timeout=15) as sock:
+        sock.sendall(b"POST /step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"action\": ")  # then nothing more
+        started, reply = time.monotonic(), b""
+        while b"body_timeout" not in reply and (chunk := sock.recv(65536)):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 408") and b"body_timeout" in reply
+    assert time.monotonic() - started < 8  # the 1 s body timeout, not never
 
 
 def test_reset_indices_at_the_edges(limited_url, n_tasks):
@@ -231,11 +243,12 @@ def test_serve_env_flags_are_checked():
     from searchgym.cli import build_parser
 
     args = build_parser().parse_args(["serve", "env", ENV_ID])
-    assert (args.session_idle_timeout, args.max_body_bytes, args.header_timeout) == (600.0, 2**20, 15.0)
+    assert (args.session_idle_timeout, args.max_body_bytes, args.header_timeout, args.body_timeout) == (600.0, 2**20,
+                                                                                                      15.0, 60.0)
     for flag, value in (("--session-idle-timeout", "0"), ("--max-body-bytes", "-5"), ("--max-sessions", "0"),
                         ("--max-connections", "x"), ("--header-timeout", "nan")):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", "env", ENV_ID, flag, value])
-    for key, value in (("max_sessions", 0), ("max_body_bytes", 1.5), ("session_idle_timeout", -1)):
+    for key, value in (("max_sessions", 0), ("max_body_bytes", 1.5), ("session_idle_timeout", -1), ("body_timeout", 0)):
         with pytest.raises(ValueError, match=key):
             make_app(ENV_ID, ENV_KWARGS, **{key: value})

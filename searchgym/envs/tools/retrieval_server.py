@@ -43,7 +43,8 @@ from aiohttp import web
 
 from searchgym.envs.tools.base import Page, PageBackend, PageNotFound, SearchBackend, SearchHit
 from searchgym.envs.tools.corpus import join_contents
-from searchgym.envs.tools.http_session import BadRequest, check, error_middleware, serve_app, wait_for_signal
+from searchgym.envs.tools.http_session import (BadRequest, check, error_middleware, read_body, serve_app,
+                                               wait_for_signal)
 from searchgym.envs.tools.server_limits import ServerLimits, add_limit_flags, limits_from_args
 
 logger = logging.getLogger(__name__)
@@ -201,7 +202,7 @@ class _RetrievalServer:
 
     async def handle_retrieve(self, request: web.Request) -> web.Response:
         """POST /retrieve: a batch of queries answered concurrently, in order."""
-        queries, topk, scores, snippet = await self._off_loop(self._retrieve_args, await request.read())
+        queries, topk, scores, snippet = await self._off_loop(self._retrieve_args, await read_body(request))
         results = await self.docs_all(queries, topk, snippet)
         at_least = sum(len(doc["contents"]) + len(doc["text"]) for docs in results for doc, _ in docs)
         advice = "send fewer queries, a smaller topk or \"snippet\": true"
@@ -226,7 +227,7 @@ class _RetrievalServer:
         """POST /access: pages by url (or doc id), null where there is no such page."""
         if self.pages is None:
             raise web.HTTPNotFound(text="this server has no page backend")
-        raw = await request.read()
+        raw = await read_body(request)
         urls = await self._off_loop(lambda: _strings(parse_body(raw), "urls", self.max_urls))
         if callable(getattr(self.pages, "get_page", None)):  # blocking lookups: the whole batch in one pool call
             rows = await self._off_loop(lambda: [None if p is None else page_row(p) for p in map(self._page_sync, urls)])

@@ -4,8 +4,8 @@ aiohttp closes a connection that connects and sends nothing, or only part of a r
 3,630 s keep-alive (older releases never), and it accepts connections until the process runs out of file
 descriptors. ServerLimits says
 how long a client may take to send its first request head (`header_timeout`), how long a keep-alive
-connection may sit idle (`idle_timeout`, which also bounds a later head), and how many connections may be
-open at once (`max_connections`; past it a new one is answered 503 with Retry-After). guarded_site.py
+connection may sit idle (`idle_timeout`, which also bounds a later head), how long a request body may take
+once its head is in (`body_timeout`), and how many connections may be open at once (`max_connections`; past it a new one is answered 503 with Retry-After). guarded_site.py
 enforces them.
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 DEFAULT_HEADER_TIMEOUT = 15.0
 DEFAULT_IDLE_TIMEOUT = 75.0  # above aiohttp's client-side 15 s pool keep-alive, so a pooled request never races a close
+DEFAULT_BODY_TIMEOUT = 60.0  # a 64 MiB body at 10 Mbit/s takes ~55 s; over loopback it is milliseconds
 DEFAULT_MAX_CONNECTIONS = 4096  # above SGLangEngine's 1,024-connection pool and 1,000 load-bench clients
 FD_RESERVE = 128  # descriptors kept for files, the listening socket and refused connections' short lives
 
@@ -35,9 +36,10 @@ class ServerLimits:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
     max_connections: int | None = None  # None: DEFAULT_MAX_CONNECTIONS within the descriptor limit
+    body_timeout: float = DEFAULT_BODY_TIMEOUT  # a request body must arrive whole this long after its head
 
     def __post_init__(self) -> None:
-        for key in ("header_timeout", "idle_timeout"):
+        for key in ("header_timeout", "idle_timeout", "body_timeout"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
                 raise ValueError(f"{key} must be a positive finite number of seconds, got {value!r}")
@@ -80,6 +82,9 @@ def add_limit_flags(parser: argparse.ArgumentParser) -> None:
                              f"(default {DEFAULT_HEADER_TIMEOUT:g})")
     parser.add_argument("--idle-timeout", type=seconds, default=DEFAULT_IDLE_TIMEOUT, metavar="S",
                         help=f"close a keep-alive connection idle for S seconds (default {DEFAULT_IDLE_TIMEOUT:g})")
+    parser.add_argument("--body-timeout", type=seconds, default=DEFAULT_BODY_TIMEOUT, metavar="S",
+                        help="answer 408 to a request whose body is not whole S seconds after its head "
+                             f"(default {DEFAULT_BODY_TIMEOUT:g})")
     parser.add_argument("--max-connections", type=positive_int, default=None, metavar="N",
                         help="open connections past which new ones get a 503 with Retry-After "
                              f"(default {DEFAULT_MAX_CONNECTIONS}, fewer under a lower `ulimit -n`)")
@@ -88,4 +93,4 @@ def add_limit_flags(parser: argparse.ArgumentParser) -> None:
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:
     """The ServerLimits that add_limit_flags' flags ask for."""
     return ServerLimits(header_timeout=args.header_timeout, idle_timeout=args.idle_timeout,
-                        max_connections=args.max_connections)
+                        max_connections=args.max_connections, body_timeout=args.body_timeout)

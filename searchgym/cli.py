@@ -149,7 +149,6 @@ def _bench_env(args: argparse.Namespace) -> None:
 
 def _serve_model(args: argparse.Namespace) -> None:
     from searchgym.agents.server import run_server
-
     from searchgym.envs.tools.server_limits import limits_from_args
 
     run_server(args.model, host=args.host, port=args.port, device=args.device, limits=limits_from_args(args))

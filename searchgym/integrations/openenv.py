@@ -256,9 +256,10 @@ def make_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *, max_sessi
              body_timeout: float = 60.0) -> Any:
     """The FastAPI app that serves `env_id` with OpenEnv's server (one env per WebSocket session).
 
-    A body over `max_body_bytes` is a 413 before it is read, one not whole `body_timeout` s after its head a 408; a session silent for `session_idle_timeout` seconds
-    is closed and its slot freed (WebSocket sessions here, HTTP MCP sessions by OpenEnv's reaper); a reset or step
-    field of the wrong type or range, or unknown, is a 422 naming it.
+    A body over `max_body_bytes` is a 413 before it is read, one not whole `body_timeout` s after its head a 408;
+    a session silent for `session_idle_timeout` seconds is closed and its slot freed (WebSocket sessions here, HTTP
+    MCP sessions by OpenEnv's reaper); a reset or step field of the wrong type or range, or unknown, is a 422
+    naming it.
     """
     from fastapi.responses import JSONResponse
     from openenv.core.env_server.http_server import create_fastapi_app

@@ -720,11 +720,11 @@ async def test_max_queries_flag_caps_a_request_and_the_400_names_it(small_bundle
 
 
 async def test_serve_search_closes_held_sockets_and_its_descriptors_return_to_baseline(small_bundle, http, tmp_path):
-    """The issue's case: 1,000 half-open sockets stayed open forever (descriptors 7 -> 985). With --header-timeout 1
+    """The issue's case: 1,000 half-open sockets stayed open forever (descriptors 7 -> 985). With --header-timeout 5
     they are closed (a 408 each), normal clients are served meanwhile, the server's descriptor count returns to
     where it was, and --max-docs bounds a reply."""
     n = min(1000, (resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 200))
-    flags = ("--header-timeout", "1", "--idle-timeout", "5", "--max-connections", str(n + 50), "--max-docs", "10")
+    flags = ("--header-timeout", "5", "--idle-timeout", "5", "--max-connections", str(n + 50), "--max-docs", "10")
     async with serve_search_process(small_bundle / "index", tmp_path / "server.log", *flags) as (url, proc):
         server_fds = lambda: len(os.listdir(f"/proc/{proc.pid}/fd"))  # noqa: E731
         await asyncio.sleep(0.5)
@@ -737,8 +737,13 @@ async def test_serve_search_closes_held_sockets_and_its_descriptors_return_to_ba
         for i, (_, writer) in enumerate(held):
             if i % 2:
                 writer.write(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n")
-        await asyncio.sleep(0.3)
-        assert server_fds() >= baseline + n * 0.9  # the server really holds them
+        peak = server_fds()
+        for _ in range(80):  # the server accepts them at its own pace (a busy CI box is slow)
+            if peak >= baseline + n * 0.9:
+                break
+            await asyncio.sleep(0.05)
+            peak = max(peak, server_fds())
+        assert peak >= baseline + n * 0.9  # the server really holds them
         for _ in range(5):  # normal clients are served beside them
             status, body = await post(http, url + "/retrieve", {"queries": [QUERY], "topk": 1})
             assert status == 200 and body["result"][0][0]["title"] == QUERY

@@ -151,15 +151,18 @@ def _bench_env(args: argparse.Namespace) -> None:
 
 def _serve_model(args: argparse.Namespace) -> None:
     from searchgym.agents.server import run_server
+    from searchgym.envs.tools.server_limits import limits_from_args
 
-    run_server(args.model, host=args.host, port=args.port, device=args.device)
+    run_server(args.model, host=args.host, port=args.port, device=args.device, limits=limits_from_args(args))
 
 
 def _serve_search(args: argparse.Namespace) -> None:
     from searchgym.envs.tools.retrieval_server import run_server
+    from searchgym.envs.tools.server_limits import limits_from_args
 
     run_server(args.index, host=args.host, port=args.port, threads=args.threads, snippets=args.snippets,
-               max_queries=args.max_queries)
+               max_queries=args.max_queries, max_docs=args.max_docs, max_reply_bytes=args.max_reply_bytes,
+               limits=limits_from_args(args))
 
 
 def _serve_env(args: argparse.Namespace) -> None:
@@ -167,7 +170,11 @@ def _serve_env(args: argparse.Namespace) -> None:
 
     print(f"serving {args.env_id} as an OpenEnv environment on http://{args.host}:{args.port} (WebSocket /ws)",
           flush=True)
-    serve(args.env_id, args.env_kwargs, host=args.host, port=args.port, max_sessions=args.max_sessions)
+    from searchgym.envs.tools.server_limits import limits_from_args
+
+    serve(args.env_id, args.env_kwargs, host=args.host, port=args.port, max_sessions=args.max_sessions,
+          limits=limits_from_args(args), max_body_bytes=args.max_body_bytes,
+          session_idle_timeout=args.session_idle_timeout)
 
 
 def _json_object(text: str) -> dict:
@@ -331,6 +338,8 @@ def _eval_compare(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from searchgym.envs.tools.server_limits import add_limit_flags, positive_int, seconds  # light: no aiohttp
+
     parser = argparse.ArgumentParser(prog="searchgym", description=__doc__)
     rooms = parser.add_subparsers(dest="command", required=True)
 
@@ -472,6 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--device", default="cpu")
+    add_limit_flags(p)
     p.set_defaults(run=_serve_model)
     p = serve.add_parser("search", help="a search index behind the Search-R1/ASearcher retrieval API (/retrieve, /access)")
     p.add_argument("--index", type=Path, required=True, help="an index directory from `searchgym index build`")
@@ -483,13 +493,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queries", type=int, default=4096, metavar="N",  # retrieval_server.MAX_QUERIES (not imported:
                    help="most queries one /retrieve request may hold; more is a 400 "  # the CLI stays light)
                         "(default 4096, above the 2,560 Search-R1's training sends)")
+    p.add_argument("--max-docs", type=positive_int, default=16384, metavar="N",  # retrieval_server.MAX_DOCS
+                   help="most documents (queries x topk) one /retrieve reply may hold; more is a 400 (default 16384)")
+    p.add_argument("--max-reply-bytes", type=positive_int, default=64 * 2**20, metavar="N",
+                   help="longest encoded reply; a longer one is a 400 naming the fields to shrink (default 64 MiB)")
+    add_limit_flags(p)
     p.set_defaults(run=_serve_search)
     p = serve.add_parser("env", help="a registered env id as an OpenEnv environment server (needs searchgym[openenv])")
     p.add_argument("env_id", help="e.g. searchgym/SyntheticQA-v0")
     p.add_argument("--env-kwargs", type=_json_object, default={}, help="JSON kwargs for gym.make")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-sessions", type=int, default=64, help="concurrent client sessions (one env each)")
+    p.add_argument("--max-sessions", type=positive_int, default=64, help="concurrent client sessions (one env each)")
+    p.add_argument("--session-idle-timeout", type=seconds, default=600.0, metavar="S",
+                   help="close a session whose client has sent nothing for S seconds, freeing its slot (default 600)")
+    p.add_argument("--max-body-bytes", type=positive_int, default=2**20, metavar="N",
+                   help="largest request body or WebSocket message; a larger body is a 413 (default 1 MiB)")
+    add_limit_flags(p)
     p.set_defaults(run=_serve_env)
 
     model = rooms.add_parser("model", help="models").add_subparsers(dest="action", required=True)

@@ -34,6 +34,7 @@ from pydantic import Field
 
 import searchgym
 from searchgym.envs.rewards import PROCESS_MODES, episode_reward, judge_error
+from searchgym.envs.tools.server_limits import ServerLimits
 from searchgym.integrations.actions import tool_call_action
 
 EITHER_FORM = ("An action is either `text` (a whole turn, as a model writes it) or `tool` with `argument` "
@@ -42,6 +43,23 @@ EITHER_FORM = ("An action is either `text` (a whole turn, as a model writes it) 
 NOT_STARTED = "No episode has started: reset first. Nothing was run."
 
 _OPEN_ENVS: "weakref.WeakSet[SearchGymEnvironment]" = weakref.WeakSet()  # server-side envs not yet closed
+
+RESET_FIELDS = ("seed", "episode_id", "task_id", "index")
+STEP_FIELDS = ("timeout_s", "request_id")  # OpenEnv's StepRequest fields besides the action
+MAX_BODY_BYTES = 1 * 2**20  # an action or reset body; a whole model turn is tens of kB
+SESSION_IDLE_TIMEOUT = 600.0  # a WebSocket session silent this long is closed and its slot freed
+
+
+class BadField(ValueError):
+    """A reset or step field a client sent wrong: a 422 naming it over HTTP, an error frame over the WebSocket."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _whole_number(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class SearchAction(Action):
@@ -100,8 +118,9 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
     # --- reset -----------------------------------------------------------------------------
 
     async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
-                          task_id: str | None = None, index: int | None = None) -> SearchObservation:
+                          task_id: str | None = None, index: int | None = None, **unknown: Any) -> SearchObservation:
         """Start an episode: on `task_id`, on `index`, or on a task drawn with `seed`."""
+        self._check_reset(seed, episode_id, task_id, index, unknown)
         options = self._options(task_id, index)
         if isinstance(options, SearchObservation):
             return options
@@ -109,13 +128,34 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
         return self._started(obs, info, episode_id)
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str | None = None,
-              index: int | None = None) -> SearchObservation:
+              index: int | None = None, **unknown: Any) -> SearchObservation:
         """Sync form of `reset_async`."""
+        self._check_reset(seed, episode_id, task_id, index, unknown)
         options = self._options(task_id, index)
         if isinstance(options, SearchObservation):
             return options
         obs, info = self._env.reset(seed=seed, options=options)
         return self._started(obs, info, episode_id)
+
+    def _check_reset(self, seed: Any, episode_id: Any, task_id: Any, index: Any, unknown: dict[str, Any]) -> None:
+        """BadField for a reset field of the wrong type or range, both task_id and index, or an unknown field
+        (each was a 500, a silent coercion, a wrap-around or silently ignored)."""
+        if unknown:
+            name = sorted(unknown)[0]
+            raise BadField(name, f"unknown reset field {name!r}; reset takes {', '.join(RESET_FIELDS)}")
+        if seed is not None and not (_whole_number(seed) and seed >= 0):
+            raise BadField("seed", f"seed must be a whole number of at least 0, got {seed!r}")
+        if episode_id is not None and not (isinstance(episode_id, str) and len(episode_id) <= 255):
+            raise BadField("episode_id", f"episode_id must be a string of at most 255 characters, got {episode_id!r:.80}")
+        if task_id is not None and not isinstance(task_id, str):
+            raise BadField("task_id", f"task_id must be a string, got {task_id!r:.80}")
+        if index is not None:
+            n = len(self._env.tasks)
+            if not (_whole_number(index) and 0 <= index < n):
+                raise BadField("index", f"index must be a whole number in [0, {n}) (the pool holds {n} tasks), "
+                                        f"got {index!r:.80}")
+            if task_id is not None:
+                raise BadField("index", "give task_id or index, not both")
 
     def _options(self, task_id: str | None, index: int | None) -> dict[str, Any] | SearchObservation | None:
         """Reset options, or an observation saying why the requested task does not exist."""
@@ -126,7 +166,7 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
                 self._state = SearchState(env_id=self.env_id)
                 return SearchObservation(text=f"Cannot reset: {e.args[0]}.", done=True, reward=None)
             return {"task_id": task_id}
-        return None if index is None else {"index": int(index)}
+        return None if index is None else {"index": index}
 
     def _started(self, obs: str, info: dict[str, Any], episode_id: str | None) -> SearchObservation:
         self._infos = []
@@ -139,6 +179,7 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
     async def step_async(self, action: SearchAction, timeout_s: float | None = None,
                          **kwargs: Any) -> SearchObservation:
         """Run one turn; a malformed action is explained in the observation."""
+        _check_step(kwargs)
         text = self._action_text(action)
         if isinstance(text, SearchObservation):
             return text
@@ -146,6 +187,7 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
 
     def step(self, action: SearchAction, timeout_s: float | None = None, **kwargs: Any) -> SearchObservation:
         """Sync form of `step_async`."""
+        _check_step(kwargs)
         text = self._action_text(action)
         if isinstance(text, SearchObservation):
             return text
@@ -196,33 +238,87 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
             self._env.close()
 
 
+def _check_step(kwargs: dict[str, Any]) -> None:
+    """BadField for a step field OpenEnv's StepRequest does not define (it would be ignored silently)."""
+    unknown = sorted(set(kwargs) - set(STEP_FIELDS))
+    if unknown:
+        raise BadField(unknown[0], f"unknown step field {unknown[0]!r}; a step takes action, {', '.join(STEP_FIELDS)}")
+
+
 def open_sessions() -> int:
     """How many server-side envs are open in this process (one per live client session)."""
     return len(_OPEN_ENVS)
 
 
 def make_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *, max_sessions: int = 64,
-             process_reward: str | None = None, process_weight: float = 0.0, process_threshold: float = 0.0) -> Any:
-    """The FastAPI app that serves `env_id` with OpenEnv's server (one env per WebSocket session)."""
-    from openenv.core.env_server.http_server import create_fastapi_app
+             process_reward: str | None = None, process_weight: float = 0.0, process_threshold: float = 0.0,
+             max_body_bytes: int = MAX_BODY_BYTES, session_idle_timeout: float = SESSION_IDLE_TIMEOUT,
+             body_timeout: float = 60.0) -> Any:
+    """The FastAPI app that serves `env_id` with OpenEnv's server (one env per WebSocket session).
 
+    A body over `max_body_bytes` is a 413 before it is read, one not whole `body_timeout` s after its head a 408;
+    a session silent for `session_idle_timeout` seconds is closed and its slot freed (WebSocket sessions here, HTTP
+    MCP sessions by OpenEnv's reaper); a reset or step field of the wrong type or range, or unknown, is a 422
+    naming it.
+    """
+    from fastapi.responses import JSONResponse
+    from openenv.core.env_server.http_server import create_fastapi_app
+    from openenv.core.env_server.types import ConcurrencyConfig
+
+    from searchgym.integrations.asgi_limits import BodyLimit, WebSocketIdleTimeout
+
+    _check_setting("max_sessions", max_sessions, whole=True)
+    _check_setting("max_body_bytes", max_body_bytes, whole=True)
+    _check_setting("session_idle_timeout", session_idle_timeout)
+    _check_setting("body_timeout", body_timeout)
     if env_id not in gym.registry:
         raise ValueError(f"unknown env id {env_id!r}; registered searchgym ids: "
                          f"{sorted(i for i in gym.registry if i.startswith('searchgym/'))}")
     factory = functools.partial(SearchGymEnvironment, env_id, dict(env_kwargs or {}), process_reward=process_reward,
                                 process_weight=process_weight, process_threshold=process_threshold)
     factory().close()  # fail now, not at the first client, if the env cannot be built with these kwargs
-    return create_fastapi_app(factory, SearchAction, SearchObservation, max_concurrent_envs=max_sessions,
-                              state_cls=SearchState)
+    app = create_fastapi_app(factory, SearchAction, SearchObservation, state_cls=SearchState,
+                             concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions,
+                                                                  session_timeout=session_idle_timeout))
+
+    async def bad_field(request: Any, exc: BadField) -> JSONResponse:
+        return JSONResponse({"detail": [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}]},
+                            status_code=422)
+
+    app.add_exception_handler(BadField, bad_field)
+    app.add_middleware(WebSocketIdleTimeout, idle_s=session_idle_timeout)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, timeout_s=body_timeout)
+    return app
+
+
+def _check_setting(key: str, value: Any, *, whole: bool = False) -> None:
+    """ValueError naming `key` unless value is a positive number (a whole one with `whole`)."""
+    ok = (isinstance(value, int) if whole else isinstance(value, (int, float))) and not isinstance(value, bool)
+    if not (ok and 0 < value < float("inf")):
+        raise ValueError(f"{key} must be a positive {'whole number' if whole else 'number'}, got {value!r}")
 
 
 def serve(env_id: str, env_kwargs: dict[str, Any] | None = None, *, host: str = "127.0.0.1", port: int = 8000,
-          max_sessions: int = 64, **reward_options: Any) -> None:
-    """Serve `env_id` until interrupted (what `searchgym serve env` runs)."""
+          max_sessions: int = 64, limits: ServerLimits | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+          session_idle_timeout: float = SESSION_IDLE_TIMEOUT, **reward_options: Any) -> None:
+    """Serve `env_id` until interrupted (what `searchgym serve env` runs), its connections under `limits`."""
     import uvicorn
 
-    uvicorn.run(make_app(env_id, env_kwargs, max_sessions=max_sessions, **reward_options), host=host, port=port,
-                log_level="warning")
+    limits = limits or ServerLimits()
+    app = make_app(env_id, env_kwargs, max_sessions=max_sessions, max_body_bytes=max_body_bytes,
+                   session_idle_timeout=session_idle_timeout, body_timeout=limits.body_timeout, **reward_options)
+    uvicorn.run(app, host=host, port=port, log_level="warning", **uvicorn_options(limits, max_body_bytes))
+
+
+def uvicorn_options(limits: ServerLimits, max_body_bytes: int = MAX_BODY_BYTES) -> dict[str, Any]:
+    """uvicorn.Config options that enforce `limits`: the header timeout (our protocol), keep-alive, the connection
+    cap (uvicorn answers 503 past it), the request-head size and the WebSocket message size."""
+    from searchgym.integrations.asgi_limits import guarded_http_protocol
+
+    return {"http": guarded_http_protocol(limits.header_timeout, limits.idle_timeout),
+            "timeout_keep_alive": limits.idle_timeout,
+            "limit_concurrency": limits.connection_cap, "h11_max_incomplete_event_size": 64 * 2**10,
+            "ws_max_size": max_body_bytes}
 
 
 class SearchGymClient(EnvClient[SearchAction, SearchObservation, SearchState]):

@@ -5,6 +5,7 @@ typed `TrainConfig`; unknown keys and wrong types are errors that name the key.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -110,6 +111,11 @@ class RayConfig:
     sglang_args: list[str] = field(default_factory=list)  # extra launch_server flags, e.g. ["--dtype", "bfloat16"]
     sglang_server: str = "sglang"  # "sglang": python -m sglang.launch_server; "searchgym": our CPU stand-in server
     sglang_start_timeout_s: float = 1800
+    # A local cluster (address null) binds what it can to local_host: the model servers launched here and, with
+    # dashboard on, Ray's dashboard. A routable address (or 0.0.0.0) lets other machines reach them; a joined
+    # cluster's servers bind their node's IP.
+    local_host: str = "127.0.0.1"
+    dashboard: bool = False  # Ray's dashboard for a local cluster (on local_host)
 
 
 @dataclass
@@ -203,6 +209,11 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     _check_choice("learner.process_reward", config.learner.process_reward, ("clip", "delta", "none"))
     _check_choice("ray.weight_sync", config.ray.weight_sync, ("auto", "object_store", "disk", "distributed"))
     _check_choice("ray.sglang_server", config.ray.sglang_server, ("sglang", "searchgym"))
+    try:
+        ipaddress.ip_address(config.ray.local_host)
+    except ValueError:
+        raise ValueError(f"ray.local_host must be an IP address (127.0.0.1 keeps a local cluster's servers on this "
+                         f"machine; 0.0.0.0 opens them to the network), got {config.ray.local_host!r}") from None
     _check_watchdog(config.watchdog)
     return config
 

@@ -80,6 +80,20 @@ def weight_route(config: TrainConfig) -> str:
     return route
 
 
+def local_cluster_kwargs(config: TrainConfig, cpus_needed: float) -> dict[str, Any]:
+    """ray.init's settings for a local cluster ({} when joining one at ray.address): CPU slots for every actor even
+    on a small box (rollout actors mostly wait on their engine and tools), and no dashboard unless ray.dashboard,
+    then on ray.local_host. Ray's own gRPC ports (GCS, raylet, workers) listen on every interface whatever ray.init
+    is told (it turns a loopback node address into the routable one); Ray's token authentication guards them."""
+    if config.ray.address:
+        return {}
+    kwargs: dict[str, Any] = {"num_cpus": max(os.cpu_count() or 1, math.ceil(cpus_needed)),
+                              "include_dashboard": config.ray.dashboard}
+    if config.ray.dashboard:
+        kwargs["dashboard_host"] = config.ray.local_host
+    return kwargs
+
+
 def check_ray_config(config: TrainConfig) -> None:
     """Refuse topologies that cannot keep the staleness bound or feed every actor, naming the setting."""
     ray_cfg, rollout = config.ray, config.rollout
@@ -169,8 +183,8 @@ class RayTrainer:
         if not ray.is_initialized():
             # A local cluster's CPUs are scheduling slots: make room for every actor even on a small box
             # (rollout actors mostly wait on their engine and tools); a running cluster is taken as it is.
-            local = {} if config.ray.address else {"num_cpus": max(os.cpu_count() or 1, math.ceil(needed["CPU"]))}
-            ray.init(address=config.ray.address, runtime_env={"env_vars": env}, log_to_driver=True, **local)
+            ray.init(address=config.ray.address, runtime_env={"env_vars": env}, log_to_driver=True,
+                     **local_cluster_kwargs(config, needed["CPU"]))
             self._started_ray = True
         _check_fits(needed, ray.cluster_resources())
         model_dir = os.fspath(run.model_dir)

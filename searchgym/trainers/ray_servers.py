@@ -6,6 +6,7 @@ process, and this actor only launches it, waits until it is ready and stops it.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import socket
 import sys
@@ -31,7 +32,7 @@ class SGLangServerWorker:
         from searchgym.agents.engines.sglang_engine import SGLangServer, sglang_launch_command
 
         settings = self.settings
-        host = ray.util.get_node_ip_address()
+        host, host_for_clients = server_hosts(settings, ray.util.get_node_ip_address())
         port = free_port(host)
         if settings.sglang_server == "searchgym":
             command = [sys.executable, "-m", STAND_IN_MODULE, "--model-path",
@@ -41,14 +42,24 @@ class SGLangServerWorker:
                                             tp_size=max(1, settings.sglang_gpus_per_server),
                                             mem_fraction_static=settings.sglang_mem_fraction_static,
                                             extra_args=settings.sglang_args)
-        self.server = SGLangServer(command, f"{host}:{port}", log_path=self.log_dir / f"server-{self.index}.log")
+        address = f"{host_for_clients}:{port}"
+        self.server = SGLangServer(command, address, log_path=self.log_dir / f"server-{self.index}.log")
         self.server.start()
         asyncio.run(self.server.wait_ready(settings.sglang_start_timeout_s))
-        return f"{host}:{port}"
+        return address
 
     def stop(self) -> int | None:
         """Stop the server process (SIGTERM, then SIGKILL); its exit code."""
         return self.server.stop() if self.server is not None else None
+
+
+def server_hosts(settings: RayConfig, node_ip: str) -> tuple[str, str]:
+    """(the address a launched server binds, the one its clients dial): ray.local_host on a local cluster (loopback
+    by default: nothing off this machine reaches the server), the node's IP on a joined one (ray.address)."""
+    if settings.address:
+        return node_ip, node_ip
+    bind = settings.local_host
+    return bind, node_ip if ipaddress.ip_address(bind).is_unspecified else bind
 
 
 def free_port(host: str = "127.0.0.1") -> int:

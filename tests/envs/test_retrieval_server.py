@@ -3,7 +3,9 @@ import asyncio
 import contextlib
 import gc
 import json
+import os
 import pickle
+import resource
 import signal
 import subprocess
 import time
@@ -193,6 +195,60 @@ async def test_junk_never_causes_a_500(server, request):
             assert ("result" in out) if resp.status == 200 else isinstance(out["error"], str)
         async with http.get(server + "/health", data=body) as resp:  # the one GET endpoint ignores any body
             assert resp.status == 200 and (await resp.json())["status"] == "ok"
+
+
+_BAD_FIELDS = {  # values each /retrieve or /access field refuses: no coercion, no wrap-around
+    "queries": st.none() | st.integers() | st.text(max_size=5) | st.lists(st.integers() | st.none(), min_size=1, max_size=3)
+    | st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2) | st.lists(st.text(max_size=3), min_size=4097,
+                                                                                            max_size=4097),
+    "topk": st.integers(max_value=-1) | st.integers(min_value=101) | st.floats() | st.booleans() | st.text(max_size=4)
+    | st.lists(st.integers(), max_size=2),
+    "return_scores": st.integers().filter(lambda v: v not in (0, 1)) | st.floats().filter(lambda v: v not in (0, 1))
+    | st.text(max_size=4).filter(lambda v: v.strip().lower() not in {"1", "true", "t", "yes", "y", "on", "0", "false",
+                                                                    "f", "no", "n", "off"}) | st.lists(st.booleans()),
+    "snippet": st.just([True]) | st.just({"a": 1}) | st.just("maybe") | st.just(2),
+    "urls": st.none() | st.integers() | st.text(max_size=5) | st.lists(st.integers(), min_size=1, max_size=3)
+    | st.lists(st.just("u"), min_size=65, max_size=65),
+}
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+@given(field=st.sampled_from(sorted(_BAD_FIELDS)), data=st.data())
+async def test_every_bad_field_is_a_400_that_names_it(server, field, data):
+    value = data.draw(_BAD_FIELDS[field])
+    path = "/access" if field == "urls" else "/retrieve"
+    body = {"urls": value} if field == "urls" else {"queries": ["Sadesh"], "topk": 2, field: value}
+    async with aiohttp.ClientSession() as http:
+        status, out = await post(http, server + path, body)
+    assert status == 400 and field in out["error"], (field, value, status, out)
+
+
+async def test_a_reply_is_bounded_in_documents_and_bytes_with_a_400_naming_the_setting(small_index, http):
+    async with serving(small_index) as url:  # the issue's case: a 6 kB request asking for 100,000 whole documents
+        body = json.dumps({"queries": ["a"] * 1000, "topk": 100}).encode()
+        assert len(body) < 7000
+        status, out = await post(http, url + "/retrieve", body, raw=True)
+        assert status == 400 and all(w in out["error"] for w in ("max_docs", "queries", "topk", "100000"))
+    async with serving(small_index, max_docs=100, max_reply_bytes=20_000) as url:
+        status, out = await post(http, url + "/retrieve", {"queries": ["Sadesh"] * 26, "topk": 4})
+        assert status == 400 and "104 documents" in out["error"] and "max_docs" in out["error"]
+        status, out = await post(http, url + "/retrieve", {"queries": ["Sadesh"] * 25, "topk": 4})  # 100: in bound,
+        assert status == 400 and "max_reply_bytes" in out["error"] and "snippet" in out["error"]  # but too many bytes
+        status, out = await post(http, url + "/retrieve", {"queries": [QUERY], "topk": 1})
+        assert status == 200 and len(json.dumps(out)) < 20_000
+        urls = [h.url for h in small_index.search_sync("the", 60)]
+        status, out = await post(http, url + "/access", {"urls": urls})
+        assert status == 400 and "max_reply_bytes" in out["error"] and "fewer urls" in out["error"]
+
+
+@pytest.mark.parametrize("key", ["threads", "max_queries", "max_urls", "max_topk", "default_topk", "client_max_size",
+                                 "max_docs", "max_reply_bytes"])
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, "8"])
+async def test_bad_server_settings_are_refused_naming_the_key(small_index, key, value):
+    from searchgym.envs.tools.retrieval_server import create_app
+
+    with pytest.raises(ValueError, match=key):
+        create_app(small_index, **{key: value})
 
 
 # ---- concurrency and shutdown ---------------------------------------------------------------------------------------
@@ -571,6 +627,14 @@ async def test_cli_has_serve_search_and_bench_search():
     assert not args.snippets and build_parser().parse_args(["serve", "search", "--index", "i", "--snippets"]).snippets
     assert args.max_queries == MAX_QUERIES >= 2560  # Search-R1's train_grpo.sh: 512 questions x 5 in one request
     assert build_parser().parse_args(["serve", "search", "--index", "i", "--max-queries", "7"]).max_queries == 7
+    assert (args.header_timeout, args.idle_timeout, args.max_connections, args.max_docs) == (15.0, 75.0, None, 16384)
+    for command in (["serve", "search", "--index", "i"], ["serve", "model", "--model", "m"]):
+        args = build_parser().parse_args([*command, "--header-timeout", "2.5", "--max-connections", "9"])
+        assert (args.header_timeout, args.max_connections) == (2.5, 9)
+        for flag, value in (("--header-timeout", "0"), ("--idle-timeout", "inf"), ("--max-connections", "0"),
+                            ("--max-connections", "x"), ("--idle-timeout", "-1")):
+            with pytest.raises(SystemExit):
+                build_parser().parse_args([*command, flag, value])
     args = build_parser().parse_args(["bench", "search", "--size", "500"])
     assert args.run.__name__ == "_bench_search" and args.size == 500
 
@@ -597,8 +661,8 @@ async def test_searchgym_serve_search_process_answers_then_stops_cleanly_on_sigt
 
 @contextlib.asynccontextmanager
 async def serve_search_process(index: Path, log_path: Path, *flags: str):
-    """`searchgym serve search` as its own process on 127.0.0.1 and a free port; yields the base URL once it answers,
-    stops it with SIGTERM after."""
+    """`searchgym serve search` as its own process on 127.0.0.1 and a free port; yields (base URL, process) once it
+    answers, stops it with SIGTERM after."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with open(log_path, "w+") as log:
@@ -614,7 +678,7 @@ async def serve_search_process(index: Path, log_path: Path, *flags: str):
                     except aiohttp.ClientConnectionError:
                         assert proc.poll() is None, log_path.read_text()
                         await asyncio.sleep(0.1)
-            yield url
+            yield url, proc
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
@@ -628,7 +692,7 @@ async def test_one_request_of_2560_queries_as_search_r1_training_sends(small_bun
     queries = [titles[i % n] if i % 5 == 0 else f"{titles[i % n]} {titles[(i + i // n + 1) % n].split()[0]}"
                for i in range(2558)] + ["zzqx nothing matches", ""]
     assert len(queries) == 2560 and len(set(queries)) > 2000
-    async with serve_search_process(small_bundle / "index", tmp_path / "server.log") as url:
+    async with serve_search_process(small_bundle / "index", tmp_path / "server.log") as (url, _):
         status, body = await post(http, url + "/retrieve", {"queries": queries, "topk": 3, "return_scores": True})
         assert status == 200, body
         assert len(body["result"]) == 2560
@@ -647,12 +711,53 @@ async def test_one_request_of_2560_queries_as_search_r1_training_sends(small_bun
 
 async def test_max_queries_flag_caps_a_request_and_the_400_names_it(small_bundle, http, tmp_path):
     """`serve search --max-queries N`: N queries are answered, N + 1 are a 400 that names the flag to raise."""
-    async with serve_search_process(small_bundle / "index", tmp_path / "server.log", "--max-queries", "5") as url:
+    async with serve_search_process(small_bundle / "index", tmp_path / "server.log", "--max-queries", "5") as (url, _):
         status, body = await post(http, url + "/retrieve", {"queries": [QUERY] * 5, "topk": 1})
         assert status == 200 and len(body["result"]) == 5
         status, body = await post(http, url + "/retrieve", {"queries": [QUERY] * 6, "topk": 1})
         assert status == 400 and "at most 5 queries per request, got 6" in body["error"]
         assert "--max-queries" in body["error"]
+
+
+async def test_serve_search_closes_held_sockets_and_its_descriptors_return_to_baseline(small_bundle, http, tmp_path):
+    """The issue's case: 1,000 half-open sockets stayed open forever (descriptors 7 -> 985). With --header-timeout 5
+    they are closed (a 408 each), normal clients are served meanwhile, the server's descriptor count returns to
+    where it was, and --max-docs bounds a reply."""
+    n = min(1000, (resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 200))
+    flags = ("--header-timeout", "5", "--idle-timeout", "5", "--max-connections", str(n + 50), "--max-docs", "10")
+    async with serve_search_process(small_bundle / "index", tmp_path / "server.log", *flags) as (url, proc):
+        server_fds = lambda: len(os.listdir(f"/proc/{proc.pid}/fd"))  # noqa: E731
+        await asyncio.sleep(0.5)
+        baseline = server_fds()
+        port = int(url.rsplit(":", 1)[1])
+        held = []
+        for start in range(0, n, 100):
+            held += await asyncio.gather(*(asyncio.open_connection("127.0.0.1", port)
+                                           for _ in range(start, min(n, start + 100))))
+        for i, (_, writer) in enumerate(held):
+            if i % 2:
+                writer.write(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n")
+        peak = server_fds()
+        for _ in range(80):  # the server accepts them at its own pace (a busy CI box is slow)
+            if peak >= baseline + n * 0.9:
+                break
+            await asyncio.sleep(0.05)
+            peak = max(peak, server_fds())
+        assert peak >= baseline + n * 0.9  # the server really holds them
+        for _ in range(5):  # normal clients are served beside them
+            status, body = await post(http, url + "/retrieve", {"queries": [QUERY], "topk": 1})
+            assert status == 200 and body["result"][0][0]["title"] == QUERY
+        replies = await asyncio.gather(*(asyncio.wait_for(reader.read(), 15) for reader, _ in held))
+        assert all(r.startswith(b"HTTP/1.1 408 ") for r in replies)
+        for _ in range(50):
+            if server_fds() <= baseline + 2:
+                break
+            await asyncio.sleep(0.1)
+        assert server_fds() <= baseline + 2, (baseline, server_fds())
+        for _, writer in held:
+            writer.close()
+        status, body = await post(http, url + "/retrieve", {"queries": [QUERY] * 3, "topk": 4})
+        assert status == 400 and "max_docs" in body["error"] and "--max-docs" in body["error"]
 
 
 async def test_local_qa_over_retrieval_servers_by_either_url(server, small_bundle, small_index):

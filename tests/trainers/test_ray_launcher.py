@@ -8,6 +8,7 @@ import urllib.request
 from pathlib import Path
 
 import aiohttp
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -15,8 +16,9 @@ from transformers import AutoModelForCausalLM
 
 from searchgym.trainers.checkpoint import latest_checkpoint, load_trainer_state
 from searchgym.trainers.config import load_config
-from searchgym.trainers.ray_launcher import (RayTrainer, _check_fits, check_ray_config, required_resources, train_ray,
-                                            weight_route)
+from searchgym.trainers.ray_launcher import (RayTrainer, _check_fits, check_ray_config, local_cluster_kwargs,
+                                            required_resources, train_ray, weight_route)
+from searchgym.trainers.ray_servers import server_hosts
 from tests.agents.servers import model_server
 from tests.conftest import SMALL
 
@@ -123,13 +125,17 @@ def test_disk_weight_sync_reaches_model_server_actors(tmp_path, small_bundle, ti
     prompt = list(range(5, 25))
     with RayTrainer(config, progress=False) as trainer:
         servers = trainer.server_addresses
+        for address in servers:  # a local cluster's servers listen on loopback only (ray.local_host)
+            port = int(address.rpartition(":")[2])
+            assert {c.laddr.ip for c in psutil.net_connections(kind="inet")
+                    if c.status == psutil.CONN_LISTEN and c.laddr.port == port} == {"127.0.0.1"}
         before = [_greedy(address, prompt, 4) for address in servers]
         history = trainer.train()
         after = [_greedy(address, prompt, 4) for address in servers]
 
     assert [h["version"] for h in history] == [1.0, 2.0] and all(h["updated"] == 1.0 for h in history)
-    # two servers on this machine (the Ray node's own address), both dealt to the one rollout actor
-    assert len(set(servers)) == 2 and all(a.rpartition(":")[0] == ray.util.get_node_ip_address() for a in servers)
+    # two servers on this machine (loopback: a local cluster's), both dealt to the one rollout actor
+    assert len(set(servers)) == 2 and all(a.rpartition(":")[0] == "127.0.0.1" for a in servers)
     assert [version for _, _, version in before] == ["0", "0"] and [version for _, _, version in after] == ["2", "2"]
     # each server computes with the learner's version-2 weights: the checkpoint's log-probs, not the initial ones
     checkpoint = run_dir / "checkpoints" / "step-00002"
@@ -213,6 +219,24 @@ def test_two_learner_ranks_broadcast_weights_to_model_server_actors(tmp_path, sm
     versions = {v for line in (run_dir / "trajectories" / "version-00001.jsonl").read_text().splitlines()
                 for v in json.loads(line)["versions"] if v >= 0}
     assert versions and versions <= {0, 1}
+
+
+def test_a_local_cluster_keeps_to_this_machine_unless_asked(tiny_model_dir):
+    """ray.init gets no dashboard (or one on ray.local_host); launched servers bind ray.local_host, loopback by
+    default, or the node's IP on a joined cluster; a bad ray.local_host is refused naming it."""
+    config = load_config(None, ["launcher=ray"])
+    assert config.ray.local_host == "127.0.0.1" and config.ray.dashboard is False
+    kwargs = local_cluster_kwargs(config, 3)
+    assert kwargs["include_dashboard"] is False and "dashboard_host" not in kwargs and kwargs["num_cpus"] >= 3
+    assert server_hosts(config.ray, "10.1.2.3") == ("127.0.0.1", "127.0.0.1")
+    config = load_config(None, ["launcher=ray", "ray.dashboard=true", "ray.local_host=0.0.0.0"])
+    assert local_cluster_kwargs(config, 1)["dashboard_host"] == "0.0.0.0"
+    assert server_hosts(config.ray, "10.1.2.3") == ("0.0.0.0", "10.1.2.3")  # asked for: every interface
+    joined = load_config(None, ["launcher=ray", "ray.address=auto"])
+    assert local_cluster_kwargs(joined, 1) == {} and server_hosts(joined.ray, "10.1.2.3") == ("10.1.2.3", "10.1.2.3")
+    for bad in ("localhost:1", "my.host", "300.1.1.1"):
+        with pytest.raises(ValueError, match="ray.local_host"):
+            load_config(None, [f"ray.local_host={bad}"])
 
 
 def test_topology_errors_name_the_setting(tmp_path, tiny_model_dir):

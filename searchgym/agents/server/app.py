@@ -23,6 +23,7 @@ from searchgym.agents.server.openai_api import OpenAIAPI, error_body
 from searchgym.agents.server.sglang_api import SGLangAPI
 from searchgym.agents.server.sglang_control import ControlAPI
 from searchgym.envs.tools.http_session import error_middleware, serve_app, wait_for_signal
+from searchgym.envs.tools.server_limits import ServerLimits, add_limit_flags, limits_from_args
 
 logger = logging.getLogger(__name__)
 
@@ -69,19 +70,20 @@ async def _stop_warm_up(app: web.Application) -> None:
 
 @contextlib.asynccontextmanager
 async def serving(engine: TorchEngine, *, model_path: str, host: str = "127.0.0.1", port: int = 0,
-                  **app_kwargs: Any) -> AsyncIterator[str]:
-    """Serve `engine` (see create_app) on host:port for the duration of the block; yields the base URL."""
-    async with serve_app(create_app(engine, model_path=model_path, **app_kwargs), host, port) as url:
+                  limits: ServerLimits | None = None, **app_kwargs: Any) -> AsyncIterator[str]:
+    """Serve `engine` (see create_app) on host:port for the duration of the block, its connections under `limits`
+    (header and idle timeouts, a connection cap); yields the base URL."""
+    async with serve_app(create_app(engine, model_path=model_path, **app_kwargs), host, port, limits=limits) as url:
         yield url
 
 
 def run_server(model_dir: str | os.PathLike, host: str = "127.0.0.1", port: int = 30000, *,
                served_model_name: str | None = None, context_length: int | None = None,
                max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS, weight_version: str | None = None,
-               **engine_kwargs: Any) -> None:
+               limits: ServerLimits | None = None, **engine_kwargs: Any) -> None:
     """Load `model_dir` into a TorchEngine and serve it until SIGINT or SIGTERM (blocking); then shut down cleanly."""
     app_kwargs = {"served_model_name": served_model_name, "context_length": context_length,
-                  "max_running_requests": max_running_requests, "weight_version": weight_version}
+                  "max_running_requests": max_running_requests, "weight_version": weight_version, "limits": limits}
     asyncio.run(_serve_until_signal(model_dir, host, port, engine_kwargs, app_kwargs))
 
 
@@ -112,6 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--weight-version", default=None, help="the initial weight_version label (default: 0)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--random-seed", type=int, default=0)
+    add_limit_flags(parser)
     return parser.parse_args(argv)
 
 
@@ -121,4 +124,5 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_server(args.model_path, args.host, args.port, served_model_name=args.served_model_name,
                context_length=args.context_length, max_running_requests=args.max_running_requests,
-               weight_version=args.weight_version, device=args.device, seed=args.random_seed)
+               weight_version=args.weight_version, device=args.device, seed=args.random_seed,
+               limits=limits_from_args(args))

@@ -20,6 +20,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from searchgym.envs.tools.guarded_site import GuardedSite
+from searchgym.envs.tools.server_limits import DEFAULT_BODY_TIMEOUT, ServerLimits
+
 logger = logging.getLogger(__name__)
 
 
@@ -66,15 +69,20 @@ class LoopSession:
 
 @contextlib.asynccontextmanager
 async def serve_app(app: web.Application, host: str = "127.0.0.1", port: int = 0,
-                    shutdown_timeout: float = 60.0) -> AsyncIterator[str]:
+                    shutdown_timeout: float = 60.0, limits: ServerLimits | None = None) -> AsyncIterator[str]:
     """Serve an aiohttp app on host:port (0 picks a free port) for the block; yields the base URL.
 
+    Connections obey `limits` (header and idle timeouts, a connection cap; ServerLimits() by default).
     On exit it stops accepting and lets in-flight requests finish (up to `shutdown_timeout`).
     """
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
+    limits = limits or ServerLimits()
+    if BODY_TIMEOUT not in app:
+        app[BODY_TIMEOUT] = limits.body_timeout
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout,
+                           keepalive_timeout=limits.idle_timeout)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await GuardedSite(runner, host, port, limits).start()
         bound_host, bound_port = runner.addresses[0][:2]
         yield f"http://{bound_host}:{bound_port}"
     finally:
@@ -115,9 +123,23 @@ def check(condition: bool, message: str) -> None:
         raise BadRequest(message)
 
 
+BODY_TIMEOUT = web.AppKey("body_timeout", float)  # set by serve_app from ServerLimits.body_timeout
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The whole request body, or a 408 when it has not all come within the app's body timeout (a client that
+    sends a head and then stalls would hold its connection and handler forever); over client_max_size is a 413."""
+    timeout = request.app.get(BODY_TIMEOUT, DEFAULT_BODY_TIMEOUT)
+    try:
+        return await asyncio.wait_for(request.read(), timeout)
+    except asyncio.TimeoutError:
+        raise web.HTTPRequestTimeout(text=f"the request body did not arrive whole within {timeout:g} s "
+                                          "(body_timeout)") from None
+
+
 async def json_body(request: web.Request, *, empty_ok: bool = False) -> dict:
     """The request's JSON object; malformed JSON, non-UTF-8 bytes, text no encoder accepts or a non-object is a 400."""
-    raw = await request.read()
+    raw = await read_body(request)
     if empty_ok and not raw.strip():
         return {}
     try:

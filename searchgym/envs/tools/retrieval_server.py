@@ -21,7 +21,9 @@ request (10 MB) nor a slow batch keeps the event loop from answering `/health`. 
 JSON, bytes that are not UTF-8, strings holding lone surrogates, wrong types, more queries than `max_queries`
 (`--max-queries`, 4,096 by default: Search-R1's training sends up to 2,560 in one request), topk out of range)
 is a 400 with a JSON {"error": message}, never a 500; bodies over `client_max_size` (16 MiB by
-default) are a 413. Unknown request fields are ignored, as Search-R1's server (pydantic) ignores them.
+default) are a 413. A reply is bounded too: more than `max_docs` documents (queries x topk, 16,384 by default) is
+a 400 before any search, and an encoded reply over `max_reply_bytes` (64 MiB) a 400 naming what to shrink.
+Connections obey ServerLimits (header and idle timeouts, a connection cap; see server_limits.py). Unknown request fields are ignored, as Search-R1's server (pydantic) ignores them.
 """
 from __future__ import annotations
 
@@ -41,7 +43,9 @@ from aiohttp import web
 
 from searchgym.envs.tools.base import Page, PageBackend, PageNotFound, SearchBackend, SearchHit
 from searchgym.envs.tools.corpus import join_contents
-from searchgym.envs.tools.http_session import BadRequest, check, error_middleware, serve_app, wait_for_signal
+from searchgym.envs.tools.http_session import (BadRequest, check, error_middleware, read_body, serve_app,
+                                               wait_for_signal)
+from searchgym.envs.tools.server_limits import ServerLimits, add_limit_flags, limits_from_args
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +53,8 @@ MAX_REQUEST_BYTES = 16 * 2**20
 MAX_QUERIES = 4096  # per /retrieve request: above Search-R1's train_grpo.sh, which sends up to 512 x 5 = 2,560
 MAX_URLS = 64  # per /access request
 MAX_TOPK = 100
+MAX_DOCS = 16384  # queries x topk per /retrieve request: above Search-R1's 2,560 x 5
+MAX_REPLY_BYTES = 64 * 2**20  # an encoded reply past this is refused: a 6 kB request must not pull 100s of MB
 DEFAULT_TOPK = 3  # Search-R1's --topk default, used when topk is 0, null or missing
 DEFAULT_THREADS = 8
 _TRUE, _FALSE = {"1", "true", "t", "yes", "y", "on"}, {"0", "false", "f", "no", "n", "off"}  # pydantic's bool strings
@@ -95,11 +101,6 @@ def _strings(body: dict, key: str, cap: int, raise_cap: str = "") -> list[str]:
     return value
 
 
-def _json_response(payload: Any) -> web.Response:
-    """A JSON response from bytes encoded beforehand (off the loop)."""
-    return web.Response(body=json.dumps(payload).encode(), content_type="application/json")
-
-
 def lax_bool(body: dict, key: str, default: bool) -> bool:
     """body[key] read the way Search-R1's server (pydantic) reads a bool: true/false, 0/1 or their usual strings."""
     value = body.get(key)
@@ -123,12 +124,14 @@ class _RetrievalServer:
     """The handlers and what they share: the backend, its thread pool and the request caps."""
 
     def __init__(self, backend: SearchBackend, pages: PageBackend | None, *, threads: int, max_queries: int,
-                 max_urls: int, max_topk: int, default_topk: int, snippets: bool) -> None:
+                 max_urls: int, max_topk: int, default_topk: int, snippets: bool, max_docs: int,
+                 max_reply_bytes: int) -> None:
         self.backend, self.pages = backend, pages
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="retrieval")
         self.threads = threads
         self.max_queries, self.max_urls, self.max_topk, self.default_topk = max_queries, max_urls, max_topk, default_topk
         self.snippets = snippets
+        self.max_docs, self.max_reply_bytes = max_docs, max_reply_bytes
 
     async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking backend call on the thread pool, so the event loop stays responsive."""
@@ -190,30 +193,47 @@ class _RetrievalServer:
         check(topk is None or (isinstance(topk, int) and not isinstance(topk, bool) and 0 <= topk <= self.max_topk),
               f"topk must be an integer in [1, {self.max_topk}], or 0 or null for the default ({self.default_topk}), "
               f"got {_show(topk)}")
-        return (queries, topk or self.default_topk, lax_bool(body, "return_scores", False),
-                lax_bool(body, "snippet", self.snippets))
+        k = topk or self.default_topk
+        check(len(queries) * k <= self.max_docs,
+              f"{len(queries)} queries x topk {k} asks for {len(queries) * k} documents, more than the {self.max_docs} "
+              "one reply may hold (max_docs): send fewer queries or a smaller topk, or start the server with a higher "
+              "--max-docs")
+        return queries, k, lax_bool(body, "return_scores", False), lax_bool(body, "snippet", self.snippets)
 
     async def handle_retrieve(self, request: web.Request) -> web.Response:
         """POST /retrieve: a batch of queries answered concurrently, in order."""
-        queries, topk, scores, snippet = await self._off_loop(self._retrieve_args, await request.read())
+        queries, topk, scores, snippet = await self._off_loop(self._retrieve_args, await read_body(request))
         results = await self.docs_all(queries, topk, snippet)
+        at_least = sum(len(doc["contents"]) + len(doc["text"]) for docs in results for doc, _ in docs)
+        advice = "send fewer queries, a smaller topk or \"snippet\": true"
+        check(at_least <= self.max_reply_bytes,  # refused before encoding: no second copy of an oversized reply
+              f"the reply would be more than {at_least:,} bytes, more than the {self.max_reply_bytes:,} one reply "
+              f"may hold (max_reply_bytes): {advice}, or start the server with a higher --max-reply-bytes")
         if scores:
             rows: list[list[Any]] = [[{"document": doc, "score": s} for doc, s in docs] for docs in results]
         else:
             rows = [[doc for doc, _ in docs] for docs in results]
-        return await self._off_loop(_json_response, {"result": rows})
+        return await self._off_loop(self._reply, {"result": rows}, advice)
+
+    def _reply(self, payload: Any, advice: str) -> web.Response:
+        """The JSON response (encoded on a pool thread), or a 400 when it is longer than max_reply_bytes."""
+        body = json.dumps(payload).encode()
+        check(len(body) <= self.max_reply_bytes,
+              f"the reply would be {len(body):,} bytes, more than the {self.max_reply_bytes:,} one reply may hold "
+              f"(max_reply_bytes): {advice}, or start the server with a higher --max-reply-bytes")
+        return web.Response(body=body, content_type="application/json")
 
     async def handle_access(self, request: web.Request) -> web.Response:
         """POST /access: pages by url (or doc id), null where there is no such page."""
         if self.pages is None:
             raise web.HTTPNotFound(text="this server has no page backend")
-        raw = await request.read()
+        raw = await read_body(request)
         urls = await self._off_loop(lambda: _strings(parse_body(raw), "urls", self.max_urls))
         if callable(getattr(self.pages, "get_page", None)):  # blocking lookups: the whole batch in one pool call
             rows = await self._off_loop(lambda: [None if p is None else page_row(p) for p in map(self._page_sync, urls)])
         else:
             rows = [None if p is None else page_row(p) for p in await asyncio.gather(*map(self.page_one, urls))]
-        return await self._off_loop(_json_response, {"result": rows})
+        return await self._off_loop(self._reply, {"result": rows}, "ask for fewer urls")
 
     def _page_sync(self, url: str) -> Page | None:
         """One page from a blocking page backend, or None for an unknown url."""
@@ -233,17 +253,24 @@ class _RetrievalServer:
 
 def create_app(backend: SearchBackend, pages: PageBackend | None = None, *, threads: int = DEFAULT_THREADS,
                max_queries: int = MAX_QUERIES, max_urls: int = MAX_URLS, max_topk: int = MAX_TOPK,
-               default_topk: int = DEFAULT_TOPK, snippets: bool = False,
-               client_max_size: int = MAX_REQUEST_BYTES) -> web.Application:
+               default_topk: int = DEFAULT_TOPK, snippets: bool = False, client_max_size: int = MAX_REQUEST_BYTES,
+               max_docs: int = MAX_DOCS, max_reply_bytes: int = MAX_REPLY_BYTES) -> web.Application:
     """The aiohttp app serving `backend` (pages default to the backend itself when it is a PageBackend);
     `snippets=True` answers hits with their snippets unless a request asks otherwise; a /retrieve request of more
-    than `max_queries` queries is a 400 (`serve search --max-queries`)."""
-    if max_queries < 1:
-        raise ValueError(f"max_queries must be at least 1, got {max_queries}")
+    than `max_queries` queries, or of more than `max_docs` documents (queries x topk), is a 400, as is a reply
+    longer than `max_reply_bytes` (`serve search --max-queries / --max-docs / --max-reply-bytes`)."""
+    for key, value in (("threads", threads), ("max_queries", max_queries), ("max_urls", max_urls),
+                       ("max_topk", max_topk), ("default_topk", default_topk), ("client_max_size", client_max_size),
+                       ("max_docs", max_docs), ("max_reply_bytes", max_reply_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key} must be an integer of at least 1, got {value!r}")
+    if default_topk > max_topk:
+        raise ValueError(f"default_topk ({default_topk}) must be at most max_topk ({max_topk})")
     if pages is None and isinstance(backend, PageBackend):
         pages = backend
     server = _RetrievalServer(backend, pages, threads=threads, max_queries=max_queries, max_urls=max_urls,
-                              max_topk=max_topk, default_topk=default_topk, snippets=snippets)
+                              max_topk=max_topk, default_topk=default_topk, snippets=snippets, max_docs=max_docs,
+                              max_reply_bytes=max_reply_bytes)
     app = web.Application(client_max_size=client_max_size, middlewares=[error_middleware(_error)])
     app.router.add_post("/retrieve", server.handle_retrieve)
     app.router.add_post("/access", server.handle_access)
@@ -258,9 +285,11 @@ def create_app(backend: SearchBackend, pages: PageBackend | None = None, *, thre
 
 @contextlib.asynccontextmanager
 async def serving(backend: SearchBackend, pages: PageBackend | None = None, *, host: str = "127.0.0.1",
-                  port: int = 0, shutdown_timeout: float = 5.0, **app_kwargs: Any) -> AsyncIterator[str]:
-    """Serve `backend` (see create_app) on host:port (0: a free port) for the block; yields the base URL."""
-    async with serve_app(create_app(backend, pages, **app_kwargs), host, port, shutdown_timeout) as url:
+                  port: int = 0, shutdown_timeout: float = 5.0, limits: ServerLimits | None = None,
+                  **app_kwargs: Any) -> AsyncIterator[str]:
+    """Serve `backend` (see create_app) on host:port (0: a free port) for the block, its connections under
+    `limits` (header and idle timeouts, a connection cap); yields the base URL."""
+    async with serve_app(create_app(backend, pages, **app_kwargs), host, port, shutdown_timeout, limits) as url:
         yield url
 
 
@@ -288,9 +317,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--snippets", action="store_true", help="answer hits with snippets, not whole documents")
     add_max_queries_flag(parser)
+    add_limit_flags(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    run_server(args.index, args.host, args.port, snippets=args.snippets, max_queries=args.max_queries)
+    run_server(args.index, args.host, args.port, snippets=args.snippets, max_queries=args.max_queries,
+               max_docs=args.max_docs, max_reply_bytes=args.max_reply_bytes, limits=limits_from_args(args))
 
 
 def _positive_int(text: str) -> int:
@@ -306,6 +337,10 @@ def add_max_queries_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queries", type=_positive_int, default=MAX_QUERIES, metavar="N",
                         help=f"most queries one /retrieve request may hold, more is a 400 (default {MAX_QUERIES}; "
                              "Search-R1's training sends up to 2,560)")
+    parser.add_argument("--max-docs", type=_positive_int, default=MAX_DOCS, metavar="N",
+                        help=f"most documents (queries x topk) one /retrieve reply may hold (default {MAX_DOCS})")
+    parser.add_argument("--max-reply-bytes", type=_positive_int, default=MAX_REPLY_BYTES, metavar="N",
+                        help=f"longest encoded reply; longer is a 400 (default {MAX_REPLY_BYTES})")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import json
 import aiohttp
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
 from searchgym.agents.engines.torch_engine import TorchEngine
@@ -104,6 +106,19 @@ async def test_answers_are_strict_json_when_the_model_computes_nan(tiny_model_di
                 assert resp.status == 200 and strict_json(await resp.text())["object"] == "text_completion"
     finally:
         await engine.close()
+
+
+_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                       lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner,
+                                                                                   max_size=4), max_leaves=20)
+
+
+@given(_VALUES)
+def test_dumps_is_strict_json_that_keeps_every_finite_value(value):
+    text = dumps(value)
+    assert strict_json(text) == finite(value)
+    if finite(value) == value:  # no non-finite float in it: written exactly as json.dumps writes it
+        assert text == json.dumps(value)
 
 
 def test_dumps_writes_non_finite_numbers_as_null():

@@ -10,10 +10,10 @@ padding never changes a row's result. Model work runs on one dedicated worker th
 
 Prefix reuse: when a row finishes (stop or length), its keys and values (prompt + output, less the
 last sampled token, which was never fed) go into a `PrefixCache` under its rid, LRU-evicted under
-`prefix_cache_bytes` (0 turns reuse off); a request without a rid, or sent with `keep_prefix=False` (a rid
-a server made up, which no next turn can name), keeps nothing, so it never evicts a conversation. A request whose rid has an entry takes it, keeps the longest
-common token prefix with its prompt and prefills only the rest on top of it, at exact positions, so the
-result is that of a full prefill. Keyed by rid, not by a search over every cached prefix: the episode
+`prefix_cache_bytes` (0 turns reuse off); a request without a rid, or sent with `keep_prefix=False` (a
+rid a server made up, which no next turn can name), keeps nothing, so it never evicts a conversation. A
+request whose rid has an entry takes it, keeps the longest common token prefix with its prompt and
+prefills only the rest on top of it, at exact positions, so the result is that of a full prefill. Keyed by rid, not by a search over every cached prefix: the episode
 runners send one rid per episode and each turn's prompt extends the last turn's tokens exactly, so a
 rid lookup and one list comparison find the whole reusable prefix; what a token-prefix index would add
 is sharing a system prompt and question (~100 tokens of thousands) between episodes, which would need

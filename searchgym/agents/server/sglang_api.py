@@ -279,7 +279,7 @@ class SGLangAPI:
 
     async def abort_request(self, request: web.Request) -> web.Response:
         """POST /abort_request {rid, abort_all}: in-flight requests return with finish_reason abort."""
-        body = (await self.model.json_body(request))[0]
+        body, _ = await self.model.json_body(request)
         abort_all = lax_boolean(f.or_default(body.get("abort_all"), False), "abort_all")
         rid = f.string(f.or_default(body.get("rid"), ""), "rid")
         require(abort_all or rid != "", "give a rid or abort_all: true")
@@ -288,19 +288,20 @@ class SGLangAPI:
 
     async def pause(self, request: web.Request) -> web.Response:
         """POST /pause_generation {mode}: abort returns in-flight requests; retract and in_place keep them."""
-        await self.model.pause(f.or_default(((await self.model.json_body(request, empty_ok=True))[0]).get("mode"), "abort"))
+        body, _ = await self.model.json_body(request, empty_ok=True)
+        await self.model.pause(f.or_default(body.get("mode"), "abort"))
         return json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def resume(self, request: web.Request) -> web.Response:
         """POST /continue_generation: paused requests go on, waiting ones are admitted."""
-        body = (await self.model.json_body(request, empty_ok=True))[0]
+        body, _ = await self.model.json_body(request, empty_ok=True)
         lax_boolean(f.or_default(body.get("torch_empty_cache"), True), "torch_empty_cache")  # no CUDA cache here
         await self.model.resume()
         return json_response({"message": "Generation continued successfully.", "status": "ok"})
 
     async def update_weights(self, request: web.Request) -> web.Response:
         """POST /update_weights_from_disk: load a checkpoint dir; on failure the old weights keep serving."""
-        body = (await self.model.json_body(request))[0]
+        body, _ = await self.model.json_body(request)
         path = body.get("model_path")
         require(isinstance(path, str) and path != "", f"model_path must be a non-empty string, got {show(path)}")
         require(body.get("load_format") in LOAD_FORMATS,
@@ -332,7 +333,7 @@ class SGLangAPI:
         """POST /init_weights_update_group: join a trainer's weight-update group (answers once all members joined)."""
         from searchgym.agents.server.dist_weights import close_group, open_group
 
-        body = (await self.model.json_body(request))[0]  # SGLang's lax ints: AReaL sends "master_port": str(port)
+        body, _ = await self.model.json_body(request)  # SGLang's lax ints: AReaL sends "master_port": str(port)
         address = f.string(body.get("master_address"), "master_address")
         port = lax_integer(body.get("master_port"), "master_port")
         rank = lax_integer(body.get("rank_offset"), "rank_offset")
@@ -358,7 +359,7 @@ class SGLangAPI:
 
         from searchgym.agents.server.dist_weights import DTYPES
 
-        body = (await self.model.json_body(request))[0]
+        body, _ = await self.model.json_body(request)
         names, dtypes = strings(body.get("names"), "names"), strings(body.get("dtypes"), "dtypes")
         sizes = shapes(body.get("shapes"), "shapes")
         require(len(names) == len(dtypes) == len(sizes) > 0,
@@ -391,7 +392,7 @@ class SGLangAPI:
 
     async def update_weight_version(self, request: web.Request) -> web.Response:
         """POST /update_weight_version {new_version, abort_all_requests}: relabel the current weights."""
-        body = (await self.model.json_body(request))[0]
+        body, _ = await self.model.json_body(request)
         label = _label(body.get("new_version"), "new_version")
         require(label is not None, "new_version is required")
         if lax_boolean(f.or_default(body.get("abort_all_requests"), True), "abort_all_requests"):

@@ -131,7 +131,8 @@ async def test_anonymous_requests_over_http_keep_no_prefix_and_evict_no_conversa
     turn = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4, **GREEDY}, "rid": "conversation-1"}
     first = await generate(http, url, **turn)
     entries = len(engine.prefix_cache)
-    assert "conversation-1" in engine.prefix_cache._entries
+    assert "conversation-1" in engine.prefix_cache._entries and not any(  # nor does the warm-up keep one
+        rid.startswith("HEALTH_CHECK") for rid in engine.prefix_cache._entries)
     # 400 native requests without a rid (a batch and singles, streamed too) and 40 OpenAI ones
     await generate(http, url, input_ids=[[i % 50 + 1, 7, 8] for i in range(300)],
                    sampling_params={"max_new_tokens": 2, **GREEDY})

@@ -337,7 +337,7 @@ class ServedModel:
             return
         try:
             await self.agenerate(GenerateRequest([0], SamplingParams(max_new_tokens=1, temperature=0.0),
-                                                 f"HEALTH_CHECK_{time.time()}"))
+                                                 f"HEALTH_CHECK_{time.time()}"), keep_prefix=False)
         except Exception as e:  # reported by /health_generate, which stays 503
             logger.exception("warm-up generation failed")
             self.warmup_error = f"warm-up generation failed: {type(e).__name__}: {e}\n"

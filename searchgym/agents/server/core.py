@@ -229,7 +229,13 @@ class ServedModel:
                                 f"per prompt (--max-prompt-chars)")
 
     def encode(self, text: str, field: str) -> list[int]:
-        """A text prompt's token ids, as SGLang tokenizes it, within the character and context limits."""
+        """A text prompt's token ids, as SGLang tokenizes it, within the character and context limits.
+
+        `tokenizer.encode` goes through the fast tokenizer's batch path, which releases the GIL while it works
+        (the Rust backend's own `encode` holds it throughout), so a request thread tokenizing leaves the event
+        loop free; it is called with one fixed setting (no truncation or padding), so calls from several
+        threads never contend for the Rust tokenizer ("Already borrowed").
+        """
         self.check_chars(len(text), field)
         return self.prompt_ids(list(self.tokenizer.encode(text)), field)
 

@@ -153,7 +153,9 @@ def _serve_model(args: argparse.Namespace) -> None:
     from searchgym.agents.server import run_server
     from searchgym.envs.tools.server_limits import limits_from_args
 
-    run_server(args.model, host=args.host, port=args.port, device=args.device, limits=limits_from_args(args))
+    run_server(args.model, host=args.host, port=args.port, device=args.device, context_length=args.context_length,
+               max_prompt_chars=args.max_prompt_chars, max_reply_tokens=args.max_reply_tokens,
+               limits=limits_from_args(args))
 
 
 def _serve_search(args: argparse.Namespace) -> None:
@@ -482,6 +484,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--device", default="cpu")
     add_limit_flags(p)
+    p.add_argument("--context-length", type=int, default=None, help="default: the model's")
+    p.add_argument("--max-prompt-chars", type=int, default=None,
+                   help="characters of one text prompt, refused with a 400 before tokenizing (default: 32 x context)")
+    p.add_argument("--max-reply-tokens", type=int, default=None,
+                   help="most tokens one reply may ask for (default: what the context leaves)")
     p.set_defaults(run=_serve_model)
     p = serve.add_parser("search", help="a search index behind the Search-R1/ASearcher retrieval API (/retrieve, /access)")
     p.add_argument("--index", type=Path, required=True, help="an index directory from `searchgym index build`")

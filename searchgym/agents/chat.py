@@ -135,8 +135,8 @@ class EngineChat:
             raise InvalidRequest(f"the chat template rejected the messages: {type(e).__name__}: {e}") from None
         ids = list(ids)
         if self.context_length is not None:
-            require(len(ids) < self.context_length, f"The input ({len(ids)} tokens) is longer than the model's "
-                                                    f"context length ({self.context_length} tokens).")
+            require(len(ids) < self.context_length, f"messages: The input ({len(ids)} tokens) is longer than the "
+                                                    f"model's context length ({self.context_length} tokens).")
         return ids
 
     def sampling(self, prompt_len: int, **options: Any) -> SamplingParams:

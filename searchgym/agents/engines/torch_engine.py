@@ -10,9 +10,10 @@ padding never changes a row's result. Model work runs on one dedicated worker th
 
 Prefix reuse: when a row finishes (stop or length), its keys and values (prompt + output, less the
 last sampled token, which was never fed) go into a `PrefixCache` under its rid, LRU-evicted under
-`prefix_cache_bytes` (0 turns reuse off). A request whose rid has an entry takes it, keeps the longest
-common token prefix with its prompt and prefills only the rest on top of it, at exact positions, so the
-result is that of a full prefill. Keyed by rid, not by a search over every cached prefix: the episode
+`prefix_cache_bytes` (0 turns reuse off); a request without a rid, or sent with `keep_prefix=False` (a
+rid a server made up, which no next turn can name), keeps nothing, so it never evicts a conversation. A
+request whose rid has an entry takes it, keeps the longest common token prefix with its prompt and
+prefills only the rest on top of it, at exact positions, so the result is that of a full prefill. Keyed by rid, not by a search over every cached prefix: the episode
 runners send one rid per episode and each turn's prompt extends the last turn's tokens exactly, so a
 rid lookup and one list comparison find the whole reusable prefix; what a token-prefix index would add
 is sharing a system prompt and question (~100 tokens of thousands) between episodes, which would need
@@ -35,7 +36,7 @@ import asyncio
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +83,7 @@ class _Sequence:
     cached: int = 0
     progress: Progress | None = None  # told the new tokens after each step that leaves the sequence unfinished
     reported: int = 0  # output tokens already given to `progress`
+    keep_prefix: bool = True  # whether its keys and values go into the prefix cache when it finishes
 
     @property
     def live(self) -> bool:
@@ -127,17 +129,19 @@ class TorchEngine:
 
     # ---- public API -------------------------------------------------------------------------------------------------
 
-    async def agenerate(self, request: GenerateRequest, *, progress: Progress | None = None) -> GenerateResponse:
+    async def agenerate(self, request: GenerateRequest, *, progress: Progress | None = None,
+                        keep_prefix: bool = True) -> GenerateResponse:
         """Queue a request, wait for the batch loop to finish it, and return tokens, logprobs and versions.
 
         A prompt that leaves no room in the model's context returns at once: no tokens, finish "length".
         `progress`, if given, is called in the event loop with the new (output ids, logprobs, versions) after
         every step that leaves the request unfinished (a server streams from it); the last step's tokens come
         only in the returned response. Cancelling the call drops the request from the batch at the next step.
+        With `keep_prefix=False` the finished sequence is not kept in the prefix cache (nor is one without a rid).
         """
         self._ensure_started()
         seq = self._new_sequence(request)
-        seq.progress = progress
+        seq.progress, seq.keep_prefix = progress, keep_prefix
         if seq.budget <= 0:
             return _response(seq, FinishReason("length", 0), text="")
         self._waiting.append(seq)
@@ -181,7 +185,8 @@ class TorchEngine:
         """Between steps, load new weights in place, set the version, rebuild in-flight KV caches with them
         and empty the prefix cache.
 
-        Bad weights (unknown or missing keys, wrong shapes) raise before anything changes; a failure while
+        Bad weights (unknown or missing keys, wrong shapes, NaN or infinite values) raise before anything
+        changes; a failure while
         rebuilding the caches fails the in-flight requests with it.
         """
         self._ensure_started()
@@ -195,6 +200,10 @@ class TorchEngine:
                 raise
             finally:
                 self.prefix_cache.discard()
+
+    def nonfinite_weights(self) -> list[str]:
+        """Names of the model's floating-point weights holding NaN or infinite values (none in a sound model)."""
+        return _nonfinite(self.model.state_dict().items())
 
     def stats(self) -> dict:
         """Load and work counters; busy_s is time spent inside steps, for an idle fraction over a window."""
@@ -419,7 +428,7 @@ class TorchEngine:
         """Put a finished row's keys and values (prompt + output less its unfed last token) in the prefix cache."""
         length = int(self._mask[row].sum())
         tokens = seq.prompt + seq.output_ids[:-1]
-        if seq.request.rid and self.prefix_cache.budget_bytes and len(tokens) == length:
+        if seq.request.rid and seq.keep_prefix and self.prefix_cache.budget_bytes and len(tokens) == length:
             self.prefix_cache.put(seq.request.rid, tokens, [(k[row, :, -length:], v[row, :, -length:])
                                                             for k, v in _layers(self._cache)])
 
@@ -581,7 +590,8 @@ def _read_state_dict(source: str | os.PathLike | Mapping[str, torch.Tensor]) -> 
 
 
 def _check_state_dict(model: PreTrainedModel, state: Mapping[str, torch.Tensor]) -> None:
-    """Refuse, before touching any weight, a state dict with unknown keys, wrong shapes or untied missing keys."""
+    """Refuse, before touching any weight, a state dict with unknown keys, wrong shapes, untied missing keys or
+    non-finite values (the model's own tensors, as a relabel or a partial update passes them, are not re-read)."""
     own = model.state_dict()
     unknown = sorted(set(state) - set(own))
     if unknown:
@@ -593,3 +603,12 @@ def _check_state_dict(model: PreTrainedModel, state: Mapping[str, torch.Tensor])
     missing = [name for name in own if name not in state and own[name].data_ptr() not in loaded]  # tied ones are fine
     if missing:
         raise KeyError(f"missing weights: {missing[:5]}")
+    bad = _nonfinite((name, tensor) for name, tensor in state.items() if tensor.data_ptr() != own[name].data_ptr())
+    if bad:
+        raise ValueError(f"non-finite values (NaN or Infinity) in weights: {bad[:5]}")
+
+
+def _nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    """The names of floating-point tensors holding a NaN or an infinity."""
+    return [name for name, tensor in named
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]

@@ -18,10 +18,11 @@ from typing import Any
 from aiohttp import web
 
 from searchgym.agents.engines.torch_engine import TorchEngine
-from searchgym.agents.server.core import ServedModel
+from searchgym.agents.server.core import PROMPT_CHARS_PER_TOKEN, Limits, ServedModel
 from searchgym.agents.server.openai_api import OpenAIAPI, error_body
 from searchgym.agents.server.sglang_api import SGLangAPI
 from searchgym.agents.server.sglang_control import ControlAPI
+from searchgym.agents.server.wire import json_response
 from searchgym.envs.tools.http_session import error_middleware, serve_app, wait_for_signal
 from searchgym.envs.tools.server_limits import ServerLimits, add_limit_flags, limits_from_args
 
@@ -36,17 +37,22 @@ _WARM_UP = web.AppKey("warm_up", asyncio.Task)
 def error_response(request: web.Request, status: int, message: str) -> web.Response:
     """An error body in the caller's dialect: OpenAI's envelope under /v1, SGLang's {"error": {message, code}} else."""
     if request.path.startswith("/v1/"):
-        return web.json_response(error_body(status, message), status=status)
-    return web.json_response({"error": {"message": message, "code": status}}, status=status)
+        return json_response(error_body(status, message), status=status)
+    return json_response({"error": {"message": message, "code": status}}, status=status)
 
 
 def create_app(engine: TorchEngine, *, model_path: str, served_model_name: str | None = None,
                context_length: int | None = None, max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS,
-               weight_version: str | None = None, client_max_size: int = MAX_REQUEST_BYTES) -> web.Application:
-    """The aiohttp app serving `engine` (a TorchEngine) with SGLang's and OpenAI's routes; warms up on startup."""
+               weight_version: str | None = None, client_max_size: int = MAX_REQUEST_BYTES,
+               max_prompt_chars: int | None = None, max_reply_tokens: int | None = None) -> web.Application:
+    """The aiohttp app serving `engine` (a TorchEngine) with SGLang's and OpenAI's routes; warms up on startup.
+
+    Per-request limits (core.Limits; None: the defaults) are checked here, a bad one a ValueError naming it.
+    """
     model = ServedModel(engine, model_path=model_path, served_model_name=served_model_name,
                         context_length=context_length, max_running_requests=max_running_requests,
-                        weight_version=weight_version)
+                        weight_version=weight_version, max_prompt_chars=max_prompt_chars,
+                        max_reply_tokens=max_reply_tokens)
     app = web.Application(client_max_size=client_max_size, middlewares=[error_middleware(error_response)])
     app[_MODEL] = model
     SGLangAPI(model).add_routes(app)
@@ -54,6 +60,7 @@ def create_app(engine: TorchEngine, *, model_path: str, served_model_name: str |
     OpenAIAPI(model).add_routes(app)
     app.on_startup.append(_start_warm_up)
     app.on_shutdown.append(_stop_warm_up)
+    app.on_cleanup.append(_stop_threads)
     return app
 
 
@@ -68,6 +75,11 @@ async def _stop_warm_up(app: web.Application) -> None:
     app[_WARM_UP].cancel()
 
 
+async def _stop_threads(app: web.Application) -> None:
+    """Stop the request threads once the server has closed."""
+    app[_MODEL].close()
+
+
 @contextlib.asynccontextmanager
 async def serving(engine: TorchEngine, *, model_path: str, host: str = "127.0.0.1", port: int = 0,
                   limits: ServerLimits | None = None, **app_kwargs: Any) -> AsyncIterator[str]:
@@ -80,10 +92,16 @@ async def serving(engine: TorchEngine, *, model_path: str, host: str = "127.0.0.
 def run_server(model_dir: str | os.PathLike, host: str = "127.0.0.1", port: int = 30000, *,
                served_model_name: str | None = None, context_length: int | None = None,
                max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS, weight_version: str | None = None,
+               max_prompt_chars: int | None = None, max_reply_tokens: int | None = None,
                limits: ServerLimits | None = None, **engine_kwargs: Any) -> None:
-    """Load `model_dir` into a TorchEngine and serve it until SIGINT or SIGTERM (blocking); then shut down cleanly."""
+    """Load `model_dir` into a TorchEngine and serve it until SIGINT or SIGTERM (blocking); then shut down cleanly.
+
+    Weights holding NaN or infinite values are refused (ValueError) before the server starts.
+    """
+    Limits.check(context_length, max_prompt_chars, max_reply_tokens)  # before the minutes a model takes to load
     app_kwargs = {"served_model_name": served_model_name, "context_length": context_length,
-                  "max_running_requests": max_running_requests, "weight_version": weight_version, "limits": limits}
+                  "max_running_requests": max_running_requests, "weight_version": weight_version,
+                  "max_prompt_chars": max_prompt_chars, "max_reply_tokens": max_reply_tokens, "limits": limits}
     asyncio.run(_serve_until_signal(model_dir, host, port, engine_kwargs, app_kwargs))
 
 
@@ -91,6 +109,10 @@ async def _serve_until_signal(model_dir: str | os.PathLike, host: str, port: int
                               app_kwargs: dict) -> None:
     """The body of run_server: engine, serve until a signal, close."""
     engine = TorchEngine(model_dir, **engine_kwargs)
+    bad = engine.nonfinite_weights()
+    if bad:
+        await engine.close()
+        raise ValueError(f"{model_dir}: the weights hold non-finite values (NaN or Infinity): {bad[:5]}")
     try:
         async with serving(engine, model_path=str(model_dir), host=host, port=port, **app_kwargs) as url:
             logger.info("serving %s at %s", model_dir, url)
@@ -98,6 +120,27 @@ async def _serve_until_signal(model_dir: str | os.PathLike, host: str, port: int
             logger.info("shutting down")
     finally:
         await engine.close()
+
+
+def _positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_request_limit_flags(parser: argparse.ArgumentParser) -> None:
+    """The per-request limit flags (core.Limits), shared by this module's parser and `searchgym serve model`."""
+    parser.add_argument("--max-prompt-chars", type=_positive, default=None,
+                        help="characters of one text prompt (text, prompt, or chat messages), refused with a 400 "
+                             f"before tokenizing (default: {PROMPT_CHARS_PER_TOKEN} x the context length)")
+    parser.add_argument("--max-reply-tokens", type=_positive, default=None,
+                        help="most tokens one reply may ask for (max_new_tokens, max_tokens); default: what the "
+                             "context length leaves")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -110,6 +153,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--context-length", type=int, default=None)
+    add_request_limit_flags(parser)
     parser.add_argument("--max-running-requests", type=int, default=DEFAULT_MAX_RUNNING_REQUESTS)
     parser.add_argument("--weight-version", default=None, help="the initial weight_version label (default: 0)")
     parser.add_argument("--device", default="cpu")
@@ -124,5 +168,6 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_server(args.model_path, args.host, args.port, served_model_name=args.served_model_name,
                context_length=args.context_length, max_running_requests=args.max_running_requests,
-               weight_version=args.weight_version, device=args.device, seed=args.random_seed,
+               weight_version=args.weight_version, max_prompt_chars=args.max_prompt_chars,
+               max_reply_tokens=args.max_reply_tokens, device=args.device, seed=args.random_seed,
                limits=limits_from_args(args))

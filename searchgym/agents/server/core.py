@@ -1,29 +1,75 @@
 """The served model: a TorchEngine and the state both APIs share.
 
 Requests wait at a pause gate (and, while memory is released, at the memory gate), then hold one of
-`max_running_requests` slots. Request ids in flight are
-unique (SGLang refuses a duplicate `rid`). Weight versions are SGLang's string labels ("v2-step7" is
-as valid as "3") over the engine's integer versions: a numeric label becomes that integer (so
-in-process observers and our own clients read versions as numbers), any other label the next free one.
+`max_running_requests` slots. Request ids in flight are unique (SGLang refuses a duplicate `rid`). Only
+requests whose rid the client chose keep their keys and values in the engine's prefix cache for a next
+turn (`keep_prefix`): a rid the server makes up names no later turn, so its entry could only evict a
+real conversation. `Limits` bound what one request may ask for, and CPU-heavy request work (tokenizing,
+big bodies and answers) runs in `offload`'s threads, off the event loop. Weight versions are SGLang's
+string labels ("v2-step7" is as valid as "3") over the engine's integer versions: a numeric label
+becomes that integer (so in-process observers and our own clients read versions as numbers), any other
+label the next free one.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from aiohttp import web
 
 from searchgym.agents.chat import EngineChat
 from searchgym.agents.engines.fields import require, show
 from searchgym.agents.engines.torch_engine import Progress, TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, SamplingParams
 from searchgym.agents.server.memory import MemoryOccupation, memory_tags
+from searchgym.agents.server.wire import OFFLOAD_BYTES, parse_json
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PAUSE_MODES = ("abort", "retract", "in_place")
+PROMPT_CHARS_PER_TOKEN = 32  # default --max-prompt-chars per context token: far above any real text's ~4
+REQUEST_THREADS = 4  # threads for request work too big for the event loop (tokenizers release the GIL)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask of the server; each is a 400 naming the field when exceeded.
+
+    `max_prompt_chars`: characters of one text prompt (`text`, `prompt`, or chat `messages` and `tools`),
+    refused before any tokenizing. Token prompts must be shorter than `context_length`, and the prompt plus
+    the reply's `max_new_tokens` (`max_tokens`) must fit in it too; `max_reply_tokens` caps a reply further.
+    """
+
+    context_length: int
+    max_prompt_chars: int
+    max_reply_tokens: int
+
+    @staticmethod
+    def check(context_length: Any = None, max_prompt_chars: Any = None, max_reply_tokens: Any = None) -> None:
+        """Check the settings given (None: unset), each error a ValueError naming its key and flag."""
+        for value, name, least in ((context_length, "context_length (--context-length)", 2),
+                                   (max_prompt_chars, "max_prompt_chars (--max-prompt-chars)", 1),
+                                   (max_reply_tokens, "max_reply_tokens (--max-reply-tokens)", 1)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+                raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+
+    @classmethod
+    def of(cls, context_length: int, max_prompt_chars: int | None = None,
+           max_reply_tokens: int | None = None) -> Limits:
+        """The limits for these settings (None: the default), checked."""
+        cls.check(context_length, max_prompt_chars, max_reply_tokens)
+        return cls(context_length, PROMPT_CHARS_PER_TOKEN * context_length if max_prompt_chars is None
+                   else max_prompt_chars, context_length - 1 if max_reply_tokens is None else max_reply_tokens)
+
+
 _NUMERIC = re.compile(r"-?[0-9]{1,18}")  # longer digit strings are plain labels (int() refuses > 4300 digits)
 
 
@@ -69,13 +115,20 @@ class ServedModel:
 
     def __init__(self, engine: TorchEngine, *, model_path: str, served_model_name: str | None = None,
                  context_length: int | None = None, max_running_requests: int = 256,
-                 weight_version: str | None = None) -> None:
+                 weight_version: str | None = None, max_prompt_chars: int | None = None,
+                 max_reply_tokens: int | None = None) -> None:
+        if not isinstance(max_running_requests, int) or isinstance(max_running_requests, bool) \
+                or max_running_requests < 1:
+            raise ValueError(f"max_running_requests (--max-running-requests) must be an integer >= 1, "
+                             f"got {max_running_requests!r}")
+        self.limits = Limits.of(engine.max_context if context_length is None else context_length,
+                                max_prompt_chars, max_reply_tokens)
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_path = model_path
         self.served_model_name = served_model_name or model_path
         self.vocab_size = engine.vocab_size
-        self.context_length = context_length or engine.max_context
+        self.context_length = self.limits.context_length
         self.max_context = self.context_length  # what EngineChat reads off an engine
         self.max_running_requests = max_running_requests
         self.labels = WeightLabels(engine.version, weight_version or str(engine.version))
@@ -91,6 +144,7 @@ class ServedModel:
         self.warmup_error: str | None = None
         self.created = int(time.time())
         self.chat = EngineChat(self, self.tokenizer, context_length=self.context_length)
+        self._threads = ThreadPoolExecutor(max_workers=REQUEST_THREADS, thread_name_prefix="model-server-request")
 
     @property
     def version(self) -> int:
@@ -98,11 +152,12 @@ class ServedModel:
 
     # ---- generation ----------------------------------------------------------------------------------
 
-    async def agenerate(self, request: GenerateRequest) -> GenerateResponse:
+    async def agenerate(self, request: GenerateRequest, *, keep_prefix: bool = True) -> GenerateResponse:
         """One request through the gate (its rid must not be in flight)."""
-        return (await self.run([request]))[0]
+        return (await self.run([request], keep_prefix=keep_prefix))[0]
 
-    def start(self, request: GenerateRequest, progress: Progress | None = None) -> asyncio.Task:
+    def start(self, request: GenerateRequest, progress: Progress | None = None, *,
+              keep_prefix: bool = True) -> asyncio.Task:
         """Claim the request's rid now (a duplicate is a 400 before anything starts) and generate it in a task.
 
         `progress` gets the new tokens after each engine step (streaming). Cancelling the task drops the
@@ -112,17 +167,20 @@ class ServedModel:
 
         async def run() -> GenerateResponse:
             try:
-                return await self._generate(request, progress)
+                return await self._generate(request, progress, keep_prefix)
             finally:
                 self.in_flight.discard(request.rid)
 
         return asyncio.ensure_future(run())
 
-    async def run(self, requests: list[GenerateRequest]) -> list[GenerateResponse]:
-        """Generate all `requests` concurrently; a rid already in flight, or twice in the batch, is a 400."""
+    async def run(self, requests: list[GenerateRequest], *, keep_prefix: bool = True) -> list[GenerateResponse]:
+        """Generate all `requests` concurrently; a rid already in flight, or twice in the batch, is a 400.
+
+        `keep_prefix=False` (a rid the server made up): the engine keeps no prefix of them for a next turn.
+        """
         self.claim([r.rid for r in requests])
         try:
-            return list(await asyncio.gather(*(self._generate(r) for r in requests)))
+            return list(await asyncio.gather(*(self._generate(r, keep_prefix=keep_prefix) for r in requests)))
         finally:
             self.in_flight.difference_update(r.rid for r in requests)
 
@@ -135,7 +193,8 @@ class ServedModel:
             seen.add(rid)
         self.in_flight.update(named)
 
-    async def _generate(self, request: GenerateRequest, progress: Progress | None = None) -> GenerateResponse:
+    async def _generate(self, request: GenerateRequest, progress: Progress | None = None,
+                        keep_prefix: bool = True) -> GenerateResponse:
         """Wait while paused or released, then hold one of the bounded slots while the engine generates."""
         self.waiting += 1
         try:
@@ -147,21 +206,65 @@ class ServedModel:
             self.waiting -= 1
         self.running += 1
         try:
-            return await self.engine.agenerate(request, progress=progress)
+            return await self.engine.agenerate(request, progress=progress, keep_prefix=keep_prefix)
         finally:
             self.running -= 1
             self.slots.release()
 
-    def prompt_ids(self, ids: Any) -> list[int]:
-        """Validate one prompt of token ids against the vocabulary and the context length."""
+    def prompt_ids(self, ids: Any, field: str = "input_ids") -> list[int]:
+        """Validate one prompt of token ids against the context length (first: it is cheap) and the vocabulary."""
         require(isinstance(ids, list) and len(ids) > 0,
-                f"a prompt must be a non-empty list of token ids, got {show(ids)}")
+                f"{field}: a prompt must be a non-empty list of token ids, got {show(ids)}")
+        require(len(ids) < self.context_length, f"{field}: The input ({len(ids)} tokens) is longer than the model's "
+                                                f"context length ({self.context_length} tokens).")
         for token in ids:
             require(isinstance(token, int) and not isinstance(token, bool) and 0 <= token < self.vocab_size,
-                    f"token ids must be integers in [0, {self.vocab_size}), got {show(token)}")
-        require(len(ids) < self.context_length, f"The input ({len(ids)} tokens) is longer than the model's context "
-                                                f"length ({self.context_length} tokens).")
+                    f"{field}: token ids must be integers in [0, {self.vocab_size}), got {show(token)}")
         return ids
+
+    def check_chars(self, chars: int, field: str) -> None:
+        """Refuse a text prompt of more characters than --max-prompt-chars, before tokenizing it."""
+        limit = self.limits.max_prompt_chars
+        require(chars <= limit, f"{field}: the prompt holds {chars} characters; this server takes at most {limit} "
+                                f"per prompt (--max-prompt-chars)")
+
+    def encode(self, text: str, field: str) -> list[int]:
+        """A text prompt's token ids, as SGLang tokenizes it, within the character and context limits.
+
+        `tokenizer.encode` goes through the fast tokenizer's batch path, which releases the GIL while it works
+        (the Rust backend's own `encode` holds it throughout), so a request thread tokenizing leaves the event
+        loop free; it is called with one fixed setting (no truncation or padding), so calls from several
+        threads never contend for the Rust tokenizer ("Already borrowed").
+        """
+        self.check_chars(len(text), field)
+        return self.prompt_ids(list(self.tokenizer.encode(text)), field)
+
+    def check_reply(self, prompt_len: int, max_new_tokens: int, field: str) -> None:
+        """Refuse a reply budget above --max-reply-tokens, or one that with the prompt overflows the context."""
+        total = prompt_len + max_new_tokens
+        require(total < self.context_length,
+                f"{field}: Requested token count exceeds the model's maximum context length of "
+                f"{self.context_length} tokens. You requested a total of {total} tokens: {prompt_len} tokens from "
+                f"the input and {max_new_tokens} tokens for the completion ({field}).")
+        limit = self.limits.max_reply_tokens
+        require(max_new_tokens <= limit, f"{field}={max_new_tokens} is above this server's limit of {limit} tokens "
+                                         f"per reply (--max-reply-tokens)")
+
+    async def offload(self, fn: Callable[..., T], *args: Any, heavy: bool = True) -> T:
+        """`fn(*args)` in a request thread when `heavy` (so the event loop keeps answering), else right here."""
+        if not heavy:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
+
+    async def json_body(self, request: web.Request, *, empty_ok: bool = False) -> tuple[dict, bool]:
+        """The request's JSON object, parsed in a request thread when the body is big, and whether it was."""
+        raw = await request.read()
+        heavy = len(raw) > OFFLOAD_BYTES
+        return await self.offload(functools.partial(parse_json, raw, empty_ok=empty_ok), heavy=heavy), heavy
+
+    def close(self) -> None:
+        """Stop the request threads (work already handed to them finishes)."""
+        self._threads.shutdown(wait=False)
 
     # ---- control ---------------------------------------------------------------------------------------
 
@@ -231,10 +334,16 @@ class ServedModel:
     # ---- lifecycle --------------------------------------------------------------------------------------
 
     async def warm_up(self) -> None:
-        """Generate one token so /health_generate and /ready turn 200 only when generation really works."""
+        """Check the weights are finite and generate one token, so /health_generate and /ready turn 200 only when
+        generation really works."""
+        bad = await self.offload(self.engine.nonfinite_weights)
+        if bad:
+            self.warmup_error = f"the weights hold non-finite values (NaN or Infinity): {bad[:5]}\n"
+            logger.error("warm-up refused: %s", self.warmup_error.strip())
+            return
         try:
             await self.agenerate(GenerateRequest([0], SamplingParams(max_new_tokens=1, temperature=0.0),
-                                                 f"HEALTH_CHECK_{time.time()}"))
+                                                 f"HEALTH_CHECK_{time.time()}"), keep_prefix=False)
         except Exception as e:  # reported by /health_generate, which stays 503
             logger.exception("warm-up generation failed")
             self.warmup_error = f"warm-up generation failed: {type(e).__name__}: {e}\n"

@@ -8,6 +8,8 @@ silently ignored. `stream: true` is answered by `openai_stream`.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -19,12 +21,13 @@ from searchgym.agents.chat import SAMPLING_OPTIONS, ChatResult, chat_tools
 from searchgym.agents.engines import fields as f
 from searchgym.agents.engines.detokenize import output_text
 from searchgym.agents.engines.fields import require, show
-from searchgym.agents.engines.types import GenerateRequest, GenerateResponse
+from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, SamplingParams
 from searchgym.agents.server.core import ServedModel
 from searchgym.agents.server.openai_stream import stream_chat, stream_completion, stream_settings
-from searchgym.envs.tools.http_session import json_body
+from searchgym.agents.server.wire import json_response, text_chars
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and SGLang's) default for /v1/completions
+OFFLOAD_TOKENS = 4096  # replies longer than this are detokenized in a request thread
 
 
 def _string_map(value: Any, name: str) -> None:
@@ -100,9 +103,17 @@ class OpenAIAPI:
         completion = len(response.output_ids)
         return {"prompt_tokens": prompt_len, "completion_tokens": completion, "total_tokens": prompt_len + completion}
 
+    def _reply_budget(self, body: Mapping[str, Any], prompt_len: int, sampling: SamplingParams) -> SamplingParams:
+        """The reply's max tokens within --max-reply-tokens and the context (unset: the most that fits)."""
+        limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        if body.get(limit_name) is None and sampling.max_new_tokens > self.model.limits.max_reply_tokens:
+            sampling = dataclasses.replace(sampling, max_new_tokens=self.model.limits.max_reply_tokens)
+        self.model.check_reply(prompt_len, sampling.max_new_tokens, limit_name)
+        return sampling
+
     async def chat(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/chat/completions: n = 1; tool calls parsed when tools are given; streamed on request."""
-        body = await json_body(request)
+        body, heavy = await self.model.json_body(request)
         _check_known(body, CHAT_FIELDS)
         for name, check in INERT.items():
             if body.get(name) is not None:
@@ -114,19 +125,21 @@ class OpenAIAPI:
         template_kwargs = f.or_default(body.get("chat_template_kwargs"), {})
         require(isinstance(template_kwargs, dict), "chat_template_kwargs must be an object")
         chat = self.model.chat
-        prompt = chat.render(body.get("messages"), tools, template_kwargs)
-        sampling = chat.sampling(len(prompt), **_sampling_options(body))
+        self.model.check_chars(text_chars(body.get("messages")) + text_chars(body.get("tools")), "messages")
+        prompt = await self.model.offload(chat.render, body.get("messages"), tools, template_kwargs, heavy=heavy)
+        sampling = self._reply_budget(body, len(prompt), chat.sampling(len(prompt), **_sampling_options(body)))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         if streamed is not None:
-            chat.check_budget(len(prompt), sampling.max_new_tokens)
             return await stream_chat(self.model, request, GenerateRequest(prompt, sampling, rid),
                                      model_name=self._model_name(body), tools=tools, parallel_tool_calls=parallel,
                                      settings=streamed)
-        result = await chat.acomplete(body["messages"], sampling, tools, rid=rid, parallel_tool_calls=parallel,
-                                      prompt_ids=prompt)
+        # the rid is made up here, so no next turn can name it: keep no prefix for it
+        response = await self.model.agenerate(GenerateRequest(prompt, sampling, rid), keep_prefix=False)
+        result = await self.model.offload(functools.partial(chat.result, parallel_tool_calls=parallel), prompt,
+                                          response, tools, heavy=len(response.output_ids) > OFFLOAD_TOKENS)
         if result.finish_reason == "abort":
             return self._aborted(result.response)
-        return web.json_response({
+        return json_response({
             "id": rid, "object": "chat.completion", "created": int(time.time()), "model": self._model_name(body),
             "choices": [{"index": 0, "message": _message(result), "logprobs": None,
                          "finish_reason": result.finish_reason}],
@@ -135,34 +148,39 @@ class OpenAIAPI:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/completions: text (or token ids) in, text out; no chat template; streamed on request."""
-        body = await json_body(request)
+        body, heavy = await self.model.json_body(request)
         _check_known(body, COMPLETION_FIELDS)
         for name in ("model", "user"):
             if body.get(name) is not None:
                 f.string(body[name], name)
         _check_neutral(body, COMPLETION_NEUTRAL)
         streamed = stream_settings(body)
-        prompt = self._prompt(body.get("prompt"))
+        prompt = await self.model.offload(self._prompt, body.get("prompt"), heavy=heavy)
         echo = f.boolean(f.or_default(body.get("echo"), False), "echo")
         options = _sampling_options(body)
         options.setdefault("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)
-        sampling = self.model.chat.sampling(len(prompt), **options)
-        self.model.chat.check_budget(len(prompt), sampling.max_new_tokens)
+        sampling = self._reply_budget(body, len(prompt), self.model.chat.sampling(len(prompt), **options))
         rid = f"cmpl-{uuid.uuid4().hex}"
         if streamed is not None:
             return await stream_completion(self.model, request, GenerateRequest(prompt, sampling, rid),
                                            model_name=self._model_name(body), echo=echo, settings=streamed)
-        response = await self.model.agenerate(GenerateRequest(prompt, sampling, rid))
+        response = await self.model.agenerate(GenerateRequest(prompt, sampling, rid), keep_prefix=False)
         if response.finish_reason.type == "abort":
             return self._aborted(response)
-        text = output_text(self.model.tokenizer, list(response.output_ids), response.finish_reason)
-        if echo:
-            text = self.model.tokenizer.decode(prompt, skip_special_tokens=True) + text
-        return web.json_response({
+        text = await self.model.offload(self._completion_text, prompt, response, echo,
+                                        heavy=len(response.output_ids) + echo * len(prompt) > OFFLOAD_TOKENS)
+        return json_response({
             "id": rid, "object": "text_completion", "created": int(time.time()), "model": self._model_name(body),
             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": response.finish_reason.type}],
             "usage": self._usage(len(prompt), response), "system_fingerprint": None,
             "metadata": {"weight_version": self.model.weight_version(response)}})
+
+    def _completion_text(self, prompt: list[int], response: GenerateResponse, echo: bool) -> str:
+        """A completion's text (after the prompt's, with echo)."""
+        text = output_text(self.model.tokenizer, list(response.output_ids), response.finish_reason)
+        if echo:
+            text = self.model.tokenizer.decode(prompt, skip_special_tokens=True) + text
+        return text
 
     def _prompt(self, prompt: Any) -> list[int]:
         """One prompt: a string, a list holding one string, or a list of token ids."""
@@ -170,27 +188,27 @@ class OpenAIAPI:
             prompt = prompt[0]
         if isinstance(prompt, str):
             require(prompt != "", "prompt must not be empty")
-            return self.model.prompt_ids(list(self.model.tokenizer.encode(prompt)))
+            return self.model.encode(prompt, "prompt")
         require(isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt),
                 f"prompt must be a string or a list of token ids (one prompt per request), got {show(prompt)}")
-        return self.model.prompt_ids(prompt)
+        return self.model.prompt_ids(prompt, "prompt")
 
     def _aborted(self, response: GenerateResponse) -> web.Response:
         """A generation aborted by a pause for a weight update: 503 with Retry-After, which OpenAI clients retry."""
         message = f"generation was aborted ({response.finish_reason.message}); retry"
-        return web.json_response(error_body(503, message), status=503, headers={"Retry-After": "1"})
+        return json_response(error_body(503, message), status=503, headers={"Retry-After": "1"})
 
     async def models(self, request: web.Request) -> web.Response:
         """GET /v1/models."""
-        return web.json_response({"object": "list", "data": [self._card()]})
+        return json_response({"object": "list", "data": [self._card()]})
 
     async def model_card(self, request: web.Request) -> web.Response:
         """GET /v1/models/{model}: the served model's card, or OpenAI's 404."""
         name = request.match_info["model"]
         if name != self.model.served_model_name:
-            return web.json_response(error_body(404, f"The model '{name}' does not exist", "model_not_found"),
+            return json_response(error_body(404, f"The model '{name}' does not exist", "model_not_found"),
                                      status=404)
-        return web.json_response(self._card())
+        return json_response(self._card())
 
     def _card(self) -> dict[str, Any]:
         name = self.model.served_model_name

@@ -106,7 +106,7 @@ async def stream_chat(model: ServedModel, http: web.Request, request: GenerateRe
                       settings: StreamSettings) -> web.StreamResponse:
     """A validated chat completion, streamed."""
     prompt = list(request.input_ids)
-    async with Stream(model, request) as stream:
+    async with Stream(model, request, keep_prefix=False) as stream:  # no rid to continue
         response = await open_sse(http)
         chunks = Chunks(response, request.rid, "chat.completion.chunk", model_name, len(prompt), settings)
         deltas = TextDeltas(model.tokenizer, request.sampling.stop, tools=bool(tools))
@@ -140,7 +140,7 @@ async def stream_completion(model: ServedModel, http: web.Request, request: Gene
                             echo: bool, settings: StreamSettings) -> web.StreamResponse:
     """A validated text completion, streamed."""
     prompt = list(request.input_ids)
-    async with Stream(model, request) as stream:
+    async with Stream(model, request, keep_prefix=False) as stream:  # no rid to continue
         response = await open_sse(http)
         chunks = Chunks(response, request.rid, "text_completion", model_name, len(prompt), settings)
         deltas = TextDeltas(model.tokenizer, request.sampling.stop)

@@ -26,7 +26,9 @@ from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, Sa
 from searchgym.agents.server.core import ServedModel
 from searchgym.agents.server.lax_fields import lax_boolean, lax_integer, shapes, strings
 from searchgym.agents.server.sglang_stream import stream_generate
-from searchgym.envs.tools.http_session import json_body
+from searchgym.agents.server.wire import encode, json_response, raw_json_response
+
+OFFLOAD_TOKENS = 4096  # answers with more output tokens than this are detokenized and encoded in a request thread
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default when a request leaves max_new_tokens unset
 LOAD_FORMATS = (None, "auto", "safetensors", "pt")  # what from_pretrained detects by itself
@@ -188,21 +190,24 @@ class SGLangAPI:
     # ---- /generate --------------------------------------------------------------------------------------
 
     def prompts(self, body: dict) -> tuple[list[list[int]], bool]:
-        """The prompts of a /generate body and whether it is a batch; text is tokenized as SGLang does."""
+        """The prompts of a /generate body and whether it is a batch; text is tokenized as SGLang does, each
+        prompt's characters checked first (so an oversized one costs no tokenizing)."""
         has_ids, has_text = body.get("input_ids") is not None, body.get("text") is not None
         require(has_ids != has_text, "give exactly one of input_ids or text")
-        encode = self.model.tokenizer.encode
+        model = self.model
         if has_text:
             text = body["text"]
             if isinstance(text, str):
-                return [self.model.prompt_ids(encode(text))], False
+                return [model.encode(text, "text")], False
             require(isinstance(text, list) and len(text) > 0 and all(isinstance(t, str) for t in text),
                     f"text must be a string or a non-empty list of strings, got {show(text)}")
-            return [self.model.prompt_ids(encode(t)) for t in text], True
+            for i, t in enumerate(text):
+                model.check_chars(len(t), f"text[{i}]")
+            return [model.encode(t, f"text[{i}]") for i, t in enumerate(text)], True
         ids = body["input_ids"]
         if isinstance(ids, list) and ids and all(isinstance(x, list) for x in ids):
-            return [self.model.prompt_ids(x) for x in ids], True
-        return [self.model.prompt_ids(ids)], False
+            return [model.prompt_ids(x, f"input_ids[{i}]") for i, x in enumerate(ids)], True
+        return [model.prompt_ids(ids)], False
 
     def items(self, body: dict) -> tuple[list[Item], bool]:
         """Validate a /generate body into one item per prompt (scalars broadcast over a batch, lists per prompt)."""
@@ -218,7 +223,7 @@ class SGLangAPI:
         items = []
         for i, (ids, rid) in enumerate(zip(prompts, _rids(body.get("rid"), n, batch))):
             params, skip_special, no_trim, spaces = sampling(per_item["sampling_params"][i], self.model.vocab_size)
-            self.model.chat.check_budget(len(ids), params.max_new_tokens)
+            self.model.check_reply(len(ids), params.max_new_tokens, "sampling_params.max_new_tokens")
             return_logprob = f.boolean(f.or_default(per_item["return_logprob"][i], False), "return_logprob")
             start = f.integer(f.or_default(per_item["logprob_start_len"][i], -1), "logprob_start_len")
             require(not return_logprob or start == -1 or start >= len(ids),
@@ -254,19 +259,27 @@ class SGLangAPI:
         """POST /generate: one prompt or a batch, answered once generation ends (or is aborted); with stream: true
         as server-sent events (sglang_stream)."""
         started = time.perf_counter()
-        body = await json_body(request)
-        items, batch = self.items(body)
+        body, heavy = await self.model.json_body(request)
+        items, batch = await self.model.offload(self.items, body, heavy=heavy)  # tokenizing a big one: in a thread
+        keep_prefix = body.get("rid") is not None  # a made-up rid names no next turn: cache nothing for it
         if body.get("stream"):
-            return await stream_generate(self, body, items, batch, request, started)
-        responses = await self.model.run([item.request for item in items])
+            return await stream_generate(self, body, items, batch, request, started, keep_prefix=keep_prefix)
+        responses = await self.model.run([item.request for item in items], keep_prefix=keep_prefix)
+        tokens = sum(len(r.output_ids) for r in responses)
+        answer = await self.model.offload(self._answer, items, responses, batch, started,
+                                          heavy=tokens > OFFLOAD_TOKENS)
+        return raw_json_response(answer)
+
+    def _answer(self, items: list[Item], responses: list[GenerateResponse], batch: bool, started: float) -> bytes:
+        """The JSON of a finished /generate: one result, or a list for a batch."""
         outputs = [self.output(item, response, started) for item, response in zip(items, responses)]
-        return web.json_response(outputs if batch else outputs[0])
+        return encode(outputs if batch else outputs[0])
 
     # ---- control -----------------------------------------------------------------------------------------
 
     async def abort_request(self, request: web.Request) -> web.Response:
         """POST /abort_request {rid, abort_all}: in-flight requests return with finish_reason abort."""
-        body = await json_body(request)
+        body, _ = await self.model.json_body(request)
         abort_all = lax_boolean(f.or_default(body.get("abort_all"), False), "abort_all")
         rid = f.string(f.or_default(body.get("rid"), ""), "rid")
         require(abort_all or rid != "", "give a rid or abort_all: true")
@@ -275,19 +288,20 @@ class SGLangAPI:
 
     async def pause(self, request: web.Request) -> web.Response:
         """POST /pause_generation {mode}: abort returns in-flight requests; retract and in_place keep them."""
-        await self.model.pause(f.or_default((await json_body(request, empty_ok=True)).get("mode"), "abort"))
-        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
+        body, _ = await self.model.json_body(request, empty_ok=True)
+        await self.model.pause(f.or_default(body.get("mode"), "abort"))
+        return json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def resume(self, request: web.Request) -> web.Response:
         """POST /continue_generation: paused requests go on, waiting ones are admitted."""
-        body = await json_body(request, empty_ok=True)
+        body, _ = await self.model.json_body(request, empty_ok=True)
         lax_boolean(f.or_default(body.get("torch_empty_cache"), True), "torch_empty_cache")  # no CUDA cache here
         await self.model.resume()
-        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
+        return json_response({"message": "Generation continued successfully.", "status": "ok"})
 
     async def update_weights(self, request: web.Request) -> web.Response:
         """POST /update_weights_from_disk: load a checkpoint dir; on failure the old weights keep serving."""
-        body = await json_body(request)
+        body, _ = await self.model.json_body(request)
         path = body.get("model_path")
         require(isinstance(path, str) and path != "", f"model_path must be a non-empty string, got {show(path)}")
         require(body.get("load_format") in LOAD_FORMATS,
@@ -306,20 +320,20 @@ class SGLangAPI:
         except Exception as e:  # a bad checkpoint of any kind is the caller's problem, reported, not a crash
             message = (f"Failed to update weights: {type(e).__name__}: {e}. "
                        f"The server keeps serving weight version {model.weight_version()}.")
-            return web.json_response({"success": False, "message": message, "num_paused_requests": aborted},
+            return json_response({"success": False, "message": message, "num_paused_requests": aborted},
                                      status=400)
         if keep_pause:
             await model.pause("in_place")
         message = "Succeeded to update model weights."
         if label is not None:
             message += f" Weight version updated to {label}."
-        return web.json_response({"success": True, "message": message, "num_paused_requests": aborted})
+        return json_response({"success": True, "message": message, "num_paused_requests": aborted})
 
     async def init_weights_update_group(self, request: web.Request) -> web.Response:
         """POST /init_weights_update_group: join a trainer's weight-update group (answers once all members joined)."""
         from searchgym.agents.server.dist_weights import close_group, open_group
 
-        body = await json_body(request)  # SGLang's lax ints: AReaL sends "master_port": str(port)
+        body, _ = await self.model.json_body(request)  # SGLang's lax ints: AReaL sends "master_port": str(port)
         address = f.string(body.get("master_address"), "master_address")
         port = lax_integer(body.get("master_port"), "master_port")
         rank = lax_integer(body.get("rank_offset"), "rank_offset")
@@ -334,10 +348,10 @@ class SGLangAPI:
         try:
             group = await asyncio.to_thread(open_group, address, port, rank, world, name, backend)
         except Exception as e:  # unreachable master, NCCL on a CPU box: reported, the server serves on
-            return web.json_response({"success": False, "message": f"Failed to init group: {type(e).__name__}: {e}"},
+            return json_response({"success": False, "message": f"Failed to init group: {type(e).__name__}: {e}"},
                                      status=400)
         self.weight_groups[name] = (group, backend)
-        return web.json_response({"success": True, "message": "Succeeded to initialize custom process group."})
+        return json_response({"success": True, "message": "Succeeded to initialize custom process group."})
 
     async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
         """POST /update_weights_from_distributed: receive a bucket of tensors broadcast by rank 0 and load them."""
@@ -345,7 +359,7 @@ class SGLangAPI:
 
         from searchgym.agents.server.dist_weights import DTYPES
 
-        body = await json_body(request)
+        body, _ = await self.model.json_body(request)
         names, dtypes = strings(body.get("names"), "names"), strings(body.get("dtypes"), "dtypes")
         sizes = shapes(body.get("shapes"), "shapes")
         require(len(names) == len(dtypes) == len(sizes) > 0,
@@ -371,20 +385,20 @@ class SGLangAPI:
         except Exception as e:  # wrong names or shapes: the old weights keep serving
             message = (f"Failed to update weights: {type(e).__name__}: {e}. "
                        f"The server keeps serving weight version {model.weight_version()}.")
-            return web.json_response({"success": False, "message": message, "num_paused_requests": aborted},
+            return json_response({"success": False, "message": message, "num_paused_requests": aborted},
                                      status=400)
-        return web.json_response({"success": True, "message": "Succeeded to update parameter online.",
+        return json_response({"success": True, "message": "Succeeded to update parameter online.",
                                   "num_paused_requests": aborted})
 
     async def update_weight_version(self, request: web.Request) -> web.Response:
         """POST /update_weight_version {new_version, abort_all_requests}: relabel the current weights."""
-        body = await json_body(request)
+        body, _ = await self.model.json_body(request)
         label = _label(body.get("new_version"), "new_version")
         require(label is not None, "new_version is required")
         if lax_boolean(f.or_default(body.get("abort_all_requests"), True), "abort_all_requests"):
             await self.model.engine.abort(None)
         await self.model.set_label(label)
-        return web.json_response({"success": True, "message": f"Weight version updated to {label}",
+        return json_response({"success": True, "message": f"Weight version updated to {label}",
                                   "new_version": label})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
@@ -408,7 +422,7 @@ class SGLangAPI:
     async def model_info(self, request: web.Request) -> web.Response:
         """GET /model_info (and the deprecated /get_model_info)."""
         model = self.model
-        return web.json_response({
+        return json_response({
             "model_path": model.model_path, "served_model_name": model.served_model_name,
             "tokenizer_path": model.model_path, "is_generation": True, "preferred_sampling_params": None,
             "weight_version": model.weight_version(), "load_format": None, "reasoning_parser": None,
@@ -417,7 +431,7 @@ class SGLangAPI:
     async def server_info(self, request: web.Request) -> web.Response:
         """GET /server_info (and the deprecated /get_server_info): settings, load and the engine's own stats."""
         model = self.model
-        return web.json_response({
+        return json_response({
             "model_path": model.model_path, "tokenizer_path": model.model_path,
             "served_model_name": model.served_model_name, "context_length": model.context_length,
             "max_context_length": model.context_length, "max_running_requests": model.max_running_requests,

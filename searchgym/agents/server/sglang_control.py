@@ -23,7 +23,7 @@ from aiohttp import web
 
 from searchgym.agents.engines.fields import show
 from searchgym.agents.server.core import ServedModel
-from searchgym.envs.tools.http_session import json_body
+from searchgym.agents.server.wire import json_response
 
 SGLANG_VERSION = "0.5.23"  # the SGLang whose API this server speaks
 LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
@@ -37,36 +37,36 @@ class ControlAPI:
 
     async def _tags(self, request: web.Request) -> Any:
         """The optional body's `tags` (a GET, or a POST without a body, means all)."""
-        return (await json_body(request, empty_ok=True)).get("tags")
+        return (await self.model.json_body(request, empty_ok=True))[0].get("tags")
 
     async def release(self, request: web.Request) -> web.Response:
         """POST|GET /release_memory_occupation {tags}."""
         await self.model.release_memory(await self._tags(request))
-        return web.json_response(None)
+        return json_response(None)
 
     async def resume(self, request: web.Request) -> web.Response:
         """POST|GET /resume_memory_occupation {tags}."""
         await self.model.resume_memory(await self._tags(request))
-        return web.json_response(None)
+        return json_response(None)
 
     async def loads(self, request: web.Request) -> web.Response:
         """GET /v1/loads?include=&dp_rank=&format=: this server's one rank, in SGLang's shape."""
         query = request.query
         include = {s.strip() for s in query["include"].split(",")} if query.get("include") else None
         if include is not None and not include <= LOAD_SECTIONS:
-            return web.json_response({"detail": f"Invalid include sections: {sorted(include - LOAD_SECTIONS)}. "
+            return json_response({"detail": f"Invalid include sections: {sorted(include - LOAD_SECTIONS)}. "
                                                 f"Valid options: {sorted(LOAD_SECTIONS)}"}, status=400)
         dp_rank = query.get("dp_rank")
         if dp_rank is not None:
             try:
                 dp_rank = int(dp_rank)
             except ValueError:
-                return web.json_response({"detail": f"dp_rank must be an integer, got {show(dp_rank)}"}, status=422)
+                return json_response({"detail": f"dp_rank must be an integer, got {show(dp_rank)}"}, status=422)
         loads = [self.load(include)] if dp_rank in (None, 0) else []
         if query.get("format") == "prometheus":
             return web.Response(body=prometheus(loads).encode(),
                                 headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
-        return web.json_response({"timestamp": datetime.now(timezone.utc).isoformat(), "version": SGLANG_VERSION,
+        return json_response({"timestamp": datetime.now(timezone.utc).isoformat(), "version": SGLANG_VERSION,
                                   "accelerator": accelerator_name(self.model.engine.device),
                                   "num_accelerators": 1, "loads": loads})
 

@@ -49,12 +49,13 @@ def stream_interval(body: dict) -> int:
 
 
 async def stream_generate(api: NativeOutput, body: dict, items: list[Any], batch: bool, request: web.Request,
-                          started: float) -> web.StreamResponse:
-    """Answer a validated `/generate` body with `stream: true` as server-sent events."""
+                          started: float, *, keep_prefix: bool = True) -> web.StreamResponse:
+    """Answer a validated `/generate` body with `stream: true` as server-sent events (`keep_prefix`: as
+    ServedModel.run)."""
     require(not batch, "stream: true takes one prompt per request on this server; send a batch without stream")
     (item,) = items
     interval = stream_interval(body)
-    async with Stream(api.model, item.request) as stream:
+    async with Stream(api.model, item.request, keep_prefix=keep_prefix) as stream:
         response = await open_sse(request)
         sent = 0
         try:

@@ -10,7 +10,6 @@ string, or the start of a `<tool_call>` block, is held until the end.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ from aiohttp import web
 
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse
 from searchgym.agents.server.core import ServedModel
+from searchgym.agents.server.wire import dumps
 
 DISCONNECT_POLL_S = 0.5  # how often a stream with nothing to send checks that its client is still there
 TOOL_CALL_OPEN = "<tool_call>"
@@ -52,10 +52,10 @@ def progress_callback(partial: Partial, changed: asyncio.Event):
 class Stream:
     """A generation started for streaming: its rid is claimed at once, so a duplicate is a 400 before any byte."""
 
-    def __init__(self, model: ServedModel, request: GenerateRequest) -> None:
+    def __init__(self, model: ServedModel, request: GenerateRequest, *, keep_prefix: bool = True) -> None:
         self.model, self.request = model, request
         self.partial, self._changed = Partial(), asyncio.Event()
-        self.task = model.start(request, progress_callback(self.partial, self._changed))
+        self.task = model.start(request, progress_callback(self.partial, self._changed), keep_prefix=keep_prefix)
 
     async def __aenter__(self) -> Stream:
         return self
@@ -97,8 +97,8 @@ async def open_sse(request: web.Request) -> web.StreamResponse:
 
 
 async def send(response: web.StreamResponse, data: Any) -> None:
-    """One `data: {json}` event."""
-    await response.write(b"data: " + json.dumps(data, ensure_ascii=False).encode() + b"\n\n")
+    """One `data: {json}` event (strict JSON: a non-finite number is null)."""
+    await response.write(b"data: " + dumps(data, ensure_ascii=False).encode() + b"\n\n")
 
 
 async def send_done(response: web.StreamResponse) -> None:

@@ -724,7 +724,7 @@ async def test_serve_search_closes_held_sockets_and_its_descriptors_return_to_ba
     they are closed (a 408 each), normal clients are served meanwhile, the server's descriptor count returns to
     where it was, and --max-docs bounds a reply."""
     n = min(1000, (resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 200))
-    flags = ("--header-timeout", "5", "--idle-timeout", "5", "--max-connections", str(n + 50), "--max-docs", "10")
+    flags = ("--header-timeout", "5", "--idle-timeout", "60", "--max-connections", str(n + 50), "--max-docs", "10")
     async with serve_search_process(small_bundle / "index", tmp_path / "server.log", *flags) as (url, proc):
         server_fds = lambda: len(os.listdir(f"/proc/{proc.pid}/fd"))  # noqa: E731
         await asyncio.sleep(0.5)

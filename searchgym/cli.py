@@ -259,6 +259,18 @@ def _bench_reliability(args: argparse.Namespace) -> None:
     print(f"written to {args.out}")
 
 
+def _bench_load(args: argparse.Namespace) -> None:
+    from searchgym.bench.load import markdown_table, run_load
+
+    if args.markdown:  # docs/reliability.md's load table is this output
+        print(markdown_table(json.loads(Path(args.out).read_text())), end="")
+        return
+    quick = {"clients": (20, 50), "rounds": 1, "idle": 50, "oversized_mb": 1.0} if args.quick else {}
+    report = run_load(args.out, servers=tuple(args.servers.split(",")), **quick)
+    print(markdown_table(report), end="")
+    print(f"written to {args.out}")
+
+
 def _train(args: argparse.Namespace) -> None:
     from searchgym.trainers.config import load_config
 
@@ -585,6 +597,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--markdown", choices=["readme", "docs"], default=None,
                    help="only print README's (short) or docs/reliability.md's table of the existing --out report")
     p.set_defaults(run=_bench_reliability)
+    p = bench.add_parser("load", help="serve model, search and env at 50, 200 and 1,000 clients beside 1,000 idle "
+                                      "sockets and one oversized request: items/s, p50/p99, errors, RSS, fds")
+    p.add_argument("--servers", default="model,search,env", help="comma-separated: model, search, env")
+    p.add_argument("--quick", action="store_true", help="a smoke test: 20 and 50 clients, 50 idle sockets, 1 MB")
+    p.add_argument("--out", type=Path, default=Path("results/bench_load.json"))
+    p.add_argument("--markdown", action="store_true", help="only print docs/reliability.md's table of --out")
+    p.set_defaults(run=_bench_load)
     return parser
 
 

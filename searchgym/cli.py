@@ -252,7 +252,8 @@ def _bench_reliability(args: argparse.Namespace) -> None:
 
     if args.markdown:  # render a table of an existing report: README's and docs/reliability.md's are this output
         report = json.loads(Path(args.out).read_text())
-        print((readme_table if args.markdown == "readme" else markdown_table)(report), end="")
+        load = json.loads(args.load.read_text()) if args.load.exists() else None  # README's row renders both
+        print(readme_table(report, load) if args.markdown == "readme" else markdown_table(report), end="")
         return
     report = run_reliability(args.out, workdir=args.workdir, seed=args.seed, n=args.n, kills=not args.no_kills)
     print(markdown_table(report), end="")
@@ -596,6 +597,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("results/reliability.json"))
     p.add_argument("--markdown", choices=["readme", "docs"], default=None,
                    help="only print README's (short) or docs/reliability.md's table of the existing --out report")
+    p.add_argument("--load", type=Path, default=Path("results/bench_load.json"),
+                   help="the `bench load` report README's table also renders (when it exists)")
     p.set_defaults(run=_bench_reliability)
     p = bench.add_parser("load", help="serve model, search and env at 50, 200 and 1,000 clients beside 1,000 idle "
                                       "sockets and one oversized request: items/s, p50/p99, errors, RSS, fds")

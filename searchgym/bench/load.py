@@ -185,8 +185,10 @@ async def _drive(target: Any, server: ServerProcess, clients: tuple[int, ...], *
 def run_load(out: str | os.PathLike | None = "results/bench_load.json", *, clients: tuple[int, ...] = CLIENTS,
              rounds: int = 2, idle: int = 1000, oversized_mb: float = 10.0, timeout: float = 60.0,
              servers: tuple[str, ...] = ("model", "search", "env"), model: Path | None = None,
-             workdir: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Drive each server at each client count; write the report to `out` (unless None) and return it."""
+             workdir: str | os.PathLike | None = None, references: int = 32) -> dict[str, Any]:
+    """Drive each server at each client count; write the report to `out` (unless None) and return it.
+
+    `references` distinct prompts, queries and tasks are asked alone first; the clients cycle through them."""
     import gymnasium as gym
 
     import searchgym  # noqa: F401  (registers the env ids)
@@ -200,12 +202,12 @@ def run_load(out: str | os.PathLike | None = "results/bench_load.json", *, clien
     limits = raise_fd_limit()
     t_start = time.perf_counter()
     env = gym.make(ENV_ID, **ENV_KWARGS).unwrapped
-    tasks = [(t.id, t.metadata["start_query"], t.answers[0]) for t in list(env.tasks)[:64]]
+    tasks = [(t.id, t.metadata["start_query"], t.answers[0]) for t in list(env.tasks)[:references]]
     env.close()
     kw = {"rounds": rounds, "idle": idle, "oversized_bytes": int(oversized_mb * 1_000_000), "timeout": timeout}
     report: dict[str, Any] = {"machine": {**_machine(), "load_before": os.getloadavg()},
                               "config": {"clients": list(clients), "rounds_per_client": rounds, "idle_sockets": idle,
-                                         "oversized_mb": oversized_mb, "timeout_s": timeout,
+                                         "oversized_mb": oversized_mb, "timeout_s": timeout, "references": references,
                                          "open_files_limit": list(limits)},
                               "servers": {}}
     with ExitStack() as stack:
@@ -220,7 +222,7 @@ def run_load(out: str | os.PathLike | None = "results/bench_load.json", *, clien
                     build_tiny_model(model, seed=0)
             elif not (Path(model) / "config.json").exists():
                 raise ValueError(f"model: {model} is not a model directory (no config.json)")
-            targets["model"] = lambda: ModelTarget(Path(model))
+            targets["model"] = lambda: ModelTarget(Path(model), n_prompts=references)
         for name in servers:
             target = targets[name]()
             with ServerProcess(target.argv) as server:

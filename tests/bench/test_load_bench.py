@@ -25,8 +25,8 @@ def test_a_server_answers_every_small_request_beside_idle_sockets_and_an_oversiz
                                                                                       small_bundle):
     model = request.getfixturevalue("tiny_model_dir") if name == "model" else None
     out = tmp_path / "load.json"
-    report = load.run_load(out, clients=(20,), rounds=1, idle=20, oversized_mb=0.5, timeout=60, servers=(name,),
-                           model=model)
+    report = load.run_load(out, clients=(20,), rounds=1, idle=20, oversized_mb=0.2, timeout=60, servers=(name,),
+                           model=model, references=8)
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert set(report["servers"]) == {name}
     runs = report["servers"][name]["runs"]
@@ -41,11 +41,11 @@ def test_a_server_answers_every_small_request_beside_idle_sockets_and_an_oversiz
         assert run["p50_ms"] <= run["p99_ms"] and run["items_per_s"] > 0
         assert run["idle_sockets"]["held"] == 20
         big = run["oversized"]
-        assert big["bytes"] > 500_000 and big["status"] is not None and big["status"] < 500, big  # never a 5xx
+        assert big["bytes"] > 200_000 and big["status"] is not None and big["status"] < 500, big  # never a 5xx
         for when in ("server_before", "server_after_load", "server_after_release"):
             assert run[when]["rss_mb"] > 10 and run[when]["fds"] > 2
         assert run["server_after_load"]["fds"] >= run["server_before"]["fds"] + 10  # the held sockets are its
-        if name == "model":  # half a million tokens against an 8,192-token context: refused, saying why
+        if name == "model":  # 100,000 tokens against an 8,192-token context: refused, saying why
             assert 400 <= big["status"] < 500 and "error" in big["reply"], big
     assert report["summary"] == {"clients": 20, "errors": {name: 0, "total": 0},
                                  "idle_closed": {name: runs[0]["idle_sockets"]["closed_by_server"] + runs[1][

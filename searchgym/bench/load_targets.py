@@ -10,6 +10,7 @@ generations, ranked hits, an episode's observations and reward), so a wrong answ
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ async def post_json(http: aiohttp.ClientSession, url: str, body: Any, timeout: f
         data = await resp.read()
         if resp.status != 200:
             raise HttpStatus(resp.status, data[:200].decode("utf-8", "replace"))
-        return __import__("json").loads(data)
+        return json.loads(data)
 
 
 class HttpStatus(Exception):
@@ -160,8 +161,6 @@ class EnvTarget:
         self.reference: list[tuple[str, float | None]] = []
 
     def argv(self, port: int) -> list[str]:
-        import json
-
         return ["serve", "env", self.env_id, "--env-kwargs", json.dumps(self.env_kwargs), "--port", str(port),
                 "--max-sessions", str(self.max_sessions)]
 

@@ -56,7 +56,8 @@ def test_a_server_answers_every_small_request_beside_idle_sockets_and_an_oversiz
 
 def test_the_docs_table_is_the_committed_report_rendered():
     report = json.loads((ROOT / "results" / "bench_load.json").read_text())
-    assert generated_block((ROOT / "docs" / "reliability.md").read_text(), load.DOCS_MARK) == load.markdown_table(report)
+    docs = (ROOT / "docs" / "reliability.md").read_text()
+    assert generated_block(docs, load.DOCS_MARK) == load.markdown_table(report)
     assert report["summary"] == load.summary(report)
     assert set(report["servers"]) == {"model", "search", "env"} and report["config"]["clients"] == [50, 200, 1000]
 

@@ -4,7 +4,7 @@ Every answer under load is checked against the same request's answer taken alone
 generations, ranked hits, an episode's observations and reward), so a wrong answer counts as an error too.
 - model: `serve model` on the tiny model; `single` is one prompt a /generate, `batched` eight (max_new_tokens 4);
 - search: `serve search` on a small bundle's index; `single` is one query a /retrieve, `batched` 32;
-- env: `serve env` (OpenEnv over WebSocket, through its own client `SearchGymClient`) playing reset, search,
+- env: `serve env` (OpenEnv over WebSocket, through OpenEnv's own `GenericEnvClient`) playing reset, search,
   answer; OpenEnv has no batch route, so `single` opens a session per episode and `reused` keeps one for all.
 """
 from __future__ import annotations
@@ -166,11 +166,9 @@ class EnvTarget:
 
     async def _episode(self, client: Any, k: int, record: Record | None, timeout: float) -> tuple[str, float | None]:
         """reset(index=k), search, answer: (the search step's text, the final reward); each message one request."""
-        from searchgym.integrations.openenv import SearchAction
-
         task_id, query, answer = self.tasks[k]
-        steps = [lambda: client.reset(index=k), lambda: client.step(SearchAction(tool="search", argument=query)),
-                 lambda: client.step(SearchAction(tool="answer", argument=answer))]
+        steps = [lambda: client.reset(index=k), lambda: client.step({"tool": "search", "argument": query}),
+                 lambda: client.step({"tool": "answer", "argument": answer})]
         results = []
         for step in steps:
             call = asyncio.wait_for(step(), timeout)
@@ -178,19 +176,22 @@ class EnvTarget:
             if isinstance(result, Exception):
                 raise _Counted() from result
             results.append(result)
-        if results[0].observation.task_id != task_id:
-            raise WrongAnswer(f"reset(index={k}) gave task {results[0].observation.task_id}")
-        return results[1].observation.text, results[2].reward
+        if results[0].observation.get("task_id") != task_id:
+            raise WrongAnswer(f"reset(index={k}) gave task {results[0].observation.get('task_id')}")
+        return results[1].observation.get("text"), results[2].reward
 
     async def prepare(self, http: aiohttp.ClientSession, url: str) -> None:
-        from searchgym.integrations.openenv import SearchGymClient
+        from openenv.core import GenericEnvClient
 
-        async with SearchGymClient(base_url=url) as client:
+        async with GenericEnvClient(base_url=url) as client:
             self.reference = [await self._episode(client, k, None, 60) for k in range(len(self.tasks))]
+        wrong = [k for k, (_, reward) in enumerate(self.reference) if reward != 1.0]
+        if wrong:  # the reference episodes answer each task's own answer: anything else is a broken reference
+            raise RuntimeError(f"env reference: tasks {wrong[:5]} did not score 1.0 with their own answer")
 
     async def client(self, http: aiohttp.ClientSession, url: str, mode: str, i: int, rounds: int,
                      record: Record, timeout: float) -> None:
-        from searchgym.integrations.openenv import SearchGymClient
+        from openenv.core import GenericEnvClient
 
         session: Any = None
         try:
@@ -198,8 +199,8 @@ class EnvTarget:
                 k = (i * rounds + r) % len(self.tasks)
                 if session is None:
                     try:
-                        session = await SearchGymClient(base_url=url, connect_timeout_s=timeout,
-                                                        message_timeout_s=timeout).__aenter__()
+                        session = await GenericEnvClient(base_url=url, connect_timeout_s=timeout,
+                                                         message_timeout_s=timeout).__aenter__()
                     except Exception as e:  # noqa: BLE001 -- a refused session is counted like a failed request
                         record(None, 0, f"connect: {error_kind(e)}")
                         continue

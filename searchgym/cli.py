@@ -263,11 +263,26 @@ def _bench_reliability(args: argparse.Namespace) -> None:
 
     if args.markdown:  # render a table of an existing report: README's and docs/reliability.md's are this output
         report = json.loads(Path(args.out).read_text())
-        print((readme_table if args.markdown == "readme" else markdown_table)(report), end="")
+        load = json.loads(args.load.read_text()) if args.load.exists() else None  # README's row renders both
+        print(readme_table(report, load) if args.markdown == "readme" else markdown_table(report), end="")
         return
     report = run_reliability(args.out, workdir=args.workdir, seed=args.seed, n=args.n, kills=not args.no_kills)
     print(markdown_table(report), end="")
     print(f"written to {args.out}")
+
+
+def _bench_load(args: argparse.Namespace) -> None:
+    from searchgym.bench.load import markdown_table, run_load
+
+    # a --quick smoke test never replaces the committed report that README and docs render
+    out = args.out or Path("results/bench_load_quick.json" if args.quick and not args.markdown else "results/bench_load.json")
+    if args.markdown:  # docs/reliability.md's load table is this output
+        print(markdown_table(json.loads(out.read_text())), end="")
+        return
+    quick = {"clients": (20, 50), "rounds": 1, "idle": 50, "oversized_mb": 1.0} if args.quick else {}
+    report = run_load(out, servers=tuple(args.servers.split(",")), **quick)
+    print(markdown_table(report), end="")
+    print(f"written to {out}")
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -613,7 +628,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("results/reliability.json"))
     p.add_argument("--markdown", choices=["readme", "docs"], default=None,
                    help="only print README's (short) or docs/reliability.md's table of the existing --out report")
+    p.add_argument("--load", type=Path, default=Path("results/bench_load.json"),
+                   help="the `bench load` report README's table also renders (when it exists)")
     p.set_defaults(run=_bench_reliability)
+    p = bench.add_parser("load", help="serve model, search and env at 50, 200 and 1,000 clients beside 1,000 idle "
+                                      "sockets and one oversized request: items/s, p50/p99, errors, RSS, fds")
+    p.add_argument("--servers", default="model,search,env", help="comma-separated: model, search, env")
+    p.add_argument("--quick", action="store_true", help="a smoke test: 20 and 50 clients, 50 idle sockets, 1 MB")
+    p.add_argument("--out", type=Path, default=None,
+                   help="default results/bench_load.json (--quick: results/bench_load_quick.json)")
+    p.add_argument("--markdown", action="store_true", help="only print docs/reliability.md's table of --out")
+    p.set_defaults(run=_bench_load)
     return parser
 
 

@@ -390,10 +390,15 @@ SHORT_HEADERS = ("[faults](docs/reliability.md) injected", "kills survived", "cr
 SHORT_COLUMNS = ("faults_injected", "kills_survived", "crashes", "items_lost")
 
 
-def readme_table(report: dict[str, Any]) -> str:
-    """README's short table: the report's totals over every class (the classes are docs/reliability.md's table)."""
-    lines = ["| " + " | ".join(SHORT_HEADERS) + " |", "|---:" * len(SHORT_HEADERS) + "|",
-             "| " + " | ".join(f"{report['total'][c]:,}" for c in SHORT_COLUMNS) + " |"]
+def readme_table(report: dict[str, Any], load: dict[str, Any] | None = None) -> str:
+    """README's short table: the report's totals over every class (the classes are docs/reliability.md's table),
+    and with a results/bench_load.json report, the errors of every server at its most clients."""
+    headers, cells = list(SHORT_HEADERS), [f"{report['total'][c]:,}" for c in SHORT_COLUMNS]
+    if load is not None:
+        top = load["summary"]
+        headers.append(f"[load](docs/reliability.md#load) errors at {top['clients']:,} clients")
+        cells.append(f"[{top['errors']['total']:,}](results/bench_load.json)")
+    lines = ["| " + " | ".join(headers) + " |", "|---:" * len(headers) + "|", "| " + " | ".join(cells) + " |"]
     return "\n".join(lines) + "\n"
 
 

@@ -19,7 +19,8 @@ REPORT = ROOT / "results" / "reliability.json"
 
 def test_readme_and_docs_tables_are_the_committed_report_rendered():
     report = json.loads(REPORT.read_text())
-    assert generated_block((ROOT / "README.md").read_text(), README_MARK) == readme_table(report)
+    load = json.loads((ROOT / "results" / "bench_load.json").read_text())
+    assert generated_block((ROOT / "README.md").read_text(), README_MARK) == readme_table(report, load)
     assert generated_block((ROOT / "docs" / "reliability.md").read_text(), DOCS_MARK) == markdown_table(report)
 
 
@@ -47,7 +48,8 @@ def test_markdown_flag_prints_the_tables_of_a_report(tmp_path, capsys):
         "total": {"forms_tried": 1207, "faults_injected": 1207, "handled": 1207, "kills_survived": 3, "crashes": 0,
                   "items_lost": 0}}
     (tmp_path / "r.json").write_text(json.dumps(report))
-    assert cli_main(["bench", "reliability", "--out", str(tmp_path / "r.json"), "--markdown", "readme"]) == 0
+    assert cli_main(["bench", "reliability", "--out", str(tmp_path / "r.json"), "--markdown", "readme",
+                     "--load", str(tmp_path / "absent.json")]) == 0
     short = capsys.readouterr().out
     assert short == readme_table(report)
     assert short.splitlines()[-1] == "| 1,207 | 3 | 0 | 0 |"

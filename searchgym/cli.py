@@ -279,7 +279,7 @@ def _bench_load(args: argparse.Namespace) -> None:
     if args.markdown:  # docs/reliability.md's load table is this output
         print(markdown_table(json.loads(out.read_text())), end="")
         return
-    quick = {"clients": (20, 50), "rounds": 1, "idle": 50, "oversized_mb": 1.0} if args.quick else {}
+    quick = {"clients": (20, 50), "rounds": 1, "idle": 50, "oversized_mb": 1.0, "header_timeout": 3.0} if args.quick else {}
     report = run_load(out, servers=tuple(args.servers.split(",")), **quick)
     print(markdown_table(report), end="")
     print(f"written to {out}")

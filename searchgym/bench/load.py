@@ -108,10 +108,21 @@ async def open_idle(port: int, n: int) -> list[tuple[asyncio.StreamReader, async
     return [c for c in conns if c is not None]
 
 
-def closed_by_server(conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]) -> int:
-    """How many held connections the server has closed (end of stream or a reset seen by now)."""
-    return sum(1 for reader, writer in conns if reader.at_eof() or reader.exception() is not None
-               or writer.transport.is_closing())
+async def closed_by_server(conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]) -> int:
+    """How many held connections the server has closed: end of stream (after any reply it sent, e.g. a 408) or a
+    reset, seen within a moment; an open one just times out its read."""
+    async def ended(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        if writer.transport.is_closing() or reader.exception() is not None:
+            return True
+        try:
+            await asyncio.wait_for(reader.read(), 0.05)  # returns only at end of stream
+            return True
+        except asyncio.TimeoutError:
+            return False
+        except OSError:
+            return True
+
+    return sum(await asyncio.gather(*(ended(r, w) for r, w in conns)))
 
 
 async def close_idle(conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]) -> None:
@@ -138,9 +149,13 @@ def _percentile(ordered: list[float], q: float) -> float:
 
 
 async def one_run(target: Any, server: ServerProcess, mode: str, clients: int, *, rounds: int, idle: int,
-                  oversized_bytes: int, timeout: float) -> dict[str, Any]:
-    """`clients` clients at once beside `idle` held sockets and one oversized request; the run's row."""
+                  oversized_bytes: int, timeout: float, header_timeout: float | None = None) -> dict[str, Any]:
+    """`clients` clients at once beside `idle` held sockets and one oversized request; the run's row.
+
+    With `header_timeout` (the server's), idle sockets are counted closed once it has passed since they were
+    opened (and a 10 s grace); without, at once after the load."""
     before = server.stats()
+    opened = time.perf_counter()
     conns = await open_idle(server.port, idle)
     latencies: list[float] = []
     errors: Counter[str] = Counter()
@@ -163,7 +178,11 @@ async def one_run(target: Any, server: ServerProcess, mode: str, clients: int, *
         seconds = time.perf_counter() - t0
         oversized = await big
     held_after = server.stats()
-    closed = closed_by_server(conns)
+    deadline = opened + (-1e9 if header_timeout is None else header_timeout + 10)
+    while await closed_by_server(conns) < len(conns) and time.perf_counter() < deadline:
+        await asyncio.sleep(0.25)
+    closed = await closed_by_server(conns)
+    after_idle = server.stats()
     await close_idle(conns)
     await asyncio.sleep(0.5)
     ordered = sorted(latencies)
@@ -173,7 +192,7 @@ async def one_run(target: Any, server: ServerProcess, mode: str, clients: int, *
             "errors": sum(errors.values()), "errors_by_kind": dict(errors.most_common()),
             "idle_sockets": {"held": len(conns), "asked": idle, "closed_by_server": closed},
             "oversized": oversized, "server_before": before, "server_after_load": held_after,
-            "server_after_release": server.stats()}
+            "server_after_idle_timeout": after_idle, "server_after_release": server.stats()}
 
 
 async def _drive(target: Any, server: ServerProcess, clients: tuple[int, ...], **kw: Any) -> dict[str, Any]:
@@ -185,9 +204,11 @@ async def _drive(target: Any, server: ServerProcess, clients: tuple[int, ...], *
 def run_load(out: str | os.PathLike | None = "results/bench_load.json", *, clients: tuple[int, ...] = CLIENTS,
              rounds: int = 2, idle: int = 1000, oversized_mb: float = 10.0, timeout: float = 60.0,
              servers: tuple[str, ...] = ("model", "search", "env"), model: Path | None = None,
-             workdir: str | os.PathLike | None = None, references: int = 32) -> dict[str, Any]:
+             workdir: str | os.PathLike | None = None, references: int = 32,
+             header_timeout: float = 10.0) -> dict[str, Any]:
     """Drive each server at each client count; write the report to `out` (unless None) and return it.
 
+    Every server runs with `--header-timeout header_timeout`: idle sockets are counted closed after it.
     `references` distinct prompts, queries and tasks are asked alone first; the clients cycle through them."""
     import gymnasium as gym
 
@@ -204,10 +225,12 @@ def run_load(out: str | os.PathLike | None = "results/bench_load.json", *, clien
     env = gym.make(ENV_ID, **ENV_KWARGS).unwrapped
     tasks = [(t.id, t.metadata["start_query"], t.answers[0]) for t in list(env.tasks)[:references]]
     env.close()
-    kw = {"rounds": rounds, "idle": idle, "oversized_bytes": int(oversized_mb * 1_000_000), "timeout": timeout}
+    kw = {"rounds": rounds, "idle": idle, "oversized_bytes": int(oversized_mb * 1_000_000), "timeout": timeout,
+          "header_timeout": header_timeout}
     report: dict[str, Any] = {"machine": {**_machine(), "load_before": os.getloadavg()},
                               "config": {"clients": list(clients), "rounds_per_client": rounds, "idle_sockets": idle,
                                          "oversized_mb": oversized_mb, "timeout_s": timeout, "references": references,
+                                         "header_timeout_s": header_timeout,
                                          "open_files_limit": list(limits)},
                               "servers": {}}
     with ExitStack() as stack:
@@ -225,7 +248,8 @@ def run_load(out: str | os.PathLike | None = "results/bench_load.json", *, clien
             targets["model"] = lambda: ModelTarget(Path(model), n_prompts=references)
         for name in servers:
             target = targets[name]()
-            with ServerProcess(target.argv) as server:
+            with ServerProcess(lambda port, target=target: [*target.argv(port), "--header-timeout",
+                                                            str(header_timeout)]) as server:
                 row = asyncio.run(_drive(target, server, clients, **kw))
                 report["servers"][name] = {"argv": target.argv(0)[:2], "pid_open_files_limit": _limit(server),
                                            **row}

@@ -13,7 +13,8 @@ from searchgym.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_KEYS = {"mode", "clients", "requests", "items_right", "seconds", "items_per_s", "p50_ms", "p99_ms", "errors",
-            "errors_by_kind", "idle_sockets", "oversized", "server_before", "server_after_load", "server_after_release"}
+            "errors_by_kind", "idle_sockets", "oversized", "server_before", "server_after_load", "server_after_idle_timeout",
+            "server_after_release"}
 ITEMS_PER_REQUEST = {("model", "single"): 1, ("model", "batched"): 8, ("search", "single"): 1,
                      ("search", "batched"): 32, ("env", "single"): 1, ("env", "reused"): 1}
 
@@ -26,7 +27,7 @@ def test_a_server_answers_every_small_request_beside_idle_sockets_and_an_oversiz
     model = request.getfixturevalue("tiny_model_dir") if name == "model" else None
     out = tmp_path / "load.json"
     report = load.run_load(out, clients=(20,), rounds=1, idle=20, oversized_mb=0.2, timeout=60, servers=(name,),
-                           model=model, references=8)
+                           model=model, references=8, header_timeout=2)
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert set(report["servers"]) == {name}
     runs = report["servers"][name]["runs"]
@@ -40,6 +41,8 @@ def test_a_server_answers_every_small_request_beside_idle_sockets_and_an_oversiz
         assert run["requests"] == requests and run["items_right"] == requests * per_request, run
         assert run["p50_ms"] <= run["p99_ms"] and run["items_per_s"] > 0
         assert run["idle_sockets"]["held"] == 20
+        assert run["idle_sockets"]["closed_by_server"] == 20, run["idle_sockets"]  # the header timeout closed them
+        assert run["server_after_idle_timeout"]["fds"] <= run["server_before"]["fds"] + 3, run  # and their fds
         big = run["oversized"]
         assert big["bytes"] > 200_000 and big["status"] is not None and big["status"] < 500, big  # never a 5xx
         for when in ("server_before", "server_after_load", "server_after_release"):
@@ -92,7 +95,7 @@ def test_idle_sockets_are_counted_closed_only_when_the_server_closed_them(hangs_
         port = server.sockets[0].getsockname()[1]
         conns = await load.open_idle(port, 6)
         await asyncio.sleep(0.3)
-        closed = load.closed_by_server(conns)
+        closed = await load.closed_by_server(conns)
         await load.close_idle(conns)
         server.close()
         return len(conns), closed

@@ -49,6 +49,7 @@ from searchgym.trainers.ray_servers import SGLangServerWorker
 from searchgym.trainers.rollout import RolloutStats
 from searchgym.trainers.run_log import RunLog
 from searchgym.trainers.run_start import RunStart, start_run
+from searchgym.trainers.stopping import StopRequest
 from searchgym.trainers.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -249,10 +250,14 @@ class RayTrainer:
         schedule = Schedule(run.first_step, config.steps, run.version, config.save_every)
         watchdog = Watchdog.for_run(config.watchdog, run.out, run.model_dir, start_step=run.first_step - 1,
                                     state=run.state.get("watchdog"), can_restore=config.learner.ranks == 1)
+        async def steps(run_log: RunLog) -> list[dict[str, float]]:
+            with StopRequest().installed() as stop:  # SIGTERM/SIGINT: stop at a step boundary (stopping.py)
+                return await train_loop(RayRollouts(self.rollout_actors), RayLearner(self.learner), run_log,
+                                        schedule, progress=self.progress, desc=f"training ({config.mode}, ray)",
+                                        watchdog=watchdog, stop=stop)
+
         with RunLog(run.out, config_dict(config), resume_step=run.first_step - 1) as run_log:
-            return asyncio.run(train_loop(RayRollouts(self.rollout_actors), RayLearner(self.learner), run_log,
-                                          schedule, progress=self.progress, desc=f"training ({config.mode}, ray)",
-                                          watchdog=watchdog))
+            return asyncio.run(steps(run_log))
 
     # ---- teardown ----------------------------------------------------------------------------------------
 
@@ -291,6 +296,8 @@ class RayTrainer:
 
 class RayRollouts:
     """The loop's rollout side as Ray rollout actors: a batch is one sub-batch from each, at the same version."""
+
+    cancel_safe = False  # an actor's get_batch goes on when the driver stops waiting: its groups would be lost
 
     def __init__(self, actors: list[Any]):
         self.actors = actors

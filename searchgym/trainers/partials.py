@@ -1,0 +1,135 @@
+"""Directories being written before they are renamed into place, and the ones a dead writer left behind.
+
+A writer holds an exclusive lock (flock) on `<partial>.lock` from before it creates `<partial>` until the rename;
+the kernel drops the lock when the writer exits, however it exits (SIGKILL included). So a partial directory
+whose lock is free was abandoned and can be removed, while one a live process (this one, another process, or
+another host on a file system with working locks) is still writing is kept. A partial without a lock file (written
+before the locks existed) is judged by the pid at the end of its name.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from searchgym.envs.atomic_file import disk_error
+
+PATTERNS = (".partial-*", ".sharded-step-*")  # write_model_dir's and the sharded learner's staging directories
+_PID = re.compile(r"^\.partial-.+-(\d+)$")  # write_model_dir's names end with the writer's pid
+
+
+def lock_path(partial: Path) -> Path:
+    return partial.with_name(partial.name + ".lock")
+
+
+@contextlib.contextmanager
+def writer_lock(partial: Path) -> Iterator[None]:
+    """Hold `partial`'s lock while it is written; the lock file is removed after."""
+    lock = lock_path(partial)
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.fstat(fd).st_ino == os.stat(lock).st_ino:  # not a file a cleaner unlinked while we waited
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def partial_dir(final: Path, what: str) -> Iterator[Path]:
+    """A fresh, locked `.partial-<name>-<pid>` beside `final` to write `what` into (and rename to `final`).
+
+    On any failure the partial directory is removed, and an error the disk caused is raised as DiskWriteError
+    naming the file that was being written.
+    """
+    partial = final.parent / f".partial-{final.name}-{os.getpid()}"
+    failed_on: Path | None = None
+    try:
+        with writer_lock(partial):
+            try:
+                shutil.rmtree(partial, ignore_errors=True)
+                partial.mkdir()
+                yield partial
+            except BaseException:
+                failed_on = _newest_file(partial) or partial
+                shutil.rmtree(partial, ignore_errors=True)
+                raise
+    except Exception as e:  # noqa: BLE001 -- re-raised, as DiskWriteError when the disk refused the write
+        if (disk := disk_error(e, failed_on or partial, what)) is not None:
+            raise disk from e
+        raise
+
+
+def _newest_file(directory: Path) -> Path | None:
+    """The file written last under `directory` (the one a failed write was on), if any."""
+    try:
+        files = [p for p in directory.rglob("*") if p.is_file() or p.is_symlink()]
+        return max(files, key=lambda p: p.lstat().st_mtime_ns) if files else None
+    except OSError:
+        return None
+
+
+def remove_stale(directory: str | os.PathLike) -> list[Path]:
+    """Remove the partial directories under `directory` that no live writer holds (and their lock files)."""
+    directory, removed = Path(directory), []
+    if not directory.is_dir():
+        return removed
+    for path in sorted({p for pattern in PATTERNS for p in directory.glob(pattern)}):
+        if path.name.endswith(".lock"):
+            if not path.with_name(path.name[:-len(".lock")]).exists():
+                with _claimed(path.with_name(path.name[:-len(".lock")])) as free:
+                    pass  # a lone lock file: a writer killed between its rename and unlinking it; _claimed removes it
+            continue
+        with _claimed(path) as free:
+            if free:
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
+
+
+@contextlib.contextmanager
+def _claimed(partial: Path) -> Iterator[bool]:
+    """Whether no live writer holds `partial` (then its lock is held here, and its lock file removed after)."""
+    lock = lock_path(partial)
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except FileNotFoundError:
+        match = _PID.match(partial.name)
+        yield match is None or not pid_alive(int(match.group(1)))
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            lock.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` exists on this host (this process counts)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,216 @@
+"""Checkpoint writes the disk refuses, and partial directories a failed or killed writer leaves behind."""
+import errno
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from searchgym.envs.atomic_file import DiskWriteError
+from searchgym.trainers.checkpoint import checkpoint_root, latest_checkpoint, load_trainer_state, save_checkpoint
+from searchgym.trainers.partials import remove_stale
+from searchgym.trainers.run_start import start_run
+
+FIRST = {"learner": {"version": 1}, "rollouts": [{}]}  # the first checkpoint's trainer state
+needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full (always ENOSPC)")
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def _leftovers(root: Path) -> list[str]:
+    """Hidden entries a write left in the checkpoint directory (partial dirs, lock files, temporary pointers)."""
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("."))
+
+
+class _Tokenizer:
+    """The real tokenizer, whose save also plants a file in the checkpoint being written (fault injection)."""
+
+    def __init__(self, tokenizer, plant):
+        self.tokenizer, self.plant = tokenizer, plant
+
+    def save_pretrained(self, directory):
+        self.tokenizer.save_pretrained(directory)
+        self.plant(Path(directory))
+
+
+def _first_checkpoint(tmp_path, model_and_tokenizer) -> Path:
+    model, tokenizer = model_and_tokenizer
+    return save_checkpoint(tmp_path, 1, model=model, tokenizer=tokenizer, state=FIRST)
+
+
+def _assert_last_whole_checkpoint_kept(tmp_path, first: Path) -> None:
+    root = checkpoint_root(tmp_path)
+    assert _leftovers(root) == [], "the failed write left files behind"
+    assert sorted(p.name for p in root.glob("step-*")) == ["step-00001"]
+    assert latest_checkpoint(tmp_path) == first
+    assert load_trainer_state(first) == {**FIRST, "step": 1}
+
+
+@needs_dev_full
+def test_a_full_disk_under_torch_save_is_named_not_unexpected_pos(tmp_path, model_and_tokenizer):
+    # trainer.pt goes to /dev/full: the kernel's real ENOSPC, through torch's serializer
+    model, tokenizer = model_and_tokenizer
+    first = _first_checkpoint(tmp_path, model_and_tokenizer)
+    full = _Tokenizer(tokenizer, lambda d: (d / "trainer.pt").symlink_to("/dev/full"))
+    with pytest.raises(DiskWriteError) as caught:
+        save_checkpoint(tmp_path, 2, model=model, tokenizer=full, state={"x": 2})
+    message = str(caught.value)
+    assert caught.value.errno == errno.ENOSPC
+    assert message.startswith("disk full while writing ") and "unexpected pos" not in message
+    assert f".partial-step-00002-{os.getpid()}/trainer.pt" in message
+    assert "latest still names step-00001" in message
+    _assert_last_whole_checkpoint_kept(tmp_path, first)
+
+
+def test_a_full_disk_under_safetensors_names_the_weights_file(tmp_path, model_and_tokenizer, monkeypatch):
+    from safetensors import SafetensorError
+
+    model, tokenizer = model_and_tokenizer
+    first = _first_checkpoint(tmp_path, model_and_tokenizer)
+
+    def cut(directory, **_):  # what safetensors raises when the disk fills mid-file (its own error type and text)
+        (Path(directory) / "model.safetensors").write_bytes(b"\0" * 1000)
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(model, "save_pretrained", cut)
+    with pytest.raises(DiskWriteError, match=r"disk full while writing \S+/\.partial-step-00002-\d+/model\.safetensors"):
+        save_checkpoint(tmp_path, 2, model=model, tokenizer=tokenizer, state={"x": 2})
+    _assert_last_whole_checkpoint_kept(tmp_path, first)
+
+
+def test_a_bare_serializer_error_is_named_by_probing_the_disk(tmp_path, model_and_tokenizer, monkeypatch):
+    model, tokenizer = model_and_tokenizer
+    first = _first_checkpoint(tmp_path, model_and_tokenizer)
+    pos = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 531072 vs 531024")
+
+    def fail(directory, **_):
+        raise pos
+
+    monkeypatch.setattr(model, "save_pretrained", fail)
+    # on a healthy disk the error is not the disk's: it goes up as it is, and the partial is still removed
+    with pytest.raises(RuntimeError, match="unexpected pos") as caught:
+        save_checkpoint(tmp_path, 2, model=model, tokenizer=tokenizer, state={"x": 2})
+    assert not isinstance(caught.value, DiskWriteError)
+    _assert_last_whole_checkpoint_kept(tmp_path, first)
+    # with no space left the same error is reported as a full disk
+    real = os.statvfs
+    full = lambda path: os.statvfs_result((*real(path)[:3], 0, 0, *real(path)[5:]))  # noqa: E731 -- bfree, bavail
+    monkeypatch.setattr(os, "statvfs", full)
+    with pytest.raises(DiskWriteError, match=r"disk full while writing .*\(0 bytes free under ") as caught:
+        save_checkpoint(tmp_path, 2, model=model, tokenizer=tokenizer, state={"x": 2})
+    assert caught.value.__cause__ is pos
+    _assert_last_whole_checkpoint_kept(tmp_path, first)
+
+
+def test_a_read_only_file_system_is_named(tmp_path, model_and_tokenizer, monkeypatch):
+    model, tokenizer = model_and_tokenizer
+    first = _first_checkpoint(tmp_path, model_and_tokenizer)
+
+    def read_only(directory, **_):  # the OSError a read-only mount raises on open
+        target = Path(directory) / "config.json"
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(target))
+
+    monkeypatch.setattr(model, "save_pretrained", read_only)
+    with pytest.raises(DiskWriteError, match=r"read-only file system while writing \S+/config\.json \(step-00002\)"):
+        save_checkpoint(tmp_path, 2, model=model, tokenizer=tokenizer, state={"x": 2})
+    _assert_last_whole_checkpoint_kept(tmp_path, first)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through directory permissions")
+def test_a_directory_without_write_permission_is_named(tmp_path, model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    first = _first_checkpoint(tmp_path, model_and_tokenizer)
+    root = checkpoint_root(tmp_path)
+    root.chmod(0o555)
+    try:
+        with pytest.raises(DiskWriteError, match=f"permission denied while writing {re.escape(str(root))}/"):
+            save_checkpoint(tmp_path, 2, model=model, tokenizer=tokenizer, state={"x": 2})
+    finally:
+        root.chmod(0o755)
+    _assert_last_whole_checkpoint_kept(tmp_path, first)
+
+
+@needs_dev_full
+def test_a_full_disk_while_replacing_latest_keeps_the_old_pointer(tmp_path, model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    first = _first_checkpoint(tmp_path, model_and_tokenizer)
+    root = checkpoint_root(tmp_path)
+    (root / f".latest.{os.getpid()}.tmp").symlink_to("/dev/full")  # the new pointer's temporary file
+    with pytest.raises(DiskWriteError, match=r"disk full while writing \S+\.latest\.\d+\.tmp \(the new latest\)"):
+        save_checkpoint(tmp_path, 2, model=model, tokenizer=tokenizer, state={"x": 2})
+    assert latest_checkpoint(tmp_path) == first  # step-00002 is whole on disk, but latest was never half-replaced
+    assert _leftovers(root) == []
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_partials_of_dead_processes_are_removed_at_start_and_a_live_ones_kept(tmp_path, model_and_tokenizer):
+    first = _first_checkpoint(tmp_path, model_and_tokenizer)
+    root = checkpoint_root(tmp_path)
+    dead = root / f".partial-step-00002-{_dead_pid()}"  # written before the lock files existed: judged by pid
+    (dead / "model.safetensors").parent.mkdir()
+    (dead / "model.safetensors").write_bytes(b"\0" * 4096)
+    sharded = root / ".sharded-step-00002"  # a sharded learner's staging dir, no lock: its writers are gone
+    sharded.mkdir()
+    lone_lock = root / ".partial-step-00003-1.lock"  # a writer killed between its rename and removing its lock
+    lone_lock.touch()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        alive = root / f".partial-step-00002-{sleeper.pid}"
+        alive.mkdir()
+        run = start_run(tmp_path, None, seed=0, resume=True)
+        assert run.checkpoint == first and run.first_step == 2
+        assert _leftovers(root) == [alive.name]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert remove_stale(root) == [alive]
+
+
+_WRITER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from searchgym.trainers.partials import partial_dir
+    with partial_dir(Path(sys.argv[1]) / "step-00002", "step-00002") as partial:
+        (partial / "model.safetensors").write_bytes(b"half")
+        print(partial, flush=True)
+        time.sleep(120)
+""")
+
+
+def test_a_partial_being_written_is_kept_until_its_writer_is_killed(tmp_path):
+    root = checkpoint_root(tmp_path)
+    root.mkdir(parents=True)
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(root)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        partial = Path(writer.stdout.readline().strip())
+        assert partial.parent == root and partial.is_dir()
+        assert remove_stale(root) == []  # the writer holds its lock: a concurrent run never deletes its work
+        assert partial.is_dir()
+    finally:
+        writer.kill()
+        writer.wait()
+    assert remove_stale(root) == [partial]  # the kernel dropped the lock with the writer
+    assert _leftovers(root) == []
+
+
+def test_a_fresh_run_refused_in_a_used_directory_changes_nothing(tmp_path, model_and_tokenizer):
+    _first_checkpoint(tmp_path, model_and_tokenizer)
+    dead = checkpoint_root(tmp_path) / f".partial-step-00002-{_dead_pid()}"
+    dead.mkdir()
+    with pytest.raises(ValueError, match="Nothing was changed"):
+        start_run(tmp_path, None, seed=0, resume=False)
+    assert dead.is_dir()

@@ -30,6 +30,7 @@ def lock_path(partial: Path) -> Path:
 def writer_lock(partial: Path) -> Iterator[None]:
     """Hold `partial`'s lock while it is written; the lock file is removed after."""
     lock = lock_path(partial)
+    lock.parent.mkdir(parents=True, exist_ok=True)
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)

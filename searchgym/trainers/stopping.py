@@ -3,8 +3,8 @@
 The first signal asks the loop to stop: a step whose batch is still being waited for is abandoned (nothing of
 it was trained); a step being trained finishes and is checkpointed; then the run raises TrainingStopped, whose
 exit status (`searchgym train`) is 128 + the signal number (143 for SIGTERM, 130 for SIGINT). A second signal
-abandons at once (the task is cancelled; a checkpoint being written stays a hidden partial directory, removed
-by the next run). This module imports only the standard library: the CLI catches TrainingStopped.
+abandons the step (the loop's task is cancelled; work already in a thread, a learner step or a checkpoint
+write, ends before the process exits, and `latest` names a whole checkpoint either way). This module imports only the standard library: the CLI catches TrainingStopped.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class TrainingStopped(Exception):
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
         name = signal.Signals(signum).name
         where = (f"checkpoints/latest names {checkpoint}: continue with --resume" if checkpoint
-                 else "no checkpoint was written yet: a rerun starts from the beginning")
+                 else "no checkpoint was written yet: --resume starts over at step 1")
         super().__init__(f"training stopped by {name} after step {step}; {where}")
 
     @property

@@ -166,7 +166,8 @@ async def train_loop(rollouts: RolloutSide, learner: LearnerSide, run_log: RunLo
             if collapsed is not None:
                 raise collapsed
             stopping = stop is not None and stop.requested
-            if alarm is not None or schedule.checkpoint_due(step) or stopping:  # after a restore: latest is never collapsed
+            # after a restore too, so latest is never collapsed
+            if alarm is not None or schedule.checkpoint_due(step) or stopping:
                 await save(step)
             if stopping:
                 break

@@ -4,7 +4,8 @@ The first signal asks the loop to stop: a step whose batch is still being waited
 it was trained); a step being trained finishes and is checkpointed; then the run raises TrainingStopped, whose
 exit status (`searchgym train`) is 128 + the signal number (143 for SIGTERM, 130 for SIGINT). A second signal
 abandons the step (the loop's task is cancelled; work already in a thread, a learner step or a checkpoint
-write, ends before the process exits, and `latest` names a whole checkpoint either way). This module imports only the standard library: the CLI catches TrainingStopped.
+write, ends before the process exits, and `latest` names a whole checkpoint either way). This module imports
+only the standard library: the CLI catches TrainingStopped.
 """
 from __future__ import annotations
 

@@ -81,7 +81,8 @@ def test_a_full_disk_under_safetensors_names_the_weights_file(tmp_path, model_an
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
     monkeypatch.setattr(model, "save_pretrained", cut)
-    with pytest.raises(DiskWriteError, match=r"disk full while writing \S+/\.partial-step-00002-\d+/model\.safetensors"):
+    named = r"disk full while writing \S+/\.partial-step-00002-\d+/model\.safetensors"
+    with pytest.raises(DiskWriteError, match=named):
         save_checkpoint(tmp_path, 2, model=model, tokenizer=tokenizer, state={"x": 2})
     _assert_last_whole_checkpoint_kept(tmp_path, first)
 

@@ -8,8 +8,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from searchgym.envs.atomic_file import DiskWriteError
+from searchgym.envs.atomic_file import DISK_ERRORS, DiskWriteError, disk_error
 from searchgym.trainers.checkpoint import checkpoint_root, latest_checkpoint, load_trainer_state, save_checkpoint
 from searchgym.trainers.partials import remove_stale
 from searchgym.trainers.run_start import start_run
@@ -215,3 +217,45 @@ def test_a_fresh_run_refused_in_a_used_directory_changes_nothing(tmp_path, model
     with pytest.raises(ValueError, match="Nothing was changed"):
         start_run(tmp_path, None, seed=0, resume=False)
     assert dead.is_dir()
+
+
+def test_a_training_run_on_a_full_disk_stops_naming_it_and_resumes_after(tmp_path, small_bundle, tiny_model_dir,
+                                                                         monkeypatch):
+    import torch
+
+    from searchgym.trainers import checkpoint
+    from searchgym.trainers.config import load_config
+    from searchgym.trainers.local import train
+    from tests.conftest import SMALL
+
+    overrides = [f"out_dir={tmp_path}", f"model.path={tiny_model_dir}", "steps=3", "save_every=1",
+                 f"env.kwargs.size={SMALL['size']}", f"env.kwargs.n_tasks={SMALL['n_tasks']}", "env.kwargs.max_turns=2",
+                 "rollout.group_size=2", "rollout.batch_size=2", "rollout.max_new_tokens=12",
+                 "learner.drop_no_spread=false"]
+    real_save = torch.save
+
+    def fills_at_step_2(obj, f, *args, **kwargs):  # the disk fills while step 2's trainer.pt is half written
+        if isinstance(obj, dict) and obj.get("step") == 2:
+            f.write(b"\0" * 512)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.torch, "save", fills_at_step_2)
+    with pytest.raises(DiskWriteError, match=r"disk full while writing \S+/trainer\.pt .*latest still names step-00001"):
+        train(load_config(None, overrides), progress=False)
+    root = checkpoint_root(tmp_path)
+    assert _leftovers(root) == [] and latest_checkpoint(tmp_path).name == "step-00001"
+
+    monkeypatch.setattr(checkpoint.torch, "save", real_save)  # space freed
+    history = train(load_config(None, overrides), resume=True, progress=False)
+    assert [h["step"] for h in history] == [1, 2, 3]
+    assert load_trainer_state(latest_checkpoint(tmp_path))["step"] == 3
+
+
+@given(st.text(max_size=200))
+def test_only_a_disk_errno_in_an_error_message_is_taken_for_a_disk_error(text):
+    healthy = os.path.dirname(os.path.abspath(__file__))  # a writable directory with free space
+    plain = disk_error(RuntimeError(text), healthy, "x")
+    assert plain is None or (plain.errno in DISK_ERRORS and re.search(r"os error \d+|\[Errno \d+\]", text))
+    wrapped = disk_error(RuntimeError(f"{text} I/O error: No space left on device (os error 28)"), healthy, "x")
+    assert wrapped is not None and wrapped.errno == errno.ENOSPC and str(wrapped).startswith("disk full while writing")

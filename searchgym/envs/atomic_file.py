@@ -33,7 +33,8 @@ class DiskWriteError(OSError):
 
 
 def disk_error(error: BaseException, path: str | os.PathLike, what: str) -> DiskWriteError | None:
-    """The DiskWriteError behind `error`, raised while writing `what` to `path`; None when the disk is not the cause.
+    """The DiskWriteError behind `error`, raised while writing `what` to `path` (or the file the error names); None
+    when the disk is not the cause.
 
     The cause is found in the exception chain (an OSError's errno, or an errno in a wrapping library's message),
     else by probing the file system under `path` (read-only mount, no free space, not writable).
@@ -46,7 +47,7 @@ def disk_error(error: BaseException, path: str | os.PathLike, what: str) -> Disk
     if code is None:
         return None
     named = getattr(_chained_oserror(error), "filename", None) or path
-    return DiskWriteError(f"{DISK_ERRORS[code]} while writing {os.fspath(named)} ({what}): {detail}", code, named)
+    return DiskWriteError(f"{DISK_ERRORS[code]} while writing {what} to {os.fspath(named)}: {detail}", code, named)
 
 
 def _chained_oserror(error: BaseException) -> OSError | None:

@@ -51,8 +51,9 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: Any, tokeni
         try:
             with open(path, "wb") as f:  # a file object: torch then raises the OSError (ENOSPC...) itself
                 torch.save({**state, "step": step}, f)
-        except OSError as e:
-            e.filename = e.filename or os.fspath(path)  # a failed write() names no file
+        except Exception as e:  # noqa: BLE001 -- a failed write() names no file: name it here
+            if (disk := disk_error(e, path, name)) is not None:
+                raise disk from e
             raise
         if extra is not None:
             extra(directory)
@@ -83,9 +84,13 @@ def write_model_dir(final: str | os.PathLike, *, model: Any, tokenizer: Any,
         if (disk := disk_error(e, final.parent, f"the directory for {final.name}")) is not None:
             raise disk from e
         raise
-    with partial_dir(final, final.name) as partial:
+    with partial_dir(final, final.name) as write:
+        partial = write.path
+        write.doing = f"{final.name}'s model (config and safetensors weights)"
         model.save_pretrained(partial)
+        write.doing = f"{final.name}'s tokenizer files"
         tokenizer.save_pretrained(partial)
+        write.doing = final.name
         if extra is not None:
             extra(partial)
         _fsync_tree(partial)

@@ -26,6 +26,7 @@ with `latest` pointing at the last healthy checkpoint, so --resume starts from i
 On SIGTERM or SIGINT (`stop`, stopping.py) the loop ends at a step boundary: a batch still awaited is abandoned,
 a step being trained finishes; the last trained step is checkpointed (after an abandoned wait, where the rollout
 side is `cancel_safe`: its state then still owes every group), and TrainingStopped names what `latest` holds.
+
 `local.py` passes in-process handles (a RolloutController, a Learner and a WeightSync in one event
 loop); `ray_launcher.py` passes handles to Ray actors.
 """

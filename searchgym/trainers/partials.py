@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from searchgym.envs.atomic_file import disk_error
@@ -47,38 +48,35 @@ def writer_lock(partial: Path) -> Iterator[None]:
         os.close(fd)
 
 
+@dataclass
+class PartialWrite:
+    """A partial directory being written, and what is being written into it now (for an error's message)."""
+
+    path: Path
+    doing: str
+
+
 @contextlib.contextmanager
-def partial_dir(final: Path, what: str) -> Iterator[Path]:
+def partial_dir(final: Path, what: str) -> Iterator[PartialWrite]:
     """A fresh, locked `.partial-<name>-<pid>` beside `final` to write `what` into (and rename to `final`).
 
     On any failure the partial directory is removed, and an error the disk caused is raised as DiskWriteError
-    naming the file that was being written.
+    naming the file (or the directory) and what was being written (`PartialWrite.doing`).
     """
-    partial = final.parent / f".partial-{final.name}-{os.getpid()}"
-    failed_on: Path | None = None
+    write = PartialWrite(final.parent / f".partial-{final.name}-{os.getpid()}", what)
     try:
-        with writer_lock(partial):
+        with writer_lock(write.path):
             try:
-                shutil.rmtree(partial, ignore_errors=True)
-                partial.mkdir()
-                yield partial
+                shutil.rmtree(write.path, ignore_errors=True)
+                write.path.mkdir()
+                yield write
             except BaseException:
-                failed_on = _newest_file(partial) or partial
-                shutil.rmtree(partial, ignore_errors=True)
+                shutil.rmtree(write.path, ignore_errors=True)
                 raise
     except Exception as e:  # noqa: BLE001 -- re-raised, as DiskWriteError when the disk refused the write
-        if (disk := disk_error(e, failed_on or partial, what)) is not None:
+        if (disk := disk_error(e, write.path, write.doing)) is not None:
             raise disk from e
         raise
-
-
-def _newest_file(directory: Path) -> Path | None:
-    """The file written last under `directory` (the one a failed write was on), if any."""
-    try:
-        files = [p for p in directory.rglob("*") if p.is_file() or p.is_symlink()]
-        return max(files, key=lambda p: p.lstat().st_mtime_ns) if files else None
-    except OSError:
-        return None
 
 
 def remove_stale(directory: str | os.PathLike) -> list[Path]:

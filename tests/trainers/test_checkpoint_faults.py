@@ -83,7 +83,8 @@ def test_a_full_disk_under_safetensors_names_the_weights_file(tmp_path, model_an
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
     monkeypatch.setattr(model, "save_pretrained", cut)
-    named = r"disk full while writing \S+/\.partial-step-00002-\d+/model\.safetensors"
+    named = (r"disk full while writing step-00002's model \(config and safetensors weights\) "
+             r"to \S+/\.partial-step-00002-\d+: ")
     with pytest.raises(DiskWriteError, match=named):
         save_checkpoint(tmp_path, 2, model=model, tokenizer=tokenizer, state={"x": 2})
     _assert_last_whole_checkpoint_kept(tmp_path, first)
@@ -122,7 +123,8 @@ def test_a_read_only_file_system_is_named(tmp_path, model_and_tokenizer, monkeyp
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(target))
 
     monkeypatch.setattr(model, "save_pretrained", read_only)
-    with pytest.raises(DiskWriteError, match=r"read-only file system while writing \S+/config\.json \(step-00002\)"):
+    named = r"read-only file system while writing step-00002's model .* to \S+/config\.json: Read-only"
+    with pytest.raises(DiskWriteError, match=named):
         save_checkpoint(tmp_path, 2, model=model, tokenizer=tokenizer, state={"x": 2})
     _assert_last_whole_checkpoint_kept(tmp_path, first)
 
@@ -133,8 +135,9 @@ def test_a_directory_without_write_permission_is_named(tmp_path, model_and_token
     first = _first_checkpoint(tmp_path, model_and_tokenizer)
     root = checkpoint_root(tmp_path)
     root.chmod(0o555)
+    named = f"permission denied while writing step-00002 to {re.escape(str(root))}/"
     try:
-        with pytest.raises(DiskWriteError, match=f"permission denied while writing {re.escape(str(root))}/"):
+        with pytest.raises(DiskWriteError, match=named):
             save_checkpoint(tmp_path, 2, model=model, tokenizer=tokenizer, state={"x": 2})
     finally:
         root.chmod(0o755)
@@ -147,7 +150,8 @@ def test_a_full_disk_while_replacing_latest_keeps_the_old_pointer(tmp_path, mode
     first = _first_checkpoint(tmp_path, model_and_tokenizer)
     root = checkpoint_root(tmp_path)
     (root / f".latest.{os.getpid()}.tmp").symlink_to("/dev/full")  # the new pointer's temporary file
-    with pytest.raises(DiskWriteError, match=r"disk full while writing \S+\.latest\.\d+\.tmp \(the new latest\)"):
+    named = r"disk full while writing the new latest to \S+/\.latest\.\d+\.tmp: "
+    with pytest.raises(DiskWriteError, match=named):
         save_checkpoint(tmp_path, 2, model=model, tokenizer=tokenizer, state={"x": 2})
     assert latest_checkpoint(tmp_path) == first  # step-00002 is whole on disk, but latest was never half-replaced
     assert _leftovers(root) == []
@@ -186,9 +190,9 @@ _WRITER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
     from searchgym.trainers.partials import partial_dir
-    with partial_dir(Path(sys.argv[1]) / "step-00002", "step-00002") as partial:
-        (partial / "model.safetensors").write_bytes(b"half")
-        print(partial, flush=True)
+    with partial_dir(Path(sys.argv[1]) / "step-00002", "step-00002") as write:
+        (write.path / "model.safetensors").write_bytes(b"half")
+        print(write.path, flush=True)
         time.sleep(120)
 """)
 
@@ -241,7 +245,8 @@ def test_a_training_run_on_a_full_disk_stops_naming_it_and_resumes_after(tmp_pat
         return real_save(obj, f, *args, **kwargs)
 
     monkeypatch.setattr(checkpoint.torch, "save", fills_at_step_2)
-    with pytest.raises(DiskWriteError, match=r"disk full while writing \S+/trainer\.pt .*latest still names step-00001"):
+    named = r"disk full while writing step-00002 to \S+/trainer\.pt: .*latest still names step-00001"
+    with pytest.raises(DiskWriteError, match=named):
         train(load_config(None, overrides), progress=False)
     root = checkpoint_root(tmp_path)
     assert _leftovers(root) == [] and latest_checkpoint(tmp_path).name == "step-00001"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import re
 import shutil
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from searchgym.envs.atomic_file import disk_error
 
+log = logging.getLogger(__name__)
 PATTERNS = (".partial-*", ".sharded-step-*")  # write_model_dir's and the sharded learner's staging directories
 _PID = re.compile(r"^\.partial-.+-(\d+)$")  # write_model_dir's names end with the writer's pid
 
@@ -80,20 +82,25 @@ def partial_dir(final: Path, what: str) -> Iterator[PartialWrite]:
 
 
 def remove_stale(directory: str | os.PathLike) -> list[Path]:
-    """Remove the partial directories under `directory` that no live writer holds (and their lock files)."""
+    """Remove the partial directories under `directory` that no live writer holds (and their lock files).
+
+    One that cannot be removed (a read-only disk, no permission) is logged and left: cleaning never stops a run.
+    """
     directory, removed = Path(directory), []
     if not directory.is_dir():
         return removed
     for path in sorted({p for pattern in PATTERNS for p in directory.glob(pattern)}):
-        if path.name.endswith(".lock"):
-            if not path.with_name(path.name[:-len(".lock")]).exists():
-                with _claimed(path.with_name(path.name[:-len(".lock")])) as free:
-                    pass  # a lone lock file: a writer killed between its rename and unlinking it; _claimed removes it
-            continue
-        with _claimed(path) as free:
-            if free:
-                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
-                removed.append(path)
+        lone_lock = path.name.endswith(".lock")  # a writer killed between its rename and unlinking its lock
+        partial = path.with_name(path.name[:-len(".lock")]) if lone_lock else path
+        if lone_lock and partial.exists():
+            continue  # judged with its directory
+        try:
+            with _claimed(partial) as free:  # a claimed lock file is unlinked on the way out
+                if free and not lone_lock:
+                    shutil.rmtree(partial) if partial.is_dir() else partial.unlink(missing_ok=True)
+                    removed.append(partial)
+        except OSError as e:
+            log.warning("could not remove %s, left by an unfinished write: %s", partial, e)
     return removed
 
 

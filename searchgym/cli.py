@@ -644,9 +644,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from searchgym.envs.atomic_file import DiskWriteError
+    from searchgym.trainers.stopping import TrainingStopped
+
     try:
         args.run(args)
-    except (ValueError, FileNotFoundError) as e:
+    except TrainingStopped as e:  # SIGTERM/SIGINT: a clean stop at a step boundary, 128 + the signal number
+        print(f"searchgym: {e}", file=sys.stderr)
+        return e.exit_status
+    except (ValueError, FileNotFoundError, DiskWriteError) as e:
         print(f"searchgym: error: {e}", file=sys.stderr)
         return 2
     except DependencyFailed as e:  # an LLM endpoint (or another dependency) failed: the work stays to be redone

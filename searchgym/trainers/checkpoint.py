@@ -8,7 +8,9 @@
 the rollout controllers' data positions and the groups to replay (one state per controller: one for
 the local launcher, one per rollout actor for the Ray launcher), and the step. Each checkpoint is written into a hidden directory and
 renamed into place, and `latest` is replaced only after that, so a run killed at any instant leaves
-the previous checkpoint whole and pointed to.
+the previous checkpoint whole and pointed to. A failed write removes its hidden directory; one a killed process
+left is removed by the next run in the directory (partials.py). A write the disk refuses (full, read-only, no
+permission) raises DiskWriteError naming the file, with `latest` still at the last whole checkpoint.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from typing import Any
 
 import torch
 
-from searchgym.envs.atomic_file import write_atomic
+from searchgym.envs.atomic_file import DiskWriteError, disk_error, write_atomic
+from searchgym.trainers.partials import partial_dir, remove_stale
 
 LATEST = "latest"
 HEALTHY = "healthy"
@@ -41,13 +44,27 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: Any, tokeni
     learner's), point `latest` at it, prune old ones (never the one `healthy` names)."""
     root = checkpoint_root(run_dir)
     name = checkpoint_dir(run_dir, step).name
+    remove_stale(root)  # what killed writers left: on a full disk, the space this write needs
 
     def add_files(directory: Path) -> None:
-        torch.save({**state, "step": step}, directory / "trainer.pt")
+        path = directory / "trainer.pt"
+        try:
+            with open(path, "wb") as f:  # a file object: torch then raises the OSError (ENOSPC...) itself
+                torch.save({**state, "step": step}, f)
+        except Exception as e:  # noqa: BLE001 -- a failed write() names no file: name it here
+            if (disk := disk_error(e, path, name)) is not None:
+                raise disk from e
+            raise
         if extra is not None:
             extra(directory)
 
-    final = write_model_dir(root / name, model=model, tokenizer=tokenizer, extra=add_files)
+    try:
+        final = write_model_dir(root / name, model=model, tokenizer=tokenizer, extra=add_files)
+    except DiskWriteError as e:
+        last = (root / LATEST).read_text().strip() if (root / LATEST).exists() else None
+        kept = f"{root / LATEST} still names {last}" if last else "no earlier checkpoint of this run exists"
+        e.message += f"; the partial checkpoint was removed and {kept}"
+        raise
     write_pointer(root / LATEST, name)
     healthy = root / HEALTHY
     prune(root, "step-*", keep, protect=(healthy.read_text().strip(),) if healthy.exists() else ())
@@ -61,17 +78,25 @@ def write_model_dir(final: str | os.PathLike, *, model: Any, tokenizer: Any,
     A reader (an inference server loading weights, a resumed run) never sees a half-written directory.
     """
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    partial = final.parent / f".partial-{final.name}-{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
-    tokenizer.save_pretrained(partial)
-    if extra is not None:
-        extra(partial)
-    _fsync_tree(partial)
-    if final.exists():  # left by a run that was killed after this step and resumed from an earlier one
-        shutil.rmtree(final)
-    os.replace(partial, final)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        if (disk := disk_error(e, final.parent, f"the directory for {final.name}")) is not None:
+            raise disk from e
+        raise
+    with partial_dir(final, final.name) as write:
+        partial = write.path
+        write.doing = f"{final.name}'s model (config and safetensors weights)"
+        model.save_pretrained(partial)
+        write.doing = f"{final.name}'s tokenizer files"
+        tokenizer.save_pretrained(partial)
+        write.doing = final.name
+        if extra is not None:
+            extra(partial)
+        _fsync_tree(partial)
+        if final.exists():  # left by a run that was killed after this step and resumed from an earlier one
+            shutil.rmtree(final)
+        os.replace(partial, final)
     return final
 
 

@@ -19,6 +19,7 @@ training loop with `lead()` set and the other ranks call `follow()`, which repla
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from datetime import timedelta
@@ -38,9 +39,11 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from searchgym.agents.trajectory import Trajectory
+from searchgym.envs.atomic_file import disk_error
 from searchgym.trainers.checkpoint import checkpoint_root, load_trainer_state, save_checkpoint
 from searchgym.trainers.config import LearnerConfig
 from searchgym.trainers.learner import Learner, _Sample, next_token_logprobs
+from searchgym.trainers.partials import writer_lock
 
 SHARDED = "sharded"  # the DCP directory inside a checkpoint
 
@@ -243,17 +246,26 @@ class ShardedLearner(Learner):
         self._announce("save_checkpoint", run_dir=run_dir, step=step, tokenizer=None, keep=keep)
         root = checkpoint_root(run_dir)
         staging = root / f".sharded-step-{step:05d}"
-        if self.rank == 0:
-            shutil.rmtree(staging, ignore_errors=True)
-        dist.barrier()
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=staging)
-        dense = self._consolidated()
-        final = checkpoint_root(run_dir) / f"step-{step:05d}"
-        if self.rank == 0:
-            final = save_checkpoint(run_dir, step, model=dense, tokenizer=tokenizer,
-                                    state={**(state or {}), "learner": self.trainer_state()}, keep=keep,
-                                    extra=lambda d: os.replace(staging, d / SHARDED))
+        # rank 0 holds the staging directory's lock while the ranks write it (a killed run's is removed at start)
+        with writer_lock(staging) if self.rank == 0 else contextlib.nullcontext():
+            try:
+                if self.rank == 0:
+                    shutil.rmtree(staging, ignore_errors=True)
+                dist.barrier()
+                model_state, optim_state = get_state_dict(self.model, self.optimizer)
+                dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=staging)
+                dense = self._consolidated()
+                final = checkpoint_root(run_dir) / f"step-{step:05d}"
+                if self.rank == 0:
+                    final = save_checkpoint(run_dir, step, model=dense, tokenizer=tokenizer,
+                                            state={**(state or {}), "learner": self.trainer_state()}, keep=keep,
+                                            extra=lambda d: os.replace(staging, d / SHARDED))
+            except Exception as e:
+                if self.rank == 0:
+                    shutil.rmtree(staging, ignore_errors=True)
+                if (disk := disk_error(e, staging, f"the sharded state of step-{step:05d}")) is not None:
+                    raise disk from e
+                raise
         dist.barrier()
         return final
 

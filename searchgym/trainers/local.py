@@ -35,12 +35,15 @@ from searchgym.trainers.restore import initial_state, restore_learner
 from searchgym.trainers.rollout import RolloutController, RolloutStats
 from searchgym.trainers.run_log import RunLog
 from searchgym.trainers.run_start import start_run
+from searchgym.trainers.stopping import StopRequest, TrainingStopped
 from searchgym.trainers.watchdog import Watchdog
 from searchgym.trainers.weight_sync import DiskSync, InProcessSync, WeightSync
 
 
 class InProcessRollouts:
     """The loop's rollout side as one RolloutController in this event loop."""
+
+    cancel_safe = True  # the ledger hands out a batch without awaiting in between: a cancelled wait takes no group
 
     def __init__(self, controller: RolloutController):
         self.controller = controller
@@ -113,7 +116,8 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -
     """Train until step `config.steps`; returns every step's metrics (also in TensorBoard and metrics.jsonl).
 
     With `resume`, continue from the run directory's latest checkpoint (same version numbering, same
-    data order, unfinished groups replayed); without a checkpoint it starts from scratch.
+    data order, unfinished groups replayed); without a checkpoint it starts from scratch. SIGTERM or SIGINT
+    during the steps stops at a step boundary with the last trained step checkpointed (TrainingStopped).
     """
     return asyncio.run(_train(config, resume, progress))
 
@@ -161,12 +165,17 @@ async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict
             controller.load_state_dict(state)
         schedule = Schedule(run.first_step, config.steps, run.version, config.save_every)
         async with controller.running():
-            with RunLog(run.out, config_dict(config), resume_step=run.first_step - 1) as run_log:
+            with RunLog(run.out, config_dict(config), resume_step=run.first_step - 1) as run_log, \
+                    StopRequest().installed() as stop:
                 watchdog = Watchdog.for_run(config.watchdog, run.out, run.model_dir, start_step=run.first_step - 1,
                                             state=side.watchdog_state, can_restore=config.learner.ranks == 1)
-                history = await train_loop(InProcessRollouts(controller), side, run_log, schedule,
-                                           progress=progress, desc=f"training ({config.mode}, local)",
-                                           watchdog=watchdog)
+                try:
+                    history = await train_loop(InProcessRollouts(controller), side, run_log, schedule,
+                                               progress=progress, desc=f"training ({config.mode}, local)",
+                                               watchdog=watchdog, stop=stop)
+                except TrainingStopped:
+                    finished = not stop.abandoned  # a clean stop releases the learner ranks as a finished run does
+                    raise
         finished = True
         return history
     except Exception as e:

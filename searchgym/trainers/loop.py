@@ -22,11 +22,17 @@ weights reach the engines. A collapsed step's update is never pushed; instead
 
 and the run goes on to its last step. A collapse after `max_restores` restores stops the run (TrainingCollapsed,
 with `latest` pointing at the last healthy checkpoint, so --resume starts from it).
+
+On SIGTERM or SIGINT (`stop`, stopping.py) the loop ends at a step boundary: a batch still awaited is abandoned,
+a step being trained finishes; the last trained step is checkpointed (after an abandoned wait, where the rollout
+side is `cancel_safe`: its state then still owes every group), and TrainingStopped names what `latest` holds.
+
 `local.py` passes in-process handles (a RolloutController, a Learner and a WeightSync in one event
 loop); `ray_launcher.py` passes handles to Ray actors.
 """
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -41,6 +47,7 @@ from searchgym.trainers.checkpoint import LATEST, checkpoint_root, write_pointer
 from searchgym.trainers.metrics import OccupancyWindow, StepClock, episode_metrics, step_metrics
 from searchgym.trainers.rollout import RolloutStats
 from searchgym.trainers.run_log import RunLog
+from searchgym.trainers.stopping import StopRequest
 from searchgym.trainers.watchdog import Alarm, HealthyState, TrainingCollapsed, Watchdog, describe
 
 
@@ -54,6 +61,9 @@ class Batch:
 
 class RolloutSide(Protocol):
     """What the loop needs from the rollout side (one controller, or one per Ray rollout actor)."""
+
+    # whether a cancelled get_batch leaves every group in the state_dicts (a stop's checkpoint then loses none)
+    cancel_safe: bool
 
     async def get_batch(self) -> Batch:
         """The next batch, oldest groups first, within the staleness bound at the trained version."""
@@ -111,38 +121,87 @@ class Schedule:
 
 
 async def train_loop(rollouts: RolloutSide, learner: LearnerSide, run_log: RunLog, schedule: Schedule, *,
-                     progress: bool = True, desc: str = "training",
-                     watchdog: Watchdog | None = None) -> list[dict[str, float]]:
-    """Train steps first_step .. last_step; every step's metrics, this run's and (after a resume) the earlier ones'."""
+                     progress: bool = True, desc: str = "training", watchdog: Watchdog | None = None,
+                     stop: StopRequest | None = None) -> list[dict[str, float]]:
+    """Train steps first_step .. last_step; every step's metrics, this run's and (after a resume) the earlier ones'.
+
+    With `stop` (set by SIGTERM/SIGINT, stopping.py) the loop ends at a step boundary and raises TrainingStopped.
+    """
     clock, window, version = StepClock(), OccupancyWindow(), schedule.version
+    trained = saved = schedule.first_step - 1  # the last step trained, and the last one `latest` holds
+
+    async def save(step: int) -> None:
+        nonlocal saved
+        if watchdog is not None:
+            watchdog.protect()
+        await learner.save_checkpoint(step, await rollouts.state_dicts())
+        if watchdog is not None:
+            watchdog.saved(step)
+        saved = step
+
     steps = range(schedule.first_step, schedule.last_step + 1)
-    for step in tqdm(steps, desc=desc, disable=not progress, initial=schedule.first_step - 1,
-                     total=schedule.last_step):
-        batch = await rollouts.get_batch()
-        started = time.perf_counter()
-        stats = await learner.train_step(batch)
-        learner_s = time.perf_counter() - started
-        alarm = watchdog.check(step, {**stats, **episode_metrics(batch.groups)}) if watchdog else None
-        trained_version, stop = version, None
-        if alarm is None or watchdog is None:
-            version, extra = await learner.push_weights(), {}
-            await rollouts.set_trained_version(version)
-        elif watchdog.exhausted:
-            extra, stop = _stop(run_log, watchdog, alarm, step)
-        else:
-            version, extra = await _recover(rollouts, learner, watchdog, alarm, step)
-        metrics = step_metrics({**stats, "learner/step_s": learner_s}, batch.groups, clock, await rollouts.stats(),
-                               window)
-        run_log.record(step, {**metrics, **extra}, batch.groups, trained_version)
-        if stop is not None:
-            raise stop
-        if alarm is not None or schedule.checkpoint_due(step):  # after a restore: so latest is never collapsed
-            if watchdog is not None:
-                watchdog.protect()
-            await learner.save_checkpoint(step, await rollouts.state_dicts())
-            if watchdog is not None:
-                watchdog.saved(step)
+    try:
+        for step in tqdm(steps, desc=desc, disable=not progress, initial=schedule.first_step - 1,
+                         total=schedule.last_step):
+            batch = await _batch_unless_stopped(rollouts, stop)
+            if batch is None:  # stopped while waiting: nothing of this step was trained
+                if saved < trained and getattr(rollouts, "cancel_safe", False):
+                    await save(trained)  # the trained steps since the last checkpoint are kept
+                break
+            started = time.perf_counter()
+            stats = await learner.train_step(batch)
+            learner_s = time.perf_counter() - started
+            alarm = watchdog.check(step, {**stats, **episode_metrics(batch.groups)}) if watchdog else None
+            trained_version, collapsed = version, None
+            if alarm is None or watchdog is None:
+                version, extra = await learner.push_weights(), {}
+                await rollouts.set_trained_version(version)
+            elif watchdog.exhausted:
+                extra, collapsed = _stop(run_log, watchdog, alarm, step)
+            else:
+                version, extra = await _recover(rollouts, learner, watchdog, alarm, step)
+            metrics = step_metrics({**stats, "learner/step_s": learner_s}, batch.groups, clock,
+                                   await rollouts.stats(), window)
+            run_log.record(step, {**metrics, **extra}, batch.groups, trained_version)
+            trained = step
+            if collapsed is not None:
+                raise collapsed
+            stopping = stop is not None and stop.requested
+            # after a restore too, so latest is never collapsed
+            if alarm is not None or schedule.checkpoint_due(step) or stopping:
+                await save(step)
+            if stopping:
+                break
+    except asyncio.CancelledError:
+        if stop is None or not stop.abandoned:
+            raise
+        raise stop.stopped(trained, _latest(run_log)) from None
+    if stop is not None and stop.requested and trained < schedule.last_step:
+        raise stop.stopped(trained, _latest(run_log))
     return run_log.history()
+
+
+async def _batch_unless_stopped(rollouts: RolloutSide, stop: StopRequest | None) -> Batch | None:
+    """The next batch, or None when `stop` is requested first (the wait is cancelled; a batch that came wins)."""
+    if stop is None:
+        return await rollouts.get_batch()
+    if stop.requested:
+        return None
+    fetch, stopped = asyncio.ensure_future(rollouts.get_batch()), asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({fetch, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not fetch.done():
+            fetch.cancel()
+            await asyncio.gather(fetch, return_exceptions=True)
+    return None if fetch.cancelled() else fetch.result()
+
+
+def _latest(run_log: RunLog) -> str | None:
+    """The checkpoint `latest` names now, if any."""
+    pointer = checkpoint_root(run_log.dir) / LATEST
+    return pointer.read_text().strip() if pointer.exists() else None
 
 
 def _alarm_metrics(watchdog: Watchdog, alarm: Alarm, state: HealthyState) -> dict[str, float]:

@@ -49,6 +49,7 @@ from searchgym.trainers.ray_servers import SGLangServerWorker
 from searchgym.trainers.rollout import RolloutStats
 from searchgym.trainers.run_log import RunLog
 from searchgym.trainers.run_start import RunStart, start_run
+from searchgym.trainers.stopping import StopRequest
 from searchgym.trainers.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -263,10 +264,14 @@ class RayTrainer:
         schedule = Schedule(run.first_step, config.steps, run.version, config.save_every)
         watchdog = Watchdog.for_run(config.watchdog, run.out, run.model_dir, start_step=run.first_step - 1,
                                     state=run.state.get("watchdog"), can_restore=config.learner.ranks == 1)
+        async def steps(run_log: RunLog) -> list[dict[str, float]]:
+            with StopRequest().installed() as stop:  # SIGTERM/SIGINT: stop at a step boundary (stopping.py)
+                return await train_loop(RayRollouts(self.rollout_actors), RayLearner(self.learner), run_log,
+                                        schedule, progress=self.progress, desc=f"training ({config.mode}, ray)",
+                                        watchdog=watchdog, stop=stop)
+
         with RunLog(run.out, config_dict(config), resume_step=run.first_step - 1) as run_log:
-            return asyncio.run(train_loop(RayRollouts(self.rollout_actors), RayLearner(self.learner), run_log,
-                                          schedule, progress=self.progress, desc=f"training ({config.mode}, ray)",
-                                          watchdog=watchdog))
+            return asyncio.run(steps(run_log))
 
     # ---- teardown ----------------------------------------------------------------------------------------
 
@@ -306,12 +311,22 @@ class RayTrainer:
 class RayRollouts:
     """The loop's rollout side as Ray rollout actors: a batch is one sub-batch from each, at the same version."""
 
+    # a wait the loop abandons (a stop) is cancelled on the actors, and groups an actor had already handed out
+    # are owed again in the next state_dicts: a stop's checkpoint loses none
+    cancel_safe = True
+
     def __init__(self, actors: list[Any]):
         self.actors = actors
+        self._abandoned: list[Any] = []  # the refs of a get_batch the loop stopped waiting for
 
     async def get_batch(self) -> Batch:
         refs = [actor.get_batch.remote() for actor in self.actors]
-        return Batch([group for sub_batch in await asyncio.gather(*refs) for group in sub_batch], refs)
+        try:
+            sub_batches = await asyncio.gather(*refs)
+        except asyncio.CancelledError:
+            self._abandoned = refs
+            raise
+        return Batch([group for sub_batch in sub_batches for group in sub_batch], refs)
 
     async def set_trained_version(self, version: int) -> None:
         await asyncio.gather(*(actor.set_trained_version.remote(version) for actor in self.actors))
@@ -320,7 +335,25 @@ class RayRollouts:
         return list(await asyncio.gather(*(actor.stats.remote() for actor in self.actors)))
 
     async def state_dicts(self) -> list[dict[str, Any]]:
-        return list(await asyncio.gather(*(actor.state_dict.remote() for actor in self.actors)))
+        owed = await self._reclaim()
+        states = list(await asyncio.gather(*(actor.state_dict.remote() for actor in self.actors)))
+        for state, positions in zip(states, owed):
+            if positions:  # handed to a batch nobody trains: played again first, and not counted as trained
+                state["replay"] = [*positions, *state["replay"]]
+                state["staleness"]["accepted"] -= len(positions)
+        return states
+
+    async def _reclaim(self) -> list[list[int]]:
+        """Cancel an abandoned get_batch on the actors; the local positions each had already handed out."""
+        import ray
+
+        refs, self._abandoned = self._abandoned, []
+        for ref in refs:
+            ray.cancel(ref)
+        results = await asyncio.gather(*refs, return_exceptions=True)  # a cancelled one: TaskCancelledError
+        count = len(self.actors)  # global_group's inverse: the actor's own position
+        return [[group[0].group // count for group in result] if isinstance(result, list) else []
+                for result in results] or [[] for _ in self.actors]
 
     async def discard(self) -> int:
         return sum(await asyncio.gather(*(actor.discard.remote() for actor in self.actors)))

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.agents.tiny_model import build_tiny_model
-from searchgym.trainers.checkpoint import latest_checkpoint, load_trainer_state, rollout_states
+from searchgym.trainers.checkpoint import checkpoint_root, latest_checkpoint, load_trainer_state, rollout_states
+from searchgym.trainers.partials import remove_stale
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +69,12 @@ def start_run(out_dir: str | os.PathLike, model_path: str | None, *, seed: int, 
     `mmap` reads the checkpoint's tensors lazily, for a process that needs only its small parts.
     """
     out = Path(out_dir)
-    checkpoint = latest_checkpoint(out) if resume else None
     if not resume:
         refuse_existing_run(out)
+    for directory in (checkpoint_root(out), out / "weights"):  # partial writes of killed earlier processes
+        for path in remove_stale(directory):
+            log.info("removed %s, left by an earlier process's unfinished write", path)
+    checkpoint = latest_checkpoint(out) if resume else None
     if checkpoint is None:
         return RunStart(out, model_path or build_tiny_model(out / "init-model", seed=seed))
     state = load_trainer_state(checkpoint, mmap=mmap)

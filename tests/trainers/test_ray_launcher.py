@@ -3,6 +3,7 @@ TorchEngines, and server actors running our model server as the SGLang stand-in 
 import asyncio
 import json
 import time
+import types
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -16,8 +17,9 @@ from transformers import AutoModelForCausalLM
 
 from searchgym.trainers.checkpoint import latest_checkpoint, load_trainer_state
 from searchgym.trainers.config import load_config
-from searchgym.trainers.ray_launcher import (RayTrainer, _check_fits, check_ray_config, local_cluster_kwargs,
-                                            required_resources, train_ray, weight_route)
+from searchgym.trainers.ray_actors import global_group
+from searchgym.trainers.ray_launcher import (RayRollouts, RayTrainer, _check_fits, check_ray_config,
+                                            local_cluster_kwargs, required_resources, train_ray, weight_route)
 from searchgym.trainers.ray_servers import server_hosts
 from tests.agents.servers import model_server
 from tests.conftest import SMALL
@@ -266,3 +268,47 @@ def test_topology_errors_name_the_setting(tmp_path, tiny_model_dir):
     assert required_resources(sharded) == {"CPU": 6.0, "GPU": 4.0}  # cpus and gpus per learner rank
     with pytest.raises(ValueError, match="1 GPU needed, 0 in the cluster"):
         _check_fits(required_resources(config), {"CPU": 4.0})  # refused at once, not a hang on unplaceable actors
+
+
+class _SubBatches:
+    """A rollout actor's get_batch and state_dict: actor 0 hands out its group at once, actor 1's never comes."""
+
+    def __init__(self, index: int):
+        self.index, self.cancelled = index, False
+
+    async def get_batch(self):
+        if self.index == 0:
+            return [[types.SimpleNamespace(group=global_group(3, 0, 2))]]
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+    def state_dict(self):
+        return {"position": 5, "replay": [4], "staleness": {"accepted": 4, "rejected": 0, "failed": 0}}
+
+    def was_cancelled(self):
+        return self.cancelled
+
+
+def test_a_stopped_ray_batch_wait_is_cancelled_and_owes_the_groups_handed_out(ray_cluster):
+    actors = [ray.remote(num_cpus=0)(_SubBatches).options(max_concurrency=4).remote(i) for i in range(2)]
+    ray.get([actor.was_cancelled.remote() for actor in actors])  # both actors' processes are up
+
+    async def stop_while_waiting():
+        rollouts = RayRollouts(actors)
+        waiting = asyncio.ensure_future(rollouts.get_batch())
+        await asyncio.sleep(1)  # actor 0 has handed out its group; actor 1 is still waiting
+        waiting.cancel()  # what the loop does on SIGTERM
+        await asyncio.gather(waiting, return_exceptions=True)
+        return await rollouts.state_dicts()
+
+    states = asyncio.run(stop_while_waiting())
+    # actor 0's handed-out group (local position 3) is owed first and no longer counted as trained; actor 1's
+    # wait was cancelled on the actor, which took nothing
+    assert states[0]["replay"] == [3, 4] and states[0]["staleness"]["accepted"] == 3
+    assert states[1]["replay"] == [4] and states[1]["staleness"]["accepted"] == 4
+    assert ray.get(actors[1].was_cancelled.remote())
+    for actor in actors:
+        ray.kill(actor)

@@ -79,6 +79,7 @@ class GroupLedger:
         self.rejected = 0  # groups the filter turned down
         self.failed = 0  # groups dropped because an episode (or the filter) raised
         self.cancelled = 0  # groups cut short by a stop (their positions are owed again)
+        self.judge_failed = 0  # groups whose judge failed on an answer (their positions are owed again)
         self.running = 0  # groups in flight
         self._groups: dict[int, Group] = {}  # running or buffered groups by position, in admission order
         self._buffer: list[tuple[int, int, int]] = []  # heap of (start version, arrival, position)
@@ -102,7 +103,7 @@ class GroupLedger:
     @property
     def started(self) -> int:
         """Groups admitted so far."""
-        return self.accepted + self.rejected + self.failed + self.cancelled + self.running
+        return self.accepted + self.rejected + self.failed + self.cancelled + self.judge_failed + self.running
 
     # ---- admission ---------------------------------------------------------------------------------------
 
@@ -148,6 +149,13 @@ class GroupLedger:
         """A running group was cut short by a stop: its slot is free and its position is owed again."""
         del self._groups[self._end(position).position]
         self.cancelled += 1
+        self._replay.append(position)
+
+    def judge_fail(self, position: int) -> None:
+        """A running group finished but the judge failed on an answer (its call, not the agent): nothing of it is
+        trained, its slot is free and its position is owed again, since a dependency's failure is never a reward."""
+        del self._groups[self._end(position).position]
+        self.judge_failed += 1
         self._replay.append(position)
 
     def requeue_buffered(self) -> int:
@@ -209,7 +217,8 @@ class GroupLedger:
     def state_dict(self) -> dict[str, Any]:
         """The next position, the positions to replay, and the counts to resume from (JSON-ready)."""
         return {"position": self.position, "replay": self.owed(),
-                "staleness": {"accepted": self.trained, "rejected": self.rejected, "failed": self.failed}}
+                "staleness": {"accepted": self.trained, "rejected": self.rejected, "failed": self.failed,
+                              "judge_failed": self.judge_failed}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state_dict`: replay its owed positions, then go on from `position`."""
@@ -220,3 +229,4 @@ class GroupLedger:
         self._replay = [int(p) for p in state.get("replay", [])]
         self.trained, self.rejected = int(counts["accepted"]), int(counts["rejected"])
         self.failed, self.cancelled = int(counts.get("failed", 0)), 0
+        self.judge_failed = int(counts.get("judge_failed", 0))

@@ -91,6 +91,7 @@ def rollout_metrics(stats: Sequence[RolloutStats]) -> dict[str, float]:
     out = {"rollout/episodes": float(sum(r.episodes for r in stats)),
            "rollout/failed_groups": float(sum(r.failed_groups for r in stats)),
            "rollout/rejected_groups": float(sum(r.rejected_groups for r in stats)),
+           "rollout/judge_failed_groups": float(sum(r.judge_failed_groups for r in stats)),
            "rollout/generated_tokens_per_s": tokens_per_s}
     idle = [r.engine_idle_fraction for r in stats if r.engine_idle_fraction is not None]
     if idle:

@@ -44,6 +44,7 @@ class RolloutStats:
     rejected_groups: int = 0  # groups the filter turned down
     failed_groups: int = 0  # groups dropped because an episode (or the filter) raised
     cancelled_groups: int = 0  # groups cut short by stop()
+    judge_failed_groups: int = 0  # groups played again because the judge failed on an answer (not trained)
     generated_tokens: int = 0  # policy tokens in finished episodes
     reward_sum: float = 0.0  # over finished episodes
     elapsed_s: float = 0.0  # since run() began
@@ -54,6 +55,12 @@ class RolloutStats:
     below_limit_s: float = 0.0
     occupancy_s: float = 0.0
     engine: dict[str, float] = dataclasses.field(default_factory=dict)  # ENGINE_COUNTERS the engine reports
+
+
+def judge_failures(group: list[Trajectory]) -> list[str]:
+    """The judge errors on a group's answers (an LLM judge whose call failed, was cut off or gave no verdict)."""
+    return [str(traj.verdict["error"]) for traj in group
+            if isinstance(traj.verdict, dict) and traj.verdict.get("error")]
 
 
 class RolloutController:
@@ -165,6 +172,7 @@ class RolloutController:
         engine = self._engine_stats()
         stats = dataclasses.replace(self._stats, groups=ledger.accepted, rejected_groups=ledger.rejected,
                                     failed_groups=ledger.failed, cancelled_groups=ledger.cancelled,
+                                    judge_failed_groups=ledger.judge_failed,
                                     in_flight_episode_s=occupancy.group_s * self.group_size,
                                     below_limit_s=occupancy.below_limit_s, occupancy_s=occupancy.span_s,
                                     engine={k: float(engine[k]) for k in ENGINE_COUNTERS if k in engine})
@@ -200,6 +208,13 @@ class RolloutController:
         except Exception as exc:  # noqa: BLE001 -- one bad episode must not stop the rollouts
             log.warning("group %d (task %s) dropped: %r", position, task_id, exc, exc_info=exc)
             self.ledger.fail(position)
+            self._wake.set()
+            return
+        failures = judge_failures(group)
+        if failures:  # the judge's failure is not the agent's: no reward from it is trained; the group plays again
+            log.warning("group %d (task %s) played again: the judge failed on %d answer(s): %s", position, task_id,
+                        len(failures), failures[0])
+            self.ledger.judge_fail(position)
             self._wake.set()
             return
         self._stats.episodes += len(group)

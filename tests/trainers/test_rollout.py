@@ -182,3 +182,58 @@ def test_the_occupancy_window_takes_each_rows_share_of_the_controllers_totals():
              RolloutStats(in_flight_episode_s=2.0, below_limit_s=2.0, occupancy_s=2.0)]  # no time since: left out
     assert window.read(later) == {"rollout/episodes_in_flight_mean": 3.0, "rollout/admission_blocked_share": 0.0}
     assert window.read(later) == {} and engine_metrics(later) == {}  # no time passed; an engine counting nothing
+
+
+class _JudgeModel:
+    """A judge's chat model whose first `down` calls fail on transport (an outage), then grades Correct."""
+
+    def __init__(self, down: int) -> None:
+        self.down, self.calls = down, 0
+
+    async def achat(self, messages, **sampling):
+        self.calls += 1
+        if self.calls <= self.down:
+            raise ConnectionError("judge endpoint refused the connection")
+        return '{"rationale": "same entity", "judgement": "Correct"}'
+
+
+class _AnsweringEnv(SearchEnv):
+    """A SearchEnv whose every turn answers, so each episode ends at the judge."""
+
+    async def astep(self, action):
+        return await super().astep("<answer>the answer</answer>")
+
+
+async def test_a_judge_failure_is_never_trained_as_a_reward_and_its_group_plays_again(engine, small_pool,
+                                                                                         small_index, caplog):
+    """Issue 26: a judge outage on a group's answers is no reward of 0: the group is not trained, counted apart,
+    and its position is owed again, so the trained batches hold only verdicts the judge really gave."""
+    from searchgym.envs.llm_judge import LLMJudge
+    from searchgym.trainers.metrics import rollout_metrics
+
+    judge_model = _JudgeModel(down=2 * GROUP)
+    judge = LLMJudge(judge_model)
+    controller = make_controller(engine, small_pool, small_index, max_staleness=1,
+                                 make_env=lambda: _AnsweringEnv(small_pool, small_index, max_turns=3, judge=judge))
+    failed_positions = []
+    judge_fail = controller.ledger.judge_fail
+
+    def recording(position):
+        failed_positions.append(position)
+        judge_fail(position)
+
+    controller.ledger.judge_fail = recording
+    batches, admissions = await train(controller, engine, steps=3)
+    check_run(controller, batches, admissions, max_staleness=1)
+    stats = controller.stats()
+    assert stats.judge_failed_groups == len(failed_positions) >= 1 and judge_model.calls > 2 * GROUP
+    assert rollout_metrics([stats])["rollout/judge_failed_groups"] == len(failed_positions)
+    assert "the judge failed" in caplog.text and "refused the connection" in caplog.text
+    trained = [traj for _, batch in batches for group in batch for traj in group]
+    assert all(traj.verdict and not traj.verdict.get("error") and traj.reward == 1.0 for traj in trained)
+    # a judge-failed position is owed again: played after the outage and trained, or still owed at the stop
+    positions = {group[0].group for _, batch in batches for group in batch}
+    assert set(failed_positions) <= positions | set(controller.ledger.owed())
+    assert set(failed_positions) & positions  # the first ones came back within three steps
+    state = controller.ledger.state_dict()
+    assert state["staleness"]["judge_failed"] == len(failed_positions)

@@ -292,6 +292,11 @@ def drill_train(workdir: Path, overrides: Sequence[str], *, kill_rows: Sequence[
         result.notes.append(f"metrics.jsonl steps after resume: {[row['step'] for row in after]}")
     provenance = [row["step"] for row in json_rows(run_dir / "provenance.jsonl")]
     result.items_repeated += len(provenance) - len(set(provenance))
+    leftovers = sorted(p.name for pattern in ("*/.partial-*", "*/.sharded-step-*")  # a killed write's, after resume
+                       for p in run_dir.glob(pattern) if p.is_dir())
+    if leftovers:
+        result.crashes += 1
+        result.notes.append(f"partial checkpoint directories left after the resumes: {leftovers[:5]}")
 
     # a checkpoint file cut short: the resume names it and says what to do; pointing `latest` back works
     latest = run_dir / "checkpoints" / "latest"

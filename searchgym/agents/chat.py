@@ -148,11 +148,16 @@ class EngineChat:
         """Refuse prompt + max_new_tokens beyond the context window, as SGLang does (no silent truncation)."""
         if self.context_length is None:
             return
-        total = prompt_len + max_new_tokens
-        require(total < self.context_length,
-                f"Requested token count exceeds the model's maximum context length of {self.context_length} "
-                f"tokens. You requested a total of {total} tokens: {prompt_len} tokens from the input messages "
-                f"and {max_new_tokens} tokens for the completion.")
+        require(prompt_len + max_new_tokens < self.context_length,
+                context_overflow(self.context_length, prompt_len, max_new_tokens))
+
+
+def context_overflow(context_length: int, prompt_len: int, max_new_tokens: int) -> str:
+    """SGLang's words for a prompt plus reply budget past the context (clients parse them to shrink and retry)."""
+    return (f"Requested token count exceeds the model's maximum context length of {context_length} tokens. You "
+            f"requested a total of {prompt_len + max_new_tokens} tokens: {prompt_len} tokens from the input messages "
+            f"and {max_new_tokens} tokens for the completion. Please reduce the number of tokens in the input "
+            f"messages or the completion to fit within the limit.")
 
 
 # ---- sampling options ------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import resource
 import socket
 import subprocess
 import sys
@@ -28,20 +27,13 @@ from typing import Any
 import aiohttp
 
 from searchgym.bench.load_targets import EnvTarget, ModelTarget, SearchTarget, error_kind, post_json
+from searchgym.envs.tools.server_limits import raise_open_files_limit
 
 CLIENTS = (50, 200, 1000)
 ENV_ID = "searchgym/SyntheticQA-v0"
 ENV_KWARGS = {"size": 1000, "seed": 0, "n_tasks": 200, "hops": 1, "instructions": "brief", "top_k": 1,
               "doc_chars": 120, "max_turns": 3}
 HALF_OPEN = b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"  # no blank line
-
-
-def raise_fd_limit() -> tuple[int, int]:
-    """Raise this process's soft open-files limit to its hard limit (children inherit it); the new limits."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
 def proc_stats(pid: int) -> dict[str, Any]:
@@ -62,12 +54,13 @@ class ServerProcess:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.TemporaryFile()  # a file, not a pipe: a pipe nobody reads stalls a chatty server
         self.proc = subprocess.Popen([sys.executable, "-m", "searchgym.cli", *self.argv_for_port(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                     stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.monotonic() + self.startup_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.proc.stderr.read()[-2000:]!r}")
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.stderr_tail()!r}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                     s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
@@ -79,6 +72,11 @@ class ServerProcess:
         self.__exit__()
         raise RuntimeError(f"server did not answer /health within {self.startup_s} s")
 
+    def stderr_tail(self, n: int = 2000) -> str:
+        """The last `n` characters the server wrote to stderr."""
+        self.log.seek(0)
+        return self.log.read().decode("utf-8", "replace")[-n:]
+
     def stats(self) -> dict[str, Any]:
         return proc_stats(self.proc.pid)
 
@@ -89,6 +87,7 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.log.close()
 
 
 async def open_idle(port: int, n: int) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
@@ -220,7 +219,7 @@ def run_load(out: str | os.PathLike | None = "results/bench_load.json", *, clien
     unknown = [s for s in servers if s not in ("model", "search", "env")]
     if unknown:
         raise ValueError(f"servers: unknown {unknown}; choose from model, search, env")
-    limits = raise_fd_limit()
+    limits = raise_open_files_limit()
     t_start = time.perf_counter()
     env = gym.make(ENV_ID, **ENV_KWARGS).unwrapped
     tasks = [(t.id, t.metadata["start_query"], t.answers[0]) for t in list(env.tasks)[:references]]

@@ -210,9 +210,9 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     _check_choice("ray.weight_sync", config.ray.weight_sync, ("auto", "object_store", "disk", "distributed"))
     _check_choice("ray.sglang_server", config.ray.sglang_server, ("sglang", "searchgym"))
     try:
-        ipaddress.ip_address(config.ray.local_host)
+        ipaddress.IPv4Address(config.ray.local_host)  # servers' URLs are host:port, which an IPv6 address breaks
     except ValueError:
-        raise ValueError(f"ray.local_host must be an IP address (127.0.0.1 keeps a local cluster's servers on this "
+        raise ValueError(f"ray.local_host must be an IPv4 address (127.0.0.1 keeps a local cluster's servers on this "
                          f"machine; 0.0.0.0 opens them to the network), got {config.ray.local_host!r}") from None
     _check_watchdog(config.watchdog)
     return config

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -80,7 +81,12 @@ def die_with_parent(parent: int) -> None:
 
 
 def _follow(rank: int, spec: RankSpec, parent: int) -> None:
-    """A follower process: build the learner, replay the leader's collectives until it stops them."""
+    """A follower process: build the learner, replay the leader's collectives until it stops them.
+
+    It ignores SIGINT and SIGTERM (a Ctrl-C or a scheduler signals the whole process group): the leader decides
+    when to stop, finishing its step and checkpoint with the followers' collectives; they die with it."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
     die_with_parent(parent)
     if spec.threads:
         torch.set_num_threads(spec.threads)

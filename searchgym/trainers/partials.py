@@ -9,6 +9,7 @@ before the locks existed) is judged by the pid at the end of its name.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -21,6 +22,7 @@ from pathlib import Path
 from searchgym.envs.atomic_file import disk_error
 
 log = logging.getLogger(__name__)
+NO_LOCKS = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP)  # flock's answers where a file system has no locks
 PATTERNS = (".partial-*", ".sharded-step-*")  # write_model_dir's and the sharded learner's staging directories
 _PID = re.compile(r"^\.partial-.+-(\d+)$")  # write_model_dir's names end with the writer's pid
 
@@ -36,7 +38,19 @@ def writer_lock(partial: Path) -> Iterator[None]:
     lock.parent.mkdir(parents=True, exist_ok=True)
     while True:
         fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:
+            if e.errno not in NO_LOCKS:
+                os.close(fd)
+                raise
+            os.close(fd)  # a file system without flock (Lustre without -o flock, NFS without lockd): the lock
+            log.warning("%s: file locks are not supported here (%s); writing without one", lock.parent, e)
+            try:  # file stays as a marker, and the pid in the partial's name tells a dead writer's partial apart
+                yield
+            finally:
+                lock.unlink(missing_ok=True)
+            return
         try:
             if os.fstat(fd).st_ino == os.stat(lock).st_ino:  # not a file a cleaner unlinked while we waited
                 break
@@ -119,6 +133,12 @@ def _claimed(partial: Path) -> Iterator[bool]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             yield False
+            return
+        except OSError as e:
+            if e.errno not in NO_LOCKS:
+                raise
+            match = _PID.match(partial.name)  # no locks on this file system: only a dead writer's pid frees it
+            yield match is not None and not pid_alive(int(match.group(1)))
             return
         try:
             yield True

@@ -68,15 +68,18 @@ class StopRequest:
     def installed(self) -> Iterator[StopRequest]:
         """Route SIGTERM and SIGINT to `request` while the current task trains (in the running event loop)."""
         loop, self._task = asyncio.get_running_loop(), asyncio.current_task()
-        installed = []
+        installed = []  # (signal, the handler it had before): put back after, as asyncio's removal would not
         try:
             for signum in SIGNALS:
                 try:
+                    previous = signal.getsignal(signum)
                     loop.add_signal_handler(signum, self.request, signum)
-                    installed.append(signum)
+                    installed.append((signum, previous))
                 except (ValueError, RuntimeError, NotImplementedError):  # not the main thread, or no signals here
                     pass
             yield self
         finally:
-            for signum in installed:
+            for signum, previous in installed:
                 loop.remove_signal_handler(signum)
+                if previous is not None:  # None: set outside Python; asyncio's default is the best left
+                    signal.signal(signum, previous)

@@ -104,8 +104,15 @@ async def test_reply_limit_is_a_setting_named_in_each_dialect(tiny_model_dir, ht
             assert reply.usage.completion_tokens == 8 and reply.choices[0].finish_reason == "length"
         status, out = await post(http, url, "/generate",
                                  {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": CONTEXT}})
-        assert status == 400 and "exceeds the model's maximum context length" in out["error"]["message"]
-        assert out["error"]["message"].startswith("sampling_params.max_new_tokens: ")
+        message = out["error"]["message"]  # SGLang's own words first (clients parse them), then the field
+        assert status == 400 and message.startswith("Requested token count exceeds the model's maximum context length")
+        assert f"{len(PROMPT)} tokens from the input messages and {CONTEXT} tokens" in message
+        assert message.endswith("(field: sampling_params.max_new_tokens)")
+        # unset, max_new_tokens is cut to what fits, as SGLang's scheduler does (no 400 for what a client never set)
+        long_prompt = (PROMPT * CONTEXT)[:CONTEXT - 3]
+        status, out = await post(http, url, "/generate", {"input_ids": long_prompt, "sampling_params": {
+            "temperature": 0, "ignore_eos": True}})
+        assert status == 200 and len(out["output_ids"]) == 2 and out["meta_info"]["finish_reason"]["type"] == "length"
 
 
 @pytest.mark.parametrize("setting, value", [("max_prompt_chars", 0), ("max_reply_tokens", -1),
@@ -180,3 +187,27 @@ def _rss_mb() -> float:
     """This process's resident memory now (not its peak)."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.parametrize("path, dialect", [("/generate", b'"code": 408'), ("/v1/chat/completions", b'"type"')])
+async def test_a_body_that_stalls_after_its_head_is_a_408_on_the_model_server(tiny_model_dir, http, path, dialect):
+    """--body-timeout holds for the model server's routes too: a client that sends a head and part of a body cannot
+    keep its connection and handler forever (4,096 of them would fill the connection cap)."""
+    from searchgym.envs.tools.http_session import serve_app
+    from searchgym.envs.tools.server_limits import ServerLimits
+
+    engine = TorchEngine(tiny_model_dir, seed=0)
+    try:
+        app = create_app(engine, model_path=str(tiny_model_dir), context_length=CONTEXT)
+        async with serve_app(app, limits=ServerLimits(body_timeout=1.0), shutdown_timeout=0.5) as url:
+            reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
+            writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         "Content-Length: 100\r\n\r\n{\"input_ids\": ".encode())  # then nothing more
+            status, out = await post(http, url, "/generate", SMALL)  # another client, meanwhile
+            assert status == 200 and len(out["output_ids"]) == 4
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            body = await asyncio.wait_for(reader.read(400), 5)
+            assert head.startswith(b"HTTP/1.1 408") and b"body_timeout" in body and dialect in body, (head, body)
+            writer.close()
+    finally:
+        await engine.close()

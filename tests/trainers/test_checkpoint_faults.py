@@ -264,3 +264,23 @@ def test_only_a_disk_errno_in_an_error_message_is_taken_for_a_disk_error(text):
     assert plain is None or (plain.errno in DISK_ERRORS and re.search(r"os error \d+|\[Errno \d+\]", text))
     wrapped = disk_error(RuntimeError(f"{text} I/O error: No space left on device (os error 28)"), healthy, "x")
     assert wrapped is not None and wrapped.errno == errno.ENOSPC and str(wrapped).startswith("disk full while writing")
+
+
+def test_without_file_locks_writes_go_on_and_only_a_dead_writers_partial_is_removed(tmp_path, monkeypatch, caplog):
+    """Lustre without -o flock (ENOSYS) or NFS without lockd (ENOLCK): checkpoints are still written; a live
+    writer's partial is kept and a dead pid's removed, judged by the pid in the name."""
+    from searchgym.trainers import partials
+
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(partials.fcntl, "flock", no_locks)
+    live = tmp_path / f".partial-step-00001-{os.getpid()}"
+    with partials.writer_lock(live):
+        live.mkdir()
+        dead = tmp_path / ".partial-step-00002-999999999"
+        dead.mkdir()
+        partials.lock_path(dead).touch()
+        assert partials.remove_stale(tmp_path) == [dead]
+        assert live.is_dir() and partials.lock_path(live).exists()
+    assert not partials.lock_path(live).exists() and "file locks are not supported" in caplog.text

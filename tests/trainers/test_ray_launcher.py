@@ -236,7 +236,7 @@ def test_a_local_cluster_keeps_to_this_machine_unless_asked(tiny_model_dir):
     assert server_hosts(config.ray, "10.1.2.3") == ("0.0.0.0", "10.1.2.3")  # asked for: every interface
     joined = load_config(None, ["launcher=ray", "ray.address=auto"])
     assert local_cluster_kwargs(joined, 1) == {} and server_hosts(joined.ray, "10.1.2.3") == ("10.1.2.3", "10.1.2.3")
-    for bad in ("localhost:1", "my.host", "300.1.1.1"):
+    for bad in ("localhost:1", "my.host", "300.1.1.1", "::1"):  # IPv6 would make host:port URLs ambiguous
         with pytest.raises(ValueError, match="ray.local_host"):
             load_config(None, [f"ray.local_host={bad}"])
 

@@ -179,3 +179,30 @@ def test_sigterm_stops_searchgym_train_cleanly_and_resume_goes_on(tmp_path, smal
     history = train(load_config(None, overrides), resume=True, progress=False)
     assert [h["step"] for h in history] == list(range(1, STEPS + 1))
     assert [h["version"] for h in history] == [float(v) for v in range(1, STEPS + 1)]
+
+
+def test_the_handlers_a_caller_had_are_back_after_training():
+    """asyncio's remove_signal_handler leaves SIG_DFL: a handler set before train() (Ray's, a caller's) must come
+    back, or a SIGTERM during shutdown kills the process outright."""
+    seen = []
+
+    def callers(signum, frame):
+        seen.append(signum)
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGTERM, callers)
+    try:
+        async def main():
+            with StopRequest().installed() as stop:
+                os.kill(os.getpid(), signal.SIGTERM)
+                await asyncio.sleep(0.2)
+                return stop.signum
+
+        assert asyncio.run(main()) == signal.SIGTERM and seen == []  # during training: the stop request's
+        assert signal.getsignal(signal.SIGTERM) is callers and signal.getsignal(signal.SIGINT) is before[signal.SIGINT]
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        assert seen == [signal.SIGTERM]  # after: the caller's again
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)

@@ -24,12 +24,13 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from searchgym.agents.chat import EngineChat
+from searchgym.agents.chat import EngineChat, context_overflow
 from searchgym.agents.engines.fields import require, show
 from searchgym.agents.engines.torch_engine import Progress, TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, SamplingParams
 from searchgym.agents.server.memory import MemoryOccupation, memory_tags
 from searchgym.agents.server.wire import OFFLOAD_BYTES, parse_json
+from searchgym.envs.tools.http_session import read_body
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -144,6 +145,8 @@ class ServedModel:
         self.warmup_error: str | None = None
         self.created = int(time.time())
         self.chat = EngineChat(self, self.tokenizer, context_length=self.context_length)
+        self.tokenizer.encode("settle")  # a tokenizer.json with padding/truncation is reset on the first call, which
+        # needs exclusive access: done here, before request threads share the tokenizer ("Already borrowed" else)
         self._threads = ThreadPoolExecutor(max_workers=REQUEST_THREADS, thread_name_prefix="model-server-request")
 
     @property
@@ -239,16 +242,18 @@ class ServedModel:
         self.check_chars(len(text), field)
         return self.prompt_ids(list(self.tokenizer.encode(text)), field)
 
-    def check_reply(self, prompt_len: int, max_new_tokens: int, field: str) -> None:
-        """Refuse a reply budget above --max-reply-tokens, or one that with the prompt overflows the context."""
-        total = prompt_len + max_new_tokens
-        require(total < self.context_length,
-                f"{field}: Requested token count exceeds the model's maximum context length of "
-                f"{self.context_length} tokens. You requested a total of {total} tokens: {prompt_len} tokens from "
-                f"the input and {max_new_tokens} tokens for the completion ({field}).")
+    def fit_reply(self, prompt_len: int, max_new_tokens: int, field: str, *, explicit: bool = True) -> int:
+        """The reply's token budget. One the client set (`explicit`) above --max-reply-tokens, or overflowing the
+        context with the prompt, is refused as SGLang refuses it; a default one is cut to what fits, as SGLang's
+        scheduler does when max_new_tokens is unset."""
+        if not explicit:
+            return max(0, min(max_new_tokens, self.limits.max_reply_tokens, self.context_length - 1 - prompt_len))
+        require(prompt_len + max_new_tokens < self.context_length,
+                context_overflow(self.context_length, prompt_len, max_new_tokens) + f" (field: {field})")
         limit = self.limits.max_reply_tokens
         require(max_new_tokens <= limit, f"{field}={max_new_tokens} is above this server's limit of {limit} tokens "
                                          f"per reply (--max-reply-tokens)")
+        return max_new_tokens
 
     async def offload(self, fn: Callable[..., T], *args: Any, heavy: bool = True) -> T:
         """`fn(*args)` in a request thread when `heavy` (so the event loop keeps answering), else right here."""
@@ -258,7 +263,7 @@ class ServedModel:
 
     async def json_body(self, request: web.Request, *, empty_ok: bool = False) -> tuple[dict, bool]:
         """The request's JSON object, parsed in a request thread when the body is big, and whether it was."""
-        raw = await request.read()
+        raw = await read_body(request)  # a 408 past the server's body timeout: a stalled body holds nothing forever
         heavy = len(raw) > OFFLOAD_BYTES
         return await self.offload(functools.partial(parse_json, raw, empty_ok=empty_ok), heavy=heavy), heavy
 

@@ -106,10 +106,9 @@ class OpenAIAPI:
     def _reply_budget(self, body: Mapping[str, Any], prompt_len: int, sampling: SamplingParams) -> SamplingParams:
         """The reply's max tokens within --max-reply-tokens and the context (unset: the most that fits)."""
         limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-        if body.get(limit_name) is None and sampling.max_new_tokens > self.model.limits.max_reply_tokens:
-            sampling = dataclasses.replace(sampling, max_new_tokens=self.model.limits.max_reply_tokens)
-        self.model.check_reply(prompt_len, sampling.max_new_tokens, limit_name)
-        return sampling
+        budget = self.model.fit_reply(prompt_len, sampling.max_new_tokens, limit_name,
+                                      explicit=body.get(limit_name) is not None)
+        return dataclasses.replace(sampling, max_new_tokens=budget)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/chat/completions: n = 1; tool calls parsed when tools are given; streamed on request."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable
@@ -223,7 +224,10 @@ class SGLangAPI:
         items = []
         for i, (ids, rid) in enumerate(zip(prompts, _rids(body.get("rid"), n, batch))):
             params, skip_special, no_trim, spaces = sampling(per_item["sampling_params"][i], self.model.vocab_size)
-            self.model.check_reply(len(ids), params.max_new_tokens, "sampling_params.max_new_tokens")
+            given = per_item["sampling_params"][i]
+            explicit = isinstance(given, dict) and given.get("max_new_tokens") is not None
+            params = dataclasses.replace(params, max_new_tokens=self.model.fit_reply(
+                len(ids), params.max_new_tokens, "sampling_params.max_new_tokens", explicit=explicit))
             return_logprob = f.boolean(f.or_default(per_item["return_logprob"][i], False), "return_logprob")
             start = f.integer(f.or_default(per_item["logprob_start_len"][i], -1), "logprob_start_len")
             require(not return_logprob or start == -1 or start >= len(ids),

@@ -21,9 +21,23 @@ DEFAULT_MAX_CONNECTIONS = 4096  # above SGLangEngine's 1,024-connection pool and
 FD_RESERVE = 128  # descriptors kept for files, the listening socket and refused connections' short lives
 
 
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise this process's soft open-files limit to its hard limit (children inherit it); the limits now.
+
+    A server's connection cap must not sit below its clients' pools because of a shell's default `ulimit -n` 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):  # some systems cap an unlimited hard limit lower: keep what there is
+            pass
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
 def default_max_connections() -> int:
-    """DEFAULT_MAX_CONNECTIONS, or fewer when the process's descriptor limit (ulimit -n) is lower."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    """DEFAULT_MAX_CONNECTIONS, or fewer when the descriptor limit (ulimit -n, first raised to its hard limit by
+    `raise_open_files_limit`) is lower."""
+    soft, _ = raise_open_files_limit()
     if soft == resource.RLIM_INFINITY:
         return DEFAULT_MAX_CONNECTIONS
     return max(16, min(DEFAULT_MAX_CONNECTIONS, soft - FD_RESERVE))

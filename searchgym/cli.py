@@ -355,7 +355,8 @@ def _eval_compare(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from searchgym.envs.tools.server_limits import add_limit_flags, positive_int, seconds  # light: no aiohttp
+    from searchgym.envs.tools.server_limits import (  # light: no aiohttp
+        add_limit_flags, add_request_limit_flags, positive_int, seconds)
 
     parser = argparse.ArgumentParser(prog="searchgym", description=__doc__)
     rooms = parser.add_subparsers(dest="command", required=True)
@@ -500,10 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     add_limit_flags(p)
     p.add_argument("--context-length", type=int, default=None, help="default: the model's")
-    p.add_argument("--max-prompt-chars", type=int, default=None,
-                   help="characters of one text prompt, refused with a 400 before tokenizing (default: 32 x context)")
-    p.add_argument("--max-reply-tokens", type=int, default=None,
-                   help="most tokens one reply may ask for (default: what the context leaves)")
+    add_request_limit_flags(p)
     p.set_defaults(run=_serve_model)
     p = serve.add_parser("search", help="a search index behind the Search-R1/ASearcher retrieval API (/retrieve, /access)")
     p.add_argument("--index", type=Path, required=True, help="an index directory from `searchgym index build`")

@@ -1,6 +1,7 @@
 """Shared by the integration tests: the small SyntheticQA env kwargs, one torch thread, the env served on loopback."""
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -49,20 +50,28 @@ def wait_until(condition, what: str, limit: float = 30.0) -> None:
         time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def uvicorn_in_thread(app, **options):
+    """Serve an ASGI app with uvicorn on a free 127.0.0.1 port in a thread for the block; yields its URL."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **options))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_until(lambda: server.started, "the server to start")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def server_url():
     """The env served in this process (so the test can see its sessions) by uvicorn on 127.0.0.1."""
     pytest.importorskip("openenv")
-    import uvicorn
-
     from searchgym.integrations.openenv import make_app
 
-    port = free_port()
-    app = make_app("searchgym/SyntheticQA-v0", ENV_KWARGS, max_sessions=16)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started, "the server to start")
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=30)
+    with uvicorn_in_thread(make_app("searchgym/SyntheticQA-v0", ENV_KWARGS, max_sessions=16)) as url:
+        yield url

@@ -21,7 +21,7 @@ from websockets.sync.client import connect  # noqa: E402
 
 from searchgym.envs.tools.server_limits import ServerLimits  # noqa: E402
 from searchgym.integrations.openenv import SearchAction, SearchGymClient, make_app, open_sessions, uvicorn_options  # noqa: E402
-from tests.integrations.conftest import ENV_KWARGS, free_port, wait_until  # noqa: E402
+from tests.integrations.conftest import ENV_KWARGS, free_port, uvicorn_in_thread, wait_until  # noqa: E402
 
 ENV_ID = "searchgym/SyntheticQA-v0"
 IDLE_S = 1.5
@@ -41,20 +41,11 @@ def n_tasks():
 @pytest.fixture(scope="module")
 def limited_url():
     """The env served as `serve env` serves it (our uvicorn options), with small limits, on 127.0.0.1."""
-    import uvicorn
-
-    port = free_port()
     app = make_app(ENV_ID, ENV_KWARGS, max_sessions=4, max_body_bytes=MAX_BODY, session_idle_timeout=IDLE_S,
                    body_timeout=1.0)
     limits = ServerLimits(header_timeout=1.0, idle_timeout=2.0, max_connections=CAP)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                          **uvicorn_options(limits, MAX_BODY)))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_until(lambda: server.started, "the server to start")
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=30)
+    with uvicorn_in_thread(app, **uvicorn_options(limits, MAX_BODY)) as url:
+        yield url
 
 
 def ws_url(url: str) -> str:
@@ -130,13 +121,15 @@ def test_reset_indices_at_the_edges(limited_url, n_tasks):
         assert response.json()["detail"][0]["loc"] == ["body", "index"]
 
 
+JSON_FLOATS = st.floats(allow_nan=False, allow_infinity=False)  # what a JSON client can send
 BAD_RESET = {
-    "index": st.one_of(st.integers(max_value=-1), st.integers(min_value=10**6), st.floats(), st.text(max_size=4),
+    "index": st.one_of(st.integers(max_value=-1), st.integers(min_value=10**6), JSON_FLOATS, st.text(max_size=4),
                        st.booleans(), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2), st.none())),
-    "seed": st.one_of(st.floats(), st.text(min_size=1, max_size=4), st.booleans(), st.lists(st.integers(), max_size=2),
+    "seed": st.one_of(JSON_FLOATS, st.text(min_size=1, max_size=4), st.booleans(), st.lists(st.integers(), max_size=2),
                       st.integers(max_value=-1)),
-    "task_id": st.one_of(st.integers(), st.floats(), st.booleans(), st.lists(st.text(max_size=3), max_size=2)),
-    "episode_id": st.one_of(st.integers(), st.lists(st.text(max_size=3), max_size=2), st.text(min_size=256, max_size=300)),
+    "task_id": st.one_of(st.integers(), JSON_FLOATS, st.booleans(), st.lists(st.text(max_size=3), max_size=2)),
+    "episode_id": st.one_of(st.integers(), st.lists(st.text(max_size=3), max_size=2),
+                            st.text(min_size=256, max_size=300)),
     "unknown": st.one_of(st.integers(), st.text(max_size=4), st.none()),
 }
 

@@ -18,13 +18,14 @@ from typing import Any
 from aiohttp import web
 
 from searchgym.agents.engines.torch_engine import TorchEngine
-from searchgym.agents.server.core import PROMPT_CHARS_PER_TOKEN, Limits, ServedModel
+from searchgym.agents.server.core import Limits, ServedModel
 from searchgym.agents.server.openai_api import OpenAIAPI, error_body
 from searchgym.agents.server.sglang_api import SGLangAPI
 from searchgym.agents.server.sglang_control import ControlAPI
 from searchgym.agents.server.wire import json_response
 from searchgym.envs.tools.http_session import error_middleware, serve_app, wait_for_signal
-from searchgym.envs.tools.server_limits import ServerLimits, add_limit_flags, limits_from_args
+from searchgym.envs.tools.server_limits import (ServerLimits, add_limit_flags, add_request_limit_flags,
+                                                limits_from_args)
 
 logger = logging.getLogger(__name__)
 
@@ -120,27 +121,6 @@ async def _serve_until_signal(model_dir: str | os.PathLike, host: str, port: int
             logger.info("shutting down")
     finally:
         await engine.close()
-
-
-def _positive(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def add_request_limit_flags(parser: argparse.ArgumentParser) -> None:
-    """The per-request limit flags (core.Limits), shared by this module's parser and `searchgym serve model`."""
-    parser.add_argument("--max-prompt-chars", type=_positive, default=None,
-                        help="characters of one text prompt (text, prompt, or chat messages), refused with a 400 "
-                             f"before tokenizing (default: {PROMPT_CHARS_PER_TOKEN} x the context length)")
-    parser.add_argument("--max-reply-tokens", type=_positive, default=None,
-                        help="most tokens one reply may ask for (max_new_tokens, max_tokens); default: what the "
-                             "context length leaves")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

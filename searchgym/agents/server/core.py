@@ -29,14 +29,14 @@ from searchgym.agents.engines.fields import require, show
 from searchgym.agents.engines.torch_engine import Progress, TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, SamplingParams
 from searchgym.agents.server.memory import MemoryOccupation, memory_tags
-from searchgym.agents.server.wire import OFFLOAD_BYTES, parse_json
-from searchgym.envs.tools.http_session import read_body
+from searchgym.agents.server.wire import OFFLOAD_BYTES
+from searchgym.envs.tools.http_session import parse_json, read_body
+from searchgym.envs.tools.server_limits import PROMPT_CHARS_PER_TOKEN
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 PAUSE_MODES = ("abort", "retract", "in_place")
-PROMPT_CHARS_PER_TOKEN = 32  # default --max-prompt-chars per context token: far above any real text's ~4
 REQUEST_THREADS = 4  # threads for request work too big for the event loop (tokenizers release the GIL)
 
 

@@ -15,24 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
-from searchgym.envs.tools.http_session import BadRequest, check, lone_surrogate
 
 OFFLOAD_BYTES = 16 * 1024  # bodies above this are parsed, validated and tokenized in a request thread
-
-
-def parse_json(raw: bytes, *, empty_ok: bool = False) -> dict:
-    """A request body's JSON object (the same checks as http_session.json_body, callable from a thread)."""
-    if empty_ok and not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
-        raise BadRequest(f"request body is not valid JSON: {e}") from None
-    check(isinstance(body, dict), f"request body must be a JSON object, got {type(body).__name__}")
-    where = lone_surrogate(body)
-    check(where is None, f"request body holds a lone surrogate escape (\\ud800-\\udfff) in {where}: "
-                         "it is not valid Unicode text")
-    return body
 
 
 def finite(value: Any) -> Any:

@@ -139,7 +139,11 @@ async def read_body(request: web.Request) -> bytes:
 
 async def json_body(request: web.Request, *, empty_ok: bool = False) -> dict:
     """The request's JSON object; malformed JSON, non-UTF-8 bytes, text no encoder accepts or a non-object is a 400."""
-    raw = await read_body(request)
+    return parse_json(await read_body(request), empty_ok=empty_ok)
+
+
+def parse_json(raw: bytes, *, empty_ok: bool = False) -> dict:
+    """A request body's JSON object, or BadRequest saying why not (plain work: callable from a thread)."""
     if empty_ok and not raw.strip():
         return {}
     try:

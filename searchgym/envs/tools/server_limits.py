@@ -14,6 +14,7 @@ import argparse
 import resource
 from dataclasses import dataclass
 
+PROMPT_CHARS_PER_TOKEN = 32  # the model server's default --max-prompt-chars per context token (real text: ~4)
 DEFAULT_HEADER_TIMEOUT = 15.0
 DEFAULT_IDLE_TIMEOUT = 75.0  # above aiohttp's client-side 15 s pool keep-alive, so a pooled request never races a close
 DEFAULT_BODY_TIMEOUT = 60.0  # a 64 MiB body at 10 Mbit/s takes ~55 s; over loopback it is milliseconds
@@ -108,3 +109,14 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
     """The ServerLimits that add_limit_flags' flags ask for."""
     return ServerLimits(header_timeout=args.header_timeout, idle_timeout=args.idle_timeout,
                         max_connections=args.max_connections, body_timeout=args.body_timeout)
+
+
+def add_request_limit_flags(parser: argparse.ArgumentParser) -> None:
+    """The model server's per-request limit flags (agents/server/core.Limits), for its own parser and `searchgym
+    serve model`."""
+    parser.add_argument("--max-prompt-chars", type=positive_int, default=None,
+                        help="characters of one text prompt (text, prompt, or chat messages), refused with a 400 "
+                             f"before tokenizing (default: {PROMPT_CHARS_PER_TOKEN} x the context length)")
+    parser.add_argument("--max-reply-tokens", type=positive_int, default=None,
+                        help="most tokens one reply may ask for (max_new_tokens, max_tokens); default: what the "
+                             "context length leaves")

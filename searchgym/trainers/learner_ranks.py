@@ -108,13 +108,20 @@ class FollowerRanks:
         for process in self.processes:
             process.start()
 
-    def failure(self) -> str | None:
-        """Why the learner cannot go on: a follower that exited (its rank, pid and exit code), or None."""
-        for rank, process in enumerate(self.processes, start=1):
-            if process.exitcode is not None:
-                return (f"learner rank {rank} (pid {process.pid}) exited with code {process.exitcode}: the sharded "
-                        "learner cannot go on without it (its traceback, if any, is above)")
-        return None
+    def failure(self, wait: float = 0.0) -> str | None:
+        """Why the learner cannot go on: a follower that exited (its rank, pid and exit code), or None.
+
+        `wait` seconds are given for a follower to be seen exiting: after a collective failed, the peer's socket
+        can close before its process is reaped."""
+        deadline = time.monotonic() + wait
+        while True:
+            for rank, process in enumerate(self.processes, start=1):
+                if process.exitcode is not None:
+                    return (f"learner rank {rank} (pid {process.pid}) exited with code {process.exitcode}: the "
+                            "sharded learner cannot go on without it (its traceback, if any, is above)")
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
     def check(self) -> None:
         """Raise if a follower has exited."""

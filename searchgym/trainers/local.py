@@ -40,6 +40,9 @@ from searchgym.trainers.watchdog import Watchdog
 from searchgym.trainers.weight_sync import DiskSync, InProcessSync, WeightSync
 
 
+FOLLOWER_EXIT_WAIT_S = 5.0  # after a failure, how long a dying learner rank gets to be seen exiting
+
+
 class InProcessRollouts:
     """The loop's rollout side as one RolloutController in this event loop."""
 
@@ -179,7 +182,7 @@ async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict
         finished = True
         return history
     except Exception as e:
-        if followers is not None and (failure := followers.failure()) is not None:
+        if followers is not None and (failure := followers.failure(wait=FOLLOWER_EXIT_WAIT_S)) is not None:
             raise RuntimeError(failure) from e
         raise
     finally:

@@ -120,7 +120,8 @@ def _sft(args: argparse.Namespace) -> None:
 
 
 def _quickstart(args: argparse.Namespace) -> None:
-    from searchgym.quickstart import load_quickstart_config, run_quickstart
+    from searchgym.pipeline.stages import load_quickstart_config
+    from searchgym.quickstart import run_quickstart
 
     overrides = [*args.overrides, *([f"out_dir={args.out}"] if args.out else [])]
     summary = run_quickstart(load_quickstart_config(overrides))

@@ -12,7 +12,7 @@
 
 Every stage is the library's own code path (gym.make, the oracle's demonstrations, sft, train, run_eval), so
 the quickstart is also an end-to-end check that the pieces fit. The stages and their config live in
-searchgym/bench/stages.py, shared with `searchgym bench learning`, which runs them once per seed.
+searchgym/pipeline/stages.py, shared with `searchgym bench learning`, which runs them once per seed.
 
 Same seed and config, same result: every stage but RL is bit for bit reproducible (fixed torch threads,
 deterministic torch kernels, seeded batches and per-episode sampling seeds). Async RL depends on timing: which
@@ -34,10 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from searchgym.bench.stages import (ENV_KWARGS, DemoConfig, EvalConfig, QuickstartConfig, TinyModelConfig,  # noqa: F401
-                                    build_base_model, deterministic_torch, evaluate_policy, load_quickstart_config,
-                                    make_demos, make_env, run_rl, say, tokenizer_texts)
 from searchgym.eval.compare import compare_runs, write_comparison
+from searchgym.pipeline.stages import (QuickstartConfig, build_base_model, deterministic_torch, evaluate_policy,
+                                       make_demos, make_env, run_rl, say)
 from searchgym.trainers.sft import sft
 
 BENCHMARK = "docs/benchmarks.md#learning"  # `searchgym bench learning`: the gain over seeds (one quickstart run is one draw)

@@ -16,7 +16,7 @@ import searchgym  # noqa: F401
 from searchgym.agents.scripted import demonstrations
 from searchgym.envs.tools.local_index import LocalIndex
 from searchgym.eval.harness import run_eval
-from searchgym.quickstart import deterministic_torch
+from searchgym.pipeline.stages import deterministic_torch
 from searchgym.trainers.config import load_config
 from searchgym.trainers.copy_pretrain import CopyPretrainConfig, copy_pretrain
 from searchgym.trainers.local import train

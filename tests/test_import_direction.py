@@ -15,9 +15,10 @@ FLOORS = {
     "world": 2,
     "agents": 3,
     "synthesis": 4, "trainers": 4, "eval": 4,
-    "bench": 5, "integrations": 5,
-    "quickstart": 6, "demo": 6,
-    "cli": 7, "__main__": 7,
+    "pipeline": 5, "testing": 5, "integrations": 5,  # the quickstart's stages; test and reliability support
+    "bench": 6,  # measurements only: runs the pipeline (bench learning) and the drills (bench reliability)
+    "quickstart": 7, "demo": 7,
+    "cli": 8, "__main__": 8,
     "__init__": 1.5,  # `import searchgym` registers the env ids: it may import envs and nothing else
 }
 
@@ -59,6 +60,13 @@ def test_imports_only_go_down():
                 upward.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({room}, floor {FLOORS[room]}) "
                               f"imports {target} (floor {FLOORS[target]})")
     assert not upward, "imports that do not go down:\n" + "\n".join(upward)
+
+
+def test_only_the_cli_imports_the_bench():
+    """`bench/` holds measurements only: the product's pipeline and the test support live in rooms below it."""
+    users = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
+             if room_of(path) not in ("bench", "cli") for target, line in imported_rooms(path) if target == "bench"]
+    assert not users, "modules outside the CLI that import bench/:\n" + "\n".join(users)
 
 
 def test_the_checker_catches_an_upward_import(tmp_path):

@@ -1,17 +1,17 @@
 """SIGKILL at seeded points of the real CLI (synthesize with the LLM agent and with KB walks, train, eval),
 plus what a kill mid-write or a bad disk leaves (a cut last line, a damaged line, a checkpoint file cut
 short): each rerun loses nothing written before the kill, repeats nothing, and reports every damaged
-line by file and line (issue 15). The drills are searchgym.bench.kills', which `bench reliability` runs."""
+line by file and line (issue 15). The drills are searchgym.testing.kills', which `bench reliability` runs."""
 import json
 import random
 
 import pytest
 
-from searchgym.bench.kills import (drill_agent_synthesis, drill_eval, drill_kbwalk_synthesis, drill_train,
+from searchgym.testing.kills import (drill_agent_synthesis, drill_eval, drill_kbwalk_synthesis, drill_train,
                                    json_rows)
 from searchgym.envs.tasks import TaskPool
 from tests.conftest import SMALL, WARM_ENV
-from searchgym.bench.stand_in_llm import StandInLLM, stand_in_server
+from searchgym.testing.stand_in_llm import StandInLLM, stand_in_server
 
 SEED = 15  # each test draws its kill points from random.Random(SEED): every run kills at the same rows
 

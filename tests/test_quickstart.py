@@ -13,7 +13,8 @@ from searchgym.agents.workflow import TokenWorkflow, WorkflowSettings
 from searchgym.eval.compare import paired_delta
 from searchgym.envs.search_env import SearchEnv
 from searchgym.eval.metrics import pass_at_k
-from searchgym.quickstart import load_quickstart_config, run_quickstart
+from searchgym.pipeline.stages import load_quickstart_config
+from searchgym.quickstart import run_quickstart
 from searchgym.world.synthetic_env import make_synthetic_qa
 from tests.conftest import SMALL
 

@@ -10,7 +10,7 @@
     caches        damaged web-cache rows (a counted miss; in replay an error observation) and a damaged
                   cache file (one error naming it)
     kills         SIGKILL of eval, synthesize (agent, kbwalk) and train at seeded points, with cut and
-                  damaged lines and a cut checkpoint file (searchgym.bench.kills)
+                  damaged lines and a cut checkpoint file (searchgym.testing.kills)
 
 Each class counts forms tried, faults injected, faults handled as promised, kills survived, crashes (an
 exception out of a call that promises none, a 5xx, a rerun that fails unclearly) and items lost. The
@@ -29,9 +29,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from searchgym.bench import faults
-from searchgym.bench.kills import (DrillResult, drill_agent_synthesis, drill_eval, drill_kbwalk_synthesis,
-                                   drill_train)
+from searchgym.testing import faults
+from searchgym.testing.kills import (DrillResult, drill_agent_synthesis, drill_eval, drill_kbwalk_synthesis,
+                                     drill_train)
 
 SEED = 15
 COLUMNS = ("forms_tried", "faults_injected", "handled", "kills_survived", "crashes", "items_lost")
@@ -321,8 +321,8 @@ def run_reliability(out: str | Path | None = "results/reliability.json", *, work
     `model` is the tiny model the model server and the eval/train drills use (default: one built in workdir).
     """
     from searchgym.agents.tiny_model import build_tiny_model
-    from searchgym.bench.stand_in_llm import StandInLLM, stand_in_server
     from searchgym.envs.tools.local_index import LocalIndex
+    from searchgym.testing.stand_in_llm import StandInLLM, stand_in_server
     from searchgym.world.bundle import ensure_bundle
 
     t0 = time.perf_counter()

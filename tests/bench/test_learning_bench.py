@@ -120,7 +120,7 @@ def test_a_rerun_reuses_finished_seeds_and_repeats_the_warm_start(bench, tmp_pat
 
 def test_demonstrated_and_rl_tasks_split_by_hop_count(small_bundle, tmp_path):
     from searchgym.bench.learning import _demo_tasks
-    from searchgym.bench.stages import make_env
+    from searchgym.pipeline.stages import make_env
 
     config = load_learning_config([f"out_dir={tmp_path}", *TOY, "max_demos=1000", "hops.rl=[2]", "hops.rl_demos=0"])
     env = make_env(config.env.id, {**config.env.kwargs, "seed": 0, "hops": [1, 2]}, "train")

@@ -13,8 +13,8 @@ from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from searchgym.bench.faults import CODEC_NAMES
-from searchgym.bench.faults import DAMAGED_CACHE_ROWS as DAMAGED_ROWS
+from searchgym.testing.faults import CODEC_NAMES
+from searchgym.testing.faults import DAMAGED_CACHE_ROWS as DAMAGED_ROWS
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import Task, TaskPool
 from searchgym.envs.tools.base import BackendError, Page, PageNotFound

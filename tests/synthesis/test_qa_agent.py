@@ -1,5 +1,5 @@
 """The QA-synthesis agent: control flow, defensive parsing and every rejection path, driven through
-OpenAIEngine against a rule-based stand-in LLM (searchgym.bench.stand_in_llm: a test double speaking the
+OpenAIEngine against a rule-based stand-in LLM (searchgym.testing.stand_in_llm: a test double speaking the
 OpenAI chat completions wire format on loopback, shared with the reliability bench), plus the real tiny
 model through our model server, the CLI, resuming, and loading a synthesized pool into LocalQA-v0."""
 import asyncio
@@ -11,7 +11,7 @@ import pytest
 
 import searchgym  # noqa: F401  (registers the env ids)
 from searchgym.agents.engines.openai_engine import OpenAIEngine
-from searchgym.bench.stand_in_llm import StandInLLM, stand_in_server
+from searchgym.testing.stand_in_llm import StandInLLM, stand_in_server
 from searchgym.cli import main as cli_main
 from searchgym.envs.llm_calls import DependencyFailed
 from searchgym.envs.tasks import TaskPool

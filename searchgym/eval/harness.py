@@ -38,6 +38,7 @@ from searchgym.agents.engines.open import open_engine
 from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.env_pool import EnvPool
 from searchgym.agents.workflow import Workflow, WorkflowSettings, open_workflow
+from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.judges import CompositeJudge, make_judge
 from searchgym.envs.jsonl_log import BadRow, JsonlLog
 from searchgym.envs.llm_calls import DependencyFailed
@@ -192,9 +193,6 @@ def run_eval(env_id: str, engine: str, out: str | os.PathLike, *, k: int = 4, ju
     `context_policy` ("end", "fold", "summarise") says how an episode longer than `max_context` goes on
     (agents/context.py).
     """
-    import gymnasium as gym
-
-    import searchgym  # noqa: F401  (registers the env ids)
     from searchgym.envs.suites import suite_of
 
     if k < 1:
@@ -229,7 +227,7 @@ def run_eval(env_id: str, engine: str, out: str | os.PathLike, *, k: int = 4, ju
     else:
         run_path.write_text(json.dumps(run, indent=2))
 
-    make_env = make_env or (lambda: gym.make(env_id, **env_kwargs).unwrapped)
+    make_env = make_env or (lambda: make_unwrapped(env_id, **env_kwargs))
     probe = make_env()
     try:
         tasks = list(probe.tasks)[:max_tasks]

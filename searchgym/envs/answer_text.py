@@ -14,7 +14,8 @@ _YES_NO = {"true": "yes", "false": "no"}
 
 
 class _CharTable(dict):
-    """str.translate table, filled lazily per code point: drop ASCII and Unicode (P*) punctuation, optionally pad CJK."""
+    """str.translate table, filled lazily per code point: drop ASCII and Unicode (P*) punctuation, optionally
+    pad CJK."""
 
     def __init__(self, pad_cjk: bool) -> None:
         super().__init__()
@@ -44,7 +45,8 @@ def _normalize(s: str, table: _CharTable) -> str:
 
 
 def normalize_answer(s: str) -> str:
-    """SQuAD-style normalisation: lower-case, drop punctuation and articles, collapse whitespace; true/false -> yes/no."""
+    """SQuAD-style normalisation: lower-case, drop punctuation and articles, collapse whitespace;
+    true/false -> yes/no."""
     return _normalize(s, _PUNCTUATION)
 
 

@@ -97,12 +97,10 @@ def _synthesize(args: argparse.Namespace) -> None:
 def _demos(args: argparse.Namespace) -> None:
     import asyncio
 
-    import gymnasium as gym
-
-    import searchgym  # noqa: F401  (registers the env ids)
     from searchgym.agents.scripted import demonstrations
+    from searchgym.envs.factory import make_unwrapped
 
-    env = gym.make(args.env, **json.loads(args.env_kwargs)).unwrapped
+    env = make_unwrapped(args.env, **json.loads(args.env_kwargs))
     chats = asyncio.run(demonstrations(env, skim=not args.read_pages, think=args.think))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:

@@ -1,8 +1,14 @@
 """Imports only go down: a room may import its own modules and the floors below it, never a floor above
-or a sibling room on its floor. Function-level (lazy) imports count too: they are upward all the same."""
+or a sibling room on its floor; and no two searchgym modules need each other, however indirectly (no circle).
+
+Both rules count every import statement, module-level and function-level alike: a lazy import only defers
+the dependency, it is upward (or circular) all the same. A module's import of its own package is not an
+edge (Python imports the package first anyway); `from package import name` is an edge to the submodule
+`package.name` when that is a module, else to the package."""
 from __future__ import annotations
 
 import ast
+import graphlib
 from pathlib import Path
 
 import searchgym
@@ -14,8 +20,8 @@ FLOORS = {
     "envs": 1,
     "world": 2,
     "agents": 3,
-    "synthesis": 4, "trainers": 4, "eval": 4,
-    "pipeline": 5, "testing": 5, "integrations": 5,  # the quickstart's stages; test and reliability support
+    "synthesis": 4, "trainers": 4, "eval": 4, "integrations": 4,
+    "pipeline": 5, "testing": 5,  # the quickstart's stages; test and reliability support
     "bench": 6,  # measurements only: runs the pipeline (bench learning) and the drills (bench reliability)
     "quickstart": 7, "demo": 7,
     "cli": 8, "__main__": 8,
@@ -73,3 +79,56 @@ def test_the_checker_catches_an_upward_import(tmp_path):
     fake = tmp_path / "m.py"
     fake.write_text("def f():\n    from searchgym.trainers.learner import Learner\n")
     assert ("trainers", 2) in imported_rooms(fake)
+
+
+def module_name(path: Path) -> str:
+    """Dotted name of a searchgym source file (`searchgym.envs` for envs/__init__.py)."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, modules: set[str], me: str = "") -> set[str]:
+    """The searchgym modules a file imports (any statement, lazy ones included), each named by its module."""
+    def owner(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                     for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        out |= {m for m in map(owner, names) if m is not None}
+    return {m for m in out if m != me and not me.startswith(m + ".")}
+
+
+def import_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of imports in `graph` (module -> modules it imports), or None when there is none."""
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        return list(exc.args[1])
+    return None
+
+
+def test_no_circle_of_imports():
+    paths = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(p) for p in paths}
+    graph = {module_name(p): imported_modules(p, modules, module_name(p)) for p in paths}
+    circle = import_circle(graph)
+    assert circle is None, "modules that import each other: " + " -> ".join(circle or [])
+
+
+def test_the_checker_catches_a_circle(tmp_path):
+    fake = tmp_path / "m.py"
+    fake.write_text("import searchgym.envs.judges\ndef f():\n    from searchgym.envs import llm_judge\n")
+    modules = {"searchgym.envs", "searchgym.envs.judges", "searchgym.envs.llm_judge"}
+    assert imported_modules(fake, modules) == {"searchgym.envs.judges", "searchgym.envs.llm_judge"}
+    assert imported_modules(fake, modules, "searchgym.envs.judges.x") == {"searchgym.envs.llm_judge"}
+    circle = import_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})
+    assert circle is not None and set(circle) == {"a", "b", "c"}
+    assert import_circle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None

@@ -1,1 +1,2 @@
-"""Floor 2: engines, tool-call formats, the episode runner, the LLM judge and scripted agents."""
+"""Floor 3: tool-call formats, inference engines (torch, SGLang, OpenAI) and the model server, rollout
+workflows with context management, the env pool, trajectories, scripted agents and the tiny test model."""

@@ -209,10 +209,9 @@ def run_load(out: str | os.PathLike | None = "results/bench_load.json", *, clien
 
     Every server runs with `--header-timeout header_timeout`: idle sockets are counted closed after it.
     `references` distinct prompts, queries and tasks are asked alone first; the clients cycle through them."""
-    import gymnasium as gym
-
     import searchgym  # noqa: F401  (registers the env ids)
     from searchgym.agents.tiny_model import build_tiny_model
+    from searchgym.envs.factory import make_unwrapped
     from searchgym.bench.env import _machine
     from searchgym.world.bundle import ensure_bundle
 
@@ -221,7 +220,7 @@ def run_load(out: str | os.PathLike | None = "results/bench_load.json", *, clien
         raise ValueError(f"servers: unknown {unknown}; choose from model, search, env")
     limits = raise_open_files_limit()
     t_start = time.perf_counter()
-    env = gym.make(ENV_ID, **ENV_KWARGS).unwrapped
+    env = make_unwrapped(ENV_ID, **ENV_KWARGS)
     tasks = [(t.id, t.metadata["start_query"], t.answers[0]) for t in list(env.tasks)[:references]]
     env.close()
     kw = {"rounds": rounds, "idle": idle, "oversized_bytes": int(oversized_mb * 1_000_000), "timeout": timeout,

@@ -2,99 +2,20 @@
 from __future__ import annotations
 
 import asyncio
-import re
-import string
-import unicodedata
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from dataclasses import replace
+from typing import Any, Callable, Mapping, Sequence
 
 from searchgym.envs import reference_metrics as ref
+from searchgym.envs.answer_text import answer_tokens, normalize_answer
+from searchgym.envs.llm_judge import LLMJudge
+from searchgym.envs.verdicts import ChatModel, Judge, Verdict
+
+__all__ = ["ASearcherEM", "ASearcherF1", "ChatModel", "CompositeJudge", "CoverExactMatch", "ExactMatch", "FormatGate",
+           "Judge", "LLMJudge", "SearchR1EM", "TokenF1", "Verdict", "answer_tokens", "aug_kwargs", "cover_exact_match",
+           "exact_match", "make_judge", "normalize_answer", "token_f1"]
 
 MAX_DETAIL_CHARS = 1000
-_ARTICLES = re.compile(r"\b(?:a|an|the)\b")
-_CJK = re.compile(
-    "[\u1100-\u11ff\u3005-\u3007\u3040-\u30ff\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
-    "\ua960-\ua97f\uac00-\ud7ff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0002fa1f\U00030000-\U000323af]"
-)
-_YES_NO = {"true": "yes", "false": "no"}
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """A judge's call on one answer; `error` marks a judge failure, which is not the same as a wrong answer."""
-
-    score: float
-    correct: bool
-    judge: str
-    detail: dict = field(default_factory=dict)
-    error: str | None = None
-
-    def __post_init__(self) -> None:
-        """Reject scores outside [0, 1] (NaN included) so a buggy judge cannot emit an invalid reward."""
-        if not 0.0 <= self.score <= 1.0:
-            raise ValueError(f"Verdict score must be in [0, 1], got {self.score!r} from judge {self.judge!r}")
-
-    def to_dict(self) -> dict:
-        """Plain-dict form for logs and JSON."""
-        return asdict(self)
-
-
-@runtime_checkable
-class Judge(Protocol):
-    """What SearchEnv and the evaluation harness call to score a final answer."""
-
-    name: str
-
-    async def ajudge(
-        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = ()
-    ) -> Verdict: ...
-
-
-class ChatModel(Protocol):
-    """What an LLM judge needs from an inference engine (satisfied by the agents package)."""
-
-    async def achat(self, messages: list[dict[str, str]], **sampling) -> str: ...
-
-
-class _CharTable(dict):
-    """str.translate table, filled lazily per code point: drop ASCII and Unicode (P*) punctuation, optionally pad CJK."""
-
-    def __init__(self, pad_cjk: bool) -> None:
-        super().__init__()
-        self.pad_cjk = pad_cjk
-
-    def __missing__(self, code_point: int) -> int | str | None:
-        """Classify an unseen code point once and cache the result."""
-        char = chr(code_point)
-        if char in string.punctuation or unicodedata.category(char).startswith("P"):
-            mapped = None
-        elif self.pad_cjk and _CJK.match(char):
-            mapped = f" {char} "
-        else:
-            mapped = code_point
-        self[code_point] = mapped
-        return mapped
-
-
-_PUNCTUATION = _CharTable(pad_cjk=False)
-_PUNCTUATION_AND_CJK = _CharTable(pad_cjk=True)
-
-
-def _normalize(s: str, table: _CharTable) -> str:
-    """Lower-case, translate with `table`, drop articles, collapse whitespace, map a bare true/false to yes/no."""
-    text = " ".join(_ARTICLES.sub(" ", s.lower().translate(table)).split())
-    return _YES_NO.get(text, text)
-
-
-def normalize_answer(s: str) -> str:
-    """SQuAD-style normalisation: lower-case, drop punctuation and articles, collapse whitespace; true/false -> yes/no."""
-    return _normalize(s, _PUNCTUATION)
-
-
-def answer_tokens(s: str) -> list[str]:
-    """Normalised tokens, with each CJK character its own token since those scripts do not mark word boundaries."""
-    return _normalize(s, _PUNCTUATION_AND_CJK).split()
 
 
 def _em(pred: list[str], ref: list[str]) -> float:
@@ -398,8 +319,6 @@ def _named_judge(name: str, chat: ChatModel | None = None) -> Judge:
     if name == "llm":
         if chat is None:
             raise ValueError("the 'llm' judge needs a chat model (e.g. --judge-model openai:http://host/v1[:model])")
-        from searchgym.envs.llm_judge import LLMJudge
-
         return LLMJudge(chat)
     if name not in _JUDGES:
         valid = ", ".join([*_JUDGES, *(f"{n}+format" for n in _JUDGES)])

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from searchgym.envs.judges import ChatModel
+from searchgym.envs.verdicts import ChatModel
 
 T = TypeVar("T")
 BACKOFF_ENV = "SEARCHGYM_LLM_BACKOFF"  # base seconds of every LLM retry backoff (tests set it tiny)

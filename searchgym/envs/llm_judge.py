@@ -19,8 +19,9 @@ from dataclasses import replace
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from searchgym.envs.judges import ChatModel, Verdict, normalize_answer
+from searchgym.envs.answer_text import normalize_answer
 from searchgym.envs.llm_calls import CallFailed, ReplyRetry, Unparseable, ask
+from searchgym.envs.verdicts import ChatModel, Verdict
 
 JUDGE_PROMPT = """\
 You are grading an answer to a question against the labelled correct answer(s).

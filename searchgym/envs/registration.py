@@ -1,10 +1,9 @@
 """Gym ids of searchgym. Entry points are strings, so registering imports no higher floor."""
 from __future__ import annotations
 
-import os
-from typing import Any
-
 import gymnasium as gym
+
+from searchgym.envs.suites import register_suites
 
 LOCAL_QA = "searchgym/LocalQA-v0"
 SYNTHETIC_QA = "searchgym/SyntheticQA-v0"
@@ -13,11 +12,9 @@ WEB_QA = "searchgym/WebQA-v0"
 
 def register_envs() -> None:
     """Register every searchgym env id, benchmark suites included (idempotent)."""
-    from searchgym.envs.suites import register_suites
-
     specs = {
         SYNTHETIC_QA: "searchgym.world.synthetic_env:make_synthetic_qa",
-        LOCAL_QA: "searchgym.envs.registration:make_local_qa",
+        LOCAL_QA: "searchgym.envs.local_qa:make_local_qa",
     }
     for env_id, entry_point in specs.items():
         if env_id not in gym.registry:
@@ -26,36 +23,3 @@ def register_envs() -> None:
         gym.register(id=WEB_QA, entry_point="searchgym.envs.web_env:make_web_qa", nondeterministic=True,
                      disable_env_checker=False)
     register_suites()  # searchgym/HotpotQA-v0, ...
-
-
-def make_local_qa(
-    tasks: str | os.PathLike | Any,
-    index: str | os.PathLike | None = None,
-    corpus: str | os.PathLike | None = None,
-    *,
-    task_split: str | None = None,
-    hops: int | list[int] | None = None,
-    on_bad_task: str = "raise",
-    servers: str | list[str] | None = None,
-    server_options: dict[str, Any] | None = None,
-    **env_kwargs: Any,
-):
-    """SearchEnv over any local corpus: an index directory, a corpus JSONL indexed on first use, or
-    retrieval servers (`servers=["http://host:port", ...]` or their /retrieve URLs, ours or Search-R1's) shared
-    by many envs; each server is asked one query at construction, so a wrong URL fails here."""
-    from searchgym.envs.search_env import SearchEnv
-    from searchgym.envs.tasks import load_pool
-    from searchgym.envs.tools.indexes import open_index
-
-    if sum(x is not None for x in (index, corpus, servers)) != 1:
-        raise ValueError("LocalQA-v0 needs exactly one of index=DIR (from `searchgym index build`), "
-                         "corpus=FILE.jsonl or servers=URL(s) (from `searchgym serve search`)")
-    pool = load_pool(tasks, on_error=on_bad_task, split=task_split, hops=hops)
-    if servers is not None:
-        from searchgym.envs.tools.remote_search import RemoteSearch
-
-        options = {"check": True, **(server_options or {})}  # a wrong URL is an error here, not in every episode
-        remote = RemoteSearch([servers] if isinstance(servers, str) else list(servers), **options)
-        return SearchEnv(pool, remote, remote, **env_kwargs)
-    backend = open_index(index if index is not None else corpus)
-    return SearchEnv(pool, backend, backend, **env_kwargs)

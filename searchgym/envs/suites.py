@@ -17,6 +17,8 @@ from typing import Any
 
 import gymnasium as gym
 
+from searchgym.envs.factory import make_unwrapped
+
 DATA_ENV = "SEARCHGYM_DATA"
 
 
@@ -103,14 +105,14 @@ def make_suite_env(suite: str, *, data_root: str | os.PathLike | None = None, da
     by `searchgym eval`, which needs a chat model)."""
     spec = SUITES[suite]
     if spec.kind == "embedded":
-        return gym.make("searchgym/SyntheticQA-v0", **env_kwargs).unwrapped
+        return make_unwrapped("searchgym/SyntheticQA-v0", **env_kwargs)
     tasks = data if data is not None else resolve_data(spec, data_root, split)
     if isinstance(tasks, (str, os.PathLike)) and Path(tasks).is_dir():
         from searchgym.envs.tasks import TaskPool
 
         tasks = TaskPool.from_dataset(tasks, split=split)
     if spec.kind == "local":
-        from searchgym.envs.registration import make_local_qa
+        from searchgym.envs.local_qa import make_local_qa
 
         if not any(env_kwargs.get(k) is not None for k in ("index", "corpus", "servers")):
             raise ValueError(f"{spec.env_id} needs a search backend: index=DIR (`searchgym index build`), "

@@ -38,7 +38,9 @@ from searchgym.agents.engines.open import open_engine
 from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.env_pool import EnvPool
 from searchgym.agents.workflow import Workflow, WorkflowSettings, open_workflow
-from searchgym.envs.judges import CompositeJudge, make_judge
+from searchgym.envs.factory import make_unwrapped
+from searchgym.envs.judges import (ASearcherEM, ASearcherF1, CompositeJudge, CoverExactMatch, ExactMatch, SearchR1EM,
+                                   TokenF1, make_judge)
 from searchgym.envs.jsonl_log import BadRow, JsonlLog
 from searchgym.envs.llm_calls import DependencyFailed
 from searchgym.envs.search_env import SearchEnv
@@ -149,6 +151,9 @@ def call_stats(store: SampleStore, failures: JsonlLog, names: Sequence[str], wan
 
 # --- judging ------------------------------------------------------------------------------------
 
+# deterministic judges of the answer text alone: the env's verdict by one of them is the eval judge's too
+REFERENCE_JUDGES = (ExactMatch, TokenF1, CoverExactMatch, ASearcherF1, ASearcherEM, SearchR1EM)
+
 def eval_judge(spec: str, chat: Any = None) -> CompositeJudge:
     """The envs' judges for a comma list (em, f1, cover_em, llm, ...), always as a composite so each is reported."""
     judge = make_judge(spec, chat)
@@ -159,14 +164,29 @@ def eval_judge(spec: str, chat: Any = None) -> CompositeJudge:
 
 
 async def judge_all(judge: CompositeJudge, prediction: str | None, answers: Sequence[str], question: str,
-                    aug_answers: Sequence[str] = ()) -> dict[str, dict]:
+                    aug_answers: Sequence[str] = (), known: dict[str, dict] | None = None) -> dict[str, dict]:
     """Every judge's verdict as a dict; no answer is wrong for every judge (score 0), not a judge failure.
-    `aug_answers` (a task's ASearcher `aug_answer`) reach only the judges that blend them (asearcher_*)."""
+    `aug_answers` (a task's ASearcher `aug_answer`) reach only the judges that blend them (asearcher_*);
+    `known` verdicts (the env's own, see `env_verdicts`) are used as they are, not asked again."""
     if prediction is None:
         return {n: {"score": 0.0, "correct": False, "judge": n, "detail": {"reason": "no answer"}, "error": None}
                 for n in judge.judges}
-    verdicts = await judge.averdicts(prediction, list(answers), question=question, aug_references=list(aug_answers))
-    return {name: verdict.to_dict() for name, verdict in verdicts.items()}
+    known = {n: v for n, v in (known or {}).items() if n in judge.judges}
+    rest = [n for n in judge.judges if n not in known]
+    verdicts: dict[str, Any] = {}
+    if rest:
+        ask = CompositeJudge({n: judge.judges[n] for n in rest}, primary=rest[0])
+        verdicts = await ask.averdicts(prediction, list(answers), question=question, aug_references=list(aug_answers))
+    return {name: known[name] if name in known else verdicts[name].to_dict() for name in judge.judges}
+
+
+def env_verdicts(env_judge: Any, judge: CompositeJudge, verdict: dict[str, Any] | None) -> dict[str, dict]:
+    """The env's verdict on an episode's answer under the eval judge's name, where that eval judge is the env's
+    own reference judge (same kind and settings, so the same call): the answer is then judged once, not twice."""
+    if verdict is None or type(env_judge) not in REFERENCE_JUDGES:
+        return {}
+    return {name: verdict for name, j in judge.judges.items()
+            if type(j) is type(env_judge) and vars(j) == vars(env_judge) and verdict.get("judge") == j.name}
 
 
 def sample_of(row: dict[str, Any]) -> Sample:
@@ -192,9 +212,6 @@ def run_eval(env_id: str, engine: str, out: str | os.PathLike, *, k: int = 4, ju
     `context_policy` ("end", "fold", "summarise") says how an episode longer than `max_context` goes on
     (agents/context.py).
     """
-    import gymnasium as gym
-
-    import searchgym  # noqa: F401  (registers the env ids)
     from searchgym.envs.suites import suite_of
 
     if k < 1:
@@ -206,78 +223,80 @@ def run_eval(env_id: str, engine: str, out: str | os.PathLike, *, k: int = 4, ju
     human = load_labels(labels) if labels is not None else None  # a bad labels file fails before any episode
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    model = asyncio.run(engine_fingerprint(engine))
-    judge_fp = asyncio.run(engine_fingerprint(judge_model)) if judge_model else None
-    run = {"env": env_id, "env_kwargs": env_kwargs, "engine": engine, "seed": seed, "temperature": temperature,
-           "max_new_tokens": max_new_tokens, "max_context": max_context, "workflow": workflow,
-           "model": model["identity"]}
-    if context_policy != "end":  # runs made before context policies existed keep resuming
-        run["context_policy"] = context_policy
-    run_path = out / RUN
-    if run_path.exists():
+    with asyncio.Runner() as loop:  # one event loop for the whole command: fingerprints, episodes, judges
+        model = loop.run(engine_fingerprint(engine))
+        judge_fp = loop.run(engine_fingerprint(judge_model)) if judge_model else None
+        run = {"env": env_id, "env_kwargs": env_kwargs, "engine": engine, "seed": seed, "temperature": temperature,
+               "max_new_tokens": max_new_tokens, "max_context": max_context, "workflow": workflow,
+               "model": model["identity"]}
+        if context_policy != "end":  # runs made before context policies existed keep resuming
+            run["context_policy"] = context_policy
+        run_path = out / RUN
+        if run_path.exists():
+            try:
+                previous = json.loads(run_path.read_text())
+                if not isinstance(previous, dict):
+                    raise ValueError("not a JSON object")
+            except (ValueError, UnicodeDecodeError) as e:
+                raise ValueError(f"{run_path} is damaged ({e}); it records what {out}'s samples were made with: "
+                                 f"restore it, or evaluate into another --out") from None
+            # a model identity of None is unknown (an older run, a server that was down), not a difference
+            changed = {key: (previous.get(key), value) for key, value in run.items() if previous.get(key) != value
+                       and (key != "model" or None not in (previous.get(key), value))}
+            if changed:
+                raise ValueError(f"{out} holds samples of another run (differs in {changed}); use another --out")
+        else:
+            run_path.write_text(json.dumps(run, indent=2))
+
+        make_env = make_env or (lambda: make_unwrapped(env_id, **env_kwargs))
+        probe = make_env()
         try:
-            previous = json.loads(run_path.read_text())
-            if not isinstance(previous, dict):
-                raise ValueError("not a JSON object")
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ValueError(f"{run_path} is damaged ({e}); it records what {out}'s samples were made with: "
-                             f"restore it, or evaluate into another --out") from None
-        changed = {key: (previous.get(key), value) for key, value in run.items() if previous.get(key) != value
-                   and (key != "model" or None not in (previous.get(key), value))}  # unknown (older run, server down)
-        if changed:
-            raise ValueError(f"{out} holds samples of another run (differs in {changed}); use another --out")
-    else:
-        run_path.write_text(json.dumps(run, indent=2))
+            tasks = list(probe.tasks)[:max_tasks]
+            store = SampleStore(out / SAMPLES)
+            failures = JsonlLog(out / FAILURES, check=_sample_key)
+            wanted = {(t.id, s) for t in tasks for s in range(k)}
+            todo = [(i, t, s) for i, t in enumerate(tasks) for s in range(k) if (t.id, s) not in store]
+            rejudge = [row for key, row in store.rows.items() if key in wanted and failed_judges(row)]
+            sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
+            settings = WorkflowSettings(sampling, max_context=max_context, context=policy)
+            judges, errors = loop.run(_evaluate(
+                todo, make_env, store, judge, judge_model, engine, workflow=workflow, settings=settings,
+                concurrency=concurrency, seed=seed, device=device, tokenizer=tokenizer, progress=progress,
+                total=len(tasks) * k, rejudge=rejudge, tasks={t.id: t for t in tasks}, failures=failures))
+            counted = [n for n, j in judges.judges.items() if hasattr(j, "stats")]  # model-backed judges keep counters
+            calls = call_stats(store, failures, counted, wanted)
+            rows = [row for key, row in store.rows.items() if key in wanted]
+            if not rows and errors:
+                raise DependencyFailed(f"all {len(errors)} episodes failed (rerun the command to retry them); "
+                                       f"first: {type(errors[0]).__name__}: {errors[0]}") from errors[0]
+            if model["identity"] is None:  # servers that were not up yet answered while the run played
+                model = loop.run(engine_fingerprint(engine))
+            card = build_card(env_id=env_id, env=probe, tasks=tasks, judges=judges.judges, primary=judges.primary,
+                              judge_model=judge_fp, k=k, sampling=sampling, max_context=max_context, engine=engine,
+                              model=model, workflow=workflow,
+                              run={"seed": seed, "env_kwargs": env_kwargs, "max_tasks": max_tasks,
+                                   "concurrency": concurrency, "device": device, "tokenizer": tokenizer,
+                                   "llm_calls": calls})
+        finally:
+            probe.close()
+        summary = {"card": card,
+                   **summarize_rows(rows, k, env_id=env_id, engine=engine, judges=list(judges.judges))}
+        summary["agreement"] = judge_agreement(rows, summary["judges"])
+        if human is not None:
+            summary["labels"] = {"file": str(labels), **label_accuracy(rows, human, summary["judges"])}
+        summary["judge_stats"] = calls["judges"]
+        summary["failed_calls"] = {"agent": calls["agent"],
+                                   "judges": {n: {"pending": st["pending"]} for n, st in calls["judges"].items()}}
+        (out / SUMMARY).write_text(json.dumps(_finite(summary), indent=2))  # NaN (no valid verdict) -> null
+        if report:
+            from searchgym.eval.report import write_report
 
-    make_env = make_env or (lambda: gym.make(env_id, **env_kwargs).unwrapped)
-    probe = make_env()
-    try:
-        tasks = list(probe.tasks)[:max_tasks]
-        store = SampleStore(out / SAMPLES)
-        failures = JsonlLog(out / FAILURES, check=_sample_key)
-        wanted = {(t.id, s) for t in tasks for s in range(k)}
-        todo = [(i, t, s) for i, t in enumerate(tasks) for s in range(k) if (t.id, s) not in store]
-        rejudge = [row for key, row in store.rows.items() if key in wanted and failed_judges(row)]
-        sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
-        settings = WorkflowSettings(sampling, max_context=max_context, context=policy)
-        judges, errors = asyncio.run(_evaluate(
-            todo, make_env, store, judge, judge_model, engine, workflow=workflow, settings=settings,
-            concurrency=concurrency, seed=seed, device=device, tokenizer=tokenizer, progress=progress,
-            total=len(tasks) * k, rejudge=rejudge, tasks={t.id: t for t in tasks}, failures=failures))
-        counted = [n for n, j in judges.judges.items() if hasattr(j, "stats")]  # model-backed judges keep counters
-        calls = call_stats(store, failures, counted, wanted)
-        rows = [row for key, row in store.rows.items() if key in wanted]
-        if not rows and errors:
-            raise DependencyFailed(f"all {len(errors)} episodes failed (rerun the command to retry them); "
+            write_report(out, summary, rows)
+        if errors:  # every other episode was finished and stored: a rerun plays only the failed ones
+            raise DependencyFailed(f"{len(errors)} of {len(todo)} episodes failed (rerun the command to retry them); "
                                    f"first: {type(errors[0]).__name__}: {errors[0]}") from errors[0]
-        if model["identity"] is None:  # servers that were not up yet answered while the run played
-            model = asyncio.run(engine_fingerprint(engine))
-        card = build_card(env_id=env_id, env=probe, tasks=tasks, judges=judges.judges, primary=judges.primary,
-                          judge_model=judge_fp, k=k, sampling=sampling, max_context=max_context, engine=engine,
-                          model=model, workflow=workflow,
-                          run={"seed": seed, "env_kwargs": env_kwargs, "max_tasks": max_tasks,
-                               "concurrency": concurrency, "device": device, "tokenizer": tokenizer,
-                               "llm_calls": calls})
-    finally:
-        probe.close()
-    summary = {"card": card,
-               **summarize_rows(rows, k, env_id=env_id, engine=engine, judges=list(judges.judges))}
-    summary["agreement"] = judge_agreement(rows, summary["judges"])
-    if human is not None:
-        summary["labels"] = {"file": str(labels), **label_accuracy(rows, human, summary["judges"])}
-    summary["judge_stats"] = calls["judges"]
-    summary["failed_calls"] = {"agent": calls["agent"],
-                               "judges": {n: {"pending": st["pending"]} for n, st in calls["judges"].items()}}
-    (out / SUMMARY).write_text(json.dumps(_finite(summary), indent=2))  # NaN (no valid verdict) -> null
-    if report:
-        from searchgym.eval.report import write_report
-
-        write_report(out, summary, rows)
-    if errors:  # every other episode was finished and stored: a rerun plays only the failed ones
-        raise DependencyFailed(f"{len(errors)} of {len(todo)} episodes failed (rerun the command to retry them); "
-                               f"first: {type(errors[0]).__name__}: {errors[0]}") from errors[0]
-    _check_judges(calls["judges"], rows)
-    return summary
+        _check_judges(calls["judges"], rows)
+        return summary
 
 
 def _check_judges(stats: dict[str, dict[str, int]], rows: Sequence[dict[str, Any]]) -> None:
@@ -353,12 +372,13 @@ async def _play(todo, make_env, store: SampleStore, judge: CompositeJudge, workf
                     episode_seed = int(np.random.SeedSequence([seed, index, sample]).generate_state(1)[0])
                     traj = await workflow.arun_episode(env, seed=episode_seed, options={"task_id": task.id},
                                                        rid=f"eval-{index}-{sample}")
+                    known = env_verdicts(env.judge, judge, traj.verdict)  # the env judged the answer already
             except Exception as e:  # the agent or its endpoint failed: a failure of this sample, never a score
                 if failures is not None:
                     failures.append({"task_id": task.id, "sample": sample, "stage": "agent", "time": time.time(),
                                      "error": f"{type(e).__name__}: {e}"[:1000]})
                 raise
-            verdicts = await judge_all(judge, traj.prediction, task.answers, task.question, task.aug_answers)
+            verdicts = await judge_all(judge, traj.prediction, task.answers, task.question, task.aug_answers, known)
             counts = traj.counts
             store.append({
                 "task_id": task.id, "sample": sample, "question": task.question, "answers": list(task.answers),

@@ -1,11 +1,11 @@
-"""Floor 5: adapters that plug searchgym envs into other trainers and env hosts.
+"""Floor 4: adapters that plug searchgym envs into other trainers and env hosts.
 
 - `searchgym.integrations.trl`: an environment class for TRL's `GRPOTrainer(environment_factory=...)`
   and the prompt dataset it trains on (extra `searchgym[trl]`).
 - `searchgym.integrations.openenv`: any env id served as an OpenEnv environment server, and the
   client for it (extra `searchgym[openenv]`; `searchgym serve env ID`).
-- `searchgym.integrations.verifiers`: a verifiers taskset and env over any env id (extra
-  `searchgym[verifiers]`).
+- `searchgym.integrations.actions`: other libraries' structured tool calls written as the env's action text;
+  `searchgym.integrations.asgi_limits`: the limits `serve env`'s server keeps under abuse.
 
 Each imports its library only when used, so `import searchgym.integrations` costs nothing. Whatever
 reward crosses to another library is the env judge's verdict (with process rewards only refined by

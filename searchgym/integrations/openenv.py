@@ -33,6 +33,7 @@ from openenv.core.env_server.types import Action, EnvironmentMetadata, Observati
 from pydantic import Field
 
 import searchgym
+from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.rewards import PROCESS_MODES, episode_reward, judge_error
 from searchgym.envs.tools.server_limits import ServerLimits
 from searchgym.integrations.actions import tool_call_action
@@ -110,7 +111,7 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
         self.env_id = env_id
         self.reward_options = {"process": process_reward, "process_weight": process_weight,
                                "threshold": process_threshold}
-        self._env = gym.make(env_id, **(env_kwargs or {})).unwrapped  # the SearchEnv, with its native async API
+        self._env = make_unwrapped(env_id, **(env_kwargs or {}))  # the SearchEnv, with its native async API
         self._state = SearchState(env_id=env_id)
         self._infos: list[dict[str, Any]] = []
         _OPEN_ENVS.add(self)

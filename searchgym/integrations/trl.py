@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 import searchgym  # noqa: F401 - registers the env ids
+from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.registration import SYNTHETIC_QA
 from searchgym.envs.rewards import PROCESS_MODES, episode_reward, judge_error
 from searchgym.integrations.actions import ARGUMENTS, tool_call_action
@@ -213,9 +214,9 @@ def task_dataset(env_id: str = SYNTHETIC_QA, *, task_ids: list[str] | None = Non
     empty user prompt that `SearchGymEnv.reset` fills with the task's question and instructions."""
     from datasets import Dataset
 
-    env = gym.make(env_id, **env_kwargs)
+    env = make_unwrapped(env_id, **env_kwargs)
     try:
-        pool = env.unwrapped.tasks
+        pool = env.tasks
         ids = [t.id for t in pool] if task_ids is None else [pool.by_id(i).id for i in task_ids]
     finally:
         env.close()

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 from omegaconf import OmegaConf
 
 import searchgym  # noqa: F401  (registers the env ids)
 from searchgym.agents.scripted import demonstrations
 from searchgym.agents.tiny_model import build_tiny_model
+from searchgym.envs.factory import make_unwrapped
 from searchgym.eval.harness import run_eval
 from searchgym.trainers.config import EnvConfig, LearnerConfig, RolloutConfig, TrainConfig
 from searchgym.trainers.copy_pretrain import CopyPretrainConfig, copy_pretrain
@@ -109,7 +109,7 @@ def deterministic_torch(threads: int) -> Iterator[None]:
 
 def make_env(env_id: str, kwargs: dict[str, Any], split: str) -> Any:
     """The env (unwrapped) for one split of the task pool; building it builds the world on first use."""
-    return gym.make(env_id, **{**kwargs, "split": split}).unwrapped
+    return make_unwrapped(env_id, **{**kwargs, "split": split})
 
 
 def make_demos(env: Any, tasks: list[Any], path: Path, *, question_query: bool = True) -> list[list[dict[str, str]]]:

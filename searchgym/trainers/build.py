@@ -5,13 +5,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import torch
 
-import searchgym  # noqa: F401  (registers the env ids)
 from searchgym.agents.context import ContextPolicy, context_policy
 from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.workflow import Workflow, WorkflowSettings, load_object, open_workflow
+from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.search_env import SearchEnv
 from searchgym.trainers.config import EnvConfig, LearnerConfig, ModelConfig, RolloutConfig
 from searchgym.trainers.learner import Learner
@@ -19,11 +18,11 @@ from searchgym.trainers.rollout import RolloutController
 
 
 def make_env_factory(env: EnvConfig) -> Callable[[], SearchEnv]:
-    """A function that makes one fresh env of the configured id and kwargs (as gym.make, unwrapped)."""
+    """A function that makes one fresh env of the configured id and kwargs (`make_unwrapped`)."""
     env_id, kwargs = env.id, dict(env.kwargs)
 
     def make_env() -> SearchEnv:
-        return gym.make(env_id, **kwargs).unwrapped
+        return make_unwrapped(env_id, **kwargs)
 
     return make_env
 

@@ -20,7 +20,8 @@ policy, so behaviour, proximal and current policies are compared like for like.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
@@ -35,6 +36,8 @@ from searchgym.trainers.ppo import (
     returns_to_go,
 )
 from searchgym.trainers.lm_head import DEFAULT_CHUNK_TOKENS, chunked_logprobs
+
+T = TypeVar("T")
 
 _COUNTS = ("valid_tokens", "normalizer_tokens")
 
@@ -88,6 +91,22 @@ class _Layout(NamedTuple):
     adv: torch.Tensor
     prox: torch.Tensor
     spans: list[tuple[int, int]]
+
+
+def padded_batches(items: Iterable[T], budget: int, length: Callable[[T], int]) -> list[list[T]]:
+    """Consecutive runs of `items` (sorted by length, either way) whose padded size, longest times count, stays
+    within `budget` tokens; an item longer than the budget is a batch alone. The learner's and the warm start's."""
+    batches: list[list[T]] = []
+    width = 0
+    for item in items:
+        n = length(item)
+        if batches and max(width, n) * (len(batches[-1]) + 1) <= budget:
+            batches[-1].append(item)
+            width = max(width, n)
+        else:
+            batches.append([item])
+            width = n
+    return batches
 
 
 def next_token_hidden(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor | None,
@@ -317,12 +336,7 @@ class Learner:
                     batches[fit].append(sample)
                     room[fit] -= len(sample.ids)
             return batches
-        for sample in sorted(samples, key=lambda s: -len(s.ids)):
-            if batches and len(batches[-1][0].ids) * (len(batches[-1]) + 1) <= budget:
-                batches[-1].append(sample)
-            else:
-                batches.append([sample])
-        return batches
+        return padded_batches(sorted(samples, key=lambda s: -len(s.ids)), budget, lambda s: len(s.ids))
 
     def _assign(self, samples: list[_Sample]) -> None:
         """Which of the step's samples this process trains: all of them (a sharded learner's rank takes its share)."""

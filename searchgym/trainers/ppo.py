@@ -1,9 +1,9 @@
-"""The learner's math in one file: reward refinement, returns, group advantages and AReaL's decoupled PPO loss.
+"""The learner's math in one file: returns, group advantages and AReaL's decoupled PPO loss.
 
 Read top to bottom:
-1. `refine_process_rewards` (from `searchgym.envs.rewards`, the one every integration uses too) turns per-turn
-   process rewards into ones that cannot be hacked by repetition (arXiv 2410.15115), and `returns_to_go` adds
-   the verifiable outcome reward paid at the end.
+1. `returns_to_go` adds the verifiable outcome reward paid at the end to per-turn process rewards that the
+   learner has already refined with `searchgym.envs.rewards.refine_process_rewards` (the one every integration
+   uses too), so they cannot be hacked by repetition (arXiv 2410.15115).
 2. `group_advantages` is the group baseline (ASearcher / GRPO): return minus the mean of the trajectories
    sampled for the same question; groups whose returns have no spread carry no signal and are dropped.
 3. `token_logprobs` / `entropy_from_logits` recompute, in fp32, the quantity the engines record at sampling:
@@ -24,13 +24,11 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from searchgym.envs.rewards import refine_process_rewards  # noqa: F401  (part of the learner's math)
-
 LOG_RATIO_CLAMP = 20.0  # log(pi_theta / pi_prox) is clamped to [-20, 20] before exp (see decoupled_ppo_loss)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# 1. Rewards: refinement of process rewards, and per-turn returns
+# 1. Rewards: per-turn returns of (already refined) process rewards plus the outcome
 # ---------------------------------------------------------------------------------------------------------------
 
 def returns_to_go(outcome: float, process: Sequence[float]) -> list[float]:

@@ -24,7 +24,8 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from searchgym.agents.formats import ChatTemplateDelta
-from searchgym.trainers.learner import next_token_logits
+from searchgym.trainers.checkpoint import write_model_dir
+from searchgym.trainers.learner import next_token_logits, padded_batches
 
 
 @dataclass
@@ -77,6 +78,7 @@ def sft(model_dir: str | os.PathLike, chats: list[list[dict[str, str]]], out_dir
 
     Returns one record per optimizer step (loss, token accuracy on the action tokens, lr).
     """
+    check_model_out(out_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     samples = encode_demonstrations(tokenizer, chats, max_length=config.max_length,
@@ -119,23 +121,30 @@ def sft(model_dir: str | os.PathLike, chats: list[list[dict[str, str]]], out_dir
 
 def save_trained(model: Any, tokenizer: Any, out_dir: str | os.PathLike, history: list[dict[str, float]],
                  history_name: str) -> None:
-    """Save a trained model with its tokenizer (a loadable model directory) and its per-step history."""
+    """Save a trained model with its tokenizer (a loadable model directory) and its per-step history, atomically:
+    a reader (the next stage, a server loading it) never sees a half-written directory."""
+    check_model_out(out_dir)
     model.eval()
+
+    def write_history(partial: Path) -> None:
+        (partial / history_name).write_text("".join(json.dumps(h) + "\n" for h in history))
+
+    write_model_dir(out_dir, model=model, tokenizer=tokenizer, extra=write_history)
+
+
+def check_model_out(out_dir: str | os.PathLike) -> None:
+    """Refuse an output directory that holds something other than a model: saving replaces the whole directory."""
     out = Path(out_dir)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / history_name).write_text("".join(json.dumps(h) + "\n" for h in history))
+    if out.is_dir() and any(out.iterdir()) and not (out / "config.json").exists():
+        raise ValueError(f"{out} holds files that are not a model directory; the trained model replaces the whole "
+                         "directory, so save it to a new or empty one")
 
 
 def _batches(samples: list[tuple[torch.Tensor, torch.Tensor]], batch_tokens: int,
              rng: random.Random) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
     """One epoch: shuffled samples grouped by length into batches of at most `batch_tokens` padded tokens."""
     order = sorted(samples, key=lambda s: (len(s[0]), rng.random()))
-    batches: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[]]
-    for sample in order:
-        if batches[-1] and len(sample[0]) * (len(batches[-1]) + 1) > batch_tokens:
-            batches.append([])
-        batches[-1].append(sample)
+    batches = padded_batches(order, batch_tokens, lambda s: len(s[0]))
     rng.shuffle(batches)
     return batches
 

@@ -147,10 +147,10 @@ async def test_what_sglang_refuses_is_refused_and_nothing_is_a_500(server, body)
     assert admitted or resp.status == 400, (body, text)
 
 
-def test_every_server_the_suite_starts_is_judged_by_the_contract_and_the_old_module_path_still_runs():
+def test_every_server_the_suite_starts_is_judged_by_the_contract_and_the_server_module_runs():
     from searchgym.agents.server import app
 
     assert app.create_app.contract_checked  # tests/agents/conftest.py: serving() and create_app() check answers
-    old = subprocess.run([sys.executable, "-m", "searchgym.agents.engines.model_server", "--help"],
+    run = subprocess.run([sys.executable, "-m", "searchgym.agents.server", "--help"],
                          capture_output=True, text=True, timeout=300)
-    assert old.returncode == 0 and "--model-path" in old.stdout and "--weight-version" in old.stdout
+    assert run.returncode == 0 and "--model-path" in run.stdout and "--weight-version" in run.stdout

@@ -215,7 +215,7 @@ def test_eval_end_to_end_with_torch_engine_then_kill_and_resume(tmp_path, answer
 def serve_model(model_dir):
     """Our model server (SGLang's native API and /v1) for `model_dir` on a loopback port, in a thread with its own
     event loop; yields its URL."""
-    from searchgym.agents.engines.model_server import serving
+    from searchgym.agents.server.app import serving
     from searchgym.agents.engines.torch_engine import TorchEngine
 
     urls, stop = queue.Queue(), threading.Event()

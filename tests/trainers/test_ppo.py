@@ -6,8 +6,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from searchgym.trainers.ppo import (decoupled_ppo_loss, entropy_from_logits, group_advantages, refine_process_rewards,
-                                    loss_normalizer, returns_to_go, token_logprobs, valid_tokens)
+from searchgym.envs.rewards import refine_process_rewards
+from searchgym.trainers.ppo import (decoupled_ppo_loss, entropy_from_logits, group_advantages, loss_normalizer,
+                                    returns_to_go, token_logprobs, valid_tokens)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -79,3 +79,19 @@ def test_observation_weight_also_models_the_tool_results(demos, tiny_model_dir, 
     assert len(actions_only) == len(everything) == 1
     assert actions_only[0]["loss"] != pytest.approx(everything[0]["loss"], rel=1e-3)
     assert actions_only[0]["token_accuracy"] == everything[0]["token_accuracy"]  # accuracy is over actions either way
+
+
+def test_the_model_dir_is_written_whole_and_never_over_other_files(demos, tiny_model_dir, tmp_path):
+    """The saved dir is complete (model, tokenizer, history) with no partial left beside it; rerunning into it
+    replaces the model, while a directory of other files is refused before any training."""
+    out = tmp_path / "sft"
+    for _ in range(2):
+        sft(tiny_model_dir, demos[:1], out, SFTConfig(epochs=1, batch_tokens=100_000), progress=False)
+        assert {"config.json", "sft_history.jsonl", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+        assert [p.name for p in tmp_path.iterdir()] == ["sft"]
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    with pytest.raises(ValueError, match="notes holds files that are not a model directory"):
+        sft(tiny_model_dir, demos[:1], other, SFTConfig(epochs=1), progress=False)
+    assert (other / "keep.txt").read_text() == "mine"

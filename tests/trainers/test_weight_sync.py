@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from searchgym.agents.engines.model_server import serving
+from searchgym.agents.server.app import serving
 from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.trainers.config import load_config
 from searchgym.trainers.local import train

@@ -1,6 +1,6 @@
 """`OpenAIEngine`: text in, text out over any OpenAI-compatible chat completions endpoint.
 
-For evaluation, LLM judges (it satisfies `searchgym.envs.judges.ChatModel`) and QA synthesis. It
+For evaluation, LLM judges (it satisfies `searchgym.envs.verdicts.ChatModel`) and QA synthesis. It
 retries what is worth retrying (429, 408, 409, 5xx, connection errors, timeouts) with exponential
 backoff and jitter, honouring the server's Retry-After (a 200 whose body is not a chat completion is
 retried too), and fails fast with the server's message on any other 4xx. Retries and backoff default to

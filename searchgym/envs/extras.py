@@ -50,7 +50,11 @@ def needs(feature: str) -> Iterator[None]:
 def require(feature: str, *modules: str) -> None:
     """Fail now, naming the extra, if any of `modules` is not installed (found, not imported: cheap to call early)."""
     for module in modules:
-        if importlib.util.find_spec(module) is None:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:  # a finder that refuses it: not importable either
+            found = False
+        if not found:
             extra = EXTRA_OF[module]
             raise MissingExtra(f"{feature} needs searchgym[{extra}] ({module} is not installed): {hint(extra)}",
                                name=module)

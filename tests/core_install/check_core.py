@@ -106,11 +106,25 @@ def check_judges() -> None:
     print("ok: the judges score")
 
 
-def check_missing_extra() -> None:
-    """A command that needs an extra exits 2 naming it (run only where the extra is absent)."""
+def check_missing_extra(tasks: Path) -> None:
+    """A command or an env that needs an extra fails naming it (run only where the extras are absent)."""
+    import gymnasium as gym
+
+    from searchgym.envs.extras import MissingExtra
+    from searchgym.envs.tasks import TaskPool
+
     done = subprocess.run([*searchgym_command(), "quickstart"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "pip install 'searchgym[train]'" in done.stderr, (done.returncode, done.stderr)
     print(f"ok: {done.stderr.strip()}")
+    for make, extra in ((lambda: gym.make("searchgym/WebQA-v0", tasks=tasks, search_api_key="k"), "web"),
+                        (lambda: TaskPool.load(tasks.parent), "datasets")):  # a folder is read as a `datasets` one
+        try:
+            make()
+        except MissingExtra as e:
+            assert f"pip install 'searchgym[{extra}]'" in str(e), e
+            print(f"ok: {e}")
+        else:
+            raise AssertionError(f"no MissingExtra naming searchgym[{extra}]")
 
 
 def main() -> None:
@@ -143,7 +157,7 @@ def main() -> None:
     subprocess.run([*searchgym_command(), "--help"], check=True, capture_output=True, timeout=120)
     print("ok: searchgym --help")
     if args.core_only:
-        check_missing_extra()
+        check_missing_extra(tasks)
     imported = [m for m in HEAVY if m in sys.modules]
     assert not imported, f"the core imported {imported}"
     print(f"ok: none of {', '.join(HEAVY)} imported")

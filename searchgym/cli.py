@@ -650,7 +650,8 @@ def main(argv: list[str] | None = None) -> int:
         with needs(f"searchgym {args.command}"):  # a command used without its extra names the extra to install
             args.run(args)
     except MissingExtra as e:
-        print(f"searchgym: error: {e}", file=sys.stderr)
+        where = "" if str(e).startswith(f"searchgym {args.command} ") else f"searchgym {args.command}: "
+        print(f"searchgym: error: {where}{e}", file=sys.stderr)
         return 2
     except TrainingStopped as e:  # SIGTERM/SIGINT: a clean stop at a step boundary, 128 + the signal number
         print(f"searchgym: {e}", file=sys.stderr)

@@ -52,7 +52,14 @@ def test_the_core_plays_with_every_extra_unimportable(tmp_path):
                           timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "the oracle wins with reward 1" in done.stdout
-    assert "needs searchgym[train]" in done.stdout  # `searchgym quickstart` named its extra
+    assert "searchgym quickstart: " in done.stdout and "needs searchgym[train]" in done.stdout  # named its extra
+
+
+def test_the_core_imports_no_extra_even_where_they_are_installed():
+    done = subprocess.run([sys.executable, str(CHECK)], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ok: none of torch, ray, transformers" in done.stdout
 
 
 def test_the_base_install_is_the_core():

@@ -130,7 +130,8 @@ def check_missing_extra(tasks: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--core-only", action="store_true", help="also assert that no extra is installed")
-    parser.add_argument("--cache", type=Path, default=None, help="bundle cache (default: $SEARCHGYM_CACHE or a temp dir)")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="bundle cache (default: $SEARCHGYM_CACHE or a temp dir)")
     args = parser.parse_args()
     if args.cache or not os.environ.get("SEARCHGYM_CACHE"):
         os.environ["SEARCHGYM_CACHE"] = str(args.cache or tempfile.mkdtemp(prefix="searchgym-core-"))

@@ -642,10 +642,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from searchgym.envs.atomic_file import DiskWriteError
+    from searchgym.envs.extras import MissingExtra, needs
     from searchgym.trainers.stopping import TrainingStopped
 
     try:
-        args.run(args)
+        with needs(f"searchgym {args.command}"):  # a command used without its extra names the extra to install
+            args.run(args)
+    except MissingExtra as e:
+        where = "" if str(e).startswith(f"searchgym {args.command} ") else f"searchgym {args.command}: "
+        print(f"searchgym: error: {where}{e}", file=sys.stderr)
+        return 2
     except TrainingStopped as e:  # SIGTERM/SIGINT: a clean stop at a step boundary, 128 + the signal number
         print(f"searchgym: {e}", file=sys.stderr)
         return e.exit_status

@@ -22,9 +22,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it runs, so `searchgym --help` needs no torch
+    import torch
 
 VOCAB = 151_936  # Qwen2 / Qwen2.5's vocabulary
 SHAPE = {"hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -33,6 +34,7 @@ HEADS = ("chunked", "whole_logits")
 
 
 def _model(device: str, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
+    import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
@@ -69,6 +71,8 @@ def _learner(head: str, model: torch.nn.Module, length: int, chunk_tokens: int) 
 def _group(length: int, trained_share: float, seed: int) -> list[Any]:
     """Two trajectories of `length` tokens (rewards 0 and 1): a prompt, then turns alternating generated tokens and
     observations, `trained_share` of the tokens generated."""
+    import torch
+
     from searchgym.agents.trajectory import Trajectory, Turn
 
     gen = torch.Generator().manual_seed(seed)
@@ -100,6 +104,8 @@ def _rss_bytes() -> int:
 def measure_one(head: str, length: int, *, device: str, dtype: str, trained_share: float, steps: int,
                 chunk_tokens: int) -> dict[str, Any]:
     """One (head, length) in this process: peak bytes above the state before the first step, step seconds."""
+    import torch
+
     torch_dtype = getattr(torch, dtype)
     learner = _learner(head, _model(device, torch_dtype), length, chunk_tokens)
     batches = [[_group(length, trained_share, seed)] for seed in range(steps + 1)]
@@ -133,6 +139,8 @@ def measure_one(head: str, length: int, *, device: str, dtype: str, trained_shar
 def agreement(*, device: str, length: int = 2048, trained_share: float = 0.25,
               chunk_tokens: int = 256) -> dict[str, float]:
     """Both heads' log-probs and LM-head / embedding gradients on the same batch, in fp32 (no optimizer step)."""
+    import torch
+
     results = {}
     for head in HEADS:
         learner = _learner(head, _model(device, torch.float32), length, chunk_tokens)
@@ -158,6 +166,8 @@ def run_learner_memory_bench(out: str | os.PathLike = "results/bench_learner_mem
                              chunk_tokens: int = 512, max_gib: float = 16.0,
                              agreement_length: int = 2048) -> dict[str, Any]:
     """Every length with both heads (interleaved, each in its own process), plus the fp32 agreement row."""
+    import torch
+
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda needs a CUDA GPU; none is visible")
     dtype = dtype or ("bfloat16" if device == "cuda" else "float32")

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from searchgym.envs.atomic_file import atomic_open
+from searchgym.envs.extras import needs
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,8 @@ class TaskPool(Sequence[Task]):
     @classmethod
     def from_dataset(cls, source: "str | os.PathLike | Any", *, split: str | None = None) -> "TaskPool":
         """Tasks from a Hugging Face `datasets` Dataset, or one saved with `save_to_disk`."""
-        import datasets  # heavy import: only when a dataset is really used
+        with needs("reading a `datasets` folder"):  # heavy import: only when a dataset is really used
+            import datasets
 
         data = datasets.load_from_disk(str(source)) if isinstance(source, (str, os.PathLike)) else source
         if isinstance(data, datasets.DatasetDict):
@@ -203,7 +205,8 @@ class TaskPool(Sequence[Task]):
 
     def to_dataset(self, path: str | os.PathLike | None = None) -> Any:
         """A `datasets.Dataset` of the pool (metadata as JSON text, since its keys vary); saved if `path`."""
-        import datasets
+        with needs("writing a `datasets` folder"):
+            import datasets
 
         data = datasets.Dataset.from_dict({
             "id": [t.id for t in self.tasks],

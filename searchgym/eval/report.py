@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from searchgym.envs.extras import needs
 from searchgym.eval.agreement import calls, judge_agreement
 from searchgym.eval.card import flatten
 
@@ -165,7 +166,8 @@ def _bar_means(ax: Any, labels: list[str], groups: list[list[float]], ylabel: st
 def plots(out: Path, rows: Sequence[dict[str, Any]], primary: str,
           breakdowns: dict[str, Any] | None = None) -> dict[str, Path]:
     """score_vs_turns.png (mean score per turn count, with counts), turns_searches.png, score_by_KEY.png."""
-    import matplotlib
+    with needs("the eval plots"):
+        import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -26,17 +26,20 @@ import weakref
 from typing import Any
 
 import gymnasium as gym
-from openenv.core.client_types import StepResult
-from openenv.core.env_client import EnvClient
-from openenv.core.env_server.interfaces import Environment
-from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
-from pydantic import Field
 
 import searchgym
+from searchgym.envs.extras import needs
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.rewards import PROCESS_MODES, episode_reward, judge_error
 from searchgym.envs.tools.server_limits import ServerLimits
 from searchgym.integrations.actions import tool_call_action
+
+with needs("searchgym.integrations.openenv"):
+    from openenv.core.client_types import StepResult
+    from openenv.core.env_client import EnvClient
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
+    from pydantic import Field
 
 EITHER_FORM = ("An action is either `text` (a whole turn, as a model writes it) or `tool` with `argument` "
                "(one structured call), not {what}. Nothing was run.")

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 import searchgym  # noqa: F401 - registers the env ids
+from searchgym.envs.extras import needs
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.registration import SYNTHETIC_QA
 from searchgym.envs.rewards import PROCESS_MODES, episode_reward, judge_error
@@ -212,7 +213,8 @@ def task_dataset(env_id: str = SYNTHETIC_QA, *, task_ids: list[str] | None = Non
                  **env_kwargs: Any) -> Any:
     """A `datasets.Dataset` for GRPOTrainer: one row per task of the env's pool (or of `task_ids`), with an
     empty user prompt that `SearchGymEnv.reset` fills with the task's question and instructions."""
-    from datasets import Dataset
+    with needs("task_dataset"):
+        from datasets import Dataset
 
     env = make_unwrapped(env_id, **env_kwargs)
     try:
@@ -229,7 +231,8 @@ def task_dataset(env_id: str = SYNTHETIC_QA, *, task_ids: list[str] | None = Non
 
 def tool_schemas(env: SearchGymEnv) -> list[dict[str, Any]]:
     """The JSON schemas of `env`'s tools, in the order TRL lists them (what the chat template shows the model)."""
-    from transformers.utils import get_json_schema
+    with needs("tool_schemas"):
+        from transformers.utils import get_json_schema
 
     return [get_json_schema(getattr(env, name)) for name in sorted(ARGUMENTS)]
 
@@ -242,7 +245,8 @@ def demonstrations(env_class: type[SearchGymEnv], task_ids: list[str], *, final_
     answers; tasks it cannot solve through the env are left out. Columns: prompt, completion, tools (JSON
     text), task_id.
     """
-    from datasets import Dataset, Features, Json, List, Value
+    with needs("demonstrations"):
+        from datasets import Dataset, Features, Json, List, Value
 
     from searchgym.envs.actions import parse_action
     from searchgym.world.oracle import OracleAgent
@@ -286,8 +290,9 @@ def demonstrations(env_class: type[SearchGymEnv], task_ids: list[str], *, final_
 def tool_calling_tokenizer(model: Any) -> Any:
     """The model's tokenizer (a path or a tokenizer), checked to render tool calls, with a Hermes response
     parser set when its template writes `<tool_call>` blocks and it has none (TRL needs one to read them)."""
-    from transformers import AutoTokenizer
-    from trl.chat_template_utils import supports_tool_calling
+    with needs("tool_calling_tokenizer"):
+        from transformers import AutoTokenizer
+        from trl.chat_template_utils import supports_tool_calling
 
     tokenizer = AutoTokenizer.from_pretrained(model) if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else model
     if not supports_tool_calling(tokenizer):

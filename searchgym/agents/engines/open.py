@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.agents.engines.types import InferenceEngine
+from searchgym.envs.extras import needs
 from searchgym.envs.judges import ChatModel
 
 SPEC_HELP = "a model directory, 'sglang:HOST:PORT[,HOST:PORT...]' or 'openai:http://host/v1[:model]'"
@@ -88,7 +89,8 @@ async def open_engine(spec: str, *, device: str = "cpu", seed: int = 0, version:
 
 def load_tokenizer(path: str | Path) -> Any:
     """A Hugging Face tokenizer from a local directory (never a hub download)."""
-    from transformers import AutoTokenizer
+    with needs("a Hugging Face tokenizer"):
+        from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
 

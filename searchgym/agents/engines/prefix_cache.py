@@ -11,7 +11,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import torch
+from searchgym.envs.extras import needs
+
+with needs("TorchEngine's prefix cache"):
+    import torch
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values)
 

@@ -42,10 +42,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.nn.functional as F
-from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from searchgym.envs.extras import needs
+
+with needs("TorchEngine"):
+    import torch
+    import torch.nn.functional as F
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from searchgym.agents.engines.detokenize import StopStrings
 from searchgym.agents.engines.prefix_cache import PrefixCache

@@ -19,6 +19,7 @@ from urllib.parse import urljoin
 
 import aiohttp
 
+from searchgym.envs.extras import needs, require
 from searchgym.envs.tools.base import BackendError, Page, PageNotFound
 from searchgym.envs.tools.http_session import LoopSession
 from searchgym.envs.tools.url_safety import BlockedURL, SafeResolver, UnsafeURL, UrlPolicy
@@ -64,8 +65,9 @@ def decode_body(body: bytes, header_charset: str | None) -> tuple[str, str]:
 
 def extract_html(html: str, url: str) -> tuple[str, str, tuple[str, ...]]:
     """Title, main text and absolute http(s) links of an HTML page (trafilatura, lxml fallback)."""
-    import lxml.html
-    import trafilatura
+    with needs("reading web pages"):
+        import lxml.html
+        import trafilatura
 
     title, text = "", ""
     try:
@@ -120,6 +122,8 @@ class WebFetcher:
         self.use_jina = bool(self.jina_api_key) if use_jina is None else use_jina
         if self.use_jina and not self.jina_api_key:
             raise ValueError("use_jina=True needs jina_api_key=... or the JINA_API_KEY environment variable")
+        if not self.use_jina:  # pages are extracted here: fail now, not at the first page
+            require("reading web pages", "trafilatura", "lxml")
         self.jina_endpoint = jina_endpoint if jina_endpoint.endswith("/") else jina_endpoint + "/"
         self.counters: Counter[str] = Counter()
         self._guarded = LoopSession(self._guarded_session)  # agent-chosen URLs: dials only checked addresses

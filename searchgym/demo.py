@@ -11,9 +11,9 @@ from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import TaskPool
 from searchgym.envs.tools.indexes import open_index
 from searchgym.envs.tools.local_index import LocalIndex
-from searchgym.world.oracle import OracleAgent
 from searchgym.world.bundle import DEFAULT_TASKS, ensure_bundle
 from searchgym.world.mincalls import PROOF_ENV, ensure_min_calls_pool, parse_min_calls
+from searchgym.world.oracle import OracleAgent
 
 
 def run_demo(*, size: int, episodes: int, seed: int = 0, cache_dir: str | os.PathLike | None = None,

@@ -45,7 +45,7 @@ class ThreadServer:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def app(cls, app: web.Application, port: int = 0) -> "ThreadServer":
+    def app(cls, app: web.Application, port: int = 0) -> ThreadServer:
         """An aiohttp app on 127.0.0.1:port (0: a free one)."""
         return cls(lambda: serve_app(app, "127.0.0.1", port, shutdown_timeout=0.1))
 

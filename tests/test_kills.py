@@ -7,11 +7,10 @@ import random
 
 import pytest
 
-from searchgym.testing.kills import (drill_agent_synthesis, drill_eval, drill_kbwalk_synthesis, drill_train,
-                                   json_rows)
 from searchgym.envs.tasks import TaskPool
-from tests.conftest import SMALL, WARM_ENV
+from searchgym.testing.kills import drill_agent_synthesis, drill_eval, drill_kbwalk_synthesis, drill_train, json_rows
 from searchgym.testing.stand_in_llm import StandInLLM, stand_in_server
+from tests.conftest import SMALL, WARM_ENV
 
 SEED = 15  # each test draws its kill points from random.Random(SEED): every run kills at the same rows
 

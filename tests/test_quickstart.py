@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.workflow import TokenWorkflow, WorkflowSettings
-from searchgym.eval.compare import paired_delta
 from searchgym.envs.search_env import SearchEnv
+from searchgym.eval.compare import paired_delta
 from searchgym.eval.metrics import pass_at_k
 from searchgym.pipeline.stages import load_quickstart_config
 from searchgym.quickstart import run_quickstart

@@ -26,7 +26,7 @@ class ToolFormat:
     stops: tuple[str, ...]
 
     @classmethod
-    def get(cls, name: str) -> "ToolFormat":
+    def get(cls, name: str) -> ToolFormat:
         if name not in STOPS:
             raise ValueError(f"unknown tool format {name!r}; use one of {sorted(STOPS)}")
         return cls(name, STOPS[name])

@@ -133,7 +133,7 @@ class Trajectory:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, row: dict[str, Any]) -> "Trajectory":
+    def from_dict(cls, row: dict[str, Any]) -> Trajectory:
         row = dict(row)
         row["turns"] = [Turn(**t) for t in row.get("turns", [])]
         row["segments"] = [Segment(**s) for s in row.get("segments", [])]

@@ -131,7 +131,7 @@ class Workflow:
             self.handle = None
 
     @classmethod
-    def from_handle(cls, handle: EngineHandle, settings: WorkflowSettings) -> "Workflow":
+    def from_handle(cls, handle: EngineHandle, settings: WorkflowSettings) -> Workflow:
         """This workflow over an opened engine: token-level where the engine gives tokens, else chat."""
         if issubclass(cls, TokenWorkflow):
             if handle.engine is None:

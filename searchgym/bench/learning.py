@@ -37,8 +37,16 @@ from searchgym.envs.jsonl_log import JsonlLog
 from searchgym.eval.compare import paired_delta
 from searchgym.eval.harness import sample_of
 from searchgym.eval.metrics import summarize
-from searchgym.pipeline.stages import (QuickstartConfig, build_base_model, deterministic_torch, evaluate_policy,
-                                       make_demos, make_env, run_rl, say)
+from searchgym.pipeline.stages import (
+    QuickstartConfig,
+    build_base_model,
+    deterministic_torch,
+    evaluate_policy,
+    make_demos,
+    make_env,
+    run_rl,
+    say,
+)
 from searchgym.trainers.config import EnvConfig
 from searchgym.trainers.sft import sft
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from searchgym.bench.load_targets import EnvTarget, ModelTarget, SearchTarget, error_kind, post_json
+from searchgym.bench.load_targets import EnvTarget, ModelTarget, SearchTarget, error_kind
 from searchgym.envs.tools.server_limits import raise_open_files_limit
 
 CLIENTS = (50, 200, 1000)
@@ -49,7 +49,7 @@ class ServerProcess:
     def __init__(self, argv_for_port: Any, startup_s: float = 180) -> None:
         self.argv_for_port, self.startup_s = argv_for_port, startup_s
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -95,7 +95,7 @@ async def open_idle(port: int, n: int) -> list[tuple[asyncio.StreamReader, async
     async def one(i: int) -> Any:
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 30)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             return None
         if i % 2:
             writer.write(HALF_OPEN)
@@ -116,7 +116,7 @@ async def closed_by_server(conns: list[tuple[asyncio.StreamReader, asyncio.Strea
         try:
             await asyncio.wait_for(reader.read(), 0.05)  # returns only at end of stream
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         except OSError:
             return True
@@ -211,8 +211,8 @@ def run_load(out: str | os.PathLike | None = "results/bench_load.json", *, clien
     `references` distinct prompts, queries and tasks are asked alone first; the clients cycle through them."""
     import searchgym  # noqa: F401  (registers the env ids)
     from searchgym.agents.tiny_model import build_tiny_model
-    from searchgym.envs.factory import make_unwrapped
     from searchgym.bench.env import _machine
+    from searchgym.envs.factory import make_unwrapped
     from searchgym.world.bundle import ensure_bundle
 
     unknown = [s for s in servers if s not in ("model", "search", "env")]

@@ -30,8 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.testing import faults
-from searchgym.testing.kills import (DrillResult, drill_agent_synthesis, drill_eval, drill_kbwalk_synthesis,
-                                     drill_train)
+from searchgym.testing.kills import DrillResult, drill_agent_synthesis, drill_eval, drill_kbwalk_synthesis, drill_train
 
 SEED = 15
 COLUMNS = ("forms_tried", "faults_injected", "handled", "kills_survived", "crashes", "items_lost")

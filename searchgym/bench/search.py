@@ -29,8 +29,18 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.bench.env import _machine
-from searchgym.bench.search_peers import (BM25S, RANK, SNIPPETS, batched, bm25s_peers, local_index_peers, race,
-                                          rank_bm25_peer, read_corpus_texts, tantivy_default_peer)
+from searchgym.bench.search_peers import (
+    BM25S,
+    RANK,
+    SNIPPETS,
+    batched,
+    bm25s_peers,
+    local_index_peers,
+    race,
+    rank_bm25_peer,
+    read_corpus_texts,
+    tantivy_default_peer,
+)
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import TaskPool
 from searchgym.envs.tools.indexes import open_index

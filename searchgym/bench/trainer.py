@@ -32,8 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.bench.plan_workflow import PLANNED_WORKFLOW
-from searchgym.bench.slow_env import (SLOW_SYNTHETIC_QA, TOOL_DELAYS, ParetoLatency, SlowPages, SlowSearch,  # noqa: F401
-                                      SlowSearchEnv, make_slow_synthetic_qa)
+from searchgym.bench.slow_env import (  # noqa: F401
+    SLOW_SYNTHETIC_QA,
+    TOOL_DELAYS,
+    ParetoLatency,
+    SlowPages,
+    SlowSearch,
+    SlowSearchEnv,
+    make_slow_synthetic_qa,
+)
 from searchgym.bench.workload import Workload, quantiles
 
 STALENESS_SWEEP = (0, 1, 2, 4, 8)

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from searchgym.envs import reference_metrics as ref
 from searchgym.envs.answer_text import answer_tokens, normalize_answer

@@ -15,8 +15,8 @@ import asyncio
 import json
 import re
 from collections import OrderedDict
-from dataclasses import replace
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from searchgym.envs.answer_text import normalize_answer

@@ -293,7 +293,7 @@ class SearchEnv(gym.Env[str, str]):
         info["query"] = action.argument
         try:
             hits = await self.search_backend.search(action.argument, self.top_k)
-        except (BackendError, OSError, asyncio.TimeoutError) as e:
+        except (TimeoutError, BackendError, OSError) as e:
             self.counts["backend_errors"] += 1
             info["error"] = f"search failed: {e}"
             return f"The search failed ({e}). Try again or rephrase the query."
@@ -313,7 +313,7 @@ class SearchEnv(gym.Env[str, str]):
         except PageNotFound:
             info["error"] = "page not found"
             return f"The page {url[:300]} could not be found. Access a url that appeared in the search results."
-        except (BackendError, OSError, asyncio.TimeoutError) as e:
+        except (TimeoutError, BackendError, OSError) as e:
             self.counts["backend_errors"] += 1
             info["error"] = f"access failed: {e}"
             return f"Accessing {url[:300]} failed ({e}). Try again or open another result."

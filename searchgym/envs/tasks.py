@@ -25,7 +25,7 @@ class Task:
     metadata: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any], *, fallback_id: str) -> "Task":
+    def from_row(cls, row: Mapping[str, Any], *, fallback_id: str) -> Task:
         """A Task from our row form or ASearcher's (`question`, `answer`/`gt` str or list, `aug_answer`, `qid`/`idx`).
 
         `aug_answer` (ASearcher's augmented answers) is kept apart in `metadata["aug_answer"]`, not among the
@@ -123,7 +123,7 @@ class TaskPool(Sequence[Task]):
             raise ValueError(f"task pool {self.name} is empty (check the filters and the task file)")
         return self.tasks[int(rng.integers(len(self.tasks)))]
 
-    def shuffled(self, seed: int) -> "TaskPool":
+    def shuffled(self, seed: int) -> TaskPool:
         """The same tasks in a seeded order: a trainer's reproducible data order."""
         order = np.random.default_rng(seed).permutation(len(self.tasks))
         return TaskPool([self.tasks[i] for i in order], name=self.name)
@@ -134,7 +134,7 @@ class TaskPool(Sequence[Task]):
         hops: int | Iterable[int] | None = None,
         split: str | None = None,
         predicate: Callable[[Task], bool] | None = None,
-    ) -> "TaskPool":
+    ) -> TaskPool:
         """Tasks whose metadata matches: `hops` (one or several), `split` ("train"/"test"), any predicate."""
         wanted_hops = {hops} if isinstance(hops, int) else (set(hops) if hops is not None else None)
         kept = [
@@ -148,7 +148,7 @@ class TaskPool(Sequence[Task]):
     # --- loading and saving -------------------------------------------------------------
 
     @classmethod
-    def load(cls, source: "str | os.PathLike | TaskPool | Iterable[Task]", *, on_error: str = "raise", split: str | None = None) -> "TaskPool":
+    def load(cls, source: str | os.PathLike | TaskPool | Iterable[Task], *, on_error: str = "raise", split: str | None = None) -> TaskPool:
         """A pool from a JSONL/JSON file, a `datasets` directory saved on disk, or tasks already in memory."""
         if isinstance(source, TaskPool):
             return source
@@ -160,7 +160,7 @@ class TaskPool(Sequence[Task]):
         return cls.from_jsonl(path, on_error=on_error)
 
     @classmethod
-    def from_jsonl(cls, path: str | os.PathLike, *, on_error: str = "raise") -> "TaskPool":
+    def from_jsonl(cls, path: str | os.PathLike, *, on_error: str = "raise") -> TaskPool:
         """Read a JSONL (or JSON array) task file. on_error="skip" keeps going and records rejects."""
         if on_error not in ("raise", "skip"):
             raise ValueError("on_error must be 'raise' or 'skip'")
@@ -182,7 +182,7 @@ class TaskPool(Sequence[Task]):
         return cls(tasks, name=path.name, rejected=rejected)
 
     @classmethod
-    def from_dataset(cls, source: "str | os.PathLike | Any", *, split: str | None = None) -> "TaskPool":
+    def from_dataset(cls, source: str | os.PathLike | Any, *, split: str | None = None) -> TaskPool:
         """Tasks from a Hugging Face `datasets` Dataset, or one saved with `save_to_disk`."""
         with needs("reading a `datasets` folder"):  # heavy import: only when a dataset is really used
             import datasets
@@ -246,7 +246,7 @@ _POOL_CACHE: dict[tuple, TaskPool] = {}
 _POOL_CACHE_SIZE = 8
 
 
-def load_pool(source: "str | os.PathLike | TaskPool | Iterable[Task]", *, on_error: str = "raise",
+def load_pool(source: str | os.PathLike | TaskPool | Iterable[Task], *, on_error: str = "raise",
               split: str | None = None, hops: int | Iterable[int] | None = None) -> TaskPool:
     """`TaskPool.load(source)` filtered by metadata `split` and `hops`; pools read from a file are cached.
 

@@ -1,8 +1,9 @@
 """What a judge returns (`Verdict`) and the protocols judges and their chat models fit, below every judge."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)

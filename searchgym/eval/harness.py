@@ -39,9 +39,17 @@ from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.env_pool import EnvPool
 from searchgym.agents.workflow import Workflow, WorkflowSettings, open_workflow
 from searchgym.envs.factory import make_unwrapped
-from searchgym.envs.judges import (ASearcherEM, ASearcherF1, CompositeJudge, CoverExactMatch, ExactMatch, SearchR1EM,
-                                   TokenF1, make_judge)
 from searchgym.envs.jsonl_log import BadRow, JsonlLog
+from searchgym.envs.judges import (
+    ASearcherEM,
+    ASearcherF1,
+    CompositeJudge,
+    CoverExactMatch,
+    ExactMatch,
+    SearchR1EM,
+    TokenF1,
+    make_judge,
+)
 from searchgym.envs.llm_calls import DependencyFailed
 from searchgym.envs.search_env import SearchEnv
 from searchgym.eval.agreement import judge_agreement, label_accuracy, load_labels

@@ -65,7 +65,7 @@ class BodyLimit:
                 return await receive()
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 refused = True
                 if not started:
                     await _send_json(send, 408, f"the request body did not arrive whole within {self.timeout_s:g} s "

@@ -46,7 +46,7 @@ EITHER_FORM = ("An action is either `text` (a whole turn, as a model writes it) 
 
 NOT_STARTED = "No episode has started: reset first. Nothing was run."
 
-_OPEN_ENVS: "weakref.WeakSet[SearchGymEnvironment]" = weakref.WeakSet()  # server-side envs not yet closed
+_OPEN_ENVS: weakref.WeakSet[SearchGymEnvironment] = weakref.WeakSet()  # server-side envs not yet closed
 
 RESET_FIELDS = ("seed", "episode_id", "task_id", "index")
 STEP_FIELDS = ("timeout_s", "request_id")  # OpenEnv's StepRequest fields besides the action

@@ -67,7 +67,7 @@ class SearchGymEnv:
     @classmethod
     def configured(cls, env_id: str = SYNTHETIC_QA, *, process_reward: str | None = None,
                    process_weight: float = 0.0, process_threshold: float = 0.0,
-                   **env_kwargs: Any) -> type["SearchGymEnv"]:
+                   **env_kwargs: Any) -> type[SearchGymEnv]:
         """The environment class for `env_id` built with `env_kwargs` (what `environment_factory` takes)."""
         if env_kwargs.get("tool_format", "hermes") != "hermes":
             raise ValueError("TRL calls tools through the chat template, so the env must teach the Hermes "
@@ -159,7 +159,7 @@ class SearchGymEnv:
             raise ValueError(EPISODE_OVER.format(why=why))
 
     @classmethod
-    def served(cls, base_url: str) -> type["SearchGymEnv"]:
+    def served(cls, base_url: str) -> type[SearchGymEnv]:
         """The environment class for an env served by `searchgym serve env` (OpenEnv): the same tools, played
         through `SearchGymClient`, one server session per rollout; env kwargs and rewards are the server's."""
         return type(cls.__name__, (ServedSearchGymEnv,), {"base_url": base_url, "__module__": cls.__module__})

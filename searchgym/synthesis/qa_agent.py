@@ -27,8 +27,15 @@ from searchgym.envs.judges import ChatModel, normalize_answer
 from searchgym.envs.llm_calls import CallFailed, ReplyRetry, Unparseable, ask
 from searchgym.envs.llm_judge import LLMJudge, json_objects_from_end
 from searchgym.envs.tools.base import Page, PageBackend, PageNotFound, SearchBackend
-from searchgym.synthesis.prompts import (ACT_PROMPT, INJECT_PROMPT, PROPOSE_PROMPT, QUALITY_PROMPT, READ_PROMPT,
-                                         SOLVE_PROMPT, UNIQUE_PROMPT)
+from searchgym.synthesis.prompts import (
+    ACT_PROMPT,
+    INJECT_PROMPT,
+    PROPOSE_PROMPT,
+    QUALITY_PROMPT,
+    READ_PROMPT,
+    SOLVE_PROMPT,
+    UNIQUE_PROMPT,
+)
 
 MAX_PAGE_CHARS = 3000
 MAX_PARSED_CHARS = 20_000

@@ -19,8 +19,8 @@ policy, so behaviour, proximal and current policies are compared like for like.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
 import torch
@@ -28,6 +28,7 @@ import torch
 from searchgym.agents.trajectory import Segment, Trajectory
 from searchgym.envs.rewards import answer_page_rewards, refine_process_rewards
 from searchgym.trainers.config import LearnerConfig
+from searchgym.trainers.lm_head import DEFAULT_CHUNK_TOKENS, chunked_logprobs
 from searchgym.trainers.ppo import (
     STAT_WEIGHTS,
     decoupled_ppo_loss,
@@ -35,7 +36,6 @@ from searchgym.trainers.ppo import (
     loss_normalizer,
     returns_to_go,
 )
-from searchgym.trainers.lm_head import DEFAULT_CHUNK_TOKENS, chunked_logprobs
 
 T = TypeVar("T")
 

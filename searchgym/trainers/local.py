@@ -29,8 +29,8 @@ from searchgym.trainers.config import TrainConfig, config_dict
 from searchgym.trainers.fsdp import ShardedLearner
 from searchgym.trainers.learner import Learner
 from searchgym.trainers.learner_ranks import FollowerRanks, RankSpec, check_resume
-from searchgym.trainers.ray_servers import free_port
 from searchgym.trainers.loop import Batch, Schedule, train_loop
+from searchgym.trainers.ray_servers import free_port
 from searchgym.trainers.restore import initial_state, restore_learner
 from searchgym.trainers.rollout import RolloutController, RolloutStats
 from searchgym.trainers.run_log import RunLog
@@ -38,7 +38,6 @@ from searchgym.trainers.run_start import start_run
 from searchgym.trainers.stopping import StopRequest, TrainingStopped
 from searchgym.trainers.watchdog import Watchdog
 from searchgym.trainers.weight_sync import DiskSync, InProcessSync, WeightSync
-
 
 FOLLOWER_EXIT_WAIT_S = 5.0  # after a failure, how long a dying learner rank gets to be seen exiting
 

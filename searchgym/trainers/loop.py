@@ -33,12 +33,11 @@ loop); `ray_launcher.py` passes handles to Ray actors.
 from __future__ import annotations
 
 import asyncio
+import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
-
-import sys
-import time
 
 from tqdm import tqdm
 

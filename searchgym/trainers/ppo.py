@@ -19,7 +19,7 @@ Read top to bottom:
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor

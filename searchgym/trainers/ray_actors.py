@@ -25,9 +25,9 @@ from searchgym.trainers.config import TrainConfig
 from searchgym.trainers.fsdp import ShardedLearner
 from searchgym.trainers.learner import Learner
 from searchgym.trainers.learner_ranks import RankSpec, sharded_learner
-from searchgym.trainers.ray_servers import free_port
 from searchgym.trainers.local import InProcessLearner
 from searchgym.trainers.loop import Batch
+from searchgym.trainers.ray_servers import free_port
 from searchgym.trainers.rollout import RolloutStats
 from searchgym.trainers.weight_sync import DiskSync, DistributedSync, ObjectStoreSync, RemoteEngine, WeightSync
 

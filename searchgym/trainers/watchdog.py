@@ -30,7 +30,6 @@ The training loop (loop.py) acts on a trigger: it restores that state with a low
 from __future__ import annotations
 
 import dataclasses
-
 import math
 import os
 import statistics

@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import Counter
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from tqdm import tqdm

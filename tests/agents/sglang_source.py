@@ -6,8 +6,8 @@ therefore read the definitions they need out of the wheel's files with `ast` and
 holding only what those definitions use: SGLang's code, not a copy of it in this repository.
 """
 from __future__ import annotations
-
 import __future__
+
 import ast
 import importlib.util
 from pathlib import Path

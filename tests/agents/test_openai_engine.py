@@ -11,10 +11,9 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from searchgym.envs.tools.http_session import serve_app
 from searchgym.agents.engines.openai_engine import OpenAIEngine, OpenAIError
-from searchgym.envs.tools.http_session import retry_after_seconds
 from searchgym.envs.llm_judge import LLMJudge
+from searchgym.envs.tools.http_session import retry_after_seconds, serve_app
 from tests.agents.servers import model_server
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")  # shares the loop of the module's server

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from searchgym.agents.server import sglang_api
-from tests.agents.sglang_contract import require_contract
 from tests.agents.servers import PROMPT, model_server
+from tests.agents.sglang_contract import require_contract
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")  # shares the loop of the module's server
 

@@ -8,7 +8,6 @@ import pytest
 import pytest_asyncio
 from aiohttp import web
 
-from searchgym.envs.tools.http_session import serve_app
 from searchgym.agents.engines.sglang_engine import (
     SGLangEngine,
     SGLangError,
@@ -17,8 +16,9 @@ from searchgym.agents.engines.sglang_engine import (
     sglang_launch_command,
 )
 from searchgym.agents.engines.types import FinishReason, GenerateRequest, SamplingParams
-from tests.agents.sglang_contract import check_generate_request
+from searchgym.envs.tools.http_session import serve_app
 from tests.agents.servers import model_server, perturbed_copy, teacher_forced, wait_for_tokens
+from tests.agents.sglang_contract import check_generate_request
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")  # shares the loop of the module's servers
 

@@ -91,9 +91,9 @@ def test_context_budget_truncates(engine, small_pool, small_index):
 
 def test_32_episodes_through_the_model_server_with_sglang_and_openai_clients(tiny_model_dir, small_pool, small_index):
     """(b) SGLangEngine and (c) OpenAIEngine against `searchgym serve model` on loopback."""
-    from searchgym.agents.server.app import serving
     from searchgym.agents.engines.openai_engine import OpenAIEngine
     from searchgym.agents.engines.sglang_engine import SGLangEngine
+    from searchgym.agents.server.app import serving
 
     served = TorchEngine(tiny_model_dir, seed=3)
 

@@ -9,8 +9,14 @@ from pathlib import Path
 import pytest
 
 from searchgym.bench import reliability
-from searchgym.bench.reliability import (DOCS_MARK, README_MARK, generated_block, markdown_table, readme_table,
-                                         run_reliability)
+from searchgym.bench.reliability import (
+    DOCS_MARK,
+    README_MARK,
+    generated_block,
+    markdown_table,
+    readme_table,
+    run_reliability,
+)
 from searchgym.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[2]

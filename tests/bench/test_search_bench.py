@@ -5,8 +5,15 @@ from pathlib import Path
 import pytest
 
 from searchgym.bench.search import _like_for_like, _threads_over_one
-from searchgym.bench.search_peers import (Peer, bm25s_peers, local_index_peers, race, rank_bm25_peer,
-                                          read_corpus_texts, tantivy_default_peer)
+from searchgym.bench.search_peers import (
+    Peer,
+    bm25s_peers,
+    local_index_peers,
+    race,
+    rank_bm25_peer,
+    read_corpus_texts,
+    tantivy_default_peer,
+)
 from searchgym.envs.tools.local_index import LocalIndex
 
 PAGES = [

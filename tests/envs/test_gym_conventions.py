@@ -4,7 +4,6 @@ import multiprocessing
 import pickle
 
 import gymnasium as gym
-import numpy as np
 import pytest
 from gymnasium.error import ResetNeeded
 from gymnasium.spaces.utils import flatten, unflatten

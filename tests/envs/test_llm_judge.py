@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from searchgym.agents.engines.openai_engine import OpenAIEngine
-from searchgym.testing.stand_in_llm import StandInLLM, stand_in_server
 from searchgym.envs.llm_calls import ReplyRetry
 from searchgym.envs.llm_judge import LLMJudge, parse_judgement
+from searchgym.testing.stand_in_llm import StandInLLM, stand_in_server
 
 FAST = ReplyRetry(attempts=3, backoff=0.001)
 verdicts = st.sampled_from(["Correct", "Incorrect"])

@@ -13,16 +13,14 @@ from aiohttp.test_utils import TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from searchgym.testing.faults import CODEC_NAMES
-from searchgym.testing.faults import DAMAGED_CACHE_ROWS as DAMAGED_ROWS
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import Task, TaskPool
 from searchgym.envs.tools.base import BackendError, Page, PageNotFound
 from searchgym.envs.tools.url_safety import NON_PUBLIC_NETWORKS, UnsafeURL, UrlPolicy, is_public, parse_numeric_host
 from searchgym.envs.tools.web_cache import CachedPages, CachedSearch, WebCache, normalise_url
 from searchgym.envs.tools.web_fetch import WebFetcher, decode_body
-
-
+from searchgym.testing.faults import CODEC_NAMES
+from searchgym.testing.faults import DAMAGED_CACHE_ROWS as DAMAGED_ROWS
 
 # --- the SSRF guard ------------------------------------------------------------------------------------
 

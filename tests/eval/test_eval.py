@@ -14,15 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import searchgym  # noqa: F401
-from searchgym.eval.metrics import Sample, pass_at_k, summarize
 from searchgym.agents.engines.openai_engine import parse_openai_spec
-from searchgym.eval.harness import STATS_FIELDS, SampleStore, run_eval
-from searchgym.eval.report import SCRIPT, html_report
-from searchgym.envs.suites import SUITES, resolve_data
 from searchgym.cli import main
 from searchgym.envs.actions import parse_action
 from searchgym.envs.judges import exact_match, token_f1
-from tests.conftest import SMALL, WARM_ENV
+from searchgym.envs.suites import SUITES, resolve_data
+from searchgym.eval.harness import STATS_FIELDS, SampleStore, run_eval
+from searchgym.eval.metrics import Sample, pass_at_k, summarize
+from searchgym.eval.report import SCRIPT, html_report
+from tests.conftest import WARM_ENV
 
 SYN = "searchgym/SyntheticQA-v0"
 FAST = {"max_new_tokens": 8, "max_context": 320, "progress": False}
@@ -215,8 +215,8 @@ def test_eval_end_to_end_with_torch_engine_then_kill_and_resume(tmp_path, answer
 def serve_model(model_dir):
     """Our model server (SGLang's native API and /v1) for `model_dir` on a loopback port, in a thread with its own
     event loop; yields its URL."""
-    from searchgym.agents.server.app import serving
     from searchgym.agents.engines.torch_engine import TorchEngine
+    from searchgym.agents.server.app import serving
 
     urls, stop = queue.Queue(), threading.Event()
 

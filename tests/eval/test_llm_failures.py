@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from searchgym.cli import main as cli_main
-from searchgym.testing.stand_in_llm import StandInLLM, serve_in_thread, stand_in_server
 from searchgym.envs.llm_calls import DependencyFailed
 from searchgym.eval.harness import ROW_FIELDS, STATS_FIELDS, SampleStore, run_eval
+from searchgym.testing.stand_in_llm import StandInLLM, serve_in_thread, stand_in_server
 from tests.conftest import WARM_ENV
 
 SYN = "searchgym/SyntheticQA-v0"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
-import threading
 import time
 
 import gymnasium as gym
@@ -21,7 +20,7 @@ from websockets.sync.client import connect  # noqa: E402
 
 from searchgym.envs.tools.server_limits import ServerLimits  # noqa: E402
 from searchgym.integrations.openenv import SearchAction, SearchGymClient, make_app, open_sessions, uvicorn_options  # noqa: E402
-from tests.integrations.conftest import ENV_KWARGS, free_port, uvicorn_in_thread, wait_until  # noqa: E402
+from tests.integrations.conftest import ENV_KWARGS, uvicorn_in_thread, wait_until  # noqa: E402
 
 ENV_ID = "searchgym/SyntheticQA-v0"
 IDLE_S = 1.5

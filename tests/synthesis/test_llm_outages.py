@@ -5,10 +5,10 @@ import socket
 
 import pytest
 
-from searchgym.testing.stand_in_llm import StandInLLM, stand_in_server
 from searchgym.cli import main as cli_main
 from searchgym.envs.tasks import TaskPool
 from searchgym.synthesis.pool import summary_path
+from searchgym.testing.stand_in_llm import StandInLLM, stand_in_server
 
 
 @pytest.fixture

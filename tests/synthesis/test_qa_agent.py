@@ -11,13 +11,13 @@ import pytest
 
 import searchgym  # noqa: F401  (registers the env ids)
 from searchgym.agents.engines.openai_engine import OpenAIEngine
-from searchgym.testing.stand_in_llm import StandInLLM, stand_in_server
 from searchgym.cli import main as cli_main
 from searchgym.envs.llm_calls import DependencyFailed
 from searchgym.envs.tasks import TaskPool
 from searchgym.synthesis.pool import NearDuplicates, asynthesize, summary_path
 from searchgym.synthesis.qa_agent import QAConfig, QASynthesisAgent, Rejected, parse_json_object
 from searchgym.synthesis.run import synthesize
+from searchgym.testing.stand_in_llm import StandInLLM, stand_in_server
 
 SCENARIOS = ["accept", "malformed", "missing", "quality", "easy", "nonunique", "answer_changed"]
 

@@ -25,10 +25,11 @@ import socket
 import sys
 import traceback
 import typing
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist

@@ -7,9 +7,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from searchgym.envs.rewards import refine_process_rewards
-from searchgym.trainers.ppo import (decoupled_ppo_loss, entropy_from_logits, group_advantages, loss_normalizer,
-                                    returns_to_go, token_logprobs, valid_tokens)
-
+from searchgym.trainers.ppo import (
+    decoupled_ppo_loss,
+    entropy_from_logits,
+    group_advantages,
+    loss_normalizer,
+    returns_to_go,
+    token_logprobs,
+    valid_tokens,
+)
 
 # ---------------------------------------------------------------------------------------------------------------
 # A direct per-token reference of the decoupled PPO loss, and random batches to compare it on

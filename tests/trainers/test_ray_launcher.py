@@ -18,8 +18,16 @@ from transformers import AutoModelForCausalLM
 from searchgym.trainers.checkpoint import latest_checkpoint, load_trainer_state
 from searchgym.trainers.config import load_config
 from searchgym.trainers.ray_actors import global_group
-from searchgym.trainers.ray_launcher import (RayRollouts, RayTrainer, _check_fits, check_ray_config,
-                                            local_cluster_kwargs, required_resources, train_ray, weight_route)
+from searchgym.trainers.ray_launcher import (
+    RayRollouts,
+    RayTrainer,
+    _check_fits,
+    check_ray_config,
+    local_cluster_kwargs,
+    required_resources,
+    train_ray,
+    weight_route,
+)
 from searchgym.trainers.ray_servers import server_hosts
 from tests.agents.servers import model_server
 from tests.conftest import SMALL

@@ -9,8 +9,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import searchgym  # noqa: F401
 from searchgym.agents.formats import ChatTemplateDelta
-from searchgym.world.oracle import OracleAgent
 from searchgym.trainers.sft import SFTConfig, encode_demonstrations, load_demonstrations, sft
+from searchgym.world.oracle import OracleAgent
 from tests.conftest import SMALL
 
 

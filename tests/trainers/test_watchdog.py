@@ -11,7 +11,13 @@ from safetensors.torch import load_file
 
 from searchgym.cli import main
 from searchgym.envs.search_env import SearchEnv
-from searchgym.trainers.checkpoint import HEALTHY, checkpoint_dir, latest_checkpoint, load_trainer_state, save_checkpoint
+from searchgym.trainers.checkpoint import (
+    HEALTHY,
+    checkpoint_dir,
+    latest_checkpoint,
+    load_trainer_state,
+    save_checkpoint,
+)
 from searchgym.trainers.config import LearnerConfig, WatchdogConfig, load_config
 from searchgym.trainers.learner import Learner
 from searchgym.trainers.local import train

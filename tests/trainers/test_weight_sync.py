@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from searchgym.agents.server.app import serving
 from searchgym.agents.engines.torch_engine import TorchEngine
+from searchgym.agents.server.app import serving
 from searchgym.trainers.config import load_config
 from searchgym.trainers.local import train
 from searchgym.trainers.weight_sync import DiskSync, InProcessSync, weights_dir

@@ -5,13 +5,13 @@ from collections import Counter
 
 import pytest
 
+from searchgym.agents.scripted import demonstrations
 from searchgym.envs.judges import normalize_answer
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import Task, TaskPool
 from searchgym.envs.tools.local_index import LocalIndex
 from searchgym.world import schema
 from searchgym.world.kbwalk import DESCRIPTIONS, KBWalker
-from searchgym.agents.scripted import demonstrations
 from searchgym.world.oracle import OracleAgent
 from searchgym.world.validation import synthesize_pool
 from searchgym.world.world import World

@@ -15,11 +15,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from searchgym.world import names, schema
-from searchgym.world.world import (
-    BOOK_GENRES, CURRENCIES, CURRENT_YEAR, FILM_GENRES, INDUSTRIES, OCCUPATIONS, WORLD_URL_PREFIX, Entity, World,
-    page_url, type_counts,
-)
 from searchgym.world.page_templates import TEMPLATES
+from searchgym.world.world import (
+    BOOK_GENRES,
+    CURRENCIES,
+    CURRENT_YEAR,
+    FILM_GENRES,
+    INDUSTRIES,
+    OCCUPATIONS,
+    WORLD_URL_PREFIX,
+    Entity,
+    World,
+    page_url,
+    type_counts,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 FILES = ("corpus.jsonl", "kb.jsonl", "html.jsonl")

@@ -137,7 +137,7 @@ class OpenAIEngine:
                 if resp.status < 500 and resp.status not in RETRYABLE_STATUSES:
                     raise error
                 raise _Retryable(error, retry_after_seconds(resp.headers))
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as e:
+        except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:
             raise _Retryable(OpenAIError(f"{type(e).__name__}: {e}"), None) from None
 
     def _delay(self, attempt: int, requested: float | None) -> float:

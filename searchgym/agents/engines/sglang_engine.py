@@ -29,8 +29,8 @@ from typing import Any
 
 import aiohttp
 
-from searchgym.envs.tools.http_session import LoopSession
 from searchgym.agents.engines.types import FinishReason, GenerateRequest, GenerateResponse, SamplingParams
+from searchgym.envs.tools.http_session import LoopSession
 
 LOG_TAIL_CHARS = 4000
 _FLUSH_ATTEMPTS = 60
@@ -99,7 +99,7 @@ async def wait_until_ready(session: aiohttp.ClientSession, url: str, timeout: fl
                 if resp.status == 200:
                     return
                 last = f"HTTP {resp.status}"
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        except (TimeoutError, aiohttp.ClientError) as e:
             last = f"{type(e).__name__}: {e}"
         await asyncio.sleep(interval)
     raise TimeoutError(f"{url} was not ready within {timeout:.0f} s (last: {last})")
@@ -169,7 +169,7 @@ class SGLangEngine:
             async with (await self._http()).request(method, url, json=payload) as resp:
                 text = await resp.text()
                 status = resp.status
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        except (TimeoutError, aiohttp.ClientError) as e:
             raise _Transient(f"{method} {url}: {type(e).__name__}: {e}") from None
         if status >= 500:
             raise _Transient(f"{method} {url}: HTTP {status}: {text[:300]}")

@@ -24,8 +24,7 @@ from searchgym.agents.server.sglang_api import SGLangAPI
 from searchgym.agents.server.sglang_control import ControlAPI
 from searchgym.agents.server.wire import json_response
 from searchgym.envs.tools.http_session import error_middleware, serve_app, wait_for_signal
-from searchgym.envs.tools.server_limits import (ServerLimits, add_limit_flags, add_request_limit_flags,
-                                                limits_from_args)
+from searchgym.envs.tools.server_limits import ServerLimits, add_limit_flags, add_request_limit_flags, limits_from_args
 
 logger = logging.getLogger(__name__)
 

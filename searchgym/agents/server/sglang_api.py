@@ -359,9 +359,7 @@ class SGLangAPI:
 
     async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
         """POST /update_weights_from_distributed: receive a bucket of tensors broadcast by rank 0 and load them."""
-        from searchgym.agents.server.dist_weights import receive
-
-        from searchgym.agents.server.dist_weights import DTYPES
+        from searchgym.agents.server.dist_weights import DTYPES, receive
 
         body, _ = await self.model.json_body(request)
         names, dtypes = strings(body.get("names"), "names"), strings(body.get("dtypes"), "dtypes")

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import torch
@@ -66,7 +66,7 @@ class ControlAPI:
         if query.get("format") == "prometheus":
             return web.Response(body=prometheus(loads).encode(),
                                 headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
-        return json_response({"timestamp": datetime.now(timezone.utc).isoformat(), "version": SGLANG_VERSION,
+        return json_response({"timestamp": datetime.now(UTC).isoformat(), "version": SGLANG_VERSION,
                                   "accelerator": accelerator_name(self.model.engine.device),
                                   "num_accelerators": 1, "loads": loads})
 

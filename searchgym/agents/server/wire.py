@@ -15,7 +15,6 @@ from typing import Any
 
 from aiohttp import web
 
-
 OFFLOAD_BYTES = 16 * 1024  # bodies above this are parsed, validated and tokenized in a request thread
 
 

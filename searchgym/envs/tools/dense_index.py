@@ -23,7 +23,14 @@ import numpy as np
 from searchgym.envs.tools.base import BackendError, SearchHit
 from searchgym.envs.tools.corpus import CorpusDoc, read_corpus
 from searchgym.envs.tools.encoders import EXTRA_HINT, Encoder, EncoderConfig
-from searchgym.envs.tools.index_files import MAX_K, PagesByUrl, atomic_build, corpus_fields, read_manifest, write_manifest
+from searchgym.envs.tools.index_files import (
+    MAX_K,
+    PagesByUrl,
+    atomic_build,
+    corpus_fields,
+    read_manifest,
+    write_manifest,
+)
 from searchgym.envs.tools.local_index import one_line, query_terms
 
 KIND = "dense"
@@ -58,7 +65,7 @@ class DenseIndex(PagesByUrl):
         hnsw_m: int = 32,
         ivf_lists: int | None = None,
         progress: bool = False,
-    ) -> "DenseIndex":
+    ) -> DenseIndex:
         """Embed every page of a JSONL corpus into a faiss index in out_dir, atomically (built beside, then renamed)."""
         if index_type not in INDEX_TYPES:
             raise ValueError(f"index_type must be one of {INDEX_TYPES}, got {index_type!r}")

@@ -88,7 +88,7 @@ class Encoder:
         self.__init__(state["config"], device=state["device"], batch_size=state["batch_size"])  # type: ignore[misc]
 
     @classmethod
-    def preset(cls, name: str, model: str | os.PathLike | None = None, **kwargs: Any) -> "Encoder":
+    def preset(cls, name: str, model: str | os.PathLike | None = None, **kwargs: Any) -> Encoder:
         """A preset's prefixes and pooling, optionally with a local model directory in place of its hub name."""
         return cls(name, **({"model": os.fspath(model)} if model is not None else {}), **kwargs)
 

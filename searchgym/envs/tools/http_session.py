@@ -132,7 +132,7 @@ async def read_body(request: web.Request) -> bytes:
     timeout = request.app.get(BODY_TIMEOUT, DEFAULT_BODY_TIMEOUT)
     try:
         return await asyncio.wait_for(request.read(), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise web.HTTPRequestTimeout(text=f"the request body did not arrive whole within {timeout:g} s "
                                           "(body_timeout)") from None
 

@@ -36,11 +36,28 @@ from pathlib import Path
 from typing import Any
 
 import tantivy
-from tantivy import Document, FieldType, Filter, Occur, Query, SchemaBuilder, SnippetGenerator, TextAnalyzerBuilder, Tokenizer
+from tantivy import (
+    Document,
+    FieldType,
+    Filter,
+    Occur,
+    Query,
+    SchemaBuilder,
+    SnippetGenerator,
+    TextAnalyzerBuilder,
+    Tokenizer,
+)
 
 from searchgym.envs.tools.base import SearchHit
 from searchgym.envs.tools.corpus import CorpusDoc, read_corpus
-from searchgym.envs.tools.index_files import MAX_K, PagesByUrl, atomic_build, corpus_fields, read_manifest, write_manifest
+from searchgym.envs.tools.index_files import (
+    MAX_K,
+    PagesByUrl,
+    atomic_build,
+    corpus_fields,
+    read_manifest,
+    write_manifest,
+)
 
 KIND = "bm25"
 TITLE_BOOST = 2.5  # a title match outweighs the same word in body text, so a page's own name ranks it first
@@ -112,7 +129,7 @@ class LocalIndex(PagesByUrl):
         threads: int = 1,
         heap_mb: int = 1024,
         progress: bool = False,
-    ) -> "LocalIndex":
+    ) -> LocalIndex:
         """Index a JSONL corpus into out_dir atomically: built beside it, then renamed into place.
 
         One indexing thread writes one segment in corpus order while the corpus fits its budget (a 100,000-page world

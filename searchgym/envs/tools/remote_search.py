@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections import defaultdict
 import urllib.error
 import urllib.request
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -263,7 +263,7 @@ class RemoteSearch:
             async with session.request(method, url, json=payload) as resp:
                 raw = await resp.read()
                 status = resp.status
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise _Retryable(f"no answer within {self.timeout:g} s", dead=True) from None
         except aiohttp.ClientConnectorError as e:
             raise _Retryable(f"cannot connect: {e.os_error or e}", dead=True) from None

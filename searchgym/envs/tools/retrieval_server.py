@@ -30,9 +30,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import os
-import json
 import re
 import reprlib
 from collections.abc import AsyncIterator, Callable
@@ -43,8 +43,7 @@ from aiohttp import web
 
 from searchgym.envs.tools.base import Page, PageBackend, PageNotFound, SearchBackend, SearchHit
 from searchgym.envs.tools.corpus import join_contents
-from searchgym.envs.tools.http_session import (BadRequest, check, error_middleware, read_body, serve_app,
-                                               wait_for_signal)
+from searchgym.envs.tools.http_session import BadRequest, check, error_middleware, read_body, serve_app, wait_for_signal
 from searchgym.envs.tools.server_limits import ServerLimits, add_limit_flags, limits_from_args
 
 logger = logging.getLogger(__name__)

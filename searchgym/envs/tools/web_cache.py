@@ -26,7 +26,15 @@ from typing import Any
 
 from yarl import URL
 
-from searchgym.envs.tools.base import BackendError, Page, PageBackend, PageNotFound, SearchBackend, SearchHit, backend_stats
+from searchgym.envs.tools.base import (
+    BackendError,
+    Page,
+    PageBackend,
+    PageNotFound,
+    SearchBackend,
+    SearchHit,
+    backend_stats,
+)
 from searchgym.envs.tools.url_safety import UnsafeURL, UrlPolicy, parse_numeric_host
 
 MODES = ("off", "read_write", "replay_only")
@@ -144,7 +152,7 @@ class _CachedBackend:
     """What both cached wrappers share: the wrapped backend's counters plus the cache's, and close()."""
 
     backend: Any
-    cache: "WebCache"
+    cache: WebCache
 
     def stats(self) -> dict[str, Any]:
         """The wrapped backend's counters plus the cache's."""

@@ -155,7 +155,7 @@ class WebFetcher:
             raise
         except BackendError:
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.counters["timeout"] += 1
             raise BackendError(f"timed out after {self.total_timeout:g}s") from None
         except aiohttp.ClientConnectorError as e:

@@ -92,7 +92,7 @@ class WebSearch:
                             self.counters["errors"] += 1
                             raise BackendError(f"the search provider answered HTTP {resp.status}")
                         data = await resp.json(content_type=None)
-                except (asyncio.TimeoutError, aiohttp.ClientConnectionError) as e:
+                except (TimeoutError, aiohttp.ClientConnectionError) as e:
                     last = "the search provider timed out" if isinstance(e, asyncio.TimeoutError) else \
                         f"could not reach the search provider ({type(e).__name__})"
                     await self._sleep(attempt, None)

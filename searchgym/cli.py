@@ -355,7 +355,11 @@ def _eval_compare(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from searchgym.envs.tools.server_limits import (  # light: no aiohttp
-        add_limit_flags, add_request_limit_flags, positive_int, seconds)
+        add_limit_flags,
+        add_request_limit_flags,
+        positive_int,
+        seconds,
+    )
 
     parser = argparse.ArgumentParser(prog="searchgym", description=__doc__)
     rooms = parser.add_subparsers(dest="command", required=True)

@@ -35,8 +35,16 @@ from typing import Any
 import numpy as np
 
 from searchgym.eval.compare import compare_runs, write_comparison
-from searchgym.pipeline.stages import (QuickstartConfig, build_base_model, deterministic_torch, evaluate_policy,
-                                       make_demos, make_env, run_rl, say)
+from searchgym.pipeline.stages import (
+    QuickstartConfig,
+    build_base_model,
+    deterministic_torch,
+    evaluate_policy,
+    make_demos,
+    make_env,
+    run_rl,
+    say,
+)
 from searchgym.trainers.sft import sft
 
 BENCHMARK = "docs/benchmarks.md#learning"  # `searchgym bench learning`: the gain over seeds (one quickstart run is one draw)

@@ -13,8 +13,10 @@ never an edit of the trainer or the evaluator.
 - `ChatWorkflow`: text in, text out, for OpenAI-compatible endpoints (evaluation, synthesis); its
   trajectories hold messages and turns, no token arrays.
 
-`open_workflow(spec, ...)` builds either from an engine spec (a model dir, `sglang:HOST:PORT[,...]`,
-`openai:URL[:model]`) and optionally a custom class named `module:Class` or `path/to/file.py:Class`.
+The caller owns the engine: it opens one from a spec (`agents/engines/open.py`: a model dir,
+`sglang:HOST:PORT[,...]`, `openai:URL[:model]`), keeps the handle for weight updates and closing, and
+builds workflows on it with `build_workflow(handle, workflow=..., settings=...)`, optionally a custom class
+named `module:Class` or `path/to/file.py:Class`. A workflow never opens or closes an engine.
 """
 from __future__ import annotations
 
@@ -26,10 +28,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from searchgym.agents.context import ContextPolicy, EndPolicy, Entry, History, stub_for
-from searchgym.agents.engines.open import EngineHandle, open_engine
+from searchgym.agents.engines.open import EngineHandle
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, InferenceEngine, SamplingParams
 from searchgym.agents.formats import ChatTemplateDelta, ToolFormat
 from searchgym.agents.trajectory import Trajectory, Turn
@@ -37,14 +39,6 @@ from searchgym.envs.judges import ChatModel
 from searchgym.envs.search_env import SearchEnv
 
 INFO_KEYS = ("tool", "query", "url", "hits", "page", "error", "format_errors", "evidence", "truncation")
-
-
-@runtime_checkable
-class RolloutWorkflow(Protocol):
-    """Plays one episode of `env` and returns it as a Trajectory (the only thing trainers and evaluators call)."""
-
-    async def arun_episode(self, env: SearchEnv, *, seed: int | None = None, options: dict[str, Any] | None = None,
-                           rid: str | None = None) -> Trajectory: ...
 
 
 @dataclass(frozen=True)
@@ -75,14 +69,14 @@ class Step:
 
 
 class Workflow:
-    """Shared episode mechanics: reset, step the env with a turn, record the turn, close the trajectory.
+    """The one workflow contract: `arun_episode(env, seed=, options=, rid=)` plays one episode and returns its
+    Trajectory (the only thing trainers, evaluators and synthesis call), on an engine its caller owns.
 
-    Subclasses implement `arun_episode`. Two hooks are for custom agents: `act` (what text of the
-    model's turn goes to the env; default: all of it) and `observe` (what the model sees of the env's
-    answer; default: the observation as it is).
+    This base holds the shared mechanics (reset, step the env with a turn, record it, close the trajectory);
+    subclasses implement `arun_episode`. Two hooks are for custom agents: `act` (what text of the model's
+    turn goes to the env; default: all of it) and `observe` (what the model sees of the env's answer;
+    default: the observation as it is). `from_handle` says how the class is built on an opened engine.
     """
-
-    handle: EngineHandle | None = None  # set by open_workflow: closed with the workflow
 
     def __init__(self, settings: WorkflowSettings | None = None):
         self.settings = settings or WorkflowSettings()
@@ -123,12 +117,6 @@ class Workflow:
     async def arun_episode(self, env: SearchEnv, *, seed: int | None = None, options: dict[str, Any] | None = None,
                            rid: str | None = None) -> Trajectory:
         raise NotImplementedError
-
-    async def aclose(self) -> None:
-        """Close the engine this workflow opened (none if it was handed one)."""
-        if self.handle is not None:
-            await self.handle.aclose()
-            self.handle = None
 
     @classmethod
     def from_handle(cls, handle: EngineHandle, settings: WorkflowSettings) -> Workflow:
@@ -323,20 +311,12 @@ def workflow_class(workflow: str | type[Workflow] | None, handle: EngineHandle) 
     return cls
 
 
-async def open_workflow(spec: str, *, workflow: str | type[Workflow] | None = None,
-                        settings: WorkflowSettings | None = None, device: str = "cpu", seed: int = 0,
-                        version: int = 0, tokenizer: str | None = None, start_timeout: float = 600) -> Workflow:
-    """Open the engine named by `spec` and build the workflow over it; `await workflow.aclose()` closes both.
+def build_workflow(handle: EngineHandle, *, workflow: str | type[Workflow] | None = None,
+                   settings: WorkflowSettings | None = None) -> Workflow:
+    """The workflow over an engine the caller opened (and will close): `workflow` names a custom class, else
+    token-level where the engine gives tokens, else chat.
 
     Every command (train, eval, synthesize, quickstart) builds its workflow here, so a custom class
     (`workflow="my_agents.py:SummarizingWorkflow"`) runs under all of them unchanged.
     """
-    handle = await open_engine(spec, device=device, seed=seed, version=version, tokenizer=tokenizer,
-                               start_timeout=start_timeout)
-    try:
-        built = workflow_class(workflow, handle).from_handle(handle, settings or WorkflowSettings())
-    except BaseException:
-        await handle.aclose()
-        raise
-    built.handle = handle
-    return built
+    return workflow_class(workflow, handle).from_handle(handle, settings or WorkflowSettings())

@@ -34,10 +34,10 @@ import numpy as np
 from tqdm import tqdm
 
 from searchgym.agents.context import context_policy as make_context_policy
-from searchgym.agents.engines.open import open_engine
+from searchgym.agents.engines.open import open_engine, opened_engine
 from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.env_pool import EnvPool
-from searchgym.agents.workflow import Workflow, WorkflowSettings, open_workflow
+from searchgym.agents.workflow import Workflow, WorkflowSettings, build_workflow
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.jsonl_log import BadRow, JsonlLog
 from searchgym.envs.judges import (
@@ -214,7 +214,7 @@ def run_eval(env_id: str, engine: str, out: str | os.PathLike, *, k: int = 4, ju
              context_policy: str = "end") -> dict[str, Any]:
     """Evaluate `engine` (any engine spec) on `env_id` into `out`; resumes a previous run there. Returns the summary.
 
-    The episodes are played by the workflow `open_workflow` builds (`workflow` names a custom class), so
+    The episodes are played by the workflow `build_workflow` builds (`workflow` names a custom class), so
     what is evaluated is exactly what trains; the tool format is the env's (`env_kwargs["tool_format"]`).
     `labels` is a file of human verdicts (question id, prediction, verdict) that each judge is scored against.
     `context_policy` ("end", "fold", "summarise") says how an episode longer than `max_context` goes on
@@ -335,13 +335,10 @@ async def _evaluate(todo, make_env, store: SampleStore, judge_spec: str, judge_m
             await _rejudge(rejudge, tasks or {}, judge, store, concurrency=concurrency)
         errors: list[BaseException] = []
         if todo:
-            player = await open_workflow(engine, workflow=workflow, settings=settings, device=device, seed=seed,
-                                         tokenizer=tokenizer)
-            try:
+            async with opened_engine(engine, device=device, seed=seed, tokenizer=tokenizer) as handle:
+                player = build_workflow(handle, workflow=workflow, settings=settings)
                 errors = await _play(todo, make_env, store, judge, player, concurrency=concurrency, seed=seed,
                                      progress=progress, total=total, failures=failures)
-            finally:
-                await player.aclose()
         return judge, errors
     finally:
         if judge_handle is not None:

@@ -8,8 +8,9 @@ from typing import Any
 import torch
 
 from searchgym.agents.context import ContextPolicy, context_policy
+from searchgym.agents.engines.open import EngineHandle, open_engine
 from searchgym.agents.engines.types import SamplingParams
-from searchgym.agents.workflow import Workflow, WorkflowSettings, load_object, open_workflow
+from searchgym.agents.workflow import Workflow, WorkflowSettings, build_workflow, load_object
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.search_env import SearchEnv
 from searchgym.trainers.config import EnvConfig, LearnerConfig, ModelConfig, RolloutConfig
@@ -60,12 +61,11 @@ def rollout_context_policy(rollout: RolloutConfig) -> ContextPolicy:
     return cls()
 
 
-async def open_rollout_workflow(rollout: RolloutConfig, model_dir: Path | str, *, device: str, seed: int,
-                                version: int = 0, addresses: Sequence[str] = (),
-                                start_timeout: float = 1800) -> Workflow:
-    """The run's workflow over its rollout engine: an in-process TorchEngine on `model_dir`, or SGLang servers.
+async def open_rollout_engine(rollout: RolloutConfig, model_dir: Path | str, *, device: str, seed: int,
+                              version: int = 0, addresses: Sequence[str] = (),
+                              start_timeout: float = 1800) -> EngineHandle:
+    """The run's rollout engine: an in-process TorchEngine on `model_dir`, or SGLang servers (the caller closes it).
 
-    `rollout.workflow` names a custom Workflow class; the env's own `tool_format` decides the stop strings.
     With SGLang, `model_dir` gives the tokenizer and `start_timeout` bounds the wait for the servers.
     """
     if rollout.engine == "sglang":
@@ -74,19 +74,27 @@ async def open_rollout_workflow(rollout: RolloutConfig, model_dir: Path | str, *
         spec, tokenizer = "sglang:" + ",".join(addresses), str(model_dir)
     else:
         spec, tokenizer = str(model_dir), None
-    return await open_workflow(spec, workflow=rollout.workflow, settings=workflow_settings(rollout), device=device,
-                               seed=seed, version=version, tokenizer=tokenizer, start_timeout=start_timeout)
+    return await open_engine(spec, device=device, seed=seed, version=version, tokenizer=tokenizer,
+                             start_timeout=start_timeout)
 
 
-def build_controller(rollout: RolloutConfig, workflow: Workflow, tasks: Sequence[str], *,
+def rollout_workflow(rollout: RolloutConfig, handle: EngineHandle) -> Workflow:
+    """The run's workflow on its engine: `rollout.workflow` names a custom Workflow class; the env's own
+    `tool_format` decides the stop strings."""
+    return build_workflow(handle, workflow=rollout.workflow, settings=workflow_settings(rollout))
+
+
+def build_controller(rollout: RolloutConfig, handle: EngineHandle, tasks: Sequence[str], *,
                      make_env: Callable[[], SearchEnv], synchronous: bool, seed: int, shares: int = 1
                      ) -> RolloutController:
-    """A rollout controller with the run's rollout settings, on `1/shares` of the batch and of the concurrency.
+    """A rollout controller playing the run's workflow on `handle`'s engine, with the run's rollout settings, on
+    `1/shares` of the batch and of the concurrency.
 
     `synchronous` (`mode: sync`) means staleness 0: no group starts before the previous batch is trained.
     """
     return RolloutController(
-        make_env, workflow, list(tasks), group_size=rollout.group_size, batch_size=rollout.batch_size // shares,
+        make_env, rollout_workflow(rollout, handle), list(tasks), engine=handle.engine,
+        group_size=rollout.group_size, batch_size=rollout.batch_size // shares,
         max_staleness=0 if synchronous else rollout.max_staleness,
         max_concurrent_rollouts=rollout.max_concurrent_rollouts // shares, seed=seed)
 

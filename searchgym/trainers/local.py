@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from searchgym.agents.engines.sglang_engine import SGLangEngine
-from searchgym.trainers.build import build_controller, load_learner, make_env_factory, open_rollout_workflow, task_ids
+from searchgym.trainers.build import build_controller, load_learner, make_env_factory, open_rollout_engine, task_ids
 from searchgym.trainers.checkpoint import save_checkpoint
 from searchgym.trainers.config import TrainConfig, config_dict
 from searchgym.trainers.fsdp import ShardedLearner
@@ -136,15 +136,15 @@ async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict
     learner: Learner | None = None
     finished = False
     try:
-        workflow = await open_rollout_workflow(rollout, run.model_dir, device=config.model.device, seed=config.seed,
-                                               version=run.version, addresses=rollout.sglang_addresses,
-                                               start_timeout=config.ray.sglang_start_timeout_s)
+        handle = await open_rollout_engine(rollout, run.model_dir, device=config.model.device, seed=config.seed,
+                                           version=run.version, addresses=rollout.sglang_addresses,
+                                           start_timeout=config.ray.sglang_start_timeout_s)
     except BaseException:
         if followers is not None:
             followers.close()
         raise
     try:
-        engine, tokenizer = workflow.handle.engine, workflow.handle.tokenizer
+        engine, tokenizer = handle.engine, handle.tokenizer
         if followers is not None:
             learner = await asyncio.to_thread(followers.lead)
         else:
@@ -160,7 +160,7 @@ async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict
         if isinstance(engine, SGLangEngine) and (run.checkpoint is not None or engine.version != learner.version):
             await side.push_weights()  # the servers hold other weights than the learner's
         make_env = make_env_factory(config.env)
-        controller = build_controller(rollout, workflow, task_ids(make_env, config.tasks), make_env=make_env,
+        controller = build_controller(rollout, handle, task_ids(make_env, config.tasks), make_env=make_env,
                                       synchronous=config.mode == "sync", seed=config.seed)
         controller.trained_version = learner.version
         if state is not None:
@@ -187,7 +187,7 @@ async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict
     finally:
         if followers is not None:
             followers.close(learner if finished else None)
-        await workflow.aclose()
+        await handle.aclose()
 
 
 def rank_spec(config: TrainConfig, run: Any) -> RankSpec:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from searchgym.agents.trajectory import Trajectory
-from searchgym.trainers.build import build_controller, load_learner, make_env_factory, open_rollout_workflow, task_ids
+from searchgym.trainers.build import build_controller, load_learner, make_env_factory, open_rollout_engine, task_ids
 from searchgym.trainers.checkpoint import load_trainer_state
 from searchgym.trainers.config import TrainConfig
 from searchgym.trainers.fsdp import ShardedLearner
@@ -170,22 +170,21 @@ class RolloutWorker:
         os.environ.update(env)
         self.config, self.index, self.count = config, index, config.ray.num_rollout_actors
         self.model_dir, self.state, self.version = model_dir, state, version
-        self.engine: Any = None
+        self.handle: Any = None  # the engine this actor opened: its rollouts play on it, weight updates reach it
         self.controller: Any = None
         self._run: asyncio.Task | None = None
 
     async def start(self, addresses: list[str]) -> int:
-        """Open the workflow over this actor's engine (its SGLang servers' `addresses`, if any) and start admitting
-        groups; returns the engine's version."""
+        """Open this actor's engine (its SGLang servers' `addresses`, if any), build the controller's workflow on it
+        and start admitting groups; returns the engine's version."""
         config, count, index = self.config, self.count, self.index
         make_env = make_env_factory(config.env)
         tasks = shard(task_ids(make_env, config.tasks), index, count)
-        self.workflow = await open_rollout_workflow(
+        self.handle = await open_rollout_engine(
             config.rollout, self.model_dir, device="cuda" if config.ray.rollout_gpus > 0 else "cpu",
             seed=config.seed + index, version=self.version, addresses=addresses,
             start_timeout=config.ray.sglang_start_timeout_s)
-        self.engine = self.workflow.handle.engine
-        self.controller = build_controller(config.rollout, self.workflow, tasks, make_env=make_env,
+        self.controller = build_controller(config.rollout, self.handle, tasks, make_env=make_env,
                                            synchronous=config.mode == "sync", seed=config.seed + index, shares=count)
         self.controller.trained_version = self.version
         if self.state:
@@ -225,6 +224,11 @@ class RolloutWorker:
     def stats(self) -> RolloutStats:
         return self.controller.stats()
 
+    @property
+    def engine(self) -> Any:
+        """This actor's rollout engine (None before start)."""
+        return self.handle.engine if self.handle is not None else None
+
     def engine_version(self) -> int:
         return self.engine.version
 
@@ -233,10 +237,10 @@ class RolloutWorker:
         return self.engine.model.state_dict()[name].detach().cpu().clone()
 
     async def stop(self) -> None:
-        """Stop admitting, cancel the groups in flight, close the workflow and its engine."""
+        """Stop admitting, cancel the groups in flight, close the engine."""
         if self.controller is not None:
             self.controller.stop()
         if self._run is not None:
             await self._run
-        if self.engine is not None:
-            await self.workflow.aclose()
+        if self.handle is not None:
+            await self.handle.aclose()

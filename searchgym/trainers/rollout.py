@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from searchgym.agents.engines.types import InferenceEngine
 from searchgym.agents.env_pool import EnvPool
 from searchgym.agents.trajectory import Trajectory
-from searchgym.agents.workflow import RolloutWorkflow
+from searchgym.agents.workflow import Workflow
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import TaskPool
 from searchgym.trainers.ledger import GroupLedger
@@ -70,17 +71,18 @@ class RolloutController:
     the workflow (each on its own env, lent from a pool of `make_env`'s envs, with its own seed and rid,
     all on the same task), and buffers finished groups the filter accepts. A rejected or failed group
     gives its slot back. `max_concurrent_rollouts` counts episodes; `batch_size` counts groups.
-    The workflow's `engine` (if it has one) gives the starting version and the busy-time statistics.
+    `engine`, the one the workflow plays on (its caller owns it), gives the starting version and the busy-time
+    statistics; without it the version starts at 0 and the stats have no engine counters.
     """
 
-    def __init__(self, make_env: Callable[[], SearchEnv], workflow: RolloutWorkflow, tasks: TaskPool | Sequence[str],
-                 *, group_size: int, batch_size: int, max_staleness: int, max_concurrent_rollouts: int,
+    def __init__(self, make_env: Callable[[], SearchEnv], workflow: Workflow, tasks: TaskPool | Sequence[str],
+                 *, engine: InferenceEngine | None = None, group_size: int, batch_size: int, max_staleness: int, max_concurrent_rollouts: int,
                  seed: int = 0, filter_group: Callable[[list[Trajectory]], bool] | None = None):
         self.task_ids = [t.id for t in tasks] if isinstance(tasks, TaskPool) else [str(t) for t in tasks]
         if not self.task_ids:
             raise ValueError("no tasks to play")
         self.envs, self.workflow = EnvPool(make_env), workflow
-        self.engine = getattr(workflow, "engine", None)
+        self.engine = engine
         self.group_size, self.seed, self.filter_group = group_size, seed, filter_group
         self.ledger = GroupLedger(batch_size, max_staleness, max_concurrent_rollouts, group_size)
         self._trained_version = self.engine.version if self.engine is not None else 0

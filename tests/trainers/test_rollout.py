@@ -25,7 +25,7 @@ async def engine(tiny_model_dir):
 def make_controller(engine, pool, index, *, max_staleness, make_env=None, **kwargs):
     make_env = make_env or (lambda: SearchEnv(pool, index, max_turns=3))
     workflow = TokenWorkflow(engine, engine.tokenizer, WorkflowSettings(SAMPLING, max_context=2048))
-    return RolloutController(make_env, workflow, pool, group_size=GROUP, batch_size=BATCH,
+    return RolloutController(make_env, workflow, pool, engine=engine, group_size=GROUP, batch_size=BATCH,
                              max_staleness=max_staleness, max_concurrent_rollouts=MAX_CONCURRENT, seed=1, **kwargs)
 
 

@@ -3,11 +3,14 @@
 `open_engine` returns an `EngineHandle`: the token-level engine and its tokenizer where the backend gives
 tokens (TorchEngine in process, SGLang servers), and always a chat model (the OpenAI endpoint, or
 `EngineChat` over the token engine, in process: no self-HTTP). Training, evaluation and synthesis open
-engines only here.
+engines only here; whoever opens one keeps the handle (weight updates, closing) and builds workflows on it
+(`agents/workflow.build_workflow`).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,6 +88,16 @@ async def open_engine(spec: str, *, device: str = "cpu", seed: int = 0, version:
     engine = TorchEngine(spec, device=device, seed=seed, version=version)
     tok = load_tokenizer(tokenizer) if tokenizer else engine.tokenizer
     return EngineHandle(spec, engine=engine, tokenizer=tok)
+
+
+@contextlib.asynccontextmanager
+async def opened_engine(spec: str, **kwargs: Any) -> AsyncIterator[EngineHandle]:
+    """`open_engine(spec, **kwargs)` for the body of an `async with`, closed when it ends (also on an error)."""
+    handle = await open_engine(spec, **kwargs)
+    try:
+        yield handle
+    finally:
+        await handle.aclose()
 
 
 def load_tokenizer(path: str | Path) -> Any:

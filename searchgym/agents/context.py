@@ -172,8 +172,9 @@ def lay_out(template: ChatTemplateDelta, history: History, target: int, fold_to:
     return Layout(ids, pieces, folded=sum(folded[first:]), dropped=first, truncated_tokens=cut)
 
 
-class TokenWorkflow(Protocol):
-    """What a policy uses of the `TokenWorkflow` that runs it (declared here: the workflow module imports this one)."""
+class ContextHost(Protocol):
+    """What a context policy may use of the `TokenWorkflow` running it (a structural view, not a second workflow
+    contract: the workflow module imports this one)."""
 
     template: ChatTemplateDelta
     eos_ids: set[int]
@@ -197,10 +198,10 @@ class ContextPolicy:
     name = "end"
     managed = False
 
-    def reserve(self, workflow: TokenWorkflow) -> int:
+    def reserve(self, workflow: ContextHost) -> int:
         return 0
 
-    async def rebuild(self, workflow: TokenWorkflow, traj: Trajectory, history: History, *, target: int,
+    async def rebuild(self, workflow: ContextHost, traj: Trajectory, history: History, *, target: int,
                       sampling: SamplingParams, rid: str) -> Rebuild | None:
         return None
 
@@ -225,7 +226,7 @@ class FoldPolicy(ContextPolicy):
         if not 0 < self.keep_fraction <= 1:
             raise ValueError(f"keep_fraction must be in (0, 1], got {self.keep_fraction}")
 
-    async def rebuild(self, workflow: TokenWorkflow, traj: Trajectory, history: History, *, target: int,
+    async def rebuild(self, workflow: ContextHost, traj: Trajectory, history: History, *, target: int,
                       sampling: SamplingParams, rid: str) -> Rebuild | None:
         return fold(workflow.template, history, target, self.name, fold_to=int(target * self.keep_fraction))
 
@@ -257,10 +258,10 @@ class SummarisePolicy(ContextPolicy):
         if self.summary_tokens < 1:
             raise ValueError(f"summary_tokens must be at least 1, got {self.summary_tokens}")
 
-    def reserve(self, workflow: TokenWorkflow) -> int:
+    def reserve(self, workflow: ContextHost) -> int:
         return self.summary_tokens + len(workflow.template.observation_ids(self.instruction, False)) + 1
 
-    async def rebuild(self, workflow: TokenWorkflow, traj: Trajectory, history: History, *, target: int,
+    async def rebuild(self, workflow: ContextHost, traj: Trajectory, history: History, *, target: int,
                       sampling: SamplingParams, rid: str) -> Rebuild | None:
         last = history.entries[-1]
         request = workflow.template.observation_ids(self.instruction, last.ended_with_eos)

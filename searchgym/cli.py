@@ -110,7 +110,7 @@ def _demos(args: argparse.Namespace) -> None:
 
 
 def _sft(args: argparse.Namespace) -> None:
-    from searchgym.trainers.sft import SFTConfig, load_demonstrations, sft
+    from searchgym.trainers.warm_start.sft import SFTConfig, load_demonstrations, sft
 
     config = SFTConfig(epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens, seed=args.seed)
     history = sft(args.model, load_demonstrations(args.data), args.out, config, device=args.device)
@@ -205,7 +205,7 @@ def _tiny_model(args: argparse.Namespace) -> None:
         path = build_tiny_model(args.out, **sizes)
         print(f"tiny Qwen2 model written to {path}")
         return
-    from searchgym.trainers.copy_pretrain import CopyPretrainConfig, copy_pretrain
+    from searchgym.trainers.warm_start.copy_pretrain import CopyPretrainConfig, copy_pretrain
 
     with tempfile.TemporaryDirectory() as tmp:  # a model that will be trained starts from a small init (0.02)
         fresh = build_tiny_model(Path(tmp) / "fresh", intermediate_size=3 * args.hidden, init_std=0.02, **sizes)
@@ -294,9 +294,9 @@ def _train(args: argparse.Namespace) -> None:
     if args.json or args.gpu_memory_gib is not None:
         raise ValueError("--json and --gpu-memory-gib describe a plan: add --dry-run")
     if config.launcher == "ray":
-        from searchgym.trainers.ray_launcher import train_ray as train
+        from searchgym.trainers.launchers.ray_cluster import train_ray as train
     else:
-        from searchgym.trainers.local import train
+        from searchgym.trainers.launchers.local import train
     history = train(config, resume=args.resume)
     last = history[-1] if history else {}
     print(json.dumps({k: last[k] for k in sorted(last) if k.startswith("episode/") or k in ("loss", "version")}, indent=2))
@@ -647,7 +647,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from searchgym.envs.atomic_file import DiskWriteError
     from searchgym.envs.extras import MissingExtra, needs
-    from searchgym.trainers.stopping import TrainingStopped
+    from searchgym.trainers.run.stopping import TrainingStopped
 
     try:
         with needs(f"searchgym {args.command}"):  # a command used without its extra names the extra to install

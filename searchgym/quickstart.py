@@ -45,7 +45,7 @@ from searchgym.pipeline.stages import (
     run_rl,
     say,
 )
-from searchgym.trainers.sft import sft
+from searchgym.trainers.warm_start.sft import sft
 
 BENCHMARK = "docs/benchmarks.md#learning"  # `searchgym bench learning`: the gain over seeds (one quickstart run is one draw)
 POLICIES = ("warm start (SFT)", "warm start + async RL")  # the compared runs' names, in eval-sft, eval-rl order

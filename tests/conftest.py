@@ -91,7 +91,7 @@ def warm_start(base: Path, out: Path, tool_format: str, steps: int) -> tuple[Pat
 
     import searchgym  # noqa: F401  (registers the env ids)
     from searchgym.agents.scripted import OracleWorkflow, demonstrations
-    from searchgym.trainers.sft import SFTConfig, sft
+    from searchgym.trainers.warm_start.sft import SFTConfig, sft
     from searchgym.world.oracle import OracleAgent
 
     env = gym.make("searchgym/SyntheticQA-v0", **WARM_ENV, tool_format=tool_format).unwrapped

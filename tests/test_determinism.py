@@ -18,9 +18,9 @@ from searchgym.envs.tools.local_index import LocalIndex
 from searchgym.eval.harness import run_eval
 from searchgym.pipeline.stages import deterministic_torch
 from searchgym.trainers.config import load_config
-from searchgym.trainers.copy_pretrain import CopyPretrainConfig, copy_pretrain
-from searchgym.trainers.local import train
-from searchgym.trainers.sft import SFTConfig, sft
+from searchgym.trainers.launchers.local import train
+from searchgym.trainers.warm_start.copy_pretrain import CopyPretrainConfig, copy_pretrain
+from searchgym.trainers.warm_start.sft import SFTConfig, sft
 from searchgym.world.bundle import build_bundle
 from tests.conftest import SMALL
 

@@ -77,7 +77,7 @@ def test_only_the_cli_imports_the_bench():
 
 def test_the_checker_catches_an_upward_import(tmp_path):
     fake = tmp_path / "m.py"
-    fake.write_text("def f():\n    from searchgym.trainers.learner import Learner\n")
+    fake.write_text("def f():\n    from searchgym.trainers.algorithm.learner import Learner\n")
     assert ("trainers", 2) in imported_rooms(fake)
 
 

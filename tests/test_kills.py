@@ -67,7 +67,7 @@ def test_eval_killed_then_resumed(small_bundle, tiny_model_dir, tmp_path):
 
 def test_a_resumed_run_log_keeps_each_step_once_and_reports_damage(tmp_path):
     """What a kill, a bad disk and a resume leave in metrics.jsonl: each step once, nothing silently dropped."""
-    from searchgym.trainers.run_log import RunLog
+    from searchgym.trainers.run.log import RunLog
 
     rows = [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.4}, {"step": 3, "loss": 0.3}, {"step": 2, "loss": 9.0}]
     lines = [json.dumps(rows[0]), '{"step": 2, "lo', *map(json.dumps, rows[1:])]

@@ -134,8 +134,8 @@ def run_gpu_bench(out: str | os.PathLike = "results/bench_gpu.json", *, steps: i
         raise RuntimeError("searchgym's GPU check needs a CUDA GPU; none is visible")
     from searchgym.agents.engines.torch_engine import TorchEngine
     from searchgym.agents.tiny_model import build_tiny_model
+    from searchgym.trainers.algorithm.fsdp import load_sharded_learner
     from searchgym.trainers.config import LearnerConfig
-    from searchgym.trainers.fsdp import load_sharded_learner
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "qwen2-shape", init_std=0.02, **shape)

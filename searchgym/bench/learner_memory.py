@@ -46,8 +46,8 @@ def _model(device: str, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
 def whole_logits_learner(model: torch.nn.Module, config: Any) -> Any:
     """A Learner whose loss head is the one the chunked head replaced: logits [N, vocab] made whole, then fp32
     log-softmax (the baseline of this bench, and of the test that the two train alike)."""
-    from searchgym.trainers.learner import Learner, next_token_logits
-    from searchgym.trainers.ppo import entropy_from_logits, token_logprobs
+    from searchgym.trainers.algorithm.learner import Learner, next_token_logits
+    from searchgym.trainers.algorithm.ppo import entropy_from_logits, token_logprobs
 
     class WholeLogitsLearner(Learner):
         def _trained_logprobs(self, ids: torch.Tensor, attention: torch.Tensor | None, where: torch.Tensor,
@@ -61,8 +61,8 @@ def whole_logits_learner(model: torch.nn.Module, config: Any) -> Any:
 
 
 def _learner(head: str, model: torch.nn.Module, length: int, chunk_tokens: int) -> Any:
+    from searchgym.trainers.algorithm.learner import Learner
     from searchgym.trainers.config import LearnerConfig
-    from searchgym.trainers.learner import Learner
 
     config = LearnerConfig(lr=1e-5, micro_batch_tokens=length, logit_chunk_tokens=chunk_tokens)
     return whole_logits_learner(model, config) if head == "whole_logits" else Learner(model, config)

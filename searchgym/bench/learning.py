@@ -48,7 +48,7 @@ from searchgym.pipeline.stages import (
     say,
 )
 from searchgym.trainers.config import EnvConfig
-from searchgym.trainers.sft import sft
+from searchgym.trainers.warm_start.sft import sft
 
 POLICIES = ("warm", "async", "sync")
 # Each preset is a list of overrides applied before the command line's.

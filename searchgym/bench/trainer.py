@@ -15,7 +15,7 @@ the reward at the start and at the end (mean and spread over the last `final_ste
 and what limits throughput: the learner's share of the wall time, episodes in flight, and the share
 of time the staleness rule held admissions below the concurrency limit. All of these come from the
 run's own metrics rows (learner/step_s, rollout/episodes_in_flight_mean, rollout/admission_blocked_share,
-engine/*: trainers/metrics.py), which any `searchgym train` writes too. Numbers go to a JSON file,
+engine/*: trainers/run/metrics.py), which any `searchgym train` writes too. Numbers go to a JSON file,
 never into asserts.
 """
 from __future__ import annotations
@@ -156,7 +156,7 @@ def _run_one(overrides: list[str], eta: int, run: Path, warmup_steps: int, final
              progress: bool) -> dict[str, Any]:
     """One training run at staleness `eta` (0: mode sync), summarised."""
     from searchgym.trainers.config import load_config
-    from searchgym.trainers.local import train
+    from searchgym.trainers.launchers.local import train
 
     mode = "sync" if eta == 0 else "async"
     config = load_config(None, [*overrides, f"mode={mode}", f"rollout.max_staleness={max(eta, 0)}",

@@ -22,9 +22,9 @@ from searchgym.agents.tiny_model import build_tiny_model
 from searchgym.envs.factory import make_unwrapped
 from searchgym.eval.harness import run_eval
 from searchgym.trainers.config import EnvConfig, LearnerConfig, RolloutConfig, TrainConfig
-from searchgym.trainers.copy_pretrain import CopyPretrainConfig, copy_pretrain
-from searchgym.trainers.local import train
-from searchgym.trainers.sft import SFTConfig
+from searchgym.trainers.launchers.local import train
+from searchgym.trainers.warm_start.copy_pretrain import CopyPretrainConfig, copy_pretrain
+from searchgym.trainers.warm_start.sft import SFTConfig
 
 ENV_KWARGS = {"size": 20000, "n_tasks": 20000, "hops": 1, "top_k": 2, "doc_chars": 200, "max_turns": 4, "judge": "f1",
               "instructions": "brief"}

@@ -13,9 +13,9 @@ from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.workflow import Workflow, WorkflowSettings, build_workflow, load_object
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.search_env import SearchEnv
+from searchgym.trainers.algorithm.learner import Learner
 from searchgym.trainers.config import EnvConfig, LearnerConfig, ModelConfig, RolloutConfig
-from searchgym.trainers.learner import Learner
-from searchgym.trainers.rollout import RolloutController
+from searchgym.trainers.rollout.controller import RolloutController
 
 
 def make_env_factory(env: EnvConfig) -> Callable[[], SearchEnv]:

@@ -38,7 +38,7 @@ class LearnerConfig:
     process_reward: str = "clip"  # "clip" | "delta" | "none": how process rewards enter the return
     process_reward_weight: float = 0.0  # reward for a search that retrieves the answer page; 0: off
     process_reward_threshold: float = 0.0
-    # the sharded learner (trainers/fsdp.py): FSDP2 over `ranks` processes, one per GPU (local launcher: this
+    # the sharded learner (trainers/algorithm/fsdp.py): FSDP2 over `ranks` processes, one per GPU (local launcher: this
     # process and ranks - 1 it spawns; Ray launcher: `ranks` learner actors); 1: the plain Learner
     ranks: int = 1
     activation_checkpointing: bool = False  # recompute each decoder layer's activations in the backward pass
@@ -91,7 +91,7 @@ class RayConfig:
     """The Ray launcher's topology: a learner actor, rollout actors, and optionally SGLang server actors.
 
     The `batch_size` groups of a step and `max_concurrent_rollouts` are split evenly over the rollout
-    actors; actor i plays the tasks i::num_rollout_actors (see ray_launcher.py). With engine "sglang",
+    actors; actor i plays the tasks i::num_rollout_actors (see launchers/ray_cluster.py). With engine "sglang",
     the servers (`rollout.sglang_addresses`, or `sglang_servers` launched here) are split over the actors
     the same way, so each actor pauses and updates only its own servers.
     """
@@ -120,7 +120,7 @@ class RayConfig:
 
 @dataclass
 class WatchdogConfig:
-    """The collapse watchdog (trainers/watchdog.py): the signals that make a step unhealthy, and what a restore does.
+    """The collapse watchdog (trainers/run/watchdog.py): the signals that make a step unhealthy, and what a restore does.
 
     A null threshold turns its rule off. "Median" is over the last `history` healthy steps; the relative rules wait
     for `min_history` of them. On a trigger the run restores its last healthy checkpoint with the learning rate
@@ -150,7 +150,7 @@ class TrainConfig:
 
     steps: int = 10
     mode: str = "async"
-    launcher: str = "local"  # "local": one process (local.py); "ray": actors on a Ray cluster (ray_launcher.py)
+    launcher: str = "local"  # "local": one process (launchers/local.py); "ray": a Ray cluster (launchers/ray_cluster.py)
     seed: int = 0
     out_dir: str = "runs/train"
     save_every: int = 10  # learner steps between checkpoints (the last step always saves one)

@@ -27,8 +27,8 @@ On SIGTERM or SIGINT (`stop`, stopping.py) the loop ends at a step boundary: a b
 a step being trained finishes; the last trained step is checkpointed (after an abandoned wait, where the rollout
 side is `cancel_safe`: its state then still owes every group), and TrainingStopped names what `latest` holds.
 
-`local.py` passes in-process handles (a RolloutController, a Learner and a WeightSync in one event
-loop); `ray_launcher.py` passes handles to Ray actors.
+`launchers/local.py` passes in-process handles (a RolloutController, a Learner and a WeightSync in one event
+loop); `launchers/ray_cluster.py` passes handles to Ray actors.
 """
 from __future__ import annotations
 
@@ -42,12 +42,12 @@ from typing import Any, Protocol
 from tqdm import tqdm
 
 from searchgym.agents.trajectory import Trajectory
-from searchgym.trainers.checkpoint import LATEST, checkpoint_root, write_pointer
-from searchgym.trainers.metrics import OccupancyWindow, StepClock, episode_metrics, step_metrics
-from searchgym.trainers.rollout import RolloutStats
-from searchgym.trainers.run_log import RunLog
-from searchgym.trainers.stopping import StopRequest
-from searchgym.trainers.watchdog import Alarm, HealthyState, TrainingCollapsed, Watchdog, describe
+from searchgym.trainers.rollout.controller import RolloutStats
+from searchgym.trainers.run.checkpoint import LATEST, checkpoint_root, write_pointer
+from searchgym.trainers.run.log import RunLog
+from searchgym.trainers.run.metrics import OccupancyWindow, StepClock, episode_metrics, step_metrics
+from searchgym.trainers.run.stopping import StopRequest
+from searchgym.trainers.run.watchdog import Alarm, HealthyState, TrainingCollapsed, Watchdog, describe
 
 
 @dataclass

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.trainers.config import LearnerConfig, TrainConfig
-from searchgym.trainers.ray_launcher import check_ray_config, required_resources
+from searchgym.trainers.topology import check_ray_config, required_resources
 
 GIB = 2**30
 SHAPES = "shapes.json"  # package data next to this module
@@ -193,7 +193,7 @@ def _count(name: str, source: str, config: Any) -> ModelShape:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from searchgym.trainers.fsdp import decoder_layers
+    from searchgym.trainers.algorithm.fsdp import decoder_layers
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)

@@ -24,9 +24,9 @@ from searchgym.agents.formats import ChatTemplateDelta
 from searchgym.agents.trajectory import Trajectory
 from searchgym.agents.workflow import TokenWorkflow, WorkflowSettings
 from searchgym.envs.search_env import SearchEnv
+from searchgym.trainers.algorithm.learner import Learner
 from searchgym.trainers.build import workflow_settings
 from searchgym.trainers.config import LearnerConfig, load_config
-from searchgym.trainers.learner import Learner
 from tests.agents.forced_engine import ForcedEngine
 from tests.conftest import torch_threads
 

@@ -6,9 +6,9 @@ from safetensors.torch import load_file
 
 from searchgym.envs.actions import parse_action
 from searchgym.eval.harness import run_eval
+from searchgym.trainers.algorithm.learner import LearnerConfig
 from searchgym.trainers.config import EnvConfig, ModelConfig, RolloutConfig, TrainConfig
-from searchgym.trainers.learner import LearnerConfig
-from searchgym.trainers.local import train
+from searchgym.trainers.launchers.local import train
 from tests.conftest import WARM_ENV, WARM_TASKS
 
 SYN = "searchgym/SyntheticQA-v0"

@@ -14,9 +14,9 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from searchgym.trainers.checkpoint import latest_checkpoint
+from searchgym.trainers.algorithm.fsdp import ShardedLearner, init_ranks
 from searchgym.trainers.config import LearnerConfig
-from searchgym.trainers.fsdp import ShardedLearner, init_ranks
+from searchgym.trainers.run.checkpoint import latest_checkpoint
 
 
 def main(spec_path: str) -> None:

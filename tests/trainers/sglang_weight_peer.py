@@ -126,7 +126,7 @@ def searchgym_trainer(url: str, master_port: int, model_dir: str, version: str, 
     import aiohttp
     from transformers import AutoModelForCausalLM
 
-    from searchgym.trainers.dist_sync import DistributedWeightSync
+    from searchgym.trainers.rollout.dist_sync import DistributedWeightSync
 
     async def push() -> None:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

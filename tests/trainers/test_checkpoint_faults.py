@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from searchgym.envs.atomic_file import DISK_ERRORS, DiskWriteError, disk_error
-from searchgym.trainers.checkpoint import checkpoint_root, latest_checkpoint, load_trainer_state, save_checkpoint
-from searchgym.trainers.partials import remove_stale
-from searchgym.trainers.run_start import start_run
+from searchgym.trainers.run.checkpoint import checkpoint_root, latest_checkpoint, load_trainer_state, save_checkpoint
+from searchgym.trainers.run.partials import remove_stale
+from searchgym.trainers.run.start import start_run
 
 FIRST = {"learner": {"version": 1}, "rollouts": [{}]}  # the first checkpoint's trainer state
 needs_dev_full = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full (always ENOSPC)")
@@ -189,7 +189,7 @@ def test_partials_of_dead_processes_are_removed_at_start_and_a_live_ones_kept(tm
 _WRITER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from searchgym.trainers.partials import partial_dir
+    from searchgym.trainers.run.partials import partial_dir
     with partial_dir(Path(sys.argv[1]) / "step-00002", "step-00002") as write:
         (write.path / "model.safetensors").write_bytes(b"half")
         print(write.path, flush=True)
@@ -227,9 +227,9 @@ def test_a_training_run_on_a_full_disk_stops_naming_it_and_resumes_after(tmp_pat
                                                                          monkeypatch):
     import torch
 
-    from searchgym.trainers import checkpoint
     from searchgym.trainers.config import load_config
-    from searchgym.trainers.local import train
+    from searchgym.trainers.launchers.local import train
+    from searchgym.trainers.run import checkpoint
     from tests.conftest import SMALL
 
     overrides = [f"out_dir={tmp_path}", f"model.path={tiny_model_dir}", "steps=3", "save_every=1",
@@ -269,7 +269,7 @@ def test_only_a_disk_errno_in_an_error_message_is_taken_for_a_disk_error(text):
 def test_without_file_locks_writes_go_on_and_only_a_dead_writers_partial_is_removed(tmp_path, monkeypatch, caplog):
     """Lustre without -o flock (ENOSYS) or NFS without lockd (ENOLCK): checkpoints are still written; a live
     writer's partial is kept and a dead pid's removed, judged by the pid in the name."""
-    from searchgym.trainers import partials
+    from searchgym.trainers.run import partials
 
     def no_locks(fd, operation):
         raise OSError(errno.ENOLCK, "No locks available")

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from searchgym.trainers.config import TrainConfig, config_dict, load_config
-from searchgym.trainers.ray_launcher import check_ray_config
+from searchgym.trainers.topology import check_ray_config
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 SHIPPED = sorted(CONFIGS.glob("*.yaml"))

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from searchgym.trainers.copy_pretrain import CopyPretrainConfig, copy_batch, copy_pretrain
+from searchgym.trainers.warm_start.copy_pretrain import CopyPretrainConfig, copy_batch, copy_pretrain
 
 
 @settings(max_examples=60, deadline=None)

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
-from searchgym.trainers.dist_sync import buckets
+from searchgym.trainers.rollout.dist_sync import buckets
 from tests.agents.servers import PROMPT, model_server, post, teacher_forced
 from tests.servers import JSON_VALUES
 from tests.trainers.sglang_weight_peer import Peer, searchgym_trainer

@@ -12,8 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from searchgym.agents.trajectory import Trajectory, Turn
-from searchgym.trainers.checkpoint import latest_checkpoint
-from searchgym.trainers.learner import Learner, LearnerConfig
+from searchgym.trainers.algorithm.learner import Learner, LearnerConfig
+from searchgym.trainers.run.checkpoint import latest_checkpoint
 
 WORKER = Path(__file__).with_name("fsdp_worker.py")
 # two minibatches (two sequential optimizer steps per learner step), micro-batches small enough that the ranks

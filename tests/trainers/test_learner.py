@@ -10,8 +10,8 @@ from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.workflow import TokenWorkflow, WorkflowSettings
 from searchgym.envs.search_env import SearchEnv
-from searchgym.trainers.learner import Learner, LearnerConfig, has_train_mode_noise, next_token_logits
-from searchgym.trainers.ppo import decoupled_ppo_loss, token_logprobs
+from searchgym.trainers.algorithm.learner import Learner, LearnerConfig, has_train_mode_noise, next_token_logits
+from searchgym.trainers.algorithm.ppo import decoupled_ppo_loss, token_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -359,8 +359,8 @@ def test_packed_rows_give_the_log_probs_of_padded_ones_and_train_alike(tiny_mode
 
 
 def test_packing_is_off_by_default_without_varlen_attention_and_settings_are_checked(tiny_model_dir):
+    from searchgym.trainers.algorithm.learner import packs_sequences
     from searchgym.trainers.config import load_config
-    from searchgym.trainers.learner import packs_sequences
 
     learner = fresh_learner(tiny_model_dir)
     assert learner.config.packing == "auto" and not learner.packed  # sdpa: a packed row would cost O(row^2)

@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from searchgym.trainers.lm_head import chunked_logprobs
-from searchgym.trainers.ppo import entropy_from_logits, token_logprobs
+from searchgym.trainers.algorithm.lm_head import chunked_logprobs
+from searchgym.trainers.algorithm.ppo import entropy_from_logits, token_logprobs
 
 
 def _reference(hidden, weight, bias, labels, temperature):

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from searchgym.trainers.config import load_config
-from searchgym.trainers.local import train
+from searchgym.trainers.launchers.local import train
 from tests.conftest import SMALL
 
 MAX_STALENESS = 1

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
+from searchgym.trainers.algorithm.learner import aggregate_stats
+from searchgym.trainers.algorithm.ppo import LOG_RATIO_CLAMP, decoupled_ppo_loss, loss_normalizer
 from searchgym.trainers.config import load_config
-from searchgym.trainers.learner import aggregate_stats
-from searchgym.trainers.ppo import LOG_RATIO_CLAMP, decoupled_ppo_loss, loss_normalizer
 
 
 def run(logp, prox, behav, adv, mask=None, **kwargs):

@@ -31,7 +31,7 @@ from searchgym.trainers.plan import (
     remedies,
     stored_activation_bytes,
 )
-from searchgym.trainers.ray_launcher import required_resources
+from searchgym.trainers.topology import required_resources
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 ASEARCHER = sorted(CONFIGS.glob("asearcher-7b-*.yaml"))
@@ -164,7 +164,7 @@ def test_the_estimate_bounds_a_real_learner_steps_peak(tmp_path, dims, tokens, d
     PyTorch's MemTracker: the estimate is above it, by at most 30% (measured: 10% to 25%)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from searchgym.trainers.learner import Learner, _Sample
+    from searchgym.trainers.algorithm.learner import Learner, _Sample
 
     config = Qwen2Config(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, **dims)
     config.save_pretrained(tmp_path)

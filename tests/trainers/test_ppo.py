@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from searchgym.envs.rewards import refine_process_rewards
-from searchgym.trainers.ppo import (
+from searchgym.trainers.algorithm.ppo import (
     decoupled_ppo_loss,
     entropy_from_logits,
     group_advantages,

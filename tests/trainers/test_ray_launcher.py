@@ -15,20 +15,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from searchgym.trainers.checkpoint import latest_checkpoint, load_trainer_state
 from searchgym.trainers.config import load_config
-from searchgym.trainers.ray_actors import global_group
-from searchgym.trainers.ray_launcher import (
-    RayRollouts,
-    RayTrainer,
-    _check_fits,
-    check_ray_config,
-    local_cluster_kwargs,
-    required_resources,
-    train_ray,
-    weight_route,
-)
-from searchgym.trainers.ray_servers import server_hosts
+from searchgym.trainers.launchers.ray_actors import global_group
+from searchgym.trainers.launchers.ray_cluster import RayRollouts, RayTrainer, local_cluster_kwargs, train_ray
+from searchgym.trainers.launchers.ray_servers import server_hosts
+from searchgym.trainers.run.checkpoint import latest_checkpoint, load_trainer_state
+from searchgym.trainers.topology import check_fits, check_ray_config, required_resources, weight_route
 from tests.agents.servers import model_server
 from tests.conftest import SMALL
 
@@ -275,7 +267,7 @@ def test_topology_errors_name_the_setting(tmp_path, tiny_model_dir):
     sharded = load_config(None, [*_overrides(tmp_path, tiny_model_dir, 1), "ray.learner_gpus=1", "learner.ranks=4"])
     assert required_resources(sharded) == {"CPU": 6.0, "GPU": 4.0}  # cpus and gpus per learner rank
     with pytest.raises(ValueError, match="1 GPU needed, 0 in the cluster"):
-        _check_fits(required_resources(config), {"CPU": 4.0})  # refused at once, not a hang on unplaceable actors
+        check_fits(required_resources(config), {"CPU": 4.0})  # refused at once, not a hang on unplaceable actors
 
 
 class _SubBatches:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from searchgym.trainers.checkpoint import latest_checkpoint, load_trainer_state, rollout_states, save_checkpoint
 from searchgym.trainers.config import load_config
-from searchgym.trainers.local import train
+from searchgym.trainers.launchers.local import train
+from searchgym.trainers.run.checkpoint import latest_checkpoint, load_trainer_state, rollout_states, save_checkpoint
 from tests.conftest import SMALL
 
 STEPS = 5

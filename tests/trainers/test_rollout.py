@@ -7,8 +7,8 @@ from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.workflow import TokenWorkflow, WorkflowSettings
 from searchgym.envs.search_env import SearchEnv
-from searchgym.trainers.metrics import OccupancyWindow, engine_metrics
-from searchgym.trainers.rollout import ENGINE_COUNTERS, RolloutController, RolloutStats
+from searchgym.trainers.rollout.controller import ENGINE_COUNTERS, RolloutController, RolloutStats
+from searchgym.trainers.run.metrics import OccupancyWindow, engine_metrics
 
 SAMPLING = SamplingParams(max_new_tokens=32, temperature=1.0)
 GROUP, BATCH = 3, 2
@@ -209,7 +209,7 @@ async def test_a_judge_failure_is_never_trained_as_a_reward_and_its_group_plays_
     """Issue 26: a judge outage on a group's answers is no reward of 0: the group is not trained, counted apart,
     and its position is owed again, so the trained batches hold only verdicts the judge really gave."""
     from searchgym.envs.llm_judge import LLMJudge
-    from searchgym.trainers.metrics import rollout_metrics
+    from searchgym.trainers.run.metrics import rollout_metrics
 
     judge_model = _JudgeModel(down=2 * GROUP)
     judge = LLMJudge(judge_model)

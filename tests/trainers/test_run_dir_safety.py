@@ -3,8 +3,8 @@
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from searchgym.trainers.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
-from searchgym.trainers.run_start import start_run
+from searchgym.trainers.run.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
+from searchgym.trainers.run.start import start_run
 
 
 @pytest.fixture

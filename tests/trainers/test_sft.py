@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import searchgym  # noqa: F401
 from searchgym.agents.formats import ChatTemplateDelta
-from searchgym.trainers.sft import SFTConfig, encode_demonstrations, load_demonstrations, sft
+from searchgym.trainers.warm_start.sft import SFTConfig, encode_demonstrations, load_demonstrations, sft
 from searchgym.world.oracle import OracleAgent
 from tests.conftest import SMALL
 

@@ -15,12 +15,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from searchgym.agents.trajectory import Trajectory
+from searchgym.trainers.algorithm.learner import Learner
 from searchgym.trainers.build import load_learner
-from searchgym.trainers.checkpoint import latest_checkpoint, load_trainer_state
 from searchgym.trainers.config import load_config
-from searchgym.trainers.learner import Learner
-from searchgym.trainers.learner_ranks import check_resume
-from searchgym.trainers.local import train
+from searchgym.trainers.launchers.local import train
+from searchgym.trainers.learner_side import check_resume
+from searchgym.trainers.run.checkpoint import latest_checkpoint, load_trainer_state
 from tests.conftest import SMALL
 from tests.test_quickstart import SHAPED_ID  # a SyntheticQA whose unanswered episodes earn different rewards
 

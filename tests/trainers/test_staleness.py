@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from searchgym.agents.trajectory import Trajectory
-from searchgym.trainers.ledger import GroupLedger
+from searchgym.trainers.rollout.ledger import GroupLedger
 
 
 class AReaLCounters:

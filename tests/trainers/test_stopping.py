@@ -10,12 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from searchgym.trainers.checkpoint import LATEST, checkpoint_root, latest_checkpoint, load_trainer_state, write_pointer
 from searchgym.trainers.config import load_config
-from searchgym.trainers.local import train
+from searchgym.trainers.launchers.local import train
 from searchgym.trainers.loop import Batch, Schedule, train_loop
-from searchgym.trainers.rollout import RolloutStats
-from searchgym.trainers.stopping import StopRequest, TrainingStopped
+from searchgym.trainers.rollout.controller import RolloutStats
+from searchgym.trainers.run.checkpoint import (
+    LATEST,
+    checkpoint_root,
+    latest_checkpoint,
+    load_trainer_state,
+    write_pointer,
+)
+from searchgym.trainers.run.stopping import StopRequest, TrainingStopped
 from tests.conftest import SMALL
 
 

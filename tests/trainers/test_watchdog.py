@@ -11,18 +11,18 @@ from safetensors.torch import load_file
 
 from searchgym.cli import main
 from searchgym.envs.search_env import SearchEnv
-from searchgym.trainers.checkpoint import (
+from searchgym.trainers.algorithm.learner import Learner
+from searchgym.trainers.config import LearnerConfig, WatchdogConfig, load_config
+from searchgym.trainers.launchers.local import train
+from searchgym.trainers.run.checkpoint import (
     HEALTHY,
     checkpoint_dir,
     latest_checkpoint,
     load_trainer_state,
     save_checkpoint,
 )
-from searchgym.trainers.config import LearnerConfig, WatchdogConfig, load_config
-from searchgym.trainers.learner import Learner
-from searchgym.trainers.local import train
-from searchgym.trainers.restore import initial_state, restore_learner
-from searchgym.trainers.watchdog import Watchdog, check_rules
+from searchgym.trainers.run.restore import initial_state, restore_learner
+from searchgym.trainers.run.watchdog import Watchdog, check_rules
 from searchgym.world.synthetic_env import make_synthetic_qa
 from tests.conftest import SMALL
 

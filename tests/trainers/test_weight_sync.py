@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.server.app import serving
 from searchgym.trainers.config import load_config
-from searchgym.trainers.local import train
-from searchgym.trainers.weight_sync import DiskSync, InProcessSync, weights_dir
+from searchgym.trainers.launchers.local import train
+from searchgym.trainers.rollout.weight_sync import DiskSync, InProcessSync, weights_dir
 from tests.conftest import SMALL
 
 NAME = "model.embed_tokens.weight"

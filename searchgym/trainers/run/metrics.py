@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 
 from searchgym.agents.trajectory import Trajectory
-from searchgym.trainers.rollout import RolloutStats
+from searchgym.trainers.rollout.controller import RolloutStats
 
 
 class StepClock:

@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from searchgym.trainers.checkpoint import load_trainer_state, load_weights
-from searchgym.trainers.learner import Learner
+from searchgym.trainers.algorithm.learner import Learner
+from searchgym.trainers.run.checkpoint import load_trainer_state, load_weights
 
 
 def initial_state(learner: Learner) -> dict[str, Any] | None:

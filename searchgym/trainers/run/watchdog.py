@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from searchgym.trainers.checkpoint import HEALTHY, checkpoint_dir, checkpoint_root, write_pointer
 from searchgym.trainers.config import WatchdogConfig
+from searchgym.trainers.run.checkpoint import HEALTHY, checkpoint_dir, checkpoint_root, write_pointer
 
 
 class TrainingCollapsed(ValueError):

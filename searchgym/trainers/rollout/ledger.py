@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from searchgym.agents.trajectory import Trajectory
-from searchgym.trainers.occupancy import Occupancy
+from searchgym.trainers.rollout.occupancy import Occupancy
 
 
 @dataclass(eq=False)

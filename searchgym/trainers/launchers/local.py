@@ -9,7 +9,7 @@ continue and their later tokens carry the new version. `mode: sync` is the same 
 0, so no group starts before the previous batch is trained (the baseline).
 
 With `learner.ranks: N > 1` the learner is sharded (fsdp.py): this process is rank 0 and runs the loop
-with its ShardedLearner leading; N-1 follower processes (learner_ranks.py) hold the other shards. The
+with its ShardedLearner leading; N-1 follower processes (local_ranks.py) hold the other shards. The
 weights pushed to the engines are rank 0's consolidated copy; checkpoints are sharded (DCP) plus the
 consolidated model, and `--resume` restores them on the ranks.
 """
@@ -17,27 +17,24 @@ from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from searchgym.agents.engines.sglang_engine import SGLangEngine
+from searchgym.envs.tools.ports import free_port
+from searchgym.trainers.algorithm.learner import Learner
 from searchgym.trainers.build import build_controller, load_learner, make_env_factory, open_rollout_engine, task_ids
-from searchgym.trainers.checkpoint import save_checkpoint
 from searchgym.trainers.config import TrainConfig, config_dict
-from searchgym.trainers.fsdp import ShardedLearner
-from searchgym.trainers.learner import Learner
-from searchgym.trainers.learner_ranks import FollowerRanks, RankSpec, check_resume
+from searchgym.trainers.launchers.local_ranks import FollowerRanks
+from searchgym.trainers.learner_side import InProcessLearner, RankSpec, check_resume
 from searchgym.trainers.loop import Batch, Schedule, train_loop
-from searchgym.trainers.ray_servers import free_port
-from searchgym.trainers.restore import initial_state, restore_learner
-from searchgym.trainers.rollout import RolloutController, RolloutStats
-from searchgym.trainers.run_log import RunLog
-from searchgym.trainers.run_start import start_run
-from searchgym.trainers.stopping import StopRequest, TrainingStopped
-from searchgym.trainers.watchdog import Watchdog
-from searchgym.trainers.weight_sync import DiskSync, InProcessSync, WeightSync
+from searchgym.trainers.rollout.controller import RolloutController, RolloutStats
+from searchgym.trainers.rollout.weight_sync import DiskSync, InProcessSync, WeightSync
+from searchgym.trainers.run.log import RunLog
+from searchgym.trainers.run.start import start_run
+from searchgym.trainers.run.stopping import StopRequest, TrainingStopped
+from searchgym.trainers.run.watchdog import Watchdog
 
 FOLLOWER_EXIT_WAIT_S = 5.0  # after a failure, how long a dying learner rank gets to be seen exiting
 
@@ -64,54 +61,6 @@ class InProcessRollouts:
 
     async def discard(self) -> int:
         return await self.controller.discard()
-
-
-class InProcessLearner:
-    """The loop's learner side in this process: a Learner, the WeightSync to its engines, and checkpoints.
-
-    Training and checkpoint writing run in worker threads, so the event loop (the rollouts) keeps going.
-    The Ray learner actor wraps one of these too.
-    """
-
-    def __init__(self, learner: Learner, sync: WeightSync, tokenizer: Any, out_dir: str | os.PathLike,
-                 keep_checkpoints: int):
-        self.learner, self.sync, self.tokenizer = learner, sync, tokenizer
-        self.out_dir, self.keep_checkpoints = Path(out_dir), keep_checkpoints
-        self.watchdog_state: dict[str, Any] = {}  # the watchdog's restores and lr scale, saved with checkpoints
-        self._initial = initial_state(learner) if isinstance(learner, Learner) else None
-
-    async def train_step(self, batch: Batch) -> dict[str, float]:
-        return await asyncio.to_thread(self.learner.step, batch.groups)
-
-    async def push_weights(self) -> int:
-        await self.sync.push(await self.full_model(), self.learner.version)
-        return self.learner.version
-
-    async def full_model(self) -> torch.nn.Module:
-        """The whole model to send: the learner's own, or a sharded learner's consolidated copy (a collective)."""
-        if isinstance(self.learner, ShardedLearner):
-            return await asyncio.to_thread(self.learner.consolidated_model)
-        return self.learner.model
-
-    async def save_checkpoint(self, step: int, rollouts: list[dict[str, Any]]) -> None:
-        if isinstance(self.learner, ShardedLearner):  # sharded weights and optimizer, and the consolidated model
-            await asyncio.to_thread(self.learner.save_checkpoint, self.out_dir, step, tokenizer=self.tokenizer,
-                                    state={"rollouts": rollouts, "watchdog": self.watchdog_state},
-                                    keep=self.keep_checkpoints)
-            return
-        state = {"learner": self.learner.trainer_state(), "rollouts": rollouts, "watchdog": self.watchdog_state}
-        await asyncio.to_thread(save_checkpoint, self.out_dir, step, model=self.learner.model,
-                                tokenizer=self.tokenizer, keep=self.keep_checkpoints, state=state)
-
-    async def restore(self, weights: str, from_checkpoint: bool, watchdog: dict[str, Any]) -> float:
-        """Put the learner back on healthy weights with the watchdog's lr scale (restore.py); the new lr."""
-        if isinstance(self.learner, ShardedLearner):
-            raise NotImplementedError("the collapse watchdog cannot restore a sharded learner yet: "
-                                      "set watchdog.enabled=false with learner.ranks > 1")
-        lr = await asyncio.to_thread(restore_learner, self.learner, weights, from_checkpoint=from_checkpoint,
-                                     lr_scale=float(watchdog["lr_scale"]), initial=self._initial)
-        self.watchdog_state = dict(watchdog)
-        return lr
 
 
 def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -> list[dict[str, float]]:

@@ -24,8 +24,8 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from searchgym.agents.formats import ChatTemplateDelta
-from searchgym.trainers.checkpoint import write_model_dir
-from searchgym.trainers.learner import next_token_logits, padded_batches
+from searchgym.trainers.algorithm.learner import next_token_logits, padded_batches
+from searchgym.trainers.run.checkpoint import write_model_dir
 
 
 @dataclass

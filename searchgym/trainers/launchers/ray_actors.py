@@ -1,4 +1,4 @@
-"""The Ray launcher's actors, as plain classes (ray_launcher.py wraps them with `ray.remote` and resources).
+"""The Ray launcher's actors, as plain classes (ray_cluster.py wraps them with `ray.remote` and resources).
 
 - `LearnerWorker`: owns the model and the Learner; trains a step on the sub-batches the driver passes
   (as object refs, fetched straight from the rollout actors' results), pushes the new weights to the
@@ -19,17 +19,15 @@ from typing import Any
 import torch
 
 from searchgym.agents.trajectory import Trajectory
+from searchgym.envs.tools.ports import free_port
+from searchgym.trainers.algorithm.learner import Learner
 from searchgym.trainers.build import build_controller, load_learner, make_env_factory, open_rollout_engine, task_ids
-from searchgym.trainers.checkpoint import load_trainer_state
 from searchgym.trainers.config import TrainConfig
-from searchgym.trainers.fsdp import ShardedLearner
-from searchgym.trainers.learner import Learner
-from searchgym.trainers.learner_ranks import RankSpec, sharded_learner
-from searchgym.trainers.local import InProcessLearner
+from searchgym.trainers.learner_side import InProcessLearner, RankSpec, sharded_learner
 from searchgym.trainers.loop import Batch
-from searchgym.trainers.ray_servers import free_port
-from searchgym.trainers.rollout import RolloutStats
-from searchgym.trainers.weight_sync import DiskSync, DistributedSync, ObjectStoreSync, RemoteEngine, WeightSync
+from searchgym.trainers.rollout.controller import RolloutStats
+from searchgym.trainers.rollout.weight_sync import DiskSync, DistributedSync, ObjectStoreSync, RemoteEngine, WeightSync
+from searchgym.trainers.run.checkpoint import load_trainer_state
 
 FORWARDED_ENV_PREFIXES = ("SEARCHGYM_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
 
@@ -93,13 +91,13 @@ class LearnerWorker:
 
     async def follow(self) -> None:
         """On ranks > 0: replay rank 0's collectives until it stops; returns then."""
-        if not isinstance(self.learner, ShardedLearner) or self.rank == 0:
+        if self.config.learner.ranks == 1 or self.rank == 0 or self.learner is None:
             raise RuntimeError("follow() is for learner ranks > 0 after join()")
         await asyncio.to_thread(self.learner.follow)
 
     def stop_followers(self) -> None:
         """On rank 0 of a sharded learner: release the followers from follow()."""
-        if isinstance(self.learner, ShardedLearner) and self.rank == 0:
+        if self.config.learner.ranks > 1 and self.rank == 0 and self.learner is not None:
             self.learner.stop()
 
     async def connect(self, rollout_actors: list[Any], route: str, servers: list[str] = ()) -> None:

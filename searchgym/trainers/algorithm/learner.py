@@ -19,23 +19,26 @@ policy, so behaviour, proximal and current policies are compared like for like.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
 import torch
 
 from searchgym.agents.trajectory import Segment, Trajectory
 from searchgym.envs.rewards import answer_page_rewards, refine_process_rewards
-from searchgym.trainers.config import LearnerConfig
-from searchgym.trainers.lm_head import DEFAULT_CHUNK_TOKENS, chunked_logprobs
-from searchgym.trainers.ppo import (
+from searchgym.trainers.algorithm.lm_head import DEFAULT_CHUNK_TOKENS, chunked_logprobs
+from searchgym.trainers.algorithm.ppo import (
     STAT_WEIGHTS,
     decoupled_ppo_loss,
     group_advantages,
     loss_normalizer,
     returns_to_go,
 )
+from searchgym.trainers.config import LearnerConfig
+from searchgym.trainers.run.checkpoint import save_checkpoint
 
 T = TypeVar("T")
 
@@ -392,7 +395,19 @@ class Learner:
         return _Layout(move(ids), move(attention), move(positions), *(move(t) for t in (mask, behav, adv, prox)),
                        spans)
 
-    # --- checkpoints ---------------------------------------------------------------------------
+    # --- checkpoints and what the launchers send ------------------------------------------------
+
+    restorable = True  # the collapse watchdog can put this learner back on healthy weights (run/restore.py)
+
+    def full_model(self) -> torch.nn.Module:
+        """The whole model, to send to the engines: this learner's own."""
+        return self.model
+
+    def save_checkpoint(self, run_dir: str | os.PathLike, step: int, *, tokenizer: Any,
+                        state: dict[str, Any] | None = None, keep: int = 2) -> Path:
+        """Checkpoint `step`: the model dir and trainer.pt (`state` plus this learner's under "learner")."""
+        return save_checkpoint(run_dir, step, model=self.model, tokenizer=tokenizer, keep=keep,
+                               state={**(state or {}), "learner": self.trainer_state()})
 
     def trainer_state(self) -> dict[str, Any]:
         """Everything but the weights (which checkpoints save as a model directory): optimizer, scheduler, version."""

@@ -28,7 +28,7 @@ from searchgym.agents.trajectory import Trajectory
 from searchgym.agents.workflow import Workflow
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import TaskPool
-from searchgym.trainers.ledger import GroupLedger
+from searchgym.trainers.rollout.ledger import GroupLedger
 
 log = logging.getLogger(__name__)
 

@@ -18,56 +18,18 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from searchgym.trainers.config import LearnerConfig
-from searchgym.trainers.fsdp import SHARDED, ShardedLearner, load_sharded_learner
+from searchgym.trainers.algorithm.fsdp import ShardedLearner
+from searchgym.trainers.learner_side import RankSpec, sharded_learner
 
 log = logging.getLogger(__name__)
 
 PARENT_POLL_S = 0.5
-
-
-@dataclass(frozen=True)
-class RankSpec:
-    """What every rank needs to build the same sharded learner."""
-
-    world: int
-    master_addr: str
-    master_port: int
-    model_dir: str
-    dtype: str
-    learner: LearnerConfig
-    pad_id: int
-    checkpoint: str | None = None  # resume every rank from this checkpoint's sharded/ directory
-    threads: int = 0  # torch threads per follower (0: torch's default)
-    device: str | None = None  # "cpu" (gloo) or "cuda" (NCCL); None: CUDA when available
-
-
-def check_resume(checkpoint: str | os.PathLike | None, ranks: int) -> None:
-    """Refuse, before any rank starts, to resume a sharded checkpoint with one rank or a single-rank one sharded."""
-    if checkpoint is None:
-        return
-    sharded = (Path(checkpoint) / SHARDED).is_dir()
-    if ranks > 1 and not sharded:
-        raise ValueError(f"{checkpoint} was written by a single-rank learner: resume it with learner.ranks=1")
-    if ranks == 1 and sharded:
-        raise ValueError(f"{checkpoint} was written by a sharded learner: resume it with learner.ranks set to its "
-                         "ranks (trainer.pt's learner.sharded_ranks)")
-
-
-def sharded_learner(spec: RankSpec, rank: int, device_index: int | None = None) -> ShardedLearner:
-    """Rank `rank`'s ShardedLearner: joins the group, loads the model (and the checkpoint: a collective)."""
-    return load_sharded_learner(spec.model_dir, spec.learner, dtype=getattr(torch, spec.dtype), pad_id=spec.pad_id,
-                                checkpoint=spec.checkpoint, device=spec.device, rank=rank, world_size=spec.world,
-                                master_addr=spec.master_addr, master_port=spec.master_port,
-                                device_index=rank if device_index is None else device_index)
 
 
 def die_with_parent(parent: int) -> None:

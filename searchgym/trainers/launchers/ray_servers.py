@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
-import socket
 import sys
 from pathlib import Path
 
+from searchgym.envs.tools.ports import free_port
 from searchgym.trainers.config import RayConfig
 
 STAND_IN_MODULE = "searchgym.agents.server"  # `python -m` module of our model server (sglang_server: searchgym)
@@ -60,10 +60,3 @@ def server_hosts(settings: RayConfig, node_ip: str) -> tuple[str, str]:
         return node_ip, node_ip
     bind = settings.local_host
     return bind, node_ip if ipaddress.ip_address(bind).is_unspecified else bind
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on at `host` (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]

@@ -40,10 +40,10 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 
 from searchgym.agents.trajectory import Trajectory
 from searchgym.envs.atomic_file import disk_error
-from searchgym.trainers.checkpoint import checkpoint_root, load_trainer_state, save_checkpoint
+from searchgym.trainers.algorithm.learner import Learner, _Sample, next_token_logprobs
 from searchgym.trainers.config import LearnerConfig
-from searchgym.trainers.learner import Learner, _Sample, next_token_logprobs
-from searchgym.trainers.partials import writer_lock
+from searchgym.trainers.run.checkpoint import checkpoint_root, load_trainer_state, save_checkpoint
+from searchgym.trainers.run.partials import writer_lock
 
 SHARDED = "sharded"  # the DCP directory inside a checkpoint
 
@@ -218,6 +218,12 @@ class ShardedLearner(Learner):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's weights on rank 0's CPU (empty on the other ranks); a collective."""
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    restorable = False  # the collapse watchdog's restore is not written for sharded weights yet
+
+    def full_model(self) -> nn.Module | None:
+        """The whole model, to send to the engines: the consolidated copy on rank 0 (a collective)."""
+        return self.consolidated_model()
 
     def consolidated_model(self) -> nn.Module | None:
         """An ordinary (unsharded) copy of the model on rank 0's CPU, None elsewhere; a collective.

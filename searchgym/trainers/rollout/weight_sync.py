@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import torch
 
-from searchgym.trainers.checkpoint import prune, write_model_dir
+from searchgym.trainers.run.checkpoint import prune, write_model_dir
 
 KEEP_WEIGHT_DIRS = 2
 
@@ -109,7 +109,7 @@ class DistributedSync:
 
     def __init__(self, servers: Sequence[str], engines: Sequence[UpdatableEngine], *, master_address: str,
                  master_port: int, backend: str = "gloo", bucket_bytes: int = 256 << 20):
-        from searchgym.trainers.dist_sync import DistributedWeightSync
+        from searchgym.trainers.rollout.dist_sync import DistributedWeightSync
 
         self.broadcast = DistributedWeightSync(servers, master_port=master_port, master_address=master_address,
                                                backend=backend, bucket_bytes=bucket_bytes)

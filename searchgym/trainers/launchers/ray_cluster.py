@@ -42,15 +42,16 @@ from typing import Any
 
 from searchgym.trainers.build import make_env_factory, task_ids
 from searchgym.trainers.config import TrainConfig, config_dict
-from searchgym.trainers.learner_ranks import check_resume
+from searchgym.trainers.launchers.ray_actors import LearnerWorker, RolloutWorker, forwarded_env, shard
+from searchgym.trainers.launchers.ray_servers import SGLangServerWorker
+from searchgym.trainers.learner_side import check_resume
 from searchgym.trainers.loop import Batch, Schedule, train_loop
-from searchgym.trainers.ray_actors import LearnerWorker, RolloutWorker, forwarded_env, shard
-from searchgym.trainers.ray_servers import SGLangServerWorker
-from searchgym.trainers.rollout import RolloutStats
-from searchgym.trainers.run_log import RunLog
-from searchgym.trainers.run_start import RunStart, start_run
-from searchgym.trainers.stopping import StopRequest
-from searchgym.trainers.watchdog import Watchdog
+from searchgym.trainers.rollout.controller import RolloutStats
+from searchgym.trainers.run.log import RunLog
+from searchgym.trainers.run.start import RunStart, start_run
+from searchgym.trainers.run.stopping import StopRequest
+from searchgym.trainers.run.watchdog import Watchdog
+from searchgym.trainers.topology import check_fits, check_ray_config, required_resources, weight_route
 
 log = logging.getLogger(__name__)
 
@@ -61,24 +62,6 @@ def train_ray(config: TrainConfig, *, resume: bool = False, progress: bool = Tru
     """Train until step `config.steps` on a Ray cluster: the same outputs and `resume` as local.train()."""
     with RayTrainer(config, resume=resume, progress=progress) as trainer:
         return trainer.train()
-
-
-def weight_route(config: TrainConfig) -> str:
-    """How weights reach the rollout actors: the configured route, or by default (`auto`) the object store for
-    CPU torch engines, a broadcast for SGLang servers this run launches (they and the learner are in one Ray
-    cluster, so each reaches the other), and disk for servers given by address (reachability unknown)."""
-    route, engine = config.ray.weight_sync, config.rollout.engine
-    if route == "auto":
-        if engine != "sglang":
-            return "object_store"
-        return "distributed" if config.ray.sglang_servers else "disk"
-    if route == "object_store" and engine == "sglang":
-        raise ValueError("SGLang servers load weights from disk or a broadcast: use ray.weight_sync=disk, "
-                         "distributed (or auto)")
-    if route == "distributed" and engine != "sglang":
-        raise ValueError("ray.weight_sync=distributed broadcasts to SGLang servers: set rollout.engine=sglang, or "
-                         "use object_store (or auto) for torch engines")
-    return route
 
 
 def local_cluster_kwargs(config: TrainConfig, cpus_needed: float) -> dict[str, Any]:
@@ -93,49 +76,6 @@ def local_cluster_kwargs(config: TrainConfig, cpus_needed: float) -> dict[str, A
     if config.ray.dashboard:
         kwargs["dashboard_host"] = config.ray.local_host
     return kwargs
-
-
-def check_ray_config(config: TrainConfig) -> None:
-    """Refuse topologies that cannot keep the staleness bound or feed every actor, naming the setting."""
-    ray_cfg, rollout = config.ray, config.rollout
-    n = ray_cfg.num_rollout_actors
-    if n < 1:
-        raise ValueError("ray.num_rollout_actors must be at least 1")
-    if rollout.batch_size % n:
-        raise ValueError(f"rollout.batch_size ({rollout.batch_size} groups) must split evenly over "
-                         f"ray.num_rollout_actors ({n}): each actor's controller takes batch_size / n groups a step")
-    if rollout.max_concurrent_rollouts // n < rollout.group_size:
-        raise ValueError(f"rollout.max_concurrent_rollouts ({rollout.max_concurrent_rollouts} episodes) split over "
-                         f"{n} rollout actors leaves less than one group of {rollout.group_size} episodes per actor")
-    weight_route(config)
-    if rollout.engine == "sglang":
-        if config.model.path is None:
-            raise ValueError("rollout.engine=sglang needs model.path: the model the SGLang servers serve")
-        if ray_cfg.sglang_servers and rollout.sglang_addresses:
-            raise ValueError("give either ray.sglang_servers (launched here) or rollout.sglang_addresses, not both")
-        servers = ray_cfg.sglang_servers or len(rollout.sglang_addresses)
-        if servers < n:
-            raise ValueError(f"{servers} SGLang servers for {n} rollout actors: each actor needs its own server(s) "
-                             "(set ray.sglang_servers or rollout.sglang_addresses)")
-    elif ray_cfg.sglang_servers:
-        raise ValueError("ray.sglang_servers is set but rollout.engine is 'torch': set rollout.engine=sglang")
-
-
-def required_resources(config: TrainConfig) -> dict[str, float]:
-    """CPUs and GPUs all the run's actors reserve: learner, rollout actors, launched SGLang servers."""
-    settings, n, ranks = config.ray, config.ray.num_rollout_actors, config.learner.ranks
-    return {"CPU": ranks * settings.learner_cpus + n * settings.rollout_cpus + settings.sglang_servers,
-            "GPU": ranks * settings.learner_gpus + n * settings.rollout_gpus
-            + settings.sglang_servers * settings.sglang_gpus_per_server}
-
-
-def _check_fits(needed: dict[str, float], available: dict[str, float]) -> None:
-    """Fail now, naming the settings, rather than wait forever for actors the cluster cannot place."""
-    short = {k: (v, available.get(k, 0.0)) for k, v in needed.items() if v > available.get(k, 0.0)}
-    if short:
-        detail = ", ".join(f"{v:g} {k} needed, {have:g} in the cluster" for k, (v, have) in short.items())
-        raise ValueError(f"the Ray cluster is too small for this run ({detail}): lower ray.learner_cpus/gpus, "
-                         "ray.rollout_cpus/gpus, ray.num_rollout_actors or ray.sglang_servers")
 
 
 class RayTrainer:
@@ -187,7 +127,7 @@ class RayTrainer:
             ray.init(address=config.ray.address, runtime_env={"env_vars": env}, log_to_driver=True,
                      **local_cluster_kwargs(config, needed["CPU"]))
             self._started_ray = True
-        _check_fits(needed, ray.cluster_resources())
+        check_fits(needed, ray.cluster_resources())
         model_dir = os.fspath(run.model_dir)
         joining = self._start_learners(model_dir, os.fspath(run.checkpoint) if run.checkpoint else None, env)
         servers = self._launch_servers(model_dir, env)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from searchgym.envs.atomic_file import DiskWriteError, disk_error, write_atomic
-from searchgym.trainers.partials import partial_dir, remove_stale
+from searchgym.trainers.run.partials import partial_dir, remove_stale
 
 LATEST = "latest"
 HEALTHY = "healthy"

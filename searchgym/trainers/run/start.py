@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.agents.tiny_model import build_tiny_model
-from searchgym.trainers.checkpoint import checkpoint_root, latest_checkpoint, load_trainer_state, rollout_states
-from searchgym.trainers.partials import remove_stale
+from searchgym.trainers.run.checkpoint import checkpoint_root, latest_checkpoint, load_trainer_state, rollout_states
+from searchgym.trainers.run.partials import remove_stale
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def refuse_existing_run(out: Path) -> None:
     pointing at a deleted directory, and break the next --resume; so the user chooses: --resume, or
     another out_dir (or removing the old run themselves).
     """
-    from searchgym.trainers.checkpoint import checkpoint_root
+    from searchgym.trainers.run.checkpoint import checkpoint_root
 
     held = sorted(p.name for p in checkpoint_root(out).glob("step-*")) if checkpoint_root(out).is_dir() else []
     metrics = out / "metrics.jsonl"

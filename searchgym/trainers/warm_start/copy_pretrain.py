@@ -22,8 +22,8 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from searchgym.trainers.learner import next_token_logits
-from searchgym.trainers.sft import save_trained
+from searchgym.trainers.algorithm.learner import next_token_logits
+from searchgym.trainers.warm_start.sft import save_trained
 
 
 @dataclass

@@ -122,3 +122,8 @@ def make_suite_env(suite: str, *, data_root: str | os.PathLike | None = None, da
     from searchgym.envs.web_env import make_web_qa
 
     return make_web_qa(tasks, **env_kwargs)
+
+
+# its **env_kwargs reach one of these, by the suite's kind (envs/env_kwargs.py checks them by name)
+make_suite_env.forwards_kwargs_to = ("searchgym.envs.local_qa:make_local_qa", "searchgym.envs.web_env:make_web_qa",  # type: ignore[attr-defined]
+                                     "searchgym.world.synthetic_env:make_synthetic_qa")

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 import searchgym  # noqa: F401 - registers the env ids
+from searchgym.envs.env_kwargs import check_env_kwargs
 from searchgym.envs.extras import needs
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.registration import SYNTHETIC_QA
@@ -78,6 +79,7 @@ class SearchGymEnv:
         if env_id not in gym.registry:
             raise ValueError(f"unknown env id {env_id!r}; registered searchgym ids: "
                              f"{sorted(i for i in gym.registry if i.startswith('searchgym/'))}")
+        check_env_kwargs(env_id, env_kwargs)  # a misspelt kwarg fails here, not at the first rollout
         attrs = {"env_id": env_id, "env_kwargs": {**env_kwargs, "tool_format": "hermes"},
                  "process_reward": process_reward, "process_weight": float(process_weight),
                  "process_threshold": float(process_threshold), "__module__": cls.__module__}
@@ -216,7 +218,7 @@ def task_dataset(env_id: str = SYNTHETIC_QA, *, task_ids: list[str] | None = Non
     with needs("task_dataset"):
         from datasets import Dataset
 
-    env = make_unwrapped(env_id, **env_kwargs)
+    env = make_unwrapped(env_id, **env_kwargs)  # checks the kwargs before building anything
     try:
         pool = env.tasks
         ids = [t.id for t in pool] if task_ids is None else [pool.by_id(i).id for i in task_ids]

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from searchgym.envs.env_kwargs import check_env_kwargs as check_kwargs_of
+from searchgym.envs.registration import SYNTHETIC_QA
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import load_pool
 from searchgym.envs.tools.indexes import open_index
@@ -31,6 +33,9 @@ def make_synthetic_qa(
     and cached beside it. Such a pool is proven for fixed env settings (`mincalls.PROOF_ENV`), which
     are applied here; other values of them are refused.
     """
+    # a misspelt or mistyped kwarg fails here, before a world is built (gym.make comes straight here)
+    check_kwargs_of(SYNTHETIC_QA, {"size": size, "seed": seed, "n_tasks": n_tasks, "split": split,
+                                   "min_calls_tasks": min_calls_tasks, **env_kwargs})
     if min_calls is not None:
         low_high = parse_min_calls(min_calls)  # bad values fail before anything is built
         env_kwargs = check_env_kwargs(low_high, env_kwargs)

@@ -28,7 +28,7 @@ class Suite:
 
     name: str
     folder: str  # the folder name in ASearcher's test data
-    kind: str  # "local" (LocalQA), "web" (WebQA) or "embedded" (SyntheticQA)
+    kind: str  # "local" (LocalQA), "web" (WebQA), "embedded" (SyntheticQA) or "browsecomp" (its own layout)
     judge: str  # default judges of `searchgym eval` (comma list; the first is primary)
     split: str = "test"
     note: str = ""
@@ -50,6 +50,8 @@ SUITES: dict[str, Suite] = {s.name: s for s in [
     Suite("xbench-DeepSearch", "xbench-deepsearch", "web", "llm,f1"),
     Suite("Frames", "frames", "web", "llm,f1"),
     Suite("SyntheticQA", "", "embedded", "em,f1", split="test", note="the embedded synthetic world"),
+    Suite("BrowseCompPlus", "browsecomp-plus", "browsecomp", "llm,f1",
+          note="830 queries over a fixed ~100K-document corpus, with evidence judgements (envs/browsecomp_plus.py)"),
 ]}
 
 
@@ -62,6 +64,10 @@ def register_suites() -> None:
     """Register every suite's gym id (idempotent). SyntheticQA is `searchgym/SyntheticQA-v0` itself."""
     for suite in SUITES.values():
         if suite.kind == "embedded" or suite.env_id in gym.registry:
+            continue
+        if suite.kind == "browsecomp":  # its repository's layout, not ASearcher's: a loader of its own
+            gym.register(id=suite.env_id, entry_point="searchgym.envs.browsecomp_plus:make_browsecomp_plus",
+                         nondeterministic=False, disable_env_checker=False)
             continue
         gym.register(id=suite.env_id, entry_point="searchgym.envs.suites:make_suite_env",
                      kwargs={"suite": suite.name}, nondeterministic=suite.kind == "web", disable_env_checker=False)

@@ -54,6 +54,7 @@ from searchgym.envs.llm_calls import DependencyFailed
 from searchgym.envs.search_env import SearchEnv
 from searchgym.eval.agreement import judge_agreement, label_accuracy, load_labels
 from searchgym.eval.card import build_card
+from searchgym.eval.evidence import evidence_metrics, evidence_stats
 from searchgym.eval.fingerprint import engine_fingerprint
 from searchgym.eval.metrics import BREAKDOWN_KEYS, Sample, breakdown, summarize
 
@@ -392,7 +393,7 @@ async def _play(todo, make_env, store: SampleStore, judge: CompositeJudge, workf
                 "stats": {"turns": len(traj.turns), "searches": counts.get("search", 0),
                           "accesses": counts.get("access", 0), "generated_tokens": traj.generated_tokens,
                           "answered": traj.prediction is not None, "stop_reason": traj.stop_reason,
-                          "segments": traj.num_segments},
+                          "segments": traj.num_segments, **evidence_stats(traj.turns, task.metadata)},
                 "trajectory": traj.to_dict(),
             })
             bar.update()
@@ -424,7 +425,7 @@ def _finite(x: Any) -> Any:
 def summarize_rows(rows: Sequence[dict[str, Any]], k: int, **meta: Any) -> dict[str, Any]:
     """summarize() of stored rows, per-subset breakdowns (where a key takes 2+ values) and stop reasons."""
     samples = [sample_of(r) for r in rows]
-    metrics = summarize(samples, k)
+    metrics = {**summarize(samples, k), **evidence_metrics(rows)}
     breakdowns = {}
     for key in BREAKDOWN_KEYS:
         groups = [(r.get("subset") or {}).get(key) for r in rows]

@@ -27,7 +27,7 @@ def first_task(pool, **filters):
     return next(t for t in pool if all(t.metadata.get(k) == v for k, v in filters.items()))
 
 
-def test_check_env_on_every_registered_id(small_bundle):
+def test_check_env_on_every_registered_id(small_bundle, tmp_path):
     kwargs = {
         "searchgym/SyntheticQA-v0": SMALL,
         "searchgym/LocalQA-v0": {"tasks": small_bundle / "tasks.jsonl", "index": small_bundle / "index"},
@@ -35,9 +35,12 @@ def test_check_env_on_every_registered_id(small_bundle):
                                "search_endpoint": "http://127.0.0.1:9/search"},
     }
     from searchgym.envs.suites import SUITES
+    from tests.envs.browsecomp_layout import write_layout
 
     for suite in SUITES.values():  # benchmark suites: LocalQA / WebQA envs over a suite's task file
-        if suite.kind != "embedded":
+        if suite.kind == "browsecomp":  # its repository's own layout
+            kwargs[suite.env_id] = {"root": write_layout(tmp_path / "browsecomp-plus")}
+        elif suite.kind != "embedded":
             base = kwargs[f"searchgym/{'LocalQA' if suite.kind == 'local' else 'WebQA'}-v0"]
             kwargs[suite.env_id] = {**{k: v for k, v in base.items() if k != "tasks"}, "data": small_bundle / "tasks.jsonl"}
     ids = [i for i in gym.registry if i.startswith("searchgym/")]

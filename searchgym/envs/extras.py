@@ -21,6 +21,7 @@ EXTRA_OF = {
     "trl": "trl",
     "openenv": "openenv", "uvicorn": "openenv", "fastapi": "openenv", "pydantic": "openenv",
     "bm25s": "bench", "rank_bm25": "bench",
+    "gem": "gem", "skyrl_gym": "skyrl",
 }
 
 

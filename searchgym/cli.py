@@ -175,7 +175,7 @@ def _serve_env(args: argparse.Namespace) -> None:
 
     serve(args.env_id, args.env_kwargs, host=args.host, port=args.port, max_sessions=args.max_sessions,
           limits=limits_from_args(args), max_body_bytes=args.max_body_bytes,
-          session_idle_timeout=args.session_idle_timeout)
+          session_idle_timeout=args.session_idle_timeout, action=args.action)
 
 
 def _json_object(text: str) -> dict:
@@ -532,6 +532,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="close a session whose client has sent nothing for S seconds, freeing its slot (default 600)")
     p.add_argument("--max-body-bytes", type=positive_int, default=2**20, metavar="N",
                    help="largest request body or WebSocket message; a larger body is a 413 (default 1 MiB)")
+    p.add_argument("--action", choices=("structured", "text"), default="structured",
+                   help="the action type: a tool call or a turn's text (SearchAction), or only the text (TextAction)")
     add_limit_flags(p)
     p.set_defaults(run=_serve_env)
 

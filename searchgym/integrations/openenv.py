@@ -32,7 +32,7 @@ from searchgym.envs.extras import needs
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.rewards import PROCESS_MODES, episode_reward, judge_error
 from searchgym.envs.tools.server_limits import ServerLimits
-from searchgym.integrations.actions import tool_call_action
+from searchgym.integrations.actions import ARGUMENTS, tool_call_action
 
 with needs("searchgym.integrations.openenv"):
     from openenv.core.client_types import StepResult
@@ -45,6 +45,8 @@ EITHER_FORM = ("An action is either `text` (a whole turn, as a model writes it) 
                "(one structured call), not {what}. Nothing was run.")
 
 NOT_STARTED = "No episode has started: reset first. Nothing was run."
+
+BAD_CALL = "{problem} The tools are search (query), access (url) and answer (answer). Nothing was run."
 
 _OPEN_ENVS: weakref.WeakSet[SearchGymEnvironment] = weakref.WeakSet()  # server-side envs not yet closed
 
@@ -72,6 +74,13 @@ class SearchAction(Action):
     tool: str | None = Field(default=None, description="search, access or answer")
     argument: str | None = Field(default=None, description="the query, the url or the final answer")
     text: str | None = Field(default=None, description="a whole turn as a model wrote it (tags or <tool_call> JSON)")
+
+
+class TextAction(Action):
+    """One turn as the model wrote it: the action type of `serve env --action text`, whose one required field is
+    `text`, so a client that maps a plain reply into an action's only field (verifiers' OpenEnv taskset) can."""
+
+    text: str = Field(description="a whole turn as a model wrote it (tags or <tool_call> JSON)")
 
 
 class SearchObservation(Observation):
@@ -180,7 +189,7 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
 
     # --- step ------------------------------------------------------------------------------
 
-    async def step_async(self, action: SearchAction, timeout_s: float | None = None,
+    async def step_async(self, action: SearchAction | TextAction, timeout_s: float | None = None,
                          **kwargs: Any) -> SearchObservation:
         """Run one turn; a malformed action is explained in the observation."""
         _check_step(kwargs)
@@ -189,7 +198,7 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
             return text
         return self._stepped(*await self._env.astep(text))
 
-    def step(self, action: SearchAction, timeout_s: float | None = None, **kwargs: Any) -> SearchObservation:
+    def step(self, action: SearchAction | TextAction, timeout_s: float | None = None, **kwargs: Any) -> SearchObservation:
         """Sync form of `step_async`."""
         _check_step(kwargs)
         text = self._action_text(action)
@@ -197,18 +206,28 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
             return text
         return self._stepped(*self._env.step(text))
 
-    def _action_text(self, action: SearchAction) -> str | SearchObservation:
-        """The env action for `action`, or an observation when it is neither one form nor the other."""
+    def _action_text(self, action: SearchAction | TextAction) -> str | SearchObservation:
+        """The env action for `action`, or an observation (no turn spent) when it is neither one form nor the other,
+        or a structured call to an unknown tool or without its argument."""
         if self._state.task_id is None:  # never reset: there is no episode to step
             return SearchObservation(text=NOT_STARTED, done=True, reward=None)
-        has_text, has_call = action.text is not None, action.tool is not None or action.argument is not None
+        tool, argument = getattr(action, "tool", None), getattr(action, "argument", None)
+        has_text, has_call = action.text is not None, tool is not None or argument is not None
         if has_text == has_call:
-            return SearchObservation(text=EITHER_FORM.format(what="both" if has_text else "neither"),
-                                     task_id=self._state.task_id, turn=self._state.turn, done=self._state.done,
-                                     reward=None)
+            return self._unspent(EITHER_FORM.format(what="both" if has_text else "neither"))
         if has_text:
             return action.text
-        return tool_call_action(action.tool or "", action.argument or "")
+        if tool not in ARGUMENTS:
+            return self._unspent(BAD_CALL.format(problem=f"There is no tool {tool!r}." if tool is not None
+                                                 else "A structured call needs a tool."))
+        if argument is None or not argument.strip():
+            return self._unspent(BAD_CALL.format(problem=f"The {tool} tool needs its {ARGUMENTS[tool]}."))
+        return tool_call_action(tool, argument)
+
+    def _unspent(self, text: str) -> SearchObservation:
+        """An observation explaining an action that was not run: the turn count and the episode are unchanged."""
+        return SearchObservation(text=text, task_id=self._state.task_id, turn=self._state.turn,
+                                 done=self._state.done, reward=None)
 
     def _stepped(self, obs: str, reward: float, terminated: bool, truncated: bool,
                  info: dict[str, Any]) -> SearchObservation:
@@ -257,13 +276,14 @@ def open_sessions() -> int:
 def make_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *, max_sessions: int = 64,
              process_reward: str | None = None, process_weight: float = 0.0, process_threshold: float = 0.0,
              max_body_bytes: int = MAX_BODY_BYTES, session_idle_timeout: float = SESSION_IDLE_TIMEOUT,
-             body_timeout: float = 60.0) -> Any:
+             body_timeout: float = 60.0, action: str = "structured") -> Any:
     """The FastAPI app that serves `env_id` with OpenEnv's server (one env per WebSocket session).
 
     A body over `max_body_bytes` is a 413 before it is read, one not whole `body_timeout` s after its head a 408;
     a session silent for `session_idle_timeout` seconds is closed and its slot freed (WebSocket sessions here, HTTP
     MCP sessions by OpenEnv's reaper); a reset or step field of the wrong type or range, or unknown, is a 422
-    naming it.
+    naming it. `action` is the action type clients send: "structured" (`SearchAction`: a tool call or a whole
+    turn's text) or "text" (`TextAction`: only the turn's text, its one required field).
     """
     from fastapi.responses import JSONResponse
     from openenv.core.env_server.http_server import create_fastapi_app
@@ -275,13 +295,15 @@ def make_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *, max_sessi
     _check_setting("max_body_bytes", max_body_bytes, whole=True)
     _check_setting("session_idle_timeout", session_idle_timeout)
     _check_setting("body_timeout", body_timeout)
+    if action not in ACTION_TYPES:
+        raise ValueError(f"action must be one of {', '.join(ACTION_TYPES)}, got {action!r}")
     if env_id not in gym.registry:
         raise ValueError(f"unknown env id {env_id!r}; registered searchgym ids: "
                          f"{sorted(i for i in gym.registry if i.startswith('searchgym/'))}")
     factory = functools.partial(SearchGymEnvironment, env_id, dict(env_kwargs or {}), process_reward=process_reward,
                                 process_weight=process_weight, process_threshold=process_threshold)
     factory().close()  # fail now, not at the first client, if the env cannot be built with these kwargs
-    app = create_fastapi_app(factory, SearchAction, SearchObservation, state_cls=SearchState,
+    app = create_fastapi_app(factory, ACTION_TYPES[action], SearchObservation, state_cls=SearchState,
                              concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions,
                                                                   session_timeout=session_idle_timeout))
 
@@ -295,6 +317,9 @@ def make_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *, max_sessi
     return app
 
 
+ACTION_TYPES: dict[str, type[Action]] = {"structured": SearchAction, "text": TextAction}
+
+
 def _check_setting(key: str, value: Any, *, whole: bool = False) -> None:
     """ValueError naming `key` unless value is a positive number (a whole one with `whole`)."""
     ok = (isinstance(value, int) if whole else isinstance(value, (int, float))) and not isinstance(value, bool)
@@ -304,13 +329,14 @@ def _check_setting(key: str, value: Any, *, whole: bool = False) -> None:
 
 def serve(env_id: str, env_kwargs: dict[str, Any] | None = None, *, host: str = "127.0.0.1", port: int = 8000,
           max_sessions: int = 64, limits: ServerLimits | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-          session_idle_timeout: float = SESSION_IDLE_TIMEOUT, **reward_options: Any) -> None:
+          session_idle_timeout: float = SESSION_IDLE_TIMEOUT, action: str = "structured", **reward_options: Any) -> None:
     """Serve `env_id` until interrupted (what `searchgym serve env` runs), its connections under `limits`."""
     import uvicorn
 
     limits = limits or ServerLimits()
     app = make_app(env_id, env_kwargs, max_sessions=max_sessions, max_body_bytes=max_body_bytes,
-                   session_idle_timeout=session_idle_timeout, body_timeout=limits.body_timeout, **reward_options)
+                   session_idle_timeout=session_idle_timeout, body_timeout=limits.body_timeout, action=action,
+                   **reward_options)
     uvicorn.run(app, host=host, port=port, log_level="warning", **uvicorn_options(limits, max_body_bytes))
 
 

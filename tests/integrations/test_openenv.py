@@ -152,9 +152,13 @@ def test_bad_actions_are_observations_never_a_500(server_url, action):
     has_text, has_call = "text" in action, bool({"tool", "argument"} & set(action))
     if has_text == has_call:  # both forms, or neither: explained, and no turn is spent
         assert "either `text`" in result.observation.text and result.observation.turn == 0
+    elif has_call and (action.get("tool") not in ("search", "access", "answer")
+                       or not action.get("argument", "").strip()):
+        # an unknown tool or a call without its argument: explained, and no turn is spent (as docs/integrations.md says)
+        assert "Nothing was run" in result.observation.text and result.observation.turn == 0 and not result.done
     else:  # one turn spent; only an answer call can end the episode (a valid one does: {"tool": "answer", "argument": "0"})
         assert result.observation.turn == 1
-        assert not result.done or (has_call and action.get("tool") == "answer" and action.get("argument", "").strip())
+        assert not result.done or (has_call and action.get("tool") == "answer")
 
 
 def test_reset_on_an_unknown_task_is_an_observation(server_url):
@@ -220,3 +224,28 @@ def test_serve_env_refuses_bad_kwargs_clearly():
     assert bad.returncode == 2 and "expected a JSON object" in bad.stderr
     with pytest.raises(ValueError, match="unknown env id"):
         make_app("searchgym/Nope-v0")
+
+
+def test_a_text_only_action_type_has_text_as_its_one_required_field(task_ids):
+    """`serve env --action text`: TextAction's schema requires only `text`, so a plain reply maps into it."""
+    from fastapi.testclient import TestClient
+
+    from searchgym.integrations.openenv import TextAction, make_app
+
+    with TestClient(make_app(ENV_ID, ENV_KWARGS, action="text")) as http:
+        schema = http.get("/schema").json()["action"]
+        assert schema["required"] == ["text"] and set(schema["properties"]) >= {"text"}
+        assert "tool" not in schema["properties"]
+    with pytest.raises(ValueError, match="action must be one of"):
+        make_app(ENV_ID, ENV_KWARGS, action="xml")
+    env = SearchGymEnvironment(ENV_ID, ENV_KWARGS)
+    try:
+        env.reset(task_id=task_ids[0])
+        result = env.step(TextAction(text="<search>anything</search>"))
+        assert result.turn == 1 and result.tool == "search"
+        result = env.step(SearchAction(tool="serach", argument="x"))  # a typo of a tool: explained, not spent
+        assert "There is no tool 'serach'" in result.text and result.turn == 1
+        result = env.step(SearchAction(tool="access", argument="  "))
+        assert "needs its url" in result.text and result.turn == 1
+    finally:
+        env.close()

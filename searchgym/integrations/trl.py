@@ -12,7 +12,11 @@ schema), and scores each rollout with `get_reward()`. Here:
   and instructions), which TRL appends to the row's prompt.
 - `get_reward` is the env judge's verdict (plus Clip/Delta-refined process rewards when asked), or
   None when the judge failed: TRL then treats the rollout as unscorable (no advantage), not as a 0.
-- `task_dataset(env_id, ...)` is the prompt dataset: one row per task, with its `task_id`.
+- `task_dataset(env_id, ...)` is the prompt dataset: one row per task, with its `task_id`;
+  `environment_and_dataset(env_id, ...)` builds the class and the dataset from the same kwargs.
+- Each rollout's transcript (its task, every tool call with its observation, the reward) is the env object's
+  `transcript` property; `configured(..., transcripts="FILE.jsonl")` also appends every scored rollout's
+  transcript to that file, so a run's rollouts can be read without TRL's internals.
 - `tool_calling_tokenizer(model)` loads a tokenizer and gives a Hermes-style template (the tiny model's,
   Qwen's) the response parser TRL needs to read `<tool_call>` blocks.
 
@@ -21,7 +25,10 @@ Needs `pip install 'searchgym[trl]'`.
 from __future__ import annotations
 
 import json
+import os
+import threading
 import weakref
+from pathlib import Path
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -57,6 +64,7 @@ class SearchGymEnv:
     process_reward: ClassVar[str | None] = None  # "clip" | "delta": pay the answer-page evidence, refined
     process_weight: ClassVar[float] = 0.0
     process_threshold: ClassVar[float] = 0.0
+    transcripts_path: ClassVar[str | None] = None  # where each scored rollout's transcript is appended
 
     def __init__(self) -> None:
         self._env = gym.make(self.env_id, **self.env_kwargs)
@@ -68,8 +76,9 @@ class SearchGymEnv:
     @classmethod
     def configured(cls, env_id: str = SYNTHETIC_QA, *, process_reward: str | None = None,
                    process_weight: float = 0.0, process_threshold: float = 0.0,
-                   **env_kwargs: Any) -> type[SearchGymEnv]:
-        """The environment class for `env_id` built with `env_kwargs` (what `environment_factory` takes)."""
+                   transcripts: str | os.PathLike | None = None, **env_kwargs: Any) -> type[SearchGymEnv]:
+        """The environment class for `env_id` built with `env_kwargs` (what `environment_factory` takes); with
+        `transcripts`, every scored rollout's transcript is appended to that JSONL file."""
         if env_kwargs.get("tool_format", "hermes") != "hermes":
             raise ValueError("TRL calls tools through the chat template, so the env must teach the Hermes "
                              f"format: tool_format='hermes', got {env_kwargs['tool_format']!r}")
@@ -82,7 +91,8 @@ class SearchGymEnv:
         check_env_kwargs(env_id, env_kwargs)  # a misspelt kwarg fails here, not at the first rollout
         attrs = {"env_id": env_id, "env_kwargs": {**env_kwargs, "tool_format": "hermes"},
                  "process_reward": process_reward, "process_weight": float(process_weight),
-                 "process_threshold": float(process_threshold), "__module__": cls.__module__}
+                 "process_threshold": float(process_threshold), "__module__": cls.__module__,
+                 "transcripts_path": os.fspath(transcripts) if transcripts is not None else None}
         return type(cls.__name__, (cls,), attrs)
 
     # --- what TRL calls ---------------------------------------------------------------------
@@ -91,14 +101,27 @@ class SearchGymEnv:
         """Start the episode on the row's task (`task_id`, else `index`, else a draw seeded by `seed`)."""
         options = {k: row[k] for k in ("task_id", "index") if row.get(k) is not None}
         seed = row.get("seed")
-        obs, info = self._env.reset(seed=None if seed is None else int(seed), options=options or None)
+        try:
+            obs, info = self._env.reset(seed=None if seed is None else int(seed), options=options or None)
+        except KeyError as e:  # the dataset was built from other env kwargs than this class
+            raise ValueError(f"{e.args[0]}: the dataset's task is not in this env's pool; build both from the same "
+                             "kwargs (environment_and_dataset)") from None
         self.task_id, self.steps, self.done = info["task_id"], [], False
         return obs
 
     def get_reward(self) -> float | None:
         """The judge's verdict on the answer (0 without one), refined process rewards added; None if the judge failed."""
-        return episode_reward([s["info"] for s in self.steps], process=self.process_reward,
-                              process_weight=self.process_weight, threshold=self.process_threshold)
+        reward = episode_reward([s["info"] for s in self.steps], process=self.process_reward,
+                                process_weight=self.process_weight, threshold=self.process_threshold)
+        if self.transcripts_path is not None and self.task_id is not None:
+            _append_line(self.transcripts_path, {**self.transcript, "reward": reward})
+        return reward
+
+    @property
+    def transcript(self) -> dict[str, Any]:
+        """This rollout so far: its task, each tool call with its argument and observation, whether it ended."""
+        return {"env_id": self.env_id, "task_id": self.task_id, "done": self.done, "judge_error": self.judge_error,
+                "steps": [{k: s.get(k) for k in ("tool", "argument", "observation")} for s in self.steps]}
 
     def search(self, query: str) -> str:
         """
@@ -148,7 +171,7 @@ class SearchGymEnv:
         self._check_open()
         action = tool_call_action(tool, argument)
         obs, _reward, terminated, truncated, info = self._env.step(action)
-        self.steps.append({"tool": tool, "action": action, "info": info})
+        self.steps.append({"tool": tool, "argument": argument, "action": action, "observation": obs, "info": info})
         self.done = terminated or truncated
         return obs
 
@@ -205,10 +228,34 @@ class ServedSearchGymEnv(SearchGymEnv):
         self._check_open()
         result = self._client.step(SearchAction(tool=tool, argument=argument if isinstance(argument, str)
                                                 else str(argument)))
-        self.steps.append({"tool": tool, "info": result.observation.info, "reward": result.reward,
+        self.steps.append({"tool": tool, "argument": argument, "observation": result.observation.text,
+                           "info": result.observation.info, "reward": result.reward,
                            "judge_error": result.observation.judge_error})
         self.done = result.done
         return result.observation.text
+
+
+_TRANSCRIPT_LOCK = threading.Lock()  # TRL may step environments from several threads
+
+
+def _append_line(path: str, row: dict[str, Any]) -> None:
+    """Append one JSON line (whole, flushed) to `path`."""
+    line = json.dumps(row, ensure_ascii=False, default=str) + "\n"
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with _TRANSCRIPT_LOCK, open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+
+
+def environment_and_dataset(env_id: str = SYNTHETIC_QA, *, task_ids: list[str] | None = None,
+                            limit: int | None = None, process_reward: str | None = None, process_weight: float = 0.0,
+                            process_threshold: float = 0.0, transcripts: str | os.PathLike | None = None,
+                            **env_kwargs: Any) -> tuple[type[SearchGymEnv], Any]:
+    """`SearchGymEnv.configured(...)` and `task_dataset(...)` from the same env kwargs, so every row's task is in
+    the env's pool: `environment_factory, train_dataset = environment_and_dataset(ID, size=1000)`."""
+    env_class = SearchGymEnv.configured(env_id, process_reward=process_reward, process_weight=process_weight,
+                                        process_threshold=process_threshold, transcripts=transcripts, **env_kwargs)
+    return env_class, task_dataset(env_id, task_ids=task_ids, limit=limit, **env_class.env_kwargs)
 
 
 def task_dataset(env_id: str = SYNTHETIC_QA, *, task_ids: list[str] | None = None, limit: int | None = None,

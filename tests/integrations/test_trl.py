@@ -14,6 +14,7 @@ from hypothesis import strategies as st  # noqa: E402
 from searchgym.integrations.trl import (  # noqa: E402
     SearchGymEnv,
     demonstrations,
+    environment_and_dataset,
     task_dataset,
     tool_calling_tokenizer,
     tool_schemas,
@@ -51,6 +52,37 @@ def test_reset_takes_the_rows_task_and_tools_play_the_episode(env_class, task_id
     assert env.get_reward() == 1.0  # the F1 judge's verdict on the gold answer
     with pytest.raises(ValueError, match="episode is over: the answer was given"):
         env.search("anything")  # TRL shows the model this error as the tool's result
+
+
+def test_each_rollouts_transcript_is_public_and_logged_without_becoming_a_tool(task_ids, tmp_path):
+    import inspect
+
+    log = tmp_path / "rollouts.jsonl"
+    env_class = SearchGymEnv.configured(ENV_ID, transcripts=log, **ENV_KWARGS)
+    tools = {name for name, _ in inspect.getmembers(env_class, predicate=inspect.isfunction)  # TRL's tool discovery
+             if name not in ("reset", "get_reward") and not name.startswith("_")}
+    assert tools == {"search", "access", "answer"}
+    env = env_class()
+    env.reset(task_id=task_ids[2])
+    seen = env.search(env._env.unwrapped.task.question)
+    env.answer(gold(env))
+    transcript = env.transcript
+    assert transcript["task_id"] == task_ids[2] and transcript["done"]
+    assert [s["tool"] for s in transcript["steps"]] == ["search", "answer"] and transcript["steps"][0]["observation"] == seen
+    assert env.get_reward() == 1.0
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["reward"] == 1.0 and rows[0]["steps"][1]["argument"] == gold(env)
+
+
+def test_env_and_dataset_from_the_same_kwargs_and_a_mismatch_explained():
+    env_class, dataset = environment_and_dataset(ENV_ID, limit=3, **ENV_KWARGS)
+    for task_id in dataset["task_id"]:
+        assert env_class().reset(task_id=task_id)
+    other = SearchGymEnv.configured(ENV_ID, **{**ENV_KWARGS, "n_tasks": 20})
+    missing = next(t for t in task_dataset(ENV_ID, **ENV_KWARGS)["task_id"]
+                   if t not in {x.id for x in other()._env.unwrapped.tasks})
+    with pytest.raises(ValueError, match="same kwargs"):
+        other().reset(task_id=missing)
 
 
 def test_reward_is_the_judges_partial_score_and_zero_without_an_answer(env_class, task_ids):

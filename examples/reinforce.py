@@ -2,8 +2,11 @@
 
 A single-file, CleanRL-style training loop for a causal LM acting as a search agent:
 
-    python examples/reinforce.py --model Qwen/Qwen2.5-0.5B-Instruct \
+    searchgym model tiny --out runs/tiny-model          # or any local Hugging Face chat model directory
+    python examples/reinforce.py --model runs/tiny-model \
         --env-kwargs '{"size": 1000, "n_tasks": 200}' --iterations 20 --episodes-per-iteration 8
+
+(A hub id such as Qwen/Qwen2.5-0.5B-Instruct works where the hub can be reached or the model is cached.)
 
 Each episode is a chat: the env's first observation (instructions + question) is the user message,
 every model turn (sampled until `</search>`, `</access>` or `</answer>`) is sent to `env.step`, and
@@ -11,6 +14,7 @@ the tool result comes back as the next user message. The conversation is kept as
 log-probabilities are recomputed on exactly the tokens that were sampled. The loss is
 -(R - mean R) * sum log pi(generated tokens), averaged over the batch of episodes.
 Nothing from searchgym is imported: `gym.make("searchgym:...")` imports the package that registers the id.
+torch and transformers are imported after the arguments are parsed, so `--help` answers at once.
 """
 from __future__ import annotations
 
@@ -19,10 +23,13 @@ import json
 import math
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import gymnasium as gym
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 STOP_STRINGS = ["</search>", "</access>", "</answer>"]
 PLACEHOLDER = "<<assistant-turn>>"
@@ -42,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-turns", type=int, default=8, help="turn cap per episode (also the env's turn budget)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     p.add_argument("--save", default=None, help="directory to save the trained model and tokenizer to")
     return p.parse_args(argv)
 
@@ -78,10 +85,19 @@ def turn_suffix(tokenizer: PreTrainedTokenizerBase, obs: str, end_text: str) -> 
     return tokenizer(suffix, add_special_tokens=False)["input_ids"]
 
 
-@torch.no_grad()
 def play(env: gym.Env, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, args: argparse.Namespace,
          seed: int | None) -> Episode:
     """Play one episode: sample a turn, step the env with its text, append the observation, repeat."""
+    import torch
+
+    with torch.no_grad():
+        return _play(env, model, tokenizer, args, seed)
+
+
+def _play(env: gym.Env, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, args: argparse.Namespace,
+          seed: int | None) -> Episode:
+    import torch
+
     obs, _ = env.reset(seed=seed)
     ids = chat_prefix(tokenizer, obs)
     generated = [False] * len(ids)
@@ -110,6 +126,8 @@ def play(env: gym.Env, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
 
 def sequence_logprob(model: PreTrainedModel, episode: Episode, args: argparse.Namespace) -> torch.Tensor:
     """Sum of log pi(token) over the sampled tokens, with grad, at the sampling temperature."""
+    import torch
+
     ids = torch.tensor([episode.ids], device=args.device)
     mask = torch.tensor(episode.generated[1:], device=args.device)  # token t+1 is predicted at position t
     logits = model(input_ids=ids).logits[0, :-1][mask].float() / args.temperature
@@ -120,6 +138,10 @@ def sequence_logprob(model: PreTrainedModel, episode: Episode, args: argparse.Na
 def main(argv: list[str] | None = None) -> list[dict]:
     """Train with REINFORCE; print and return one stats dict per iteration."""
     args = parse_args(argv)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(args.seed)
     env_kwargs = json.loads(args.env_kwargs)
     env_kwargs.setdefault("max_turns", args.max_turns)

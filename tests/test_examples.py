@@ -4,6 +4,8 @@ import ast
 import json
 import math
 import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -130,3 +132,20 @@ def test_a_custom_workflow_trains_and_evaluates_with_the_stock_commands(tiny_mod
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and json.loads((out / "run.json").read_text())["workflow"] == workflow
     assert any("summary" in turn["info"] for row in rows for turn in row["trajectory"]["turns"])
+
+
+def test_help_answers_before_torch_or_transformers_load():
+    """`--help` of the example and of every searchgym command parses without importing torch or transformers."""
+    probe = (
+        "import runpy, sys\n"
+        "from searchgym.cli import main\n"
+        "for argv in (['--help'], ['train', '--help'], ['eval', '--help'], ['quickstart', '--help'],\n"
+        "             ['serve', 'model', '--help'], ['bench', 'trainer', '--help']):\n"
+        "    try: main(argv)\n"
+        "    except SystemExit: pass\n"
+        "sys.argv = ['reinforce.py', '--help']\n"
+        f"try: runpy.run_path({str(EXAMPLE)!r}, run_name='__main__')\n"
+        "except SystemExit: pass\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:]

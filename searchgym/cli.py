@@ -121,8 +121,8 @@ def _quickstart(args: argparse.Namespace) -> None:
     from searchgym.pipeline.stages import load_quickstart_config
     from searchgym.quickstart import run_quickstart
 
-    overrides = [*args.overrides, *([f"out_dir={args.out}"] if args.out else [])]
-    summary = run_quickstart(load_quickstart_config(overrides))
+    config = load_quickstart_config(args.overrides, args.config, {"out_dir": str(args.out)} if args.out else None)
+    summary = run_quickstart(config)
     print(f"results in {summary['out_dir']}: summary.md, reward_curve.png, rl/tensorboard")
 
 
@@ -438,6 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = rooms.add_parser("quickstart", help="world -> warm start -> async RL -> before/after evaluation, on a CPU")
     p.add_argument("--out", default=None, help="output directory (default runs/quickstart)")
+    p.add_argument("--config", type=Path, default=None,
+                   help="a quickstart YAML (default: the built-in settings, spelt out in configs/quickstart.yaml)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rl.steps=10 eval.k=2")
     p.set_defaults(run=_quickstart)
 

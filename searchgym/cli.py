@@ -316,23 +316,29 @@ def _train_plan(config: object, *, json_out: bool, gpu_memory_gib: float | None)
         raise PlanError(f"this plan does not fit: {plan.refusal}")
 
 
+EVAL_FLAGS = ("env", "engine", "k", "judge", "judge_model", "workflow", "labels", "env_kwargs", "max_tasks",
+              "concurrency", "temperature", "max_new_tokens", "max_context", "context_policy", "seed", "device",
+              "tokenizer")  # `searchgym eval`'s flags that are EvalSettings' fields
+
+
 def _eval(args: argparse.Namespace) -> None:
-    if args.compare:
+    if args.compare and args.compare[0] == "compare":
         _eval_compare(args)
         return
-    missing = [flag for flag, value in (("--env", args.env), ("--engine", args.engine), ("--out", args.out)) if value is None]
+    overrides = args.compare  # without `compare`, the positionals are dotted overrides (k=2 max_tasks=8)
+    missing = [flag for flag, value in (("--env", args.env or args.config), ("--engine", args.engine or args.config),
+                                        ("--out", args.out)) if value is None]
     if missing:
         raise ValueError(f"eval needs {', '.join(missing)} (or compare finished runs: searchgym eval compare RUN_DIR...)")
     if args.allow_different:
         raise ValueError("--allow-different belongs to `searchgym eval compare RUN_DIR...`")
+    from searchgym.eval.eval_settings import load_eval_settings
     from searchgym.eval.harness import run_eval
 
-    summary = run_eval(args.env, args.engine, args.out, labels=args.labels,
-                       k=args.k, judge=args.judge, env_kwargs=json.loads(args.env_kwargs),
-                       max_tasks=args.max_tasks, concurrency=args.concurrency, temperature=args.temperature,
-                       max_new_tokens=args.max_new_tokens, max_context=args.max_context, seed=args.seed,
-                       device=args.device, tokenizer=args.tokenizer, judge_model=args.judge_model,
-                       workflow=args.workflow, context_policy=args.context_policy)
+    values = {name: getattr(args, name) for name in EVAL_FLAGS if getattr(args, name) is not None}
+    if "labels" in values:
+        values["labels"] = str(values["labels"])
+    summary = run_eval(load_eval_settings(args.config, overrides, values), args.out)
     print((Path(args.out) / "summary.md").read_text())
     print(f"samples, summary.json, plots and report.html in {args.out} ({int(summary['metrics']['samples'])} samples)")
 
@@ -346,7 +352,7 @@ def _eval_compare(args: argparse.Namespace) -> None:
         raise ValueError("`searchgym eval compare` takes finished run directories, not --env/--engine/--labels")
     from searchgym.eval.compare import compare_runs, comparison_markdown, write_comparison
 
-    comparison = compare_runs(runs, allow_different=args.allow_different, seed=args.seed)
+    comparison = compare_runs(runs, allow_different=args.allow_different, seed=args.seed or 0)
     print(comparison_markdown(comparison))
     if args.out:
         write_comparison(comparison, args.out)
@@ -465,15 +471,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = rooms.add_parser("eval", help="k judged samples per question: Avg@k, Pass@k, trajectories, report (resumable); "
                                       "`eval compare RUN_DIR...` compares finished runs",
-                         usage="searchgym eval --env ID --engine SPEC --out DIR [options]\n"
+                         usage="searchgym eval --env ID --engine SPEC --out DIR [options] [key=value ...]\n"
                                "       searchgym eval compare RUN_DIR RUN_DIR... [--allow-different] [--out DIR] [--seed N]")
-    p.add_argument("compare", nargs="*", metavar="compare RUN_DIR",
+    p.add_argument("compare", nargs="*", metavar="compare RUN_DIR | key=value",
                    help="compare finished runs (the first is the baseline) instead of evaluating; refused when their "
-                        "protocol cards differ")
+                        "protocol cards differ. Else dotted overrides of the eval's settings, e.g. k=2 max_tasks=8")
+    p.add_argument("--config", type=Path, default=None,
+                   help="a YAML of the eval's settings (EvalSettings: env, engine, k, ...); flags and overrides win")
     p.add_argument("--env", default=None, help="a gym id, e.g. searchgym/HotpotQA-v0 or searchgym/SyntheticQA-v0")
     p.add_argument("--engine", default=None,
                    help="a model directory (TorchEngine), sglang:HOST:PORT[,HOST:PORT] or openai:http://host/v1[:model]")
-    p.add_argument("--k", type=int, default=4, help="samples per question")
+    p.add_argument("--k", type=int, default=None, help="samples per question (default 4)")
     p.add_argument("--judge", default=None, help="comma list of em, f1, cover_em, llm (default: the suite's)")
     p.add_argument("--judge-model", default=None,
                    help="chat model of the llm judge: openai:http://host/v1[:model], a model directory or sglang:...")
@@ -485,16 +493,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="human verdicts (CSV or JSONL: question id, prediction, verdict) each judge is scored against")
     p.add_argument("--allow-different", action="store_true",
                    help="compare: compare runs whose protocol cards differ, listing every differing field")
-    p.add_argument("--env-kwargs", default="{}", help="JSON kwargs for gym.make")
+    p.add_argument("--env-kwargs", type=_json_object, default=None, help="JSON kwargs for gym.make")
     p.add_argument("--max-tasks", type=int, default=None)
-    p.add_argument("--concurrency", type=int, default=32, help="episodes in flight")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=1024, help="per turn")
-    p.add_argument("--max-context", type=int, default=32_768, help="tokens per episode")
-    p.add_argument("--context-policy", default="end", choices=("end", "fold", "summarise"),
-                   help="past --max-context: end the episode, fold old results, or have the model summarise")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", help="of a local model directory")
+    p.add_argument("--concurrency", type=int, default=None, help="episodes in flight (default 32)")
+    p.add_argument("--temperature", type=float, default=None, help="default 1.0")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default 1024)")
+    p.add_argument("--max-context", type=int, default=None, help="tokens per episode (default 32768)")
+    p.add_argument("--context-policy", default=None, choices=("end", "fold", "summarise"),
+                   help="past --max-context: end the episode (default), fold old results, or have the model summarise")
+    p.add_argument("--seed", type=int, default=None, help="default 0")
+    p.add_argument("--device", default=None, help="of a local model directory (default cpu)")
     p.add_argument("--tokenizer", default=None, help="tokenizer of sglang servers (default: the served model's)")
     p.set_defaults(run=_eval)
 

@@ -172,3 +172,24 @@ def test_quickstart_flags_and_file_reach_the_config(tmp_path, monkeypatch):
     path.write_text("rl:\n  steps: 5\neval:\n  k: 2\n")
     assert main(["quickstart", "--config", str(path), "--out", str(tmp_path / "o"), "eval.k=3"]) == 0
     assert (seen[0].rl.steps, seen[0].eval.k, seen[0].out_dir) == (5, 3, str(tmp_path / "o"))
+
+
+@settings(max_examples=80)
+@given(raw=st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=8) | st.integers(-50, -1).map(str) | st.sampled_from(["nan", "inf", "-0.5", "1e400"]))
+def test_junk_llm_retry_settings_are_refused_naming_the_variable(raw):
+    import os
+
+    from searchgym.envs.llm_calls import llm_backoff, llm_retries
+
+    for name, read in (("SEARCHGYM_LLM_RETRIES", llm_retries), ("SEARCHGYM_LLM_BACKOFF", llm_backoff)):
+        old = os.environ.get(name)
+        os.environ[name] = raw
+        try:
+            try:
+                value = read()
+            except ValueError as e:
+                assert str(e).startswith(f"{name}="), e
+            else:  # accepted only when it is a value the setting can take
+                assert value >= 0 and value != float("inf") and (raw.strip() == "" or float(raw) == value)
+        finally:
+            os.environ.pop(name) if old is None else os.environ.__setitem__(name, old)

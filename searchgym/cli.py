@@ -236,19 +236,13 @@ def _int_list(text: str) -> list[int]:
 
 
 def _bench_trainer(args: argparse.Namespace) -> None:
-    from searchgym.bench.trainer import ParetoLatency, run_trainer_bench
-    from searchgym.bench.workload import Workload
+    from searchgym.bench.trainer import TrainerBenchConfig, run_trainer_bench_config
+    from searchgym.settings import load_settings
 
-    latency = ParetoLatency(args.latency_ms / 1000, args.latency_alpha, args.latency_max_s, args.seed)
-    workload = Workload(args.turns_median, args.turns_p90, args.turns_max, args.turn_tokens_median,
-                        args.turn_tokens_sigma, args.turn_tokens_max, args.episode_tokens_min,
-                        args.episode_tokens_max, args.seed, args.tail_share)
-    print(json.dumps(run_trainer_bench(
-        steps=args.steps, warmup_steps=args.warmup_steps, final_steps=args.final_steps, rounds=args.rounds,
-        staleness=args.staleness, headline_staleness=args.headline_staleness, size=args.size, n_tasks=args.n_tasks,
-        seed=args.seed, out=args.out, workdir=args.workdir, group_size=args.group_size, batch_size=args.batch_size,
-        max_concurrent_rollouts=args.max_concurrent, lr=args.lr, workload=workload, latency=latency,
-        torch_threads=args.threads or None, overrides=[f"rollout.context_policy={args.context_policy}"]), indent=2))
+    flags = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()
+             if key not in ("command", "action", "run", "config", "overrides")}
+    config = load_settings(TrainerBenchConfig, getattr(args, "config", None), getattr(args, "overrides", ()), flags)
+    print(json.dumps(run_trainer_bench_config(config), indent=2))
 
 
 def _bench_learner(args: argparse.Namespace) -> None:
@@ -583,39 +577,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", type=Path, default=None, help="where to build the world (default: a temp dir)")
     p.set_defaults(run=_bench_search)
     p = bench.add_parser("trainer", help="async vs sync RL on heavy-tailed agent episodes: the staleness sweep, "
-                                         "trained tokens/s at steady state and final reward")
-    p.add_argument("--steps", type=int, default=5, help="learner steps per run")
-    p.add_argument("--warmup-steps", type=int, default=1, help="steps left out of the steady-state throughput")
-    p.add_argument("--final-steps", type=int, default=2, help="last steps whose episodes give the final reward")
-    p.add_argument("--rounds", type=int, default=1, help="passes over the sweep, alternately forwards and backwards")
-    p.add_argument("--staleness", type=_int_list, default=[0, 1, 2, 4, 8],
+                                         "trained tokens/s at steady state and final reward",
+                         argument_default=argparse.SUPPRESS)  # only the flags given become values
+    p.add_argument("--steps", type=int, help="learner steps per run")
+    p.add_argument("--warmup-steps", type=int, help="steps left out of the steady-state throughput")
+    p.add_argument("--final-steps", type=int, help="last steps whose episodes give the final reward")
+    p.add_argument("--rounds", type=int, help="passes over the sweep, alternately forwards and backwards")
+    p.add_argument("--staleness", type=_int_list,
                    help="staleness bounds to sweep, comma-separated (0: the synchronous baseline, required)")
-    p.add_argument("--headline-staleness", type=int, default=4, help="the bound the headline speedup quotes")
-    p.add_argument("--size", type=int, default=1000, help="pages in the synthetic world")
-    p.add_argument("--n-tasks", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0, help="training seed (and the latency and workload seeds)")
-    p.add_argument("--group-size", type=int, default=4, help="episodes per task")
-    p.add_argument("--batch-size", type=int, default=2, help="groups per learner step")
-    p.add_argument("--max-concurrent", type=int, default=64, help="rollout.max_concurrent_rollouts (episodes)")
-    p.add_argument("--lr", type=float, default=1e-2, help="learning rate of the tiny policy")
-    p.add_argument("--turns-median", type=float, default=3.0, help="median turns per episode")
-    p.add_argument("--turns-p90", type=float, default=16.0, help="90th percentile of turns per episode")
-    p.add_argument("--turns-max", type=int, default=40, help="most turns an episode plays")
-    p.add_argument("--turn-tokens-median", type=float, default=48.0, help="median tokens one turn generates")
-    p.add_argument("--turn-tokens-sigma", type=float, default=0.5, help="log-normal sigma of a turn's tokens")
-    p.add_argument("--turn-tokens-max", type=int, default=192, help="most tokens one turn generates")
-    p.add_argument("--episode-tokens-min", type=int, default=58, help="fewest tokens an episode generates")
-    p.add_argument("--episode-tokens-max", type=int, default=1920, help="most tokens an episode generates")
-    p.add_argument("--tail-share", type=float, default=0.0,
+    p.add_argument("--headline-staleness", type=int, help="the bound the headline speedup quotes")
+    p.add_argument("--size", type=int, help="pages in the synthetic world")
+    p.add_argument("--n-tasks", type=int)
+    p.add_argument("--seed", type=int, help="training seed (and the latency and workload seeds)")
+    p.add_argument("--group-size", type=int, help="episodes per task")
+    p.add_argument("--batch-size", type=int, help="groups per learner step")
+    p.add_argument("--max-concurrent", type=int, help="rollout.max_concurrent_rollouts (episodes)")
+    p.add_argument("--lr", type=float, help="learning rate of the tiny policy")
+    p.add_argument("--turns-median", type=float, help="median turns per episode")
+    p.add_argument("--turns-p90", type=float, help="90th percentile of turns per episode")
+    p.add_argument("--turns-max", type=int, help="most turns an episode plays")
+    p.add_argument("--turn-tokens-median", type=float, help="median tokens one turn generates")
+    p.add_argument("--turn-tokens-sigma", type=float, help="log-normal sigma of a turn's tokens")
+    p.add_argument("--turn-tokens-max", type=int, help="most tokens one turn generates")
+    p.add_argument("--episode-tokens-min", type=int, help="fewest tokens an episode generates")
+    p.add_argument("--episode-tokens-max", type=int, help="most tokens an episode generates")
+    p.add_argument("--tail-share", type=float,
                    help="share of episodes that play exactly --turns-max turns (a long tail on purpose)")
-    p.add_argument("--context-policy", default="end", choices=("end", "fold", "summarise"),
+    p.add_argument("--context-policy", choices=("end", "fold", "summarise"),
                    help="what an episode does when its context is full (rollout.context_policy)")
-    p.add_argument("--latency-ms", type=float, default=250.0, help="median tool latency")
-    p.add_argument("--latency-alpha", type=float, default=1.2, help="Pareto tail index (smaller: heavier tail)")
-    p.add_argument("--latency-max-s", type=float, default=10.0, help="cap on one tool call's latency")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
-    p.add_argument("--out", type=Path, default=Path("results/bench_trainer.json"))
-    p.add_argument("--workdir", type=Path, default=None, help="where the runs write (default: a temp dir)")
+    p.add_argument("--latency-ms", type=float, help="median tool latency")
+    p.add_argument("--latency-alpha", type=float, help="Pareto tail index (smaller: heavier tail)")
+    p.add_argument("--latency-max-s", type=float, help="cap on one tool call's latency")
+    p.add_argument("--threads", type=int, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--out", type=Path, help="default results/bench_trainer.json")
+    p.add_argument("--workdir", type=Path, help="where the runs write (default: a temp dir)")
+    p.add_argument("--config", type=Path, help="a YAML of these settings (TrainerBenchConfig); flags and overrides win")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. steps=3 staleness=[0,4]")
     p.set_defaults(run=_bench_trainer)
     p = bench.add_parser("learner", help="learner peak memory and step time against trajectory length (1k to 32k "
                                          "tokens, 151,936 vocabulary): chunked loss head vs whole logits")

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from searchgym.bench.trainer import TrainerBenchConfig
 from searchgym.cli import main
+from searchgym.eval.eval_settings import EvalSettings
 from searchgym.pipeline.stages import QuickstartConfig, load_quickstart_config
 from searchgym.settings import check_settings, load_settings, settings_dict
 from searchgym.trainers.config import TrainConfig
@@ -46,14 +48,15 @@ def bad_values(rules: dict) -> st.SearchStrategy:
     return st.one_of(options)
 
 
-@pytest.mark.parametrize("cls", [TrainConfig, QuickstartConfig], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", [TrainConfig, QuickstartConfig, TrainerBenchConfig, EvalSettings],
+                         ids=lambda c: c.__name__)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_every_refused_override_names_its_dotted_key(cls, data):
     key, rules = data.draw(st.sampled_from(checked_fields(cls)))
     value = data.draw(bad_values(rules))
     with pytest.raises(ValueError) as refused:
-        load_settings(cls, overrides=[f"{key}={value}"])
+        load_settings(cls, overrides=[f"{key}={value}"], values={"env": "e", "engine": "m"} if cls is EvalSettings else None)
     assert str(refused.value).startswith((f"{key} ", f"{key}: ")), refused.value
 
 
@@ -193,3 +196,33 @@ def test_junk_llm_retry_settings_are_refused_naming_the_variable(raw):
                 assert value >= 0 and value != float("inf") and (raw.strip() == "" or float(raw) == value)
         finally:
             os.environ.pop(name) if old is None else os.environ.__setitem__(name, old)
+
+
+@pytest.mark.parametrize(("flags", "key"), [
+    (["--steps", "0"], "steps"), (["--warmup-steps", "5"], "warmup_steps"), (["--staleness", "1,2"], "staleness"),
+    (["--lr", "0"], "lr"), (["--tail-share", "2"], "tail_share"), (["--turns-p90", "99"], "turns_p90"),
+    (["--episode-tokens-max", "10"], "episode_tokens_max"), (["latency_alpha=0"], "latency_alpha"),
+    (["stepz=3"], "stepz"),
+])
+def test_bench_trainer_refuses_a_bad_setting_naming_the_key(flags, key, capsys, monkeypatch):
+    import searchgym.bench.trainer
+
+    monkeypatch.setattr(searchgym.bench.trainer, "run_trainer_bench", lambda **kw: pytest.fail("the bench ran"))
+    assert main(["bench", "trainer", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"searchgym: error: {key} ") or err.startswith(f"searchgym: error: {key}: "), err
+
+
+def test_bench_trainer_flags_file_and_overrides_reach_the_run(tmp_path, capsys, monkeypatch):
+    import searchgym.bench.trainer
+
+    seen = []
+    monkeypatch.setattr(searchgym.bench.trainer, "run_trainer_bench", lambda **kw: seen.append(kw) or {})
+    path = tmp_path / "bench.yaml"
+    path.write_text("steps: 7\nlr: 0.5\nturns_max: 30\n")
+    assert main(["bench", "trainer", "--config", str(path), "--steps", "4", "--staleness", "0,2",
+                 "--out", str(tmp_path / "r.json"), "lr=0.25"]) == 0
+    run = seen[0]
+    assert (run["steps"], run["staleness"], run["lr"], run["out"]) == (4, [0, 2], 0.25, str(tmp_path / "r.json"))
+    assert run["workload"].turns_max == 30 and run["torch_threads"] == 1  # the file's, and the default
+    assert run["overrides"] == ["rollout.context_policy=end"]

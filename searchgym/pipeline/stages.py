@@ -19,6 +19,7 @@ import searchgym  # noqa: F401  (registers the env ids)
 from searchgym.agents.scripted import demonstrations
 from searchgym.agents.tiny_model import build_tiny_model
 from searchgym.envs.factory import make_unwrapped
+from searchgym.eval.eval_settings import EvalSettings
 from searchgym.eval.harness import run_eval
 from searchgym.settings import load_settings, setting
 from searchgym.trainers.config import EnvConfig, LearnerConfig, RolloutConfig, TrainConfig
@@ -143,9 +144,10 @@ def evaluate_policy(model_dir: Path, out: Path, config: EvalConfig, *, env_id: s
                     seed: int, progress: bool = True) -> dict[str, float]:
     """`run_eval` of `model_dir` into `out` (k samples per question, EM and F1 judges); returns its metrics."""
     shutil.rmtree(out, ignore_errors=True)  # run_eval resumes: a rerun's new model must not reuse old samples
-    summary = run_eval(env_id, str(model_dir), out, k=config.k, judge="em,f1", env_kwargs=env_kwargs,
-                       max_tasks=config.max_tasks, concurrency=config.concurrency, temperature=config.temperature,
-                       max_new_tokens=config.max_new_tokens, seed=seed, progress=progress)
+    settings = EvalSettings(env=env_id, engine=str(model_dir), k=config.k, judge="em,f1", env_kwargs=env_kwargs,
+                            max_tasks=config.max_tasks, concurrency=config.concurrency, temperature=config.temperature,
+                            max_new_tokens=config.max_new_tokens, seed=seed)
+    summary = run_eval(settings, out, progress=progress)
     return summary["metrics"]
 
 

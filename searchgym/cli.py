@@ -86,8 +86,10 @@ def _synthesize(args: argparse.Namespace) -> None:
 
     if not args.engine:
         raise ValueError("--method agent needs --engine (openai:http://host/v1[:model] or a local model directory)")
-    config = QAConfig(max_turns=args.max_turns, k=args.k, max_solve_rate=args.max_solve_rate,
-                      max_tokens=args.max_tokens)
+    from searchgym.settings import load_settings
+
+    config = load_settings(QAConfig, values={"max_turns": args.max_turns, "k": args.k,
+                                             "max_solve_rate": args.max_solve_rate, "max_tokens": args.max_tokens})
     report = synthesize(args.corpus, args.engine, args.n, args.out, judge_engine=args.judge_engine,
                         concurrency=args.concurrency, seed=args.seed, config=config, max_seeds=args.max_seeds,
                         progress=True, device=args.device)
@@ -110,9 +112,11 @@ def _demos(args: argparse.Namespace) -> None:
 
 
 def _sft(args: argparse.Namespace) -> None:
+    from searchgym.settings import load_settings
     from searchgym.trainers.sft import SFTConfig, load_demonstrations, sft
 
-    config = SFTConfig(epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens, seed=args.seed)
+    config = load_settings(SFTConfig, values={"epochs": args.epochs, "lr": args.lr, "batch_tokens": args.batch_tokens,
+                                              "seed": args.seed})
     history = sft(args.model, load_demonstrations(args.data), args.out, config, device=args.device)
     print(json.dumps({"steps": len(history), "final": history[-1], "out": str(args.out)}, indent=2))
 
@@ -205,11 +209,13 @@ def _tiny_model(args: argparse.Namespace) -> None:
         path = build_tiny_model(args.out, **sizes)
         print(f"tiny Qwen2 model written to {path}")
         return
+    from searchgym.settings import load_settings
     from searchgym.trainers.copy_pretrain import CopyPretrainConfig, copy_pretrain
 
+    copy = load_settings(CopyPretrainConfig, values={"steps": args.copy_steps, "seed": args.seed})
     with tempfile.TemporaryDirectory() as tmp:  # a model that will be trained starts from a small init (0.02)
         fresh = build_tiny_model(Path(tmp) / "fresh", intermediate_size=3 * args.hidden, init_std=0.02, **sizes)
-        history = copy_pretrain(fresh, args.out, CopyPretrainConfig(steps=args.copy_steps, seed=args.seed))
+        history = copy_pretrain(fresh, args.out, copy)
     print(f"tiny Qwen2 model written to {args.out}; copy accuracy after {args.copy_steps} copy-pretraining steps: "
           f"{history[-1]['copy_accuracy']:.3f}")
 

@@ -226,3 +226,18 @@ def test_bench_trainer_flags_file_and_overrides_reach_the_run(tmp_path, capsys, 
     assert (run["steps"], run["staleness"], run["lr"], run["out"]) == (4, [0, 2], 0.25, str(tmp_path / "r.json"))
     assert run["workload"].turns_max == 30 and run["torch_threads"] == 1  # the file's, and the default
     assert run["overrides"] == ["rollout.context_policy=end"]
+
+
+@pytest.mark.parametrize(("argv", "key"), [
+    (["sft", "--data", "d.jsonl", "--model", "m", "--out", "o", "--epochs", "0"], "epochs"),
+    (["sft", "--data", "d.jsonl", "--model", "m", "--out", "o", "--batch-tokens", "0"], "batch_tokens"),
+    (["synthesize", "--corpus", "c", "--engine", "e", "--out", "p.jsonl", "--k", "0"], "k"),
+    (["synthesize", "--corpus", "c", "--engine", "e", "--out", "p.jsonl", "--max-solve-rate", "1.5"], "max_solve_rate"),
+    (["model", "tiny", "--out", "m", "--copy-steps", "-2"], "steps"),
+])
+def test_other_commands_check_their_flags_through_the_loader(argv, key, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing may be written; if it were, it lands here
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"searchgym: error: {key} "), err
+    assert list(tmp_path.iterdir()) == []  # refused before anything was built

@@ -5,7 +5,7 @@ a YAML (or JSON) file, explicit values (e.g. a command's flags) and dotted `key=
 keys and wrong types are refused naming the key and its source; then each field's declared checks
 (`setting(4, at_least=1)`, `setting("async", choices=("async", "sync"))`) and each dataclass's `check()`
 run over the nested dataclasses, and a refusal names the dotted key (`rl.mode` inside a quickstart config).
-Only the standard library and OmegaConf: any floor may use it.
+Only the standard library and OmegaConf (with its PyYAML): any floor may use it.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -106,6 +107,8 @@ def _merge(base: Any, load: Callable[[], Any], source: str, key: str | None = No
     except OmegaConfBaseException as e:
         message = (e.msg or str(e)).splitlines()[0]
         raise ValueError(f"{e.full_key or key or e.key or 'config'}: {message} (from {source})") from None
+    except yaml.YAMLError as e:  # a file (or override) that is not YAML
+        raise ValueError(f"{source} is not valid YAML: {' '.join(str(e).split())}") from None
 
 
 def settings_dict(settings: Any) -> dict[str, Any]:

@@ -101,6 +101,9 @@ def test_the_layers_apply_in_order_and_name_their_source(tmp_path):
         load_settings(TrainConfig, path)
     with pytest.raises(ValueError, match="key=value"):
         load_settings(TrainConfig, overrides=["steps"])
+    path.write_text("steps: [unclosed\n")
+    with pytest.raises(ValueError, match=r"run\.yaml is not valid YAML"):
+        load_settings(TrainConfig, path)
 
 
 def test_settings_round_trip_through_their_plain_data(tmp_path):

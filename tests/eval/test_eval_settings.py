@@ -53,6 +53,10 @@ def test_a_bad_key_in_the_file_names_the_key_and_the_file(tmp_path, capsys):
     assert main(["eval", "--config", str(config), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "max_taks" in err and "eval.yaml" in err, err
+    config.write_text(f"env: {SYN}\n")  # no engine anywhere
+    assert main(["eval", "--config", str(config), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.startswith("searchgym: error: engine: ")
+    assert not (tmp_path / "o").exists()
 
 
 def test_the_eval_command_runs_the_settings_it_loaded_and_records_them(tmp_path, tiny_model_dir, small_bundle, capsys):

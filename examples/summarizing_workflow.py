@@ -4,7 +4,7 @@ ASearcher's reasoning agent does not paste a 10,000-character page part into its
 model to note what in the page bears on the question, and continues from that note. Here that is
 one `observe` override of the stock `TokenWorkflow`; training and evaluation run it unchanged:
 
-    searchgym train --config configs/quickstart-cpu.yaml rollout.workflow=examples/summarizing_workflow.py:SummarizingWorkflow
+    searchgym train --config configs/train-cpu.yaml rollout.workflow=examples/summarizing_workflow.py:SummarizingWorkflow
     searchgym eval --env searchgym/SyntheticQA-v0 --engine MODEL_DIR --out runs/eval-summaries \\
         --workflow examples/summarizing_workflow.py:SummarizingWorkflow
 

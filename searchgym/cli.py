@@ -86,8 +86,10 @@ def _synthesize(args: argparse.Namespace) -> None:
 
     if not args.engine:
         raise ValueError("--method agent needs --engine (openai:http://host/v1[:model] or a local model directory)")
-    config = QAConfig(max_turns=args.max_turns, k=args.k, max_solve_rate=args.max_solve_rate,
-                      max_tokens=args.max_tokens)
+    from searchgym.settings import load_settings
+
+    config = load_settings(QAConfig, values={"max_turns": args.max_turns, "k": args.k,
+                                             "max_solve_rate": args.max_solve_rate, "max_tokens": args.max_tokens})
     report = synthesize(args.corpus, args.engine, args.n, args.out, judge_engine=args.judge_engine,
                         concurrency=args.concurrency, seed=args.seed, config=config, max_seeds=args.max_seeds,
                         progress=True, device=args.device)
@@ -110,9 +112,11 @@ def _demos(args: argparse.Namespace) -> None:
 
 
 def _sft(args: argparse.Namespace) -> None:
+    from searchgym.settings import load_settings
     from searchgym.trainers.warm_start.sft import SFTConfig, load_demonstrations, sft
 
-    config = SFTConfig(epochs=args.epochs, lr=args.lr, batch_tokens=args.batch_tokens, seed=args.seed)
+    config = load_settings(SFTConfig, values={"epochs": args.epochs, "lr": args.lr, "batch_tokens": args.batch_tokens,
+                                              "seed": args.seed})
     history = sft(args.model, load_demonstrations(args.data), args.out, config, device=args.device)
     print(json.dumps({"steps": len(history), "final": history[-1], "out": str(args.out)}, indent=2))
 
@@ -121,8 +125,8 @@ def _quickstart(args: argparse.Namespace) -> None:
     from searchgym.pipeline.stages import load_quickstart_config
     from searchgym.quickstart import run_quickstart
 
-    overrides = [*args.overrides, *([f"out_dir={args.out}"] if args.out else [])]
-    summary = run_quickstart(load_quickstart_config(overrides))
+    config = load_quickstart_config(args.overrides, args.config, {"out_dir": str(args.out)} if args.out else None)
+    summary = run_quickstart(config)
     print(f"results in {summary['out_dir']}: summary.md, reward_curve.png, rl/tensorboard")
 
 
@@ -205,11 +209,13 @@ def _tiny_model(args: argparse.Namespace) -> None:
         path = build_tiny_model(args.out, **sizes)
         print(f"tiny Qwen2 model written to {path}")
         return
+    from searchgym.settings import load_settings
     from searchgym.trainers.warm_start.copy_pretrain import CopyPretrainConfig, copy_pretrain
 
+    copy = load_settings(CopyPretrainConfig, values={"steps": args.copy_steps, "seed": args.seed})
     with tempfile.TemporaryDirectory() as tmp:  # a model that will be trained starts from a small init (0.02)
         fresh = build_tiny_model(Path(tmp) / "fresh", intermediate_size=3 * args.hidden, init_std=0.02, **sizes)
-        history = copy_pretrain(fresh, args.out, CopyPretrainConfig(steps=args.copy_steps, seed=args.seed))
+        history = copy_pretrain(fresh, args.out, copy)
     print(f"tiny Qwen2 model written to {args.out}; copy accuracy after {args.copy_steps} copy-pretraining steps: "
           f"{history[-1]['copy_accuracy']:.3f}")
 
@@ -236,19 +242,13 @@ def _int_list(text: str) -> list[int]:
 
 
 def _bench_trainer(args: argparse.Namespace) -> None:
-    from searchgym.bench.trainer import ParetoLatency, run_trainer_bench
-    from searchgym.bench.workload import Workload
+    from searchgym.bench.trainer import TrainerBenchConfig, run_trainer_bench_config
+    from searchgym.settings import load_settings
 
-    latency = ParetoLatency(args.latency_ms / 1000, args.latency_alpha, args.latency_max_s, args.seed)
-    workload = Workload(args.turns_median, args.turns_p90, args.turns_max, args.turn_tokens_median,
-                        args.turn_tokens_sigma, args.turn_tokens_max, args.episode_tokens_min,
-                        args.episode_tokens_max, args.seed, args.tail_share)
-    print(json.dumps(run_trainer_bench(
-        steps=args.steps, warmup_steps=args.warmup_steps, final_steps=args.final_steps, rounds=args.rounds,
-        staleness=args.staleness, headline_staleness=args.headline_staleness, size=args.size, n_tasks=args.n_tasks,
-        seed=args.seed, out=args.out, workdir=args.workdir, group_size=args.group_size, batch_size=args.batch_size,
-        max_concurrent_rollouts=args.max_concurrent, lr=args.lr, workload=workload, latency=latency,
-        torch_threads=args.threads or None, overrides=[f"rollout.context_policy={args.context_policy}"]), indent=2))
+    flags = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()
+             if key not in ("command", "action", "run", "config", "overrides")}
+    config = load_settings(TrainerBenchConfig, getattr(args, "config", None), getattr(args, "overrides", ()), flags)
+    print(json.dumps(run_trainer_bench_config(config), indent=2))
 
 
 def _bench_learner(args: argparse.Namespace) -> None:
@@ -316,23 +316,29 @@ def _train_plan(config: object, *, json_out: bool, gpu_memory_gib: float | None)
         raise PlanError(f"this plan does not fit: {plan.refusal}")
 
 
+EVAL_FLAGS = ("env", "engine", "k", "judge", "judge_model", "workflow", "labels", "env_kwargs", "max_tasks",
+              "concurrency", "temperature", "max_new_tokens", "max_context", "context_policy", "seed", "device",
+              "tokenizer")  # `searchgym eval`'s flags that are EvalSettings' fields
+
+
 def _eval(args: argparse.Namespace) -> None:
-    if args.compare:
+    if args.compare and args.compare[0] == "compare":
         _eval_compare(args)
         return
-    missing = [flag for flag, value in (("--env", args.env), ("--engine", args.engine), ("--out", args.out)) if value is None]
+    overrides = args.compare  # without `compare`, the positionals are dotted overrides (k=2 max_tasks=8)
+    missing = [flag for flag, value in (("--env", args.env or args.config), ("--engine", args.engine or args.config),
+                                        ("--out", args.out)) if value is None]
     if missing:
         raise ValueError(f"eval needs {', '.join(missing)} (or compare finished runs: searchgym eval compare RUN_DIR...)")
     if args.allow_different:
         raise ValueError("--allow-different belongs to `searchgym eval compare RUN_DIR...`")
+    from searchgym.eval.eval_settings import load_eval_settings
     from searchgym.eval.harness import run_eval
 
-    summary = run_eval(args.env, args.engine, args.out, labels=args.labels,
-                       k=args.k, judge=args.judge, env_kwargs=json.loads(args.env_kwargs),
-                       max_tasks=args.max_tasks, concurrency=args.concurrency, temperature=args.temperature,
-                       max_new_tokens=args.max_new_tokens, max_context=args.max_context, seed=args.seed,
-                       device=args.device, tokenizer=args.tokenizer, judge_model=args.judge_model,
-                       workflow=args.workflow, context_policy=args.context_policy)
+    values = {name: getattr(args, name) for name in EVAL_FLAGS if getattr(args, name) is not None}
+    if "labels" in values:
+        values["labels"] = str(values["labels"])
+    summary = run_eval(load_eval_settings(args.config, overrides, values), args.out)
     print((Path(args.out) / "summary.md").read_text())
     print(f"samples, summary.json, plots and report.html in {args.out} ({int(summary['metrics']['samples'])} samples)")
 
@@ -346,7 +352,7 @@ def _eval_compare(args: argparse.Namespace) -> None:
         raise ValueError("`searchgym eval compare` takes finished run directories, not --env/--engine/--labels")
     from searchgym.eval.compare import compare_runs, comparison_markdown, write_comparison
 
-    comparison = compare_runs(runs, allow_different=args.allow_different, seed=args.seed)
+    comparison = compare_runs(runs, allow_different=args.allow_different, seed=args.seed or 0)
     print(comparison_markdown(comparison))
     if args.out:
         write_comparison(comparison, args.out)
@@ -438,6 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = rooms.add_parser("quickstart", help="world -> warm start -> async RL -> before/after evaluation, on a CPU")
     p.add_argument("--out", default=None, help="output directory (default runs/quickstart)")
+    p.add_argument("--config", type=Path, default=None,
+                   help="a quickstart YAML (default: the built-in settings, spelt out in configs/quickstart.yaml)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rl.steps=10 eval.k=2")
     p.set_defaults(run=_quickstart)
 
@@ -463,15 +471,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = rooms.add_parser("eval", help="k judged samples per question: Avg@k, Pass@k, trajectories, report (resumable); "
                                       "`eval compare RUN_DIR...` compares finished runs",
-                         usage="searchgym eval --env ID --engine SPEC --out DIR [options]\n"
+                         usage="searchgym eval --env ID --engine SPEC --out DIR [options] [key=value ...]\n"
                                "       searchgym eval compare RUN_DIR RUN_DIR... [--allow-different] [--out DIR] [--seed N]")
-    p.add_argument("compare", nargs="*", metavar="compare RUN_DIR",
+    p.add_argument("compare", nargs="*", metavar="compare RUN_DIR | key=value",
                    help="compare finished runs (the first is the baseline) instead of evaluating; refused when their "
-                        "protocol cards differ")
+                        "protocol cards differ. Else dotted overrides of the eval's settings, e.g. k=2 max_tasks=8")
+    p.add_argument("--config", type=Path, default=None,
+                   help="a YAML of the eval's settings (EvalSettings: env, engine, k, ...); flags and overrides win")
     p.add_argument("--env", default=None, help="a gym id, e.g. searchgym/HotpotQA-v0 or searchgym/SyntheticQA-v0")
     p.add_argument("--engine", default=None,
                    help="a model directory (TorchEngine), sglang:HOST:PORT[,HOST:PORT] or openai:http://host/v1[:model]")
-    p.add_argument("--k", type=int, default=4, help="samples per question")
+    p.add_argument("--k", type=int, default=None, help="samples per question (default 4)")
     p.add_argument("--judge", default=None, help="comma list of em, f1, cover_em, llm (default: the suite's)")
     p.add_argument("--judge-model", default=None,
                    help="chat model of the llm judge: openai:http://host/v1[:model], a model directory or sglang:...")
@@ -483,16 +493,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="human verdicts (CSV or JSONL: question id, prediction, verdict) each judge is scored against")
     p.add_argument("--allow-different", action="store_true",
                    help="compare: compare runs whose protocol cards differ, listing every differing field")
-    p.add_argument("--env-kwargs", default="{}", help="JSON kwargs for gym.make")
+    p.add_argument("--env-kwargs", type=_json_object, default=None, help="JSON kwargs for gym.make")
     p.add_argument("--max-tasks", type=int, default=None)
-    p.add_argument("--concurrency", type=int, default=32, help="episodes in flight")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=1024, help="per turn")
-    p.add_argument("--max-context", type=int, default=32_768, help="tokens per episode")
-    p.add_argument("--context-policy", default="end", choices=("end", "fold", "summarise"),
-                   help="past --max-context: end the episode, fold old results, or have the model summarise")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu", help="of a local model directory")
+    p.add_argument("--concurrency", type=int, default=None, help="episodes in flight (default 32)")
+    p.add_argument("--temperature", type=float, default=None, help="default 1.0")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default 1024)")
+    p.add_argument("--max-context", type=int, default=None, help="tokens per episode (default 32768)")
+    p.add_argument("--context-policy", default=None, choices=("end", "fold", "summarise"),
+                   help="past --max-context: end the episode (default), fold old results, or have the model summarise")
+    p.add_argument("--seed", type=int, default=None, help="default 0")
+    p.add_argument("--device", default=None, help="of a local model directory (default cpu)")
     p.add_argument("--tokenizer", default=None, help="tokenizer of sglang servers (default: the served model's)")
     p.set_defaults(run=_eval)
 
@@ -575,39 +585,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", type=Path, default=None, help="where to build the world (default: a temp dir)")
     p.set_defaults(run=_bench_search)
     p = bench.add_parser("trainer", help="async vs sync RL on heavy-tailed agent episodes: the staleness sweep, "
-                                         "trained tokens/s at steady state and final reward")
-    p.add_argument("--steps", type=int, default=5, help="learner steps per run")
-    p.add_argument("--warmup-steps", type=int, default=1, help="steps left out of the steady-state throughput")
-    p.add_argument("--final-steps", type=int, default=2, help="last steps whose episodes give the final reward")
-    p.add_argument("--rounds", type=int, default=1, help="passes over the sweep, alternately forwards and backwards")
-    p.add_argument("--staleness", type=_int_list, default=[0, 1, 2, 4, 8],
+                                         "trained tokens/s at steady state and final reward",
+                         argument_default=argparse.SUPPRESS)  # only the flags given become values
+    p.add_argument("--steps", type=int, help="learner steps per run")
+    p.add_argument("--warmup-steps", type=int, help="steps left out of the steady-state throughput")
+    p.add_argument("--final-steps", type=int, help="last steps whose episodes give the final reward")
+    p.add_argument("--rounds", type=int, help="passes over the sweep, alternately forwards and backwards")
+    p.add_argument("--staleness", type=_int_list,
                    help="staleness bounds to sweep, comma-separated (0: the synchronous baseline, required)")
-    p.add_argument("--headline-staleness", type=int, default=4, help="the bound the headline speedup quotes")
-    p.add_argument("--size", type=int, default=1000, help="pages in the synthetic world")
-    p.add_argument("--n-tasks", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0, help="training seed (and the latency and workload seeds)")
-    p.add_argument("--group-size", type=int, default=4, help="episodes per task")
-    p.add_argument("--batch-size", type=int, default=2, help="groups per learner step")
-    p.add_argument("--max-concurrent", type=int, default=64, help="rollout.max_concurrent_rollouts (episodes)")
-    p.add_argument("--lr", type=float, default=1e-2, help="learning rate of the tiny policy")
-    p.add_argument("--turns-median", type=float, default=3.0, help="median turns per episode")
-    p.add_argument("--turns-p90", type=float, default=16.0, help="90th percentile of turns per episode")
-    p.add_argument("--turns-max", type=int, default=40, help="most turns an episode plays")
-    p.add_argument("--turn-tokens-median", type=float, default=48.0, help="median tokens one turn generates")
-    p.add_argument("--turn-tokens-sigma", type=float, default=0.5, help="log-normal sigma of a turn's tokens")
-    p.add_argument("--turn-tokens-max", type=int, default=192, help="most tokens one turn generates")
-    p.add_argument("--episode-tokens-min", type=int, default=58, help="fewest tokens an episode generates")
-    p.add_argument("--episode-tokens-max", type=int, default=1920, help="most tokens an episode generates")
-    p.add_argument("--tail-share", type=float, default=0.0,
+    p.add_argument("--headline-staleness", type=int, help="the bound the headline speedup quotes")
+    p.add_argument("--size", type=int, help="pages in the synthetic world")
+    p.add_argument("--n-tasks", type=int)
+    p.add_argument("--seed", type=int, help="training seed (and the latency and workload seeds)")
+    p.add_argument("--group-size", type=int, help="episodes per task")
+    p.add_argument("--batch-size", type=int, help="groups per learner step")
+    p.add_argument("--max-concurrent", type=int, help="rollout.max_concurrent_rollouts (episodes)")
+    p.add_argument("--lr", type=float, help="learning rate of the tiny policy")
+    p.add_argument("--turns-median", type=float, help="median turns per episode")
+    p.add_argument("--turns-p90", type=float, help="90th percentile of turns per episode")
+    p.add_argument("--turns-max", type=int, help="most turns an episode plays")
+    p.add_argument("--turn-tokens-median", type=float, help="median tokens one turn generates")
+    p.add_argument("--turn-tokens-sigma", type=float, help="log-normal sigma of a turn's tokens")
+    p.add_argument("--turn-tokens-max", type=int, help="most tokens one turn generates")
+    p.add_argument("--episode-tokens-min", type=int, help="fewest tokens an episode generates")
+    p.add_argument("--episode-tokens-max", type=int, help="most tokens an episode generates")
+    p.add_argument("--tail-share", type=float,
                    help="share of episodes that play exactly --turns-max turns (a long tail on purpose)")
-    p.add_argument("--context-policy", default="end", choices=("end", "fold", "summarise"),
+    p.add_argument("--context-policy", choices=("end", "fold", "summarise"),
                    help="what an episode does when its context is full (rollout.context_policy)")
-    p.add_argument("--latency-ms", type=float, default=250.0, help="median tool latency")
-    p.add_argument("--latency-alpha", type=float, default=1.2, help="Pareto tail index (smaller: heavier tail)")
-    p.add_argument("--latency-max-s", type=float, default=10.0, help="cap on one tool call's latency")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
-    p.add_argument("--out", type=Path, default=Path("results/bench_trainer.json"))
-    p.add_argument("--workdir", type=Path, default=None, help="where the runs write (default: a temp dir)")
+    p.add_argument("--latency-ms", type=float, help="median tool latency")
+    p.add_argument("--latency-alpha", type=float, help="Pareto tail index (smaller: heavier tail)")
+    p.add_argument("--latency-max-s", type=float, help="cap on one tool call's latency")
+    p.add_argument("--threads", type=int, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--out", type=Path, help="default results/bench_trainer.json")
+    p.add_argument("--workdir", type=Path, help="where the runs write (default: a temp dir)")
+    p.add_argument("--config", type=Path, help="a YAML of these settings (TrainerBenchConfig); flags and overrides win")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. steps=3 staleness=[0,4]")
     p.set_defaults(run=_bench_trainer)
     p = bench.add_parser("learner", help="learner peak memory and step time against trajectory length (1k to 32k "
                                          "tokens, 151,936 vocabulary): chunked loss head vs whole logits")

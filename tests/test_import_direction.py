@@ -17,6 +17,7 @@ PACKAGE = Path(searchgym.__file__).parent
 
 # room -> floor; rooms on the same floor must not import each other
 FLOORS = {
+    "settings": 0.5,  # the one settings loader (stdlib and OmegaConf only): every room's configs use it
     "envs": 1,
     "world": 2,
     "agents": 3,

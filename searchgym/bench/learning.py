@@ -25,12 +25,12 @@ import json
 import os
 import platform
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from searchgym.bench.bootstrap import hierarchical_bootstrap
 from searchgym.envs.jsonl_log import JsonlLog
@@ -47,6 +47,7 @@ from searchgym.pipeline.stages import (
     run_rl,
     say,
 )
+from searchgym.settings import load_settings, setting
 from searchgym.trainers.config import EnvConfig
 from searchgym.trainers.warm_start.sft import sft
 
@@ -66,7 +67,15 @@ class HopsConfig:
     demos: list[int] = field(default_factory=lambda: [1])
     rl: list[int] = field(default_factory=lambda: [1, 2])
     eval: list[int] = field(default_factory=lambda: [1, 2])
-    rl_demos: float = 0.1  # share of the RL hop counts' train tasks also demonstrated (seeds the behaviour; not RL'd)
+    # share of the RL hop counts' train tasks also demonstrated (seeds the behaviour; not RL'd)
+    rl_demos: float = setting(0.1, at_least=0, below=1)
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        """Each list names hop counts the synthetic world makes (1 to 4)."""
+        for name in ("demos", "rl", "eval"):
+            hops = getattr(self, name)
+            if not hops or not set(hops) <= {1, 2, 3, 4}:
+                yield (name, f"must list hop counts between 1 and 4, got {hops}")
 
 
 def _learning_env() -> dict[str, Any]:
@@ -81,7 +90,7 @@ class LearningConfig(QuickstartConfig):
     out_dir: str = "runs/bench_learning"
     preset: str = "headroom"
     hops: HopsConfig = field(default_factory=HopsConfig)
-    max_demos: int = 1500  # at most this many demonstrated tasks of `hops.demos` per seed (bounds the warm start)
+    max_demos: int = setting(1500, at_least=1)  # at most this many demonstrated tasks of `hops.demos` per seed (bounds the warm start)
     base_seed: int = 0  # the world whose pages (and demos) train the shared base model's tokenizer
     sync: bool = True  # also train the sync baseline (same steps, staleness 0)
     bootstrap_resamples: int = 2000
@@ -99,21 +108,8 @@ def load_learning_config(overrides: list[str] | tuple[str, ...] = (), preset: st
     defaults.rl.rollout.max_new_tokens = defaults.eval.max_new_tokens = 40
     defaults.rl.learner.process_reward_weight = 0.0
     defaults.demos.fraction = 1.0
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(defaults), OmegaConf.from_dotlist(PRESETS[preset]),
-                                 OmegaConf.from_dotlist(list(overrides)))
-        config: LearningConfig = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as e:
-        raise ValueError(f"bench learning config: {(e.msg or str(e)).splitlines()[0]} (key {e.full_key})") from None
+    config = load_settings(LearningConfig, overrides=[*PRESETS[preset], *overrides], base=defaults)
     config.preset = preset
-    if not 0 <= config.hops.rl_demos < 1:
-        raise ValueError(f"hops.rl_demos must be in [0, 1), got {config.hops.rl_demos}")
-    for name in ("demos", "rl", "eval"):
-        hops = getattr(config.hops, name)
-        if not hops or not set(hops) <= {1, 2, 3, 4}:
-            raise ValueError(f"hops.{name} must list hop counts between 1 and 4, got {hops}")
-    if config.eval.k < 1 or config.max_demos < 1:
-        raise ValueError("eval.k and max_demos must be at least 1")
     return config
 
 

@@ -26,8 +26,8 @@ import platform
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import asdict
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +42,87 @@ from searchgym.bench.slow_env import (  # noqa: F401
     make_slow_synthetic_qa,
 )
 from searchgym.bench.workload import Workload, quantiles
+from searchgym.settings import check_settings, setting
 
 STALENESS_SWEEP = (0, 1, 2, 4, 8)
+
+
+@dataclass
+class TrainerBenchConfig:
+    """`searchgym bench trainer`'s settings (its flags, `--config FILE` and dotted overrides, one loader)."""
+
+    steps: int = setting(5, at_least=1)  # learner steps per run
+    warmup_steps: int = setting(1, at_least=0)  # steps left out of the steady-state throughput
+    final_steps: int = setting(2, at_least=1)  # last steps whose episodes give the final reward
+    rounds: int = setting(1, at_least=1)  # passes over the sweep, alternately forwards and backwards
+    staleness: list[int] = field(default_factory=lambda: list(STALENESS_SWEEP))  # 0: the synchronous baseline
+    headline_staleness: int = setting(4, at_least=0)  # the bound the headline speedup quotes
+    size: int = setting(1000, at_least=1)  # pages in the synthetic world
+    n_tasks: int = setting(200, at_least=1)
+    seed: int = 0  # training seed (and the latency and workload seeds)
+    group_size: int = setting(4, at_least=1)  # episodes per task
+    batch_size: int = setting(2, at_least=1)  # groups per learner step
+    max_concurrent: int = setting(64, at_least=1)  # rollout.max_concurrent_rollouts (episodes)
+    lr: float = setting(1e-2, above=0)  # learning rate of the tiny policy
+    turns_median: float = setting(3.0, at_least=1)  # the workload (workload.py)
+    turns_p90: float = 16.0
+    turns_max: int = 40
+    turn_tokens_median: float = setting(48.0, at_least=1)
+    turn_tokens_sigma: float = setting(0.5, at_least=0)
+    turn_tokens_max: int = 192
+    episode_tokens_min: int = setting(58, at_least=1)
+    episode_tokens_max: int = 1920
+    tail_share: float = setting(0.0, at_least=0, at_most=1)
+    context_policy: str = setting("end", choices=("end", "fold", "summarise"))  # rollout.context_policy
+    latency_ms: float = setting(250.0, at_least=0)  # median tool latency
+    latency_alpha: float = setting(1.2, above=0)  # Pareto tail index (smaller: heavier tail)
+    latency_max_s: float = setting(10.0, at_least=0)  # cap on one tool call's latency
+    threads: int = setting(1, at_least=0)  # torch intra-op threads (0: torch's default)
+    out: str = "results/bench_trainer.json"
+    workdir: str | None = None  # where the runs write (None: a temp dir)
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        """The checks that span fields: the sweep, the step windows and the workload's shape."""
+        if 0 not in self.staleness or any(eta < 0 for eta in self.staleness) or \
+                len(set(self.staleness)) != len(self.staleness):
+            yield ("staleness", f"must be distinct bounds >= 0 including 0 (the synchronous baseline), "
+                                f"got {self.staleness}")
+        if self.warmup_steps >= self.steps:
+            yield ("warmup_steps", f"must be less than steps ({self.steps}), got {self.warmup_steps}")
+        if self.final_steps > self.steps:
+            yield ("final_steps", f"must be at most steps ({self.steps}), got {self.final_steps}")
+        if not self.turns_median < self.turns_p90 <= self.turns_max:
+            yield ("turns_p90", f"must be above turns_median ({self.turns_median}) and at most turns_max "
+                                f"({self.turns_max}), got {self.turns_p90}")
+        if self.turn_tokens_max < self.turn_tokens_median:
+            yield ("turn_tokens_max", f"must be at least turn_tokens_median ({self.turn_tokens_median}), "
+                                      f"got {self.turn_tokens_max}")
+        if self.episode_tokens_min > self.turn_tokens_max:
+            yield ("episode_tokens_min", f"must be at most turn_tokens_max ({self.turn_tokens_max}) so one turn can "
+                                         f"meet it, got {self.episode_tokens_min}")
+        if self.episode_tokens_max < max(self.episode_tokens_min, self.turns_max):
+            yield ("episode_tokens_max", f"must be at least episode_tokens_min ({self.episode_tokens_min}) and "
+                                         f"turns_max ({self.turns_max}), got {self.episode_tokens_max}")
+
+    def workload(self) -> Workload:
+        """The heavy-tailed episode shapes these settings describe."""
+        return Workload(self.turns_median, self.turns_p90, self.turns_max, self.turn_tokens_median,
+                        self.turn_tokens_sigma, self.turn_tokens_max, self.episode_tokens_min,
+                        self.episode_tokens_max, self.seed, self.tail_share)
+
+
+def run_trainer_bench_config(config: TrainerBenchConfig, *, progress: bool = True) -> dict[str, Any]:
+    """`run_trainer_bench` with the settings of `config` (checked first, naming the key)."""
+    check_settings(config)
+    return run_trainer_bench(
+        steps=config.steps, warmup_steps=config.warmup_steps, final_steps=config.final_steps, rounds=config.rounds,
+        staleness=config.staleness, headline_staleness=config.headline_staleness, size=config.size,
+        n_tasks=config.n_tasks, seed=config.seed, out=config.out, workdir=config.workdir,
+        group_size=config.group_size, batch_size=config.batch_size, max_concurrent_rollouts=config.max_concurrent,
+        lr=config.lr, workload=config.workload(),
+        latency=ParetoLatency(config.latency_ms / 1000, config.latency_alpha, config.latency_max_s, config.seed),
+        torch_threads=config.threads or None, overrides=[f"rollout.context_policy={config.context_policy}"],
+        progress=progress)
 
 
 def run_trainer_bench(*, steps: int = 5, warmup_steps: int = 1, final_steps: int = 2, rounds: int = 1,

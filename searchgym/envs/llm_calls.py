@@ -71,6 +71,16 @@ def env_int(name: str, default: int) -> int:
     return value
 
 
+def llm_retries() -> int:
+    """$SEARCHGYM_LLM_RETRIES: transport retries of every LLM call (default 5); junk is a ValueError naming it."""
+    return env_int(RETRIES_ENV, 5)
+
+
+def llm_backoff() -> float:
+    """$SEARCHGYM_LLM_BACKOFF: base seconds of every LLM retry backoff (default 0.5); junk is a ValueError naming it."""
+    return env_float(BACKOFF_ENV, 0.5)
+
+
 @dataclass(frozen=True)
 class ReplyRetry:
     """How often and how patiently a cut-off or unparseable reply is asked again (backoff doubles, with jitter)."""
@@ -87,7 +97,7 @@ class ReplyRetry:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed try number `attempt` (0-based)."""
-        base = env_float(BACKOFF_ENV, 0.5) if self.backoff is None else self.backoff
+        base = llm_backoff() if self.backoff is None else self.backoff
         return min(self.backoff_max, base * 2**attempt) * random.uniform(0.5, 1.0)
 
 

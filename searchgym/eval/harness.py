@@ -54,9 +54,11 @@ from searchgym.envs.llm_calls import DependencyFailed
 from searchgym.envs.search_env import SearchEnv
 from searchgym.eval.agreement import judge_agreement, label_accuracy, load_labels
 from searchgym.eval.card import build_card
+from searchgym.eval.eval_settings import RESUME_KEYS, EvalSettings, run_record
 from searchgym.eval.evidence import evidence_metrics, evidence_stats
 from searchgym.eval.fingerprint import engine_fingerprint
 from searchgym.eval.metrics import BREAKDOWN_KEYS, Sample, breakdown, summarize
+from searchgym.settings import check_settings
 
 SAMPLES = "samples.jsonl"
 RUN = "run.json"
@@ -206,27 +208,35 @@ def sample_of(row: dict[str, Any]) -> Sample:
 
 # --- the run ------------------------------------------------------------------------------------
 
-def run_eval(env_id: str, engine: str, out: str | os.PathLike, *, k: int = 4, judge: str | None = None,
-             env_kwargs: dict[str, Any] | None = None, max_tasks: int | None = None, concurrency: int = 32,
-             temperature: float = 1.0, max_new_tokens: int = 1024, max_context: int = 32_768, seed: int = 0,
-             device: str = "cpu", tokenizer: str | None = None, judge_model: str | None = None,
-             workflow: str | None = None, progress: bool = True, make_env: Callable[[], SearchEnv] | None = None,
-             report: bool = True, labels: str | os.PathLike | None = None,
-             context_policy: str = "end") -> dict[str, Any]:
-    """Evaluate `engine` (any engine spec) on `env_id` into `out`; resumes a previous run there. Returns the summary.
+def run_eval(config: EvalSettings | str, *where: str | os.PathLike, progress: bool = True,
+             make_env: Callable[[], SearchEnv] | None = None, report: bool = True, **settings: Any) -> dict[str, Any]:
+    """Evaluate with `config` into `out`, `run_eval(config, out)`; resumes a previous run there. Returns the summary.
 
-    The episodes are played by the workflow `build_workflow` builds (`workflow` names a custom class), so
-    what is evaluated is exactly what trains; the tool format is the env's (`env_kwargs["tool_format"]`).
-    `labels` is a file of human verdicts (question id, prediction, verdict) that each judge is scored against.
-    `context_policy` ("end", "fold", "summarise") says how an episode longer than `max_context` goes on
-    (agents/context.py).
+    The keyword form `run_eval(env_id, engine, out, k=4, ...)` takes EvalSettings' fields as keywords. The
+    episodes are played by the workflow `build_workflow` builds (`workflow` names a custom class), so what is
+    evaluated is exactly what trains; the tool format is the env's (`env_kwargs["tool_format"]`). `labels` is a
+    file of human verdicts (question id, prediction, verdict) that each judge is scored against. `context_policy`
+    ("end", "fold", "summarise") says how an episode longer than `max_context` goes on (agents/context.py).
+    Settings that fail their checks are refused (ValueError naming the key) before anything starts.
     """
     from searchgym.envs.suites import suite_of
 
-    if k < 1:
-        raise ValueError("k must be at least 1")
-    policy = make_context_policy(context_policy)  # an unknown name fails before any episode
-    env_kwargs = dict(env_kwargs or {})
+    if isinstance(config, EvalSettings):
+        (out,) = where
+    else:  # the keyword form
+        engine, out = where
+        if settings.get("env_kwargs") is None:
+            settings.pop("env_kwargs", None)
+        if settings.get("labels") is not None:
+            settings["labels"] = os.fspath(settings["labels"])
+        config = EvalSettings(env=config, engine=str(engine), **settings)
+    check_settings(config)
+    env_id, engine, k, judge, seed = config.env, config.engine, config.k, config.judge, config.seed
+    max_tasks, concurrency, temperature, device = config.max_tasks, config.concurrency, config.temperature, config.device
+    max_new_tokens, max_context, tokenizer = config.max_new_tokens, config.max_context, config.tokenizer
+    judge_model, workflow, labels, context_policy = config.judge_model, config.workflow, config.labels, config.context_policy
+    policy = make_context_policy(context_policy)
+    env_kwargs = dict(config.env_kwargs)
     suite = suite_of(env_id)
     judge = judge or (suite.judge if suite else "em,f1")
     human = load_labels(labels) if labels is not None else None  # a bad labels file fails before any episode
@@ -235,11 +245,7 @@ def run_eval(env_id: str, engine: str, out: str | os.PathLike, *, k: int = 4, ju
     with asyncio.Runner() as loop:  # one event loop for the whole command: fingerprints, episodes, judges
         model = loop.run(engine_fingerprint(engine))
         judge_fp = loop.run(engine_fingerprint(judge_model)) if judge_model else None
-        run = {"env": env_id, "env_kwargs": env_kwargs, "engine": engine, "seed": seed, "temperature": temperature,
-               "max_new_tokens": max_new_tokens, "max_context": max_context, "workflow": workflow,
-               "model": model["identity"]}
-        if context_policy != "end":  # runs made before context policies existed keep resuming
-            run["context_policy"] = context_policy
+        run = run_record(config, model["identity"])  # run.json: the settings object and the weights' identity
         run_path = out / RUN
         if run_path.exists():
             try:
@@ -249,9 +255,11 @@ def run_eval(env_id: str, engine: str, out: str | os.PathLike, *, k: int = 4, ju
             except (ValueError, UnicodeDecodeError) as e:
                 raise ValueError(f"{run_path} is damaged ({e}); it records what {out}'s samples were made with: "
                                  f"restore it, or evaluate into another --out") from None
-            # a model identity of None is unknown (an older run, a server that was down), not a difference
-            changed = {key: (previous.get(key), value) for key, value in run.items() if previous.get(key) != value
-                       and (key != "model" or None not in (previous.get(key), value))}
+            # a model identity of None is unknown (an older run, a server that was down), not a difference;
+            # a run made before context policies existed ended its episodes ("end")
+            before = {"context_policy": "end", **previous}
+            changed = {key: (before.get(key), run[key]) for key in (*RESUME_KEYS, "model") if before.get(key) != run[key]
+                       and (key != "model" or None not in (before.get(key), run[key]))}
             if changed:
                 raise ValueError(f"{out} holds samples of another run (differs in {changed}); use another --out")
         else:

@@ -1,26 +1,28 @@
 """The pipeline's stages, one function each: world, demonstrations, base model, warm start, RL, evaluation.
 
 `searchgym quickstart` (searchgym/quickstart.py) runs them once; `searchgym bench learning`
-(searchgym/bench/learning.py) runs them once per seed. Their config is `QuickstartConfig`.
+(searchgym/bench/learning.py) runs them once per seed. Their config is `QuickstartConfig`, whose defaults
+configs/quickstart.yaml spells out (a test asserts they are equal).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
 import searchgym  # noqa: F401  (registers the env ids)
 from searchgym.agents.scripted import demonstrations
 from searchgym.agents.tiny_model import build_tiny_model
 from searchgym.envs.factory import make_unwrapped
+from searchgym.eval.eval_settings import EvalSettings
 from searchgym.eval.harness import run_eval
+from searchgym.settings import load_settings, setting
 from searchgym.trainers.config import EnvConfig, LearnerConfig, RolloutConfig, TrainConfig
 from searchgym.trainers.launchers.local import train
 from searchgym.trainers.warm_start.copy_pretrain import CopyPretrainConfig, copy_pretrain
@@ -34,12 +36,12 @@ ENV_KWARGS = {"size": 20000, "n_tasks": 20000, "hops": 1, "top_k": 2, "doc_chars
 class TinyModelConfig:
     """The policy's shape: small enough to train on a CPU in minutes, big enough to learn to copy."""
 
-    vocab_size: int = 8192  # a larger vocabulary keeps the world's names to few tokens, easier to copy
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 384
+    vocab_size: int = setting(8192, at_least=1)  # a larger vocabulary keeps the world's names to few tokens, easier to copy
+    hidden_size: int = setting(128, at_least=1)
+    num_layers: int = setting(2, at_least=1)
+    num_heads: int = setting(4, at_least=1)
+    num_kv_heads: int = setting(2, at_least=1)
+    intermediate_size: int = setting(384, at_least=1)
     init_std: float = 0.02  # Hugging Face's Qwen2 init; the tiny-model default (0.3) is for untrained test models
 
 
@@ -49,7 +51,7 @@ class DemoConfig:
     warm start has not memorised) and how: search the question verbatim (a copy a tiny model learns) or
     the entity's name."""
 
-    fraction: float = 0.5
+    fraction: float = setting(0.5, at_least=0, at_most=1)
     question_query: bool = True
 
 
@@ -57,11 +59,11 @@ class DemoConfig:
 class EvalConfig:
     """Held-out evaluation: k samples per test task at the sampling temperature the policy trains with."""
 
-    k: int = 4
-    max_tasks: int = 128
-    temperature: float = 1.0
-    max_new_tokens: int = 48
-    concurrency: int = 64
+    k: int = setting(4, at_least=1)
+    max_tasks: int = setting(128, at_least=1)
+    temperature: float = setting(1.0, at_least=0)
+    max_new_tokens: int = setting(48, at_least=1)
+    concurrency: int = setting(64, at_least=1)
 
 
 @dataclass
@@ -70,7 +72,7 @@ class QuickstartConfig:
 
     out_dir: str = "runs/quickstart"
     seed: int = 0
-    torch_threads: int = 2
+    torch_threads: int = setting(2, at_least=1)
     env: EnvConfig = field(default_factory=lambda: EnvConfig(kwargs=dict(ENV_KWARGS)))
     demos: DemoConfig = field(default_factory=DemoConfig)
     model: TinyModelConfig = field(default_factory=TinyModelConfig)
@@ -85,10 +87,11 @@ class QuickstartConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
-def load_quickstart_config(overrides: list[str] | tuple[str, ...] = ()) -> QuickstartConfig:
-    """Defaults plus dotted overrides, validated against the dataclasses."""
-    merged = OmegaConf.merge(OmegaConf.structured(QuickstartConfig), OmegaConf.from_dotlist(list(overrides)))
-    return OmegaConf.to_object(merged)
+def load_quickstart_config(overrides: list[str] | tuple[str, ...] = (), path: str | os.PathLike | None = None,
+                           values: dict[str, Any] | None = None) -> QuickstartConfig:
+    """Defaults (which `configs/quickstart.yaml` spells out), the file at `path`, `values`, then dotted overrides:
+    `load_settings`, so every range and choice check names its dotted key (`rl.mode`)."""
+    return load_settings(QuickstartConfig, path, overrides, values)
 
 
 @contextlib.contextmanager
@@ -142,9 +145,10 @@ def evaluate_policy(model_dir: Path, out: Path, config: EvalConfig, *, env_id: s
                     seed: int, progress: bool = True) -> dict[str, float]:
     """`run_eval` of `model_dir` into `out` (k samples per question, EM and F1 judges); returns its metrics."""
     shutil.rmtree(out, ignore_errors=True)  # run_eval resumes: a rerun's new model must not reuse old samples
-    summary = run_eval(env_id, str(model_dir), out, k=config.k, judge="em,f1", env_kwargs=env_kwargs,
-                       max_tasks=config.max_tasks, concurrency=config.concurrency, temperature=config.temperature,
-                       max_new_tokens=config.max_new_tokens, seed=seed, progress=progress)
+    settings = EvalSettings(env=env_id, engine=str(model_dir), k=config.k, judge="em,f1", env_kwargs=env_kwargs,
+                            max_tasks=config.max_tasks, concurrency=config.concurrency, temperature=config.temperature,
+                            max_new_tokens=config.max_new_tokens, seed=seed)
+    summary = run_eval(settings, out, progress=progress)
     return summary["metrics"]
 
 

@@ -27,6 +27,7 @@ from searchgym.envs.judges import ChatModel, normalize_answer
 from searchgym.envs.llm_calls import CallFailed, ReplyRetry, Unparseable, ask
 from searchgym.envs.llm_judge import LLMJudge, json_objects_from_end
 from searchgym.envs.tools.base import Page, PageBackend, PageNotFound, SearchBackend
+from searchgym.settings import setting
 from searchgym.synthesis.prompts import (
     ACT_PROMPT,
     INJECT_PROMPT,
@@ -85,14 +86,14 @@ class CallFailure(Exception):
 class QAConfig:
     """Knobs of the agent; defaults follow ASearcher's (k solver attempts, exit at a 0 solve rate)."""
 
-    max_turns: int = 3
-    k: int = 4
-    max_solve_rate: float = 0.0
-    max_tokens: int = 1024
-    temperature: float = 0.7
-    solver_temperature: float = 1.0
-    max_links: int = 8
-    near_duplicate: float = 0.8  # token-set Jaccard at or above which a question is a near duplicate
+    max_turns: int = setting(3, at_least=1)
+    k: int = setting(4, at_least=1)
+    max_solve_rate: float = setting(0.0, at_least=0, at_most=1)
+    max_tokens: int = setting(1024, at_least=1)
+    temperature: float = setting(0.7, at_least=0)
+    solver_temperature: float = setting(1.0, at_least=0)
+    max_links: int = setting(8, at_least=1)
+    near_duplicate: float = setting(0.8, at_least=0, at_most=1)  # token-set Jaccard at or above which a question is a near duplicate
     reply_attempts: int = 3  # tries of a call whose reply was cut off or unparseable
     retry_backoff: float | None = None  # seconds before the second try (doubling); None: $SEARCHGYM_LLM_BACKOFF or 0.5
 

@@ -223,7 +223,7 @@ def test_the_asearcher_configs_plan_what_they_intend(path, capsys, tmp_path):
 def test_a_dry_run_starts_nothing_and_writes_nothing(capsys, tmp_path, tiny_model_dir):
     out_dir = tmp_path / "run"
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    code, out, _ = dry_run(capsys, "--config", str(CONFIGS / "quickstart-cpu.yaml"), f"model.path={tiny_model_dir}",
+    code, out, _ = dry_run(capsys, "--config", str(CONFIGS / "train-cpu.yaml"), f"model.path={tiny_model_dir}",
                            f"out_dir={out_dir}", "learner.ranks=2")
     assert code == 0 and "nothing started, nothing written" in out and "follower ranks" in out
     assert not out_dir.exists()
@@ -297,14 +297,14 @@ def test_sglang_weights_that_overflow_the_static_pool_are_refused():
 
 
 def test_the_local_launcher_counts_the_engine_on_rank_0s_gpu(tiny_model_dir):
-    config = load_config(CONFIGS / "quickstart-cpu.yaml", [f"model.path={tiny_model_dir}", "model.device=cuda",
+    config = load_config(CONFIGS / "train-cpu.yaml", [f"model.path={tiny_model_dir}", "model.device=cuda",
                                                            "learner.ranks=2"])
     plan = make_plan(config, gpu_memory_gib=1)
     names = [g.name for g in plan.groups]
     assert names == ["this process", "follower ranks"] and plan.total == {"CPU": 2.0, "GPU": 2.0}
     assert any(t.name == "rollout engine weights" and t.bytes == 223_808 * 4 for t in plan.learner)
     assert make_plan(config, gpu_memory_gib=0.001).refusal  # a GPU smaller than the terms: refused
-    assert make_plan(load_config(CONFIGS / "quickstart-cpu.yaml", [f"model.path={tiny_model_dir}"]),
+    assert make_plan(load_config(CONFIGS / "train-cpu.yaml", [f"model.path={tiny_model_dir}"]),
                      gpu_memory_gib=0.001).refusal is None  # on CPU there is no GPU to overflow
 
 

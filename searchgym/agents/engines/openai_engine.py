@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 
-from searchgym.envs.llm_calls import BACKOFF_ENV, RETRIES_ENV, env_float, env_int
+from searchgym.envs.llm_calls import llm_backoff, llm_retries
 from searchgym.envs.tools.http_session import LoopSession, retry_after_seconds
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429})  # plus every 5xx
@@ -87,9 +87,9 @@ class OpenAIEngine:
         self.url = base_url.rstrip("/") + "/chat/completions"  # base_url ends in /v1, as with the OpenAI SDK
         self.model = model
         self.max_concurrency = max_concurrency
-        self.max_retries = env_int(RETRIES_ENV, 5) if max_retries is None else max_retries
+        self.max_retries = llm_retries() if max_retries is None else max_retries
         self.timeout = timeout
-        self.backoff_base = env_float(BACKOFF_ENV, 0.5) if backoff_base is None else backoff_base
+        self.backoff_base = llm_backoff() if backoff_base is None else backoff_base
         self.backoff_max = backoff_max
         api_key = os.environ.get(api_key_env)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

@@ -23,6 +23,7 @@ import torch
 
 from searchgym.agents.engines.sglang_engine import SGLangEngine
 from searchgym.envs.tools.ports import free_port
+from searchgym.settings import check_settings
 from searchgym.trainers.algorithm.learner import Learner
 from searchgym.trainers.build import build_controller, load_learner, make_env_factory, open_rollout_engine, task_ids
 from searchgym.trainers.config import TrainConfig, config_dict
@@ -69,7 +70,9 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -
     With `resume`, continue from the run directory's latest checkpoint (same version numbering, same
     data order, unfinished groups replayed); without a checkpoint it starts from scratch. SIGTERM or SIGINT
     during the steps stops at a step boundary with the last trained step checkpointed (TrainingStopped).
+    A config that fails its checks is refused (ValueError naming the key) before anything starts.
     """
+    check_settings(config)
     return asyncio.run(_train(config, resume, progress))
 
 

@@ -40,6 +40,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from searchgym.settings import check_settings
 from searchgym.trainers.build import make_env_factory, task_ids
 from searchgym.trainers.config import TrainConfig, config_dict
 from searchgym.trainers.launchers.ray_actors import LearnerWorker, RolloutWorker, forwarded_env, shard
@@ -60,6 +61,7 @@ PLACEMENT_TIMEOUT_S = 300
 
 def train_ray(config: TrainConfig, *, resume: bool = False, progress: bool = True) -> list[dict[str, float]]:
     """Train until step `config.steps` on a Ray cluster: the same outputs and `resume` as local.train()."""
+    check_settings(config)  # a config built in Python is refused naming the key, before a cluster starts
     with RayTrainer(config, resume=resume, progress=progress) as trainer:
         return trainer.train()
 

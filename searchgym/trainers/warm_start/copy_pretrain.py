@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from searchgym.settings import setting
 from searchgym.trainers.algorithm.learner import next_token_logits
 from searchgym.trainers.warm_start.sft import save_trained
 
@@ -30,15 +32,20 @@ from searchgym.trainers.warm_start.sft import save_trained
 class CopyPretrainConfig:
     """Steps and the shape of the random sequences (segment lengths and gaps in tokens)."""
 
-    steps: int = 600
-    batch_size: int = 64
+    steps: int = setting(600, at_least=0)
+    batch_size: int = setting(64, at_least=1)
     lr: float = 3e-3
-    warmup_steps: int = 50
+    warmup_steps: int = setting(50, at_least=0)
     grad_clip: float = 1.0
-    min_segment: int = 4
+    min_segment: int = setting(4, at_least=1)
     max_segment: int = 24
-    max_gap: int = 16  # filler before the first copy and between the copies: 0..max_gap tokens each
+    max_gap: int = setting(16, at_least=0)  # filler before the first copy and between the copies: 0..max_gap tokens each
     seed: int = 0
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        """A segment's length is drawn from min_segment..max_segment."""
+        if self.max_segment < self.min_segment:
+            yield ("max_segment", f"must be at least min_segment ({self.min_segment}), got {self.max_segment}")
 
 
 def copy_batch(rng: random.Random, vocabulary: list[int], config: CopyPretrainConfig,

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from searchgym.agents.formats import ChatTemplateDelta
+from searchgym.settings import setting
 from searchgym.trainers.algorithm.learner import next_token_logits, padded_batches
 from searchgym.trainers.run.checkpoint import write_model_dir
 
@@ -32,13 +33,13 @@ from searchgym.trainers.run.checkpoint import write_model_dir
 class SFTConfig:
     """Optimisation settings of the warm start."""
 
-    epochs: float = 3.0
+    epochs: float = setting(3.0, above=0)
     lr: float = 1e-3
     weight_decay: float = 0.0
-    warmup_steps: int = 10
+    warmup_steps: int = setting(10, at_least=0)
     grad_clip: float = 1.0
-    batch_tokens: int = 16_384  # tokens (padded) per optimizer step
-    max_length: int = 4096  # longer demonstrations are cut (their tail is not learned)
+    batch_tokens: int = setting(16_384, at_least=1)  # tokens (padded) per optimizer step
+    max_length: int = setting(4096, at_least=1)  # longer demonstrations are cut (their tail is not learned)
     observation_role: str = "user"
     observation_weight: float = 0.0  # loss weight of the other tokens (prompt, tool results); 0: actions only
     seed: int = 0

@@ -8,6 +8,7 @@ from searchgym.envs.suites import register_suites
 LOCAL_QA = "searchgym/LocalQA-v0"
 SYNTHETIC_QA = "searchgym/SyntheticQA-v0"
 WEB_QA = "searchgym/WebQA-v0"
+SIMULATED_QA = "searchgym/SimulatedQA-v0"
 
 
 def register_envs() -> None:
@@ -22,4 +23,7 @@ def register_envs() -> None:
     if WEB_QA not in gym.registry:  # the live web: same seed and actions need not give the same episode
         gym.register(id=WEB_QA, entry_point="searchgym.envs.web_env:make_web_qa", nondeterministic=True,
                      disable_env_checker=False)
+    if SIMULATED_QA not in gym.registry:  # search written by an LLM (agents/simulated_env.py opens the engine)
+        gym.register(id=SIMULATED_QA, entry_point="searchgym.agents.simulated_env:make_simulated_qa",
+                     nondeterministic=False, disable_env_checker=False)
     register_suites()  # searchgym/HotpotQA-v0, ...

@@ -229,6 +229,14 @@ class SearchEnv(gym.Env[str, str]):
             self._runner.close()
             self._runner = None
 
+    def set_trained_version(self, version: int) -> None:
+        """The trainer reports the policy's trained version before an episode; backends with a schedule over
+        training (the simulated search's noise curriculum) follow it, the others ignore it."""
+        for backend in dict.fromkeys((self.search_backend, self.page_backend)):
+            follow = getattr(backend, "set_trained_version", None)
+            if callable(follow):
+                follow(version)
+
     # --- the native async API ---------------------------------------------------------------
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -298,6 +306,8 @@ class SearchEnv(gym.Env[str, str]):
             info["error"] = f"search failed: {e}"
             return f"The search failed ({e}). Try again or rephrase the query."
         info["hits"] = [{"doc_id": h.doc_id, "url": h.url, "title": h.title, "score": h.score} for h in hits]
+        if getattr(self.search_backend, "simulated", False):  # written by an LLM, not retrieved (simulated_search.py)
+            info["simulated"] = True
         answer_page = self.task.metadata.get("answer_page")
         if answer_page:  # privileged evidence for process rewards; never shown to the agent
             rank = next((k for k, h in enumerate(hits, 1) if h.url == answer_page), None)

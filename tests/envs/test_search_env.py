@@ -36,6 +36,12 @@ def test_check_env_on_every_registered_id(small_bundle, tmp_path):
     }
     from searchgym.envs.suites import SUITES
     from tests.envs.browsecomp_layout import write_layout
+    from tests.envs.simulator_double import TASKS, ScriptedSimulator, simulator_server
+
+    tasks = tmp_path / "simulated.jsonl"
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+    server = simulator_server(ScriptedSimulator())
+    kwargs["searchgym/SimulatedQA-v0"] = {"tasks": tasks, "engine": server.__enter__(), "noise": 0.5}
 
     for suite in SUITES.values():  # benchmark suites: LocalQA / WebQA envs over a suite's task file
         if suite.kind == "browsecomp":  # its repository's own layout
@@ -45,10 +51,13 @@ def test_check_env_on_every_registered_id(small_bundle, tmp_path):
             kwargs[suite.env_id] = {**{k: v for k, v in base.items() if k != "tasks"}, "data": small_bundle / "tasks.jsonl"}
     ids = [i for i in gym.registry if i.startswith("searchgym/")]
     assert set(ids) == set(kwargs), "a new env id needs a check_env entry here"
-    for env_id in ids:
-        env = gym.make(env_id, **kwargs[env_id])
-        check_env(env.unwrapped, skip_render_check=False)
-        env.close()
+    try:
+        for env_id in ids:
+            env = gym.make(env_id, **kwargs[env_id])
+            check_env(env.unwrapped, skip_render_check=False)
+            env.close()
+    finally:
+        server.__exit__(None, None, None)
 
 
 @pytest.mark.slow

@@ -231,6 +231,7 @@ class RolloutController:
     async def _play_episode(self, task_id: str, position: int, k: int) -> Trajectory:
         """One episode of the group on its own env, with a seed and rid unique to (position, k)."""
         with self.envs.env() as env:
+            env.set_trained_version(self.trained_version)  # a backend's schedule over training follows the policy
             seed = int(np.random.SeedSequence([self.seed, position, k]).generate_state(1)[0])
             return await self.workflow.arun_episode(env, seed=seed, options={"task_id": task_id},
                                                     rid=f"{self._rid}-{position}-{k}")

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from searchgym.envs.tools.costs import charge
 from searchgym.envs.verdicts import ChatModel
 
 T = TypeVar("T")
@@ -115,6 +116,9 @@ async def complete_reply(model: ChatModel, messages: list[dict[str, Any]], **sam
         if full is not None:
             out = await full(messages, **sampling)
             text, finish = out.get("content") or "", out.get("finish_reason")
+            usage = out.get("usage") if isinstance(out.get("usage"), dict) else {}
+            # a tool's cost where the endpoint reports tokens (charged only inside a metered tool call)
+            charge(prompt_tokens=_count(usage.get("prompt_tokens")), generated_tokens=_count(usage.get("completion_tokens")))
         else:
             text, finish = await model.achat(messages, **sampling), None
     except asyncio.CancelledError:
@@ -129,6 +133,11 @@ async def complete_reply(model: ChatModel, messages: list[dict[str, Any]], **sam
     if not isinstance(text, str):
         raise CallFailed("unparseable", f"the reply is not text: {type(text).__name__}")
     return text
+
+
+def _count(value: Any) -> int:
+    """A token count an endpoint reported, or 0 when it reported none (or junk)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 async def ask(model: ChatModel, messages: list[dict[str, Any]], parse: Callable[[str], T], *,

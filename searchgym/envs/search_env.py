@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import threading
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -28,6 +29,7 @@ from searchgym.envs.spaces import UnicodeText
 from searchgym.envs.tasks import Task, TaskPool
 from searchgym.envs.tools.base import BackendError, PageBackend, PageNotFound, SearchBackend, backend_stats
 from searchgym.envs.tools.chunking import chunk_text
+from searchgym.envs.tools.costs import metered
 
 T = TypeVar("T")
 
@@ -103,7 +105,9 @@ class SearchEnv(gym.Env[str, str]):
     - Termination: the turn's valid call is an answer.
     - Truncation: `max_turns` turns played (default 32), or the observations so far reached
       `max_obs_tokens` tokens as counted by `token_counter` (default: none; the default counter is
-      about 4 characters a token, pass e.g. `lambda s: len(tokenizer(s).input_ids)` for exact counts).
+      about 4 characters a token, pass e.g. `lambda s: len(tokenizer(s).input_ids)` for exact counts),
+      or the tools' cost reached a unit's limit in `cost_budget` (e.g. `{"api_calls": 20}`; default:
+      none): the observation then says which budget was spent.
     - `env.spec.max_episode_steps` is `max_turns`, so wrappers that read it (`TimeAwareObservation`)
       see the env's own limit; `gym.make` adds no `TimeLimit`.
     - A `step` after the end changes nothing, as Gymnasium's convention has it: a warning, a note as
@@ -118,7 +122,9 @@ class SearchEnv(gym.Env[str, str]):
     (searches, accesses, answers, invalid turns, backend errors so far); a search adds `query` and
     `hits` (doc id, url, title, score each); an access adds `url` and `page` (url, doc id, part
     number, parts); a failed tool adds `error`; backends with counters (caches, web clients) add
-    `backend`; a truncation adds `truncation` ("turn budget" or "observation-token budget"); the
+    `backend`; a search or access adds `cost` (what the call cost in the backend's units, e.g. `api_calls`,
+    `bytes_fetched`, `model_calls`; {} for a local index: tools/costs.py) and `episode_cost` (summed so far);
+    a truncation adds `truncation` ("turn budget", "observation-token budget" or "cost budget"); the
     answer adds `prediction`, `verdict` (score, correct, judge, detail, error) and `answers` (the
     references). Where the task names its answer page, `evidence` holds `answer_page_rank` (its rank in
     this search's hits, or None) or `answer_page_accessed` (whether this access opened it): privileged
@@ -167,6 +173,7 @@ class SearchEnv(gym.Env[str, str]):
         format_gate: bool = False,
         token_counter: Callable[[str], int] = approx_tokens,
         render_mode: str | None = None,
+        cost_budget: dict[str, float] | None = None,
     ):
         if tool_format not in prompts.INSTRUCTIONS:
             raise ValueError(f"tool_format must be one of {sorted(prompts.INSTRUCTIONS)}, got {tool_format!r}")
@@ -174,6 +181,10 @@ class SearchEnv(gym.Env[str, str]):
             raise ValueError("max_turns must be at least 1")
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        for unit, limit in (cost_budget or {}).items():
+            if not (isinstance(unit, str) and isinstance(limit, (int, float)) and not isinstance(limit, bool)
+                    and limit > 0):
+                raise ValueError(f"cost_budget maps a cost unit to a positive limit, got {unit!r}: {limit!r}")
         if pages is None:
             if not isinstance(search, PageBackend):
                 raise ValueError("the search backend cannot fetch pages: pass pages=...")
@@ -190,6 +201,8 @@ class SearchEnv(gym.Env[str, str]):
         self.instructions = prompts.instructions_template(tool_format, instructions)
         self.token_counter = token_counter
         self.render_mode = render_mode
+        self.cost_budget = dict(cost_budget or {})
+        self.episode_cost: Counter[str] = Counter()
         self.observation_space = UnicodeText(MAX_OBS_CHARS, min_length=1)
         self.action_space = UnicodeText(MAX_ACTION_CHARS)
         self.task: Task | None = None
@@ -229,6 +242,13 @@ class SearchEnv(gym.Env[str, str]):
             self._runner.close()
             self._runner = None
 
+    def _spent_budget(self) -> str | None:
+        """The cost budget this episode has used up ("api_calls 20 of 20"), or None."""
+        for unit, limit in self.cost_budget.items():
+            if self.episode_cost.get(unit, 0) >= limit:
+                return f"{unit} {self.episode_cost[unit]:g} of {limit:g}"
+        return None
+
     def set_trained_version(self, version: int) -> None:
         """The trainer reports the policy's trained version before an episode; backends with a schedule over
         training (the simulated search's noise curriculum) follow it, the others ignore it."""
@@ -246,6 +266,7 @@ class SearchEnv(gym.Env[str, str]):
         self.turn = 0
         self.obs_tokens = 0
         self.counts = {"search": 0, "access": 0, "answer": 0, "invalid": 0, "backend_errors": 0}
+        self.episode_cost = Counter()
         self.format_errors: list[str] = []
         self._page_cursor: dict[str, int] = {}
         self._done, self._end = False, (False, False)
@@ -272,21 +293,27 @@ class SearchEnv(gym.Env[str, str]):
         if parsed.tool is None:
             self.counts["invalid"] += 1
             text = prompts.invalid_action(parsed.errors, self.tool_format)
-        elif parsed.tool == "search":
-            text = await self._search(parsed, info)
-        elif parsed.tool == "access":
-            text = await self._access(parsed, info)
+        elif parsed.tool in ("search", "access"):
+            with metered() as cost:  # what the backends charge for this call (tools/costs.py)
+                text = await (self._search(parsed, info) if parsed.tool == "search" else self._access(parsed, info))
+            info["cost"] = dict(cost)
+            self.episode_cost.update(cost)
+            info["episode_cost"] = dict(self.episode_cost)
         else:
             reward, text = await self._answer(parsed, info)
             terminated = True
+        spent = self._spent_budget() if not terminated else None
+        if spent is not None:
+            text += (f"\n\nThe episode's tool budget is spent ({spent}). The episode ends here without an answer.")
         obs = self._fit(prompts.information(text))
         self.obs_tokens += self.token_counter(obs)
         truncated = not terminated and (
-            self.turn >= self.max_turns
+            spent is not None or self.turn >= self.max_turns
             or (self.max_obs_tokens is not None and self.obs_tokens >= self.max_obs_tokens)
         )
         if truncated:
-            info["truncation"] = "turn budget" if self.turn >= self.max_turns else "observation-token budget"
+            info["truncation"] = ("cost budget" if spent is not None else
+                                  "turn budget" if self.turn >= self.max_turns else "observation-token budget")
         self._done, self._end = terminated or truncated, (terminated, truncated)
         info.update(obs_tokens=self.obs_tokens, counts=dict(self.counts))
         if parsed.tool in ("search", "access") and (stats := self._backend_stats()):

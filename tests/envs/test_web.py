@@ -425,7 +425,7 @@ def play(env, actions):
     out = [env.reset(options={"index": 0})[0]]
     for action in actions:
         obs, reward, terminated, truncated, info = env.step(action)
-        info = {k: v for k, v in info.items() if k != "backend"}
+        info = {k: v for k, v in info.items() if k not in ("backend", "cost", "episode_cost")}  # run-dependent
         out.append((obs, reward, terminated, truncated, info))
     return out
 
@@ -441,6 +441,7 @@ def test_webqa_episode_records_then_replays_exactly_with_the_server_stopped(tmp_
     env = gym.make("searchgym/WebQA-v0", search_api_key=KEY, cache=cache, **common)
     assert env.spec.nondeterministic
     recorded = play(env.unwrapped, actions)
+    recording_cost = dict(env.unwrapped.episode_cost)
     obs, reward, terminated, _, info = recorded[1]
     assert doc["link"] in obs and info["hits"][0]["url"] == link
     assert doc["text"].split(". ")[0] in recorded[2][0]
@@ -454,6 +455,9 @@ def test_webqa_episode_records_then_replays_exactly_with_the_server_stopped(tmp_
 
     replay = gym.make("searchgym/WebQA-v0", cache=cache, cache_mode="replay_only", **common)
     assert play(replay.unwrapped, actions) == recorded
+    # recording paid one search request and the page's fetches; the replay, served from the cache, paid nothing
+    assert recording_cost["api_calls"] == 1 and recording_cost["fetches"] >= 2 and recording_cost["bytes_fetched"] > 0
+    assert sum(replay.unwrapped.episode_cost.values()) == 0
     replay.unwrapped.reset(options={"index": 0})
     _, _, _, _, info = replay.unwrapped.step("<search>something never searched</search>")
     assert "replay-only" in info["error"] and info["counts"]["backend_errors"] == 1

@@ -31,6 +31,7 @@ from typing import Any
 
 from searchgym.envs.llm_calls import CallFailed, ReplyRetry, Unparseable, ask
 from searchgym.envs.tools.base import BackendError, Page, PageNotFound, SearchHit
+from searchgym.envs.tools.costs import charge
 from searchgym.envs.tools.web_cache import WebCache, normalise_query
 from searchgym.envs.verdicts import ChatModel
 
@@ -207,8 +208,10 @@ class SimulatedSearch:
         except CallFailed as e:
             self.counters["model_calls"] += e.calls
             self.counters["failed_calls"] += 1
+            charge(model_calls=e.calls)
             raise BackendError(f"the simulated search engine failed: {e}") from None
         self.counters["model_calls"] += calls
+        charge(model_calls=calls)
         return docs
 
     async def close(self) -> None:

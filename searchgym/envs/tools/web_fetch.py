@@ -21,6 +21,7 @@ import aiohttp
 
 from searchgym.envs.extras import needs, require
 from searchgym.envs.tools.base import BackendError, Page, PageNotFound
+from searchgym.envs.tools.costs import charge
 from searchgym.envs.tools.http_session import LoopSession
 from searchgym.envs.tools.url_safety import BlockedURL, SafeResolver, UnsafeURL, UrlPolicy
 
@@ -210,6 +211,7 @@ class WebFetcher:
         current = str(await self.policy.check(url))  # refused before any connection is made
         session, _ = await self._guarded.get()
         for hop in range(self.max_redirects + 1):
+            charge(fetches=1)
             async with session.get(current, allow_redirects=False, timeout=self._timeout()) as resp:
                 if resp.status in REDIRECTS and "Location" in resp.headers:
                     self.counters["redirects"] += 1
@@ -258,18 +260,22 @@ class WebFetcher:
                     if declared is None or declared <= self.max_bytes:
                         self.counters["too_large"] += 1
                     resp.close()  # drop the connection instead of draining the rest
+                    charge(bytes_fetched=size)
                     return b"".join(parts)[: self.max_bytes], True, False
         except aiohttp.ClientPayloadError:
+            charge(bytes_fetched=size)
             self.counters["truncated"] += 1
             if not parts:
                 raise BackendError("the connection closed before any of the page arrived") from None
             return b"".join(parts), False, True
+        charge(bytes_fetched=size)
         return b"".join(parts), False, False
 
     async def _fetch_jina(self, url: str) -> Page:
         """Fetch through the Jina reader (GET endpoint + url, bearer key); it returns the page as text."""
         session, _ = await self._plain.get()
         headers = {"Authorization": f"Bearer {self.jina_api_key}", "Accept": "text/plain"}
+        charge(api_calls=1)  # the reader service bills each page
         async with session.get(self.jina_endpoint + url, headers=headers, timeout=self._timeout()) as resp:
             if resp.status in (404, 410, 422):
                 raise PageNotFound(url)

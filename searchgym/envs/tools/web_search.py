@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 
 from searchgym.envs.tools.base import BackendError, SearchHit
+from searchgym.envs.tools.costs import charge
 from searchgym.envs.tools.http_session import LoopSession, retry_after_seconds
 from searchgym.envs.tools.url_safety import UrlPolicy
 
@@ -80,6 +81,7 @@ class WebSearch:
                 if attempt:
                     self.counters["retries"] += 1
                 try:
+                    charge(api_calls=1)  # providers bill each request, a retried one included
                     async with session.post(self.endpoint, json=body, headers=headers, timeout=timeout) as resp:
                         if resp.status in RETRY_STATUS:
                             last = f"the search provider answered HTTP {resp.status}"

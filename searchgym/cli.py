@@ -183,10 +183,12 @@ def _serve_env(args: argparse.Namespace) -> None:
 
 
 def _serve_mcp(args: argparse.Namespace) -> None:
+    from searchgym.envs.tools.server_limits import limits_from_args
     from searchgym.integrations.mcp_server import serve
 
     serve(args.env_id, args.env_kwargs, transport=args.transport, host=args.host, port=args.port,
-          max_sessions=args.max_sessions, session_idle_timeout=args.session_idle_timeout)
+          max_sessions=args.max_sessions, session_idle_timeout=args.session_idle_timeout,
+          limits=limits_from_args(args))
 
 
 def _json_object(text: str) -> dict:
@@ -564,6 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-sessions", type=positive_int, default=64, help="episodes open at once (one env each)")
     p.add_argument("--session-idle-timeout", type=seconds, default=600.0, metavar="S",
                    help="close an HTTP session with no request in flight for S seconds, and its env (default 600)")
+    add_limit_flags(p)
     p.set_defaults(run=_serve_mcp)
 
     model = rooms.add_parser("model", help="models").add_subparsers(dest="action", required=True)

@@ -21,7 +21,7 @@ import io
 import json
 import sys
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TextIO
 
 import gymnasium as gym
 
@@ -29,19 +29,27 @@ import searchgym
 from searchgym.envs.extras import needs
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.rewards import judge_error
+from searchgym.envs.tools.server_limits import ServerLimits
 from searchgym.integrations.actions import tool_call_action
-from searchgym.integrations.mcp_tools import (DESCRIPTIONS, ENV_TOOLS, MCP_INSTRUCTIONS, START, argument_error,
-                                              input_schema, output_schema)
+from searchgym.integrations.mcp_tools import (
+    DESCRIPTIONS,
+    ENV_TOOLS,
+    MCP_INSTRUCTIONS,
+    START,
+    argument_error,
+    input_schema,
+    output_schema,
+)
 
 with needs("searchgym serve mcp"):
-    from mcp import types  # first: without the extra, this is the import that fails and names it
+    from mcp import types
     from mcp.server.lowlevel import Server
-
-    import anyio  # a dependency of mcp
 
 TRANSPORTS = ("streamable-http", "stdio")
 MAX_SESSIONS = 64  # episodes open at once on one server
 SESSION_IDLE_TIMEOUT = 600.0  # an HTTP session with no request in flight this long is closed (a vanished client)
+MAX_BODY_BYTES = 4 * 2**20  # an HTTP request body (the SDK's own cap from 1.29): room for a 1 MiB junk argument,
+#                             which gets a tool error naming the field rather than a 413
 
 NOT_STARTED = "No episode has started in this session: call start first (optionally with seed, task_id or index)."
 ONE_EPISODE = ("This session's episode has already started (task {task_id}); one MCP session is one episode: "
@@ -78,7 +86,8 @@ class Episode:
                         env.tasks.by_id(task_id)
                     except KeyError as e:
                         raise ToolError(f"no task {task_id[:80]!r} in this env's pool ({e.args[0]})"[:400]) from None
-                options = {"task_id": task_id} if task_id is not None else {"index": index} if index is not None else None
+                options = ({"task_id": task_id} if task_id is not None
+                           else {"index": index} if index is not None else None)
                 obs, info = await env.areset(seed=seed, options=options)
             except BaseException:
                 self.host.close_env(env)
@@ -205,13 +214,17 @@ class McpEnvServer:
                                                                 f"{json.dumps(result.get('verdict'))}"))
         return content, result
 
-    def http_app(self, *, session_idle_timeout: float = SESSION_IDLE_TIMEOUT, host: str = "127.0.0.1") -> Any:
+    def http_app(self, *, session_idle_timeout: float = SESSION_IDLE_TIMEOUT, host: str = "127.0.0.1",
+                 max_body_bytes: int = MAX_BODY_BYTES, body_timeout: float = 60.0) -> Any:
         """A Starlette app serving the MCP endpoint at /mcp (streamable HTTP, one server session per MCP session);
-        on a loopback host it refuses other Host and Origin headers (DNS rebinding), as the SDK's FastMCP does."""
+        on a loopback host it refuses other Host and Origin headers (DNS rebinding), as the SDK's FastMCP does;
+        a body over `max_body_bytes`, or not whole `body_timeout` s after its head, is a 413 or 408."""
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
         from mcp.server.transport_security import TransportSecuritySettings
         from starlette.applications import Starlette
         from starlette.routing import Route
+
+        from searchgym.integrations.asgi_limits import BodyLimit
 
         if not (isinstance(session_idle_timeout, (int, float)) and 0 < session_idle_timeout < float("inf")):
             raise ValueError(f"session_idle_timeout must be a positive number of seconds, got {session_idle_timeout!r}")
@@ -232,13 +245,15 @@ class McpEnvServer:
             async with manager.run():
                 yield
 
-        return Starlette(routes=[Route("/mcp", endpoint=Endpoint())], lifespan=lifespan)
+        return BodyLimit(Starlette(routes=[Route("/mcp", endpoint=Endpoint())], lifespan=lifespan),
+                         max_bytes=max_body_bytes, timeout_s=body_timeout)
 
-    async def serve_stdio(self, protocol_out: io.TextIOBase) -> None:
+    async def serve_stdio(self, protocol_out: TextIO) -> None:
         """Serve one session over stdin and `protocol_out` (the process's stdout) until stdin closes."""
+        import anyio
         from mcp.server.stdio import stdio_server
 
-        protocol = anyio.wrap_file(io.TextIOWrapper(protocol_out.buffer, encoding="utf-8"))  # type: ignore[attr-defined]
+        protocol = anyio.wrap_file(io.TextIOWrapper(protocol_out.buffer, encoding="utf-8"))
         server = self.server()
         async with stdio_server(stdout=protocol) as (read, write):
             await server.run(read, write, server.create_initialization_options())
@@ -246,23 +261,36 @@ class McpEnvServer:
 
 def serve(env_id: str, env_kwargs: dict[str, Any] | None = None, *, transport: str = "streamable-http",
           host: str = "127.0.0.1", port: int = 8000, max_sessions: int = MAX_SESSIONS,
-          session_idle_timeout: float = SESSION_IDLE_TIMEOUT) -> None:
-    """Serve `env_id`'s tools over MCP until interrupted (stdio: until the client closes stdin)."""
+          session_idle_timeout: float = SESSION_IDLE_TIMEOUT, limits: ServerLimits | None = None) -> None:
+    """Serve `env_id`'s tools over MCP until interrupted (stdio: until the client closes stdin); HTTP connections
+    under `limits` (header, idle and body timeouts, the connection cap)."""
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
     if transport == "stdio":  # stdout carries the protocol: anything else printed goes to stderr
+        import anyio
+
         protocol_out = sys.stdout
         with contextlib.redirect_stdout(sys.stderr):
             anyio.run(McpEnvServer(env_id, env_kwargs, max_sessions=1).serve_stdio, protocol_out)
         return
-    mcp_server = McpEnvServer(env_id, env_kwargs, max_sessions=max_sessions)
     import uvicorn
 
+    limits = limits or ServerLimits()
+    app = McpEnvServer(env_id, env_kwargs, max_sessions=max_sessions).http_app(
+        session_idle_timeout=session_idle_timeout, host=host, body_timeout=limits.body_timeout)
     print(f"serving {env_id}'s tools over MCP on http://{host}:{port}/mcp (streamable HTTP)", file=sys.stderr,
           flush=True)
-    uvicorn.run(mcp_server.http_app(session_idle_timeout=session_idle_timeout, host=host), host=host, port=port,
-                log_level="warning")
+    uvicorn.run(app, host=host, port=port, log_level="warning", **uvicorn_options(limits))
 
+
+def uvicorn_options(limits: ServerLimits) -> dict[str, Any]:
+    """uvicorn.Config options that enforce `limits`: header and keep-alive timeouts, the connection cap (503 past
+    it), the request-head size."""
+    from searchgym.integrations.asgi_limits import guarded_http_protocol
+
+    return {"http": guarded_http_protocol(limits.header_timeout, limits.idle_timeout),
+            "timeout_keep_alive": limits.idle_timeout, "limit_concurrency": limits.connection_cap,
+            "h11_max_incomplete_event_size": 64 * 2**10}
 
 if __name__ == "__main__":  # python -m searchgym.integrations.mcp_server ENV_ID [ENV_KWARGS_JSON]: stdio
     serve(sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else None, transport="stdio")

@@ -88,9 +88,10 @@ def argument_error(tool: str, arguments: Any, n_tasks: int) -> str | None:
         return f"{tool} has no argument {extra[0]!r}; it takes {_takes(tool)}"
     if e.validator == "required":
         return f"{tool} needs the argument {ARGUMENTS[tool]!r} (a string)"
+    length = len(e.instance) if isinstance(e.instance, str) else 0
     what = {"type": f"must be {_a(e.validator_value)}, got {type(e.instance).__name__}",
-            "minLength": "must not be empty", "maxLength": f"must be at most {e.validator_value} characters, "
-                                                          f"got {len(e.instance) if isinstance(e.instance, str) else '?'}",
+            "minLength": "must not be empty",
+            "maxLength": f"must be at most {e.validator_value} characters, got {length}",
             "minimum": f"must be at least {e.validator_value}", "maximum": f"must be at most {e.validator_value}"}
     return f"{tool}: {field or 'arguments'} {what.get(str(e.validator), 'is not valid: ' + e.message[:120])}"
 

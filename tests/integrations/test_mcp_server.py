@@ -25,7 +25,8 @@ from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from searchgym.envs.actions import MAX_ARGUMENT_CHARS  # noqa: E402
 from searchgym.envs.extras import MissingExtra  # noqa: E402
 from searchgym.envs.factory import make_unwrapped  # noqa: E402
-from searchgym.integrations.mcp_server import McpEnvServer  # noqa: E402
+from searchgym.envs.tools.server_limits import ServerLimits  # noqa: E402
+from searchgym.integrations.mcp_server import McpEnvServer, uvicorn_options  # noqa: E402
 from tests.integrations.conftest import uvicorn_in_thread  # noqa: E402
 
 ENV_ID = "searchgym/SyntheticQA-v0"
@@ -44,9 +45,10 @@ def tasks():
 
 @pytest.fixture(scope="module")
 def served():
-    """(McpEnvServer, its /mcp URL): served by uvicorn in this process, so a test can count its open envs."""
+    """(McpEnvServer, its /mcp URL): served by uvicorn in this process, so a test can count its open envs; with the
+    connection limits `serve mcp` runs under."""
     server = McpEnvServer(ENV_ID, KWARGS, max_sessions=16)
-    with uvicorn_in_thread(server.http_app(session_idle_timeout=IDLE_S)) as url:
+    with uvicorn_in_thread(server.http_app(session_idle_timeout=IDLE_S), **uvicorn_options(ServerLimits())) as url:
         yield server, f"{url}/mcp"
 
 
@@ -137,7 +139,8 @@ async def test_calls_before_start_twice_started_and_past_the_turn_budget_are_too
         assert again.isError and "one MCP session is one episode" in text(again)
         results = [await session.call_tool("search", {"query": f"q{i}"}) for i in range(KWARGS["max_turns"])]
         assert [r.structuredContent["done"] for r in results] == [False, False, False, True]
-        assert results[-1].structuredContent["truncation"] == "turn budget" and results[-1].structuredContent["reward"] == 0
+        last = results[-1].structuredContent
+        assert last["truncated"] and last["truncation"] == "turn budget" and last["reward"] == 0
         assert "the turn budget ran out" in text(results[-1])
         late = await session.call_tool("answer", {"answer": tasks[2].answers[0]})
         assert late.isError and "the turn budget ran out" in text(late)

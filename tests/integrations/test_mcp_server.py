@@ -26,7 +26,7 @@ from searchgym.envs.actions import MAX_ARGUMENT_CHARS  # noqa: E402
 from searchgym.envs.extras import MissingExtra  # noqa: E402
 from searchgym.envs.factory import make_unwrapped  # noqa: E402
 from searchgym.envs.tools.server_limits import ServerLimits  # noqa: E402
-from searchgym.integrations.mcp_server import McpEnvServer, uvicorn_options  # noqa: E402
+from searchgym.integrations.mcp_server import Episode, McpEnvServer, ToolError, serve, uvicorn_options  # noqa: E402
 from tests.integrations.conftest import uvicorn_in_thread  # noqa: E402
 
 ENV_ID = "searchgym/SyntheticQA-v0"
@@ -282,6 +282,39 @@ def test_junk_arguments_are_tool_errors_or_observations_and_the_server_stays_up(
                 await play_oracle(session, tasks[8])
 
         portal.call(oracle)
+
+
+async def test_past_max_sessions_a_start_is_refused_until_one_closes():
+    server = McpEnvServer(ENV_ID, KWARGS, max_sessions=1)
+    first, second = Episode(server), Episode(server)
+    await server.call(first, "start", {"seed": 1})
+    with pytest.raises(ToolError, match=r"the server is full \(1 episodes open\)"):
+        await server.call(second, "start", {"seed": 2})
+    assert server.open_envs() == 1
+    first.close()
+    content, result = await server.call(second, "start", {"seed": 2})
+    assert result["turn"] == 0 and server.open_envs() == 1
+    second.close()
+
+
+def test_serve_mcp_settings_are_checked_naming_them():
+    from searchgym.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "mcp", ENV_ID])
+    assert (args.transport, args.host, args.max_sessions, args.session_idle_timeout) == ("streamable-http",
+                                                                                         "127.0.0.1", 64, 600.0)
+    for flag, value in (("--transport", "sse"), ("--session-idle-timeout", "0"), ("--max-sessions", "0"),
+                        ("--header-timeout", "nan")):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "mcp", ENV_ID, flag, value])
+    with pytest.raises(ValueError, match="max_sessions"):
+        McpEnvServer(ENV_ID, KWARGS, max_sessions=0)
+    with pytest.raises(ValueError, match="session_idle_timeout"):
+        McpEnvServer(ENV_ID, KWARGS).http_app(session_idle_timeout=-1)
+    with pytest.raises(ValueError, match="transport"):
+        serve(ENV_ID, KWARGS, transport="sse")
+    with pytest.raises(ValueError, match="unknown env id"):
+        McpEnvServer("searchgym/Nonesuch-v0")
 
 
 def test_bad_env_kwargs_fail_at_start_naming_the_key(capsys):

@@ -291,6 +291,3 @@ def uvicorn_options(limits: ServerLimits) -> dict[str, Any]:
     return {"http": guarded_http_protocol(limits.header_timeout, limits.idle_timeout),
             "timeout_keep_alive": limits.idle_timeout, "limit_concurrency": limits.connection_cap,
             "h11_max_incomplete_event_size": 64 * 2**10}
-
-if __name__ == "__main__":  # python -m searchgym.integrations.mcp_server ENV_ID [ENV_KWARGS_JSON]: stdio
-    serve(sys.argv[1], json.loads(sys.argv[2]) if len(sys.argv) > 2 else None, transport="stdio")

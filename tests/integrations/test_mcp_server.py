@@ -179,6 +179,28 @@ async def test_concurrent_sessions_each_play_their_own_task(served, tasks):
     await wait_for(lambda: server.open_envs() == 0, "every session's env to close")
 
 
+async def test_calls_sent_at_once_in_one_session_run_one_at_a_time(served, monkeypatch):
+    """The SDK serves a session's requests concurrently; the episode runs them in turn, so six searches sent at once
+    with a slow backend play the 4-turn budget and no more: four results (turns 1 to 4, the last truncated), then
+    two errors saying the episode is over."""
+    from searchgym.envs.tools.local_index import LocalIndex
+
+    search = LocalIndex.search
+
+    async def slow_search(self, query, k):
+        await asyncio.sleep(0.05)  # a remote backend: the step yields mid-turn
+        return await search(self, query, k)
+
+    monkeypatch.setattr(LocalIndex, "search", slow_search)
+    server, url = served
+    async with http_session(url) as session:
+        await session.call_tool("start", {"index": 4})
+        results = await asyncio.gather(*(session.call_tool("search", {"query": f"q{i}"}) for i in range(6)))
+    played = sorted((r.structuredContent["turn"], r.structuredContent["truncated"]) for r in results if not r.isError)
+    assert played == [(1, False), (2, False), (3, False), (4, True)]
+    assert [text(r) for r in results if r.isError] == [text(results[-1])] * 2 and "episode is over" in text(results[-1])
+
+
 KILLED_CLIENT = """
 import asyncio, sys
 from mcp import ClientSession

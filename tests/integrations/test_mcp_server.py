@@ -148,6 +148,37 @@ async def test_calls_before_start_twice_started_and_past_the_turn_budget_are_too
         assert unknown.isError and "unknown tool 'browse'" in text(unknown)
 
 
+BAD_ARGUMENTS = [  # (tool, arguments, what the error says)
+    ("search", {}, "search needs the argument 'query' (a string)"),
+    ("search", {"query": 5}, "search: query must be a string, got int"),
+    ("search", {"query": ""}, "search: query must not be empty"),
+    ("search", {"query": "q" * (MAX_ARGUMENT_CHARS + 1)}, f"query must be at most {MAX_ARGUMENT_CHARS} characters"),
+    ("search", {"query": "q", "top_k": 50}, "search has no argument 'top_k'; it takes 'query'"),
+    ("access", {"link": "http://x"}, "access has no argument 'link'; it takes 'url'"),
+    ("answer", {"answer": ["1105"]}, "answer: answer must be a string, got list"),
+    ("start", {"index": 40}, "start: index must be at most 39"),
+    ("start", {"seed": -1}, "start: seed must be at least 0"),
+    ("start", {"seed": True}, "start: seed must be a whole number, got bool"),
+    ("start", {"task_id": "t", "index": 1}, "start takes task_id or index, not both"),
+    ("start", {"task_id": "nonesuch"}, "no task 'nonesuch' in this env's pool"),
+]
+
+
+async def test_bad_arguments_are_tool_errors_naming_the_field_and_spend_no_turn(served, tasks):
+    server, url = served
+    async with http_session(url) as session:
+        for tool, arguments, message in [b for b in BAD_ARGUMENTS if b[0] == "start"]:
+            result = await session.call_tool(tool, arguments)
+            assert result.isError and message in text(result), (arguments, text(result))
+        assert server.open_envs() == 0  # a refused start holds no env
+        assert not (await session.call_tool("start", {"task_id": tasks[3].id})).isError
+        for tool, arguments, message in [b for b in BAD_ARGUMENTS if b[0] != "start"]:
+            result = await session.call_tool(tool, arguments)
+            assert result.isError and message in text(result) and len(text(result)) < 300, (arguments, text(result))
+        played = await session.call_tool("search", {"query": tasks[3].question})
+        assert played.structuredContent["turn"] == 1
+
+
 async def test_concurrent_sessions_each_play_their_own_task(served, tasks):
     """8 sessions at once, all started before any answers; odd ones answer the next task's gold answer (wrong for
     theirs): each is judged against its own task only."""

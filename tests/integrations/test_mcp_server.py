@@ -128,6 +128,33 @@ async def test_an_oracle_episode_over_stdio(tasks):
         await play_oracle(session, tasks[1])
 
 
+def test_a_stdio_server_whose_client_goes_mid_episode_exits_cleanly():
+    """stdin closing mid-episode ends the one session and the server process with it: exit 0, no orphan env."""
+    params = stdio_params()
+    server = subprocess.Popen([params.command, *params.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    try:
+        for message in ({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                            "protocolVersion": "2025-06-18", "capabilities": {},
+                            "clientInfo": {"name": "test", "version": "0"}}},
+                        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                        {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                         "params": {"name": "start", "arguments": {"index": 0}}}):
+            server.stdin.write((json.dumps(message) + "\n").encode())
+        server.stdin.flush()
+        replies = [json.loads(server.stdout.readline()) for _ in range(2)]
+        assert replies[1]["id"] == 2 and not replies[1]["result"]["isError"]
+        assert replies[1]["result"]["structuredContent"]["turn"] == 0
+        server.stdin.close()
+        assert server.wait(timeout=30) == 0, server.stderr.read()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        server.stdout.close()
+        server.stderr.close()
+
+
 async def test_calls_before_start_twice_started_and_past_the_turn_budget_are_tool_errors(served, tasks):
     server, url = served
     async with http_session(url) as session:

@@ -142,7 +142,7 @@ class McpEnvServer:
         probe = make_unwrapped(env_id, **self.env_kwargs)  # fail now, not at the first client, on bad kwargs
         self.n_tasks, self.max_turns = len(probe.tasks), probe.max_turns
         probe.close()
-        self._open: set[int] = set()  # ids of the envs sessions hold now
+        self._open: set[Any] = set()  # the envs sessions hold now
 
     def open_envs(self) -> int:
         """How many envs are open: one per session whose episode has started and whose client is still there."""
@@ -153,12 +153,14 @@ class McpEnvServer:
         if len(self._open) >= self.max_sessions:
             raise ToolError(f"the server is full ({self.max_sessions} episodes open); try again later")
         env = make_unwrapped(self.env_id, **self.env_kwargs)
-        self._open.add(id(env))
+        self._open.add(env)
         return env
 
     def close_env(self, env: Any) -> None:
-        self._open.discard(id(env))
-        env.close()
+        """Close a session's env (once: a second call does nothing)."""
+        if env in self._open:
+            self._open.discard(env)
+            env.close()
 
     def tools(self) -> list[types.Tool]:
         """The tool list with input and output schemas."""
@@ -209,6 +211,9 @@ class McpEnvServer:
         if result["truncated"]:
             content.append(types.TextContent(type="text", text=f"The episode is over: the {result['truncation']} "
                                                                 "ran out."))
+        elif result["terminated"] and result.get("judge_error"):
+            content.append(types.TextContent(type="text", text="No reward: the judge could not score the answer "
+                                                                f"({result['judge_error']})."))
         elif result["terminated"]:
             content.append(types.TextContent(type="text", text=f"Reward: {result['reward']}. Verdict: "
                                                                 f"{json.dumps(result.get('verdict'))}"))

@@ -27,7 +27,7 @@ from searchgym.envs.extras import MissingExtra  # noqa: E402
 from searchgym.envs.factory import make_unwrapped  # noqa: E402
 from searchgym.envs.tools.server_limits import ServerLimits  # noqa: E402
 from searchgym.integrations.mcp_server import Episode, McpEnvServer, ToolError, serve, uvicorn_options  # noqa: E402
-from tests.integrations.conftest import uvicorn_in_thread  # noqa: E402
+from tests.integrations.conftest import BrokenJudge, uvicorn_in_thread  # noqa: E402
 
 ENV_ID = "searchgym/SyntheticQA-v0"
 KWARGS = {"size": 300, "seed": 0, "n_tasks": 40, "max_turns": 4}
@@ -375,6 +375,18 @@ async def test_past_max_sessions_a_start_is_refused_until_one_closes():
     content, result = await server.call(second, "start", {"seed": 2})
     assert result["turn"] == 0 and server.open_envs() == 1
     second.close()
+
+
+async def test_a_judge_failure_is_no_reward_not_a_zero(tasks):
+    server = McpEnvServer(ENV_ID, {**KWARGS, "judge": BrokenJudge()})
+    episode = Episode(server)
+    await server.call(episode, "start", {"task_id": tasks[0].id})
+    content, result = await server.call(episode, "answer", {"answer": tasks[0].answers[0]})
+    assert result["done"] and result["reward"] is None and result["judge_error"] == "judge endpoint timed out"
+    assert result["verdict"]["error"] == "judge endpoint timed out" and "No reward: the judge could not score" in content[-1].text
+    episode.close()
+    episode.close()  # the session's end after an explicit close: nothing more to close
+    assert server.open_envs() == 0
 
 
 def test_serve_mcp_settings_are_checked_naming_them():

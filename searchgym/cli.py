@@ -182,6 +182,15 @@ def _serve_env(args: argparse.Namespace) -> None:
           session_idle_timeout=args.session_idle_timeout, action=args.action)
 
 
+def _serve_mcp(args: argparse.Namespace) -> None:
+    from searchgym.envs.tools.server_limits import limits_from_args
+    from searchgym.integrations.mcp_server import serve
+
+    serve(args.env_id, args.env_kwargs, transport=args.transport, host=args.host, port=args.port,
+          max_sessions=args.max_sessions, session_idle_timeout=args.session_idle_timeout,
+          limits=limits_from_args(args))
+
+
 def _json_object(text: str) -> dict:
     """argparse type: a JSON object, with a clear message for anything else."""
     try:
@@ -546,6 +555,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the action type: a tool call or a turn's text (SearchAction), or only the text (TextAction)")
     add_limit_flags(p)
     p.set_defaults(run=_serve_env)
+    p = serve.add_parser("mcp", help="a registered env id's tools (start, search, access, answer) as an MCP server, "
+                                     "one episode per session (needs searchgym[mcp])")
+    p.add_argument("env_id", help="e.g. searchgym/SyntheticQA-v0")
+    p.add_argument("--env-kwargs", type=_json_object, default={}, help="JSON kwargs for gym.make")
+    p.add_argument("--transport", choices=("streamable-http", "stdio"), default="streamable-http",
+                   help="streamable-http: http://HOST:PORT/mcp; stdio: one session over stdin/stdout")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-sessions", type=positive_int, default=64, help="episodes open at once (one env each)")
+    p.add_argument("--session-idle-timeout", type=seconds, default=600.0, metavar="S",
+                   help="close an HTTP session with no request in flight for S seconds, and its env (default 600)")
+    add_limit_flags(p)
+    p.set_defaults(run=_serve_mcp)
 
     model = rooms.add_parser("model", help="models").add_subparsers(dest="action", required=True)
     p = model.add_parser("tiny", help="build a tiny Qwen2 model + BPE tokenizer trained on the synthetic world")

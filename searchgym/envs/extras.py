@@ -22,6 +22,7 @@ EXTRA_OF = {
     "openenv": "openenv", "uvicorn": "openenv", "fastapi": "openenv", "pydantic": "openenv",
     "bm25s": "bench", "rank_bm25": "bench",
     "gem": "gem", "skyrl_gym": "skyrl",
+    "mcp": "mcp",
 }
 
 

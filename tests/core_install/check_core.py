@@ -116,6 +116,10 @@ def check_missing_extra(tasks: Path) -> None:
     done = subprocess.run([*searchgym_command(), "quickstart"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "pip install 'searchgym[train]'" in done.stderr, (done.returncode, done.stderr)
     print(f"ok: {done.stderr.strip()}")
+    done = subprocess.run([*searchgym_command(), "serve", "mcp", "searchgym/SyntheticQA-v0"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "pip install 'searchgym[mcp]'" in done.stderr, (done.returncode, done.stderr)
+    print(f"ok: {done.stderr.strip()}")
     for make, extra in ((lambda: gym.make("searchgym/WebQA-v0", tasks=tasks, search_api_key="k"), "web"),
                         (lambda: TaskPool.load(tasks.parent), "datasets")):  # a folder is read as a `datasets` one
         try:

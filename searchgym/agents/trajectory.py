@@ -129,6 +129,15 @@ class Trajectory:
             out[turn.tool] = out.get(turn.tool, 0) + 1
         return out
 
+    @property
+    def tool_cost(self) -> dict[str, float]:
+        """What the episode's tool calls cost, summed per unit (the env's `info["cost"]`; envs/tools/costs.py)."""
+        out: dict[str, float] = {}
+        for turn in self.turns:
+            for unit, amount in (turn.info.get("cost") or {}).items():
+                out[unit] = out.get(unit, 0) + amount
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

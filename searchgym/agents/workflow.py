@@ -38,7 +38,8 @@ from searchgym.agents.trajectory import Trajectory, Turn
 from searchgym.envs.judges import ChatModel
 from searchgym.envs.search_env import SearchEnv
 
-INFO_KEYS = ("tool", "query", "url", "hits", "page", "error", "format_errors", "evidence", "truncation", "simulated")
+INFO_KEYS = ("tool", "query", "url", "hits", "page", "error", "format_errors", "evidence", "truncation", "simulated",
+             "cost")
 
 
 @dataclass(frozen=True)

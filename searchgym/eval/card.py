@@ -182,7 +182,8 @@ def build_card(*, env_id: str, env: Any, tasks: Sequence[Any], judges: Mapping[s
         "k": k,
         "sampling": {f: getattr(sampling, f) for f in SAMPLING_FIELDS},
         "budgets": {"max_turns": env.max_turns, "max_new_tokens_per_turn": sampling.max_new_tokens,
-                    "max_context_tokens": max_context, "max_obs_tokens": env.max_obs_tokens},
+                    "max_context_tokens": max_context, "max_obs_tokens": env.max_obs_tokens,
+                    **({"cost_budget": dict(env.cost_budget)} if getattr(env, "cost_budget", None) else {})},
         "prompt_sha256": hashlib.sha256(env.instructions.encode()).hexdigest(),
         "tools": tools,
     }

@@ -293,7 +293,7 @@ def run_eval(config: EvalSettings | str, *where: str | os.PathLike, progress: bo
                               model=model, workflow=workflow,
                               run={"seed": seed, "env_kwargs": env_kwargs, "max_tasks": max_tasks,
                                    "concurrency": concurrency, "device": device, "tokenizer": tokenizer,
-                                   "llm_calls": calls})
+                                   "llm_calls": calls, "tool_costs": tool_cost_totals(rows)})
         finally:
             probe.close()
         summary = {"card": card,
@@ -401,7 +401,8 @@ async def _play(todo, make_env, store: SampleStore, judge: CompositeJudge, workf
                 "stats": {"turns": len(traj.turns), "searches": counts.get("search", 0),
                           "accesses": counts.get("access", 0), "generated_tokens": traj.generated_tokens,
                           "answered": traj.prediction is not None, "stop_reason": traj.stop_reason,
-                          "segments": traj.num_segments, **evidence_stats(traj.turns, task.metadata)},
+                          "segments": traj.num_segments, "tool_cost": traj.tool_cost,
+                          **evidence_stats(traj.turns, task.metadata)},
                 "trajectory": traj.to_dict(),
             })
             bar.update()
@@ -430,10 +431,24 @@ def _finite(x: Any) -> Any:
     return x
 
 
+def tool_cost_totals(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """What every stored sample's tool calls cost, summed per unit (resumed runs included: it reads the store)."""
+    totals: dict[str, float] = {}
+    for row in rows:
+        for unit, amount in (row["stats"].get("tool_cost") or {}).items():
+            totals[unit] = totals.get(unit, 0) + amount
+    return totals
+
+
+def cost_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Each cost unit's mean per sample (`cost/api_calls`, ...); none for backends that cost nothing."""
+    return {f"cost/{unit}": total / len(rows) for unit, total in sorted(tool_cost_totals(rows).items())} if rows else {}
+
+
 def summarize_rows(rows: Sequence[dict[str, Any]], k: int, **meta: Any) -> dict[str, Any]:
     """summarize() of stored rows, per-subset breakdowns (where a key takes 2+ values) and stop reasons."""
     samples = [sample_of(r) for r in rows]
-    metrics = {**summarize(samples, k), **evidence_metrics(rows)}
+    metrics = {**summarize(samples, k), **evidence_metrics(rows), **cost_metrics(rows)}
     breakdowns = {}
     for key in BREAKDOWN_KEYS:
         groups = [(r.get("subset") or {}).get(key) for r in rows]

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import searchgym  # noqa: F401
+from searchgym.agents.scripted import ScriptedWorkflow
 from searchgym.envs.tools.simulated_search import NoiseSchedule, SimulatedSearch, load_prompts, parse_documents
 from tests.envs.simulator_double import TASKS, ScriptedSimulator, simulator_server
 
@@ -116,7 +117,6 @@ def test_prompts_are_data_and_a_bad_prompt_file_is_refused(tmp_path):
 
 def test_the_trainers_version_moves_the_noise_of_the_episodes_it_plays(simulator, tasks_file):
     """The rollout controller reports its trained version to each env before an episode: the curriculum moves."""
-    from searchgym.agents.scripted import ScriptedWorkflow
     from searchgym.agents.simulated_env import make_simulated_qa
     from searchgym.trainers.rollout.controller import RolloutController
 
@@ -155,3 +155,59 @@ def test_the_tiny_model_as_simulator_gives_results_or_a_clean_failure(tiny_model
     obs, reward, terminated, truncated, info = asyncio.run(play())
     assert ("hits" in info and len(info["hits"]) == 2) or "search failed" in info["error"]
     assert not terminated and reward == 0.0
+
+
+def test_each_call_reports_its_cost_and_a_cost_budget_ends_the_episode(simulator, tasks_file):
+    double, engine = simulator
+    env = gym.make(SIM, tasks=tasks_file, engine=engine, noise=0.5, top_k=2, max_turns=8,
+                   cost_budget={"model_calls": 4, "generated_tokens": 10_000})
+    env.reset(options={"task_id": "t1"})
+    obs, reward, terminated, truncated, info = env.step("<search>lighthouse</search>")
+    # one call for the useful document and one for the noisy one; the endpoint reported 10 + 20 tokens each
+    assert info["cost"] == {"model_calls": 2, "prompt_tokens": 20, "generated_tokens": 40}
+    assert not truncated and info["episode_cost"]["model_calls"] == 2
+    obs, *_, info = env.step(f"<access>{info['hits'][0]['url']}</access>")
+    assert info["cost"] == {}  # a page it already wrote costs nothing
+    obs, reward, terminated, truncated, info = env.step("<search>observatory</search>")
+    assert truncated and not terminated and info["truncation"] == "cost budget"
+    assert "tool budget is spent (model_calls 4 of 4)" in obs
+    with pytest.raises(ValueError, match="cost_budget"):
+        gym.make(SIM, tasks=tasks_file, engine=engine, cost_budget={"model_calls": 0})
+    env.close()
+
+
+def test_eval_and_trainer_metrics_sum_the_tool_costs(simulator, tasks_file, tmp_path, tiny_model_dir):
+    from searchgym.agents.trajectory import Trajectory, Turn
+    from searchgym.eval.harness import run_eval
+    from searchgym.trainers.run.metrics import episode_metrics
+
+    _, engine = simulator
+    summary = run_eval(SIM, str(tiny_model_dir), tmp_path / "eval", k=2, judge="f1", progress=False,
+                       env_kwargs={"tasks": str(tasks_file), "engine": engine, "top_k": 3, "noise": 0.0,
+                                   "cost_budget": {"model_calls": 50}},
+                       workflow="tests.envs.test_simulated_search:SearchTwice")
+    metrics, card = summary["metrics"], summary["card"]
+    assert metrics["cost/model_calls"] == 2.0 and metrics["cost/generated_tokens"] == 40.0  # per sample
+    assert card["run"]["tool_costs"] == {"model_calls": 8, "prompt_tokens": 80, "generated_tokens": 160}
+    assert card["protocol"]["budgets"]["cost_budget"] == {"model_calls": 50}
+    turns = [Turn(action="a", tool="search", observation="o", reward=0.0, info={"cost": {"api_calls": 1}}),
+             Turn(action="b", tool="search", observation="o", reward=0.0, info={"cost": {"api_calls": 2}})]
+    batch = [[Trajectory(task_id="t", turns=turns), Trajectory(task_id="t")]]
+    assert episode_metrics(batch)["episode/cost/api_calls"] == 1.5
+
+
+class SearchTwice(ScriptedWorkflow):
+    """A scripted agent for the eval test: two searches (one model call each at noise 0), then an answer."""
+
+    def __init__(self, settings=None):
+        super().__init__(self.play, settings)
+
+    @staticmethod
+    def play(env, task):
+        yield "<search>lighthouse</search>"
+        yield "<search>observatory</search>"
+        yield "<answer>green</answer>"
+
+    @classmethod
+    def from_handle(cls, handle, settings):
+        return cls(settings)

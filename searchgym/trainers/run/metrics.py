@@ -40,10 +40,13 @@ class StepClock:
 
 
 def episode_metrics(batch: list[list[Trajectory]]) -> dict[str, float]:
-    """Means over the batch's episodes: reward, success, turns, tool use, generated tokens."""
+    """Means over the batch's episodes: reward, success, turns, tool use and its cost per unit, generated tokens."""
     episodes = [t for group in batch for t in group]
     n = max(len(episodes), 1)
+    costs = [t.tool_cost for t in episodes]
+    units = sorted({unit for cost in costs for unit in cost})
     return {
+        **{f"episode/cost/{unit}": sum(cost.get(unit, 0) for cost in costs) / n for unit in units},
         "episode/reward": sum(t.reward for t in episodes) / n,
         "episode/success": sum(bool((t.verdict or {}).get("correct")) for t in episodes) / n,
         "episode/turns": sum(len(t.turns) for t in episodes) / n,

@@ -22,6 +22,14 @@ def _index_build(args: argparse.Namespace) -> None:
     from searchgym.envs.tools.local_index import LocalIndex
 
     t0 = time.perf_counter()
+    if args.shards is not None:
+        from searchgym.envs.tools.shards import build_shards
+
+        if args.dense:
+            raise ValueError("--shards builds BM25 shards; a dense index is not sharded (drop --dense or --shards)")
+        build_shards(args.corpus, args.out, args.shards, threads=args.threads, progress=True)
+        print(f"indexed {args.corpus} into {args.shards} shards under {args.out} in {time.perf_counter() - t0:.1f} s")
+        return
     if args.dense:
         from searchgym.envs.tools.dense_index import DenseIndex
         from searchgym.envs.tools.encoders import Encoder
@@ -279,6 +287,15 @@ def _bench_reliability(args: argparse.Namespace) -> None:
     print(f"written to {args.out}")
 
 
+def _bench_scale_out(args: argparse.Namespace) -> None:
+    from searchgym.bench.scale_out import run_scale_out
+
+    report = run_scale_out(args.out, size=args.size, shards=args.shards, clients=args.clients, seconds=args.seconds,
+                           rounds=args.rounds, world=args.world)
+    print(json.dumps({"startup_s": report["startup_s"], "summary": report["summary"]}, indent=2))
+    print(f"written to {args.out}")
+
+
 def _bench_load(args: argparse.Namespace) -> None:
     from searchgym.bench.load import markdown_table, run_load
 
@@ -397,6 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder", default="minilm", help="dense encoder preset: minilm, e5 or bge")
     p.add_argument("--encoder-model", default=None, help="local model directory for the preset (e5/bge need one)")
     p.add_argument("--index-type", default="flat", help="dense index: flat, hnsw or ivf")
+    p.add_argument("--shards", type=positive_int, default=None,
+                   help="split the corpus by url into N BM25 indexes (OUT/shard-NN/index, OUT/shards.json): one "
+                        "`serve search` each, or LocalQA index=OUT searches them as one")
     p.set_defaults(run=_index_build)
 
     tasks = rooms.add_parser("tasks", help="task pools").add_subparsers(dest="action", required=True)
@@ -677,6 +697,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default results/bench_load.json (--quick: results/bench_load_quick.json)")
     p.add_argument("--markdown", action="store_true", help="only print docs/reliability.md's table of --out")
     p.set_defaults(run=_bench_load)
+    p = bench.add_parser("scale-out", help="one retrieval server against N shard servers on a 1,000,000-page world: "
+                                           "start-up, queries/s, p99 and errors at 1,000 clients, side by side")
+    p.add_argument("--size", type=positive_int, default=1_000_000, help="pages in the synthetic world")
+    p.add_argument("--shards", type=positive_int, default=4)
+    p.add_argument("--clients", type=positive_int, default=1000)
+    p.add_argument("--seconds", type=float, default=20.0, help="per round")
+    p.add_argument("--rounds", type=positive_int, default=2, help="each layout's rounds, alternated")
+    p.add_argument("--world", type=Path, default=None, help="a directory to build the world and indexes in (kept)")
+    p.add_argument("--out", type=Path, default=Path("results/bench_scale_out.json"))
+    p.set_defaults(run=_bench_scale_out)
     return parser
 
 

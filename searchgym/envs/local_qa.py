@@ -7,6 +7,7 @@ from typing import Any
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import load_pool
 from searchgym.envs.tools.indexes import open_index
+from searchgym.envs.tools.shards import is_sharded, open_sharded
 
 
 def make_local_qa(
@@ -17,13 +18,15 @@ def make_local_qa(
     task_split: str | None = None,
     hops: int | list[int] | None = None,
     on_bad_task: str = "raise",
-    servers: str | list[str] | None = None,
+    servers: str | list[str] | list[list[str]] | None = None,
     server_options: dict[str, Any] | None = None,
     **env_kwargs: Any,
 ):
-    """SearchEnv over any local corpus: an index directory, a corpus JSONL indexed on first use, or
-    retrieval servers (`servers=["http://host:port", ...]` or their /retrieve URLs, ours or Search-R1's) shared
-    by many envs; each server is asked one query at construction, so a wrong URL fails here."""
+    """SearchEnv over any local corpus: an index directory (a sharded one from `index build --shards` too), a corpus
+    JSONL indexed on first use, or retrieval servers (`servers=["http://host:port", ...]` or their /retrieve URLs,
+    ours or Search-R1's: replicas of one index, failed over) shared by many envs, or a sharded index's servers
+    (`servers=[[shard 0's replicas], [shard 1's], ...]`, tools/shards.py); each server is asked one query at
+    construction, so a wrong URL fails here."""
     if sum(x is not None for x in (index, corpus, servers)) != 1:
         raise ValueError("LocalQA-v0 needs exactly one of index=DIR (from `searchgym index build`), "
                          "corpus=FILE.jsonl or servers=URL(s) (from `searchgym serve search`)")
@@ -32,7 +35,15 @@ def make_local_qa(
         from searchgym.envs.tools.remote_search import RemoteSearch
 
         options = {"check": True, **(server_options or {})}  # a wrong URL is an error here, not in every episode
+        if not isinstance(servers, str) and servers and all(isinstance(s, (list, tuple)) for s in servers):
+            from searchgym.envs.tools.shards import ShardedSearch
+
+            sharded = ShardedSearch.remote(servers, **options)
+            return SearchEnv(pool, sharded, sharded, **env_kwargs)
         remote = RemoteSearch([servers] if isinstance(servers, str) else list(servers), **options)
         return SearchEnv(pool, remote, remote, **env_kwargs)
+    if index is not None and is_sharded(index):
+        sharded_index = open_sharded(index)
+        return SearchEnv(pool, sharded_index, sharded_index, **env_kwargs)
     backend = open_index(index if index is not None else corpus)
     return SearchEnv(pool, backend, backend, **env_kwargs)

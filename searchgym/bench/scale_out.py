@@ -1,0 +1,167 @@
+"""`searchgym bench scale-out`: one retrieval server against N shard servers, side by side in one run.
+
+On one synthetic world (1,000,000 pages by default; `--world DIR` reuses a written one), the corpus is indexed
+whole and as `--shards` shards (`index build --shards`). Then, with each layout's servers in their own processes
+(`searchgym serve search`, one per index or shard):
+
+- start-up: seconds from launch to /health answering, per server (the sharded layout is ready when its slowest
+  shard is);
+- load: `clients` concurrent clients (1,000 by default), each sending entity-name queries one after another for
+  `seconds`, through the client a run uses (`RemoteSearch` for one server, `ShardedSearch` over the shards), in
+  rounds that alternate the layouts (A B A B ...) so both see the same machine; recorded per round: queries/s
+  answered, p50/p99 latency, errors, and whether each hit list holds the queried page in its top k;
+- memory: each server's resident set after the load (a shard holds a share of the index).
+
+Numbers go to results/bench_scale_out.json (with the machine), never asserted in tests.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+from searchgym.bench.load import ServerProcess
+from searchgym.envs.atomic_file import write_atomic
+from searchgym.envs.tools.corpus import read_corpus
+from searchgym.envs.tools.server_limits import raise_open_files_limit
+
+K = 5
+
+
+def run_scale_out(out: str | os.PathLike | None = "results/bench_scale_out.json", *, size: int = 1_000_000,
+                  shards: int = 4, clients: int = 1000, seconds: float = 20.0, rounds: int = 2,
+                  world: str | os.PathLike | None = None, n_queries: int = 5000) -> dict[str, Any]:
+    """Build (or reuse) the world and both layouts, then measure them side by side; the report (written to `out`)."""
+    import json
+
+    raise_open_files_limit()  # 1,000 clients hold 1,000 sockets
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(world) if world is not None else Path(tmp) / "world"
+        built = _prepare(root, size, shards)
+        queries = _queries(root / "corpus.jsonl", n_queries)
+        report: dict[str, Any] = {"size": size, "shards": shards, "clients": clients, "seconds_per_round": seconds,
+                                  "rounds": rounds, "k": K, "queries": len(queries), "build_s": built,
+                                  "machine": _machine()}
+        with ExitStack() as stack:
+            starts: dict[str, list[float]] = {}
+            single = _start(stack, [root / "index"], starts, "single")
+            sharded = _start(stack, [root / "shards" / f"shard-{i:02d}" / "index" for i in range(shards)], starts,
+                             "sharded")
+            report["startup_s"] = {name: {"servers": [round(s, 2) for s in times], "ready": round(max(times), 2)}
+                                   for name, times in starts.items()}
+            layouts = {"single": [[s.url] for s in single], "sharded": [[s.url] for s in sharded]}
+            results: dict[str, list[dict[str, Any]]] = {"single": [], "sharded": []}
+            for r in range(rounds):
+                for name in (("single", "sharded") if r % 2 == 0 else ("sharded", "single")):
+                    results[name].append(asyncio.run(_load(layouts[name], queries, clients, seconds)))
+            report["rounds_by_layout"] = results
+            report["rss_mb"] = {"single": [s.stats()["rss_mb"] for s in single],
+                                "sharded": [s.stats()["rss_mb"] for s in sharded]}
+        report["summary"] = {name: _summary(rows) for name, rows in results.items()}
+        qps = {name: s["queries_per_s"] for name, s in report["summary"].items()}
+        report["summary"]["sharded_over_single_qps"] = round(qps["sharded"] / qps["single"], 3) if qps["single"] else None
+    if out is not None:
+        write_atomic(Path(out), json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _prepare(root: Path, size: int, shards: int) -> dict[str, float]:
+    """The world's corpus, its whole index and its shards (each built only when missing); seconds each took."""
+    from searchgym.envs.tools.local_index import LocalIndex
+    from searchgym.envs.tools.shards import build_shards, is_sharded
+    from searchgym.world.world import World
+
+    took: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if not (root / "corpus.jsonl").exists():
+        World(size, seed=0).write(root, progress=True)
+        took["world"] = round(time.perf_counter() - t0, 1)
+    if not (root / "index" / "index.json").exists():
+        t0 = time.perf_counter()
+        LocalIndex.build(root / "corpus.jsonl", root / "index", progress=True)
+        took["index"] = round(time.perf_counter() - t0, 1)
+    if not is_sharded(root / "shards"):
+        t0 = time.perf_counter()
+        build_shards(root / "corpus.jsonl", root / "shards", shards, progress=True)
+        took["shards"] = round(time.perf_counter() - t0, 1)
+    return took
+
+
+def _queries(corpus: Path, n: int) -> list[tuple[str, str]]:
+    """(title, url) of `n` pages spread over the corpus: a title query should find its page."""
+    docs = [(d.title, d.url) for d in read_corpus(corpus)]
+    step = max(1, len(docs) // n)
+    return docs[::step][:n]
+
+
+def _start(stack: ExitStack, indexes: list[Path], starts: dict[str, list[float]], name: str) -> list[ServerProcess]:
+    servers, times = [], []
+    for index in indexes:
+        t0 = time.perf_counter()
+        servers.append(stack.enter_context(ServerProcess(
+            lambda port, index=index: ["serve", "search", "--index", str(index), "--port", str(port)], startup_s=1800)))
+        times.append(time.perf_counter() - t0)
+    starts[name] = times
+    return servers
+
+
+async def _load(servers: list[list[str]], queries: list[tuple[str, str]], clients: int,
+                seconds: float) -> dict[str, Any]:
+    """`clients` coroutines querying for `seconds` through the layout's client; latencies, errors, top-k hits."""
+    from searchgym.envs.tools.remote_search import RemoteSearch
+    from searchgym.envs.tools.shards import ShardedSearch
+
+    options = {"max_connections": clients, "timeout": 60.0}
+    backend: Any = RemoteSearch(servers[0], **options) if len(servers) == 1 else ShardedSearch.remote(servers, **options)
+    latencies: list[float] = []
+    errors: Counter[str] = Counter()
+    found = 0
+    stop = time.perf_counter() + seconds
+
+    async def client(i: int) -> None:
+        nonlocal found
+        n = i
+        while time.perf_counter() < stop:
+            title, url = queries[n % len(queries)]
+            n += clients
+            t0 = time.perf_counter()
+            try:
+                hits = await backend.search(title, K)
+            except Exception as e:  # noqa: BLE001 -- every failure is counted by kind, none stops the run
+                errors[type(e).__name__] += 1
+                continue
+            latencies.append(time.perf_counter() - t0)
+            found += url in (h.url for h in hits)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    elapsed = time.perf_counter() - t0
+    await backend.close()
+    ordered = sorted(latencies)
+    return {"answered": len(latencies), "errors": dict(errors), "elapsed_s": round(elapsed, 2),
+            "queries_per_s": round(len(latencies) / elapsed, 1),
+            "p50_ms": round(1000 * ordered[len(ordered) // 2], 1) if ordered else None,
+            "p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 1) if ordered else None,
+            "page_in_top_k": round(found / len(latencies), 4) if latencies else None}
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"queries_per_s": round(statistics.mean(r["queries_per_s"] for r in rows), 1),
+            "p99_ms": max((r["p99_ms"] for r in rows if r["p99_ms"] is not None), default=None),
+            "errors": sum(sum(r["errors"].values()) for r in rows),
+            "page_in_top_k": round(statistics.mean(r["page_in_top_k"] for r in rows if r["page_in_top_k"] is not None),
+                                   4) if any(r["page_in_top_k"] is not None for r in rows) else None}
+
+
+def _machine() -> dict[str, Any]:
+    import platform
+
+    return {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform(),
+            "load_before": os.getloadavg()}

@@ -119,6 +119,7 @@ def test_the_trainers_version_moves_the_noise_of_the_episodes_it_plays(simulator
     """The rollout controller reports its trained version to each env before an episode: the curriculum moves."""
     from searchgym.agents.simulated_env import make_simulated_qa
     from searchgym.trainers.rollout.controller import RolloutController
+    from searchgym.trainers.run.metrics import episode_metrics
 
     _, engine = simulator
 
@@ -138,7 +139,9 @@ def test_the_trainers_version_moves_the_noise_of_the_episodes_it_plays(simulator
             [group] = await controller.get_batch()
         hits = [h for traj in group for h in traj.turns[0].info["hits"]]
         assert all(traj.turns[0].info["simulated"] for traj in group)
-        return sum(h["doc_id"].startswith("sim-n-") for h in hits) / len(hits)
+        share = sum(h["doc_id"].startswith("sim-n-") for h in hits) / len(hits)
+        assert episode_metrics([group])["episode/simulated_noise_share"] == share  # what the trainer logs per step
+        return share
 
     assert asyncio.run(noisy_share(0)) == 0.0
     assert asyncio.run(noisy_share(4)) == 1.0

@@ -218,6 +218,12 @@ class SimulatedSearch:
         """Nothing of its own to close: the chat model belongs to whoever opened it."""
 
 
+def noisy_share(hit_infos: list[dict[str, Any]]) -> float | None:
+    """The share of noisy documents among simulated hits (`info["hits"]` rows), None when none is simulated."""
+    simulated = [h for h in hit_infos if str(h.get("doc_id", "")).startswith(("sim-n-", "sim-u-"))]
+    return sum(str(h["doc_id"]).startswith("sim-n-") for h in simulated) / len(simulated) if simulated else None
+
+
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Sequence
 
 from searchgym.agents.trajectory import Trajectory
+from searchgym.envs.tools.simulated_search import noisy_share
 from searchgym.trainers.rollout.controller import RolloutStats
 
 
@@ -45,7 +46,10 @@ def episode_metrics(batch: list[list[Trajectory]]) -> dict[str, float]:
     n = max(len(episodes), 1)
     costs = [t.tool_cost for t in episodes]
     units = sorted({unit for cost in costs for unit in cost})
+    # a simulated search engine's noise share in the batch's results: its curriculum, recorded step by step
+    noise = noisy_share([hit for t in episodes for turn in t.turns for hit in turn.info.get("hits") or ()])
     return {
+        **({"episode/simulated_noise_share": noise} if noise is not None else {}),
         **{f"episode/cost/{unit}": sum(cost.get(unit, 0) for cost in costs) / n for unit in units},
         "episode/reward": sum(t.reward for t in episodes) / n,
         "episode/success": sum(bool((t.verdict or {}).get("correct")) for t in episodes) / n,

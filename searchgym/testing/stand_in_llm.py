@@ -121,12 +121,17 @@ class StandInLLM:
         finish = "stop"
         if fault == "cut":
             content, finish = content[: len(content) // 2], "length"
-        return web.json_response({
-            "id": f"chatcmpl-standin-{self.requests}", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model", "stand-in"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": None,
-                         "finish_reason": finish}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+        return chat_completion(content, body.get("model", "stand-in"), finish=finish, rid=f"standin-{self.requests}")
+
+
+def chat_completion(content: str, model: str, *, finish: str = "stop", rid: str = "standin",
+                    usage: tuple[int, int] = (1, 1)) -> web.Response:
+    """An OpenAI chat.completion response holding `content` (for the test doubles of chat LLMs)."""
+    return web.json_response({
+        "id": f"chatcmpl-{rid}", "object": "chat.completion", "created": int(time.time()), "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": None,
+                     "finish_reason": finish}],
+        "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}})
 
 
 @contextlib.contextmanager

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from aiohttp import web
 
-from searchgym.testing.stand_in_llm import serve_in_thread
+from searchgym.testing.stand_in_llm import chat_completion, serve_in_thread
 
 TASKS = [{"id": "t1", "question": "What colour is the lighthouse of Teslin Bay?", "answer": "green"},
          {"id": "t2", "question": "Who founded the Orrin Vale Observatory?", "answer": "Mirela Kost"}]
@@ -33,10 +33,7 @@ class ScriptedSimulator:
         docs = [f"Title: {'Cheese of the valley' if noisy else query.title()} {i}\nURL: http://x/{i}\n"
                 f"Text: {'Cheese is made in the valley.' if noisy else fact}" for i in range(n)]
         content = "no documents today" if self.mode == "garbage" else "\n\n".join(docs)
-        return web.json_response({"id": "c", "object": "chat.completion", "model": body["model"],
-                                  "choices": [{"index": 0, "finish_reason": "stop",
-                                               "message": {"role": "assistant", "content": content}}],
-                                  "usage": {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30}})
+        return chat_completion(content, body["model"], usage=(10, 20))
 
 
 

@@ -45,6 +45,16 @@ def check_env_kwargs(env_id: str, kwargs: dict[str, Any]) -> None:
             raise ValueError(f"{env_id}: env kwarg {key!r} must be {names}, got {value!r}")
 
 
+def accepted_kwargs(env_id: str) -> set[str] | None:
+    """The kwargs `env_id`'s constructor takes (with what it forwards them to), or None for an id not registered
+    by name here (nothing to check against)."""
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error:
+        return None
+    return set(_accepted(spec.entry_point)) if isinstance(spec.entry_point, str) else None
+
+
 @functools.cache
 def _accepted(entry_point: str) -> dict[str, tuple[type, ...] | None]:
     """Every keyword the creator takes, with its plain types where its annotation is plain (else None)."""

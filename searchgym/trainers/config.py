@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import searchgym  # noqa: F401  (registers the env ids EnvConfig checks kwargs against)
+from searchgym.envs.env_kwargs import accepted_kwargs
 from searchgym.settings import load_settings, setting, settings_dict
 
 
@@ -45,13 +47,29 @@ class LearnerConfig:
     cpu_offload: bool = False  # keep parameters, gradients and optimizer state on the CPU between uses
 
 
+SYNTHETIC_QA = "searchgym/SyntheticQA-v0"
+SYNTHETIC_DEFAULTS = {"size": 1000, "n_tasks": 200, "split": "train", "max_turns": 4}  # a small world, its train split
+
+
 @dataclass
 class EnvConfig:
-    """Which env trains the agent, and its kwargs (as for gym.make)."""
+    """Which env trains the agent, and its kwargs (as for gym.make).
 
-    id: str = "searchgym/SyntheticQA-v0"
-    kwargs: dict[str, Any] = field(default_factory=lambda: {"size": 1000, "n_tasks": 200, "split": "train",
-                                                              "max_turns": 4})
+    The default kwargs are SyntheticQA's; a config that names another id (LocalQA, a suite, a simulated engine) keeps
+    only those of them its env takes, so `env.id` plus that env's own kwargs is a whole config (a file's or an
+    override's kwargs merge into the defaults, as every dict of a config does).
+    """
+
+    id: str = SYNTHETIC_QA
+    kwargs: dict[str, Any] = field(default_factory=lambda: dict(SYNTHETIC_DEFAULTS))
+
+    def __post_init__(self) -> None:
+        if self.id == SYNTHETIC_QA:
+            return
+        accepted = accepted_kwargs(self.id)
+        if accepted is not None:
+            self.kwargs = {k: v for k, v in self.kwargs.items()
+                           if not (k in SYNTHETIC_DEFAULTS and v == SYNTHETIC_DEFAULTS[k] and k not in accepted)}
 
 
 @dataclass

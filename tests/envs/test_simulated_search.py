@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import searchgym  # noqa: F401
 from searchgym.agents.scripted import ScriptedWorkflow
+from searchgym.agents.workflow import TokenWorkflow
 from searchgym.envs.tools.simulated_search import NoiseSchedule, SimulatedSearch, load_prompts, parse_documents
 from tests.envs.simulator_double import TASKS, ScriptedSimulator, simulator_server
 
@@ -214,3 +215,30 @@ class SearchTwice(ScriptedWorkflow):
     @classmethod
     def from_handle(cls, handle, settings):
         return cls(settings)
+
+
+class SearchFirst(TokenWorkflow):
+    """The tiny model's first turn is sent to the env as a search for the question (its tokens are still what it
+    generated and what the learner trains): every episode meets the simulated engine once."""
+
+    async def act(self, env, traj, text):
+        return f"<search>{env.task.question}</search>" if not traj.turns else text
+
+
+def test_a_training_run_on_the_simulated_engine_records_its_curriculum_per_step(simulator, tasks_file, tmp_path):
+    from searchgym.trainers.config import load_config
+    from searchgym.trainers.launchers.local import train
+
+    _, engine = simulator
+    config = load_config(None, [
+        f"out_dir={tmp_path / 'run'}", "steps=3", "mode=sync", "env.id=searchgym/SimulatedQA-v0",
+        f"env.kwargs={{tasks: '{tasks_file}', engine: '{engine}', top_k: 4, max_turns: 2,"
+        " noise_schedule: {start: 0.0, end: 1.0, steps: 2, base: 2.0}}",
+        "rollout.group_size=2", "rollout.batch_size=1", "rollout.max_new_tokens=8",
+        "rollout.max_concurrent_rollouts=2", "learner.drop_no_spread=false",
+        "rollout.workflow=tests.envs.test_simulated_search:SearchFirst"])
+    history = train(config, progress=False)
+    # sync: step v's batch was played at trained version v - 1; ZeroSearch's curriculum over 2 versions, base 2:
+    # 0, then (2**0.5 - 1) = 0.41 of 4 results (2 of them), then all
+    assert [h["episode/simulated_noise_share"] for h in history] == [0.0, 0.5, 1.0]
+    assert all(h["episode/cost/model_calls"] >= 1 for h in history)

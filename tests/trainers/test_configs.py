@@ -18,8 +18,11 @@ def test_configs_are_shipped():
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_a_shipped_config_loads_and_its_launcher_accepts_it(path, tmp_path):
+    from searchgym.envs.env_kwargs import check_env_kwargs
+
     config = load_config(path)
     assert isinstance(config, TrainConfig) and config != TrainConfig()  # the file changed something
+    check_env_kwargs(config.env.id, config.env.kwargs)  # its env takes every kwarg (the defaults are SyntheticQA's)
     if config.launcher == "ray":
         check_ray_config(config)  # batch, concurrency and servers split evenly over the rollout actors
     # a run directory's config.json (what the launchers write) loads back to the very same config
@@ -96,3 +99,13 @@ def test_a_run_can_train_on_a_chosen_subset_of_the_tasks(small_pool, small_index
     with pytest.raises(ValueError, match="not in the env's pool"):
         task_ids(make_env, [ids[0], "no-such-task"])
     assert load_config(None, [f"tasks=[{ids[0]},{ids[1]}]"]).tasks == ids[:2]
+
+
+def test_another_env_id_keeps_only_the_default_kwargs_it_takes():
+    """SyntheticQA's default kwargs (size, n_tasks, split) do not follow a config to LocalQA, which takes none of
+    them; max_turns, which every env takes, does; and a kwarg the user set is never dropped."""
+    local = load_config(None, ["env.id=searchgym/LocalQA-v0", "env.kwargs.tasks=t.jsonl", "env.kwargs.index=i"])
+    assert local.env.kwargs == {"max_turns": 4, "tasks": "t.jsonl", "index": "i"}
+    typo = load_config(None, ["env.id=searchgym/LocalQA-v0", "env.kwargs.size=5"])
+    assert typo.env.kwargs["size"] == 5  # not a default: kept, and refused by name when the env is made
+    assert load_config(None, []).env.kwargs == {"size": 1000, "n_tasks": 200, "split": "train", "max_turns": 4}

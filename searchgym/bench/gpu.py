@@ -112,7 +112,7 @@ def logprob_agreement(engine: Any, learner: Any, *, device: str, requests: int =
                                       for i, p in enumerate(prompts)))
 
     diffs = []
-    for prompt, response in zip(prompts, asyncio.run(run())):
+    for prompt, response in zip(prompts, asyncio.run(run()), strict=True):
         ids = torch.tensor([prompt + list(response.output_ids)], device=device)
         where = torch.zeros(1, ids.shape[1] - 1, dtype=torch.bool, device=device)
         where[0, len(prompt) - 1:] = True

@@ -178,7 +178,7 @@ class TaskPool(Sequence[Task]):
                     raise TaskFileError(f"{where}: {e}. Fix or delete this row, or load with on_error='skip'.") from None
                 rejected.append((where, str(e)))
         if rejected:
-            warnings.warn(f"{path}: skipped {len(rejected)} bad rows (see TaskPool.rejected); first: {rejected[0]}")
+            warnings.warn(f"{path}: skipped {len(rejected)} bad rows (see TaskPool.rejected); first: {rejected[0]}", stacklevel=2)
         return cls(tasks, name=path.name, rejected=rejected)
 
     @classmethod

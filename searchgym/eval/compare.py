@@ -118,7 +118,7 @@ def _mismatch_message(runs: Sequence[Run], diffs: dict[str, list[Any]]) -> str:
     lines = [f"refusing to compare: these runs were measured under different protocols, so their scores are not "
              f"comparable. {len(diffs)} score-relevant card field(s) differ:"]
     for field, values in diffs.items():
-        lines.append(f"  {field}: " + "; ".join(f"{run.name} = {json.dumps(v, default=str)}" for run, v in zip(runs, values)))
+        lines.append(f"  {field}: " + "; ".join(f"{run.name} = {json.dumps(v, default=str)}" for run, v in zip(runs, values, strict=True)))
     lines.append("Evaluate them under one protocol, or pass --allow-different (allow_different=True) to compare "
                  "anyway with these fields listed in the comparison.")
     return "\n".join(lines)
@@ -139,7 +139,7 @@ def compare_runs(paths: Sequence[str | os.PathLike], *, names: Sequence[str] | N
     if len(paths) < 2:
         raise ValueError("eval compare needs at least two run directories")
     paths = [Path(p) for p in paths]
-    runs = [load_run(p, n) for p, n in zip(paths, _unique_names(paths, names))]
+    runs = [load_run(p, n) for p, n in zip(paths, _unique_names(paths, names), strict=True)]
     cards = [run.card for run in runs]
     diffs = differences(cards, "protocol")
     if diffs and not allow_different:

@@ -174,7 +174,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     if path is not None:
         merged = _merge(merged, lambda: OmegaConf.load(path), os.fspath(path))
     for override in overrides:
-        merged = _merge(merged, lambda: OmegaConf.from_dotlist([override]), f"override {override!r}",
+        merged = _merge(merged, lambda override=override: OmegaConf.from_dotlist([override]), f"override {override!r}",
                         key=override.partition("=")[0].strip())
     config: TrainConfig = OmegaConf.to_object(merged)
     for key, value, least in (("steps", config.steps, 1), ("save_every", config.save_every, 1),

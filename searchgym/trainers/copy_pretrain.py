@@ -67,12 +67,13 @@ def copy_batch(rng: random.Random, vocabulary: list[int], config: CopyPretrainCo
 
 
 def copy_pretrain(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                  config: CopyPretrainConfig = CopyPretrainConfig(), *, device: str = "cpu",
+                  config: CopyPretrainConfig | None = None, *, device: str = "cpu",
                   progress: bool = True) -> list[dict[str, float]]:
     """Train the model in `model_dir` to copy repeated segments; save it (with its tokenizer) to `out_dir`.
 
     Returns one record per step: loss and copy accuracy (argmax right on the learned tokens), lr.
     """
+    config = config or CopyPretrainConfig()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     special = set(tokenizer.all_special_ids)

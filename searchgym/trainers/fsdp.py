@@ -119,7 +119,7 @@ def shard_model(model: nn.Module, *, mixed_precision: bool | None = None, activa
 class ShardedLearner(Learner):
     """`Learner` on this rank's shard of the weights; all ranks call its methods together."""
 
-    def __init__(self, model: nn.Module, config: LearnerConfig = LearnerConfig(), *, pad_id: int = 0,
+    def __init__(self, model: nn.Module, config: LearnerConfig | None = None, *, pad_id: int = 0,
                  version: int = 0, activation_checkpointing: bool = False, cpu_offload: bool = False,
                  mixed_precision: bool | None = None):
         if not dist.is_initialized():

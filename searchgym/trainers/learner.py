@@ -60,7 +60,7 @@ def aggregate_stats(parts: list[dict[str, float]], *, summed: tuple[str, ...] = 
             out[key] = sum(v for v, _ in values)
         else:
             weights = [part.get(STAT_WEIGHTS.get(key, "normalizer_tokens"), 0.0) for _, part in values]
-            out[key] = sum(v * w for (v, _), w in zip(values, weights)) / max(sum(weights), 1.0)
+            out[key] = sum(v * w for (v, _), w in zip(values, weights, strict=True)) / max(sum(weights), 1.0)
     return out
 
 
@@ -189,8 +189,9 @@ def _noisy(settings: dict[str, Any]) -> bool:
 class Learner:
     """Owns the trained model and its optimizer; `step` turns groups of trajectories into one new version."""
 
-    def __init__(self, model: torch.nn.Module, config: LearnerConfig = LearnerConfig(), *, pad_id: int = 0,
+    def __init__(self, model: torch.nn.Module, config: LearnerConfig | None = None, *, pad_id: int = 0,
                  version: int = 0):
+        config = config or LearnerConfig()
         self.model, self.config, self.pad_id, self.version = model, config, pad_id, version
         self.device = next(model.parameters()).device
         self._gradient_scale = 1.0  # the sharded learner's ranks multiply by their number (FSDP averages gradients)
@@ -238,7 +239,7 @@ class Learner:
             logp, entropy, where = self._logprobs(layout)
             if any(s.prox is None for s in batch):  # the first minibatch: these weights are the pre-update ones
                 prox = prox.clone()
-                for (row, start), s in zip(layout.spans, batch):
+                for (row, start), s in zip(layout.spans, batch, strict=True):
                     if s.prox is None:
                         prox[row, start:start + len(s.ids) - 1] = logp[row, start:start + len(s.ids) - 1].detach()
             loss, stats = decoupled_ppo_loss(logp, prox, layout.behav, layout.adv, mask, eps_clip=cfg.eps_clip,
@@ -348,7 +349,7 @@ class Learner:
         for batch in self._micro_batches(samples):
             layout = self._layout(batch)
             logp, _, _ = self._logprobs(layout)
-            for (row, start), sample in zip(layout.spans, batch):
+            for (row, start), sample in zip(layout.spans, batch, strict=True):
                 sample.prox = logp[row, start:start + len(sample.ids) - 1].cpu()
 
     def _logprobs(self, layout: _Layout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

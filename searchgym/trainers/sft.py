@@ -73,11 +73,12 @@ def encode_demonstrations(tokenizer: Any, chats: Iterable[list[dict[str, str]]],
 
 
 def sft(model_dir: str | os.PathLike, chats: list[list[dict[str, str]]], out_dir: str | os.PathLike,
-        config: SFTConfig = SFTConfig(), *, device: str = "cpu", progress: bool = True) -> list[dict[str, float]]:
+        config: SFTConfig | None = None, *, device: str = "cpu", progress: bool = True) -> list[dict[str, float]]:
     """Fine-tune the model in `model_dir` on `chats` and save it (with its tokenizer) to `out_dir`.
 
     Returns one record per optimizer step (loss, token accuracy on the action tokens, lr).
     """
+    config = config or SFTConfig()
     check_model_out(out_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)

@@ -182,7 +182,7 @@ class KBWalker:
         if start_phrase is None:
             return self._reject("no unique description of the start entity")
         phrase = start_phrase
-        for entity, relation in zip(path, relations):
+        for entity, relation in zip(path, relations, strict=False):
             phrase = TARGET_PHRASE[(entity.type, relation)].format(x=phrase)
         question = QUESTION[(last.type, final)].format(x=phrase)
         question = question[0].upper() + question[1:]

@@ -121,7 +121,7 @@ class World:
             starts.append(start)
             start += self.counts[t]
         self._starts = starts
-        self._ranges = {t: range(s, s + self.counts[t]) for t, s in zip(schema.ENTITY_TYPES, starts)}
+        self._ranges = {t: range(s, s + self.counts[t]) for t, s in zip(schema.ENTITY_TYPES, starts, strict=True)}
         self._namers = {t: names.Namer(t, self.counts[t], seed) for t in schema.ENTITY_TYPES}
         self._key = names.mix(seed, 0x5EA7C4)
         self._entity = functools.lru_cache(maxsize=_ENTITY_CACHE)(self._build_entity)

@@ -367,7 +367,7 @@ class TorchEngine:
             past_width, width = max(cached), max(len(new) for new, _ in group)
             ids = torch.tensor([[0] * (width - len(new)) + new for new, _ in group], device=self.device)  # pad: masked
             mask = torch.tensor([[0] * (past_width - c) + [1] * c + [0] * (width - len(new)) + [1] * len(new)
-                                 for c, (new, _) in zip(cached, group)], device=self.device)
+                                 for c, (new, _) in zip(cached, group, strict=True)], device=self.device)
             positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past_width:]
             cache = DynamicCache(_stack_past(group, past_width)) if past_width else DynamicCache()
             logits.append(self._forward(ids, mask, positions, cache))
@@ -389,7 +389,7 @@ class TorchEngine:
         """Pick each row's next token (greedy or seeded sampling) and record it with its logprob and version."""
         params = [s.request.sampling for s in seqs]
         logits = _add_logit_bias(logits, params)
-        temperatures = [p.temperature if s.generator is not None else 1.0 for p, s in zip(params, seqs)]
+        temperatures = [p.temperature if s.generator is not None else 1.0 for p, s in zip(params, seqs, strict=True)]
         logprobs = torch.log_softmax(logits / torch.tensor(temperatures, device=logits.device)[:, None], dim=-1)
         tokens = logits.argmax(-1)
         rows = [i for i, s in enumerate(seqs) if s.generator is not None]
@@ -397,7 +397,7 @@ class TorchEngine:
             probs = _truncate(logprobs[rows].exp(), [params[i] for i in rows])
             tokens[rows] = _draw(probs, [_token_generator(seqs[i]) for i in rows])
         chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
-        for seq, token, logprob in zip(seqs, tokens.tolist(), chosen.tolist()):
+        for seq, token, logprob in zip(seqs, tokens.tolist(), chosen.tolist(), strict=True):
             seq.output_ids.append(token)
             seq.logprobs.append(logprob)
             seq.versions.append(self._version)
@@ -482,7 +482,7 @@ def _add_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch
         return logits
     logits = logits.clone()
     for i in rows:
-        ids, biases = zip(*params[i].logit_bias)
+        ids, biases = zip(*params[i].logit_bias, strict=True)
         logits[i, list(ids)] += torch.tensor(biases, dtype=logits.dtype, device=logits.device)
     return logits
 
@@ -545,7 +545,7 @@ def _merge(parts: list[tuple[KV, torch.Tensor]]) -> tuple[KV, torch.Tensor]:
     length = max(mask.shape[1] for _, mask in parts)
     masks = torch.cat([F.pad(mask, (length - mask.shape[1], 0)) for _, mask in parts])
     kv = []
-    for layer in zip(*(layers for layers, _ in parts)):
+    for layer in zip(*(layers for layers, _ in parts), strict=True):
         keys = torch.cat([F.pad(k, (0, 0, length - k.shape[2], 0)) for k, _ in layer])
         values = torch.cat([F.pad(v, (0, 0, length - v.shape[2], 0)) for _, v in layer])
         kv.append((keys, values))

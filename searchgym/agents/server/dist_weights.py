@@ -83,7 +83,7 @@ def receive(group: dist.ProcessGroup, names: list[str], dtypes: list[str], shape
         raise ValueError(f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}")
     # every tensor is allocated before the first broadcast: a bad dtype or shape fails here, not mid-bucket
     out = {name: torch.empty([int(s) for s in shape], dtype=parse_dtype(dtype), device=device)
-           for name, dtype, shape in zip(names, dtypes, shapes)}
+           for name, dtype, shape in zip(names, dtypes, shapes, strict=True)}
     for tensor in out.values():
         group.broadcast(tensor, 0).wait()
     return out

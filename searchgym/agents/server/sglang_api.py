@@ -222,7 +222,7 @@ class SGLangAPI:
                                      "return_text_in_logprobs")
         prompt_ids_out = f.boolean(f.or_default(body.get("return_prompt_token_ids"), False), "return_prompt_token_ids")
         items = []
-        for i, (ids, rid) in enumerate(zip(prompts, _rids(body.get("rid"), n, batch))):
+        for i, (ids, rid) in enumerate(zip(prompts, _rids(body.get("rid"), n, batch), strict=True)):
             params, skip_special, no_trim, spaces = sampling(per_item["sampling_params"][i], self.model.vocab_size)
             given = per_item["sampling_params"][i]
             explicit = isinstance(given, dict) and given.get("max_new_tokens") is not None
@@ -250,7 +250,7 @@ class SGLangAPI:
             "e2e_latency": time.perf_counter() - started}
         if item.return_logprob:
             texts = (model.tokenizer.batch_decode([[t] for t in ids]) if item.text_in_logprobs else [None] * len(ids))
-            meta["output_token_logprobs"] = [[lp, t, s] for lp, t, s in zip(response.logprobs, ids, texts)]
+            meta["output_token_logprobs"] = [[lp, t, s] for lp, t, s in zip(response.logprobs, ids, texts, strict=True)]
         text = output_text(model.tokenizer, ids, response.finish_reason, skip_special_tokens=item.skip_special_tokens,
                            no_stop_trim=item.no_stop_trim,
                            spaces_between_special_tokens=item.spaces_between_special_tokens)
@@ -276,7 +276,7 @@ class SGLangAPI:
 
     def _answer(self, items: list[Item], responses: list[GenerateResponse], batch: bool, started: float) -> bytes:
         """The JSON of a finished /generate: one result, or a list for a batch."""
-        outputs = [self.output(item, response, started) for item, response in zip(items, responses)]
+        outputs = [self.output(item, response, started) for item, response in zip(items, responses, strict=True)]
         return encode(outputs if batch else outputs[0])
 
     # ---- control -----------------------------------------------------------------------------------------

@@ -170,7 +170,7 @@ class _RetrievalServer:
         """docs_all for one query of an async backend."""
         hits = await self.backend.search(query, k)
         pages = await asyncio.gather(*(self.page_one(h.url) for h in hits)) if full else [None] * len(hits)
-        return [(doc_row(h, h.snippet if p is None else p.text), h.score) for h, p in zip(hits, pages)]
+        return [(doc_row(h, h.snippet if p is None else p.text), h.score) for h, p in zip(hits, pages, strict=True)]
 
     def _docs_sync(self, query: str, k: int, full: bool) -> list[tuple[dict[str, str], float]]:
         """docs_one for a blocking backend, on a pool thread."""

@@ -42,7 +42,7 @@ class JsonlLog:
     """
 
     path: Path
-    check: Callable[[Any], None] | None = None
+    check: Callable[[Any], object] | None = None
     rows: list[Any] = field(default_factory=list)
     damaged: list[DamagedLine] = field(default_factory=list)
 

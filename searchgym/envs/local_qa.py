@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, cast
 
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import load_pool
@@ -34,5 +34,5 @@ def make_local_qa(
         options = {"check": True, **(server_options or {})}  # a wrong URL is an error here, not in every episode
         remote = RemoteSearch([servers] if isinstance(servers, str) else list(servers), **options)
         return SearchEnv(pool, remote, remote, **env_kwargs)
-    backend = open_index(index if index is not None else corpus)
+    backend = open_index(cast("str | os.PathLike", index if index is not None else corpus))  # one is given (above)
     return SearchEnv(pool, backend, backend, **env_kwargs)

@@ -298,7 +298,7 @@ class SearchEnv(gym.Env[str, str]):
             info["error"] = f"search failed: {e}"
             return f"The search failed ({e}). Try again or rephrase the query."
         info["hits"] = [{"doc_id": h.doc_id, "url": h.url, "title": h.title, "score": h.score} for h in hits]
-        answer_page = self.task.metadata.get("answer_page")
+        answer_page = self._task.metadata.get("answer_page")
         if answer_page:  # privileged evidence for process rewards; never shown to the agent
             rank = next((k for k, h in enumerate(hits, 1) if h.url == answer_page), None)
             info["evidence"] = {"answer_page_rank": rank}
@@ -324,20 +324,28 @@ class SearchEnv(gym.Env[str, str]):
             return f"You have read all {len(chunks)} parts of {page.url}. Search again or answer."
         self._page_cursor[page.url] = number
         info["page"] = {"url": page.url, "doc_id": page.doc_id, "chunk": number, "chunks": len(chunks)}
-        answer_page = self.task.metadata.get("answer_page")
+        answer_page = self._task.metadata.get("answer_page")
         if answer_page:
             info["evidence"] = {"answer_page_accessed": page.url == answer_page}
         return prompts.format_chunk(page.title, chunks[number - 1], number, len(chunks))
 
     async def _answer(self, action: Action, info: dict[str, Any]) -> tuple[float, str]:
         self.counts["answer"] += 1
-        verdict = await self.judge.ajudge(action.argument, self.task.answers, question=self.task.question,
+        task = self._task
+        verdict = await self.judge.ajudge(action.argument, task.answers, question=task.question,
                                           format_errors=self.format_errors,
-                                          **aug_kwargs(self.judge, self.task.aug_answers))  # asearcher_* blend them
-        info.update(prediction=action.argument, verdict=verdict.to_dict(), answers=list(self.task.answers))
+                                          **aug_kwargs(self.judge, task.aug_answers))  # asearcher_* blend them
+        info.update(prediction=action.argument, verdict=verdict.to_dict(), answers=list(task.answers))
         return float(verdict.score), "Your answer was recorded. The episode is over."
 
     # --- helpers -----------------------------------------------------------------------------
+
+    @property
+    def _task(self) -> Task:
+        """The episode's task (reset() chose it)."""
+        if self.task is None:
+            raise ResetNeeded("Cannot call env.step() before calling env.reset()")
+        return self.task
 
     def _choose_task(self, options: dict[str, Any]) -> Task:
         if "task_id" in options:
@@ -349,7 +357,7 @@ class SearchEnv(gym.Env[str, str]):
     def _backend_stats(self) -> dict[str, Any]:
         """Merged `stats()` of the backends that have one (cache hit rates, web error counters), for info."""
         out: dict[str, Any] = {}
-        backends = [self.search_backend] + ([self.page_backend] if self.page_backend is not self.search_backend else [])
+        backends: list[SearchBackend | PageBackend] = [self.search_backend] + ([self.page_backend] if self.page_backend is not self.search_backend else [])
         for backend in backends:
             out.update(backend_stats(backend))
         return out

@@ -104,7 +104,7 @@ class TaskPool(Sequence[Task]):
     def __len__(self) -> int:
         return len(self.tasks)
 
-    def __getitem__(self, index):  # type: ignore[override]
+    def __getitem__(self, index):
         if isinstance(index, slice):
             return TaskPool(self.tasks[index], name=self.name)
         return self.tasks[index]
@@ -167,7 +167,8 @@ class TaskPool(Sequence[Task]):
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"task file {path} does not exist")
-        tasks, rejected = [], []
+        tasks: list[Task] = []
+        rejected: list[tuple[str, str]] = []
         for where, row in _rows_of(path):
             try:
                 if isinstance(row, Exception):

@@ -69,7 +69,7 @@ def judge_agreement(rows: Sequence[dict[str, Any]], judges: Sequence[str], *, f1
     table = [calls(r, f1_threshold) for r in answered]
     pairs = []
     for x, y in itertools.combinations(names, 2):
-        both = [(c[x], c[y]) for c in table if c.get(x) is not None and c.get(y) is not None]
+        both = [(p, q) for c in table if (p := c.get(x)) is not None and (q := c.get(y)) is not None]
         pairs.append({"a": x, "b": y, **_pair_stats([p for p, _ in both], [q for _, q in both])})
     split = []
     for row, c in zip(answered, table, strict=True):
@@ -169,7 +169,7 @@ def label_accuracy(rows: Sequence[dict[str, Any]], labels: Sequence[Label], judg
             matched.append((wanted[key], calls(row, f1_threshold)))
     per_rater = {}
     for name in names:
-        pairs = [(human, c[name]) for human, c in matched if c.get(name) is not None]
+        pairs = [(human, j) for human, c in matched if (j := c.get(name)) is not None]
         if not pairs:
             per_rater[name] = {"n": 0, "accuracy": float("nan"), "kappa": float("nan")}
             continue

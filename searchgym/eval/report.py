@@ -196,12 +196,12 @@ def plots(out: Path, rows: Sequence[dict[str, Any]], primary: str,
     paths["turns_searches"] = out / "turns_searches.png"
     fig.savefig(paths["turns_searches"], dpi=100)
     plt.close(fig)
-    for key in breakdowns or {}:
-        values = [(r.get("subset") or {}).get(key) for r in rows]
-        names = list(breakdowns[key])
-        groups = [[s for s, v in zip(scores, values, strict=True) if v is not None and str(v) == name] for name in names]
+    for key, by_value in (breakdowns or {}).items():
+        subset = [(r.get("subset") or {}).get(key) for r in rows]
+        names = list(by_value)
+        in_group = [[s for s, v in zip(scores, subset, strict=True) if v is not None and str(v) == name] for name in names]
         fig, ax = plt.subplots(figsize=(max(4.5, 0.8 * len(names) + 2), 3.5))
-        _bar_means(ax, names, groups, f"mean score ({primary})", f"{primary} by {key}")
+        _bar_means(ax, names, in_group, f"mean score ({primary})", f"{primary} by {key}")
         ax.set_xlabel(key)
         fig.tight_layout()
         paths[f"score_by_{key}"] = out / f"score_by_{key}.png"

@@ -112,7 +112,7 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
         if process_reward is not None and process_reward not in PROCESS_MODES:
             raise ValueError(f"process_reward must be one of {PROCESS_MODES} or None, got {process_reward!r}")
         self.env_id = env_id
-        self.reward_options = {"process": process_reward, "process_weight": process_weight,
+        self.reward_options: dict[str, Any] = {"process": process_reward, "process_weight": process_weight,
                                "threshold": process_threshold}
         self._env = make_unwrapped(env_id, **(env_kwargs or {}))  # the SearchEnv, with its native async API
         self._state = SearchState(env_id=env_id)
@@ -206,7 +206,7 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
             return SearchObservation(text=EITHER_FORM.format(what="both" if has_text else "neither"),
                                      task_id=self._state.task_id, turn=self._state.turn, done=self._state.done,
                                      reward=None)
-        if has_text:
+        if action.text is not None:  # has_text
             return action.text
         return tool_call_action(action.tool or "", action.argument or "")
 

@@ -347,7 +347,7 @@ class World:
         for r in _RELS[e.type]:
             fields[r.name] = self._ref(e.rels[r.name], as_html)
         if e.type == "person":
-            fields["is"] = "is" if e.attrs["birth_year"] >= 1945 else "was"
+            fields["is"] = "is" if int(e.attrs["birth_year"]) >= 1945 else "was"
         for label in ("occupation", "genre", "industry"):
             if label in e.attrs:
                 fields["a_" + label] = _text(_a(str(e.attrs[label])), as_html)

@@ -193,7 +193,7 @@ class SGLangEngine:
     def _least_loaded(self, exclude: int | None = None) -> int:
         """The server with the fewest requests in flight; ties rotate so sequential new rids spread out."""
         self._turn += 1
-        candidates = [i for i in range(len(self.urls)) if i != exclude] or [exclude]
+        candidates = [i for i in range(len(self.urls)) if i != exclude] or [0]  # one server: the excluded one
         return min(candidates, key=lambda i: (self.in_flight[i], (i - self._turn) % len(self.urls)))
 
     def _route(self, rid: str) -> int:

@@ -36,7 +36,7 @@ import asyncio
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -262,6 +262,7 @@ class TorchEngine:
 
     def _resolve(self, seq: _Sequence) -> None:
         """Hand a finished sequence's response to its caller, if the caller still waits."""
+        assert seq.finish is not None
         if not seq.future.done():
             text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=False)
             seq.future.set_result(_response(seq, seq.finish, text))
@@ -292,7 +293,7 @@ class TorchEngine:
 
     async def _in_worker(self, fn: Callable, *args) -> object:
         """Run model work on the engine's own thread, so the event loop stays free and never waits for a slot."""
-        return await self._loop.run_in_executor(self._worker, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)  # self._loop
 
     async def _run(self) -> None:
         """Forever: wait for resume and for work, then run one step under the lock."""
@@ -344,6 +345,7 @@ class TorchEngine:
                     seq.past = None
             self._sample(admitted, logits)
             if self._running:
+                assert self._cache is not None and self._mask is not None  # a running batch has both
                 kv, mask = _merge([(_layers(self._cache), self._mask), (kv, mask)])
             self._cache, self._mask = DynamicCache(kv), mask
             self._running += admitted
@@ -352,6 +354,7 @@ class TorchEngine:
     def _decode(self) -> None:
         """Feed every row its last sampled token and sample the next one."""
         ids = torch.tensor([[s.output_ids[-1]] for s in self._running], device=self.device)
+        assert self._cache is not None and self._mask is not None  # a running batch has both
         positions = self._mask.sum(-1, keepdim=True)
         self._mask = F.pad(self._mask, (0, 1), value=1)
         logits = self._forward(ids, self._mask, positions, self._cache)
@@ -415,6 +418,7 @@ class TorchEngine:
         keep = [i for i, s in enumerate(self._running) if s.live]
         if len(keep) == len(self._running):
             return
+        assert self._cache is not None and self._mask is not None  # a running batch has both
         for i, seq in enumerate(self._running):
             if seq.finish is not None and seq.finish.type != "abort" and not seq.cancelled:
                 self._keep_prefix(i, seq)
@@ -430,6 +434,7 @@ class TorchEngine:
 
     def _keep_prefix(self, row: int, seq: _Sequence) -> None:
         """Put a finished row's keys and values (prompt + output less its unfed last token) in the prefix cache."""
+        assert self._cache is not None and self._mask is not None  # called on a running batch
         length = int(self._mask[row].sum())
         tokens = seq.prompt + seq.output_ids[:-1]
         if seq.request.rid and seq.keep_prefix and self.prefix_cache.budget_bytes and len(tokens) == length:
@@ -469,6 +474,7 @@ def _token_generator(seq: _Sequence) -> torch.Generator:
     """
     seed = seq.request.sampling.seed
     if seed is None:
+        assert seq.generator is not None  # a sampled (not greedy) row has one
         return seq.generator
     position = len(seq.prompt) + len(seq.output_ids)
     state = np.random.SeedSequence((seed % 2**64, position)).generate_state(1)[0]
@@ -495,7 +501,9 @@ def _response(seq: _Sequence, finish: FinishReason, text: str) -> GenerateRespon
 def _groups(rows: list[tuple[list[int], KV | None]], budget: int) -> list[list[tuple[list[int], KV | None]]]:
     """Split (new tokens, cached KV) rows, in order, into groups whose left-padded size (rows x (longest cached +
     longest new)) stays within budget."""
-    groups, current, past, width = [], [], 0, 0
+    groups: list[list[tuple[list[int], KV | None]]] = []
+    current: list[tuple[list[int], KV | None]] = []
+    past, width = 0, 0
     for new, kv in rows:
         new_past, new_width = max(past, _length(kv)), max(width, len(new))
         if current and (new_past + new_width) * (len(current) + 1) > budget:
@@ -561,7 +569,7 @@ def _truncate(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor
     if min(top_k) == vocab and min(top_p) >= 1.0 and max(min_p) <= 0.0:
         return probs
 
-    def column(values: list[float]) -> torch.Tensor:
+    def column(values: Sequence[float]) -> torch.Tensor:
         return torch.tensor(values, device=probs.device, dtype=probs.dtype)[:, None]
 
     sorted_probs, order = probs.sort(dim=-1, descending=True)

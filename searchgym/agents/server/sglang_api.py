@@ -306,7 +306,7 @@ class SGLangAPI:
     async def update_weights(self, request: web.Request) -> web.Response:
         """POST /update_weights_from_disk: load a checkpoint dir; on failure the old weights keep serving."""
         body, _ = await self.model.json_body(request)
-        path = body.get("model_path")
+        path: Any = body.get("model_path")
         require(isinstance(path, str) and path != "", f"model_path must be a non-empty string, got {show(path)}")
         require(body.get("load_format") in LOAD_FORMATS,
                 f"load_format must be one of {list(LOAD_FORMATS)}, got {show(body.get('load_format'))}")
@@ -395,7 +395,7 @@ class SGLangAPI:
     async def update_weight_version(self, request: web.Request) -> web.Response:
         """POST /update_weight_version {new_version, abort_all_requests}: relabel the current weights."""
         body, _ = await self.model.json_body(request)
-        label = _label(body.get("new_version"), "new_version")
+        label: Any = _label(body.get("new_version"), "new_version")
         require(label is not None, "new_version is required")
         if lax_boolean(f.or_default(body.get("abort_all_requests"), True), "abort_all_requests"):
             await self.model.engine.abort(None)

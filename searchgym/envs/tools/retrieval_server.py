@@ -88,7 +88,7 @@ def parse_body(raw: bytes) -> dict:
 def _strings(body: dict, key: str, cap: int, raise_cap: str = "") -> list[str]:
     """body[key] as a list of at most cap strings of valid Unicode (JSON's \\ud800 escapes can make lone surrogates,
     which no UTF-8 text holds); `raise_cap` tells the client how the server's cap is raised, when it can be."""
-    value = body.get(key)
+    value: Any = body.get(key)
     check(isinstance(value, list) and all(isinstance(v, str) for v in value),
            f"{key} must be a list of strings, got {_show(value)}")
     check(len(value) <= cap, f"at most {cap} {key} per request, got {len(value)}; split the batch{raise_cap}")

@@ -27,7 +27,7 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -102,7 +102,7 @@ def load_learning_config(overrides: list[str] | tuple[str, ...] = (), preset: st
     try:
         merged = OmegaConf.merge(OmegaConf.structured(defaults), OmegaConf.from_dotlist(PRESETS[preset]),
                                  OmegaConf.from_dotlist(list(overrides)))
-        config: LearningConfig = OmegaConf.to_object(merged)
+        config = cast(LearningConfig, OmegaConf.to_object(merged))
     except OmegaConfBaseException as e:
         raise ValueError(f"bench learning config: {(e.msg or str(e)).splitlines()[0]} (key {e.full_key})") from None
     config.preset = preset
@@ -119,7 +119,7 @@ def load_learning_config(overrides: list[str] | tuple[str, ...] = (), preset: st
 
 def fingerprint(config: LearningConfig) -> str:
     """What a seed's row depends on (everything but the output directory): rows of another config are not mixed."""
-    data = OmegaConf.to_container(OmegaConf.structured(config))
+    data = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(config)))
     data.pop("out_dir", None)
     data.pop("seed", None)
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -12,7 +12,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import OmegaConf
 
@@ -88,7 +88,7 @@ class QuickstartConfig:
 def load_quickstart_config(overrides: list[str] | tuple[str, ...] = ()) -> QuickstartConfig:
     """Defaults plus dotted overrides, validated against the dataclasses."""
     merged = OmegaConf.merge(OmegaConf.structured(QuickstartConfig), OmegaConf.from_dotlist(list(overrides)))
-    return OmegaConf.to_object(merged)
+    return cast(QuickstartConfig, OmegaConf.to_object(merged))
 
 
 @contextlib.contextmanager

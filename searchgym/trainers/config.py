@@ -9,7 +9,7 @@ import ipaddress
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -172,11 +172,11 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
     """
     merged = OmegaConf.structured(TrainConfig)
     if path is not None:
-        merged = _merge(merged, lambda: OmegaConf.load(path), os.fspath(path))
+        merged = _merge(merged, lambda: OmegaConf.load(os.fspath(path)), os.fspath(path))
     for override in overrides:
-        merged = _merge(merged, lambda override=override: OmegaConf.from_dotlist([override]), f"override {override!r}",
+        merged = _merge(merged, lambda: OmegaConf.from_dotlist([override]), f"override {override!r}",  # noqa: B023 - called at once
                         key=override.partition("=")[0].strip())
-    config: TrainConfig = OmegaConf.to_object(merged)
+    config = cast(TrainConfig, OmegaConf.to_object(merged))
     for key, value, least in (("steps", config.steps, 1), ("save_every", config.save_every, 1),
                               ("keep_checkpoints", config.keep_checkpoints, 1),
                               ("rollout.group_size", config.rollout.group_size, 1),
@@ -247,4 +247,4 @@ def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 
 def config_dict(config: TrainConfig) -> dict[str, Any]:
     """The config as plain JSON-ready data (what a run directory's config.json holds)."""
-    return OmegaConf.to_container(OmegaConf.structured(config))
+    return cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(config)))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import torch
 
@@ -36,6 +36,9 @@ from searchgym.trainers.ppo import (
     loss_normalizer,
     returns_to_go,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel  # base_model and get_output_embeddings: a Transformers causal LM
 
 T = TypeVar("T")
 
@@ -109,7 +112,7 @@ def padded_batches(items: Iterable[T], budget: int, length: Callable[[T], int]) 
     return batches
 
 
-def next_token_hidden(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor | None,
+def next_token_hidden(model: PreTrainedModel, ids: torch.Tensor, attention: torch.Tensor | None,
                       where: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Last hidden states [N, hidden] predicting token t+1 at the N positions t where `where` [B, T-1] is set.
 
@@ -125,14 +128,14 @@ def next_token_hidden(model: torch.nn.Module, ids: torch.Tensor, attention: torc
     return out.last_hidden_state[:, :-1][where.bool()]
 
 
-def next_token_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor | None,
+def next_token_logits(model: PreTrainedModel, ids: torch.Tensor, attention: torch.Tensor | None,
                       where: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Logits [N, vocab] at the positions `where` marks (`next_token_hidden` through the LM head), for callers
     that want whole logits of few positions (warm starts); the learner uses `next_token_logprobs` instead."""
     return model.get_output_embeddings()(next_token_hidden(model, ids, attention, where, positions))
 
 
-def next_token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor | None,
+def next_token_logprobs(model: PreTrainedModel, ids: torch.Tensor, attention: torch.Tensor | None,
                         where: torch.Tensor, temperature: float = 1.0, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                         positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 log-probs [N] of the next tokens at the positions `where` [B, T-1] marks, and the entropies [N] there.
@@ -172,7 +175,7 @@ def has_train_mode_noise(model: torch.nn.Module) -> bool:
     named like dropout, router jitter or layer drop (nested configs included, e.g. a multimodal model's text_config)."""
     if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
         return True
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     return _noisy(config.to_dict()) if hasattr(config, "to_dict") else False
 
 
@@ -254,7 +257,7 @@ class Learner:
         self.scheduler.step()
         # micro-batch losses share the minibatch's normaliser, so they add up to the minibatch loss
         return {**aggregate_stats(self._gather_stats(parts)), "grad_norm": grad_norm,
-                "lr": self.scheduler.get_last_lr()[0]}
+                "lr": float(self.scheduler.get_last_lr()[0])}
 
     def _clip_gradients(self) -> float:
         """Clip the gradient to `grad_clip` in global norm; the norm before clipping."""
@@ -275,7 +278,8 @@ class Learner:
         first = torch.tensor([[r[0] for r in group] for group in turn_returns], dtype=torch.float64)
         advantages, keep = group_advantages(first, std_normalize=cfg.std_normalize)
         scale = first.std(dim=1, keepdim=True, correction=0) + 1e-6 if cfg.std_normalize else torch.ones_like(first[:, :1])
-        samples, trained_segments = [], []
+        samples: list[_Sample] = []
+        trained_segments = []
         for g, group in enumerate(groups):
             if cfg.drop_no_spread and not keep[g]:
                 continue
@@ -390,8 +394,9 @@ class Learner:
             spans.append((row, start))
             start += n
         move = lambda t: None if t is None else t.to(self.device)  # noqa: E731
-        return _Layout(move(ids), move(attention), move(positions), *(move(t) for t in (mask, behav, adv, prox)),
-                       spans)
+        dev = self.device
+        return _Layout(ids.to(dev), move(attention), move(positions), mask.to(dev), behav.to(dev), adv.to(dev),
+                       prox.to(dev), spans)
 
     # --- checkpoints ---------------------------------------------------------------------------
 

@@ -90,7 +90,7 @@ class InProcessLearner:
     async def full_model(self) -> torch.nn.Module:
         """The whole model to send: the learner's own, or a sharded learner's consolidated copy (a collective)."""
         if isinstance(self.learner, ShardedLearner):
-            return await asyncio.to_thread(self.learner.consolidated_model)
+            return await asyncio.to_thread(self.learner.consolidated_model)  # type: ignore[arg-type]  # rank 0: a model
         return self.learner.model
 
     async def save_checkpoint(self, step: int, rollouts: list[dict[str, Any]]) -> None:
@@ -144,7 +144,7 @@ async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict
             followers.close()
         raise
     try:
-        engine, tokenizer = workflow.handle.engine, workflow.handle.tokenizer
+        engine, tokenizer = workflow.handle.engine, workflow.handle.tokenizer  # type: ignore[union-attr]  # the engine-ownership rewrite removes this reach-in
         if followers is not None:
             learner = await asyncio.to_thread(followers.lead)
         else:
@@ -154,7 +154,7 @@ async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict
         if isinstance(engine, SGLangEngine):
             sync = DiskSync([engine], run.out / "weights", tokenizer)
         else:
-            sync = InProcessSync([engine])
+            sync = InProcessSync([engine])  # type: ignore[list-item]  # a TorchEngine: updatable in process
         side = InProcessLearner(learner, sync, tokenizer, run.out, config.keep_checkpoints)
         side.watchdog_state = dict(run.state.get("watchdog") or {})
         if isinstance(engine, SGLangEngine) and (run.checkpoint is not None or engine.version != learner.version):
@@ -186,7 +186,7 @@ async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict
         raise
     finally:
         if followers is not None:
-            followers.close(learner if finished else None)
+            followers.close(learner if finished else None)  # type: ignore[arg-type]  # with followers: a ShardedLearner
         await workflow.aclose()
 
 

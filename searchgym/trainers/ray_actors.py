@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +103,7 @@ class LearnerWorker:
         if isinstance(self.learner, ShardedLearner) and self.rank == 0:
             self.learner.stop()
 
-    async def connect(self, rollout_actors: list[Any], route: str, servers: list[str] = ()) -> None:
+    async def connect(self, rollout_actors: list[Any], route: str, servers: Sequence[str] = ()) -> None:
         """Push weights to these rollout actors from now on: "object_store", "disk", or "distributed" (a
         torch.distributed group with their inference `servers`, host:port, formed here)."""
         if self.learner is None:
@@ -184,7 +185,7 @@ class RolloutWorker:
             config.rollout, self.model_dir, device="cuda" if config.ray.rollout_gpus > 0 else "cpu",
             seed=config.seed + index, version=self.version, addresses=addresses,
             start_timeout=config.ray.sglang_start_timeout_s)
-        self.engine = self.workflow.handle.engine
+        self.engine = self.workflow.handle.engine  # type: ignore[union-attr]  # the engine-ownership rewrite removes this reach-in
         self.controller = build_controller(config.rollout, self.workflow, tasks, make_env=make_env,
                                            synchronous=config.mode == "sync", seed=config.seed + index, shares=count)
         self.controller.trained_version = self.version

@@ -115,7 +115,7 @@ def sft(model_dir: str | os.PathLike, chats: list[list[dict[str, str]]], out_dir
         scheduler.step()
         accuracy = ((logits.argmax(-1) == targets).float() * actions).sum() / actions.sum()
         history.append({"step": step + 1, "loss": loss.item(), "token_accuracy": accuracy.item(),
-                        "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0]})
+                        "grad_norm": float(grad_norm), "lr": float(scheduler.get_last_lr()[0])})
     save_trained(model, tokenizer, out_dir, history, "sft_history.jsonl")
     return history
 

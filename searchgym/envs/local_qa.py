@@ -20,7 +20,7 @@ def make_local_qa(
     servers: str | list[str] | None = None,
     server_options: dict[str, Any] | None = None,
     **env_kwargs: Any,
-):
+) -> SearchEnv:
     """SearchEnv over any local corpus: an index directory, a corpus JSONL indexed on first use, or
     retrieval servers (`servers=["http://host:port", ...]` or their /retrieve URLs, ours or Search-R1's) shared
     by many envs; each server is asked one query at construction, so a wrong URL fails here."""

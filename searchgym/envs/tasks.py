@@ -7,7 +7,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -104,7 +104,13 @@ class TaskPool(Sequence[Task]):
     def __len__(self) -> int:
         return len(self.tasks)
 
-    def __getitem__(self, index):
+    @overload
+    def __getitem__(self, index: int) -> Task: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> TaskPool: ...
+
+    def __getitem__(self, index: int | slice) -> Task | TaskPool:
         if isinstance(index, slice):
             return TaskPool(self.tasks[index], name=self.name)
         return self.tasks[index]

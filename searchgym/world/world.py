@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 from urllib.parse import quote
 
 from searchgym.world import names, schema
@@ -396,8 +397,9 @@ class World:
 class _HashedSink:
     """A JSONL writer that buffers lines and keeps the sha256 of everything written."""
 
-    def __init__(self, file):
-        self._file, self._lines, self._sha = file, [], hashlib.sha256()
+    def __init__(self, file: IO[bytes]) -> None:
+        self._file, self._sha = file, hashlib.sha256()
+        self._lines: list[str] = []
 
     def add(self, line: str) -> None:
         self._lines.append(line)

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -291,7 +292,7 @@ class TorchEngine:
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._run())
 
-    async def _in_worker(self, fn: Callable, *args) -> object:
+    async def _in_worker(self, fn: Callable[..., Any], *args: Any) -> object:
         """Run model work on the engine's own thread, so the event loop stays free and never waits for a slot."""
         return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)  # self._loop
 

@@ -22,7 +22,6 @@ from searchgym.envs.judges import normalize_answer
 from searchgym.envs.tools.http_session import serve_app
 
 
-
 def _find(pattern: str, text: str, flags: int = 0) -> str:
     """The first group of `pattern` in `text`: the stand-in knows its prompts, so no match is a bug to name."""
     match = re.search(pattern, text, flags)

@@ -104,7 +104,7 @@ def _play(env: gym.Env, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBa
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos) if isinstance(eos, list) else {tokenizer.eos_token_id if eos is None else eos}
     ret, turn = 0.0, 0
-    for turn in range(1, args.max_turns + 1):
+    for turn in range(1, args.max_turns + 1):  # turn is returned after the loop  # noqa: B007
         input_ids = torch.tensor([ids], device=args.device)
         out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True,
                              temperature=args.temperature, top_k=0, top_p=1.0, max_new_tokens=args.max_new_tokens,

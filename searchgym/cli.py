@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from searchgym.envs.llm_calls import DependencyFailed
 
@@ -30,6 +31,7 @@ def _index_build(args: argparse.Namespace) -> None:
         build_shards(args.corpus, args.out, args.shards, threads=args.threads, progress=True)
         print(f"indexed {args.corpus} into {args.shards} shards under {args.out} in {time.perf_counter() - t0:.1f} s")
         return
+    index: LocalIndex | DenseIndex
     if args.dense:
         from searchgym.envs.tools.dense_index import DenseIndex
         from searchgym.envs.tools.encoders import Encoder
@@ -304,7 +306,7 @@ def _bench_load(args: argparse.Namespace) -> None:
     if args.markdown:  # docs/reliability.md's load table is this output
         print(markdown_table(json.loads(out.read_text())), end="")
         return
-    quick = {"clients": (20, 50), "rounds": 1, "idle": 50, "oversized_mb": 1.0, "header_timeout": 3.0} if args.quick else {}
+    quick: dict[str, Any] = {"clients": (20, 50), "rounds": 1, "idle": 50, "oversized_mb": 1.0, "header_timeout": 3.0} if args.quick else {}
     report = run_load(out, servers=tuple(args.servers.split(",")), **quick)
     print(markdown_table(report), end="")
     print(f"written to {out}")
@@ -328,7 +330,7 @@ def _train(args: argparse.Namespace) -> None:
     print(json.dumps({k: last[k] for k in sorted(last) if k.startswith("episode/") or k in ("loss", "version")}, indent=2))
 
 
-def _train_plan(config: object, *, json_out: bool, gpu_memory_gib: float | None) -> None:
+def _train_plan(config: Any, *, json_out: bool, gpu_memory_gib: float | None) -> None:
     """`train --dry-run`: print the resource plan and the per-GPU memory estimate; refuse (status 2) what cannot fit."""
     from searchgym.trainers.plan import PlanError, make_plan, plan_text
 

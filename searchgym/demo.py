@@ -5,6 +5,7 @@ import asyncio
 import json
 import os
 import textwrap
+from pathlib import Path
 
 from searchgym.agents.scripted import SearchOnceAgent
 from searchgym.envs.search_env import SearchEnv
@@ -57,7 +58,7 @@ async def _play(pool: TaskPool, index: LocalIndex, episodes: int) -> None:
     env.close()
 
 
-def _show_min_calls(bundle, min_calls: int, episodes: int) -> None:
+def _show_min_calls(bundle: Path, min_calls: int, episodes: int) -> None:
     """Questions whose proof says no play of fewer than `min_calls` calls observes the answer, played by the oracle."""
     path = ensure_min_calls_pool(bundle, min_calls, episodes, progress=True)
     report = json.loads(path.with_suffix(".report.json").read_text())

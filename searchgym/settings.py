@@ -10,6 +10,7 @@ Only the standard library and OmegaConf (with its PyYAML): any floor may use it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -84,13 +85,13 @@ def load_settings(cls: type[T], path: str | os.PathLike | None = None, overrides
     """
     merged = OmegaConf.structured(base if base is not None else cls)
     if path is not None:
-        merged = _merge(merged, lambda: OmegaConf.load(path), os.fspath(path))
+        merged = _merge(merged, lambda: OmegaConf.load(os.fspath(path)), os.fspath(path))
     if values:
         merged = _merge(merged, lambda: OmegaConf.create(dict(values)), values_source)
     for override in overrides:
         if "=" not in override:
             raise ValueError(f"{override}: an override is key=value, e.g. steps=10 (from override {override!r})")
-        merged = _merge(merged, lambda: OmegaConf.from_dotlist([override]), f"override {override!r}",
+        merged = _merge(merged, functools.partial(OmegaConf.from_dotlist, [override]), f"override {override!r}",
                         key=override.partition("=")[0].strip())
     try:
         settings: T = OmegaConf.to_object(merged)  # type: ignore[assignment]

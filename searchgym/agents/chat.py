@@ -248,7 +248,7 @@ def _text(content: Any, where: str) -> str:
 
 def _history_call(call: Any, where: str) -> dict[str, Any]:
     """An assistant tool call from the history, arguments decoded from OpenAI's JSON text to an object."""
-    function = call.get("function") if isinstance(call, dict) else None
+    function: Any = call.get("function") if isinstance(call, dict) else None
     require(isinstance(function, dict) and isinstance(function.get("name"), str),
             f"{where} must be {{'type': 'function', 'function': {{'name', 'arguments'}}}}, got {show(call)}")
     require(call.get("type", "function") == "function", f"{where}.type must be 'function'")
@@ -272,7 +272,7 @@ def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
     require(isinstance(tools, list), f"tools must be a list, got {show(tools)}")
     names = set()
     for i, tool in enumerate(tools):
-        function = tool.get("function") if isinstance(tool, dict) else None
+        function: Any = tool.get("function") if isinstance(tool, dict) else None
         require(isinstance(tool, dict) and tool.get("type") == "function" and isinstance(function, dict)
                 and isinstance(function.get("name"), str) and function["name"],
                 f"tools[{i}] must be {{'type': 'function', 'function': {{'name', ...}}}}, got {show(tool)}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable, Generator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from searchgym.agents.trajectory import Trajectory
 from searchgym.agents.workflow import Workflow, WorkflowSettings
@@ -29,7 +29,7 @@ class ScriptedWorkflow(Workflow):
     async def arun_episode(self, env: SearchEnv, *, seed: int | None = None, options: dict[str, Any] | None = None,
                            rid: str | None = None) -> Trajectory:
         obs, traj = await self.start_episode(env, seed, options)
-        script = self.script(env, env.task)
+        script = self.script(env, cast(Task, env.task))  # start_episode reset it
         try:
             action = next(script)
             while True:

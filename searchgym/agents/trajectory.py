@@ -107,10 +107,12 @@ class Trajectory:
     def extend(self, ids: list[int], *, generated: bool, logprobs: list[float] | None = None,
                versions: list[int] | None = None) -> None:
         """Append tokens: generated ones with their logprobs and versions, environment ones masked out."""
+        if generated and (logprobs is None or versions is None):
+            raise ValueError("generated tokens need their logprobs and versions")
         self.input_ids.extend(ids)
         self.loss_mask.extend([1 if generated else 0] * len(ids))
-        self.logprobs.extend(logprobs if generated else [0.0] * len(ids))
-        self.versions.extend(versions if generated else [-1] * len(ids))
+        self.logprobs.extend(logprobs if generated and logprobs is not None else [0.0] * len(ids))
+        self.versions.extend(versions if generated and versions is not None else [-1] * len(ids))
 
     @property
     def generated_tokens(self) -> int:

@@ -291,6 +291,8 @@ def load_object(path: str) -> Any:
         module = sys.modules.get(key)
         if module is None:
             spec = importlib.util.spec_from_file_location(key, file)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"{path!r}: cannot load {file} as a module")
             module = importlib.util.module_from_spec(spec)
             sys.modules[key] = module
             spec.loader.exec_module(module)

@@ -8,14 +8,15 @@ and takes the mean over every drawn (seed, question) pair, the same statistic as
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 RESAMPLES = 2000
+K = TypeVar("K", bound=Hashable)  # a group's key (a seed)
 
 
-def hierarchical_bootstrap(groups: Mapping[Hashable, Sequence[float]], *, seed: int = 0,
+def hierarchical_bootstrap(groups: Mapping[K, Sequence[float]], *, seed: int = 0,
                            resamples: int = RESAMPLES) -> dict[str, Any]:
     """Mean over all values of `groups` (seed -> per-question values) with a 95% two-level percentile interval."""
     arrays = [np.asarray(values, dtype=float) for _, values in sorted(groups.items(), key=lambda kv: str(kv[0]))]

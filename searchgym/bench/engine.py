@@ -164,7 +164,7 @@ def _batched_generate(engine: TorchEngine, conversations: list[list[list[int]]],
                                min_new_tokens=turn_tokens, pad_token_id=pad)
             prompt_tokens += sum(map(len, histories))
             generated += (y.shape[1] - width) * len(histories)
-            for h, row, parts in zip(histories, y[:, width:].tolist(), conversations):
+            for h, row, parts in zip(histories, y[:, width:].tolist(), conversations, strict=True):
                 h += row + (parts[turn + 1] if turn + 1 < len(parts) else [])
     seconds = time.perf_counter() - t0
     return {"tokens_per_s": round(generated / seconds, 1), "seconds": round(seconds, 3),

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.envs.search_env import SearchEnv
+from searchgym.envs.tasks import TaskPool
 from searchgym.envs.tools.local_index import LocalIndex
 from searchgym.world.oracle import OracleAgent
 from searchgym.world.validation import synthesize_pool
@@ -59,7 +60,7 @@ def _search_qps(world: World, index: LocalIndex, n: int) -> dict[str, float]:
     return qps
 
 
-async def _env_steps(pool, index: LocalIndex) -> dict[str, float]:
+async def _env_steps(pool: TaskPool, index: LocalIndex) -> dict[str, float]:
     """Env steps per second while the oracle plays every task (a realistic mix of search, access, answer)."""
     env = SearchEnv(pool, index, index, judge="em")
     oracle = OracleAgent()

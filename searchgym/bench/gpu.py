@@ -112,7 +112,7 @@ def logprob_agreement(engine: Any, learner: Any, *, device: str, requests: int =
                                       for i, p in enumerate(prompts)))
 
     diffs = []
-    for prompt, response in zip(prompts, asyncio.run(run())):
+    for prompt, response in zip(prompts, asyncio.run(run()), strict=True):
         ids = torch.tensor([prompt + list(response.output_ids)], device=device)
         where = torch.zeros(1, ids.shape[1] - 1, dtype=torch.bool, device=device)
         where[0, len(prompt) - 1:] = True
@@ -124,7 +124,7 @@ def logprob_agreement(engine: Any, learner: Any, *, device: str, requests: int =
 
 
 def run_gpu_bench(out: str | os.PathLike = "results/bench_gpu.json", *, steps: int = 3, device: str = "cuda",
-                  shape: dict[str, int] = SHAPE, learner_batch: dict[str, int] | None = None,
+                  shape: dict[str, Any] = SHAPE, learner_batch: dict[str, int] | None = None,
                   concurrency: tuple[int, ...] = (1, 8, 64)) -> dict[str, Any]:
     """All three measurements (agreement first, while engine and learner hold the same weights); written to `out`.
 

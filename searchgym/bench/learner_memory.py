@@ -150,7 +150,7 @@ def agreement(*, device: str, length: int = 2048, trained_share: float = 0.25,
         results[head] = (logp.detach().cpu(), [p.grad.detach().cpu() for p in learner.model.parameters()])
     (a, ga), (b, gb) = results["chunked"], results["whole_logits"]
     return {"length": length, "logprob_max_abs_diff": float((a - b).abs().max()),
-            "grad_max_abs_diff": max(float((x - y).abs().max()) for x, y in zip(ga, gb)),
+            "grad_max_abs_diff": max(float((x - y).abs().max()) for x, y in zip(ga, gb, strict=True)),
             "grad_max_abs": max(float(y.abs().max()) for y in gb)}
 
 

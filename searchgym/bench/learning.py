@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import OmegaConf
 
@@ -115,7 +115,7 @@ def load_learning_config(overrides: list[str] | tuple[str, ...] = (), preset: st
 
 def fingerprint(config: LearningConfig) -> str:
     """What a seed's row depends on (everything but the output directory): rows of another config are not mixed."""
-    data = OmegaConf.to_container(OmegaConf.structured(config))
+    data = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(config)))
     data.pop("out_dir", None)
     data.pop("seed", None)
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -233,7 +234,7 @@ def run_load(out: str | os.PathLike | None = "results/bench_load.json", *, clien
                               "servers": {}}
     with ExitStack() as stack:
         work = Path(workdir) if workdir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        targets = {"search": lambda: SearchTarget(ensure_bundle(size=1000, seed=0, n_tasks=200) / "index",
+        targets: dict[str, Callable[[], Any]] = {"search": lambda: SearchTarget(ensure_bundle(size=1000, seed=0, n_tasks=200) / "index",
                                                   [q for _, q, _ in tasks]),
                    "env": lambda: EnvTarget(ENV_ID, ENV_KWARGS, tasks, max_sessions=max(clients) + 64)}
         if "model" in servers:

@@ -99,13 +99,13 @@ class ModelTarget:
             picks = [k % len(self.prompts) for k in picks]
             texts = [self.prompts[k] for k in picks]
 
-            async def call() -> None:
+            async def call(texts: list[str], n: int, picks: list[int]) -> None:
                 out = await post_json(http, url + "/generate", self._body(texts if n > 1 else texts[0]), timeout)
                 outs = out if n > 1 else [out]
                 if [o["output_ids"] for o in outs] != [self.reference[k] for k in picks]:
                     raise WrongAnswer(f"prompts {picks}")
 
-            await timed(record, n, call())
+            await timed(record, n, call(texts, n, picks))
 
     def oversized(self, nbytes: int) -> tuple[str, dict[str, Any]]:
         return "/generate", self._body("x " * (nbytes // 2))
@@ -137,13 +137,13 @@ class SearchTarget:
             n = SEARCH_BATCH if mode == "batched" else 1
             picks = [((i * rounds + r) * n + j) % len(self.queries) for j in range(n)]
 
-            async def call() -> None:
+            async def call(picks: list[int]) -> None:
                 out = await post_json(http, url + "/retrieve",
                                       {"queries": [self.queries[k] for k in picks], "topk": TOPK}, timeout)
                 if self._ids(out) != [self.reference[k] for k in picks]:
                     raise WrongAnswer(f"queries {picks}")
 
-            await timed(record, n, call())
+            await timed(record, n, call(picks))
 
     def oversized(self, nbytes: int) -> tuple[str, dict[str, Any]]:
         return "/retrieve", {"queries": ["word " * (nbytes // 5)], "topk": TOPK}

@@ -85,6 +85,6 @@ def word_start_share(traj: Trajectory, word_starts: frozenset[int]) -> float:
     """The share of the trajectory's turns whose first generated token starts a word (0.0 if it has none), over
     every context segment (each turn's tokens are generated, and trained, in exactly one)."""
     firsts = [token for segment in traj.token_segments()
-              for token, mask, previous in zip(segment.input_ids, segment.loss_mask, [0, *segment.loss_mask])
+              for token, mask, previous in zip(segment.input_ids, segment.loss_mask, [0, *segment.loss_mask], strict=False)
               if mask and not previous]
     return sum(token in word_starts for token in firsts) / len(firsts) if firsts else 0.0

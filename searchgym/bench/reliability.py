@@ -47,7 +47,8 @@ class _Tally:
     """Counts one class: each fault handled as promised, or a crash with a note of what happened."""
 
     def __init__(self, name: str) -> None:
-        self.name, self.forms, self.handled, self.crashes, self.notes = name, 0, 0, 0, []
+        self.name, self.forms, self.handled, self.crashes = name, 0, 0, 0
+        self.notes: list[str] = []
         self.t0 = time.perf_counter()
 
     def ok(self) -> None:
@@ -82,7 +83,7 @@ async def ssrf(rng: random.Random) -> dict[str, Any]:
         family = socket.AF_INET6 if ":" in ip else socket.AF_INET
         return [(family, socket.SOCK_STREAM, 6, "", (ip, port or 0, 0, 0) if ":" in ip else (ip, port or 0))]
 
-    loop.getaddrinfo = fake_getaddrinfo  # type: ignore[method-assign]  -- this loop only: a name resolves to the form
+    loop.getaddrinfo = fake_getaddrinfo  # type: ignore[method-assign,assignment]  # this loop only: a name resolves to the form
     try:
         policy = UrlPolicy()
         for i, ip in enumerate(faults.ssrf_addresses(rng)):

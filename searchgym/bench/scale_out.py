@@ -118,7 +118,7 @@ async def _load(servers: list[list[str]], queries: list[tuple[str, str]], client
     from searchgym.envs.tools.remote_search import RemoteSearch
     from searchgym.envs.tools.shards import ShardedSearch
 
-    options = {"max_connections": clients, "timeout": 60.0}
+    options: dict[str, Any] = {"max_connections": clients, "timeout": 60.0}
     backend: Any = RemoteSearch(servers[0], **options) if len(servers) == 1 else ShardedSearch.remote(servers, **options)
     latencies: list[float] = []
     errors: Counter[str] = Counter()

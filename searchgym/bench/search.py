@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -186,14 +187,14 @@ async def _remote(url: str, queries: list[str], concurrency: tuple[int, ...], ba
             latencies: list[float] = []
             pending = iter(queries)
 
-            async def worker() -> None:
+            async def worker(pending: Iterator[str], latencies: list[float]) -> None:
                 for q in pending:
                     t = time.perf_counter()
                     await client.search(q, K)
                     latencies.append(time.perf_counter() - t)
 
             t0 = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(c)))
+            await asyncio.gather(*(worker(pending, latencies) for _ in range(c)))
             results[f"concurrency_{c}"] = _rate(len(queries), time.perf_counter() - t0, latencies)
         t0 = time.perf_counter()
         for lo in range(0, len(queries), batch):

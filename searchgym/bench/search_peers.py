@@ -45,7 +45,7 @@ class Peer:
         else:
             results = [self.search(q) for _, q in numbered]  # type: ignore[misc]
         self.seconds += time.perf_counter() - t0
-        self.answers.update((i, ids) for (i, _), ids in zip(numbered, results))
+        self.answers.update((i, ids) for (i, _), ids in zip(numbered, results, strict=True))
 
 
 SNIPPETS = "LocalIndex with snippets"  # the peers' names, which the bench's ratios refer to

@@ -134,7 +134,7 @@ class SlowSearchEnv(SearchEnv):
     def _query_from(self, text: str) -> str:
         """The turn's words without tags (at most 32 words), else the question."""
         found = _TAG.sub(" ", text).replace("<", " ").replace(">", " ").split()
-        return " ".join(found[:32])[:300].strip() or self.task.question
+        return " ".join(found[:32])[:300].strip() or self._task.question
 
 
 def make_slow_synthetic_qa(size: int = 1000, seed: int = 0, *, n_tasks: int = 200, split: str | None = None,

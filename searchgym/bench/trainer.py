@@ -295,7 +295,7 @@ def window(history: list[dict[str, float]], warmup_steps: int) -> dict[str, floa
     their means weighted by each row's span of elapsed_s.
     """
     times = [0.0, *(h["elapsed_s"] for h in history)]
-    rows = list(zip(history, times, times[1:]))[warmup_steps:]
+    rows = list(zip(history, times, times[1:], strict=False))[warmup_steps:]
     span = times[-1] - times[warmup_steps]
     if span <= 0:
         return {"learner_share": None, "episodes_in_flight_mean": None, "admission_blocked_share": None}

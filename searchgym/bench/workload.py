@@ -101,5 +101,5 @@ def quantiles(values: list[float], points: tuple[float, ...] = (0.5, 0.9, 0.99))
     if not values:
         return {**{n: None for n in names}, "max": None}
     ordered = sorted(values)
-    out = {n: round(ordered[min(len(ordered) - 1, math.ceil(p * len(ordered)) - 1)], 4) for n, p in zip(names, points)}
+    out = {n: round(ordered[min(len(ordered) - 1, math.ceil(p * len(ordered)) - 1)], 4) for n, p in zip(names, points, strict=True)}
     return {**out, "max": round(ordered[-1], 4)}

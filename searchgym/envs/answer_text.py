@@ -24,6 +24,7 @@ class _CharTable(dict):
     def __missing__(self, code_point: int) -> int | str | None:
         """Classify an unseen code point once and cache the result."""
         char = chr(code_point)
+        mapped: int | str | None
         if char in string.punctuation or unicodedata.category(char).startswith("P"):
             mapped = None
         elif self.pad_cjk and _CJK.match(char):

@@ -42,7 +42,7 @@ class JsonlLog:
     """
 
     path: Path
-    check: Callable[[Any], None] | None = None
+    check: Callable[[Any], object] | None = None
     rows: list[Any] = field(default_factory=list)
     damaged: list[DamagedLine] = field(default_factory=list)
 
@@ -108,7 +108,7 @@ class JsonlLog:
         if self.damaged:
             warnings.warn(f"{self.path}: set aside {len(self.damaged)} unusable line(s): "
                           + "; ".join(str(d) for d in self.damaged[:5])
-                          + (f"; damaged lines kept in {self.path.stem}.damaged.jsonl" if middle else ""))
+                          + (f"; damaged lines kept in {self.path.stem}.damaged.jsonl" if middle else ""), stacklevel=2)
 
     def _rewrite(self, clean: bytes) -> None:
         """Replace the file with its good lines, atomically, before anything is appended again."""

@@ -246,7 +246,7 @@ class FormatGate:
         return Verdict(0.0, False, self.name, detail)
 
 
-def _failure(name: str, exc: Exception) -> Verdict:
+def _failure(name: str, exc: BaseException) -> Verdict:
     """Verdict for a sub-judge that raised, so one broken judge does not sink a composite."""
     return Verdict(0.0, False, name, {}, error=f"{type(exc).__name__}: {exc}")
 
@@ -292,7 +292,7 @@ class CompositeJudge:
         calls = [j.ajudge(prediction, references, question=question, format_errors=format_errors,
                           **aug_kwargs(j, aug_references)) for j in self.judges.values()]
         results = await asyncio.gather(*calls, return_exceptions=True)
-        return {name: _failure(name, r) if isinstance(r, Exception) else r for name, r in zip(self.judges, results)}
+        return {name: _failure(name, r) if isinstance(r, BaseException) else r for name, r in zip(self.judges, results, strict=True)}
 
     def _combine(self, verdicts: dict[str, Verdict]) -> Verdict:
         """Primary's score and call, with every judge's scores, calls, errors and details as evidence."""

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, cast
 
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import load_pool
@@ -21,7 +21,7 @@ def make_local_qa(
     servers: str | list[str] | list[list[str]] | None = None,
     server_options: dict[str, Any] | None = None,
     **env_kwargs: Any,
-):
+) -> SearchEnv:
     """SearchEnv over any local corpus: an index directory (a sharded one from `index build --shards` too), a corpus
     JSONL indexed on first use, or retrieval servers (`servers=["http://host:port", ...]` or their /retrieve URLs,
     ours or Search-R1's: replicas of one index, failed over) shared by many envs, or a sharded index's servers
@@ -40,10 +40,11 @@ def make_local_qa(
 
             sharded = ShardedSearch.remote(servers, **options)
             return SearchEnv(pool, sharded, sharded, **env_kwargs)
-        remote = RemoteSearch([servers] if isinstance(servers, str) else list(servers), **options)
+        urls = [servers] if isinstance(servers, str) else [str(s) for s in servers]
+        remote = RemoteSearch(urls, **options)
         return SearchEnv(pool, remote, remote, **env_kwargs)
     if index is not None and is_sharded(index):
         sharded_index = open_sharded(index)
         return SearchEnv(pool, sharded_index, sharded_index, **env_kwargs)
-    backend = open_index(index if index is not None else corpus)
+    backend = open_index(cast("str | os.PathLike", index if index is not None else corpus))  # one is given (above)
     return SearchEnv(pool, backend, backend, **env_kwargs)

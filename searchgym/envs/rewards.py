@@ -30,7 +30,7 @@ def refine_process_rewards(step_rewards: Sequence[float], *, mode: str = "clip",
     if mode == "clip":
         return [min(r - threshold, 0.0) for r in rewards]
     if mode == "delta":
-        return [r - nxt for r, nxt in zip(rewards, rewards[1:] + [0.0])]
+        return [r - nxt for r, nxt in zip(rewards, rewards[1:] + [0.0], strict=False)]  # no rewards: []
     if mode == "none":
         return rewards
     raise ValueError(f"unknown reward refinement mode {mode!r}: expected 'clip', 'delta' or 'none'")

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import dataclasses
 import threading
-from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -202,7 +201,7 @@ class SearchEnv(gym.Env[str, str]):
         self.token_counter = token_counter
         self.render_mode = render_mode
         self.cost_budget = dict(cost_budget or {})
-        self.episode_cost: Counter[str] = Counter()
+        self.episode_cost: dict[str, float] = {}
         self.observation_space = UnicodeText(MAX_OBS_CHARS, min_length=1)
         self.action_space = UnicodeText(MAX_ACTION_CHARS)
         self.task: Task | None = None
@@ -266,7 +265,7 @@ class SearchEnv(gym.Env[str, str]):
         self.turn = 0
         self.obs_tokens = 0
         self.counts = {"search": 0, "access": 0, "answer": 0, "invalid": 0, "backend_errors": 0}
-        self.episode_cost = Counter()
+        self.episode_cost = {}
         self.format_errors: list[str] = []
         self._page_cursor: dict[str, int] = {}
         self._done, self._end = False, (False, False)
@@ -297,7 +296,8 @@ class SearchEnv(gym.Env[str, str]):
             with metered() as cost:  # what the backends charge for this call (tools/costs.py)
                 text = await (self._search(parsed, info) if parsed.tool == "search" else self._access(parsed, info))
             info["cost"] = dict(cost)
-            self.episode_cost.update(cost)
+            for unit, amount in cost.items():
+                self.episode_cost[unit] = self.episode_cost.get(unit, 0) + amount
             info["episode_cost"] = dict(self.episode_cost)
         else:
             reward, text = await self._answer(parsed, info)
@@ -335,7 +335,7 @@ class SearchEnv(gym.Env[str, str]):
         info["hits"] = [{"doc_id": h.doc_id, "url": h.url, "title": h.title, "score": h.score} for h in hits]
         if getattr(self.search_backend, "simulated", False):  # written by an LLM, not retrieved (simulated_search.py)
             info["simulated"] = True
-        answer_page = self.task.metadata.get("answer_page")
+        answer_page = self._task.metadata.get("answer_page")
         if answer_page:  # privileged evidence for process rewards; never shown to the agent
             rank = next((k for k, h in enumerate(hits, 1) if h.url == answer_page), None)
             info["evidence"] = {"answer_page_rank": rank}
@@ -361,20 +361,28 @@ class SearchEnv(gym.Env[str, str]):
             return f"You have read all {len(chunks)} parts of {page.url}. Search again or answer."
         self._page_cursor[page.url] = number
         info["page"] = {"url": page.url, "doc_id": page.doc_id, "chunk": number, "chunks": len(chunks)}
-        answer_page = self.task.metadata.get("answer_page")
+        answer_page = self._task.metadata.get("answer_page")
         if answer_page:
             info["evidence"] = {"answer_page_accessed": page.url == answer_page}
         return prompts.format_chunk(page.title, chunks[number - 1], number, len(chunks))
 
     async def _answer(self, action: Action, info: dict[str, Any]) -> tuple[float, str]:
         self.counts["answer"] += 1
-        verdict = await self.judge.ajudge(action.argument, self.task.answers, question=self.task.question,
+        task = self._task
+        verdict = await self.judge.ajudge(action.argument, task.answers, question=task.question,
                                           format_errors=self.format_errors,
-                                          **aug_kwargs(self.judge, self.task.aug_answers))  # asearcher_* blend them
-        info.update(prediction=action.argument, verdict=verdict.to_dict(), answers=list(self.task.answers))
+                                          **aug_kwargs(self.judge, task.aug_answers))  # asearcher_* blend them
+        info.update(prediction=action.argument, verdict=verdict.to_dict(), answers=list(task.answers))
         return float(verdict.score), "Your answer was recorded. The episode is over."
 
     # --- helpers -----------------------------------------------------------------------------
+
+    @property
+    def _task(self) -> Task:
+        """The episode's task (reset() chose it)."""
+        if self.task is None:
+            raise ResetNeeded("Cannot call env.step() before calling env.reset()")
+        return self.task
 
     def _choose_task(self, options: dict[str, Any]) -> Task:
         if "task_id" in options:
@@ -386,7 +394,7 @@ class SearchEnv(gym.Env[str, str]):
     def _backend_stats(self) -> dict[str, Any]:
         """Merged `stats()` of the backends that have one (cache hit rates, web error counters), for info."""
         out: dict[str, Any] = {}
-        backends = [self.search_backend] + ([self.page_backend] if self.page_backend is not self.search_backend else [])
+        backends: list[SearchBackend | PageBackend] = [self.search_backend] + ([self.page_backend] if self.page_backend is not self.search_backend else [])
         for backend in backends:
             out.update(backend_stats(backend))
         return out

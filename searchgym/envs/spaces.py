@@ -68,7 +68,7 @@ def _flatten_space(space: UnicodeText) -> spaces.Box:
 
 
 @flatten.register(UnicodeText)
-def _flatten(space: UnicodeText, x: str) -> np.ndarray:
+def _flatten(space: UnicodeText, x: str) -> np.ndarray:  # type: ignore[misc]  # mypy: fallback's Space[T] is generic
     """The string's code points, then PAD up to max_length (the shared-memory writer uses this too)."""
     codes = np.frombuffer(x.encode("utf-32-le", "surrogatepass"), dtype="<u4")
     if len(codes) > space.max_length:
@@ -79,7 +79,7 @@ def _flatten(space: UnicodeText, x: str) -> np.ndarray:
 
 
 @unflatten.register(UnicodeText)
-def _unflatten(space: UnicodeText, x: np.ndarray) -> str:
+def _unflatten(space: UnicodeText, x: np.ndarray) -> str:  # type: ignore[misc]  # as _flatten
     codes = np.asarray(x)
     return codes[codes < PAD].astype("<u4").tobytes().decode("utf-32-le", "surrogatepass")
 

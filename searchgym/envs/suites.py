@@ -103,7 +103,7 @@ def _is_dataset(path: Path) -> bool:
 
 
 def make_suite_env(suite: str, *, data_root: str | os.PathLike | None = None, data: Any = None,
-                   split: str | None = None, **env_kwargs: Any):
+                   split: str | None = None, **env_kwargs: Any) -> gym.Env:
     """Build a suite's env: its tasks (from `data` or the data folder) on its backend kind.
 
     Local suites take LocalQA's backend kwargs (`index=`, `corpus=` or `servers=`); web suites WebQA's

@@ -7,7 +7,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -104,7 +104,13 @@ class TaskPool(Sequence[Task]):
     def __len__(self) -> int:
         return len(self.tasks)
 
-    def __getitem__(self, index):  # type: ignore[override]
+    @overload
+    def __getitem__(self, index: int) -> Task: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> TaskPool: ...
+
+    def __getitem__(self, index: int | slice) -> Task | TaskPool:
         if isinstance(index, slice):
             return TaskPool(self.tasks[index], name=self.name)
         return self.tasks[index]
@@ -167,7 +173,8 @@ class TaskPool(Sequence[Task]):
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"task file {path} does not exist")
-        tasks, rejected = [], []
+        tasks: list[Task] = []
+        rejected: list[tuple[str, str]] = []
         for where, row in _rows_of(path):
             try:
                 if isinstance(row, Exception):
@@ -178,7 +185,7 @@ class TaskPool(Sequence[Task]):
                     raise TaskFileError(f"{where}: {e}. Fix or delete this row, or load with on_error='skip'.") from None
                 rejected.append((where, str(e)))
         if rejected:
-            warnings.warn(f"{path}: skipped {len(rejected)} bad rows (see TaskPool.rejected); first: {rejected[0]}")
+            warnings.warn(f"{path}: skipped {len(rejected)} bad rows (see TaskPool.rejected); first: {rejected[0]}", stacklevel=2)
         return cls(tasks, name=path.name, rejected=rejected)
 
     @classmethod

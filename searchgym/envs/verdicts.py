@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -40,4 +40,4 @@ class Judge(Protocol):
 class ChatModel(Protocol):
     """What an LLM judge needs from an inference engine (satisfied by the agents package)."""
 
-    async def achat(self, messages: list[dict[str, str]], **sampling) -> str: ...
+    async def achat(self, messages: list[dict[str, str]], **sampling: Any) -> str: ...

@@ -32,7 +32,7 @@ def cohen_kappa(a: Sequence[bool], b: Sequence[bool]) -> float:
     if len(a) != len(b) or not a:
         raise ValueError("cohen_kappa needs two equally long, non-empty sequences")
     n = len(a)
-    observed = sum(x == y for x, y in zip(a, b)) / n
+    observed = sum(x == y for x, y in zip(a, b, strict=True)) / n
     pa, pb = sum(map(bool, a)) / n, sum(map(bool, b)) / n
     expected = pa * pb + (1 - pa) * (1 - pb)
     return float("nan") if expected >= 1.0 else (observed - expected) / (1 - expected)
@@ -58,7 +58,7 @@ def _pair_stats(a: list[bool], b: list[bool]) -> dict[str, Any]:
     n = len(a)
     if not n:
         return {"n": 0, "agreement": float("nan"), "kappa": float("nan")}
-    return {"n": n, "agreement": sum(x == y for x, y in zip(a, b)) / n, "kappa": cohen_kappa(a, b)}
+    return {"n": n, "agreement": sum(x == y for x, y in zip(a, b, strict=True)) / n, "kappa": cohen_kappa(a, b)}
 
 
 def judge_agreement(rows: Sequence[dict[str, Any]], judges: Sequence[str], *, f1_threshold: float = F1_THRESHOLD,
@@ -69,10 +69,10 @@ def judge_agreement(rows: Sequence[dict[str, Any]], judges: Sequence[str], *, f1
     table = [calls(r, f1_threshold) for r in answered]
     pairs = []
     for x, y in itertools.combinations(names, 2):
-        both = [(c[x], c[y]) for c in table if c.get(x) is not None and c.get(y) is not None]
+        both = [(p, q) for c in table if (p := c.get(x)) is not None and (q := c.get(y)) is not None]
         pairs.append({"a": x, "b": y, **_pair_stats([p for p, _ in both], [q for _, q in both])})
     split = []
-    for row, c in zip(answered, table):
+    for row, c in zip(answered, table, strict=True):
         given = {n: c[n] for n in names if c.get(n) is not None}
         if len(set(given.values())) > 1:
             split.append({"task_id": row["task_id"], "sample": row["sample"], "prediction": row["prediction"],
@@ -169,7 +169,7 @@ def label_accuracy(rows: Sequence[dict[str, Any]], labels: Sequence[Label], judg
             matched.append((wanted[key], calls(row, f1_threshold)))
     per_rater = {}
     for name in names:
-        pairs = [(human, c[name]) for human, c in matched if c.get(name) is not None]
+        pairs = [(human, j) for human, c in matched if (j := c.get(name)) is not None]
         if not pairs:
             per_rater[name] = {"n": 0, "accuracy": float("nan"), "kappa": float("nan")}
             continue

@@ -16,7 +16,7 @@ import os
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from searchgym.eval.report import CSS, _e, _fmt, _md_table, html_table
 
 RESAMPLES = 10_000
 MAX_QUESTIONS_LISTED = 100  # per-question deltas shown in compare.html (compare.json keeps them all)
+K = TypeVar("K", bound=Hashable)  # a question's key, or a (seed, question) pair
 
 
 class ProtocolMismatch(ValueError):
@@ -96,7 +97,7 @@ def per_question(rows: Sequence[dict[str, Any]], metric: str) -> dict[str, float
     return {task: float(np.mean(v)) for task, v in values.items()}
 
 
-def paired_delta(before: Mapping[Hashable, float], after: Mapping[Hashable, float], *, seed: int = 0,
+def paired_delta(before: Mapping[K, float], after: Mapping[K, float], *, seed: int = 0,
                  resamples: int = RESAMPLES) -> dict[str, Any]:
     """Mean of after - before over the shared keys (questions, or (seed, question) pairs) with a 95% bootstrap interval.
 
@@ -118,7 +119,7 @@ def _mismatch_message(runs: Sequence[Run], diffs: dict[str, list[Any]]) -> str:
     lines = [f"refusing to compare: these runs were measured under different protocols, so their scores are not "
              f"comparable. {len(diffs)} score-relevant card field(s) differ:"]
     for field, values in diffs.items():
-        lines.append(f"  {field}: " + "; ".join(f"{run.name} = {json.dumps(v, default=str)}" for run, v in zip(runs, values)))
+        lines.append(f"  {field}: " + "; ".join(f"{run.name} = {json.dumps(v, default=str)}" for run, v in zip(runs, values, strict=True)))
     lines.append("Evaluate them under one protocol, or pass --allow-different (allow_different=True) to compare "
                  "anyway with these fields listed in the comparison.")
     return "\n".join(lines)
@@ -138,8 +139,8 @@ def compare_runs(paths: Sequence[str | os.PathLike], *, names: Sequence[str] | N
     """Compare finished runs (the first is the baseline); ProtocolMismatch unless their protocols agree or allowed."""
     if len(paths) < 2:
         raise ValueError("eval compare needs at least two run directories")
-    paths = [Path(p) for p in paths]
-    runs = [load_run(p, n) for p, n in zip(paths, _unique_names(paths, names))]
+    run_dirs = [Path(p) for p in paths]
+    runs = [load_run(p, n) for p, n in zip(run_dirs, _unique_names(run_dirs, names), strict=True)]
     cards = [run.card for run in runs]
     diffs = differences(cards, "protocol")
     if diffs and not allow_different:

@@ -275,9 +275,9 @@ def run_eval(config: EvalSettings | str, *where: str | os.PathLike, progress: bo
             todo = [(i, t, s) for i, t in enumerate(tasks) for s in range(k) if (t.id, s) not in store]
             rejudge = [row for key, row in store.rows.items() if key in wanted and failed_judges(row)]
             sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
-            settings = WorkflowSettings(sampling, max_context=max_context, context=policy)
+            play_settings = WorkflowSettings(sampling, max_context=max_context, context=policy)
             judges, errors = loop.run(_evaluate(
-                todo, make_env, store, judge, judge_model, engine, workflow=workflow, settings=settings,
+                todo, make_env, store, judge, judge_model, engine, workflow=workflow, settings=play_settings,
                 concurrency=concurrency, seed=seed, device=device, tokenizer=tokenizer, progress=progress,
                 total=len(tasks) * k, rejudge=rejudge, tasks={t.id: t for t in tasks}, failures=failures))
             counted = [n for n, j in judges.judges.items() if hasattr(j, "stats")]  # model-backed judges keep counters

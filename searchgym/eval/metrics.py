@@ -90,7 +90,7 @@ BREAKDOWN_KEYS = ("hops", "level", "subset", "source", "difficulty")  # task met
 def breakdown(samples: Sequence[Sample], groups: Sequence[Any], k: int) -> dict[str, dict[str, float]]:
     """summarize() per group (e.g. per hop count): {group: metrics}, groups in natural order; None is left out."""
     by_group: dict[Any, list[Sample]] = {}
-    for s, g in zip(samples, groups):
+    for s, g in zip(samples, groups, strict=True):
         if g is not None:
             by_group.setdefault(g, []).append(s)
 

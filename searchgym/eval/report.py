@@ -154,7 +154,7 @@ def _bar_means(ax: Any, labels: list[str], groups: list[list[float]], ylabel: st
     half = [1.96 * float(np.std(g, ddof=1)) / math.sqrt(len(g)) if len(g) > 1 else 0.0 for g in groups]
     x = np.arange(len(labels))
     ax.bar(x, means, yerr=half, capsize=4, color="C0", alpha=0.85)
-    for xi, m, h, g in zip(x, means, half, groups):
+    for xi, m, h, g in zip(x, means, half, groups, strict=True):
         ax.annotate(f"n={len(g)}", (xi, min(1.0, m + h)), textcoords="offset points", xytext=(0, 3), ha="center",
                     fontsize=8)
     ax.set_xticks(x, labels)
@@ -196,12 +196,12 @@ def plots(out: Path, rows: Sequence[dict[str, Any]], primary: str,
     paths["turns_searches"] = out / "turns_searches.png"
     fig.savefig(paths["turns_searches"], dpi=100)
     plt.close(fig)
-    for key in breakdowns or {}:
-        values = [(r.get("subset") or {}).get(key) for r in rows]
-        names = list(breakdowns[key])
-        groups = [[s for s, v in zip(scores, values) if v is not None and str(v) == name] for name in names]
+    for key, by_value in (breakdowns or {}).items():
+        subset = [(r.get("subset") or {}).get(key) for r in rows]
+        names = list(by_value)
+        in_group = [[s for s, v in zip(scores, subset, strict=True) if v is not None and str(v) == name] for name in names]
         fig, ax = plt.subplots(figsize=(max(4.5, 0.8 * len(names) + 2), 3.5))
-        _bar_means(ax, names, groups, f"mean score ({primary})", f"{primary} by {key}")
+        _bar_means(ax, names, in_group, f"mean score ({primary})", f"{primary} by {key}")
         ax.set_xlabel(key)
         fig.tight_layout()
         paths[f"score_by_{key}"] = out / f"score_by_{key}.png"

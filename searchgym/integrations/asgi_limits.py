@@ -153,7 +153,7 @@ def guarded_http_protocol(header_timeout: float, idle_timeout: float | None = No
         _head_tail = b""
         _head_started = False
 
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
             self._arm(header_timeout)
 

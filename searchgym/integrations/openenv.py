@@ -121,7 +121,7 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
         if process_reward is not None and process_reward not in PROCESS_MODES:
             raise ValueError(f"process_reward must be one of {PROCESS_MODES} or None, got {process_reward!r}")
         self.env_id = env_id
-        self.reward_options = {"process": process_reward, "process_weight": process_weight,
+        self.reward_options: dict[str, Any] = {"process": process_reward, "process_weight": process_weight,
                                "threshold": process_threshold}
         self._env = make_unwrapped(env_id, **(env_kwargs or {}))  # the SearchEnv, with its native async API
         self._state = SearchState(env_id=env_id)
@@ -215,7 +215,7 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
         has_text, has_call = action.text is not None, tool is not None or argument is not None
         if has_text == has_call:
             return self._unspent(EITHER_FORM.format(what="both" if has_text else "neither"))
-        if has_text:
+        if action.text is not None:  # has_text
             return action.text
         if tool not in ARGUMENTS:
             return self._unspent(BAD_CALL.format(problem=f"There is no tool {tool!r}." if tool is not None

@@ -306,13 +306,14 @@ def demonstrations(env_class: type[SearchGymEnv], task_ids: list[str], *, final_
     rows: list[dict[str, Any]] = []
     for task_id in task_ids:
         first = env.reset(task_id=task_id)
-        task = env._env.unwrapped.task
-        script = oracle.script(task, env._env.unwrapped.max_page_chunks)
+        search_env: Any = env._env.unwrapped  # a SearchEnv
+        script = oracle.script(search_env.task, search_env.max_page_chunks)
         completion: list[dict[str, Any]] = []
         try:
             action = next(script)
             while not env.done:
                 call = parse_action(action)
+                assert call.tool is not None, call.errors  # the oracle's actions are well-formed
                 key = ARGUMENTS[call.tool]
                 completion.append({"role": "assistant", "content": "", "tool_calls": [
                     {"type": "function", "function": {"name": call.tool, "arguments": {key: call.argument}}}]})

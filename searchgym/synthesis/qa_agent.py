@@ -21,7 +21,7 @@ import asyncio
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from searchgym.envs.judges import ChatModel, normalize_answer
 from searchgym.envs.llm_calls import CallFailed, ReplyRetry, Unparseable, ask
@@ -253,7 +253,7 @@ class QASynthesisAgent:
             if isinstance(attempt, BaseException):
                 raise attempt
         correct = 0
-        for answer in attempts:
+        for answer in cast(list[str], attempts):  # none is an exception (raised above)
             verdict = await self.judge.ajudge(answer, [cand.answer], question=cand.question)
             self.calls["judge"] += verdict.detail.get("calls", 0)
             if verdict.error:
@@ -265,10 +265,10 @@ class QASynthesisAgent:
             raise Rejected("difficulty: too easy", f"solved {correct}/{cfg.k}")
         wrong = list(dict.fromkeys(s["answer"] for s in cand.solver if s["answer"] and not s["correct"]))
         for alternative in wrong:
-            verdict = await self._json(self.judge_model, UNIQUE_PROMPT.format(
+            fits = await self._json(self.judge_model, UNIQUE_PROMPT.format(
                 question=cand.question, answer=cand.answer, candidate=alternative, statements=statements),
                 "uniqueness", {"satisfies_all": bool}, temperature=0.0)
-            if verdict["satisfies_all"]:
+            if fits["satisfies_all"]:
                 raise Rejected("uniqueness: another answer fits", alternative[:200])
 
     async def _solve(self, question: str) -> str:

@@ -13,7 +13,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -21,6 +21,13 @@ from aiohttp import web
 from searchgym.envs.judges import normalize_answer
 from searchgym.envs.tools.http_session import serve_app
 
+
+def _find(pattern: str, text: str, flags: int = 0) -> str:
+    """The first group of `pattern` in `text`: the stand-in knows its prompts, so no match is a bug to name."""
+    match = re.search(pattern, text, flags)
+    if match is None:
+        raise ValueError(f"the stand-in LLM found no {pattern!r} in its prompt")
+    return match.group(1)
 
 class StandInLLM:
     """TEST DOUBLE: a rule-based stand-in for a chat LLM on /v1/chat/completions (loopback only).
@@ -30,27 +37,28 @@ class StandInLLM:
     remembered, so later prompts (solver, judge) that quote a question map back to the scenario.
     """
 
-    def __init__(self, scenarios=None, faults=None):
+    def __init__(self, scenarios: dict[str, str] | None = None,
+                 faults: Callable[[int, str], str | None] | None = None) -> None:
         self.scenarios = dict(scenarios or {})
         # faults(request number, prompt) -> None, "503" or "429" (an error with Retry-After: 0) or "cut" (half
         # the reply, finish_reason "length"): an endpoint that fails as real ones do, for outage tests
         self.faults = faults
-        self.questions = {}  # question -> {"scenario", "answer", "turn"}
+        self.questions: dict[str, dict[str, Any]] = {}  # question -> {"scenario", "answer", "turn"}
         self.requests = 0
         self.lock = threading.Lock()
 
     # ---- rules ------------------------------------------------------------------------------------------
-    def _entry(self, prompt):
-        line = re.search(r"^(?:Current question|Question): (.*)$", prompt, re.M).group(1)
+    def _entry(self, prompt: str) -> dict[str, Any]:
+        line = _find(r"^(?:Current question|Question): (.*)$", prompt, re.M)
         return self.questions[line.strip()]
 
-    def _remember(self, question, scenario, answer, turn=0):
+    def _remember(self, question: str, scenario: str, answer: str, turn: int = 0) -> str:
         self.questions[question] = {"scenario": scenario, "answer": answer, "turn": turn}
         return question
 
-    def reply(self, prompt):
+    def reply(self, prompt: str) -> str:
         if prompt.startswith("## Task: read a page"):
-            title = re.search(r"^Title: (.*)$", prompt, re.M).group(1)
+            title = _find(r"^Title: (.*)$", prompt, re.M)
             if self.scenarios.get(title) == "malformed":
                 return 'Here you go: {"summary": "cut short, "points": [}'
             text = prompt.split("Page:\n", 1)[1]
@@ -58,9 +66,9 @@ class StandInLLM:
             reading = {"summary": f"A page about {title}.", "points": [first, f"The page is titled {title}."]}
             return "Reading done.\n```json\n" + json.dumps(reading) + "\n```"
         if prompt.startswith("## Task: propose a question"):
-            title = re.search(r'of the page "(.*)"', prompt).group(1)
+            title = _find(r'of the page "(.*)"', prompt)
             scenario = self.scenarios.get(title, "accept")
-            first = re.search(r"^- (.*)$", prompt, re.M).group(1)
+            first = _find(r"^- (.*)$", prompt, re.M)
             question = "Who or what is this: " + first.replace(title, "this subject").rstrip(".") + "?"
             self._remember(question, scenario, title)
             if scenario == "missing":
@@ -69,7 +77,7 @@ class StandInLLM:
         if prompt.startswith("## Task: make the question harder"):
             entry = self._entry(prompt)
             entry["turn"] += 1
-            question = re.search(r"^Current question: (.*)$", prompt, re.M).group(1)
+            question = _find(r"^Current question: (.*)$", prompt, re.M)
             if entry["turn"] == 1:  # FUZZ: hide the year (or blur the wording)
                 fuzzed = re.sub(r"\b\d{3,4}\b", "a certain year", question)
                 fuzzed = fuzzed if fuzzed != question else question.replace("Who or what", "Which subject")
@@ -83,8 +91,8 @@ class StandInLLM:
             return 'Enough. {"action": "EXIT"}'
         if prompt.startswith("## Task: inject a fact"):
             entry = self._entry(prompt)
-            question = re.search(r"^Current question: (.*)$", prompt, re.M).group(1)
-            linked = re.search(r'^Linked page "(.*)"', prompt, re.M).group(1)
+            question = _find(r"^Current question: (.*)$", prompt, re.M)
+            linked = _find(r'^Linked page "(.*)"', prompt, re.M)
             new = question.rstrip("?") + f", and is connected to {linked}?"
             self.questions[new] = entry
             return json.dumps({"statement": f"This subject is connected to {linked}.", "question": new,
@@ -98,8 +106,8 @@ class StandInLLM:
             guess = {"easy": entry["answer"], "nonunique": "Other Candidate"}.get(entry["scenario"], "Nobody Known")
             return "Hmm, hard.\n" + json.dumps({"answer": guess})
         if prompt.startswith("You are grading an answer"):
-            labels = re.search(r"^Labelled answer\(s\): (.*)$", prompt, re.M).group(1).split(" | ")
-            predicted = re.search(r"^Predicted answer: (.*)$", prompt, re.M).group(1)
+            labels = _find(r"^Labelled answer\(s\): (.*)$", prompt, re.M).split(" | ")
+            predicted = _find(r"^Predicted answer: (.*)$", prompt, re.M)
             ok = any(normalize_answer(predicted) == normalize_answer(label) for label in labels)
             return json.dumps({"rationale": "compared", "judgement": "Correct" if ok else "Incorrect"})
         if prompt.startswith("## Task: check an alternative answer"):
@@ -108,7 +116,7 @@ class StandInLLM:
         return "I do not understand."
 
     # ---- the wire format ----------------------------------------------------------------------------------
-    async def chat(self, request):
+    async def chat(self, request: web.Request) -> web.Response:
         body = await request.json()
         prompt = body["messages"][-1]["content"]
         with self.lock:

@@ -78,10 +78,13 @@ class InProcessLearner:
         return await asyncio.to_thread(self.learner.step, batch.groups)
 
     async def push_weights(self) -> int:
-        await self.sync.push(await self.full_model(), self.learner.version)
+        model = await self.full_model()
+        if model is None:
+            raise RuntimeError("only rank 0 of a sharded learner holds the whole model to push")
+        await self.sync.push(model, self.learner.version)
         return self.learner.version
 
-    async def full_model(self) -> torch.nn.Module:
+    async def full_model(self) -> torch.nn.Module | None:
         """The whole model to send: the learner's own, or a sharded learner's consolidated copy (a collective)."""
         return await asyncio.to_thread(self.learner.full_model)
 

@@ -152,6 +152,7 @@ async def train_loop(rollouts: RolloutSide, learner: LearnerSide, run_log: RunLo
             learner_s = time.perf_counter() - started
             alarm = watchdog.check(step, {**stats, **episode_metrics(batch.groups)}) if watchdog else None
             trained_version, collapsed = version, None
+            extra: dict[str, Any]
             if alarm is None or watchdog is None:
                 version, extra = await learner.push_weights(), {}
                 await rollouts.set_trained_version(version)

@@ -443,7 +443,7 @@ def remedies(config: TrainConfig, shape: ModelShape, capacity: int, extra: int =
     for key in ("cpu_offload", "activation_checkpointing"):
         if not getattr(learner, key) or learner.ranks == 1:
             ranks = max(learner.ranks, 2)
-            need = _fits(config, shape, dataclasses.replace(learner, ranks=ranks, **{key: True}), capacity, extra)
+            need = _fits(config, shape, dataclasses.replace(learner, ranks=ranks, **{key: True}), capacity, extra)  # type: ignore[arg-type]  # a bool field
             if need >= 0:
                 more = f"learner.ranks={ranks} and " if ranks != learner.ranks else ""
                 found.append(f"{more}learner.{key}=true ({gib(need)} per GPU)")

@@ -168,6 +168,7 @@ class KBWalker:
             path.append(nxt)
             relations.append(relation.name)
         last = path[-1]
+        answers: tuple[str, ...]
         final = self.rng.choice([r.name for r in schema.relations_of(last.type)] + [a.name for a in schema.attributes_of(last.type)])
         if final in last.rels:
             target = self.world.entity(last.rels[final])
@@ -182,8 +183,8 @@ class KBWalker:
         if start_phrase is None:
             return self._reject("no unique description of the start entity")
         phrase = start_phrase
-        for entity, relation in zip(path, relations):
-            phrase = TARGET_PHRASE[(entity.type, relation)].format(x=phrase)
+        for entity, relation_name in zip(path, relations, strict=False):  # the last entity has no walked relation
+            phrase = TARGET_PHRASE[(entity.type, relation_name)].format(x=phrase)
         question = QUESTION[(last.type, final)].format(x=phrase)
         question = question[0].upper() + question[1:]
         if self._gives_away(question, answers):
@@ -206,7 +207,7 @@ class KBWalker:
         b = self.world.entity(self._random_eid(entity_type))
         if a.eid == b.eid or a.attrs[attr] == b.attrs[attr]:
             return self._reject("comparison without a unique winner")
-        winner = a if (a.attrs[attr] > b.attrs[attr]) == larger_wins else b
+        winner = a if (int(a.attrs[attr]) > int(b.attrs[attr])) == larger_wins else b  # the COMPARISONS are numbers
         question = template.format(a=a.name, b=b.name)  # the template already says "film", "city"
         kind = schema.attribute(entity_type, attr).kind
         return Candidate(question, (winner.name,), {

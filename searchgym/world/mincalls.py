@@ -35,7 +35,7 @@ from searchgym.world.world import World
 
 MAX_HOPS = 8  # longest walk drawn for these pools
 MAX_MIN_CALLS = 12  # the largest minimum asked for; above it worlds rarely hold any question
-PROOF_ENV: dict[str, int] = {"top_k": 5, "doc_chars": 60, "page_chunk_chars": 120, "max_page_chars": 250_000,
+PROOF_ENV: dict[str, Any] = {"top_k": 5, "doc_chars": 60, "page_chunk_chars": 120, "max_page_chars": 250_000,
                              "max_page_chunks": 10}
 CANDIDATES_PER_TASK = 400  # give up (ValueError) after this many candidates per wanted task,
 MIN_CANDIDATES = 2_000  # and never before this many

@@ -136,10 +136,10 @@ class OracleAgent:
         meta = task.metadata
         path = meta["path"]
         if meta["kind"] == "comparison":
-            return [(ref["name"], ref["url"], value) for ref, value in zip(path, meta["values_on_page"])]
+            return [(ref["name"], ref["url"], value) for ref, value in zip(path, meta["values_on_page"], strict=True)]
         expects = [ref["name"] for ref in path[1:]] + [meta["answer_on_page"]]
         queries = [task.question if question_query else meta["start_query"]] + [ref["name"] for ref in path[1:]]
-        return [(q, ref["url"], e) for q, ref, e in zip(queries, path, expects)]
+        return [(q, ref["url"], e) for q, ref, e in zip(queries, path, expects, strict=True)]
 
     def _call(self, tool: str, argument: str) -> str:
         """One tool call in the oracle's format; tags are spaced as the prompts show them."""

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 from urllib.parse import quote
 
 from searchgym.world import names, schema
@@ -121,7 +122,7 @@ class World:
             starts.append(start)
             start += self.counts[t]
         self._starts = starts
-        self._ranges = {t: range(s, s + self.counts[t]) for t, s in zip(schema.ENTITY_TYPES, starts)}
+        self._ranges = {t: range(s, s + self.counts[t]) for t, s in zip(schema.ENTITY_TYPES, starts, strict=True)}
         self._namers = {t: names.Namer(t, self.counts[t], seed) for t in schema.ENTITY_TYPES}
         self._key = names.mix(seed, 0x5EA7C4)
         self._entity = functools.lru_cache(maxsize=_ENTITY_CACHE)(self._build_entity)
@@ -347,7 +348,7 @@ class World:
         for r in _RELS[e.type]:
             fields[r.name] = self._ref(e.rels[r.name], as_html)
         if e.type == "person":
-            fields["is"] = "is" if e.attrs["birth_year"] >= 1945 else "was"
+            fields["is"] = "is" if int(e.attrs["birth_year"]) >= 1945 else "was"
         for label in ("occupation", "genre", "industry"):
             if label in e.attrs:
                 fields["a_" + label] = _text(_a(str(e.attrs[label])), as_html)
@@ -396,8 +397,9 @@ class World:
 class _HashedSink:
     """A JSONL writer that buffers lines and keeps the sha256 of everything written."""
 
-    def __init__(self, file):
-        self._file, self._lines, self._sha = file, [], hashlib.sha256()
+    def __init__(self, file: IO[bytes]) -> None:
+        self._file, self._sha = file, hashlib.sha256()
+        self._lines: list[str] = []
 
     def add(self, line: str) -> None:
         self._lines.append(line)

@@ -206,7 +206,7 @@ async def test_update_weights_mid_generation_versions_each_token(servers, client
             rest = dataclasses.replace(LONG, max_new_tokens=LONG.max_new_tokens - old)
             tail = await servers[0][1].agenerate(GenerateRequest(prompt + out.output_ids[:old], rest))
             assert tail.output_ids == out.output_ids[old:] and set(tail.versions) == {1}
-    for url, engine in servers:
+    for _url, engine in servers:
         assert engine.version == 1
     with pytest.raises(SGLangError, match="weight update failed"):
         await client.update_weights(tmp_path / "missing", version=2)

@@ -177,7 +177,7 @@ def test_bench_sweeps_staleness_at_equal_workload_with_reward(tmp_path, small_bu
         assert r["episode_turns"]["max"] <= 3 and r["episode_tokens"]["max"] <= 20
         plans[(r["round"], r["staleness"])] = _plans_by_position(run, workload, 0, 2)
     # the same groups are the same episodes in every run, sync or async
-    for key, groups in plans.items():
+    for groups in plans.values():
         for other in plans.values():
             assert all(groups[p] == other[p] for p in set(groups) & set(other))
     sweep = written["sweep"]

@@ -85,7 +85,7 @@ def check_retrieval_client(bundle: Path, tasks: Path) -> None:
                 break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"`searchgym serve search` did not start: {server.stderr.read().decode()}")
+                    raise RuntimeError(f"`searchgym serve search` did not start: {server.stderr.read().decode()}") from None
                 time.sleep(0.2)
         env = gym.make("searchgym/LocalQA-v0", tasks=tasks, servers=f"http://127.0.0.1:{port}")
         check_env_and_oracle(env, "LocalQA over `serve search`")

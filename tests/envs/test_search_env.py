@@ -134,7 +134,7 @@ def test_turn_budget_truncates(small_pool, small_index):
 def test_observation_token_budget_truncates(small_pool, small_index):
     env = SearchEnv(small_pool, small_index, max_turns=100, max_obs_tokens=600)
     env.reset(seed=0)
-    for turn in range(1, 100):
+    for turn in range(1, 100):  # turn is checked after the loop  # noqa: B007
         *_, truncated, info = env.step("<search>city founded</search>")
         if truncated:
             break

@@ -59,7 +59,7 @@ def test_fuzzed_descriptions_fit_exactly_one_entity(world, small_pool):
     for task in fuzzed:
         start = world.entity(int(task.metadata["path"][0]["id"]))
         fields, _ = DESCRIPTIONS[start.type]
-        key = lambda e: tuple(e.rels.get(f, e.attrs.get(f)) for f in fields)  # noqa: E731
+        key = lambda e, fields=fields: tuple(e.rels.get(f, e.attrs.get(f)) for f in fields)  # noqa: E731
         twins = [e.eid for e in world if e.type == start.type and key(e) == key(start)]
         assert twins == [start.eid]
         assert start.name not in task.question and task.metadata["start_query"] in task.question

@@ -187,7 +187,7 @@ def test_name_pieces_decode_uniquely_and_patterns_are_disjoint() -> None:
             assert len(set(slot)) == len(slot)
             assert not [(a, b) for a in slot for b in slot if a != b and b.startswith(a)], "slot must be prefix-free"
         assert len(set(token[-1])) == len(token[-1])
-    for t, patterns in names.PATTERNS.items():
+    for patterns in names.PATTERNS.values():
         for pattern in patterns:  # syllable tokens aside, every token is one word chosen from a list
             assert all(token in names.SYLLABLE_TOKENS or len(token) == 1 for token in pattern)
     every = [(t, i, p) for t, patterns in names.PATTERNS.items() for i, p in enumerate(patterns)]

@@ -87,7 +87,7 @@ def logit_bias(value: Any, name: str, vocab_size: int, limit: float = math.inf) 
     require(isinstance(raw, Mapping), f"{name} must map token ids (as strings) to numbers, got {show(value)}")
     pairs = []
     for key, bias in raw.items():
-        token = int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else None
+        token: Any = int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else None
         require(token is not None and 0 <= token < vocab_size,
                 f"{name} keys must be token ids in [0, {vocab_size}), got {show(key)}")
         value = number(bias, f"{name}[{key}]")

@@ -40,6 +40,7 @@ class EngineHandle:
         if self._adapter is None:
             from searchgym.agents.chat import EngineChat
 
+            assert self.engine is not None  # no endpoint: a token engine
             self._adapter = EngineChat(self.engine, self.tokenizer)
         return self._adapter
 
@@ -85,9 +86,9 @@ async def open_engine(spec: str, *, device: str = "cpu", seed: int = 0, version:
         return EngineHandle(spec, engine=engine, tokenizer=tok)
     from searchgym.agents.engines.torch_engine import TorchEngine
 
-    engine = TorchEngine(spec, device=device, seed=seed, version=version)
-    tok = load_tokenizer(tokenizer) if tokenizer else engine.tokenizer
-    return EngineHandle(spec, engine=engine, tokenizer=tok)
+    local = TorchEngine(spec, device=device, seed=seed, version=version)
+    tok = load_tokenizer(tokenizer) if tokenizer else local.tokenizer
+    return EngineHandle(spec, engine=local, tokenizer=tok)
 
 
 @contextlib.asynccontextmanager

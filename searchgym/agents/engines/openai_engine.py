@@ -94,7 +94,7 @@ class OpenAIEngine:
         api_key = os.environ.get(api_key_env)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._sessions = LoopSession(lambda: aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout)))
-        self._slots: asyncio.Semaphore | None = None
+        self._slots = asyncio.Semaphore(self.max_concurrency)  # replaced with the running loop's own in _http
 
     async def _http(self) -> aiohttp.ClientSession:
         """The running loop's HTTP session, with a concurrency limit that belongs to the same loop."""

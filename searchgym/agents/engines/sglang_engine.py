@@ -193,7 +193,7 @@ class SGLangEngine:
     def _least_loaded(self, exclude: int | None = None) -> int:
         """The server with the fewest requests in flight; ties rotate so sequential new rids spread out."""
         self._turn += 1
-        candidates = [i for i in range(len(self.urls)) if i != exclude] or [exclude]
+        candidates = [i for i in range(len(self.urls)) if i != exclude] or [0]  # one server: the excluded one
         return min(candidates, key=lambda i: (self.in_flight[i], (i - self._turn) % len(self.urls)))
 
     def _route(self, rid: str) -> int:
@@ -304,7 +304,7 @@ class SGLangEngine:
                        "weight_version": str(version), "flush_cache": False}
             results = await asyncio.gather(*(self._request(i, "POST", "/update_weights_from_disk", payload)
                                              for i in range(len(self.urls))), return_exceptions=True)
-            failures = [f"{url}: {reason}" for url, result in zip(self.urls, results)
+            failures = [f"{url}: {reason}" for url, result in zip(self.urls, results, strict=True)
                         if (reason := _update_failure(result))]
             await asyncio.gather(*(self._flush(i) for i in range(len(self.urls))))
             if not failures:
@@ -330,7 +330,7 @@ class SGLangEngine:
 
     def stats(self) -> dict[str, Any]:
         """Load and event counts: requests in flight per server, pinned rids, retries, resubmissions."""
-        return {"in_flight": dict(zip(self.urls, self.in_flight)), "pinned_rids": len(self._sticky),
+        return {"in_flight": dict(zip(self.urls, self.in_flight, strict=True)), "pinned_rids": len(self._sticky),
                 "version": self._version, "paused": self._paused, **self.counters}
 
     async def close(self) -> None:

@@ -36,10 +36,11 @@ import asyncio
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -262,6 +263,7 @@ class TorchEngine:
 
     def _resolve(self, seq: _Sequence) -> None:
         """Hand a finished sequence's response to its caller, if the caller still waits."""
+        assert seq.finish is not None
         if not seq.future.done():
             text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=False)
             seq.future.set_result(_response(seq, seq.finish, text))
@@ -290,9 +292,9 @@ class TorchEngine:
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._run())
 
-    async def _in_worker(self, fn: Callable, *args) -> object:
+    async def _in_worker(self, fn: Callable[..., Any], *args: Any) -> object:
         """Run model work on the engine's own thread, so the event loop stays free and never waits for a slot."""
-        return await self._loop.run_in_executor(self._worker, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)  # self._loop
 
     async def _run(self) -> None:
         """Forever: wait for resume and for work, then run one step under the lock."""
@@ -344,6 +346,7 @@ class TorchEngine:
                     seq.past = None
             self._sample(admitted, logits)
             if self._running:
+                assert self._cache is not None and self._mask is not None  # a running batch has both
                 kv, mask = _merge([(_layers(self._cache), self._mask), (kv, mask)])
             self._cache, self._mask = DynamicCache(kv), mask
             self._running += admitted
@@ -352,6 +355,7 @@ class TorchEngine:
     def _decode(self) -> None:
         """Feed every row its last sampled token and sample the next one."""
         ids = torch.tensor([[s.output_ids[-1]] for s in self._running], device=self.device)
+        assert self._cache is not None and self._mask is not None  # a running batch has both
         positions = self._mask.sum(-1, keepdim=True)
         self._mask = F.pad(self._mask, (0, 1), value=1)
         logits = self._forward(ids, self._mask, positions, self._cache)
@@ -367,7 +371,7 @@ class TorchEngine:
             past_width, width = max(cached), max(len(new) for new, _ in group)
             ids = torch.tensor([[0] * (width - len(new)) + new for new, _ in group], device=self.device)  # pad: masked
             mask = torch.tensor([[0] * (past_width - c) + [1] * c + [0] * (width - len(new)) + [1] * len(new)
-                                 for c, (new, _) in zip(cached, group)], device=self.device)
+                                 for c, (new, _) in zip(cached, group, strict=True)], device=self.device)
             positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past_width:]
             cache = DynamicCache(_stack_past(group, past_width)) if past_width else DynamicCache()
             logits.append(self._forward(ids, mask, positions, cache))
@@ -389,7 +393,7 @@ class TorchEngine:
         """Pick each row's next token (greedy or seeded sampling) and record it with its logprob and version."""
         params = [s.request.sampling for s in seqs]
         logits = _add_logit_bias(logits, params)
-        temperatures = [p.temperature if s.generator is not None else 1.0 for p, s in zip(params, seqs)]
+        temperatures = [p.temperature if s.generator is not None else 1.0 for p, s in zip(params, seqs, strict=True)]
         logprobs = torch.log_softmax(logits / torch.tensor(temperatures, device=logits.device)[:, None], dim=-1)
         tokens = logits.argmax(-1)
         rows = [i for i, s in enumerate(seqs) if s.generator is not None]
@@ -397,7 +401,7 @@ class TorchEngine:
             probs = _truncate(logprobs[rows].exp(), [params[i] for i in rows])
             tokens[rows] = _draw(probs, [_token_generator(seqs[i]) for i in rows])
         chosen = logprobs.gather(-1, tokens[:, None]).squeeze(-1)
-        for seq, token, logprob in zip(seqs, tokens.tolist(), chosen.tolist()):
+        for seq, token, logprob in zip(seqs, tokens.tolist(), chosen.tolist(), strict=True):
             seq.output_ids.append(token)
             seq.logprobs.append(logprob)
             seq.versions.append(self._version)
@@ -415,6 +419,7 @@ class TorchEngine:
         keep = [i for i, s in enumerate(self._running) if s.live]
         if len(keep) == len(self._running):
             return
+        assert self._cache is not None and self._mask is not None  # a running batch has both
         for i, seq in enumerate(self._running):
             if seq.finish is not None and seq.finish.type != "abort" and not seq.cancelled:
                 self._keep_prefix(i, seq)
@@ -430,6 +435,7 @@ class TorchEngine:
 
     def _keep_prefix(self, row: int, seq: _Sequence) -> None:
         """Put a finished row's keys and values (prompt + output less its unfed last token) in the prefix cache."""
+        assert self._cache is not None and self._mask is not None  # called on a running batch
         length = int(self._mask[row].sum())
         tokens = seq.prompt + seq.output_ids[:-1]
         if seq.request.rid and seq.keep_prefix and self.prefix_cache.budget_bytes and len(tokens) == length:
@@ -469,6 +475,7 @@ def _token_generator(seq: _Sequence) -> torch.Generator:
     """
     seed = seq.request.sampling.seed
     if seed is None:
+        assert seq.generator is not None  # a sampled (not greedy) row has one
         return seq.generator
     position = len(seq.prompt) + len(seq.output_ids)
     state = np.random.SeedSequence((seed % 2**64, position)).generate_state(1)[0]
@@ -482,7 +489,7 @@ def _add_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch
         return logits
     logits = logits.clone()
     for i in rows:
-        ids, biases = zip(*params[i].logit_bias)
+        ids, biases = zip(*params[i].logit_bias, strict=True)
         logits[i, list(ids)] += torch.tensor(biases, dtype=logits.dtype, device=logits.device)
     return logits
 
@@ -495,7 +502,9 @@ def _response(seq: _Sequence, finish: FinishReason, text: str) -> GenerateRespon
 def _groups(rows: list[tuple[list[int], KV | None]], budget: int) -> list[list[tuple[list[int], KV | None]]]:
     """Split (new tokens, cached KV) rows, in order, into groups whose left-padded size (rows x (longest cached +
     longest new)) stays within budget."""
-    groups, current, past, width = [], [], 0, 0
+    groups: list[list[tuple[list[int], KV | None]]] = []
+    current: list[tuple[list[int], KV | None]] = []
+    past, width = 0, 0
     for new, kv in rows:
         new_past, new_width = max(past, _length(kv)), max(width, len(new))
         if current and (new_past + new_width) * (len(current) + 1) > budget:
@@ -545,7 +554,7 @@ def _merge(parts: list[tuple[KV, torch.Tensor]]) -> tuple[KV, torch.Tensor]:
     length = max(mask.shape[1] for _, mask in parts)
     masks = torch.cat([F.pad(mask, (length - mask.shape[1], 0)) for _, mask in parts])
     kv = []
-    for layer in zip(*(layers for layers, _ in parts)):
+    for layer in zip(*(layers for layers, _ in parts), strict=True):
         keys = torch.cat([F.pad(k, (0, 0, length - k.shape[2], 0)) for k, _ in layer])
         values = torch.cat([F.pad(v, (0, 0, length - v.shape[2], 0)) for _, v in layer])
         kv.append((keys, values))
@@ -561,7 +570,7 @@ def _truncate(probs: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor
     if min(top_k) == vocab and min(top_p) >= 1.0 and max(min_p) <= 0.0:
         return probs
 
-    def column(values: list[float]) -> torch.Tensor:
+    def column(values: Sequence[float]) -> torch.Tensor:
         return torch.tensor(values, device=probs.device, dtype=probs.dtype)[:, None]
 
     sorted_probs, order = probs.sort(dim=-1, descending=True)

@@ -144,7 +144,7 @@ class ServedModel:
         self.ready = False
         self.warmup_error: str | None = None
         self.created = int(time.time())
-        self.chat = EngineChat(self, self.tokenizer, context_length=self.context_length)
+        self.chat = EngineChat(self, self.tokenizer, context_length=self.context_length)  # type: ignore[arg-type]  # it only calls agenerate
         self.tokenizer.encode("settle")  # a tokenizer.json with padding/truncation is reset on the first call, which
         # needs exclusive access: done here, before request threads share the tokenizer ("Already borrowed" else)
         self._threads = ThreadPoolExecutor(max_workers=REQUEST_THREADS, thread_name_prefix="model-server-request")
@@ -292,8 +292,8 @@ class ServedModel:
         """SGLang flushes only with nothing running, or after a 'retract' pause (running requests were retracted)."""
         return self.running == 0 or self.pause_mode == "retract"
 
-    async def update_weights(self, path: str, label: str | None) -> None:
-        """Load a checkpoint dir; with a label, later tokens carry it. On failure nothing changes."""
+    async def update_weights(self, path: str | dict[str, Any], label: str | None) -> None:
+        """Load a checkpoint dir (or a state dict); with a label, later tokens carry it. On failure nothing changes."""
         version = self.engine.version if label is None else self.labels.version_for(label)
         await self.engine.update_weights(path, version)
         if label is not None:

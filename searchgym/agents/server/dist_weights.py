@@ -51,13 +51,13 @@ def open_group(master_address: str, master_port: int, rank: int, world_size: int
         raise ValueError(f"a weight-update group named {group_name!r} is already open in this process")
     timeout = timedelta(seconds=timeout_s)
     # what torch's tcp:// rendezvous builds for `init_method="tcp://host:port"`: rank 0 hosts, the rest connect
-    store = dist.TCPStore(_host(master_address), int(master_port), world_size, is_master=rank == 0,
+    store: dist.Store = dist.TCPStore(_host(master_address), int(master_port), world_size, is_master=rank == 0,
                           timeout=timeout, multi_tenant=True)
     store = dist.PrefixStore(group_name, store)  # the caller's prefix, as SGLang and AReaL add it
     # torch's group factory: "<group_name>/" and "<device>/" prefixes, the backend and its sequence handshake;
     # `[]` ranks = a group of its own, not a subgroup of any default group
     group, _ = c10d._new_process_group_helper(world_size, rank, [], dist.Backend(backend), store,
-                                              group_name=group_name, timeout=timeout)
+                                              group_name=group_name, timeout=timeout)  # type: ignore[arg-type]  # GroupName: a NewType of str
     c10d._world.pg_group_ranks[group] = {i: i for i in range(world_size)}  # so dist.broadcast(group=...) works too
     return group
 
@@ -83,7 +83,7 @@ def receive(group: dist.ProcessGroup, names: list[str], dtypes: list[str], shape
         raise ValueError(f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}")
     # every tensor is allocated before the first broadcast: a bad dtype or shape fails here, not mid-bucket
     out = {name: torch.empty([int(s) for s in shape], dtype=parse_dtype(dtype), device=device)
-           for name, dtype, shape in zip(names, dtypes, shapes)}
+           for name, dtype, shape in zip(names, dtypes, shapes, strict=True)}
     for tensor in out.values():
         group.broadcast(tensor, 0).wait()
     return out

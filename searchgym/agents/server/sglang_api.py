@@ -222,7 +222,7 @@ class SGLangAPI:
                                      "return_text_in_logprobs")
         prompt_ids_out = f.boolean(f.or_default(body.get("return_prompt_token_ids"), False), "return_prompt_token_ids")
         items = []
-        for i, (ids, rid) in enumerate(zip(prompts, _rids(body.get("rid"), n, batch))):
+        for i, (ids, rid) in enumerate(zip(prompts, _rids(body.get("rid"), n, batch), strict=True)):
             params, skip_special, no_trim, spaces = sampling(per_item["sampling_params"][i], self.model.vocab_size)
             given = per_item["sampling_params"][i]
             explicit = isinstance(given, dict) and given.get("max_new_tokens") is not None
@@ -250,7 +250,7 @@ class SGLangAPI:
             "e2e_latency": time.perf_counter() - started}
         if item.return_logprob:
             texts = (model.tokenizer.batch_decode([[t] for t in ids]) if item.text_in_logprobs else [None] * len(ids))
-            meta["output_token_logprobs"] = [[lp, t, s] for lp, t, s in zip(response.logprobs, ids, texts)]
+            meta["output_token_logprobs"] = [[lp, t, s] for lp, t, s in zip(response.logprobs, ids, texts, strict=True)]
         text = output_text(model.tokenizer, ids, response.finish_reason, skip_special_tokens=item.skip_special_tokens,
                            no_stop_trim=item.no_stop_trim,
                            spaces_between_special_tokens=item.spaces_between_special_tokens)
@@ -276,7 +276,7 @@ class SGLangAPI:
 
     def _answer(self, items: list[Item], responses: list[GenerateResponse], batch: bool, started: float) -> bytes:
         """The JSON of a finished /generate: one result, or a list for a batch."""
-        outputs = [self.output(item, response, started) for item, response in zip(items, responses)]
+        outputs = [self.output(item, response, started) for item, response in zip(items, responses, strict=True)]
         return encode(outputs if batch else outputs[0])
 
     # ---- control -----------------------------------------------------------------------------------------
@@ -306,7 +306,7 @@ class SGLangAPI:
     async def update_weights(self, request: web.Request) -> web.Response:
         """POST /update_weights_from_disk: load a checkpoint dir; on failure the old weights keep serving."""
         body, _ = await self.model.json_body(request)
-        path = body.get("model_path")
+        path: Any = body.get("model_path")
         require(isinstance(path, str) and path != "", f"model_path must be a non-empty string, got {show(path)}")
         require(body.get("load_format") in LOAD_FORMATS,
                 f"load_format must be one of {list(LOAD_FORMATS)}, got {show(body.get('load_format'))}")
@@ -395,7 +395,7 @@ class SGLangAPI:
     async def update_weight_version(self, request: web.Request) -> web.Response:
         """POST /update_weight_version {new_version, abort_all_requests}: relabel the current weights."""
         body, _ = await self.model.json_body(request)
-        label = _label(body.get("new_version"), "new_version")
+        label: Any = _label(body.get("new_version"), "new_version")
         require(label is not None, "new_version is required")
         if lax_boolean(f.or_default(body.get("abort_all_requests"), True), "abort_all_requests"):
             await self.model.engine.abort(None)

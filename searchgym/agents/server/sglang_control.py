@@ -56,12 +56,12 @@ class ControlAPI:
         if include is not None and not include <= LOAD_SECTIONS:
             return json_response({"detail": f"Invalid include sections: {sorted(include - LOAD_SECTIONS)}. "
                                                 f"Valid options: {sorted(LOAD_SECTIONS)}"}, status=400)
-        dp_rank = query.get("dp_rank")
-        if dp_rank is not None:
+        raw_rank, dp_rank = query.get("dp_rank"), None
+        if raw_rank is not None:
             try:
-                dp_rank = int(dp_rank)
+                dp_rank = int(raw_rank)
             except ValueError:
-                return json_response({"detail": f"dp_rank must be an integer, got {show(dp_rank)}"}, status=422)
+                return json_response({"detail": f"dp_rank must be an integer, got {show(raw_rank)}"}, status=422)
         loads = [self.load(include)] if dp_rank in (None, 0) else []
         if query.get("format") == "prometheus":
             return web.Response(body=prometheus(loads).encode(),

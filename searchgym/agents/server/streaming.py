@@ -10,7 +10,7 @@ string, or the start of a `<tool_call>` block, is held until the end.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +39,7 @@ def client_gone(request: web.Request) -> bool:
     return transport is None or transport.is_closing()
 
 
-def progress_callback(partial: Partial, changed: asyncio.Event):
+def progress_callback(partial: Partial, changed: asyncio.Event) -> Callable[[list[int], list[float], list[int]], None]:
     """The engine's progress callback that appends new tokens to `partial` and sets `changed`."""
     def progress(ids: list[int], logprobs: list[float], versions: list[int]) -> None:
         partial.output_ids += ids

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections import Counter
 from collections.abc import Iterator
 
-_METER: contextvars.ContextVar[Counter[str] | None] = contextvars.ContextVar("searchgym_tool_cost", default=None)
+_METER: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("searchgym_tool_cost", default=None)
 
 
 def charge(**units: float) -> None:
@@ -27,13 +26,13 @@ def charge(**units: float) -> None:
     if meter is not None:
         for unit, amount in units.items():
             if amount:
-                meter[unit] += amount
+                meter[unit] = meter.get(unit, 0) + amount
 
 
 @contextlib.contextmanager
-def metered() -> Iterator[Counter[str]]:
-    """A fresh meter for the calls made inside the block (and the tasks they start); yields its counter."""
-    meter: Counter[str] = Counter()
+def metered() -> Iterator[dict[str, float]]:
+    """A fresh meter for the calls made inside the block (and the tasks they start); yields its units."""
+    meter: dict[str, float] = {}
     token = _METER.set(meter)
     try:
         yield meter

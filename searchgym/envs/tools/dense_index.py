@@ -133,14 +133,14 @@ class DenseIndex(PagesByUrl):
             vector = self.encoder.encode_queries([query])
             with self._lock:
                 scores, ords = self._faiss.search(vector, k)
-                ranked = sorted(((float(s), int(o)) for s, o in zip(scores[0], ords[0]) if o >= 0), key=lambda p: (-p[0], p[1]))
+                ranked = sorted(((float(s), int(o)) for s, o in zip(scores[0], ords[0], strict=True) if o >= 0), key=lambda p: (-p[0], p[1]))
                 docs = [self._doc_at(o) for _, o in ranked]
         except Exception as e:
             raise BackendError(f"dense search failed: {type(e).__name__}: {e}") from e
         terms = query_terms(query)
         return [
             SearchHit(doc_id=d.id, title=d.title, url=d.url, snippet=_snippet(d.text, terms, self.snippet_chars), score=s)
-            for (s, _), d in zip(ranked, docs)
+            for (s, _), d in zip(ranked, docs, strict=True)
         ]
 
     async def search(self, query: str, k: int = 5) -> list[SearchHit]:

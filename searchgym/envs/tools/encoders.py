@@ -90,7 +90,8 @@ class Encoder:
     @classmethod
     def preset(cls, name: str, model: str | os.PathLike | None = None, **kwargs: Any) -> Encoder:
         """A preset's prefixes and pooling, optionally with a local model directory in place of its hub name."""
-        return cls(name, **({"model": os.fspath(model)} if model is not None else {}), **kwargs)
+        local: dict[str, Any] = {"model": os.fspath(model)} if model is not None else {}
+        return cls(name, **local, **kwargs)
 
     @property
     def model_path(self) -> Path | str:

@@ -219,7 +219,7 @@ class LocalIndex(PagesByUrl):
                 if ids is None:
                     ids = [self._searcher.doc(address).get_first("id") for address in addresses]
                 table: list[list[str]] = [[] for _ in range(self._searcher.num_segments)]
-                for address, doc_id in zip(addresses, ids):
+                for address, doc_id in zip(addresses, ids, strict=True):
                     row = table[address.segment_ord]
                     row.extend([""] * (address.doc + 1 - len(row)))
                     row[address.doc] = doc_id
@@ -264,7 +264,7 @@ class LocalIndex(PagesByUrl):
             batch = Query.range_query(self._schema, "ord", FieldType.Unsigned, lo, lo + _ITER_BATCH - 1)
             addresses = [address for _, address in self._searcher.search(batch, _ITER_BATCH, count=False).hits]
             ords = self._searcher.fast_field_values("ord", addresses)
-            yield [address for _, address in sorted(zip(ords, addresses), key=lambda pair: pair[0])]
+            yield [address for _, address in sorted(zip(ords, addresses, strict=True), key=lambda pair: pair[0])]
 
     def _term(self, term: str) -> _Term:
         """A word's page counts and ready-made clauses (cached: the index never changes while open, and building

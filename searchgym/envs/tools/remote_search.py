@@ -142,7 +142,7 @@ class RemoteSearch:
                 if not answer.done():
                     answer.set_exception(BackendError(str(e)) if isinstance(e, BackendError) else e)
             return
-        for (item, answer), result in zip(items, results):
+        for (item, answer), result in zip(items, results, strict=True):
             if answer.done():
                 continue
             if result is None:
@@ -181,7 +181,7 @@ class RemoteSearch:
         if not isinstance(result, list) or len(result) != len(urls):
             raise BackendError(f"retrieval server sent a malformed /access response: {str(body)[:200]}")
         pages: list[Page | None] = []
-        for row, url in zip(result, urls):
+        for row, url in zip(result, urls, strict=True):
             if row is not None and not isinstance(row, dict):
                 raise BackendError(f"retrieval server sent a malformed page row: {str(row)[:200]}")
             pages.append(None if row is None else _page(row, url))

@@ -88,7 +88,7 @@ def parse_body(raw: bytes) -> dict:
 def _strings(body: dict, key: str, cap: int, raise_cap: str = "") -> list[str]:
     """body[key] as a list of at most cap strings of valid Unicode (JSON's \\ud800 escapes can make lone surrogates,
     which no UTF-8 text holds); `raise_cap` tells the client how the server's cap is raised, when it can be."""
-    value = body.get(key)
+    value: Any = body.get(key)
     check(isinstance(value, list) and all(isinstance(v, str) for v in value),
            f"{key} must be a list of strings, got {_show(value)}")
     check(len(value) <= cap, f"at most {cap} {key} per request, got {len(value)}; split the batch{raise_cap}")
@@ -170,7 +170,7 @@ class _RetrievalServer:
         """docs_all for one query of an async backend."""
         hits = await self.backend.search(query, k)
         pages = await asyncio.gather(*(self.page_one(h.url) for h in hits)) if full else [None] * len(hits)
-        return [(doc_row(h, h.snippet if p is None else p.text), h.score) for h, p in zip(hits, pages)]
+        return [(doc_row(h, h.snippet if p is None else p.text), h.score) for h, p in zip(hits, pages, strict=True)]
 
     def _docs_sync(self, query: str, k: int, full: bool) -> list[tuple[dict[str, str], float]]:
         """docs_one for a blocking backend, on a pool thread."""

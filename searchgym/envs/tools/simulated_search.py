@@ -186,7 +186,8 @@ class SimulatedSearch:
             n = sum(s == noisy for s in slots)
             if n:
                 written[noisy] = await self._ask(query, n, "noisy" if noisy else "useful")
-        rows, used = [], Counter()
+        rows: list[dict[str, str]] = []
+        used: Counter[bool] = Counter()
         for i, noisy in enumerate(slots):
             docs = written[noisy]
             doc = docs[used[noisy] % len(docs)]  # a model that wrote fewer than asked: its documents repeat

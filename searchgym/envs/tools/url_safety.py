@@ -15,12 +15,15 @@ import ipaddress
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aiohttp.abc import AbstractResolver
 from yarl import URL
 
 from searchgym.envs.tools.base import BackendError
+
+if TYPE_CHECKING:
+    from aiohttp.abc import ResolveResult  # aiohttp >= 3.10
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -200,8 +203,8 @@ class UrlPolicy:
                     host, port, family=family, type=socket.SOCK_STREAM)
             except socket.gaierror as e:
                 raise BackendError(f"could not resolve {host}: {e.strerror or e}") from None
-            ips = list(dict.fromkeys(parse_numeric_host(str(info[4][0])) for info in infos))
-            ips = [ip for ip in ips if ip is not None]
+            parsed = list(dict.fromkeys(parse_numeric_host(str(info[4][0])) for info in infos))
+            ips = [ip for ip in parsed if ip is not None]
             if not ips:
                 raise BackendError(f"could not resolve {host}")
         bad = [ip for ip in ips if not self.address_ok(host, ip, port)]
@@ -233,7 +236,7 @@ class SafeResolver(AbstractResolver):
     def __init__(self, policy: UrlPolicy):
         self.policy = policy
 
-    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[dict[str, Any]]:
+    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[ResolveResult]:
         ips = await self.policy.resolve(host, port, family)
         return [{"hostname": host, "host": str(ip), "port": port,
                  "family": socket.AF_INET6 if ip.version == 6 else socket.AF_INET,

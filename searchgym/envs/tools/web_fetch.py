@@ -210,7 +210,7 @@ class WebFetcher:
             return await self._fetch_jina(str(self.policy.check_syntax(url)))
         current = str(await self.policy.check(url))  # refused before any connection is made
         session, _ = await self._guarded.get()
-        for hop in range(self.max_redirects + 1):
+        for _hop in range(self.max_redirects + 1):
             charge(fetches=1)
             async with session.get(current, allow_redirects=False, timeout=self._timeout()) as resp:
                 if resp.status in REDIRECTS and "Location" in resp.headers:

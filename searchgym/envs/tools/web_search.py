@@ -131,7 +131,8 @@ class WebSearch:
             if self.policy.is_blocked(link):
                 self.counters["blocked_results"] += 1
                 continue
-            position = row.get("position") if isinstance(row.get("position"), (int, float)) else i + 1
+            position = row.get("position")
+            position = position if isinstance(position, (int, float)) else i + 1
             hits.append(SearchHit(doc_id=link, title=str(row.get("title") or link), url=link,
                                   snippet=str(row.get("snippet") or ""), score=1.0 / max(float(position), 1.0)))
             if len(hits) >= k:

@@ -22,9 +22,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -107,19 +108,20 @@ def shard_model(model: nn.Module, *, mixed_precision: bool | None = None, activa
     if cpu_offload:
         options["offload_policy"] = CPUOffloadPolicy()
     if activation_checkpointing:
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x's name
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        hf: Any = model  # a Transformers model
+        if hasattr(hf, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+            hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     for layer in decoder_layers(model):
         fully_shard(layer, **options)
-    return fully_shard(_TrainedTokenLogprobs(model), **options)
+    return cast(nn.Module, fully_shard(_TrainedTokenLogprobs(model), **options))  # an FSDPModule and an nn.Module
 
 
 class ShardedLearner(Learner):
     """`Learner` on this rank's shard of the weights; all ranks call its methods together."""
 
-    def __init__(self, model: nn.Module, config: LearnerConfig = LearnerConfig(), *, pad_id: int = 0,
+    def __init__(self, model: nn.Module, config: LearnerConfig | None = None, *, pad_id: int = 0,
                  version: int = 0, activation_checkpointing: bool = False, cpu_offload: bool = False,
                  mixed_precision: bool | None = None):
         if not dist.is_initialized():
@@ -148,7 +150,7 @@ class ShardedLearner(Learner):
 
     def follow(self) -> None:
         """On ranks > 0: run each collective rank 0 starts, until it calls `stop()`."""
-        calls = {"step": self.step, "save_checkpoint": self.save_checkpoint, "load_checkpoint": self.load_checkpoint,
+        calls: dict[str, Callable[..., Any]] = {"step": self.step, "save_checkpoint": self.save_checkpoint, "load_checkpoint": self.load_checkpoint,
                  "consolidated_model": self.consolidated_model}
         while True:
             box: list[Any] = [None]
@@ -217,7 +219,7 @@ class ShardedLearner(Learner):
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The whole model's weights on rank 0's CPU (empty on the other ranks); a collective."""
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))  # type: ignore[return-value]  # full: plain tensors
 
     restorable = False  # the collapse watchdog's restore is not written for sharded weights yet
 

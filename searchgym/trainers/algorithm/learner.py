@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import torch
 
@@ -39,6 +39,9 @@ from searchgym.trainers.algorithm.ppo import (
 )
 from searchgym.trainers.config import LearnerConfig
 from searchgym.trainers.run.checkpoint import save_checkpoint
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel  # base_model and get_output_embeddings: a Transformers causal LM
 
 T = TypeVar("T")
 
@@ -63,7 +66,7 @@ def aggregate_stats(parts: list[dict[str, float]], *, summed: tuple[str, ...] = 
             out[key] = sum(v for v, _ in values)
         else:
             weights = [part.get(STAT_WEIGHTS.get(key, "normalizer_tokens"), 0.0) for _, part in values]
-            out[key] = sum(v * w for (v, _), w in zip(values, weights)) / max(sum(weights), 1.0)
+            out[key] = sum(v * w for (v, _), w in zip(values, weights, strict=True)) / max(sum(weights), 1.0)
     return out
 
 
@@ -112,7 +115,7 @@ def padded_batches(items: Iterable[T], budget: int, length: Callable[[T], int]) 
     return batches
 
 
-def next_token_hidden(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor | None,
+def next_token_hidden(model: PreTrainedModel, ids: torch.Tensor, attention: torch.Tensor | None,
                       where: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Last hidden states [N, hidden] predicting token t+1 at the N positions t where `where` [B, T-1] is set.
 
@@ -128,14 +131,14 @@ def next_token_hidden(model: torch.nn.Module, ids: torch.Tensor, attention: torc
     return out.last_hidden_state[:, :-1][where.bool()]
 
 
-def next_token_logits(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor | None,
+def next_token_logits(model: PreTrainedModel, ids: torch.Tensor, attention: torch.Tensor | None,
                       where: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
     """Logits [N, vocab] at the positions `where` marks (`next_token_hidden` through the LM head), for callers
     that want whole logits of few positions (warm starts); the learner uses `next_token_logprobs` instead."""
     return model.get_output_embeddings()(next_token_hidden(model, ids, attention, where, positions))
 
 
-def next_token_logprobs(model: torch.nn.Module, ids: torch.Tensor, attention: torch.Tensor | None,
+def next_token_logprobs(model: PreTrainedModel, ids: torch.Tensor, attention: torch.Tensor | None,
                         where: torch.Tensor, temperature: float = 1.0, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                         positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 log-probs [N] of the next tokens at the positions `where` [B, T-1] marks, and the entropies [N] there.
@@ -175,7 +178,7 @@ def has_train_mode_noise(model: torch.nn.Module) -> bool:
     named like dropout, router jitter or layer drop (nested configs included, e.g. a multimodal model's text_config)."""
     if any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
         return True
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     return _noisy(config.to_dict()) if hasattr(config, "to_dict") else False
 
 
@@ -192,8 +195,9 @@ def _noisy(settings: dict[str, Any]) -> bool:
 class Learner:
     """Owns the trained model and its optimizer; `step` turns groups of trajectories into one new version."""
 
-    def __init__(self, model: torch.nn.Module, config: LearnerConfig = LearnerConfig(), *, pad_id: int = 0,
+    def __init__(self, model: torch.nn.Module, config: LearnerConfig | None = None, *, pad_id: int = 0,
                  version: int = 0):
+        config = config or LearnerConfig()
         self.model, self.config, self.pad_id, self.version = model, config, pad_id, version
         self.device = next(model.parameters()).device
         self._gradient_scale = 1.0  # the sharded learner's ranks multiply by their number (FSDP averages gradients)
@@ -241,7 +245,7 @@ class Learner:
             logp, entropy, where = self._logprobs(layout)
             if any(s.prox is None for s in batch):  # the first minibatch: these weights are the pre-update ones
                 prox = prox.clone()
-                for (row, start), s in zip(layout.spans, batch):
+                for (row, start), s in zip(layout.spans, batch, strict=True):
                     if s.prox is None:
                         prox[row, start:start + len(s.ids) - 1] = logp[row, start:start + len(s.ids) - 1].detach()
             loss, stats = decoupled_ppo_loss(logp, prox, layout.behav, layout.adv, mask, eps_clip=cfg.eps_clip,
@@ -256,7 +260,7 @@ class Learner:
         self.scheduler.step()
         # micro-batch losses share the minibatch's normaliser, so they add up to the minibatch loss
         return {**aggregate_stats(self._gather_stats(parts)), "grad_norm": grad_norm,
-                "lr": self.scheduler.get_last_lr()[0]}
+                "lr": float(self.scheduler.get_last_lr()[0])}
 
     def _clip_gradients(self) -> float:
         """Clip the gradient to `grad_clip` in global norm; the norm before clipping."""
@@ -277,7 +281,8 @@ class Learner:
         first = torch.tensor([[r[0] for r in group] for group in turn_returns], dtype=torch.float64)
         advantages, keep = group_advantages(first, std_normalize=cfg.std_normalize)
         scale = first.std(dim=1, keepdim=True, correction=0) + 1e-6 if cfg.std_normalize else torch.ones_like(first[:, :1])
-        samples, trained_segments = [], []
+        samples: list[_Sample] = []
+        trained_segments = []
         for g, group in enumerate(groups):
             if cfg.drop_no_spread and not keep[g]:
                 continue
@@ -351,7 +356,7 @@ class Learner:
         for batch in self._micro_batches(samples):
             layout = self._layout(batch)
             logp, _, _ = self._logprobs(layout)
-            for (row, start), sample in zip(layout.spans, batch):
+            for (row, start), sample in zip(layout.spans, batch, strict=True):
                 sample.prox = logp[row, start:start + len(sample.ids) - 1].cpu()
 
     def _logprobs(self, layout: _Layout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -392,16 +397,24 @@ class Learner:
             spans.append((row, start))
             start += n
         move = lambda t: None if t is None else t.to(self.device)  # noqa: E731
-        return _Layout(move(ids), move(attention), move(positions), *(move(t) for t in (mask, behav, adv, prox)),
-                       spans)
+        dev = self.device
+        return _Layout(ids.to(dev), move(attention), move(positions), mask.to(dev), behav.to(dev), adv.to(dev),
+                       prox.to(dev), spans)
 
     # --- checkpoints and what the launchers send ------------------------------------------------
 
     restorable = True  # the collapse watchdog can put this learner back on healthy weights (run/restore.py)
 
-    def full_model(self) -> torch.nn.Module:
-        """The whole model, to send to the engines: this learner's own."""
+    def full_model(self) -> torch.nn.Module | None:
+        """The whole model, to send to the engines: this learner's own (a sharded learner's: on rank 0 only)."""
         return self.model
+
+    def follow(self) -> None:
+        """A sharded learner's ranks > 0 replay rank 0's collectives here; a single-rank learner has no leader."""
+        raise RuntimeError("follow() is for the ranks > 0 of a sharded learner (learner.ranks > 1)")
+
+    def stop(self) -> None:
+        """Release the ranks following this one (a sharded learner's rank 0); a single-rank learner has none."""
 
     def save_checkpoint(self, run_dir: str | os.PathLike, step: int, *, tokenizer: Any,
                         state: dict[str, Any] | None = None, keep: int = 2) -> Path:

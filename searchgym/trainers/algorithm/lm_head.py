@@ -14,6 +14,8 @@ recomputed rather than kept): ~1/3 more loss-head FLOPs, a small share of a step
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -34,7 +36,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
     """Autograd for `chunked_logprobs`: saves hidden states, weights and the per-token log-sum-exp, not logits."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor, temperature: float,
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor, temperature: float,
                 chunk: int) -> tuple[Tensor, Tensor]:
         n = hidden.shape[0]
         logp = hidden.new_empty(n, dtype=torch.float32)
@@ -55,7 +57,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         return logp, entropy
 
     @staticmethod
-    def backward(ctx, grad_logp: Tensor, _grad_entropy: Tensor | None):  # type: ignore[override]
+    def backward(ctx: Any, grad_logp: Tensor, _grad_entropy: Tensor | None) -> tuple[Tensor | None, ...]:
         hidden, weight, bias, labels, lse = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         # one chunk: the head's gradients in its own dtype, as autograd's matmul makes them; several: summed in fp32,
@@ -81,11 +83,11 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 grad_hidden[part] = (dlogits.to(weight.dtype) @ weight).to(hidden.dtype)
             if need_weight and single:
                 grad_weight = dlogits.to(weight.dtype).t() @ hidden[part].to(weight.dtype)
-            elif need_weight:
+            elif need_weight and grad_weight is not None:  # several chunks: summed into the fp32 buffer
                 grad_weight.addmm_(dlogits.t(), hidden[part].float())
             if need_bias and single:
                 grad_bias = dlogits.sum(0).to(bias.dtype)
-            elif need_bias:
+            elif need_bias and grad_bias is not None:
                 grad_bias += dlogits.sum(0)
         if need_weight and grad_weight is None:  # every upstream gradient was zero
             grad_weight = torch.zeros_like(weight)

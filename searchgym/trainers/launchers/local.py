@@ -106,7 +106,7 @@ async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict
         if isinstance(engine, SGLangEngine):
             sync = DiskSync([engine], run.out / "weights", tokenizer)
         else:
-            sync = InProcessSync([engine])
+            sync = InProcessSync([engine])  # type: ignore[list-item]  # a TorchEngine: updatable in process
         side = InProcessLearner(learner, sync, tokenizer, run.out, config.keep_checkpoints)
         side.watchdog_state = dict(run.state.get("watchdog") or {})
         if isinstance(engine, SGLangEngine) and (run.checkpoint is not None or engine.version != learner.version):
@@ -138,7 +138,7 @@ async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict
         raise
     finally:
         if followers is not None:
-            followers.close(learner if finished else None)
+            followers.close(learner if finished else None)  # type: ignore[arg-type]  # with followers: a ShardedLearner
         await handle.aclose()
 
 

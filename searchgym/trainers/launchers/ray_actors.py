@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +101,7 @@ class LearnerWorker:
         if self.config.learner.ranks > 1 and self.rank == 0 and self.learner is not None:
             self.learner.stop()
 
-    async def connect(self, rollout_actors: list[Any], route: str, servers: list[str] = ()) -> None:
+    async def connect(self, rollout_actors: list[Any], route: str, servers: Sequence[str] = ()) -> None:
         """Push weights to these rollout actors from now on: "object_store", "disk", or "distributed" (a
         torch.distributed group with their inference `servers`, host:port, formed here)."""
         if self.learner is None:

@@ -279,7 +279,7 @@ class RayRollouts:
     async def state_dicts(self) -> list[dict[str, Any]]:
         owed = await self._reclaim()
         states = list(await asyncio.gather(*(actor.state_dict.remote() for actor in self.actors)))
-        for state, positions in zip(states, owed):
+        for state, positions in zip(states, owed, strict=True):
             if positions:  # handed to a batch nobody trains: played again first, and not counted as trained
                 state["replay"] = [*positions, *state["replay"]]
                 state["staleness"]["accepted"] -= len(positions)

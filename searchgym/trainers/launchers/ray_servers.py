@@ -10,6 +10,7 @@ import ipaddress
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from searchgym.envs.tools.ports import free_port
 from searchgym.trainers.config import RayConfig
@@ -23,7 +24,7 @@ class SGLangServerWorker:
     def __init__(self, settings: RayConfig, model_dir: str, index: int, log_dir: str, env: dict[str, str]):
         os.environ.update(env)
         self.settings, self.model_dir, self.index, self.log_dir = settings, model_dir, index, Path(log_dir)
-        self.server = None
+        self.server: Any = None  # an SGLangServer once started (imported on the actor)
 
     def start(self) -> str:
         """Launch the server on this node (CUDA_VISIBLE_DEVICES as Ray set it), wait until ready; its host:port."""

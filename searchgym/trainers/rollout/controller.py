@@ -92,7 +92,7 @@ class RolloutController:
         self._playing: set[asyncio.Task] = set()  # the groups being played
         self._rid = uuid.uuid4().hex[:8]
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, permutation of task indices)
-        self._started_at: tuple[float, float] | None = None  # (wall clock, engine busy seconds) at run()
+        self._started_at: tuple[float, float | None] | None = None  # (wall clock, engine busy seconds) at run()
 
     @property
     def position(self) -> int:
@@ -181,8 +181,8 @@ class RolloutController:
         if self._started_at is None:
             return stats
         elapsed = time.perf_counter() - self._started_at[0]
-        busy = engine.get("busy_s")
-        idle = None if busy is None or elapsed <= 0 else max(0.0, 1.0 - (busy - self._started_at[1]) / elapsed)
+        busy, busy_then = engine.get("busy_s"), self._started_at[1]
+        idle = None if busy is None or busy_then is None or elapsed <= 0 else max(0.0, 1.0 - (busy - busy_then) / elapsed)
         return dataclasses.replace(stats, elapsed_s=elapsed, engine_idle_fraction=idle)
 
     def state_dict(self) -> dict[str, Any]:

@@ -201,10 +201,10 @@ class GroupLedger:
         while not self.ready(trained_version):
             self._changed.clear()
             await self._changed.wait()
-        batch = []
+        batch: list[list[Trajectory]] = []
         for _ in range(self.batch_size):
             _, _, position = heapq.heappop(self._buffer)
-            batch.append(self._groups.pop(position).trajectories)
+            batch.append(self._groups.pop(position).trajectories or [])  # buffered: finished, never None
         self.trained += self.batch_size
         return batch
 

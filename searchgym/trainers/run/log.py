@@ -88,7 +88,7 @@ def provenance(step: int, batch: list[list[Trajectory]], trained_version: int) -
 def version_runs(traj: Trajectory) -> list[list[int]]:
     """The weight versions of a trajectory's generated tokens, in order, as runs of [version, token count]."""
     runs: list[list[int]] = []
-    for version, generated in zip(traj.versions, traj.loss_mask):
+    for version, generated in zip(traj.versions, traj.loss_mask, strict=False):  # bookkeeping: never fails a run
         if not generated:
             continue
         if runs and runs[-1][0] == version:

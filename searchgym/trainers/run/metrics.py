@@ -73,7 +73,7 @@ class OccupancyWindow:
         for i, r in enumerate(stats):
             now = (r.in_flight_episode_s, r.below_limit_s, r.occupancy_s)
             last, self._last[i] = self._last.get(i, (0.0, 0.0, 0.0)), now
-            d_episodes, d_blocked, d_span = (a - b for a, b in zip(now, last))
+            d_episodes, d_blocked, d_span = (a - b for a, b in zip(now, last, strict=True))
             if d_span > 0:
                 in_flight += d_episodes / d_span
                 blocked, span = blocked + d_blocked, span + d_span

@@ -100,7 +100,7 @@ def remove_stale(directory: str | os.PathLike) -> list[Path]:
 
     One that cannot be removed (a read-only disk, no permission) is logged and left: cleaning never stops a run.
     """
-    directory, removed = Path(directory), []
+    directory, removed = Path(directory), list[Path]()
     if not directory.is_dir():
         return removed
     for path in sorted({p for pattern in PATTERNS for p in directory.glob(pattern)}):

@@ -36,7 +36,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from searchgym.trainers.config import WatchdogConfig
 from searchgym.trainers.run.checkpoint import HEALTHY, checkpoint_dir, checkpoint_root, write_pointer
@@ -68,7 +68,7 @@ class HealthyState:
         return self.path.name if self.step is not None else f"the initial weights ({self.path})"
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
@@ -84,6 +84,7 @@ def check_rules(config: WatchdogConfig, step: int, metrics: dict[str, float],
     for key in ("loss", "grad_norm", "entropy"):
         if key in metrics and not _finite(metrics[key]):
             return Alarm("non_finite", f"{key} is {metrics[key]}", step)
+    median: float | None
     grad = metrics.get("grad_norm")
     if config.grad_norm_factor is not None and grad is not None:
         earlier = _series(history, "grad_norm", config.history, positive=True)

@@ -59,10 +59,10 @@ def copy_batch(rng: random.Random, vocabulary: list[int], config: CopyPretrainCo
         segment = rng.choices(vocabulary, k=rng.randint(config.min_segment, config.max_segment))
         before = rng.choices(vocabulary, k=rng.randint(0, config.max_gap))
         between = rng.choices(vocabulary, k=rng.randint(0, config.max_gap))
-        ids = before + segment + between + segment
-        learn = [0] * (len(ids) - len(segment) + 1) + [1] * (len(segment) - 1)
-        rows.append((ids, learn))
-    width = max(len(ids) for ids, _ in rows)
+        sample = before + segment + between + segment
+        learn = [0] * (len(sample) - len(segment) + 1) + [1] * (len(segment) - 1)
+        rows.append((sample, learn))
+    width = max(len(sample) for sample, _ in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attention = torch.zeros_like(ids)
     mask = torch.zeros_like(ids)
@@ -74,12 +74,13 @@ def copy_batch(rng: random.Random, vocabulary: list[int], config: CopyPretrainCo
 
 
 def copy_pretrain(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                  config: CopyPretrainConfig = CopyPretrainConfig(), *, device: str = "cpu",
+                  config: CopyPretrainConfig | None = None, *, device: str = "cpu",
                   progress: bool = True) -> list[dict[str, float]]:
     """Train the model in `model_dir` to copy repeated segments; save it (with its tokenizer) to `out_dir`.
 
     Returns one record per step: loss and copy accuracy (argmax right on the learned tokens), lr.
     """
+    config = config or CopyPretrainConfig()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     special = set(tokenizer.all_special_ids)
@@ -105,6 +106,6 @@ def copy_pretrain(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
         scheduler.step()
         accuracy = (logits.argmax(-1) == targets).float().mean()
         history.append({"step": step + 1, "loss": loss.item(), "copy_accuracy": accuracy.item(),
-                        "lr": scheduler.get_last_lr()[0]})
+                        "lr": float(scheduler.get_last_lr()[0])})
     save_trained(model, tokenizer, out_dir, history, "copy_pretrain_history.jsonl")
     return history

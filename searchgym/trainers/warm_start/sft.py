@@ -74,11 +74,12 @@ def encode_demonstrations(tokenizer: Any, chats: Iterable[list[dict[str, str]]],
 
 
 def sft(model_dir: str | os.PathLike, chats: list[list[dict[str, str]]], out_dir: str | os.PathLike,
-        config: SFTConfig = SFTConfig(), *, device: str = "cpu", progress: bool = True) -> list[dict[str, float]]:
+        config: SFTConfig | None = None, *, device: str = "cpu", progress: bool = True) -> list[dict[str, float]]:
     """Fine-tune the model in `model_dir` on `chats` and save it (with its tokenizer) to `out_dir`.
 
     Returns one record per optimizer step (loss, token accuracy on the action tokens, lr).
     """
+    config = config or SFTConfig()
     check_model_out(out_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
@@ -115,7 +116,7 @@ def sft(model_dir: str | os.PathLike, chats: list[list[dict[str, str]]], out_dir
         scheduler.step()
         accuracy = ((logits.argmax(-1) == targets).float() * actions).sum() / actions.sum()
         history.append({"step": step + 1, "loss": loss.item(), "token_accuracy": accuracy.item(),
-                        "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0]})
+                        "grad_norm": float(grad_norm), "lr": float(scheduler.get_last_lr()[0])})
     save_trained(model, tokenizer, out_dir, history, "sft_history.jsonl")
     return history
 

@@ -108,9 +108,9 @@ def score_episode(trace: Any, step_infos: list[dict[str, Any]]) -> float:
     reward = episode_reward(step_infos)
     assert reward is not None  # None only on a judge error
     trace.record_reward(REWARD, reward)
-    verdicts = [i["verdict"] for i in step_infos if isinstance(i.get("verdict"), dict)]
-    if verdicts:
-        trace.info["answer"] = verdicts[-1].get("prediction")
+    answers = [i["prediction"] for i in step_infos if "prediction" in i]
+    if answers:
+        trace.info["answer"] = answers[-1]  # what the judge scored
     return reward
 
 
@@ -158,7 +158,7 @@ class SearchGymVfEnv(vf.Env[SearchGymVfEnvConfig]):
 
     async def stop(self) -> None:
         while self._idle:
-            self._idle.pop().close()
+            await asyncio.to_thread(self._idle.pop().close)  # a searchgym env closes its own loop: not on this one
 
 
 class OfflineChatHarness(NullHarness):

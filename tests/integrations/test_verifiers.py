@@ -197,3 +197,13 @@ def test_vf_eval_completes_rollouts_against_serve_model_with_the_judges_rewards(
         assert reward == 0.0 or trace["info"]["answer"]  # a judged answer is recorded with its verdict
         rewards.append(reward)
     assert max(rewards) == 1.0, rewards  # the warm-started model answers some right: a verdict, not a constant
+
+
+def test_the_offline_harness_refuses_a_runtime_other_than_this_machines():
+    from verifiers.v1.harnesses.null import NullHarnessConfig
+
+    from searchgym.integrations.verifiers import OfflineChatHarness
+
+    harness = OfflineChatHarness(NullHarnessConfig(id=TASKSET))
+    with pytest.raises(vf.HarnessError, match="subprocess runtime"):
+        asyncio.run(harness.setup(object()))

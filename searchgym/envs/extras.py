@@ -23,6 +23,7 @@ EXTRA_OF = {
     "bm25s": "bench", "rank_bm25": "bench",
     "gem": "gem", "skyrl_gym": "skyrl",
     "mcp": "mcp",
+    "verifiers": "verifiers",
 }
 
 

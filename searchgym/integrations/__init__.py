@@ -4,6 +4,8 @@
   and the prompt dataset it trains on (extra `searchgym[trl]`).
 - `searchgym.integrations.openenv`: any env id served as an OpenEnv environment server, and the
   client for it (extra `searchgym[openenv]`; `searchgym serve env ID`).
+- `searchgym.integrations.verifiers`: any env id as a verifiers 0.4 taskset, its env and an offline harness
+  (`vf-eval searchgym_verifiers`; extra `searchgym[verifiers]`, in a venv of its own).
 - `searchgym.integrations.actions`: other libraries' structured tool calls written as the env's action text;
   `searchgym.integrations.asgi_limits`: the limits `serve env`'s server keeps under abuse.
 

@@ -41,6 +41,13 @@ def answer_page_rewards(step_infos: Sequence[Mapping[str, Any]], weight: float) 
     return [weight * float(((info.get("evidence") or {}).get("answer_page_rank")) is not None) for info in step_infos]
 
 
+class JudgeFailed(RuntimeError):
+    """The judge could not score the answer (its call failed, was cut off or gave no verdict): no reward exists.
+
+    Raised by the adapters for libraries without a "no reward" value (GEM, SkyRL-gym, verifiers), where a 0
+    would train the agent on a failure of the judge's."""
+
+
 def judge_error(step_infos: Sequence[Mapping[str, Any]]) -> str | None:
     """The judge's failure message if the episode's answer could not be judged, else None."""
     for info in step_infos:

@@ -22,16 +22,13 @@ import searchgym
 from searchgym.envs.extras import needs
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.registration import SYNTHETIC_QA
-from searchgym.envs.rewards import judge_error
+from searchgym.envs.rewards import JudgeFailed, judge_error
 
 with needs("searchgym.integrations.gem"):
     import gem
 
 PREFIX = "searchgym:"
 
-
-class JudgeFailed(RuntimeError):
-    """The judge could not score the answer (its call failed, was cut off or gave no verdict): no reward exists."""
 
 
 class SearchGymGemEnv(gem.Env):

@@ -22,7 +22,7 @@ from typing import Any
 from searchgym.envs.extras import needs
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.registration import SYNTHETIC_QA
-from searchgym.envs.rewards import judge_error
+from searchgym.envs.rewards import JudgeFailed, judge_error
 
 with needs("searchgym.integrations.skyrl"):
     import skyrl_gym
@@ -30,9 +30,6 @@ with needs("searchgym.integrations.skyrl"):
 
 SKYRL_ID = "searchgym"
 
-
-class JudgeFailed(RuntimeError):
-    """The judge could not score the answer (its call failed, was cut off or gave no verdict): no reward exists."""
 
 
 class SearchGymTextEnv(BaseTextEnv):

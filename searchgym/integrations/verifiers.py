@@ -35,7 +35,7 @@ from searchgym.envs.env_kwargs import check_env_kwargs
 from searchgym.envs.extras import needs
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.registration import SYNTHETIC_QA
-from searchgym.envs.rewards import episode_reward, judge_error
+from searchgym.envs.rewards import JudgeFailed, episode_reward, judge_error
 
 with needs("searchgym.integrations.verifiers"):
     import verifiers.v1 as vf
@@ -47,9 +47,6 @@ __all__ = ["JudgeFailed", "OfflineChatHarness", "SearchGymTaskset",
 
 REWARD = "judge"  # the trace's reward key: the env judge's verdict
 
-
-class JudgeFailed(RuntimeError):
-    """The env's judge could not score the answer (its call failed or gave no verdict): the rollout has no reward."""
 
 
 class SearchGymTasksetConfig(vf.TasksetConfig):

@@ -332,9 +332,23 @@ def _eval(args: argparse.Namespace) -> None:
                        max_tasks=args.max_tasks, concurrency=args.concurrency, temperature=args.temperature,
                        max_new_tokens=args.max_new_tokens, max_context=args.max_context, seed=args.seed,
                        device=args.device, tokenizer=args.tokenizer, judge_model=args.judge_model,
-                       workflow=args.workflow, context_policy=args.context_policy)
+                       workflow=_eval_player(args), context_policy=args.context_policy)
     print((Path(args.out) / "summary.md").read_text())
     print(f"samples, summary.json, plots and report.html in {args.out} ({int(summary['metrics']['samples'])} samples)")
+
+
+def _eval_player(args: argparse.Namespace) -> str | None:
+    """What plays the episodes: `--agent` (an agent program's function) or `--workflow` (a Workflow class)."""
+    if args.agent is None:
+        return args.workflow
+    if args.workflow is not None:
+        raise ValueError("--agent and --workflow both name what plays the episodes: give one")
+    from searchgym.agents.workflow import load_object
+
+    if isinstance(load_object(args.agent), type) or not callable(load_object(args.agent)):
+        raise ValueError(f"--agent {args.agent}: expected an agent function `async def agent(task, client)`; "
+                         f"a Workflow class goes to --workflow")
+    return args.agent
 
 
 def _eval_compare(args: argparse.Namespace) -> None:
@@ -477,6 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chat model of the llm judge: openai:http://host/v1[:model], a model directory or sglang:...")
     p.add_argument("--workflow", default=None,
                    help="a custom Workflow class that plays the episodes: module:Class or path/to/file.py:Class")
+    p.add_argument("--agent", default=None,
+                   help="an agent program (openai client, through a recording proxy): module:function or file.py:function")
     p.add_argument("--out", type=Path, default=None,
                    help="output directory (rerun the command to resume); with compare: where compare.{json,md,html} go")
     p.add_argument("--labels", type=Path, default=None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import inspect
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -109,7 +110,8 @@ class RecordingEngine:
         self.engine, self.tokenizer = engine, tokenizer
         self.max_context = context_length
         self.vocab_size = getattr(engine, "vocab_size", None) or len(tokenizer)
-        self.streams = hasattr(engine, "prefix_cache")  # TorchEngine reports progress for streaming; others answer whole
+        # TorchEngine reports progress (streamed tokens as they come); other engines answer whole, in one last chunk
+        self.streams = "progress" in inspect.signature(engine.agenerate).parameters
 
     @property
     def version(self) -> int:

@@ -79,9 +79,12 @@ async def open_rollout_engine(rollout: RolloutConfig, model_dir: Path | str, *, 
 
 
 def rollout_workflow(rollout: RolloutConfig, handle: EngineHandle) -> Workflow:
-    """The run's workflow on its engine: `rollout.workflow` names a custom Workflow class; the env's own
-    `tool_format` decides the stop strings."""
-    return build_workflow(handle, workflow=rollout.workflow, settings=workflow_settings(rollout))
+    """The run's workflow on its engine: `rollout.workflow` names a custom Workflow class, `rollout.agent` an agent
+    program played through the recording proxy (agents/program.py); the env's own `tool_format` decides the stop
+    strings."""
+    if rollout.agent is not None and rollout.workflow is not None:
+        raise ValueError("rollout.agent and rollout.workflow both name what plays the episodes: set one")
+    return build_workflow(handle, workflow=rollout.agent or rollout.workflow, settings=workflow_settings(rollout))
 
 
 def build_controller(rollout: RolloutConfig, handle: EngineHandle, tasks: Sequence[str], *,

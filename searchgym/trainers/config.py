@@ -82,6 +82,7 @@ class RolloutConfig:
     summary_tokens: int = 256  # the longest summary "summarise" asks for
     max_segments: int = 64  # an episode needing more context segments ends truncated
     workflow: str | None = None  # a custom Workflow class, "module:Class" or "file.py:Class" (default: TokenWorkflow)
+    agent: str | None = None  # an agent program, "module:function" or "file.py:function" (agents/program.py)
     engine: str = "torch"  # "torch": an in-process TorchEngine; "sglang": SGLang servers, weights synced via disk
     sglang_addresses: list[str] = field(default_factory=list)  # running servers ("host:port") for engine "sglang"
 
@@ -206,6 +207,10 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
         raise ValueError(f"rollout.summary_tokens must be at most half of rollout.max_context "
                          f"({config.rollout.max_context}) so a segment has room to summarise, "
                          f"got {config.rollout.summary_tokens}")
+    if config.rollout.agent is not None and config.rollout.workflow is not None:
+        raise ValueError("rollout.agent and rollout.workflow both name what plays the episodes: set one")
+    if config.rollout.agent is not None and ":" not in config.rollout.agent:
+        raise ValueError(f"rollout.agent must be 'module:function' or 'file.py:function', got {config.rollout.agent!r}")
     _check_choice("learner.process_reward", config.learner.process_reward, ("clip", "delta", "none"))
     _check_choice("ray.weight_sync", config.ray.weight_sync, ("auto", "object_store", "disk", "distributed"))
     _check_choice("ray.sglang_server", config.ray.sglang_server, ("sglang", "searchgym"))

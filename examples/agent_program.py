@@ -6,16 +6,14 @@ proxy in front of the policy, so every token the model writes here is trained on
 """
 from __future__ import annotations
 
-MAX_STEPS = 4  # model calls per episode
-MAX_TOKENS = 64  # tokens per reply
+MAX_STEPS = 4  # model calls per episode (the reply length is the run's: --max-new-tokens, rollout.max_new_tokens)
 
 
 async def agent(task, client) -> str:
     """Ask the model with the env's tools until it answers in text; run each tool call on the env."""
     messages = [{"role": "user", "content": task.question}]
     for _ in range(MAX_STEPS):
-        reply = await client.chat.completions.create(model=task.model, messages=messages, tools=task.tools,
-                                                     max_tokens=MAX_TOKENS)
+        reply = await client.chat.completions.create(model=task.model, messages=messages, tools=task.tools)
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
         if not message.tool_calls:

@@ -122,7 +122,8 @@ class AgentProgramWorkflow(Workflow):
                 proxy = RecordingProxy(self.engine, self.tokenizer, served_model_name=self.served_model_name,
                                        context_length=min(self.settings.max_context,
                                                           getattr(self.engine, "max_context", None) or 1 << 30),
-                                       max_reply_tokens=self.settings.sampling.max_new_tokens)
+                                       max_reply_tokens=self.settings.sampling.max_new_tokens,
+                                       temperature=self.settings.sampling.temperature)
                 self._proxy = await proxy.__aenter__()
             self._users += 1
         try:

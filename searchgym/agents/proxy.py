@@ -146,11 +146,29 @@ class RecordingEngine:
         await self.engine.update_weights(source, version)
 
 
-def untrainable_reason(body: dict[str, Any], served: str) -> str:
+class ProxyModel(ServedModel):
+    """`serve model`'s served model with the run's sampling as the default of what a request leaves unset."""
+
+    defaults: dict[str, Any] = {}
+
+    async def json_body(self, request: web.Request, *, empty_ok: bool = False) -> tuple[dict, bool]:
+        body, heavy = await super().json_body(request, empty_ok=empty_ok)
+        if isinstance(body, dict):
+            for key, value in self.defaults.items():
+                if body.get(key) is None:
+                    body[key] = value
+        return body, heavy
+
+
+def untrainable_reason(body: dict[str, Any], served: str, temperature: float | None = None) -> str:
     """Why a request, though answerable, must not be trained on ("" when it may)."""
     model = body.get("model")
     if isinstance(model, str) and model != served:
         return f"model {model!r} is not the policy served here ({served!r})"
+    asked = body.get("temperature")
+    if temperature is not None and isinstance(asked, (int, float)) and float(asked) != temperature:
+        return (f"temperature={asked!r}: its behaviour log-probs are not the trained policy's "
+                f"(the run samples and trains at temperature {temperature})")
     if body.get("n") not in (None, 1):
         return f"n={body.get('n')!r}: several choices per call"
     if body.get("chat_template_kwargs"):
@@ -162,20 +180,24 @@ class RecordingProxy:
     """OpenAI-compatible chat over `engine` on 127.0.0.1 (a free port), recording every call per episode key.
 
     Use `async with RecordingProxy(engine, tokenizer) as proxy:`, then `proxy.open_episode(key)`,
-    `proxy.base_url(key)` for the agent's client, and `proxy.close_episode(key)` for its record.
+    `proxy.base_url(key)` for the agent's client, and `proxy.close_episode(key)` for its record. `temperature` is
+    the run's: the default of a request that sets none, and a call sampled at another one is not trained on;
+    `max_reply_tokens` the reply length of a request that sets none, and the most one may ask for.
     """
 
     def __init__(self, engine: InferenceEngine, tokenizer: Any, *, served_model_name: str = DEFAULT_MODEL_NAME,
-                 context_length: int | None = None, max_reply_tokens: int | None = None, host: str = "127.0.0.1",
-                 port: int = 0) -> None:
+                 context_length: int | None = None, max_reply_tokens: int | None = None,
+                 temperature: float | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
         context = context_length or getattr(engine, "max_context", None) or 32_768
         self.engine = RecordingEngine(engine, tokenizer, context)
         self.served_model_name = served_model_name
-        self.model = ServedModel(self.engine, model_path=served_model_name,  # type: ignore[arg-type]
+        self.temperature = temperature
+        self.model = ProxyModel(self.engine, model_path=served_model_name,  # type: ignore[arg-type]
                                  served_model_name=served_model_name, context_length=context,
                                  max_reply_tokens=None if max_reply_tokens is None else min(max_reply_tokens,
                                                                                             context - 1))
         self.model.ready = True
+        self.model.defaults = {} if temperature is None else {"temperature": temperature}
         self.api = OpenAIAPI(self.model)
         self.episodes: dict[str, EpisodeRecord] = {}
         self.host, self.port = host, port
@@ -241,7 +263,7 @@ class RecordingProxy:
         try:
             body = parse_json(await read_body(request))  # aiohttp keeps the bytes: the handler reads them again
             call.streamed = body.get("stream") is True
-            call.untrainable = untrainable_reason(body, self.served_model_name)
+            call.untrainable = untrainable_reason(body, self.served_model_name, self.temperature)
             token = _CALL.set(call)
             try:
                 response = await self.api.chat(request)

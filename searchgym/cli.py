@@ -343,9 +343,10 @@ def _eval_player(args: argparse.Namespace) -> str | None:
         return args.workflow
     if args.workflow is not None:
         raise ValueError("--agent and --workflow both name what plays the episodes: give one")
+    from searchgym.agents.program import is_agent_program
     from searchgym.agents.workflow import load_object
 
-    if isinstance(load_object(args.agent), type) or not callable(load_object(args.agent)):
+    if not is_agent_program(load_object(args.agent)):
         raise ValueError(f"--agent {args.agent}: expected an agent function `async def agent(task, client)`; "
                          f"a Workflow class goes to --workflow")
     return args.agent

@@ -29,10 +29,9 @@ from searchgym.agents.engines.open import EngineHandle
 from searchgym.agents.engines.types import InferenceEngine
 from searchgym.agents.proxy import DEFAULT_MODEL_NAME, RecordingProxy
 from searchgym.agents.trajectory import Trajectory
-from searchgym.agents.workflow import Workflow, WorkflowSettings, load_object
-from searchgym.envs.actions import ARGUMENT_KEYS
+from searchgym.agents.workflow import Workflow, WorkflowSettings, build_workflow, load_object
+from searchgym.envs.actions import ARGUMENT_KEYS, tool_call_action
 from searchgym.envs.search_env import SearchEnv
-from searchgym.integrations.actions import tool_call_action
 
 EPISODE_OVER = "The episode is over ({why}); no more tools run. Return your final answer."
 
@@ -179,7 +178,16 @@ class AgentProgramWorkflow(Workflow):
         return traj
 
 
-def agent_workflow(handle: EngineHandle, agent: AgentFunction | str,
-                   settings: WorkflowSettings | None = None) -> AgentProgramWorkflow:
-    """`AgentProgramWorkflow.on_handle`: what `eval --agent` and `rollout.agent` build."""
-    return AgentProgramWorkflow.on_handle(handle, agent, settings)
+def is_agent_program(obj: Any) -> bool:
+    """Whether `obj` is an agent program's function (callable, not a class)."""
+    return callable(obj) and not isinstance(obj, type)
+
+
+def build_player(handle: EngineHandle, *, workflow: str | type[Workflow] | AgentFunction | None = None,
+                 settings: WorkflowSettings | None = None) -> Workflow:
+    """`build_workflow`, where `workflow` may also name an agent program's function (`"file.py:agent"`: an
+    AgentProgramWorkflow), so `eval --agent` and `rollout.agent` run wherever a custom Workflow class runs."""
+    loaded = load_object(workflow) if isinstance(workflow, str) else workflow
+    if is_agent_program(loaded):
+        return AgentProgramWorkflow.on_handle(handle, loaded, settings)
+    return build_workflow(handle, workflow=workflow, settings=settings)

@@ -311,19 +311,12 @@ def workflow_class(workflow: str | type[Workflow] | None, handle: EngineHandle) 
     return cls
 
 
-def build_workflow(handle: EngineHandle, *, workflow: str | type[Workflow] | Any = None,
+def build_workflow(handle: EngineHandle, *, workflow: str | type[Workflow] | None = None,
                    settings: WorkflowSettings | None = None) -> Workflow:
     """The workflow over an engine the caller opened (and will close): `workflow` names a custom class, else
     token-level where the engine gives tokens, else chat.
 
     Every command (train, eval, synthesize, quickstart) builds its workflow here, so a custom class
-    (`workflow="my_agents.py:SummarizingWorkflow"`) runs under all of them unchanged; so does an agent program's
-    function (`"examples/agent_program.py:agent"`: an AgentProgramWorkflow, agents/program.py).
+    (`workflow="my_agents.py:SummarizingWorkflow"`) runs under all of them unchanged.
     """
-    if isinstance(workflow, str) or (callable(workflow) and not isinstance(workflow, type)):
-        agent = load_object(workflow) if isinstance(workflow, str) else workflow
-        if callable(agent) and not isinstance(agent, type):  # an agent program: `async def agent(task, client)`
-            from searchgym.agents.program import AgentProgramWorkflow
-
-            return AgentProgramWorkflow.on_handle(handle, agent, settings)
     return workflow_class(workflow, handle).from_handle(handle, settings or WorkflowSettings())

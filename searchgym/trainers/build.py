@@ -10,7 +10,8 @@ import torch
 from searchgym.agents.context import ContextPolicy, context_policy
 from searchgym.agents.engines.open import EngineHandle, open_engine
 from searchgym.agents.engines.types import SamplingParams
-from searchgym.agents.workflow import Workflow, WorkflowSettings, build_workflow, load_object
+from searchgym.agents.program import build_player
+from searchgym.agents.workflow import Workflow, WorkflowSettings, load_object
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.search_env import SearchEnv
 from searchgym.trainers.algorithm.learner import Learner
@@ -84,7 +85,7 @@ def rollout_workflow(rollout: RolloutConfig, handle: EngineHandle) -> Workflow:
     strings."""
     if rollout.agent is not None and rollout.workflow is not None:
         raise ValueError("rollout.agent and rollout.workflow both name what plays the episodes: set one")
-    return build_workflow(handle, workflow=rollout.agent or rollout.workflow, settings=workflow_settings(rollout))
+    return build_player(handle, workflow=rollout.agent or rollout.workflow, settings=workflow_settings(rollout))
 
 
 def build_controller(rollout: RolloutConfig, handle: EngineHandle, tasks: Sequence[str], *,

@@ -131,3 +131,19 @@ def test_eval_and_train_run_the_example_agent_program(tiny_model_dir, small_bund
     assert len(trained) == 2 * 2 * 2 and all(t.proxy_calls and t.generated_tokens > 0 for t in trained)
     assert all(t.stop_reason for t in trained)
     assert (tmp_path / "run" / "checkpoints" / "step-00002").is_dir()
+
+
+def test_agent_settings_are_refused_when_given_naming_the_setting(tiny_model_dir, tmp_path, capsys):
+    from searchgym.cli import main as cli_main
+    from searchgym.trainers.config import load_config
+
+    base = ["eval", "--env", "searchgym/SyntheticQA-v0", "--engine", str(tiny_model_dir), "--out", str(tmp_path)]
+    assert cli_main([*base, "--agent", f"{EXAMPLE}:agent", "--workflow", "x.py:W"]) == 2
+    assert "--agent and --workflow" in capsys.readouterr().err
+    assert cli_main([*base, "--agent", "searchgym.agents.workflow:TokenWorkflow"]) == 2
+    assert "a Workflow class goes to --workflow" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="rollout.agent and rollout.workflow"):
+        load_config(None, ["rollout.agent=a.py:agent", "rollout.workflow=b.py:W"])
+    with pytest.raises(ValueError, match="rollout.agent must be"):
+        load_config(None, ["rollout.agent=agent"])
+    assert load_config(None, [f"rollout.agent={EXAMPLE}:agent"]).rollout.agent == f"{EXAMPLE}:agent"

@@ -8,7 +8,7 @@ import pytest
 import pytest_asyncio
 
 from searchgym.agents.engines.torch_engine import TorchEngine
-from searchgym.agents.engines.types import GenerateRequest, GenerateResponse
+from searchgym.agents.engines.types import FinishReason, GenerateRequest, GenerateResponse
 from searchgym.agents.proxy import REWRITE, RecordingProxy
 from searchgym.agents.trajectory import Trajectory
 from tests.agents.tool_model import ANSWER, ARGUMENTS, RESULT, TOOLS, exchange
@@ -189,3 +189,73 @@ async def test_episodes_are_kept_apart_and_an_ended_one_is_a_404(proxied):
     await client_b.close()
     with pytest.raises(ValueError, match="URL path"):
         proxy.open_episode("../x")
+
+
+class WholeEngine(LoggedEngine):
+    """An engine that answers whole, with no progress callback (as SGLangEngine does)."""
+
+    async def agenerate(self, request: GenerateRequest) -> GenerateResponse:
+        response = await self.inner.agenerate(request)
+        self.log.append((request, response))
+        return response
+
+
+@in_module_loop
+async def test_an_engine_without_progress_streams_its_answer_in_one_piece(proxied):
+    proxy, logged = proxied
+    engine = WholeEngine(logged.inner)
+    async with RecordingProxy(engine, logged.tokenizer, served_model_name=NAME, context_length=1024) as whole:
+        record, client = episode(whole)
+        first, _ = exchange()
+        plain = await client.chat.completions.create(model=NAME, messages=first, temperature=0, max_tokens=12)
+        stream = await client.chat.completions.create(model=NAME, messages=first, temperature=0, max_tokens=12,
+                                                      stream=True)
+        text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
+        await client.close()
+        assert text == plain.choices[0].message.content
+        traj = Trajectory(task_id="t")
+        whole.close_episode(record.key).link(traj)
+    assert [c["streamed"] for c in traj.proxy_calls] == [False, True] and traj.num_segments == 2
+    assert check_against_engine(traj, engine.log) == 2
+
+
+# ---- linking, as an invariant over any sequence of calls ---------------------------------------------------------
+
+def calls_strategy():
+    """Calls whose prompts either extend everything so far (with some env tokens) or start afresh, some untrainable."""
+    from hypothesis import strategies as st
+
+    step = st.tuples(st.booleans(), st.lists(st.integers(1, 50), min_size=1, max_size=4),
+                     st.lists(st.integers(51, 99), min_size=0, max_size=4), st.sampled_from(["", "", "", "n=2"]))
+    return st.lists(step, min_size=1, max_size=8)
+
+
+def test_linking_keeps_every_trained_token_after_exactly_its_prompt():
+    from hypothesis import given, settings
+
+    from searchgym.agents.proxy import EpisodeRecord
+
+    @settings(max_examples=200, deadline=None)
+    @given(calls_strategy())
+    def check(steps):
+        record, sequence, expected_segments, log = EpisodeRecord("k"), [], 1, []
+        for extend, new, output, reason in steps:
+            prompt = sequence + new if extend else [100 + len(log)] + new  # a fresh start never extends
+            call = record.new_call()
+            call.prompt_ids, call.output_ids, call.untrainable = prompt, output, reason
+            call.logprobs, call.versions = [-0.5] * len(output), [len(log)] * len(output)
+            log.append((GenerateRequest(prompt), GenerateResponse(output, call.logprobs, call.versions,
+                                                                  FinishReason("stop"))))
+            if call.trainable:
+                if sequence and not extend:
+                    expected_segments += 1
+                sequence = prompt + output
+        traj = Trajectory(task_id="t")
+        record.link(traj)
+        trained = [c for c in record.calls if c.trainable]
+        assert check_against_engine(traj, log) == len(trained)
+        assert traj.num_segments == (expected_segments if trained else 1)
+        assert traj.generated_tokens == sum(len(c.output_ids) for c in trained)
+        assert [c["segment"] is None for c in traj.proxy_calls] == [not c.trainable for c in record.calls]
+
+    check()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import inspect
 import time
 import uuid
@@ -60,7 +61,6 @@ class ProxyCall:
         return {**row, "prompt_tokens": len(self.prompt_ids), "output_tokens": len(self.output_ids)}
 
 
-_CALL: contextvars.ContextVar[ProxyCall | None] = contextvars.ContextVar("searchgym_proxy_call", default=None)
 
 
 @dataclass
@@ -70,6 +70,12 @@ class EpisodeRecord:
     key: str
     calls: list[ProxyCall] = field(default_factory=list)
     turn: int = 0  # set by the workflow as the env takes turns
+    generating: int = 0  # engine requests of this episode in flight
+
+    def engine_rid(self, call: ProxyCall) -> str:
+        """The rid the engine sees: the episode's own while it has one call generating (the engine keeps its prefix
+        for the next call, and SGLang keeps it on one server), a call's own when the agent runs calls in parallel."""
+        return self.key if self.generating == 0 else f"{self.key}-{call.index}"
 
     def new_call(self) -> ProxyCall:
         call = ProxyCall(len(self.calls), turn=self.turn)
@@ -102,12 +108,17 @@ class EpisodeRecord:
             traj.proxy_calls.append({**row, "segment": traj.num_segments - 1})
 
 
+# the episode and call a handler is serving, for the engine wrapper below (context variables keep episodes apart)
+_CALL: contextvars.ContextVar[tuple[EpisodeRecord, ProxyCall] | None] = contextvars.ContextVar(
+    "searchgym_proxy_call", default=None)
+
+
 class RecordingEngine:
     """The served model's engine: delegates to the caller's engine and records each response into the call
     being handled (a context variable set by the proxy's handler, so concurrent episodes never mix)."""
 
-    def __init__(self, engine: InferenceEngine, tokenizer: Any, context_length: int) -> None:
-        self.engine, self.tokenizer = engine, tokenizer
+    def __init__(self, engine: InferenceEngine, tokenizer: Any, context_length: int, reuse_prefix: bool = True) -> None:
+        self.engine, self.tokenizer, self.reuse_prefix = engine, tokenizer, reuse_prefix
         self.max_context = context_length
         self.vocab_size = getattr(engine, "vocab_size", None) or len(tokenizer)
         # TorchEngine reports progress (streamed tokens as they come); other engines answer whole, in one last chunk
@@ -119,18 +130,28 @@ class RecordingEngine:
 
     async def agenerate(self, request: GenerateRequest, *, progress: Any = None,
                         keep_prefix: bool = True) -> GenerateResponse:
-        call = _CALL.get()
-        if self.streams:
-            response = await self.engine.agenerate(request, progress=progress, keep_prefix=keep_prefix)  # type: ignore[call-arg]
-        else:
-            response = await self.engine.agenerate(request)
-        if call is not None:
-            call.prompt_ids, call.output_ids = list(request.input_ids), list(response.output_ids)
-            call.logprobs, call.versions = list(response.logprobs), list(response.versions)
-            call.finish_reason = response.finish_reason.type
-            if response.finish_reason.type == "abort" and not call.untrainable:
-                call.untrainable = "aborted by a pause (the client retries the request)"
+        """Generate under the episode's rid (the server's made-up one names no next call) and record the answer."""
+        current = _CALL.get()
+        if current is None:
+            return await self._generate(request, progress, keep_prefix)
+        record, call = current
+        request = dataclasses.replace(request, rid=record.engine_rid(call))
+        record.generating += 1
+        try:
+            response = await self._generate(request, progress, self.reuse_prefix)
+        finally:
+            record.generating -= 1
+        call.prompt_ids, call.output_ids = list(request.input_ids), list(response.output_ids)
+        call.logprobs, call.versions = list(response.logprobs), list(response.versions)
+        call.finish_reason = response.finish_reason.type
+        if response.finish_reason.type == "abort" and not call.untrainable:
+            call.untrainable = "aborted by a pause (the client retries the request)"
         return response
+
+    async def _generate(self, request: GenerateRequest, progress: Any, keep_prefix: bool) -> GenerateResponse:
+        if self.streams:
+            return await self.engine.agenerate(request, progress=progress, keep_prefix=keep_prefix)  # type: ignore[call-arg]
+        return await self.engine.agenerate(request)
 
     async def pause(self) -> None:
         await self.engine.pause()
@@ -187,9 +208,10 @@ class RecordingProxy:
 
     def __init__(self, engine: InferenceEngine, tokenizer: Any, *, served_model_name: str = DEFAULT_MODEL_NAME,
                  context_length: int | None = None, max_reply_tokens: int | None = None,
-                 temperature: float | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+                 temperature: float | None = None, reuse_prefix: bool = True, host: str = "127.0.0.1",
+                 port: int = 0) -> None:
         context = context_length or getattr(engine, "max_context", None) or 32_768
-        self.engine = RecordingEngine(engine, tokenizer, context)
+        self.engine = RecordingEngine(engine, tokenizer, context, reuse_prefix)
         self.served_model_name = served_model_name
         self.temperature = temperature
         self.model = ProxyModel(self.engine, model_path=served_model_name,  # type: ignore[arg-type]
@@ -264,7 +286,7 @@ class RecordingProxy:
             body = parse_json(await read_body(request))  # aiohttp keeps the bytes: the handler reads them again
             call.streamed = body.get("stream") is True
             call.untrainable = untrainable_reason(body, self.served_model_name, self.temperature)
-            token = _CALL.set(call)
+            token = _CALL.set((record, call))
             try:
                 response = await self.api.chat(request)
             finally:

@@ -10,7 +10,8 @@ The contract (docs/agents.md, "Agent programs"):
 - `client` is an `openai.AsyncOpenAI` pointed at this episode's proxy URL.
 - The agent returns its final answer; the workflow submits it as the env's `answer` action, so the reward is the
   env's verdict. An agent that already answered (`call_tool("answer", ...)`) or ran out of turns has its return
-  value ignored; one that raises ends the episode truncated, with the error as its stop reason.
+  value ignored; one that raises, or runs past `episode_timeout`, ends the episode truncated, with the error as
+  its stop reason.
 
 The model's tool calls reach the env only through `call_tool`: the agent stays an ordinary tool-calling loop (as
 with any OpenAI tool), and the proxy never acts on the model's output behind the agent's back.
@@ -91,13 +92,14 @@ class AgentProgramWorkflow(Workflow):
 
     def __init__(self, agent: AgentFunction | str, engine: InferenceEngine, tokenizer: Any,
                  settings: WorkflowSettings | None = None, *, served_model_name: str = DEFAULT_MODEL_NAME,
-                 client_timeout: float = 600.0) -> None:
+                 client_timeout: float = 600.0, episode_timeout: float | None = 3600.0) -> None:
         super().__init__(settings)
         self.agent = load_object(agent) if isinstance(agent, str) else agent
         if not callable(self.agent):
             raise TypeError(f"agent {agent!r} is not callable: expected `async def agent(task, client) -> str`")
         self.engine, self.tokenizer = engine, tokenizer
         self.served_model_name, self.client_timeout = served_model_name, client_timeout
+        self.episode_timeout = episode_timeout  # an agent still running after it is stopped: the episode ends truncated
         self._proxy: RecordingProxy | None = None
         self._users = 0
         self._lock: asyncio.Lock | None = None
@@ -162,7 +164,9 @@ class AgentProgramWorkflow(Workflow):
             answer: Any = None
             error: str | None = None
             try:
-                answer = await self.agent(task, client)
+                answer = await asyncio.wait_for(self.agent(task, client), self.episode_timeout)
+            except TimeoutError:
+                error = f"agent timeout: still running after {self.episode_timeout:g} s"
             except Exception as e:  # noqa: BLE001 -- the agent is user code: its failure ends the episode, not the run
                 error = f"agent error: {type(e).__name__}: {e}"
             finally:

@@ -1,6 +1,7 @@
 """Agent programs (agents/program.py): an `async def agent(task, client)` played on a real env through the recording
 proxy over a real tiny model; its tool calls reach the env, its answer is judged, its tokens are the engine's, and
 the learner trains on them; `searchgym eval --agent` and `train rollout.agent=` run the example program."""
+import asyncio
 import json
 from pathlib import Path
 
@@ -72,7 +73,7 @@ async def test_an_agent_program_plays_the_env_and_the_learner_trains_its_tokens(
 
 
 @pytest.mark.asyncio
-async def test_a_failing_agent_ends_its_episode_truncated_and_tools_after_the_end_do_not_run(tiny_model_dir,
+async def test_a_failing_or_hanging_agent_ends_its_episode_truncated_and_tools_after_the_end_do_not_run(tiny_model_dir,
                                                                                           small_bundle):
     inner = TorchEngine(tiny_model_dir, seed=0)
     env = make_unwrapped("searchgym/SyntheticQA-v0", **{**ENV, "max_turns": 1})
@@ -86,12 +87,18 @@ async def test_a_failing_agent_ends_its_episode_truncated_and_tools_after_the_en
     async def broken(task, client):
         raise KeyError("oops")
 
+    async def hangs(task, client):
+        await asyncio.Event().wait()
+
     try:
         settings = WorkflowSettings(SamplingParams(max_new_tokens=4))
         traj = await AgentProgramWorkflow(over_budget, inner, inner.tokenizer, settings).arun_episode(env, seed=0)
         assert traj.truncated and len(traj.turns) == 1 and "episode is over" in seen[1]
         failed = await AgentProgramWorkflow(broken, inner, inner.tokenizer, settings).arun_episode(env, seed=0)
         assert failed.truncated and failed.stop_reason == "agent error: KeyError: 'oops'" and not failed.turns
+        stuck = AgentProgramWorkflow(hangs, inner, inner.tokenizer, settings, episode_timeout=0.5)
+        late = await stuck.arun_episode(env, seed=0)
+        assert late.truncated and late.stop_reason.startswith("agent timeout") and stuck._proxy is None
     finally:
         env.close()
         await inner.close()

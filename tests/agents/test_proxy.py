@@ -262,3 +262,32 @@ def test_linking_keeps_every_trained_token_after_exactly_its_prompt():
         assert [c["segment"] is None for c in traj.proxy_calls] == [not c.trainable for c in record.calls]
 
     check()
+
+
+@in_module_loop
+async def test_a_generation_aborted_by_a_pause_is_retried_by_the_client_and_only_the_retry_is_trained(proxied):
+    import asyncio
+
+    proxy, engine = proxied
+    record = proxy.open_episode()
+    client = openai.AsyncOpenAI(base_url=proxy.base_url(record.key), api_key="unused", max_retries=2)
+    await engine.inner.pause()  # a weight update is coming: the request waits
+    try:
+        reply = asyncio.ensure_future(client.chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": "Hello"}], max_tokens=4))
+        for _ in range(200):
+            if engine.inner.stats()["waiting"]:
+                break
+            await asyncio.sleep(0.01)
+        assert await engine.inner.abort(None) == 1  # ... and the trainer aborts what is in flight
+    finally:
+        await engine.inner.resume()
+    answered = await reply  # the 503 and its Retry-After made the client send the request again
+    await client.close()
+    assert answered.choices[0].message.content is not None
+    traj = Trajectory(task_id="t")
+    proxy.close_episode(record.key).link(traj)
+    assert [c["finish_reason"] for c in traj.proxy_calls] == ["abort", "length"]
+    assert traj.proxy_calls[0]["status"] == 503 and "aborted" in traj.proxy_calls[0]["untrainable"]
+    assert [c["segment"] for c in traj.proxy_calls] == [None, 0] and traj.generated_tokens == 4
+    assert check_against_engine(traj, engine.log) == 1

@@ -29,7 +29,7 @@ from searchgym.agents.server.core import ServedModel
 from searchgym.agents.server.openai_api import OpenAIAPI, error_body
 from searchgym.agents.server.wire import json_response
 from searchgym.agents.trajectory import Trajectory
-from searchgym.envs.tools.http_session import error_middleware, parse_json, read_body, serve_app
+from searchgym.envs.tools.http_session import BadRequest, error_middleware, serve_app
 
 DEFAULT_MODEL_NAME = "policy"
 REWRITE = "history rewritten"  # a segment's end when the next prompt does not extend it
@@ -283,7 +283,7 @@ class RecordingProxy:
         call = record.new_call()
         t0 = time.perf_counter()
         try:
-            body = parse_json(await read_body(request))  # aiohttp keeps the bytes: the handler reads them again
+            body, _ = await self.model.json_body(request)  # aiohttp keeps the bytes: the handler reads them again
             call.streamed = body.get("stream") is True
             call.untrainable = untrainable_reason(body, self.served_model_name, self.temperature)
             token = _CALL.set((record, call))
@@ -298,7 +298,7 @@ class RecordingProxy:
             call.untrainable = call.untrainable or "the client left before the answer"
             raise
         except Exception as e:  # InvalidRequest and BadRequest become 400s in the middleware
-            status = 400 if _is_bad_request(e) else 500
+            status = 400 if isinstance(e, BadRequest) else 500
             call.status, call.untrainable = status, f"refused ({status}): {e}"
             raise
         finally:
@@ -312,12 +312,6 @@ class RecordingProxy:
         """GET /ep/{episode}/v1/models: the one served model."""
         self._episode(request)
         return await self.api.models(request)
-
-
-def _is_bad_request(error: Exception) -> bool:
-    from searchgym.envs.tools.http_session import BadRequest
-
-    return isinstance(error, BadRequest)
 
 
 def _error(request: web.Request, status: int, message: str) -> web.Response:

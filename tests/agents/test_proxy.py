@@ -291,3 +291,21 @@ async def test_a_generation_aborted_by_a_pause_is_retried_by_the_client_and_only
     assert traj.proxy_calls[0]["status"] == 503 and "aborted" in traj.proxy_calls[0]["untrainable"]
     assert [c["segment"] for c in traj.proxy_calls] == [None, 0] and traj.generated_tokens == 4
     assert check_against_engine(traj, engine.log) == 1
+
+
+@in_module_loop
+async def test_junk_requests_are_4xx_in_openais_envelope_and_recorded(proxied):
+    import aiohttp
+
+    proxy, _ = proxied
+    record = proxy.open_episode()
+    url = proxy.base_url(record.key) + "/chat/completions"
+    async with aiohttp.ClientSession() as http:
+        for data in (b"{not json", b"[1, 2]", json.dumps({"model": NAME, "messages": "hi"}).encode(),
+                     json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x"}], "sise": 1}).encode()):
+            async with http.post(url, data=data, headers={"Content-Type": "application/json"}) as response:
+                body = await response.json()
+                assert response.status == 400 and body["error"]["type"] == "invalid_request_error", body
+    calls = proxy.close_episode(record.key).calls
+    assert [c.status for c in calls] == [400] * 4 and all(c.untrainable.startswith("refused (400)") for c in calls)
+    assert "sise" in calls[3].untrainable

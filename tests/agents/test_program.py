@@ -138,6 +138,11 @@ def test_eval_and_train_run_the_example_agent_program(tiny_model_dir, small_bund
     assert len(trained) == 2 * 2 * 2 and all(t.proxy_calls and t.generated_tokens > 0 for t in trained)
     assert all(t.stop_reason for t in trained)
     assert (tmp_path / "run" / "checkpoints" / "step-00002").is_dir()
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    metrics = [m for m in metrics if "trained_tokens" in m]
+    assert sum(m["trained_tokens"] for m in metrics) == sum(t.generated_tokens for t in trained)
+    # the learner's own log-probs of the proxy's tokens are the behaviour ones: no token was re-tokenized
+    assert all(abs(m["behav_weight_mean"] - 1.0) < 1e-2 for m in metrics)
 
 
 def test_agent_settings_are_refused_when_given_naming_the_setting(tiny_model_dir, tmp_path, capsys):

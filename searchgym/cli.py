@@ -349,6 +349,9 @@ def _eval_player(args: argparse.Namespace) -> str | None:
     if not is_agent_program(load_object(args.agent)):
         raise ValueError(f"--agent {args.agent}: expected an agent function `async def agent(task, client)`; "
                          f"a Workflow class goes to --workflow")
+    if args.engine.startswith("openai:"):
+        raise ValueError("--agent needs a token-level engine (a model directory or sglang:...): the recording proxy "
+                         "trains and records tokens, which an openai: endpoint does not give")
     return args.agent
 
 

@@ -154,6 +154,9 @@ def test_agent_settings_are_refused_when_given_naming_the_setting(tiny_model_dir
     assert "--agent and --workflow" in capsys.readouterr().err
     assert cli_main([*base, "--agent", "searchgym.agents.workflow:TokenWorkflow"]) == 2
     assert "a Workflow class goes to --workflow" in capsys.readouterr().err
+    base[base.index("--engine") + 1] = "openai:http://127.0.0.1:9/v1"
+    assert cli_main([*base, "--agent", f"{EXAMPLE}:agent"]) == 2
+    assert "token-level engine" in capsys.readouterr().err and not any(tmp_path.iterdir())
     with pytest.raises(ValueError, match="rollout.agent and rollout.workflow"):
         load_config(None, ["rollout.agent=a.py:agent", "rollout.workflow=b.py:W"])
     with pytest.raises(ValueError, match="rollout.agent must be"):

@@ -366,9 +366,30 @@ def _eval(args: argparse.Namespace) -> None:
     values = {name: getattr(args, name) for name in EVAL_FLAGS if getattr(args, name) is not None}
     if "labels" in values:
         values["labels"] = str(values["labels"])
+    player = _eval_player(args)  # --agent (an agent program) or --workflow (a Workflow class)
+    if player is not None:
+        values["workflow"] = player
     summary = run_eval(load_eval_settings(args.config, overrides, values), args.out)
     print((Path(args.out) / "summary.md").read_text())
     print(f"samples, summary.json, plots and report.html in {args.out} ({int(summary['metrics']['samples'])} samples)")
+
+
+def _eval_player(args: argparse.Namespace) -> str | None:
+    """What plays the episodes: `--agent` (an agent program's function) or `--workflow` (a Workflow class)."""
+    if args.agent is None:
+        return args.workflow
+    if args.workflow is not None:
+        raise ValueError("--agent and --workflow both name what plays the episodes: give one")
+    from searchgym.agents.program import is_agent_program
+    from searchgym.agents.workflow import load_object
+
+    if not is_agent_program(load_object(args.agent)):
+        raise ValueError(f"--agent {args.agent}: expected an agent function `async def agent(task, client)`; "
+                         f"a Workflow class goes to --workflow")
+    if args.engine.startswith("openai:"):
+        raise ValueError("--agent needs a token-level engine (a model directory or sglang:...): the recording proxy "
+                         "trains and records tokens, which an openai: endpoint does not give")
+    return args.agent
 
 
 def _eval_compare(args: argparse.Namespace) -> None:
@@ -518,6 +539,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chat model of the llm judge: openai:http://host/v1[:model], a model directory or sglang:...")
     p.add_argument("--workflow", default=None,
                    help="a custom Workflow class that plays the episodes: module:Class or path/to/file.py:Class")
+    p.add_argument("--agent", default=None,
+                   help="an agent program (openai client, through a recording proxy): module:function or file.py:function")
     p.add_argument("--out", type=Path, default=None,
                    help="output directory (rerun the command to resume); with compare: where compare.{json,md,html} go")
     p.add_argument("--labels", type=Path, default=None,

@@ -152,3 +152,16 @@ def _parse_json_call(body: str) -> tuple[str, str, str | None]:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return name, str(value), None
     return "", "", f"{name} needs an argument '{ARGUMENT_KEYS[name][0]}'"
+
+
+# the argument each searchgym tool takes: the first name the env's parser reads for it
+ARGUMENTS = {tool: keys[0] for tool, keys in ARGUMENT_KEYS.items()}
+
+
+def tool_call_action(tool: str, argument: object) -> str:
+    """`<tool_call>{"name": tool, "arguments": {...}}</tool_call>` for the env to parse, `<` escaped in the JSON
+    so no argument can close the block early; an unknown tool still makes an action (the env explains it)."""
+    key = ARGUMENTS.get(tool, "argument")
+    value = argument if isinstance(argument, str) else str(argument)
+    body = json.dumps({"name": tool, "arguments": {key: value}}, ensure_ascii=False)
+    return "<tool_call>" + body.replace("<", "\\u003c") + "</tool_call>"

@@ -37,7 +37,8 @@ from searchgym.agents.context import context_policy as make_context_policy
 from searchgym.agents.engines.open import open_engine, opened_engine
 from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.env_pool import EnvPool
-from searchgym.agents.workflow import Workflow, WorkflowSettings, build_workflow
+from searchgym.agents.program import build_player
+from searchgym.agents.workflow import Workflow, WorkflowSettings
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.jsonl_log import BadRow, JsonlLog
 from searchgym.envs.judges import (
@@ -345,7 +346,7 @@ async def _evaluate(todo, make_env, store: SampleStore, judge_spec: str, judge_m
         errors: list[BaseException] = []
         if todo:
             async with opened_engine(engine, device=device, seed=seed, tokenizer=tokenizer) as handle:
-                player = build_workflow(handle, workflow=workflow, settings=settings)
+                player = build_player(handle, workflow=workflow, settings=settings)  # a Workflow or an agent program
                 errors = await _play(todo, make_env, store, judge, player, concurrency=concurrency, seed=seed,
                                      progress=progress, total=total, failures=failures)
         return judge, errors

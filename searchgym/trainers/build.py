@@ -10,7 +10,8 @@ import torch
 from searchgym.agents.context import ContextPolicy, context_policy
 from searchgym.agents.engines.open import EngineHandle, open_engine
 from searchgym.agents.engines.types import SamplingParams
-from searchgym.agents.workflow import Workflow, WorkflowSettings, build_workflow, load_object
+from searchgym.agents.program import build_player
+from searchgym.agents.workflow import Workflow, WorkflowSettings, load_object
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.search_env import SearchEnv
 from searchgym.trainers.algorithm.learner import Learner
@@ -79,9 +80,12 @@ async def open_rollout_engine(rollout: RolloutConfig, model_dir: Path | str, *, 
 
 
 def rollout_workflow(rollout: RolloutConfig, handle: EngineHandle) -> Workflow:
-    """The run's workflow on its engine: `rollout.workflow` names a custom Workflow class; the env's own
-    `tool_format` decides the stop strings."""
-    return build_workflow(handle, workflow=rollout.workflow, settings=workflow_settings(rollout))
+    """The run's workflow on its engine: `rollout.workflow` names a custom Workflow class, `rollout.agent` an agent
+    program played through the recording proxy (agents/program.py); the env's own `tool_format` decides the stop
+    strings."""
+    if rollout.agent is not None and rollout.workflow is not None:
+        raise ValueError("rollout.agent and rollout.workflow both name what plays the episodes: set one")
+    return build_player(handle, workflow=rollout.agent or rollout.workflow, settings=workflow_settings(rollout))
 
 
 def build_controller(rollout: RolloutConfig, handle: EngineHandle, tasks: Sequence[str], *,

@@ -100,6 +100,7 @@ class RolloutConfig:
     summary_tokens: int = setting(256, at_least=1)  # the longest summary "summarise" asks for
     max_segments: int = setting(64, at_least=1)  # an episode needing more context segments ends truncated
     workflow: str | None = None  # a custom Workflow class, "module:Class" or "file.py:Class" (default: TokenWorkflow)
+    agent: str | None = None  # an agent program, "module:function" or "file.py:function" (agents/program.py)
     engine: str = setting("torch", choices=("torch", "sglang"))  # "torch": an in-process TorchEngine; "sglang": SGLang servers, weights synced via disk
     sglang_addresses: list[str] = field(default_factory=list)  # running servers ("host:port") for engine "sglang"
 
@@ -115,6 +116,10 @@ class RolloutConfig:
         if self.context_policy == "summarise" and self.summary_tokens * 2 > self.max_context:
             yield ("summary_tokens", f"must be at most half of rollout.max_context ({self.max_context}) so a "
                                      f"segment has room to summarise, got {self.summary_tokens}")
+        if self.agent is not None and self.workflow is not None:
+            yield ("agent", "rollout.agent and rollout.workflow both name what plays the episodes: set one")
+        if self.agent is not None and ":" not in self.agent:
+            yield ("agent", f"must be 'module:function' or 'file.py:function', got {self.agent!r}")
 
 
 @dataclass

@@ -162,3 +162,22 @@ def test_agent_settings_are_refused_when_given_naming_the_setting(tiny_model_dir
     with pytest.raises(ValueError, match="rollout.agent must be"):
         load_config(None, ["rollout.agent=agent"])
     assert load_config(None, [f"rollout.agent={EXAMPLE}:agent"]).rollout.agent == f"{EXAMPLE}:agent"
+
+
+def test_an_openai_agents_sdk_agent_is_evaluated_through_the_proxy_unmodified(tiny_model_dir, tmp_path):
+    """An agent written with the OpenAI Agents SDK (its Agent, function_tool and Runner) plays through the proxy:
+    every model call it makes is recorded token-exact in the episode's trajectory."""
+    pytest.importorskip("agents")
+    from searchgym.cli import main as cli_main
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "openai_agents_program.py"
+    out = tmp_path / "eval"
+    assert cli_main(["eval", "--env", "searchgym/SyntheticQA-v0", "--engine", str(tiny_model_dir), "--out", str(out),
+                     "--env-kwargs", json.dumps({**SMALL, "split": "test", "max_turns": 3}), "--k", "1",
+                     "--max-tasks", "2", "--max-new-tokens", "12", "--agent", f"{example}:agent"]) == 0
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    for row in rows:
+        traj = Trajectory.from_dict(row["trajectory"])
+        assert traj.proxy_calls and traj.generated_tokens > 0  # the SDK's calls went through the recording proxy
+        assert sum(traj.loss_mask) == traj.generated_tokens  # only the model's own tokens are trainable

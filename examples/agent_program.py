@@ -4,6 +4,7 @@ Evaluate it with `searchgym eval --agent examples/agent_program.py:agent ...` or
 `searchgym train rollout.agent=examples/agent_program.py:agent ...`: searchgym points `client` at a recording
 proxy in front of the policy, so every token the model writes here is trained on exactly (docs/agents.md).
 """
+
 from __future__ import annotations
 
 MAX_STEPS = 4  # model calls per episode (the reply length is the run's: --max-new-tokens, rollout.max_new_tokens)

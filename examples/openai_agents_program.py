@@ -6,6 +6,7 @@ which run on the env through `task.call_tool`, and the client, which searchgym p
     searchgym eval --env searchgym/SyntheticQA-v0 --engine MODEL_DIR --agent examples/openai_agents_program.py:agent
     searchgym train rollout.agent=examples/openai_agents_program.py:agent ...
 """
+
 from __future__ import annotations
 
 from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
@@ -28,7 +29,11 @@ async def agent(task, client) -> str:
         """Open a page from the search results; opening it again shows its next part."""
         return await task.call_tool("access", {"url": url})
 
-    searcher = Agent(name="searcher", instructions="Answer the question. Search, read pages, then reply with the answer.",
-                     tools=[search, access], model=OpenAIChatCompletionsModel(model=task.model, openai_client=client))
+    searcher = Agent(
+        name="searcher",
+        instructions="Answer the question. Search, read pages, then reply with the answer.",
+        tools=[search, access],
+        model=OpenAIChatCompletionsModel(model=task.model, openai_client=client),
+    )
     result = await Runner.run(searcher, task.question, max_turns=MAX_TURNS)
     return str(result.final_output or "")

@@ -16,6 +16,7 @@ log-probabilities are recomputed on exactly the tokens that were sampled. The lo
 Nothing from searchgym is imported: `gym.make("searchgym:...")` imports the package that registers the id.
 torch and transformers are imported after the arguments are parsed, so `--help` answers at once.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,17 +77,21 @@ def turn_suffix(tokenizer: PreTrainedTokenizerBase, obs: str, end_text: str) -> 
     The text is cut from the chat template rendered around a placeholder assistant message, so the
     sampled tokens are never re-tokenized (templates that rewrite past turns, like Qwen3's, work too).
     """
-    messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": PLACEHOLDER},
-                {"role": "user", "content": obs}]
+    messages = [
+        {"role": "user", "content": "?"},
+        {"role": "assistant", "content": PLACEHOLDER},
+        {"role": "user", "content": obs},
+    ]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    suffix = text[text.index(PLACEHOLDER) + len(PLACEHOLDER):]
+    suffix = text[text.index(PLACEHOLDER) + len(PLACEHOLDER) :]
     if end_text and suffix.startswith(end_text):  # the model already ended its turn with an eos token
-        suffix = suffix[len(end_text):]
+        suffix = suffix[len(end_text) :]
     return tokenizer(suffix, add_special_tokens=False)["input_ids"]
 
 
-def play(env: gym.Env, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, args: argparse.Namespace,
-         seed: int | None) -> Episode:
+def play(
+    env: gym.Env, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, args: argparse.Namespace, seed: int | None
+) -> Episode:
     """Play one episode: sample a turn, step the env with its text, append the observation, repeat."""
     import torch
 
@@ -94,8 +99,9 @@ def play(env: gym.Env, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBas
         return _play(env, model, tokenizer, args, seed)
 
 
-def _play(env: gym.Env, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, args: argparse.Namespace,
-          seed: int | None) -> Episode:
+def _play(
+    env: gym.Env, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, args: argparse.Namespace, seed: int | None
+) -> Episode:
     import torch
 
     obs, _ = env.reset(seed=seed)
@@ -106,10 +112,19 @@ def _play(env: gym.Env, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBa
     ret, turn = 0.0, 0
     for turn in range(1, args.max_turns + 1):  # turn is returned after the loop  # noqa: B007
         input_ids = torch.tensor([ids], device=args.device)
-        out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True,
-                             temperature=args.temperature, top_k=0, top_p=1.0, max_new_tokens=args.max_new_tokens,
-                             stop_strings=STOP_STRINGS, tokenizer=tokenizer, pad_token_id=tokenizer.pad_token_id)
-        new = out[0, input_ids.shape[1]:].tolist()  # exactly the sampled ids (batch of one: no padding)
+        out = model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            do_sample=True,
+            temperature=args.temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=args.max_new_tokens,
+            stop_strings=STOP_STRINGS,
+            tokenizer=tokenizer,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        new = out[0, input_ids.shape[1] :].tolist()  # exactly the sampled ids (batch of one: no padding)
         ids += new
         generated += [True] * len(new)
         end_text = tokenizer.decode(new[-1:]) if new and new[-1] in eos_ids else ""
@@ -178,12 +193,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if grad_norm > 0.0 and math.isfinite(grad_norm):
             optimizer.step()
 
-        row = {"iteration": iteration, "mean_reward": baseline, "loss": loss_total, "grad_norm": grad_norm,
-               "mean_turns": sum(e.turns for e in episodes) / len(episodes),
-               "generated_tokens": sum(sum(e.generated) for e in episodes), "seconds": time.perf_counter() - start}
+        row = {
+            "iteration": iteration,
+            "mean_reward": baseline,
+            "loss": loss_total,
+            "grad_norm": grad_norm,
+            "mean_turns": sum(e.turns for e in episodes) / len(episodes),
+            "generated_tokens": sum(sum(e.generated) for e in episodes),
+            "seconds": time.perf_counter() - start,
+        }
         stats.append(row)
-        print(f"iter {iteration:4d}  mean_reward {baseline:.3f}  loss {loss_total:+.4f}  grad_norm {grad_norm:.3f}  "
-              f"turns {row['mean_turns']:.2f}  tokens {row['generated_tokens']}  {row['seconds']:.1f}s", flush=True)
+        print(
+            f"iter {iteration:4d}  mean_reward {baseline:.3f}  loss {loss_total:+.4f}  grad_norm {grad_norm:.3f}  "
+            f"turns {row['mean_turns']:.2f}  tokens {row['generated_tokens']}  {row['seconds']:.1f}s",
+            flush=True,
+        )
 
     env.close()
     if args.save:

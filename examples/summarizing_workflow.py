@@ -4,7 +4,8 @@ ASearcher's reasoning agent does not paste a 10,000-character page part into its
 model to note what in the page bears on the question, and continues from that note. Here that is
 one `observe` override of the stock `TokenWorkflow`; training and evaluation run it unchanged:
 
-    searchgym train --config configs/train-cpu.yaml rollout.workflow=examples/summarizing_workflow.py:SummarizingWorkflow
+    searchgym train --config configs/train-cpu.yaml
+    rollout.workflow=examples/summarizing_workflow.py:SummarizingWorkflow
     searchgym eval --env searchgym/SyntheticQA-v0 --engine MODEL_DIR --out runs/eval-summaries \\
         --workflow examples/summarizing_workflow.py:SummarizingWorkflow
 
@@ -12,6 +13,7 @@ The summary is a separate generation (its own prompt, its own request id); the e
 sequence holds only the summary as the observation (loss mask 0), so the learner trains the policy's
 actions on exactly the context the policy acted in. The raw page part stays in the turn's record.
 """
+
 from __future__ import annotations
 
 import dataclasses

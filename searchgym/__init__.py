@@ -4,6 +4,7 @@
 benchmark suites); it imports nothing above `envs`, so it stays light.
 `gym.make(...)` then builds them.
 """
+
 from searchgym.envs.registration import register_envs
 
 __version__ = "0.1.0"

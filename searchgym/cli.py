@@ -1,4 +1,5 @@
 """The `searchgym` command: thin argument parsing that dispatches to the rooms."""
+
 from __future__ import annotations
 
 import argparse
@@ -36,7 +37,9 @@ def _index_build(args: argparse.Namespace) -> None:
         from searchgym.envs.tools.dense_index import DenseIndex
         from searchgym.envs.tools.encoders import Encoder
 
-        encoder = Encoder.preset(args.encoder, model=args.encoder_model) if args.encoder_model else Encoder(args.encoder)
+        encoder = (
+            Encoder.preset(args.encoder, model=args.encoder_model) if args.encoder_model else Encoder(args.encoder)
+        )
         index = DenseIndex.build(args.corpus, args.out, encoder=encoder, index_type=args.index_type, progress=True)
     else:
         index = LocalIndex.build(args.corpus, args.out, threads=args.threads, progress=True)
@@ -98,12 +101,31 @@ def _synthesize(args: argparse.Namespace) -> None:
         raise ValueError("--method agent needs --engine (openai:http://host/v1[:model] or a local model directory)")
     from searchgym.settings import load_settings
 
-    config = load_settings(QAConfig, values={"max_turns": args.max_turns, "k": args.k,
-                                             "max_solve_rate": args.max_solve_rate, "max_tokens": args.max_tokens})
-    report = synthesize(args.corpus, args.engine, args.n, args.out, judge_engine=args.judge_engine,
-                        concurrency=args.concurrency, seed=args.seed, config=config, max_seeds=args.max_seeds,
-                        progress=True, device=args.device)
-    print(json.dumps({k: report[k] for k in ("out", "accepted", "acceptance_rate", "rejections", "this_run")}, indent=2))
+    config = load_settings(
+        QAConfig,
+        values={
+            "max_turns": args.max_turns,
+            "k": args.k,
+            "max_solve_rate": args.max_solve_rate,
+            "max_tokens": args.max_tokens,
+        },
+    )
+    report = synthesize(
+        args.corpus,
+        args.engine,
+        args.n,
+        args.out,
+        judge_engine=args.judge_engine,
+        concurrency=args.concurrency,
+        seed=args.seed,
+        config=config,
+        max_seeds=args.max_seeds,
+        progress=True,
+        device=args.device,
+    )
+    print(
+        json.dumps({k: report[k] for k in ("out", "accepted", "acceptance_rate", "rejections", "this_run")}, indent=2)
+    )
 
 
 def _demos(args: argparse.Namespace) -> None:
@@ -125,8 +147,9 @@ def _sft(args: argparse.Namespace) -> None:
     from searchgym.settings import load_settings
     from searchgym.trainers.warm_start.sft import SFTConfig, load_demonstrations, sft
 
-    config = load_settings(SFTConfig, values={"epochs": args.epochs, "lr": args.lr, "batch_tokens": args.batch_tokens,
-                                              "seed": args.seed})
+    config = load_settings(
+        SFTConfig, values={"epochs": args.epochs, "lr": args.lr, "batch_tokens": args.batch_tokens, "seed": args.seed}
+    )
     history = sft(args.model, load_demonstrations(args.data), args.out, config, device=args.device)
     print(json.dumps({"steps": len(history), "final": history[-1], "out": str(args.out)}, indent=2))
 
@@ -166,39 +189,70 @@ def _serve_model(args: argparse.Namespace) -> None:
     from searchgym.agents.server import run_server
     from searchgym.envs.tools.server_limits import limits_from_args
 
-    run_server(args.model, host=args.host, port=args.port, device=args.device, context_length=args.context_length,
-               max_prompt_chars=args.max_prompt_chars, max_reply_tokens=args.max_reply_tokens,
-               limits=limits_from_args(args))
+    run_server(
+        args.model,
+        host=args.host,
+        port=args.port,
+        device=args.device,
+        context_length=args.context_length,
+        max_prompt_chars=args.max_prompt_chars,
+        max_reply_tokens=args.max_reply_tokens,
+        limits=limits_from_args(args),
+    )
 
 
 def _serve_search(args: argparse.Namespace) -> None:
     from searchgym.envs.tools.retrieval_server import run_server
     from searchgym.envs.tools.server_limits import limits_from_args
 
-    run_server(args.index, host=args.host, port=args.port, threads=args.threads, snippets=args.snippets,
-               max_queries=args.max_queries, max_docs=args.max_docs, max_reply_bytes=args.max_reply_bytes,
-               limits=limits_from_args(args))
+    run_server(
+        args.index,
+        host=args.host,
+        port=args.port,
+        threads=args.threads,
+        snippets=args.snippets,
+        max_queries=args.max_queries,
+        max_docs=args.max_docs,
+        max_reply_bytes=args.max_reply_bytes,
+        limits=limits_from_args(args),
+    )
 
 
 def _serve_env(args: argparse.Namespace) -> None:
     from searchgym.integrations.openenv import serve
 
-    print(f"serving {args.env_id} as an OpenEnv environment on http://{args.host}:{args.port} (WebSocket /ws)",
-          flush=True)
+    print(
+        f"serving {args.env_id} as an OpenEnv environment on http://{args.host}:{args.port} (WebSocket /ws)", flush=True
+    )
     from searchgym.envs.tools.server_limits import limits_from_args
 
-    serve(args.env_id, args.env_kwargs, host=args.host, port=args.port, max_sessions=args.max_sessions,
-          limits=limits_from_args(args), max_body_bytes=args.max_body_bytes,
-          session_idle_timeout=args.session_idle_timeout, action=args.action)
+    serve(
+        args.env_id,
+        args.env_kwargs,
+        host=args.host,
+        port=args.port,
+        max_sessions=args.max_sessions,
+        limits=limits_from_args(args),
+        max_body_bytes=args.max_body_bytes,
+        session_idle_timeout=args.session_idle_timeout,
+        action=args.action,
+    )
 
 
 def _serve_mcp(args: argparse.Namespace) -> None:
     from searchgym.envs.tools.server_limits import limits_from_args
     from searchgym.integrations.mcp_server import serve
 
-    serve(args.env_id, args.env_kwargs, transport=args.transport, host=args.host, port=args.port,
-          max_sessions=args.max_sessions, session_idle_timeout=args.session_idle_timeout,
-          limits=limits_from_args(args))
+    serve(
+        args.env_id,
+        args.env_kwargs,
+        transport=args.transport,
+        host=args.host,
+        port=args.port,
+        max_sessions=args.max_sessions,
+        session_idle_timeout=args.session_idle_timeout,
+        limits=limits_from_args(args),
+    )
 
 
 def _json_object(text: str) -> dict:
@@ -215,7 +269,11 @@ def _json_object(text: str) -> dict:
 def _bench_search(args: argparse.Namespace) -> None:
     from searchgym.bench.search import run_search_bench
 
-    print(json.dumps(run_search_bench(size=args.size, n_queries=args.queries, out=args.out, workdir=args.workdir), indent=2))
+    print(
+        json.dumps(
+            run_search_bench(size=args.size, n_queries=args.queries, out=args.out, workdir=args.workdir), indent=2
+        )
+    )
 
 
 def _tiny_model(args: argparse.Namespace) -> None:
@@ -235,8 +293,10 @@ def _tiny_model(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:  # a model that will be trained starts from a small init (0.02)
         fresh = build_tiny_model(Path(tmp) / "fresh", intermediate_size=3 * args.hidden, init_std=0.02, **sizes)
         history = copy_pretrain(fresh, args.out, copy)
-    print(f"tiny Qwen2 model written to {args.out}; copy accuracy after {args.copy_steps} copy-pretraining steps: "
-          f"{history[-1]['copy_accuracy']:.3f}")
+    print(
+        f"tiny Qwen2 model written to {args.out}; copy accuracy after {args.copy_steps} copy-pretraining steps: "
+        f"{history[-1]['copy_accuracy']:.3f}"
+    )
 
 
 def _bench_engine(args: argparse.Namespace) -> None:
@@ -247,13 +307,26 @@ def _bench_engine(args: argparse.Namespace) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or build_tiny_model(Path(tmp) / "tiny")
-        print(json.dumps(run_engine_bench(model, out=args.out, device=args.device, traffic=args.traffic,
-                                          episodes=args.episodes, turns=args.turns, turn_tokens=args.turn_tokens,
-                                          repeats=args.repeats, threads=args.threads), indent=2))
+        print(
+            json.dumps(
+                run_engine_bench(
+                    model,
+                    out=args.out,
+                    device=args.device,
+                    traffic=args.traffic,
+                    episodes=args.episodes,
+                    turns=args.turns,
+                    turn_tokens=args.turn_tokens,
+                    repeats=args.repeats,
+                    threads=args.threads,
+                ),
+                indent=2,
+            )
+        )
 
 
 def _int_list(text: str) -> list[int]:
-    """"0,1,2" -> [0, 1, 2] (for --staleness); anything else is argparse's clear error."""
+    """ "0,1,2" -> [0, 1, 2] (for --staleness); anything else is argparse's clear error."""
     try:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
@@ -264,8 +337,11 @@ def _bench_trainer(args: argparse.Namespace) -> None:
     from searchgym.bench.trainer import TrainerBenchConfig, run_trainer_bench_config
     from searchgym.settings import load_settings
 
-    flags = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()
-             if key not in ("command", "action", "run", "config", "overrides")}
+    flags = {
+        key: str(value) if isinstance(value, Path) else value
+        for key, value in vars(args).items()
+        if key not in ("command", "action", "run", "config", "overrides")
+    }
     config = load_settings(TrainerBenchConfig, getattr(args, "config", None), getattr(args, "overrides", ()), flags)
     print(json.dumps(run_trainer_bench_config(config), indent=2))
 
@@ -292,8 +368,15 @@ def _bench_reliability(args: argparse.Namespace) -> None:
 def _bench_scale_out(args: argparse.Namespace) -> None:
     from searchgym.bench.scale_out import run_scale_out
 
-    report = run_scale_out(args.out, size=args.size, shards=args.shards, clients=args.clients, seconds=args.seconds,
-                           rounds=args.rounds, world=args.world)
+    report = run_scale_out(
+        args.out,
+        size=args.size,
+        shards=args.shards,
+        clients=args.clients,
+        seconds=args.seconds,
+        rounds=args.rounds,
+        world=args.world,
+    )
     print(json.dumps({"startup_s": report["startup_s"], "summary": report["summary"]}, indent=2))
     print(f"written to {args.out}")
 
@@ -302,11 +385,15 @@ def _bench_load(args: argparse.Namespace) -> None:
     from searchgym.bench.load import markdown_table, run_load
 
     # a --quick smoke test never replaces the committed report that README and docs render
-    out = args.out or Path("results/bench_load_quick.json" if args.quick and not args.markdown else "results/bench_load.json")
+    out = args.out or Path(
+        "results/bench_load_quick.json" if args.quick and not args.markdown else "results/bench_load.json"
+    )
     if args.markdown:  # docs/reliability.md's load table is this output
         print(markdown_table(json.loads(out.read_text())), end="")
         return
-    quick: dict[str, Any] = {"clients": (20, 50), "rounds": 1, "idle": 50, "oversized_mb": 1.0, "header_timeout": 3.0} if args.quick else {}
+    quick: dict[str, Any] = (
+        {"clients": (20, 50), "rounds": 1, "idle": 50, "oversized_mb": 1.0, "header_timeout": 3.0} if args.quick else {}
+    )
     report = run_load(out, servers=tuple(args.servers.split(",")), **quick)
     print(markdown_table(report), end="")
     print(f"written to {out}")
@@ -327,7 +414,9 @@ def _train(args: argparse.Namespace) -> None:
         from searchgym.trainers.launchers.local import train
     history = train(config, resume=args.resume)
     last = history[-1] if history else {}
-    print(json.dumps({k: last[k] for k in sorted(last) if k.startswith("episode/") or k in ("loss", "version")}, indent=2))
+    print(
+        json.dumps({k: last[k] for k in sorted(last) if k.startswith("episode/") or k in ("loss", "version")}, indent=2)
+    )
 
 
 def _train_plan(config: Any, *, json_out: bool, gpu_memory_gib: float | None) -> None:
@@ -344,9 +433,25 @@ def _train_plan(config: Any, *, json_out: bool, gpu_memory_gib: float | None) ->
         raise PlanError(f"this plan does not fit: {plan.refusal}")
 
 
-EVAL_FLAGS = ("env", "engine", "k", "judge", "judge_model", "workflow", "labels", "env_kwargs", "max_tasks",
-              "concurrency", "temperature", "max_new_tokens", "max_context", "context_policy", "seed", "device",
-              "tokenizer")  # `searchgym eval`'s flags that are EvalSettings' fields
+EVAL_FLAGS = (
+    "env",
+    "engine",
+    "k",
+    "judge",
+    "judge_model",
+    "workflow",
+    "labels",
+    "env_kwargs",
+    "max_tasks",
+    "concurrency",
+    "temperature",
+    "max_new_tokens",
+    "max_context",
+    "context_policy",
+    "seed",
+    "device",
+    "tokenizer",
+)  # `searchgym eval`'s flags that are EvalSettings' fields
 
 
 def _eval(args: argparse.Namespace) -> None:
@@ -354,10 +459,19 @@ def _eval(args: argparse.Namespace) -> None:
         _eval_compare(args)
         return
     overrides = args.compare  # without `compare`, the positionals are dotted overrides (k=2 max_tasks=8)
-    missing = [flag for flag, value in (("--env", args.env or args.config), ("--engine", args.engine or args.config),
-                                        ("--out", args.out)) if value is None]
+    missing = [
+        flag
+        for flag, value in (
+            ("--env", args.env or args.config),
+            ("--engine", args.engine or args.config),
+            ("--out", args.out),
+        )
+        if value is None
+    ]
     if missing:
-        raise ValueError(f"eval needs {', '.join(missing)} (or compare finished runs: searchgym eval compare RUN_DIR...)")
+        raise ValueError(
+            f"eval needs {', '.join(missing)} (or compare finished runs: searchgym eval compare RUN_DIR...)"
+        )
     if args.allow_different:
         raise ValueError("--allow-different belongs to `searchgym eval compare RUN_DIR...`")
     from searchgym.eval.eval_settings import load_eval_settings
@@ -384,19 +498,25 @@ def _eval_player(args: argparse.Namespace) -> str | None:
     from searchgym.agents.workflow import load_object
 
     if not is_agent_program(load_object(args.agent)):
-        raise ValueError(f"--agent {args.agent}: expected an agent function `async def agent(task, client)`; "
-                         f"a Workflow class goes to --workflow")
+        raise ValueError(
+            f"--agent {args.agent}: expected an agent function `async def agent(task, client)`; "
+            f"a Workflow class goes to --workflow"
+        )
     if args.engine.startswith("openai:"):
-        raise ValueError("--agent needs a token-level engine (a model directory or sglang:...): the recording proxy "
-                         "trains and records tokens, which an openai: endpoint does not give")
+        raise ValueError(
+            "--agent needs a token-level engine (a model directory or sglang:...): the recording proxy "
+            "trains and records tokens, which an openai: endpoint does not give"
+        )
     return args.agent
 
 
 def _eval_compare(args: argparse.Namespace) -> None:
     action, *runs = args.compare
     if action != "compare":
-        raise ValueError(f"unknown eval action {action!r}: compare runs with `searchgym eval compare RUN_DIR RUN_DIR...`, "
-                         "or evaluate with --env, --engine and --out")
+        raise ValueError(
+            f"unknown eval action {action!r}: compare runs with `searchgym eval compare RUN_DIR RUN_DIR...`, "
+            "or evaluate with --env, --engine and --out"
+        )
     if args.env or args.engine or args.labels:
         raise ValueError("`searchgym eval compare` takes finished run directories, not --env/--engine/--labels")
     from searchgym.eval.compare import compare_runs, comparison_markdown, write_comparison
@@ -431,15 +551,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = index.add_parser("build", help="a tantivy BM25 (or, with --dense, faiss) index over a corpus JSONL")
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--threads", type=int, default=1,
-                   help="BM25 indexing threads (one writes one segment in corpus order: equal scores rank in corpus order)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="BM25 indexing threads (one writes one segment in corpus order: equal scores rank in corpus order)",
+    )
     p.add_argument("--dense", action="store_true", help="a faiss index of sentence embeddings instead (extra: dense)")
     p.add_argument("--encoder", default="minilm", help="dense encoder preset: minilm, e5 or bge")
     p.add_argument("--encoder-model", default=None, help="local model directory for the preset (e5/bge need one)")
     p.add_argument("--index-type", default="flat", help="dense index: flat, hnsw or ivf")
-    p.add_argument("--shards", type=positive_int, default=None,
-                   help="split the corpus by url into N BM25 indexes (OUT/shard-NN/index, OUT/shards.json): one "
-                        "`serve search` each, or LocalQA index=OUT searches them as one")
+    p.add_argument(
+        "--shards",
+        type=positive_int,
+        default=None,
+        help="split the corpus by url into N BM25 indexes (OUT/shard-NN/index, OUT/shards.json): one "
+        "`serve search` each, or LocalQA index=OUT searches them as one",
+    )
     p.set_defaults(run=_index_build)
 
     tasks = rooms.add_parser("tasks", help="task pools").add_subparsers(dest="action", required=True)
@@ -448,22 +576,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index", type=Path, help="its index (default WORLD/index, built if missing)")
     p.add_argument("--n", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fuzz", type=float, default=0.25, help="share of questions whose start entity is described, not named")
+    p.add_argument(
+        "--fuzz", type=float, default=0.25, help="share of questions whose start entity is described, not named"
+    )
     p.add_argument("--out", type=Path, required=True, help="tasks JSONL (an existing one is kept unless --overwrite)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     p.add_argument("--dataset", type=Path, help="also save as a `datasets` dataset in this directory")
     p.set_defaults(run=_tasks_build)
 
-    p = rooms.add_parser("synthesize", help="QA synthesis into a task pool: the LLM agent (FUZZ/INJECT + checks) or KB-walk")
+    p = rooms.add_parser(
+        "synthesize", help="QA synthesis into a task pool: the LLM agent (FUZZ/INJECT + checks) or KB-walk"
+    )
     p.add_argument("--method", choices=["agent", "kbwalk"], default="agent")
-    p.add_argument("--corpus", type=Path, required=True,
-                   help="agent: an index dir or corpus JSONL; kbwalk: a world dir from `searchgym world build`")
+    p.add_argument(
+        "--corpus",
+        type=Path,
+        required=True,
+        help="agent: an index dir or corpus JSONL; kbwalk: a world dir from `searchgym world build`",
+    )
     p.add_argument("--engine", help="reasoning model: openai:http://host:port/v1[:model] or a local model directory")
     p.add_argument("--judge-engine", help="judge model (same forms; default: --engine)")
     p.add_argument("--n", type=int, default=100, help="tasks wanted in the pool (a rerun resumes)")
-    p.add_argument("--out", type=Path, required=True,
-                   help="pool JSONL: the agent appends and resumes (OUT.progress.jsonl, OUT.summary.json); "
-                        "kbwalk writes it whole")
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="pool JSONL: the agent appends and resumes (OUT.progress.jsonl, OUT.summary.json); kbwalk writes it whole",
+    )
     p.add_argument("--overwrite", action="store_true", help="kbwalk: replace an existing --out pool")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
@@ -496,8 +635,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = rooms.add_parser("quickstart", help="world -> warm start -> async RL -> before/after evaluation, on a CPU")
     p.add_argument("--out", default=None, help="output directory (default runs/quickstart)")
-    p.add_argument("--config", type=Path, default=None,
-                   help="a quickstart YAML (default: the built-in settings, spelt out in configs/quickstart.yaml)")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="a quickstart YAML (default: the built-in settings, spelt out in configs/quickstart.yaml)",
+    )
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rl.steps=10 eval.k=2")
     p.set_defaults(run=_quickstart)
 
@@ -505,56 +648,106 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=int, default=10_000)
     p.add_argument("--episodes", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cache", type=Path, default=None, help="bundle cache (default $SEARCHGYM_CACHE or ~/.cache/searchgym)")
-    p.add_argument("--min-calls", type=int, default=None,
-                   help="show questions proven to need this many tool calls, played by the oracle")
+    p.add_argument(
+        "--cache", type=Path, default=None, help="bundle cache (default $SEARCHGYM_CACHE or ~/.cache/searchgym)"
+    )
+    p.add_argument(
+        "--min-calls",
+        type=int,
+        default=None,
+        help="show questions proven to need this many tool calls, played by the oracle",
+    )
     p.set_defaults(run=_demo)
 
     p = rooms.add_parser("train", help="asynchronous decoupled-PPO training (launcher: local or ray)")
     p.add_argument("--config", type=Path, default=None, help="a YAML config (see configs/)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from out_dir's latest checkpoint (same versions and data order); none: start fresh")
-    p.add_argument("--dry-run", action="store_true",
-                   help="start nothing: print the resource plan and a per-GPU memory estimate; exit 2 if it cannot fit")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from out_dir's latest checkpoint (same versions and data order); none: start fresh",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="start nothing: print the resource plan and a per-GPU memory estimate; exit 2 if it cannot fit",
+    )
     p.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
     p.add_argument("--gpu-memory-gib", type=float, default=None, help="with --dry-run: memory of one GPU (default 80)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-6 rollout.max_staleness=2")
     p.set_defaults(run=_train)
 
-    p = rooms.add_parser("eval", help="k judged samples per question: Avg@k, Pass@k, trajectories, report (resumable); "
-                                      "`eval compare RUN_DIR...` compares finished runs",
-                         usage="searchgym eval --env ID --engine SPEC --out DIR [options] [key=value ...]\n"
-                               "       searchgym eval compare RUN_DIR RUN_DIR... [--allow-different] [--out DIR] [--seed N]")
-    p.add_argument("compare", nargs="*", metavar="compare RUN_DIR | key=value",
-                   help="compare finished runs (the first is the baseline) instead of evaluating; refused when their "
-                        "protocol cards differ. Else dotted overrides of the eval's settings, e.g. k=2 max_tasks=8")
-    p.add_argument("--config", type=Path, default=None,
-                   help="a YAML of the eval's settings (EvalSettings: env, engine, k, ...); flags and overrides win")
+    p = rooms.add_parser(
+        "eval",
+        help="k judged samples per question: Avg@k, Pass@k, trajectories, report (resumable); "
+        "`eval compare RUN_DIR...` compares finished runs",
+        usage="searchgym eval --env ID --engine SPEC --out DIR [options] [key=value ...]\n"
+        "       searchgym eval compare RUN_DIR RUN_DIR... [--allow-different] [--out DIR] [--seed N]",
+    )
+    p.add_argument(
+        "compare",
+        nargs="*",
+        metavar="compare RUN_DIR | key=value",
+        help="compare finished runs (the first is the baseline) instead of evaluating; refused when their "
+        "protocol cards differ. Else dotted overrides of the eval's settings, e.g. k=2 max_tasks=8",
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="a YAML of the eval's settings (EvalSettings: env, engine, k, ...); flags and overrides win",
+    )
     p.add_argument("--env", default=None, help="a gym id, e.g. searchgym/HotpotQA-v0 or searchgym/SyntheticQA-v0")
-    p.add_argument("--engine", default=None,
-                   help="a model directory (TorchEngine), sglang:HOST:PORT[,HOST:PORT] or openai:http://host/v1[:model]")
+    p.add_argument(
+        "--engine",
+        default=None,
+        help="a model directory (TorchEngine), sglang:HOST:PORT[,HOST:PORT] or openai:http://host/v1[:model]",
+    )
     p.add_argument("--k", type=int, default=None, help="samples per question (default 4)")
     p.add_argument("--judge", default=None, help="comma list of em, f1, cover_em, llm (default: the suite's)")
-    p.add_argument("--judge-model", default=None,
-                   help="chat model of the llm judge: openai:http://host/v1[:model], a model directory or sglang:...")
-    p.add_argument("--workflow", default=None,
-                   help="a custom Workflow class that plays the episodes: module:Class or path/to/file.py:Class")
-    p.add_argument("--agent", default=None,
-                   help="an agent program (openai client, through a recording proxy): module:function or file.py:function")
-    p.add_argument("--out", type=Path, default=None,
-                   help="output directory (rerun the command to resume); with compare: where compare.{json,md,html} go")
-    p.add_argument("--labels", type=Path, default=None,
-                   help="human verdicts (CSV or JSONL: question id, prediction, verdict) each judge is scored against")
-    p.add_argument("--allow-different", action="store_true",
-                   help="compare: compare runs whose protocol cards differ, listing every differing field")
+    p.add_argument(
+        "--judge-model",
+        default=None,
+        help="chat model of the llm judge: openai:http://host/v1[:model], a model directory or sglang:...",
+    )
+    p.add_argument(
+        "--workflow",
+        default=None,
+        help="a custom Workflow class that plays the episodes: module:Class or path/to/file.py:Class",
+    )
+    p.add_argument(
+        "--agent",
+        default=None,
+        help="an agent program (openai client, through a recording proxy): module:function or file.py:function",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output directory (rerun the command to resume); with compare: where compare.{json,md,html} go",
+    )
+    p.add_argument(
+        "--labels",
+        type=Path,
+        default=None,
+        help="human verdicts (CSV or JSONL: question id, prediction, verdict) each judge is scored against",
+    )
+    p.add_argument(
+        "--allow-different",
+        action="store_true",
+        help="compare: compare runs whose protocol cards differ, listing every differing field",
+    )
     p.add_argument("--env-kwargs", type=_json_object, default=None, help="JSON kwargs for gym.make")
     p.add_argument("--max-tasks", type=int, default=None)
     p.add_argument("--concurrency", type=int, default=None, help="episodes in flight (default 32)")
     p.add_argument("--temperature", type=float, default=None, help="default 1.0")
     p.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default 1024)")
     p.add_argument("--max-context", type=int, default=None, help="tokens per episode (default 32768)")
-    p.add_argument("--context-policy", default=None, choices=("end", "fold", "summarise"),
-                   help="past --max-context: end the episode (default), fold old results, or have the model summarise")
+    p.add_argument(
+        "--context-policy",
+        default=None,
+        choices=("end", "fold", "summarise"),
+        help="past --max-context: end the episode (default), fold old results, or have the model summarise",
+    )
     p.add_argument("--seed", type=int, default=None, help="default 0")
     p.add_argument("--device", default=None, help="of a local model directory (default cpu)")
     p.add_argument("--tokenizer", default=None, help="tokenizer of sglang servers (default: the served model's)")
@@ -570,20 +763,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context-length", type=int, default=None, help="default: the model's")
     add_request_limit_flags(p)
     p.set_defaults(run=_serve_model)
-    p = serve.add_parser("search", help="a search index behind the Search-R1/ASearcher retrieval API (/retrieve, /access)")
+    p = serve.add_parser(
+        "search", help="a search index behind the Search-R1/ASearcher retrieval API (/retrieve, /access)"
+    )
     p.add_argument("--index", type=Path, required=True, help="an index directory from `searchgym index build`")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--threads", type=int, default=8, help="search threads (queries of a batch run concurrently)")
-    p.add_argument("--snippets", action="store_true",
-                   help="answer hits with query-focused snippets instead of whole documents (a request's \"snippet\" wins)")
-    p.add_argument("--max-queries", type=int, default=4096, metavar="N",  # retrieval_server.MAX_QUERIES (not imported:
-                   help="most queries one /retrieve request may hold; more is a 400 "  # the CLI stays light)
-                        "(default 4096, above the 2,560 Search-R1's training sends)")
-    p.add_argument("--max-docs", type=positive_int, default=16384, metavar="N",  # retrieval_server.MAX_DOCS
-                   help="most documents (queries x topk) one /retrieve reply may hold; more is a 400 (default 16384)")
-    p.add_argument("--max-reply-bytes", type=positive_int, default=64 * 2**20, metavar="N",
-                   help="longest encoded reply; a longer one is a 400 naming the fields to shrink (default 64 MiB)")
+    p.add_argument(
+        "--snippets",
+        action="store_true",
+        help='answer hits with query-focused snippets instead of whole documents (a request\'s "snippet" wins)',
+    )
+    p.add_argument(
+        "--max-queries",
+        type=int,
+        default=4096,
+        metavar="N",  # retrieval_server.MAX_QUERIES (not imported:
+        help="most queries one /retrieve request may hold; more is a 400 "  # the CLI stays light)
+        "(default 4096, above the 2,560 Search-R1's training sends)",
+    )
+    p.add_argument(
+        "--max-docs",
+        type=positive_int,
+        default=16384,
+        metavar="N",  # retrieval_server.MAX_DOCS
+        help="most documents (queries x topk) one /retrieve reply may hold; more is a 400 (default 16384)",
+    )
+    p.add_argument(
+        "--max-reply-bytes",
+        type=positive_int,
+        default=64 * 2**20,
+        metavar="N",
+        help="longest encoded reply; a longer one is a 400 naming the fields to shrink (default 64 MiB)",
+    )
     add_limit_flags(p)
     p.set_defaults(run=_serve_search)
     p = serve.add_parser("env", help="a registered env id as an OpenEnv environment server (needs searchgym[openenv])")
@@ -592,25 +805,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-sessions", type=positive_int, default=64, help="concurrent client sessions (one env each)")
-    p.add_argument("--session-idle-timeout", type=seconds, default=600.0, metavar="S",
-                   help="close a session whose client has sent nothing for S seconds, freeing its slot (default 600)")
-    p.add_argument("--max-body-bytes", type=positive_int, default=2**20, metavar="N",
-                   help="largest request body or WebSocket message; a larger body is a 413 (default 1 MiB)")
-    p.add_argument("--action", choices=("structured", "text"), default="structured",
-                   help="the action type: a tool call or a turn's text (SearchAction), or only the text (TextAction)")
+    p.add_argument(
+        "--session-idle-timeout",
+        type=seconds,
+        default=600.0,
+        metavar="S",
+        help="close a session whose client has sent nothing for S seconds, freeing its slot (default 600)",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=positive_int,
+        default=2**20,
+        metavar="N",
+        help="largest request body or WebSocket message; a larger body is a 413 (default 1 MiB)",
+    )
+    p.add_argument(
+        "--action",
+        choices=("structured", "text"),
+        default="structured",
+        help="the action type: a tool call or a turn's text (SearchAction), or only the text (TextAction)",
+    )
     add_limit_flags(p)
     p.set_defaults(run=_serve_env)
-    p = serve.add_parser("mcp", help="a registered env id's tools (start, search, access, answer) as an MCP server, "
-                                     "one episode per session (needs searchgym[mcp])")
+    p = serve.add_parser(
+        "mcp",
+        help="a registered env id's tools (start, search, access, answer) as an MCP server, "
+        "one episode per session (needs searchgym[mcp])",
+    )
     p.add_argument("env_id", help="e.g. searchgym/SyntheticQA-v0")
     p.add_argument("--env-kwargs", type=_json_object, default={}, help="JSON kwargs for gym.make")
-    p.add_argument("--transport", choices=("streamable-http", "stdio"), default="streamable-http",
-                   help="streamable-http: http://HOST:PORT/mcp; stdio: one session over stdin/stdout")
+    p.add_argument(
+        "--transport",
+        choices=("streamable-http", "stdio"),
+        default="streamable-http",
+        help="streamable-http: http://HOST:PORT/mcp; stdio: one session over stdin/stdout",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--max-sessions", type=positive_int, default=64, help="episodes open at once (one env each)")
-    p.add_argument("--session-idle-timeout", type=seconds, default=600.0, metavar="S",
-                   help="close an HTTP session with no request in flight for S seconds, and its env (default 600)")
+    p.add_argument(
+        "--session-idle-timeout",
+        type=seconds,
+        default=600.0,
+        metavar="S",
+        help="close an HTTP session with no request in flight for S seconds, and its env (default 600)",
+    )
     add_limit_flags(p)
     p.set_defaults(run=_serve_mcp)
 
@@ -621,8 +860,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--copy-steps", type=int, default=0,
-                   help="copy-pretraining steps (in-context copying, before SFT/RL; 600 learns it at --hidden 128)")
+    p.add_argument(
+        "--copy-steps",
+        type=int,
+        default=0,
+        help="copy-pretraining steps (in-context copying, before SFT/RL; 600 learns it at --hidden 128)",
+    )
     p.set_defaults(run=_tiny_model)
 
     bench = rooms.add_parser("bench", help="system benchmarks").add_subparsers(dest="action", required=True)
@@ -631,12 +874,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("results/bench_env.json"))
     p.add_argument("--workdir", type=Path, default=None, help="where to build the world (default: a temp dir)")
     p.set_defaults(run=_bench_env)
-    p = bench.add_parser("engine", help="TorchEngine tokens/s on multi-turn agent episodes (prefix reuse on, off, "
-                                        "batched model.generate) or single-turn requests vs a model.generate loop")
+    p = bench.add_parser(
+        "engine",
+        help="TorchEngine tokens/s on multi-turn agent episodes (prefix reuse on, off, "
+        "batched model.generate) or single-turn requests vs a model.generate loop",
+    )
     p.add_argument("--model", type=Path, default=None, help="model directory (default: a fresh tiny model)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--traffic", choices=["multiturn", "single", "both"], default="multiturn",
-                   help="multiturn: concurrent agent episodes; single: 1/8/64 one-turn requests (default multiturn)")
+    p.add_argument(
+        "--traffic",
+        choices=["multiturn", "single", "both"],
+        default="multiturn",
+        help="multiturn: concurrent agent episodes; single: 1/8/64 one-turn requests (default multiturn)",
+    )
     p.add_argument("--episodes", type=int, default=8, help="multiturn: concurrent episodes")
     p.add_argument("--turns", type=int, default=8, help="multiturn: turns per episode")
     p.add_argument("--turn-tokens", type=int, default=32, help="multiturn: tokens generated per turn")
@@ -644,22 +894,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
     p.add_argument("--out", type=Path, default=Path("results/bench_engine.json"))
     p.set_defaults(run=_bench_engine)
-    p = bench.add_parser("search", help="LocalIndex vs tantivy, bm25s, rank-bm25 (queries/s, recall@5, MRR); "
-                                        "retrieval server and envs over it vs in process")
+    p = bench.add_parser(
+        "search",
+        help="LocalIndex vs tantivy, bm25s, rank-bm25 (queries/s, recall@5, MRR); "
+        "retrieval server and envs over it vs in process",
+    )
     p.add_argument("--size", type=int, default=100_000, help="pages in the synthetic world")
     p.add_argument("--queries", type=int, default=2000, help="queries of each kind per measurement")
     p.add_argument("--out", type=Path, default=Path("results/bench_search.json"))
     p.add_argument("--workdir", type=Path, default=None, help="where to build the world (default: a temp dir)")
     p.set_defaults(run=_bench_search)
-    p = bench.add_parser("trainer", help="async vs sync RL on heavy-tailed agent episodes: the staleness sweep, "
-                                         "trained tokens/s at steady state and final reward",
-                         argument_default=argparse.SUPPRESS)  # only the flags given become values
+    p = bench.add_parser(
+        "trainer",
+        help="async vs sync RL on heavy-tailed agent episodes: the staleness sweep, "
+        "trained tokens/s at steady state and final reward",
+        argument_default=argparse.SUPPRESS,
+    )  # only the flags given become values
     p.add_argument("--steps", type=int, help="learner steps per run")
     p.add_argument("--warmup-steps", type=int, help="steps left out of the steady-state throughput")
     p.add_argument("--final-steps", type=int, help="last steps whose episodes give the final reward")
     p.add_argument("--rounds", type=int, help="passes over the sweep, alternately forwards and backwards")
-    p.add_argument("--staleness", type=_int_list,
-                   help="staleness bounds to sweep, comma-separated (0: the synchronous baseline, required)")
+    p.add_argument(
+        "--staleness",
+        type=_int_list,
+        help="staleness bounds to sweep, comma-separated (0: the synchronous baseline, required)",
+    )
     p.add_argument("--headline-staleness", type=int, help="the bound the headline speedup quotes")
     p.add_argument("--size", type=int, help="pages in the synthetic world")
     p.add_argument("--n-tasks", type=int)
@@ -676,10 +935,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--turn-tokens-max", type=int, help="most tokens one turn generates")
     p.add_argument("--episode-tokens-min", type=int, help="fewest tokens an episode generates")
     p.add_argument("--episode-tokens-max", type=int, help="most tokens an episode generates")
-    p.add_argument("--tail-share", type=float,
-                   help="share of episodes that play exactly --turns-max turns (a long tail on purpose)")
-    p.add_argument("--context-policy", choices=("end", "fold", "summarise"),
-                   help="what an episode does when its context is full (rollout.context_policy)")
+    p.add_argument(
+        "--tail-share",
+        type=float,
+        help="share of episodes that play exactly --turns-max turns (a long tail on purpose)",
+    )
+    p.add_argument(
+        "--context-policy",
+        choices=("end", "fold", "summarise"),
+        help="what an episode does when its context is full (rollout.context_policy)",
+    )
     p.add_argument("--latency-ms", type=float, help="median tool latency")
     p.add_argument("--latency-alpha", type=float, help="Pareto tail index (smaller: heavier tail)")
     p.add_argument("--latency-max-s", type=float, help="cap on one tool call's latency")
@@ -689,41 +954,72 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, help="a YAML of these settings (TrainerBenchConfig); flags and overrides win")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. steps=3 staleness=[0,4]")
     p.set_defaults(run=_bench_trainer)
-    p = bench.add_parser("learner", help="learner peak memory and step time against trajectory length (1k to 32k "
-                                         "tokens, 151,936 vocabulary): chunked loss head vs whole logits")
+    p = bench.add_parser(
+        "learner",
+        help="learner peak memory and step time against trajectory length (1k to 32k "
+        "tokens, 151,936 vocabulary): chunked loss head vs whole logits",
+    )
     from searchgym.bench.learner_memory import add_arguments as learner_arguments
+
     learner_arguments(p)
     p.set_defaults(run=_bench_learner)
-    p = bench.add_parser("learning", help="warm start vs async RL (and sync RL) over seeds: held-out gain per hop "
-                                          "count with a hierarchical bootstrap interval")
+    p = bench.add_parser(
+        "learning",
+        help="warm start vs async RL (and sync RL) over seeds: held-out gain per hop "
+        "count with a hierarchical bootstrap interval",
+    )
     p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds; finished ones are reused")
-    p.add_argument("--preset", default="headroom",
-                   help="headroom (demos on 1-hop and a tenth of the rest, RL on 1- and 2-hop) or quickstart")
+    p.add_argument(
+        "--preset",
+        default="headroom",
+        help="headroom (demos on 1-hop and a tenth of the rest, RL on 1- and 2-hop) or quickstart",
+    )
     p.add_argument("--out", type=Path, default=Path("results/bench_learning.json"))
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. rl.steps=20 out_dir=runs/bench_learning")
     p.set_defaults(run=_bench_learning)
-    p = bench.add_parser("reliability", help="issue 15's fault classes with fixed seeds (SSRF forms, agent turns, "
-                                             "web pages, server bodies, damaged caches, kills): crashes and items lost")
+    p = bench.add_parser(
+        "reliability",
+        help="issue 15's fault classes with fixed seeds (SSRF forms, agent turns, "
+        "web pages, server bodies, damaged caches, kills): crashes and items lost",
+    )
     p.add_argument("--seed", type=int, default=15)
     p.add_argument("--n", type=int, default=200, help="forms per fuzzed class")
     p.add_argument("--no-kills", action="store_true", help="skip the kill-and-resume drills (subprocesses, minutes)")
     p.add_argument("--workdir", type=Path, default=None, help="where the drills write (default: a temp dir)")
     p.add_argument("--out", type=Path, default=Path("results/reliability.json"))
-    p.add_argument("--markdown", choices=["readme", "docs"], default=None,
-                   help="only print README's (short) or docs/reliability.md's table of the existing --out report")
-    p.add_argument("--load", type=Path, default=Path("results/bench_load.json"),
-                   help="the `bench load` report README's table also renders (when it exists)")
+    p.add_argument(
+        "--markdown",
+        choices=["readme", "docs"],
+        default=None,
+        help="only print README's (short) or docs/reliability.md's table of the existing --out report",
+    )
+    p.add_argument(
+        "--load",
+        type=Path,
+        default=Path("results/bench_load.json"),
+        help="the `bench load` report README's table also renders (when it exists)",
+    )
     p.set_defaults(run=_bench_reliability)
-    p = bench.add_parser("load", help="serve model, search and env at 50, 200 and 1,000 clients beside 1,000 idle "
-                                      "sockets and one oversized request: items/s, p50/p99, errors, RSS, fds")
+    p = bench.add_parser(
+        "load",
+        help="serve model, search and env at 50, 200 and 1,000 clients beside 1,000 idle "
+        "sockets and one oversized request: items/s, p50/p99, errors, RSS, fds",
+    )
     p.add_argument("--servers", default="model,search,env", help="comma-separated: model, search, env")
     p.add_argument("--quick", action="store_true", help="a smoke test: 20 and 50 clients, 50 idle sockets, 1 MB")
-    p.add_argument("--out", type=Path, default=None,
-                   help="default results/bench_load.json (--quick: results/bench_load_quick.json)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="default results/bench_load.json (--quick: results/bench_load_quick.json)",
+    )
     p.add_argument("--markdown", action="store_true", help="only print docs/reliability.md's table of --out")
     p.set_defaults(run=_bench_load)
-    p = bench.add_parser("scale-out", help="one retrieval server against N shard servers on a 1,000,000-page world: "
-                                           "start-up, queries/s, p99 and errors at 1,000 clients, side by side")
+    p = bench.add_parser(
+        "scale-out",
+        help="one retrieval server against N shard servers on a 1,000,000-page world: "
+        "start-up, queries/s, p99 and errors at 1,000 clients, side by side",
+    )
     p.add_argument("--size", type=positive_int, default=1_000_000, help="pages in the synthetic world")
     p.add_argument("--shards", type=positive_int, default=4)
     p.add_argument("--clients", type=positive_int, default=1000)

@@ -1,4 +1,5 @@
 """The main job for now: build the default world, then watch agents play SyntheticQA episodes."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,8 +18,9 @@ from searchgym.world.mincalls import PROOF_ENV, ensure_min_calls_pool, parse_min
 from searchgym.world.oracle import OracleAgent
 
 
-def run_demo(*, size: int, episodes: int, seed: int = 0, cache_dir: str | os.PathLike | None = None,
-             min_calls: int | None = None) -> None:
+def run_demo(
+    *, size: int, episodes: int, seed: int = 0, cache_dir: str | os.PathLike | None = None, min_calls: int | None = None
+) -> None:
     """Print the build report, a few oracle episodes turn by turn, and a baseline's success rate; with
     `min_calls`, the oracle's play of questions proven to need that many tool calls instead."""
     if min_calls is not None:
@@ -53,8 +55,10 @@ async def _play(pool: TaskPool, index: LocalIndex, episodes: int) -> None:
         await env.areset(options={"task_id": task.id})
         rewards.append(await baseline.arun(env, task.question))
     print("\n" + "=" * 100)
-    print(f"baseline 'search the question once, answer the top title' on {n} test tasks: "
-          f"exact match {sum(rewards) / max(n, 1):.3f}; the oracle that walks the path scores 1.0 by construction")
+    print(
+        f"baseline 'search the question once, answer the top title' on {n} test tasks: "
+        f"exact match {sum(rewards) / max(n, 1):.3f}; the oracle that walks the path scores 1.0 by construction"
+    )
     env.close()
 
 
@@ -62,16 +66,20 @@ def _show_min_calls(bundle: Path, min_calls: int, episodes: int) -> None:
     """Questions whose proof says no play of fewer than `min_calls` calls observes the answer, played by the oracle."""
     path = ensure_min_calls_pool(bundle, min_calls, episodes, progress=True)
     report = json.loads(path.with_suffix(".report.json").read_text())
-    print(f"min_calls={min_calls} pool: {report['accepted']} questions from {report['candidates']} candidates; "
-          f"proven minima of the candidates: {report['proven_minima']}")
+    print(
+        f"min_calls={min_calls} pool: {report['accepted']} questions from {report['candidates']} candidates; "
+        f"proven minima of the candidates: {report['proven_minima']}"
+    )
     pool = TaskPool.from_jsonl(path)
     env = SearchEnv(pool, open_index(bundle), judge="em", max_turns=min_calls + 2, **PROOF_ENV)
     for task in list(pool)[:episodes]:
         proof = task.metadata["min_calls_proof"]
         print("\n" + "=" * 100)
         print(f"task {task.id} ({task.metadata['hops']} hops): {task.question}")
-        print(f"proof: min_calls={proof['min_calls']}; {proof['explored_calls']} calls explored, none of fewer "
-              f"calls observes the answer.\n  queries: {proof['queries']}\n  urls: {proof['urls']}")
+        print(
+            f"proof: min_calls={proof['min_calls']}; {proof['explored_calls']} calls explored, none of fewer "
+            f"calls observes the answer.\n  queries: {proof['queries']}\n  urls: {proof['urls']}"
+        )
         result = asyncio.run(OracleAgent(think=False).arun(env, task))
         for i, turn in enumerate(result.turns, 1):
             print(f"--- turn {i} agent: {turn['action']}")

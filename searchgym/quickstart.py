@@ -25,6 +25,7 @@ Measured with these defaults on 2 cores: 10 minutes end to end. The RL gain of o
 established: one run gained +0.087 held-out F1, two later ones gained amounts indistinguishable from
 zero (docs/benchmarks.md, Quickstart).
 """
+
 from __future__ import annotations
 
 import json
@@ -47,7 +48,9 @@ from searchgym.pipeline.stages import (
 )
 from searchgym.trainers.warm_start.sft import sft
 
-BENCHMARK = "docs/benchmarks.md#learning"  # `searchgym bench learning`: the gain over seeds (one quickstart run is one draw)
+BENCHMARK = (
+    "docs/benchmarks.md#learning"  # `searchgym bench learning`: the gain over seeds (one quickstart run is one draw)
+)
 POLICIES = ("warm start (SFT)", "warm start + async RL")  # the compared runs' names, in eval-sft, eval-rl order
 
 
@@ -79,8 +82,9 @@ def _run_stages(config: QuickstartConfig, *, progress: bool) -> dict[str, Any]:
     chats = make_demos(env, train_tasks[:cut], out / "demos.jsonl", question_query=config.demos.question_query)
     lap("demos")
 
-    base, copy_history = build_base_model(env, chats, out, config.model, config.copy, seed=config.seed,
-                                          progress=progress)
+    base, copy_history = build_base_model(
+        env, chats, out, config.model, config.copy, seed=config.seed, progress=progress
+    )
     lap("base model")
     warm = out / "sft-model"
     sft_history = sft(base, chats, warm, config.sft, progress=progress)
@@ -88,25 +92,55 @@ def _run_stages(config: QuickstartConfig, *, progress: bool) -> dict[str, Any]:
 
     rl = config.rl
     rl_tasks = [task.id for task in train_tasks[cut:]] or None  # all of them when every task was demonstrated
-    history = run_rl(rl, warm, out / "rl", env_id=config.env.id, env_kwargs=config.env.kwargs, tasks=rl_tasks,
-                     seed=config.seed, progress=progress)
+    history = run_rl(
+        rl,
+        warm,
+        out / "rl",
+        env_id=config.env.id,
+        env_kwargs=config.env.kwargs,
+        tasks=rl_tasks,
+        seed=config.seed,
+        progress=progress,
+    )
     lap("rl")
 
-    before = evaluate_policy(warm, out / "eval-sft", config.eval, env_id=config.env.id, env_kwargs=test_kwargs,
-                             seed=config.seed, progress=progress)
-    after = evaluate_policy(out / "rl" / "checkpoints" / f"step-{rl.steps:05d}", out / "eval-rl", config.eval,
-                            env_id=config.env.id, env_kwargs=test_kwargs, seed=config.seed, progress=progress)
+    before = evaluate_policy(
+        warm,
+        out / "eval-sft",
+        config.eval,
+        env_id=config.env.id,
+        env_kwargs=test_kwargs,
+        seed=config.seed,
+        progress=progress,
+    )
+    after = evaluate_policy(
+        out / "rl" / "checkpoints" / f"step-{rl.steps:05d}",
+        out / "eval-rl",
+        config.eval,
+        env_id=config.env.id,
+        env_kwargs=test_kwargs,
+        seed=config.seed,
+        progress=progress,
+    )
     comparison = compare_policies(out, seed=config.seed)
     gain = next(d for d in comparison["deltas"] if d["metric"] == "reward")
     lap("evaluate")
 
     table = {run["name"]: run["metrics"] for run in comparison["runs"]}
-    summary = {"table": table, "rl_gain": gain, "rl_gain_significant": bool(gain.get("significant")),
-               "benchmark": BENCHMARK, "comparison": str(out / "compare" / "compare.html"),
-               "timings_s": timings, "demos": len(chats),
-               "copy_accuracy": copy_history[-1]["copy_accuracy"] if copy_history else None, "sft_steps": len(sft_history),
-               "rl_steps": len(history), "env": {"id": config.env.id, "kwargs": config.env.kwargs},
-               "out_dir": str(out)}
+    summary = {
+        "table": table,
+        "rl_gain": gain,
+        "rl_gain_significant": bool(gain.get("significant")),
+        "benchmark": BENCHMARK,
+        "comparison": str(out / "compare" / "compare.html"),
+        "timings_s": timings,
+        "demos": len(chats),
+        "copy_accuracy": copy_history[-1]["copy_accuracy"] if copy_history else None,
+        "sft_steps": len(sft_history),
+        "rl_steps": len(history),
+        "env": {"id": config.env.id, "kwargs": config.env.kwargs},
+        "out_dir": str(out),
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     report = format_table(table, config.eval.k) + "\n\n" + format_gain(gain) + "\n\n" + format_scope(gain)
     (out / "summary.md").write_text(report + "\n")
@@ -128,38 +162,55 @@ def compare_policies(out: Path, *, seed: int = 0) -> dict[str, Any]:
 def format_gain(gain: dict[str, float]) -> str:
     """One line on whether RL helped, with its interval (paired by question, from `eval compare`)."""
     verdict = "the interval excludes zero" if gain.get("significant") else "not distinguishable from zero"
-    return (f"RL gain in held-out reward: {gain['gain']:+.3f} (95% bootstrap interval over {gain['tasks']} tasks "
-            f"{gain['ci95_low']:+.3f} to {gain['ci95_high']:+.3f}, {verdict}; {gain['tasks_better']} tasks better, "
-            f"{gain['tasks_worse']} worse; side by side in compare/compare.html)")
+    return (
+        f"RL gain in held-out reward: {gain['gain']:+.3f} (95% bootstrap interval over {gain['tasks']} tasks "
+        f"{gain['ci95_low']:+.3f} to {gain['ci95_high']:+.3f}, {verdict}; {gain['tasks_better']} tasks better, "
+        f"{gain['tasks_worse']} worse; side by side in compare/compare.html)"
+    )
 
 
 def format_scope(gain: dict[str, Any]) -> str:
     """What this one run can and cannot show, and where the multi-seed figure is."""
     if gain.get("significant"):
-        verdict = (f"In this run the gain is significant (its paired 95% interval excludes zero, "
-                   f"{'above' if gain['ci95_low'] > 0 else 'below'} it).")
+        verdict = (
+            f"In this run the gain is significant (its paired 95% interval excludes zero, "
+            f"{'above' if gain['ci95_low'] > 0 else 'below'} it)."
+        )
     else:
         verdict = "In this run the gain is not significant (its paired 95% interval includes zero)."
-    return (f"{verdict} This is one seed: the warm start and evaluation repeat bit for bit with the same seed, "
-            f"async RL varies with timing. For the gain over seeds run `searchgym bench learning --preset quickstart` "
-            f"(method and figures: {BENCHMARK}).")
+    return (
+        f"{verdict} This is one seed: the warm start and evaluation repeat bit for bit with the same seed, "
+        f"async RL varies with timing. For the gain over seeds run `searchgym bench learning --preset quickstart` "
+        f"(method and figures: {BENCHMARK})."
+    )
 
 
 def format_table(table: dict[str, dict[str, float]], k: int) -> str:
     """The before/after table in markdown."""
-    columns = [(f"avg@{k}/reward", "F1 (avg@k)"), (f"avg@{k}/correct", "EM (avg@k)"),
-               (f"pass@{k}/correct", "EM (pass@k)"), ("answered", "answered"), ("turns", "turns"),
-               ("searches", "searches")]
-    lines = ["| policy | " + " | ".join(name for _, name in columns) + " |",
-             "|---|" + "---|" * len(columns)]
+    columns = [
+        (f"avg@{k}/reward", "F1 (avg@k)"),
+        (f"avg@{k}/correct", "EM (avg@k)"),
+        (f"pass@{k}/correct", "EM (pass@k)"),
+        ("answered", "answered"),
+        ("turns", "turns"),
+        ("searches", "searches"),
+    ]
+    lines = ["| policy | " + " | ".join(name for _, name in columns) + " |", "|---|" + "---|" * len(columns)]
     for policy, row in table.items():
-        lines.append(f"| {policy} | " + " | ".join(f"{row[key]:.3f}" if key.startswith(("avg", "pass", "answered"))
-                                                   else f"{row[key]:.2f}" for key, _ in columns) + " |")
+        lines.append(
+            f"| {policy} | "
+            + " | ".join(
+                f"{row[key]:.3f}" if key.startswith(("avg", "pass", "answered")) else f"{row[key]:.2f}"
+                for key, _ in columns
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
-def plot_reward_curve(history: list[dict[str, float]], before: dict[str, float], after: dict[str, float], k: int,
-                      path: Path) -> None:
+def plot_reward_curve(
+    history: list[dict[str, float]], before: dict[str, float], after: dict[str, float], k: int, path: Path
+) -> None:
     """Training reward per learner step, with the held-out reward before and after as reference lines."""
     import matplotlib
 
@@ -173,7 +224,7 @@ def plot_reward_curve(history: list[dict[str, float]], before: dict[str, float],
     window = min(10, len(rewards))
     if window > 1:
         smooth = np.convolve(rewards, np.ones(window) / window, mode="valid")
-        ax.plot(steps[window - 1:], smooth, linewidth=2, label=f"{window}-step running mean")
+        ax.plot(steps[window - 1 :], smooth, linewidth=2, label=f"{window}-step running mean")
     ax.axhline(before[f"avg@{k}/reward"], color="grey", linestyle="--", label="held-out, warm start")
     ax.axhline(after[f"avg@{k}/reward"], color="green", linestyle="--", label="held-out, after RL")
     ax.set_xlabel("learner step (weight version)")

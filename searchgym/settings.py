@@ -7,6 +7,7 @@ keys and wrong types are refused naming the key and its source; then each field'
 run over the nested dataclasses, and a refusal names the dotted key (`rl.mode` inside a quickstart config).
 Only the standard library and OmegaConf (with its PyYAML): any floor may use it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,12 +26,28 @@ T = TypeVar("T")
 _CHECKS = ("at_least", "above", "at_most", "below", "choices")
 
 
-def setting(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
-            at_least: float | None = None, above: float | None = None, at_most: float | None = None,
-            below: float | None = None, choices: tuple[Any, ...] | None = None) -> Any:
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    default_factory: Any = dataclasses.MISSING,
+    at_least: float | None = None,
+    above: float | None = None,
+    at_most: float | None = None,
+    below: float | None = None,
+    choices: tuple[Any, ...] | None = None,
+) -> Any:
     """A dataclass field with its checks declared once (a None value skips the range checks: null means off)."""
-    metadata = {name: value for name, value in (("at_least", at_least), ("above", above), ("at_most", at_most),
-                                                 ("below", below), ("choices", choices)) if value is not None}
+    metadata = {
+        name: value
+        for name, value in (
+            ("at_least", at_least),
+            ("above", above),
+            ("at_most", at_most),
+            ("below", below),
+            ("choices", choices),
+        )
+        if value is not None
+    }
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -75,9 +92,15 @@ def check_settings(settings: Any, prefix: str = "") -> None:
         raise ValueError(problem)
 
 
-def load_settings(cls: type[T], path: str | os.PathLike | None = None, overrides: Iterable[str] = (),
-                  values: Mapping[str, Any] | None = None, *, base: T | None = None,
-                  values_source: str = "the command's flags") -> T:
+def load_settings(
+    cls: type[T],
+    path: str | os.PathLike | None = None,
+    overrides: Iterable[str] = (),
+    values: Mapping[str, Any] | None = None,
+    *,
+    base: T | None = None,
+    values_source: str = "the command's flags",
+) -> T:
     """Defaults (`base`, else `cls()`), then the file at `path`, then `values`, then dotted overrides; checked.
 
     Unknown keys and wrong types name the key and where it came from (the file, the flags, the override);
@@ -91,8 +114,12 @@ def load_settings(cls: type[T], path: str | os.PathLike | None = None, overrides
     for override in overrides:
         if "=" not in override:
             raise ValueError(f"{override}: an override is key=value, e.g. steps=10 (from override {override!r})")
-        merged = _merge(merged, functools.partial(OmegaConf.from_dotlist, [override]), f"override {override!r}",
-                        key=override.partition("=")[0].strip())
+        merged = _merge(
+            merged,
+            functools.partial(OmegaConf.from_dotlist, [override]),
+            f"override {override!r}",
+            key=override.partition("=")[0].strip(),
+        )
     try:
         settings: T = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as e:  # e.g. a required value never given

@@ -1,4 +1,5 @@
 """Shared fixtures: a private bundle cache for the whole run, and a small built world."""
+
 import contextlib
 import os
 import tempfile

@@ -5,6 +5,7 @@ module's `serving(...)`). A test that blocks its loop (sync `env.step`, `gym.mak
 server in another thread: `with ThreadServer.app(app) as url`, or `ThreadServer(lambda: serving(...))` for
 any async context manager that yields a base URL.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,7 +23,9 @@ from searchgym.envs.tools.http_session import serve_app
 # any JSON value, small and nested: what the property tests put where a server expects a field
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=12)
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=12,
+)
 
 
 def free_port() -> int:

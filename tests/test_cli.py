@@ -1,4 +1,5 @@
 """The `searchgym` command, run in-process the way a user runs it from a shell."""
+
 import json
 
 import pytest
@@ -14,7 +15,12 @@ def test_world_index_tasks_pipeline(tmp_path, capsys):
     assert main(["index", "build", "--corpus", str(world / "corpus.jsonl"), "--out", str(world / "index")]) == 0
     assert "indexed 300 documents" in capsys.readouterr().out
     out = tmp_path / "tasks.jsonl"
-    assert main(["tasks", "build", "--world", str(world), "--n", "40", "--out", str(out), "--dataset", str(tmp_path / "ds")]) == 0
+    assert (
+        main(
+            ["tasks", "build", "--world", str(world), "--n", "40", "--out", str(out), "--dataset", str(tmp_path / "ds")]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["accepted"] == 40 and report["oracle_solve_rate_by_hops"]
     pool = TaskPool.load(out)
@@ -67,8 +73,24 @@ def test_demos_then_sft(tmp_path, capsys, small_bundle, tiny_model_dir, one_torc
         assert actions[-1].tool == "answer" and actions[-1].argument in task.answers
 
     out = tmp_path / "sft"
-    assert main(["sft", "--data", str(demos), "--model", str(tiny_model_dir), "--out", str(out),
-                 "--epochs", "0.1", "--batch-tokens", "4096"]) == 0
+    assert (
+        main(
+            [
+                "sft",
+                "--data",
+                str(demos),
+                "--model",
+                str(tiny_model_dir),
+                "--out",
+                str(out),
+                "--epochs",
+                "0.1",
+                "--batch-tokens",
+                "4096",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     history = [json.loads(line) for line in (out / "sft_history.jsonl").read_text().splitlines()]
     assert report["steps"] == len(history) >= 1 and report["final"] == history[-1] and report["out"] == str(out)
@@ -88,8 +110,9 @@ def test_model_tiny_with_copy_pretraining(tmp_path, capsys, one_torch_thread):
     assert main(["model", "tiny", "--out", str(out), "--hidden", "32", "--vocab", "512", "--copy-steps", "3"]) == 0
     history = [json.loads(line) for line in (out / "copy_pretrain_history.jsonl").read_text().splitlines()]
     assert [h["step"] for h in history] == [1, 2, 3]
-    assert (f"copy accuracy after 3 copy-pretraining steps: {history[-1]['copy_accuracy']:.3f}"
-            in capsys.readouterr().out)
+    assert (
+        f"copy accuracy after 3 copy-pretraining steps: {history[-1]['copy_accuracy']:.3f}" in capsys.readouterr().out
+    )
     config = AutoConfig.from_pretrained(out)
     assert config.hidden_size == 32 and config.vocab_size <= 512
     # the model it started from (same flags, same seed) is not the one written: three steps trained it

@@ -4,6 +4,7 @@ Each stage runs twice at toy scale and its outputs are compared byte for byte (e
 their timings); a different seed must change them, so the comparison is not vacuous. Async RL depends on
 timing by nature: its run directory records what it depended on (provenance.jsonl).
 """
+
 import asyncio
 import hashlib
 import json
@@ -82,10 +83,19 @@ def test_copy_pretraining_and_the_warm_start_repeat_bit_for_bit(tiny_model_dir, 
         for run in ("a", "b"):
             copy_pretrain(tiny_model_dir, tmp_path / run / "base", copy, progress=False)
             sft(tmp_path / run / "base", demos, tmp_path / run / "sft", warm, progress=False)
-        copy_pretrain(tiny_model_dir, tmp_path / "reseeded" / "base", CopyPretrainConfig(**{**vars(copy), "seed": 1}),
-                      progress=False)
-        sft(tmp_path / "a" / "base", demos, tmp_path / "reseeded" / "sft", SFTConfig(**{**vars(warm), "seed": 1}),
-            progress=False)
+        copy_pretrain(
+            tiny_model_dir,
+            tmp_path / "reseeded" / "base",
+            CopyPretrainConfig(**{**vars(copy), "seed": 1}),
+            progress=False,
+        )
+        sft(
+            tmp_path / "a" / "base",
+            demos,
+            tmp_path / "reseeded" / "sft",
+            SFTConfig(**{**vars(warm), "seed": 1}),
+            progress=False,
+        )
     for stage, history in (("base", "copy_pretrain_history.jsonl"), ("sft", "sft_history.jsonl")):
         a, b, reseeded = (tmp_path / run / stage for run in ("a", "b", "reseeded"))
         assert digest(a / "model.safetensors") == digest(b / "model.safetensors"), stage
@@ -99,9 +109,21 @@ def test_evaluation_repeats_whatever_order_the_episodes_finish_in(tiny_model_dir
     One at a time, a rerun is the same bytes. Concurrently, which episodes share an engine batch depends on
     timing; that changes the float summation order and so the recorded behaviour logprobs in their last
     bits (about 1e-5), never a token, an answer, a verdict or a score."""
+
     def evaluate(name: str, *, seed: int = 0, concurrency: int = 1) -> list[dict]:
-        run_eval("searchgym/SyntheticQA-v0", str(tiny_model_dir), tmp_path / name, k=2, env_kwargs=ENV,
-                 max_tasks=4, concurrency=concurrency, max_new_tokens=12, seed=seed, progress=False, report=False)
+        run_eval(
+            "searchgym/SyntheticQA-v0",
+            str(tiny_model_dir),
+            tmp_path / name,
+            k=2,
+            env_kwargs=ENV,
+            max_tasks=4,
+            concurrency=concurrency,
+            max_new_tokens=12,
+            seed=seed,
+            progress=False,
+            report=False,
+        )
         return [json.loads(row) for row in samples(tmp_path / name)]
 
     def metrics(name: str) -> dict:
@@ -120,18 +142,32 @@ def test_evaluation_repeats_whatever_order_the_episodes_finish_in(tiny_model_dir
 
 
 def test_async_rl_records_the_versions_and_group_order_it_trained_on(tmp_path, small_bundle):
-    config = load_config(None, [
-        f"out_dir={tmp_path}", "steps=3", f"env.kwargs.size={SMALL['size']}", f"env.kwargs.n_tasks={SMALL['n_tasks']}",
-        "env.kwargs.max_turns=2", "rollout.group_size=2", "rollout.batch_size=2", "rollout.max_new_tokens=16",
-        "rollout.max_staleness=1", "learner.drop_no_spread=false",
-    ])
+    config = load_config(
+        None,
+        [
+            f"out_dir={tmp_path}",
+            "steps=3",
+            f"env.kwargs.size={SMALL['size']}",
+            f"env.kwargs.n_tasks={SMALL['n_tasks']}",
+            "env.kwargs.max_turns=2",
+            "rollout.group_size=2",
+            "rollout.batch_size=2",
+            "rollout.max_new_tokens=16",
+            "rollout.max_staleness=1",
+            "learner.drop_no_spread=false",
+        ],
+    )
     train(config, progress=False)
     records = [json.loads(line) for line in (tmp_path / "provenance.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3] and [r["trained_version"] for r in records] == [0, 1, 2]
     positions = []
     for record in records:
-        rows = [json.loads(line) for line in
-                (tmp_path / "trajectories" / f"version-{record['trained_version']:05d}.jsonl").read_text().splitlines()]
+        rows = [
+            json.loads(line)
+            for line in (tmp_path / "trajectories" / f"version-{record['trained_version']:05d}.jsonl")
+            .read_text()
+            .splitlines()
+        ]
         assert [g["position"] for g in record["groups"]] == list(dict.fromkeys(r["group"] for r in rows))
         runs = [run for g in record["groups"] for run in g["versions"]]
         assert len(runs) == len(rows) == 4

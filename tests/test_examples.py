@@ -1,5 +1,6 @@
 """examples/: a third-party REINFORCE loop that uses only Gymnasium, torch and transformers, and a custom agent
 written as a rollout workflow that the stock train and eval commands run unchanged."""
+
 import ast
 import json
 import math
@@ -61,8 +62,22 @@ def test_example_imports_nothing_from_searchgym():
 
 def test_reinforce_runs_on_the_registered_env(tiny_model_dir):
     """The default env id, built by gym.make's "module:EnvId" form: a random model earns 0, so no update."""
-    stats = run_example(["--model", str(tiny_model_dir), "--env-kwargs", json.dumps(SMALL), "--iterations", "1",
-                         "--episodes-per-iteration", "2", "--max-new-tokens", "8", "--max-turns", "1"])
+    stats = run_example(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--env-kwargs",
+            json.dumps(SMALL),
+            "--iterations",
+            "1",
+            "--episodes-per-iteration",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--max-turns",
+            "1",
+        ]
+    )
     assert len(stats) == 1
     assert stats[0]["mean_reward"] == 0.0 and stats[0]["loss"] == 0.0 and stats[0]["grad_norm"] == 0.0
     assert stats[0]["mean_turns"] == 1.0 and 0 < stats[0]["generated_tokens"] <= 2 * 8
@@ -72,9 +87,30 @@ def test_reinforce_takes_a_gradient_step(tiny_model_dir, tmp_path):
     if SHAPED_ID not in gym.registry:
         gym.register(id=SHAPED_ID, entry_point=make_letter_share)
     out = tmp_path / "trained"
-    stats = run_example(["--model", str(tiny_model_dir), "--env-id", SHAPED_ID, "--env-kwargs", json.dumps(SMALL),
-                         "--iterations", "1", "--episodes-per-iteration", "4", "--max-new-tokens", "24",
-                         "--max-turns", "2", "--lr", "1e-3", "--seed", "0", "--save", str(out)])
+    stats = run_example(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--env-id",
+            SHAPED_ID,
+            "--env-kwargs",
+            json.dumps(SMALL),
+            "--iterations",
+            "1",
+            "--episodes-per-iteration",
+            "4",
+            "--max-new-tokens",
+            "24",
+            "--max-turns",
+            "2",
+            "--lr",
+            "1e-3",
+            "--seed",
+            "0",
+            "--save",
+            str(out),
+        ]
+    )
     assert len(stats) == 1
     row = stats[0]
     assert math.isfinite(row["loss"]) and 0.0 <= row["mean_reward"] <= 1.0
@@ -88,7 +124,6 @@ def test_reinforce_takes_a_gradient_step(tiny_model_dir, tmp_path):
     changed = [name for name in before if not torch.equal(before[name], after[name])]
     assert changed, "no weight changed: no gradient step happened"
     assert all(torch.isfinite(t).all() for t in after.values())
-
 
 
 SUMMARIZING = Path(__file__).resolve().parents[1] / "examples" / "summarizing_workflow.py"
@@ -106,16 +141,32 @@ def test_a_custom_workflow_trains_and_evaluates_with_the_stock_commands(tiny_mod
         "class SummarizeEverything(SummarizingWorkflow):\n"
         "    summarize_tools = ('search', 'access', 'invalid')\n"
         "    min_chars = 0\n"
-        "    summary_tokens = 6\n")
+        "    summary_tokens = 6\n"
+    )
     workflow = f"{agent}:SummarizeEverything"
     env_kwargs = {**SMALL, "split": "train", "max_turns": 3}
-    assert cli_main(["train", f"out_dir={tmp_path / 'run'}", "steps=2", f"model.path={tiny_model_dir}",
-                     *[f"env.kwargs.{k}={v}" for k, v in env_kwargs.items()], "rollout.group_size=2",
-                     "rollout.batch_size=2", "rollout.max_new_tokens=12", "learner.drop_no_spread=false",
-                     f"rollout.workflow={workflow}"]) == 0
-    trained = [Trajectory.from_dict(json.loads(line))
-               for path in sorted((tmp_path / "run" / "trajectories").glob("*.jsonl"))
-               for line in path.read_text().splitlines()]
+    assert (
+        cli_main(
+            [
+                "train",
+                f"out_dir={tmp_path / 'run'}",
+                "steps=2",
+                f"model.path={tiny_model_dir}",
+                *[f"env.kwargs.{k}={v}" for k, v in env_kwargs.items()],
+                "rollout.group_size=2",
+                "rollout.batch_size=2",
+                "rollout.max_new_tokens=12",
+                "learner.drop_no_spread=false",
+                f"rollout.workflow={workflow}",
+            ]
+        )
+        == 0
+    )
+    trained = [
+        Trajectory.from_dict(json.loads(line))
+        for path in sorted((tmp_path / "run" / "trajectories").glob("*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
     assert len(trained) == 2 * 2 * 2  # two steps of two groups of two
     assert (tmp_path / "run" / "checkpoints" / "step-00002").is_dir()
     summarized = [(traj, i) for traj in trained for i, turn in enumerate(traj.turns) if "summary" in turn.info]
@@ -126,9 +177,30 @@ def test_a_custom_workflow_trains_and_evaluates_with_the_stock_commands(tiny_mod
         assert seen != traj.turns[i].observation  # the raw tool result is kept in the record, not in the context
 
     out = tmp_path / "eval"
-    assert cli_main(["eval", "--env", "searchgym/SyntheticQA-v0", "--engine", str(tiny_model_dir), "--out", str(out),
-                     "--env-kwargs", json.dumps({**SMALL, "split": "test", "max_turns": 2}), "--k", "1",
-                     "--max-tasks", "3", "--max-new-tokens", "12", "--workflow", workflow]) == 0
+    assert (
+        cli_main(
+            [
+                "eval",
+                "--env",
+                "searchgym/SyntheticQA-v0",
+                "--engine",
+                str(tiny_model_dir),
+                "--out",
+                str(out),
+                "--env-kwargs",
+                json.dumps({**SMALL, "split": "test", "max_turns": 2}),
+                "--k",
+                "1",
+                "--max-tasks",
+                "3",
+                "--max-new-tokens",
+                "12",
+                "--workflow",
+                workflow,
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and json.loads((out / "run.json").read_text())["workflow"] == workflow
     assert any("summary" in turn["info"] for row in rows for turn in row["trajectory"]["turns"])
@@ -146,6 +218,7 @@ def test_help_answers_before_torch_or_transformers_load():
         "sys.argv = ['reinforce.py', '--help']\n"
         f"try: runpy.run_path({str(EXAMPLE)!r}, run_name='__main__')\n"
         "except SystemExit: pass\n"
-        "print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))\n")
+        "print(sorted(m for m in ('torch', 'transformers', 'ray') if m in sys.modules))\n"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:]

@@ -5,6 +5,7 @@ Both rules count every import statement, module-level and function-level alike: 
 the dependency, it is upward (or circular) all the same. A module's import of its own package is not an
 edge (Python imports the package first anyway); `from package import name` is an edge to the submodule
 `package.name` when that is a module, else to the package."""
+
 from __future__ import annotations
 
 import ast
@@ -21,11 +22,17 @@ FLOORS = {
     "envs": 1,
     "world": 2,
     "agents": 3,
-    "synthesis": 4, "trainers": 4, "eval": 4, "integrations": 4,
-    "pipeline": 5, "testing": 5,  # the quickstart's stages; test and reliability support
+    "synthesis": 4,
+    "trainers": 4,
+    "eval": 4,
+    "integrations": 4,
+    "pipeline": 5,
+    "testing": 5,  # the quickstart's stages; test and reliability support
     "bench": 6,  # measurements only: runs the pipeline (bench learning) and the drills (bench reliability)
-    "quickstart": 7, "demo": 7,
-    "cli": 8, "__main__": 8,
+    "quickstart": 7,
+    "demo": 7,
+    "cli": 8,
+    "__main__": 8,
     "__init__": 1.5,  # `import searchgym` registers the env ids: it may import envs and nothing else
 }
 
@@ -64,15 +71,22 @@ def test_imports_only_go_down():
             if target == room:
                 continue
             if FLOORS[target] >= FLOORS[room]:
-                upward.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({room}, floor {FLOORS[room]}) "
-                              f"imports {target} (floor {FLOORS[target]})")
+                upward.append(
+                    f"{path.relative_to(PACKAGE.parent)}:{line} ({room}, floor {FLOORS[room]}) "
+                    f"imports {target} (floor {FLOORS[target]})"
+                )
     assert not upward, "imports that do not go down:\n" + "\n".join(upward)
 
 
 def test_only_the_cli_imports_the_bench():
     """`bench/` holds measurements only: the product's pipeline and the test support live in rooms below it."""
-    users = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in sorted(PACKAGE.rglob("*.py"))
-             if room_of(path) not in ("bench", "cli") for target, line in imported_rooms(path) if target == "bench"]
+    users = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if room_of(path) not in ("bench", "cli")
+        for target, line in imported_rooms(path)
+        if target == "bench"
+    ]
     assert not users, "modules outside the CLI that import bench/:\n" + "\n".join(users)
 
 
@@ -90,6 +104,7 @@ def module_name(path: Path) -> str:
 
 def imported_modules(path: Path, modules: set[str], me: str = "") -> set[str]:
     """The searchgym modules a file imports (any statement, lazy ones included), each named by its module."""
+
     def owner(name: str) -> str | None:
         while name and name not in modules:
             name = name.rpartition(".")[0]
@@ -99,8 +114,9 @@ def imported_modules(path: Path, modules: set[str], me: str = "") -> set[str]:
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         names: list[str] = []
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
-                     for a in node.names]
+            names = [
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names
+            ]
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         out |= {m for m in map(owner, names) if m is not None}

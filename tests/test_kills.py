@@ -2,6 +2,7 @@
 plus what a kill mid-write or a bad disk leaves (a cut last line, a damaged line, a checkpoint file cut
 short): each rerun loses nothing written before the kill, repeats nothing, and reports every damaged
 line by file and line (issue 15). The drills are searchgym.testing.kills', which `bench reliability` runs."""
+
 import json
 import random
 
@@ -44,10 +45,17 @@ def test_kbwalk_synthesis_killed_at_random_times(small_bundle, tmp_path):
 def test_train_killed_resumed_then_a_cut_checkpoint_is_named(small_bundle, tiny_model_dir, tmp_path):
     steps = 3
     kills = [random.Random(SEED).randrange(1, steps)]
-    overrides = [f"model.path={tiny_model_dir}", f"env.kwargs.size={SMALL['size']}",
-                 f"env.kwargs.n_tasks={SMALL['n_tasks']}", "env.kwargs.max_turns=2", "rollout.group_size=2",
-                 "rollout.batch_size=2", "rollout.max_new_tokens=8", "rollout.max_staleness=1",
-                 "learner.drop_no_spread=false"]
+    overrides = [
+        f"model.path={tiny_model_dir}",
+        f"env.kwargs.size={SMALL['size']}",
+        f"env.kwargs.n_tasks={SMALL['n_tasks']}",
+        "env.kwargs.max_turns=2",
+        "rollout.group_size=2",
+        "rollout.batch_size=2",
+        "rollout.max_new_tokens=8",
+        "rollout.max_staleness=1",
+        "learner.drop_no_spread=false",
+    ]
     result = drill_train(tmp_path, overrides, kill_rows=kills, steps=steps, fallback=False)
     assert result.ok, result.to_dict()
     assert result.kills == result.kills_survived == 1 and result.files_truncated == result.files_named == 1
@@ -72,11 +80,15 @@ def test_a_resumed_run_log_keeps_each_step_once_and_reports_damage(tmp_path):
     rows = [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.4}, {"step": 3, "loss": 0.3}, {"step": 2, "loss": 9.0}]
     lines = [json.dumps(rows[0]), '{"step": 2, "lo', *map(json.dumps, rows[1:])]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 4, "loss"')  # a kill mid-write
-    with pytest.warns(UserWarning, match=r"metrics\.jsonl: set aside 2 unusable line\(s\): line 2: damaged.*line 6: cut"):
+    with pytest.warns(
+        UserWarning, match=r"metrics\.jsonl: set aside 2 unusable line\(s\): line 2: damaged.*line 6: cut"
+    ):
         log = RunLog(tmp_path, {}, resume_step=2)  # resumed from checkpoint step 2
     log.close()
     assert json_rows(tmp_path / "metrics.jsonl") == rows[:2] == log.history()
-    assert json_rows(tmp_path / "metrics.superseded.jsonl") == [{"resumed_after_step": 2, "row": rows[2]},
-                                                                {"resumed_after_step": 2, "row": rows[3]}]
+    assert json_rows(tmp_path / "metrics.superseded.jsonl") == [
+        {"resumed_after_step": 2, "row": rows[2]},
+        {"resumed_after_step": 2, "row": rows[3]},
+    ]
     aside = json_rows(tmp_path / "metrics.damaged.jsonl")
     assert [(row["line"], row["text"]) for row in aside] == [(2, '{"step": 2, "lo')]

@@ -1,5 +1,6 @@
 """The light core: the base install's dependencies are the core's, each extra names what it adds, and the core runs
 with every extra's packages unimportable (CI also runs tests/core_install/check_core.py in a fresh core-only venv)."""
+
 from __future__ import annotations
 
 import configparser
@@ -33,9 +34,10 @@ sys.meta_path.insert(0, _Absent())
 def extras() -> dict[str, set[str]]:
     config = configparser.ConfigParser()
     config.read(ROOT / "setup.cfg")
-    return {name: {line.strip() for line in value.splitlines() if line.strip()}
-            for name, value in config["options.extras_require"].items()} | {
-        "core": {line.strip() for line in config["options"]["install_requires"].splitlines() if line.strip()}}
+    return {
+        name: {line.strip() for line in value.splitlines() if line.strip()}
+        for name, value in config["options.extras_require"].items()
+    } | {"core": {line.strip() for line in config["options"]["install_requires"].splitlines() if line.strip()}}
 
 
 def project(requirement: str) -> str:
@@ -48,16 +50,22 @@ def project(requirement: str) -> str:
 def test_the_core_plays_with_every_extra_unimportable(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(ABSENT.format(modules=sorted(EXTRA_OF)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    done = subprocess.run([sys.executable, str(CHECK), "--core-only"], env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(CHECK), "--core-only"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "the oracle wins with reward 1" in done.stdout
     assert "searchgym quickstart: " in done.stdout and "needs searchgym[train]" in done.stdout  # named its extra
 
 
 def test_the_core_imports_no_extra_even_where_they_are_installed():
-    done = subprocess.run([sys.executable, str(CHECK)], env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(CHECK)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ok: none of torch, ray, transformers" in done.stdout
 
@@ -86,8 +94,11 @@ def test_all_holds_every_extra_and_test_holds_all():
 
 
 def test_a_missing_extra_is_named_with_its_install_command():
-    with pytest.raises(MissingExtra, match=r"training needs searchgym\[train\] \(torch is not installed\): "
-                                           r"pip install 'searchgym\[train\]'"):
+    with pytest.raises(
+        MissingExtra,
+        match=r"training needs searchgym\[train\] \(torch is not installed\): "
+        r"pip install 'searchgym\[train\]'",
+    ):
         with needs("training"):
             raise ModuleNotFoundError("No module named 'torch.nn'", name="torch.nn")
     with pytest.raises(ModuleNotFoundError) as raised:  # not an extra's module: a real bug, left as it is

@@ -1,4 +1,5 @@
 """`searchgym quickstart` end to end at a toy scale: every stage runs, does its job, and the tables are its samples."""
+
 import asyncio
 import json
 
@@ -44,14 +45,32 @@ if SHAPED_ID not in gym.registry:
 # A toy run: a few short demonstrations the warm start learns by heart (a fast-learning init), two RL steps
 # with a shaped reward, so that every stage has something to do.
 TOY = [
-    f"env.id={SHAPED_ID}", "torch_threads=1",
-    f"env.kwargs.size={SMALL['size']}", f"env.kwargs.n_tasks={SMALL['n_tasks']}", "env.kwargs.hops=1",
-    "env.kwargs.top_k=1", "env.kwargs.doc_chars=120", "demos.fraction=0.1",
-    "model.hidden_size=32", "model.intermediate_size=64", "model.vocab_size=2048", "model.init_std=0.3",
-    "copy.steps=3", "copy.batch_size=4",
-    "sft.epochs=20", "sft.lr=1e-2", "sft.warmup_steps=2", "sft.batch_tokens=65536",
-    "rl.steps=2", "rl.rollout.group_size=2", "rl.rollout.batch_size=2", "rl.rollout.max_new_tokens=16",
-    "rl.learner.drop_no_spread=false", "eval.max_tasks=4", "eval.k=2", "eval.max_new_tokens=16",
+    f"env.id={SHAPED_ID}",
+    "torch_threads=1",
+    f"env.kwargs.size={SMALL['size']}",
+    f"env.kwargs.n_tasks={SMALL['n_tasks']}",
+    "env.kwargs.hops=1",
+    "env.kwargs.top_k=1",
+    "env.kwargs.doc_chars=120",
+    "demos.fraction=0.1",
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.vocab_size=2048",
+    "model.init_std=0.3",
+    "copy.steps=3",
+    "copy.batch_size=4",
+    "sft.epochs=20",
+    "sft.lr=1e-2",
+    "sft.warmup_steps=2",
+    "sft.batch_tokens=65536",
+    "rl.steps=2",
+    "rl.rollout.group_size=2",
+    "rl.rollout.batch_size=2",
+    "rl.rollout.max_new_tokens=16",
+    "rl.learner.drop_no_spread=false",
+    "eval.max_tasks=4",
+    "eval.k=2",
+    "eval.max_new_tokens=16",
 ]
 POLICIES = ("warm start (SFT)", "warm start + async RL")
 
@@ -68,8 +87,9 @@ def check_table_is_the_samples(metrics, rows, k):
     assert metrics["tasks"] == len(by_task) and metrics["samples"] == len(rows)
     assert metrics[f"avg@{k}/reward"] == pytest.approx(np.mean([r["reward"] for r in rows]))
     assert metrics[f"avg@{k}/correct"] == pytest.approx(np.mean([r["env_correct"] for r in rows]))
-    assert metrics[f"pass@{k}/correct"] == pytest.approx(np.mean(
-        [pass_at_k(len(g), sum(r["env_correct"] for r in g), k) for g in by_task.values()]))
+    assert metrics[f"pass@{k}/correct"] == pytest.approx(
+        np.mean([pass_at_k(len(g), sum(r["env_correct"] for r in g), k) for g in by_task.values()])
+    )
     assert metrics["answered"] == pytest.approx(np.mean([r["prediction"] is not None for r in rows]))
     assert metrics["turns"] == pytest.approx(np.mean([len(r["trajectory"]["turns"]) for r in rows]))
     assert metrics["searches"] == pytest.approx(np.mean([r["stats"]["searches"] for r in rows]))
@@ -90,8 +110,9 @@ def greedy_episodes(model_dir, env_kwargs, task_ids):
     async def play():
         try:
             envs = [gym.make(SHAPED_ID, **env_kwargs).unwrapped for _ in task_ids]
-            return await asyncio.gather(*(workflow.arun_episode(env, options={"task_id": task})
-                                          for env, task in zip(envs, task_ids)))
+            return await asyncio.gather(
+                *(workflow.arun_episode(env, options={"task_id": task}) for env, task in zip(envs, task_ids))
+            )
         finally:
             await engine.close()
 
@@ -128,8 +149,11 @@ def test_quickstart_runs_every_stage_and_writes_its_results(tmp_path, small_bund
     assert sum(t.prediction is not None for t in fresh) == 0 and valid[0] > 2 * valid[1]
 
     # RL trained on the other training tasks (never a demonstrated or a test one) and changed the weights
-    trained = {json.loads(line)["task_id"] for path in (tmp_path / "rl" / "trajectories").glob("version-*.jsonl")
-               for line in path.read_text().splitlines()}
+    trained = {
+        json.loads(line)["task_id"]
+        for path in (tmp_path / "rl" / "trajectories").glob("version-*.jsonl")
+        for line in path.read_text().splitlines()
+    }
     rl_tasks = set(json.loads((tmp_path / "rl" / "config.json").read_text())["tasks"])
     assert trained and trained <= rl_tasks <= {t.id for t in train_tasks} - set(task_ids)
     assert len(rl_tasks) >= len(train_tasks) - len(train_tasks) // 10 - 1  # all but the demonstrated tenth
@@ -145,7 +169,9 @@ def test_quickstart_runs_every_stage_and_writes_its_results(tmp_path, small_bund
     for policy, rows in zip(POLICIES, (before, after)):
         check_table_is_the_samples(table[policy], rows, k=2)
     test_ids = {t.id for t in gym.make(config.env.id, **config.env.kwargs, split="test").unwrapped.tasks}
-    assert {r["task_id"] for r in before} == {r["task_id"] for r in after} == test_ids and len(before) == 2 * len(test_ids)
+    assert {r["task_id"] for r in before} == {r["task_id"] for r in after} == test_ids and len(before) == 2 * len(
+        test_ids
+    )
 
     # the RL gain is the per-question reward delta of those samples, with its bootstrap interval
     gain = summary["rl_gain"]
@@ -154,5 +180,6 @@ def test_quickstart_runs_every_stage_and_writes_its_results(tmp_path, small_bund
     assert gain["tasks"] == len(a) == len(test_ids) and gain["gain"] == pytest.approx(np.mean(deltas))
     assert gain["tasks_better"] == sum(d > 0 for d in deltas) and gain["tasks_worse"] == sum(d < 0 for d in deltas)
     assert {k: gain[k] for k in ("ci95_low", "ci95_high")} == pytest.approx(
-        {k: v for k, v in paired_delta(a, b, seed=config.seed).items() if k in ("ci95_low", "ci95_high")})
+        {k: v for k, v in paired_delta(a, b, seed=config.seed).items() if k in ("ci95_low", "ci95_high")}
+    )
     assert gain["ci95_low"] <= gain["gain"] <= gain["ci95_high"]

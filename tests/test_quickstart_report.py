@@ -1,4 +1,6 @@
-"""The quickstart's summary says what one run can show: whether its gain is significant, and where the multi-seed figure is."""
+"""The quickstart's summary says what one run can show: whether its gain is significant, and where the multi-seed
+figure is."""
+
 from pathlib import Path
 
 from searchgym.eval.compare import paired_delta

@@ -1,5 +1,6 @@
 """README and docs/ say what is true: the Python examples run and print what their comments say, the test command
 is the one CI runs, every command and flag exists, every link resolves, and every linked figure is in its file."""
+
 import argparse
 import contextlib
 import io
@@ -66,7 +67,7 @@ def test_readme_is_a_short_user_guide():
 
 def code_block_after(text: str, marker: str) -> list[str]:
     """The command lines of the first ```bash block after `marker`."""
-    rest = text[text.index(marker):]
+    rest = text[text.index(marker) :]
     block = re.search(r"```bash\n(.*?)```", rest, re.DOTALL).group(1)
     return [line.strip() for line in block.splitlines() if line.strip()]
 
@@ -74,7 +75,7 @@ def code_block_after(text: str, marker: str) -> list[str]:
 def test_readme_test_command_is_the_one_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     start = next(i for i, line in enumerate(ci) if line.startswith("# README's test command"))
-    ci_commands = [line.strip() for line in ci[start + 1:] if line.strip() and not line.lstrip().startswith("#")]
+    ci_commands = [line.strip() for line in ci[start + 1 :] if line.strip() and not line.lstrip().startswith("#")]
     assert code_block_after(README.read_text(), "Run the tests") == ci_commands
 
 
@@ -185,7 +186,7 @@ def shown_number_in(text: str, file: Path) -> None:
     """Assert the number a link shows is held by the file it links to, to the precision shown."""
     shown = NUMBER.search(text).group().replace(",", "")
     decimals = len(shown.split(".")[1]) if "." in shown else 0
-    value, tolerance = float(shown), 0.5 * 10 ** -decimals + 1e-9
+    value, tolerance = float(shown), 0.5 * 10**-decimals + 1e-9
     held = numbers_in(json.loads(file.read_text()))
     assert any(abs(v - value) <= tolerance for v in held), f"{text!r} is not in {file.name}"
 
@@ -199,8 +200,8 @@ def test_linked_figures_are_in_the_files_they_link(page):
 
 def test_every_number_of_the_results_table_links_to_its_file():
     text = README.read_text()
-    section = text[text.index("## Results"):]
-    section = section[:section.index("\n## ", 1)]
+    section = text[text.index("## Results") :]
+    section = section[: section.index("\n## ", 1)]
     rows = [line for line in section.splitlines() if line.startswith("|") and not line.startswith("|---")]
     assert len(rows) >= 6
     for row in rows:

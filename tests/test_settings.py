@@ -1,5 +1,6 @@
 """The one settings loader: layers (defaults, file, values, overrides), refusals that name the dotted key and
 its source, checks declared once and run on nested configs, and the commands that load through it."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,8 +36,11 @@ def bad_values(rules: dict) -> st.SearchStrategy:
     """Values that break one declared check."""
     options = []
     if "choices" in rules:
-        options.append(st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12)
-                       .filter(lambda v: v not in rules["choices"]))
+        options.append(
+            st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12).filter(
+                lambda v: v not in rules["choices"]
+            )
+        )
     if "at_least" in rules:
         options.append(st.integers(-1000, int(rules["at_least"]) - 1))
     if "above" in rules:
@@ -48,15 +52,18 @@ def bad_values(rules: dict) -> st.SearchStrategy:
     return st.one_of(options)
 
 
-@pytest.mark.parametrize("cls", [TrainConfig, QuickstartConfig, TrainerBenchConfig, EvalSettings],
-                         ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "cls", [TrainConfig, QuickstartConfig, TrainerBenchConfig, EvalSettings], ids=lambda c: c.__name__
+)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_every_refused_override_names_its_dotted_key(cls, data):
     key, rules = data.draw(st.sampled_from(checked_fields(cls)))
     value = data.draw(bad_values(rules))
     with pytest.raises(ValueError) as refused:
-        load_settings(cls, overrides=[f"{key}={value}"], values={"env": "e", "engine": "m"} if cls is EvalSettings else None)
+        load_settings(
+            cls, overrides=[f"{key}={value}"], values={"env": "e", "engine": "m"} if cls is EvalSettings else None
+        )
     assert str(refused.value).startswith((f"{key} ", f"{key}: ")), refused.value
 
 
@@ -69,8 +76,11 @@ def test_the_nested_train_config_is_checked_under_its_prefix():
 
 
 @settings(deadline=None)
-@given(section=st.sampled_from(["", "rl.", "rl.rollout.", "eval.", "sft."]),
-       name=st.from_regex(r"[a-z]{1,10}", fullmatch=True), tail=st.sampled_from(["", ".x"]))
+@given(
+    section=st.sampled_from(["", "rl.", "rl.rollout.", "eval.", "sft."]),
+    name=st.from_regex(r"[a-z]{1,10}", fullmatch=True),
+    tail=st.sampled_from(["", ".x"]),
+)
 def test_an_unknown_key_is_refused_naming_it_and_the_source(section, name, tail):
     known = set(_flat(settings_dict(QuickstartConfig())))
     if f"{section}{name}" in known or any(k.startswith(f"{section}{name}.") for k in known):
@@ -83,8 +93,11 @@ def test_an_unknown_key_is_refused_naming_it_and_the_source(section, name, tail)
 
 def _flat(data: dict, prefix: str = "") -> list[str]:
     """Every dotted key of nested plain data."""
-    return [k for key, value in data.items()
-            for k in ([f"{prefix}{key}"] + (_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else []))]
+    return [
+        k
+        for key, value in data.items()
+        for k in ([f"{prefix}{key}"] + (_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else []))
+    ]
 
 
 def test_the_layers_apply_in_order_and_name_their_source(tmp_path):
@@ -140,6 +153,7 @@ def test_the_shipped_quickstart_file_is_what_the_quickstart_runs():
 @pytest.fixture
 def nothing_runs(monkeypatch):
     """Any command that gets past its settings fails the test: refusals must come before building anything."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("the command ran")
 
@@ -152,17 +166,26 @@ def nothing_runs(monkeypatch):
     monkeypatch.setattr(searchgym.bench.learning, "run_learning_bench", refuse)
 
 
-@pytest.mark.parametrize(("argv", "key"), [
-    (["quickstart", "rl.mode=bogus"], "rl.mode"),
-    (["quickstart", "eval.k=0"], "eval.k"),
-    (["quickstart", "--config", "QUICKSTART", "demos.fraction=2"], "demos.fraction"),
-    (["train", "--config", "TRAIN", "rollout.engine=vllm"], "rollout.engine"),
-    (["bench", "learning", "rl.mode=bogus"], "rl.mode"),
-    (["bench", "learning", "hops.rl=[7]"], "hops.rl"),
-])
+@pytest.mark.parametrize(
+    ("argv", "key"),
+    [
+        (["quickstart", "rl.mode=bogus"], "rl.mode"),
+        (["quickstart", "eval.k=0"], "eval.k"),
+        (["quickstart", "--config", "QUICKSTART", "demos.fraction=2"], "demos.fraction"),
+        (["train", "--config", "TRAIN", "rollout.engine=vllm"], "rollout.engine"),
+        (["bench", "learning", "rl.mode=bogus"], "rl.mode"),
+        (["bench", "learning", "hops.rl=[7]"], "hops.rl"),
+    ],
+)
 def test_a_command_with_a_bad_setting_exits_2_naming_the_key(argv, key, capsys, nothing_runs):
-    argv = [str(CONFIGS / "quickstart.yaml") if a == "QUICKSTART" else str(CONFIGS / "train-cpu.yaml") if a == "TRAIN"
-            else a for a in argv]
+    argv = [
+        str(CONFIGS / "quickstart.yaml")
+        if a == "QUICKSTART"
+        else str(CONFIGS / "train-cpu.yaml")
+        if a == "TRAIN"
+        else a
+        for a in argv
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("searchgym: error: ") and f"{key} " in err, err
@@ -172,8 +195,9 @@ def test_quickstart_flags_and_file_reach_the_config(tmp_path, monkeypatch):
     seen = []
     import searchgym.quickstart
 
-    monkeypatch.setattr(searchgym.quickstart, "run_quickstart", lambda config: seen.append(config) or
-                        {"out_dir": config.out_dir})
+    monkeypatch.setattr(
+        searchgym.quickstart, "run_quickstart", lambda config: seen.append(config) or {"out_dir": config.out_dir}
+    )
     path = tmp_path / "q.yaml"
     path.write_text("rl:\n  steps: 5\neval:\n  k: 2\n")
     assert main(["quickstart", "--config", str(path), "--out", str(tmp_path / "o"), "eval.k=3"]) == 0
@@ -181,7 +205,11 @@ def test_quickstart_flags_and_file_reach_the_config(tmp_path, monkeypatch):
 
 
 @settings(max_examples=80)
-@given(raw=st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=8) | st.integers(-50, -1).map(str) | st.sampled_from(["nan", "inf", "-0.5", "1e400"]))
+@given(
+    raw=st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=8)
+    | st.integers(-50, -1).map(str)
+    | st.sampled_from(["nan", "inf", "-0.5", "1e400"])
+)
 def test_junk_llm_retry_settings_are_refused_naming_the_variable(raw):
     import os
 
@@ -201,12 +229,20 @@ def test_junk_llm_retry_settings_are_refused_naming_the_variable(raw):
             os.environ.pop(name) if old is None else os.environ.__setitem__(name, old)
 
 
-@pytest.mark.parametrize(("flags", "key"), [
-    (["--steps", "0"], "steps"), (["--warmup-steps", "5"], "warmup_steps"), (["--staleness", "1,2"], "staleness"),
-    (["--lr", "0"], "lr"), (["--tail-share", "2"], "tail_share"), (["--turns-p90", "99"], "turns_p90"),
-    (["--episode-tokens-max", "10"], "episode_tokens_max"), (["latency_alpha=0"], "latency_alpha"),
-    (["stepz=3"], "stepz"),
-])
+@pytest.mark.parametrize(
+    ("flags", "key"),
+    [
+        (["--steps", "0"], "steps"),
+        (["--warmup-steps", "5"], "warmup_steps"),
+        (["--staleness", "1,2"], "staleness"),
+        (["--lr", "0"], "lr"),
+        (["--tail-share", "2"], "tail_share"),
+        (["--turns-p90", "99"], "turns_p90"),
+        (["--episode-tokens-max", "10"], "episode_tokens_max"),
+        (["latency_alpha=0"], "latency_alpha"),
+        (["stepz=3"], "stepz"),
+    ],
+)
 def test_bench_trainer_refuses_a_bad_setting_naming_the_key(flags, key, capsys, monkeypatch):
     import searchgym.bench.trainer
 
@@ -223,21 +259,43 @@ def test_bench_trainer_flags_file_and_overrides_reach_the_run(tmp_path, capsys, 
     monkeypatch.setattr(searchgym.bench.trainer, "run_trainer_bench", lambda **kw: seen.append(kw) or {})
     path = tmp_path / "bench.yaml"
     path.write_text("steps: 7\nlr: 0.5\nturns_max: 30\n")
-    assert main(["bench", "trainer", "--config", str(path), "--steps", "4", "--staleness", "0,2",
-                 "--out", str(tmp_path / "r.json"), "lr=0.25"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "trainer",
+                "--config",
+                str(path),
+                "--steps",
+                "4",
+                "--staleness",
+                "0,2",
+                "--out",
+                str(tmp_path / "r.json"),
+                "lr=0.25",
+            ]
+        )
+        == 0
+    )
     run = seen[0]
     assert (run["steps"], run["staleness"], run["lr"], run["out"]) == (4, [0, 2], 0.25, str(tmp_path / "r.json"))
     assert run["workload"].turns_max == 30 and run["torch_threads"] == 1  # the file's, and the default
     assert run["overrides"] == ["rollout.context_policy=end"]
 
 
-@pytest.mark.parametrize(("argv", "key"), [
-    (["sft", "--data", "d.jsonl", "--model", "m", "--out", "o", "--epochs", "0"], "epochs"),
-    (["sft", "--data", "d.jsonl", "--model", "m", "--out", "o", "--batch-tokens", "0"], "batch_tokens"),
-    (["synthesize", "--corpus", "c", "--engine", "e", "--out", "p.jsonl", "--k", "0"], "k"),
-    (["synthesize", "--corpus", "c", "--engine", "e", "--out", "p.jsonl", "--max-solve-rate", "1.5"], "max_solve_rate"),
-    (["model", "tiny", "--out", "m", "--copy-steps", "-2"], "steps"),
-])
+@pytest.mark.parametrize(
+    ("argv", "key"),
+    [
+        (["sft", "--data", "d.jsonl", "--model", "m", "--out", "o", "--epochs", "0"], "epochs"),
+        (["sft", "--data", "d.jsonl", "--model", "m", "--out", "o", "--batch-tokens", "0"], "batch_tokens"),
+        (["synthesize", "--corpus", "c", "--engine", "e", "--out", "p.jsonl", "--k", "0"], "k"),
+        (
+            ["synthesize", "--corpus", "c", "--engine", "e", "--out", "p.jsonl", "--max-solve-rate", "1.5"],
+            "max_solve_rate",
+        ),
+        (["model", "tiny", "--out", "m", "--copy-steps", "-2"], "steps"),
+    ],
+)
 def test_other_commands_check_their_flags_through_the_loader(argv, key, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # nothing may be written; if it were, it lands here
     assert main(argv) == 2

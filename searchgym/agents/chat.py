@@ -12,6 +12,7 @@ Sampling options are OpenAI's keywords (`temperature`, `top_p`, `max_tokens`, `s
 `logit_bias`, ...) plus SGLang's usual extras (`top_k`, `min_p`, `ignore_eos`, `stop_token_ids`);
 an option this adapter cannot honour is refused with a `ValueError` naming it, never ignored.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -30,8 +31,17 @@ from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, In
 DEFAULT_MAX_TOKENS = 1024  # a reply's budget when neither the caller nor the engine's context length bounds it
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for logit_bias values
 ROLES = ("system", "developer", "user", "assistant", "tool")
-_MESSAGE_KEYS = {"role", "content", "name", "tool_calls", "tool_call_id", "refusal", "function_call", "audio",
-                 "annotations"}
+_MESSAGE_KEYS = {
+    "role",
+    "content",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "refusal",
+    "function_call",
+    "audio",
+    "annotations",
+}
 _NEUTRAL_MESSAGE_KEYS = ("refusal", "function_call", "audio", "annotations")  # output-only or deprecated: empty only
 _TOOL_CALL_OPEN, _TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.S)
@@ -95,10 +105,17 @@ class EngineChat:
 
     # ---- the richer call the model server uses --------------------------------------------------------
 
-    async def acomplete(self, messages: list[dict[str, Any]], sampling: SamplingParams,
-                        tools: list[dict[str, Any]] | None = None, *, rid: str = "",
-                        parallel_tool_calls: bool = True, template_kwargs: Mapping[str, Any] | None = None,
-                        prompt_ids: list[int] | None = None) -> ChatResult:
+    async def acomplete(
+        self,
+        messages: list[dict[str, Any]],
+        sampling: SamplingParams,
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        rid: str = "",
+        parallel_tool_calls: bool = True,
+        template_kwargs: Mapping[str, Any] | None = None,
+        prompt_ids: list[int] | None = None,
+    ) -> ChatResult:
         """Render, generate and parse one reply; with `tools`, `<tool_call>` blocks become `tool_calls`."""
         tools = chat_tools(tools)
         prompt = prompt_ids if prompt_ids is not None else self.render(messages, tools, template_kwargs)
@@ -106,8 +123,14 @@ class EngineChat:
         response = await self.engine.agenerate(GenerateRequest(prompt, sampling, rid))
         return self.result(prompt, response, tools, parallel_tool_calls=parallel_tool_calls)
 
-    def result(self, prompt: list[int], response: GenerateResponse, tools: list[dict[str, Any]] | None = None, *,
-               parallel_tool_calls: bool = True) -> ChatResult:
+    def result(
+        self,
+        prompt: list[int],
+        response: GenerateResponse,
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        parallel_tool_calls: bool = True,
+    ) -> ChatResult:
         """The reply in a finished response: its text, and with `tools` its `<tool_call>` blocks as tool calls."""
         text = output_text(self.tokenizer, list(response.output_ids), response.finish_reason)
         content: str | None = text
@@ -129,59 +152,91 @@ class EngineChat:
         reserved = sorted(set(extra) & set(inspect.signature(self.tokenizer.apply_chat_template).parameters))
         require(not reserved, f"chat_template_kwargs may only hold template variables, not {reserved}")
         try:
-            ids = self.tokenizer.apply_chat_template(rendered, tools=tool_list, add_generation_prompt=True,
-                                                     tokenize=True, return_dict=False, **extra)
+            ids = self.tokenizer.apply_chat_template(
+                rendered, tools=tool_list, add_generation_prompt=True, tokenize=True, return_dict=False, **extra
+            )
         except Exception as e:  # template code raising on odd roles or content is bad input
             raise InvalidRequest(f"the chat template rejected the messages: {type(e).__name__}: {e}") from None
         ids = list(ids)
         if self.context_length is not None:
-            require(len(ids) < self.context_length, f"messages: The input ({len(ids)} tokens) is longer than the "
-                                                    f"model's context length ({self.context_length} tokens).")
+            require(
+                len(ids) < self.context_length,
+                f"messages: The input ({len(ids)} tokens) is longer than the "
+                f"model's context length ({self.context_length} tokens).",
+            )
         return ids
 
     def sampling(self, prompt_len: int, **options: Any) -> SamplingParams:
         """OpenAI sampling keywords -> SamplingParams; unset max tokens means the rest of the context window."""
-        return openai_sampling(options, prompt_len=prompt_len, context_length=self.context_length,
-                               vocab_size=self.vocab_size)
+        return openai_sampling(
+            options, prompt_len=prompt_len, context_length=self.context_length, vocab_size=self.vocab_size
+        )
 
     def check_budget(self, prompt_len: int, max_new_tokens: int) -> None:
         """Refuse prompt + max_new_tokens beyond the context window, as SGLang does (no silent truncation)."""
         if self.context_length is None:
             return
-        require(prompt_len + max_new_tokens < self.context_length,
-                context_overflow(self.context_length, prompt_len, max_new_tokens))
+        require(
+            prompt_len + max_new_tokens < self.context_length,
+            context_overflow(self.context_length, prompt_len, max_new_tokens),
+        )
 
 
 def context_overflow(context_length: int, prompt_len: int, max_new_tokens: int) -> str:
     """SGLang's words for a prompt plus reply budget past the context (clients parse them to shrink and retry)."""
-    return (f"Requested token count exceeds the model's maximum context length of {context_length} tokens. You "
-            f"requested a total of {prompt_len + max_new_tokens} tokens: {prompt_len} tokens from the input messages "
-            f"and {max_new_tokens} tokens for the completion. Please reduce the number of tokens in the input "
-            f"messages or the completion to fit within the limit.")
+    return (
+        f"Requested token count exceeds the model's maximum context length of {context_length} tokens. You "
+        f"requested a total of {prompt_len + max_new_tokens} tokens: {prompt_len} tokens from the input messages "
+        f"and {max_new_tokens} tokens for the completion. Please reduce the number of tokens in the input "
+        f"messages or the completion to fit within the limit."
+    )
 
 
 # ---- sampling options ------------------------------------------------------------------------------------
 
-SAMPLING_OPTIONS = ("temperature", "top_p", "max_tokens", "max_completion_tokens", "stop", "seed", "logit_bias", "n",
-                    "frequency_penalty", "presence_penalty", "top_k", "min_p", "ignore_eos", "repetition_penalty",
-                    "min_tokens", "stop_token_ids")
+SAMPLING_OPTIONS = (
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "seed",
+    "logit_bias",
+    "n",
+    "frequency_penalty",
+    "presence_penalty",
+    "top_k",
+    "min_p",
+    "ignore_eos",
+    "repetition_penalty",
+    "min_tokens",
+    "stop_token_ids",
+)
 
 
-def openai_sampling(options: Mapping[str, Any], *, prompt_len: int, context_length: int | None,
-                    vocab_size: int) -> SamplingParams:
+def openai_sampling(
+    options: Mapping[str, Any], *, prompt_len: int, context_length: int | None, vocab_size: int
+) -> SamplingParams:
     """OpenAI's sampling fields (plus SGLang's top_k, min_p, ignore_eos, stop_token_ids) -> SamplingParams."""
     unknown = sorted(set(options) - set(SAMPLING_OPTIONS))
     require(not unknown, f"unsupported sampling option(s) {unknown}; supported: {list(SAMPLING_OPTIONS)}")
     o = options.get
     require(f.integer(f.or_default(o("n"), 1), "n") == 1, f"n must be 1 on this server, got {show(o('n'))}")
-    for name, value in (("frequency_penalty", 0.0), ("presence_penalty", 0.0), ("repetition_penalty", 1.0),
-                        ("min_tokens", 0.0)):
+    for name, value in (
+        ("frequency_penalty", 0.0),
+        ("presence_penalty", 0.0),
+        ("repetition_penalty", 1.0),
+        ("min_tokens", 0.0),
+    ):
         f.neutral(options, name, (value,), " (the engine has no penalties)")
     limit_name = "max_completion_tokens" if o("max_completion_tokens") is not None else "max_tokens"
     if o(limit_name) is None:
         max_tokens = context_length - prompt_len - 1 if context_length else DEFAULT_MAX_TOKENS
-        require(max_tokens >= 1, f"the prompt ({prompt_len} tokens) leaves no room for a reply in the model's "
-                                 f"context length ({context_length} tokens)")
+        require(
+            max_tokens >= 1,
+            f"the prompt ({prompt_len} tokens) leaves no room for a reply in the model's "
+            f"context length ({context_length} tokens)",
+        )
     else:
         max_tokens = f.integer(o(limit_name), limit_name)
         require(max_tokens >= 1, f"{limit_name} must be at least 1, got {max_tokens}")
@@ -195,14 +250,21 @@ def openai_sampling(options: Mapping[str, Any], *, prompt_len: int, context_leng
     require(0 <= min_p <= 1, f"min_p must be in [0, 1], got {min_p:g}")
     seed = o("seed")
     return SamplingParams(
-        max_new_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-        stop=f.stop_strings(o("stop")), stop_token_ids=f.token_ids(o("stop_token_ids"), "stop_token_ids", vocab_size),
+        max_new_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        stop=f.stop_strings(o("stop")),
+        stop_token_ids=f.token_ids(o("stop_token_ids"), "stop_token_ids", vocab_size),
         ignore_eos=f.boolean(f.or_default(o("ignore_eos"), False), "ignore_eos"),
         seed=None if seed is None else f.integer(seed, "seed"),
-        logit_bias=f.logit_bias(o("logit_bias"), "logit_bias", vocab_size, LOGIT_BIAS_LIMIT))
+        logit_bias=f.logit_bias(o("logit_bias"), "logit_bias", vocab_size, LOGIT_BIAS_LIMIT),
+    )
 
 
 # ---- messages and tools ----------------------------------------------------------------------------------
+
 
 def chat_messages(messages: Any) -> list[dict[str, Any]]:
     """OpenAI chat messages -> what chat templates take: text content, tool-call arguments as objects."""
@@ -213,8 +275,10 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:
 def _message(message: Any, index: int) -> dict[str, Any]:
     """One message, checked and normalised ('developer' is the template's 'system')."""
     where = f"messages[{index}]"
-    require(isinstance(message, dict) and message.get("role") in ROLES,
-            f"{where} must be an object with a role in {list(ROLES)}, got {show(message)}")
+    require(
+        isinstance(message, dict) and message.get("role") in ROLES,
+        f"{where} must be an object with a role in {list(ROLES)}, got {show(message)}",
+    )
     unknown = sorted(set(message) - _MESSAGE_KEYS)
     require(not unknown, f"{where} has unsupported field(s) {unknown}")
     for key in _NEUTRAL_MESSAGE_KEYS:
@@ -240,8 +304,10 @@ def _text(content: Any, where: str) -> str:
     if content is None:
         return ""
     if isinstance(content, list):
-        require(all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                    for p in content), f"{where}: only text content parts are supported")
+        require(
+            all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content),
+            f"{where}: only text content parts are supported",
+        )
         return "".join(p["text"] for p in content)
     return f.string(content, f"{where}.content")
 
@@ -249,8 +315,10 @@ def _text(content: Any, where: str) -> str:
 def _history_call(call: Any, where: str) -> dict[str, Any]:
     """An assistant tool call from the history, arguments decoded from OpenAI's JSON text to an object."""
     function: Any = call.get("function") if isinstance(call, dict) else None
-    require(isinstance(function, dict) and isinstance(function.get("name"), str),
-            f"{where} must be {{'type': 'function', 'function': {{'name', 'arguments'}}}}, got {show(call)}")
+    require(
+        isinstance(function, dict) and isinstance(function.get("name"), str),
+        f"{where} must be {{'type': 'function', 'function': {{'name', 'arguments'}}}}, got {show(call)}",
+    )
     require(call.get("type", "function") == "function", f"{where}.type must be 'function'")
     arguments = f.or_default(function.get("arguments"), "{}")
     if isinstance(arguments, str):
@@ -273,9 +341,14 @@ def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
     names = set()
     for i, tool in enumerate(tools):
         function: Any = tool.get("function") if isinstance(tool, dict) else None
-        require(isinstance(tool, dict) and tool.get("type") == "function" and isinstance(function, dict)
-                and isinstance(function.get("name"), str) and function["name"],
-                f"tools[{i}] must be {{'type': 'function', 'function': {{'name', ...}}}}, got {show(tool)}")
+        require(
+            isinstance(tool, dict)
+            and tool.get("type") == "function"
+            and isinstance(function, dict)
+            and isinstance(function.get("name"), str)
+            and function["name"],
+            f"tools[{i}] must be {{'type': 'function', 'function': {{'name', ...}}}}, got {show(tool)}",
+        )
         require(isinstance(function.get("parameters", {}), dict), f"tools[{i}].function.parameters must be an object")
         require(function["name"] not in names, f"tools[{i}]: duplicate function name {function['name']!r}")
         names.add(function["name"])
@@ -283,6 +356,7 @@ def chat_tools(tools: Any) -> list[dict[str, Any]] | None:
 
 
 # ---- tool calls in the output ----------------------------------------------------------------------------
+
 
 def parse_tool_calls(text: str, names: set[str] | frozenset[str]) -> tuple[str | None, list[ToolCall]]:
     """(content, tool calls) of a reply: its `<tool_call>{json}</tool_call>` blocks, if all are well formed.
@@ -296,7 +370,7 @@ def parse_tool_calls(text: str, names: set[str] | frozenset[str]) -> tuple[str |
         return text, []
     calls, end = [], start
     for match in _BLOCK.finditer(text, start):
-        if text[end:match.start()].strip():
+        if text[end : match.start()].strip():
             return text, []
         call = _tool_call(match.group(1), names)
         if call is None:

@@ -21,6 +21,7 @@ Policies (pick one in `WorkflowSettings.context`, or in the train config as `rol
 Subclass `ContextPolicy` (override `rebuild`, and `reserve` if the policy itself generates) for another rule;
 a custom workflow passes its instance in `WorkflowSettings(context=...)`, no fork of `TokenWorkflow` needed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,10 @@ from searchgym.agents.engines.types import GenerateResponse, SamplingParams
 from searchgym.agents.formats import ChatTemplateDelta
 from searchgym.agents.trajectory import Trajectory
 
-SUMMARY_INSTRUCTION = ("Your context is full. Summarise what you have found so far that helps answer the "
-                       "question: the facts, the sources, and what is left to find. Write only the summary.")
+SUMMARY_INSTRUCTION = (
+    "Your context is full. Summarise what you have found so far that helps answer the "
+    "question: the facts, the sources, and what is left to find. Write only the summary."
+)
 TRUNCATION_NOTE = "\n[truncated: this result had {n} tokens, more than the context allows]"
 DROPPED_NOTE = "\n\n[{n} earlier turns omitted to fit the context]"
 
@@ -134,8 +137,10 @@ def lay_out(template: ChatTemplateDelta, history: History, target: int, fold_to:
         return prompts[dropped]
 
     def size(first: int) -> int:
-        return len(prompt(first)) + sum(len(entries[i].action_ids) + len(stubs[i] if folded[i] else observations[i])
-                                        for i in range(first, len(entries)))
+        return len(prompt(first)) + sum(
+            len(entries[i].action_ids) + len(stubs[i] if folded[i] else observations[i])
+            for i in range(first, len(entries))
+        )
 
     last, cut = entries[-1], 0
     if len(observations[-1]) > target // 2:  # a huge newest result is cut first, so it does not evict every turn
@@ -201,8 +206,16 @@ class ContextPolicy:
     def reserve(self, workflow: ContextHost) -> int:
         return 0
 
-    async def rebuild(self, workflow: ContextHost, traj: Trajectory, history: History, *, target: int,
-                      sampling: SamplingParams, rid: str) -> Rebuild | None:
+    async def rebuild(
+        self,
+        workflow: ContextHost,
+        traj: Trajectory,
+        history: History,
+        *,
+        target: int,
+        sampling: SamplingParams,
+        rid: str,
+    ) -> Rebuild | None:
         return None
 
 
@@ -226,20 +239,38 @@ class FoldPolicy(ContextPolicy):
         if not 0 < self.keep_fraction <= 1:
             raise ValueError(f"keep_fraction must be in (0, 1], got {self.keep_fraction}")
 
-    async def rebuild(self, workflow: ContextHost, traj: Trajectory, history: History, *, target: int,
-                      sampling: SamplingParams, rid: str) -> Rebuild | None:
+    async def rebuild(
+        self,
+        workflow: ContextHost,
+        traj: Trajectory,
+        history: History,
+        *,
+        target: int,
+        sampling: SamplingParams,
+        rid: str,
+    ) -> Rebuild | None:
         return fold(workflow.template, history, target, self.name, fold_to=int(target * self.keep_fraction))
 
 
-def fold(template: ChatTemplateDelta, history: History, target: int, end: str, fold_to: int | None = None,
-         **event: Any) -> Rebuild | None:
+def fold(
+    template: ChatTemplateDelta, history: History, target: int, end: str, fold_to: int | None = None, **event: Any
+) -> Rebuild | None:
     """The folded layout as a Rebuild (None when nothing fits), its sizes in the event."""
     layout = lay_out(template, history, target, fold_to)
     if layout is None:
         return None
-    return Rebuild(layout.ids, end, {"policy": end, "prompt_tokens": len(layout.ids), "folded": layout.folded,
-                                     "dropped_turns": layout.dropped, "truncated_tokens": layout.truncated_tokens,
-                                     **event})
+    return Rebuild(
+        layout.ids,
+        end,
+        {
+            "policy": end,
+            "prompt_tokens": len(layout.ids),
+            "folded": layout.folded,
+            "dropped_turns": layout.dropped,
+            "truncated_tokens": layout.truncated_tokens,
+            **event,
+        },
+    )
 
 
 @dataclass
@@ -261,13 +292,22 @@ class SummarisePolicy(ContextPolicy):
     def reserve(self, workflow: ContextHost) -> int:
         return self.summary_tokens + len(workflow.template.observation_ids(self.instruction, False)) + 1
 
-    async def rebuild(self, workflow: ContextHost, traj: Trajectory, history: History, *, target: int,
-                      sampling: SamplingParams, rid: str) -> Rebuild | None:
+    async def rebuild(
+        self,
+        workflow: ContextHost,
+        traj: Trajectory,
+        history: History,
+        *,
+        target: int,
+        sampling: SamplingParams,
+        rid: str,
+    ) -> Rebuild | None:
         last = history.entries[-1]
         request = workflow.template.observation_ids(self.instruction, last.ended_with_eos)
         if len(traj.input_ids) + len(request) >= workflow.max_context:  # no room left to ask: fold instead
-            return fold(workflow.template, history, target, "fold (no room to summarise)",
-                        fallback="no room to summarise")
+            return fold(
+                workflow.template, history, target, "fold (no room to summarise)", fallback="no room to summarise"
+            )
         traj.extend(request, generated=False)
         traj.messages.append({"role": "user", "content": self.instruction})
         room = min(self.summary_tokens, workflow.max_context - len(traj.input_ids))
@@ -280,15 +320,16 @@ class SummarisePolicy(ContextPolicy):
         traj.messages.append({"role": "assistant", "content": text})
         event = {"summary_tokens": len(response.output_ids)}
         if not text.strip():
-            return fold(workflow.template, history, target, "fold (empty summary)", fallback="empty summary",
-                        **event)
+            return fold(workflow.template, history, target, "fold (empty summary)", fallback="empty summary", **event)
         ended = response.output_ids[-1] in workflow.eos_ids
-        summarised = History(history.question, [Entry(list(response.output_ids), ended, last.observation,
-                                                      last.stub, foldable=False)])
+        summarised = History(
+            history.question, [Entry(list(response.output_ids), ended, last.observation, last.stub, foldable=False)]
+        )
         rebuilt = fold(workflow.template, summarised, target, self.name, **event)
         if rebuilt is None:  # the summary itself is too long for the window: fold the turns instead
-            return fold(workflow.template, history, target, "fold (summary too long)", fallback="summary too long",
-                        **event)
+            return fold(
+                workflow.template, history, target, "fold (summary too long)", fallback="summary too long", **event
+            )
         history.entries[:] = summarised.entries  # later rebuilds start from the summary
         return rebuilt
 

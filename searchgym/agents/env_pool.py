@@ -4,6 +4,7 @@
 episode's state; so trainers and the evaluator lend envs from a pool (one per concurrent episode)
 instead of making one per episode.
 """
+
 from __future__ import annotations
 
 import contextlib

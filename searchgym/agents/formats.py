@@ -5,6 +5,7 @@ prompt, and for each later turn the chat-template *delta* (close the assistant m
 tool message holding the observation, open the next assistant message). The delta is read off the
 tokenizer's own template by rendering a probe conversation, so any chat template works.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,7 +52,8 @@ class ChatTemplateDelta:
     def prompt_ids(self, first_observation: str) -> list[int]:
         """The opening user message and the assistant generation prompt."""
         text = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": first_observation}], tokenize=False, add_generation_prompt=True)
+            [{"role": "user", "content": first_observation}], tokenize=False, add_generation_prompt=True
+        )
         return self.encode(text)
 
     def observation_text(self, observation: str, ended_with_eos: bool) -> str:
@@ -60,7 +62,7 @@ class ChatTemplateDelta:
             return f"\n\n{observation}\n\n"
         close = self._close
         if ended_with_eos and self.eos_text and close.startswith(self.eos_text):
-            close = close[len(self.eos_text):]
+            close = close[len(self.eos_text) :]
         return close + self._turn_template.replace(_PROBE_OBS, observation)
 
     def observation_ids(self, observation: str, ended_with_eos: bool) -> list[int]:
@@ -98,9 +100,12 @@ class ChatTemplateDelta:
         before = self.tokenizer.apply_chat_template(conversation, tokenize=False)
         after = self.tokenizer.apply_chat_template(
             conversation + [{"role": self.observation_role, "content": _PROBE_OBS}],
-            tokenize=False, add_generation_prompt=True)
+            tokenize=False,
+            add_generation_prompt=True,
+        )
         if not after.startswith(before) or _PROBE_ANSWER not in before or _PROBE_OBS not in after:
-            raise ValueError("this chat template does not extend a conversation by appending text; "
-                             "use observation_role='inline'")
-        close = before[before.rindex(_PROBE_ANSWER) + len(_PROBE_ANSWER):]
-        return close, after[len(before):]
+            raise ValueError(
+                "this chat template does not extend a conversation by appending text; use observation_role='inline'"
+            )
+        close = before[before.rindex(_PROBE_ANSWER) + len(_PROBE_ANSWER) :]
+        return close, after[len(before) :]

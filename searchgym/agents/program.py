@@ -16,6 +16,7 @@ The contract (docs/agents.md, "Agent programs"):
 The model's tool calls reach the env only through `call_tool`: the agent stays an ordinary tool-calling loop (as
 with any OpenAI tool), and the proxy never acts on the model's output behind the agent's back.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -37,14 +38,30 @@ from searchgym.envs.search_env import SearchEnv
 EPISODE_OVER = "The episode is over ({why}); no more tools run. Return your final answer."
 
 TOOLS: list[dict[str, Any]] = [
-    {"type": "function", "function": {
-        "name": "search", "description": "Search the knowledge source; returns the top results with their urls.",
-        "parameters": {"type": "object", "properties": {"query": {"type": "string", "description": "What to search for"}},
-                       "required": ["query"]}}},
-    {"type": "function", "function": {
-        "name": "access", "description": "Open a page from the search results; opening it again shows its next part.",
-        "parameters": {"type": "object", "properties": {"url": {"type": "string", "description": "A result's url"}},
-                       "required": ["url"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Search the knowledge source; returns the top results with their urls.",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string", "description": "What to search for"}},
+                "required": ["query"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "access",
+            "description": "Open a page from the search results; opening it again shows its next part.",
+            "parameters": {
+                "type": "object",
+                "properties": {"url": {"type": "string", "description": "A result's url"}},
+                "required": ["url"],
+            },
+        },
+    },
 ]
 
 AgentFunction = Callable[["AgentTask", Any], Awaitable[Any]]
@@ -90,9 +107,17 @@ class AgentProgramWorkflow(Workflow):
     """Plays episodes with an agent program through a RecordingProxy over a token-level engine (which the caller
     owns); the trajectory holds the proxy's token-exact record, the env's verdict and the reward."""
 
-    def __init__(self, agent: AgentFunction | str, engine: InferenceEngine, tokenizer: Any,
-                 settings: WorkflowSettings | None = None, *, served_model_name: str = DEFAULT_MODEL_NAME,
-                 client_timeout: float = 600.0, episode_timeout: float | None = 3600.0) -> None:
+    def __init__(
+        self,
+        agent: AgentFunction | str,
+        engine: InferenceEngine,
+        tokenizer: Any,
+        settings: WorkflowSettings | None = None,
+        *,
+        served_model_name: str = DEFAULT_MODEL_NAME,
+        client_timeout: float = 600.0,
+        episode_timeout: float | None = 3600.0,
+    ) -> None:
         super().__init__(settings)
         self.agent = load_object(agent) if isinstance(agent, str) else agent
         if not callable(self.agent):
@@ -105,12 +130,15 @@ class AgentProgramWorkflow(Workflow):
         self._lock: asyncio.Lock | None = None
 
     @classmethod
-    def on_handle(cls, handle: EngineHandle, agent: AgentFunction | str,
-                  settings: WorkflowSettings | None = None) -> AgentProgramWorkflow:
+    def on_handle(
+        cls, handle: EngineHandle, agent: AgentFunction | str, settings: WorkflowSettings | None = None
+    ) -> AgentProgramWorkflow:
         """The workflow over an opened token-level engine (a model dir or sglang:...)."""
         if handle.engine is None:
-            raise ValueError(f"an agent program is trained and recorded through a token-level engine (a model dir or "
-                             f"sglang:...); {handle.spec!r} is a chat endpoint")
+            raise ValueError(
+                f"an agent program is trained and recorded through a token-level engine (a model dir or "
+                f"sglang:...); {handle.spec!r} is a chat endpoint"
+            )
         return cls(agent, handle.engine, handle.tokenizer, settings)
 
     @contextlib.asynccontextmanager
@@ -120,11 +148,14 @@ class AgentProgramWorkflow(Workflow):
             self._lock = asyncio.Lock()
         async with self._lock:
             if self._proxy is None:
-                proxy = RecordingProxy(self.engine, self.tokenizer, served_model_name=self.served_model_name,
-                                       context_length=min(self.settings.max_context,
-                                                          getattr(self.engine, "max_context", None) or 1 << 30),
-                                       max_reply_tokens=self.settings.sampling.max_new_tokens,
-                                       temperature=self.settings.sampling.temperature)
+                proxy = RecordingProxy(
+                    self.engine,
+                    self.tokenizer,
+                    served_model_name=self.served_model_name,
+                    context_length=min(self.settings.max_context, getattr(self.engine, "max_context", None) or 1 << 30),
+                    max_reply_tokens=self.settings.sampling.max_new_tokens,
+                    temperature=self.settings.sampling.temperature,
+                )
                 self._proxy = await proxy.__aenter__()
             self._users += 1
         try:
@@ -136,8 +167,9 @@ class AgentProgramWorkflow(Workflow):
                     proxy, self._proxy = self._proxy, None
                     await proxy.__aexit__(None, None, None)
 
-    async def arun_episode(self, env: SearchEnv, *, seed: int | None = None, options: dict[str, Any] | None = None,
-                           rid: str | None = None) -> Trajectory:
+    async def arun_episode(
+        self, env: SearchEnv, *, seed: int | None = None, options: dict[str, Any] | None = None, rid: str | None = None
+    ) -> Trajectory:
         """Run the agent on the env's task, submit its answer, and link the proxy's record into the trajectory."""
         import openai
 
@@ -159,8 +191,9 @@ class AgentProgramWorkflow(Workflow):
                 return await self.observe(env, traj, step)
 
             task = AgentTask(traj.task_id, question, obs, self.served_model_name, _call=call_tool)
-            client = openai.AsyncOpenAI(base_url=proxy.base_url(record.key), api_key="searchgym",
-                                        timeout=self.client_timeout)
+            client = openai.AsyncOpenAI(
+                base_url=proxy.base_url(record.key), api_key="searchgym", timeout=self.client_timeout
+            )
             answer: Any = None
             error: str | None = None
             try:
@@ -187,8 +220,12 @@ def is_agent_program(obj: Any) -> bool:
     return callable(obj) and not isinstance(obj, type)
 
 
-def build_player(handle: EngineHandle, *, workflow: str | type[Workflow] | AgentFunction | None = None,
-                 settings: WorkflowSettings | None = None) -> Workflow:
+def build_player(
+    handle: EngineHandle,
+    *,
+    workflow: str | type[Workflow] | AgentFunction | None = None,
+    settings: WorkflowSettings | None = None,
+) -> Workflow:
     """`build_workflow`, where `workflow` may also name an agent program's function (`"file.py:agent"`: an
     AgentProgramWorkflow), so `eval --agent` and `rollout.agent` run wherever a custom Workflow class runs."""
     loaded = load_object(workflow) if isinstance(workflow, str) else workflow

@@ -9,6 +9,7 @@ log-probs and weight versions. `EpisodeRecord.link` turns an episode's calls int
 environment's, loss mask 0), any other starts a new segment; calls that cannot be trained on are kept with the
 reason and never linked.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -61,8 +62,6 @@ class ProxyCall:
         return {**row, "prompt_tokens": len(self.prompt_ids), "output_tokens": len(self.output_ids)}
 
 
-
-
 @dataclass
 class EpisodeRecord:
     """The calls one episode made through the proxy, in arrival order."""
@@ -97,11 +96,18 @@ class EpisodeRecord:
             if not live and not traj.segments:
                 traj.extend(prompt, generated=False)
                 traj.prompt_length = len(prompt)
-            elif len(prompt) >= len(live) and prompt[:len(live)] == live:
-                traj.extend(prompt[len(live):], generated=False)
+            elif len(prompt) >= len(live) and prompt[: len(live)] == live:
+                traj.extend(prompt[len(live) :], generated=False)
             else:
-                traj.context_events.append({"segment": traj.num_segments, "turn": call.turn, "policy": "agent",
-                                            "reason": REWRITE, "call": call.index})
+                traj.context_events.append(
+                    {
+                        "segment": traj.num_segments,
+                        "turn": call.turn,
+                        "policy": "agent",
+                        "reason": REWRITE,
+                        "call": call.index,
+                    }
+                )
                 traj.start_segment(prompt, REWRITE)
             traj.extend(call.output_ids, generated=True, logprobs=call.logprobs, versions=call.versions)
             traj.run_turns.append(call.turn)
@@ -110,7 +116,8 @@ class EpisodeRecord:
 
 # the episode and call a handler is serving, for the engine wrapper below (context variables keep episodes apart)
 _CALL: contextvars.ContextVar[tuple[EpisodeRecord, ProxyCall] | None] = contextvars.ContextVar(
-    "searchgym_proxy_call", default=None)
+    "searchgym_proxy_call", default=None
+)
 
 
 class RecordingEngine:
@@ -128,8 +135,9 @@ class RecordingEngine:
     def version(self) -> int:
         return self.engine.version
 
-    async def agenerate(self, request: GenerateRequest, *, progress: Any = None,
-                        keep_prefix: bool = True) -> GenerateResponse:
+    async def agenerate(
+        self, request: GenerateRequest, *, progress: Any = None, keep_prefix: bool = True
+    ) -> GenerateResponse:
         """Generate under the episode's rid (the server's made-up one names no next call) and record the answer."""
         current = _CALL.get()
         if current is None:
@@ -188,8 +196,10 @@ def untrainable_reason(body: dict[str, Any], served: str, temperature: float | N
         return f"model {model!r} is not the policy served here ({served!r})"
     asked = body.get("temperature")
     if temperature is not None and isinstance(asked, (int, float)) and float(asked) != temperature:
-        return (f"temperature={asked!r}: its behaviour log-probs are not the trained policy's "
-                f"(the run samples and trains at temperature {temperature})")
+        return (
+            f"temperature={asked!r}: its behaviour log-probs are not the trained policy's "
+            f"(the run samples and trains at temperature {temperature})"
+        )
     if body.get("n") not in (None, 1):
         return f"n={body.get('n')!r}: several choices per call"
     if body.get("chat_template_kwargs"):
@@ -206,18 +216,30 @@ class RecordingProxy:
     `max_reply_tokens` the reply length of a request that sets none, and the most one may ask for.
     """
 
-    def __init__(self, engine: InferenceEngine, tokenizer: Any, *, served_model_name: str = DEFAULT_MODEL_NAME,
-                 context_length: int | None = None, max_reply_tokens: int | None = None,
-                 temperature: float | None = None, reuse_prefix: bool = True, host: str = "127.0.0.1",
-                 port: int = 0) -> None:
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        tokenizer: Any,
+        *,
+        served_model_name: str = DEFAULT_MODEL_NAME,
+        context_length: int | None = None,
+        max_reply_tokens: int | None = None,
+        temperature: float | None = None,
+        reuse_prefix: bool = True,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
         context = context_length or getattr(engine, "max_context", None) or 32_768
         self.engine = RecordingEngine(engine, tokenizer, context, reuse_prefix)
         self.served_model_name = served_model_name
         self.temperature = temperature
-        self.model = ProxyModel(self.engine, model_path=served_model_name,  # type: ignore[arg-type]
-                                 served_model_name=served_model_name, context_length=context,
-                                 max_reply_tokens=None if max_reply_tokens is None else min(max_reply_tokens,
-                                                                                            context - 1))
+        self.model = ProxyModel(
+            self.engine,  # type: ignore[arg-type]  # a RecordingEngine stands in for the engine
+            model_path=served_model_name,
+            served_model_name=served_model_name,
+            context_length=context,
+            max_reply_tokens=None if max_reply_tokens is None else min(max_reply_tokens, context - 1),
+        )
         self.model.ready = True
         self.model.defaults = {} if temperature is None else {"temperature": temperature}
         self.api = OpenAIAPI(self.model)

@@ -1,4 +1,5 @@
 """Scripted agents: the oracle's script as a workflow (demonstrations), and baselines that read only observations."""
+
 from __future__ import annotations
 
 import random
@@ -26,8 +27,9 @@ class ScriptedWorkflow(Workflow):
         super().__init__(settings)
         self.script = script
 
-    async def arun_episode(self, env: SearchEnv, *, seed: int | None = None, options: dict[str, Any] | None = None,
-                           rid: str | None = None) -> Trajectory:
+    async def arun_episode(
+        self, env: SearchEnv, *, seed: int | None = None, options: dict[str, Any] | None = None, rid: str | None = None
+    ) -> Trajectory:
         obs, traj = await self.start_episode(env, seed, options)
         script = self.script(env, cast(Task, env.task))  # start_episode reset it
         try:
@@ -51,19 +53,27 @@ class OracleWorkflow(ScriptedWorkflow):
         super().__init__(lambda env, task: self.oracle.script(task, env.max_page_chunks), settings)
 
 
-async def demonstrations(env: SearchEnv, tasks: Sequence[Task] | None = None, *, workflow: Workflow | None = None,
-                         skim: bool = True, think: bool = False,
-                         question_query: bool = False) -> list[list[dict[str, str]]]:
+async def demonstrations(
+    env: SearchEnv,
+    tasks: Sequence[Task] | None = None,
+    *,
+    workflow: Workflow | None = None,
+    skim: bool = True,
+    think: bool = False,
+    question_query: bool = False,
+) -> list[list[dict[str, str]]]:
     """The solved episodes of `workflow` (default: the oracle, writing the env's tool format) on `tasks` (default:
     the env's pool) as chats, for a supervised warm start."""
-    workflow = workflow or OracleWorkflow(OracleAgent(skim=skim, think=think, question_query=question_query,
-                                                      tool_format=env.tool_format))
+    workflow = workflow or OracleWorkflow(
+        OracleAgent(skim=skim, think=think, question_query=question_query, tool_format=env.tool_format)
+    )
     chats = []
     for task in env.tasks if tasks is None else tasks:
         traj = await workflow.arun_episode(env, options={"task_id": task.id})
         if (traj.verdict or {}).get("correct"):
             chats.append(traj.messages)
     return chats
+
 
 _FIRST_HIT = re.compile(r"\[Doc 1\]\((?P<url>[^)]*)\):\n(?P<title>[^\n]*)")
 

@@ -13,6 +13,7 @@ from a spec:
 curriculum over the trained version the trainer reports. `cache=FILE.sqlite` records every written result
 (`cache_mode="replay_only"` serves them and never calls the model): the web's record/replay file.
 """
+
 from __future__ import annotations
 
 import functools
@@ -51,19 +52,37 @@ def _local_chat(model_dir: str, device: str, seed: int) -> ChatModel:
     return EngineChat(engine, engine.tokenizer)
 
 
-def make_simulated_qa(tasks: Any, *, engine: str | ChatModel, noise: float = 0.0,
-                      noise_schedule: dict[str, Any] | None = None, simulator_seed: int = 0,
-                      cache: str | os.PathLike | None = None, cache_mode: str = "read_write",
-                      prompts: str | os.PathLike | None = None, style: str | None = None,
-                      simulator_max_tokens: int = 768, simulator_device: str = "cpu", task_split: str | None = None,
-                      hops: int | list[int] | None = None, **env_kwargs: Any) -> SearchEnv:
+def make_simulated_qa(
+    tasks: Any,
+    *,
+    engine: str | ChatModel,
+    noise: float = 0.0,
+    noise_schedule: dict[str, Any] | None = None,
+    simulator_seed: int = 0,
+    cache: str | os.PathLike | None = None,
+    cache_mode: str = "read_write",
+    prompts: str | os.PathLike | None = None,
+    style: str | None = None,
+    simulator_max_tokens: int = 768,
+    simulator_device: str = "cpu",
+    task_split: str | None = None,
+    hops: int | list[int] | None = None,
+    **env_kwargs: Any,
+) -> SearchEnv:
     """SearchEnv over `tasks` (a task file, a `datasets` directory or a TaskPool) with the simulated engine."""
     if noise_schedule is not None and noise:
         raise ValueError("give noise (a fixed share) or noise_schedule, not both")
     schedule: float | NoiseSchedule = NoiseSchedule(**noise_schedule) if noise_schedule is not None else noise
     chat = open_chat(engine, device=simulator_device, seed=simulator_seed) if isinstance(engine, str) else engine
     web_cache = WebCache(cache, cache_mode) if cache is not None else None
-    backend = SimulatedSearch(chat, noise=schedule, seed=simulator_seed, cache=web_cache, prompts=prompts,
-                              style=style, max_tokens=simulator_max_tokens)
+    backend = SimulatedSearch(
+        chat,
+        noise=schedule,
+        seed=simulator_seed,
+        cache=web_cache,
+        prompts=prompts,
+        style=style,
+        max_tokens=simulator_max_tokens,
+    )
     pool = load_pool(tasks, split=task_split, hops=hops)
     return SearchEnv(pool, backend, backend, **env_kwargs)

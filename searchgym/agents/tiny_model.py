@@ -5,6 +5,7 @@ touch the hub. `build_tiny_model` trains a byte-level BPE (every NFC string roun
 the synthetic world plus the agent's tool tags, initialises a Qwen2 of a few hundred thousand
 parameters from a seed, and saves both so the usual `Auto*.from_pretrained(dir)` calls load them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
@@ -20,8 +21,18 @@ with needs("the tiny model"):
 
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, IM_START, IM_END]
-TOOL_TAGS = ("<think>", "</think>", "<search>", "</search>", "<access>", "</access>", "<answer>", "</answer>",
-             "<information>", "</information>")
+TOOL_TAGS = (
+    "<think>",
+    "</think>",
+    "<search>",
+    "</search>",
+    "<access>",
+    "</access>",
+    "<answer>",
+    "</answer>",
+    "<information>",
+    "</information>",
+)
 # ChatML; with `tools`, a Qwen2.5/Hermes-style system block lists them, assistant tool calls are written as
 # <tool_call>{"name", "arguments"}</tool_call> and tool results go back as <tool_response> in a user turn.
 # Conversations without tools render exactly as plain ChatML (no default system prompt).
@@ -32,7 +43,7 @@ CHAT_TEMPLATE = (
     "{{- '# Tools\\n\\nThese functions are available, described as JSON inside <tools></tools>:\\n<tools>' }}"
     "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
     "{{- '\\n</tools>\\n\\nTo call functions, write one JSON object per call inside <tool_call></tool_call>:\\n"
-    "<tool_call>\\n{\"name\": <function-name>, \"arguments\": <arguments-object>}\\n</tool_call><|im_end|>\\n' }}"
+    '<tool_call>\\n{"name": <function-name>, "arguments": <arguments-object>}\\n</tool_call><|im_end|>\\n\' }}'
     "{%- endif %}"
     "{%- for message in messages %}"
     "{%- if message['role'] == 'system' and loop.first and tools %}"
@@ -90,38 +101,70 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedT
     """
     bpe = Tokenizer(models.BPE())
     bpe.normalizer = normalizers.NFC()
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     bpe.train_from_iterator(texts, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=IM_END, pad_token=PAD,
-                                        clean_up_tokenization_spaces=False)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token=IM_END, pad_token=PAD, clean_up_tokenization_spaces=False
+    )
     tokenizer.add_special_tokens({"additional_special_tokens": [IM_START]})
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
 
-def tiny_config(tokenizer: PreTrainedTokenizerFast, *, hidden_size: int, num_layers: int, num_heads: int,
-                num_kv_heads: int, intermediate_size: int, max_position_embeddings: int,
-                init_std: float = INIT_STD) -> Qwen2Config:
+def tiny_config(
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    intermediate_size: int,
+    max_position_embeddings: int,
+    init_std: float = INIT_STD,
+) -> Qwen2Config:
     """A Qwen2 config sized by the arguments, with tied embeddings, `init_std` and the tokenizer's special ids."""
     return Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_layers,
-        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings, tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
         initializer_range=init_std,
     )
 
 
-def build_tiny_model(out_dir: str | Path, *, texts: Iterable[str] | None = None, vocab_size: int = 2048,
-                     hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
-                     intermediate_size: int = 176, max_position_embeddings: int = 8192, seed: int = 0,
-                     init_std: float = INIT_STD) -> Path:
+def build_tiny_model(
+    out_dir: str | Path,
+    *,
+    texts: Iterable[str] | None = None,
+    vocab_size: int = 2048,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 176,
+    max_position_embeddings: int = 8192,
+    seed: int = 0,
+    init_std: float = INIT_STD,
+) -> Path:
     """Train a tokenizer, initialise a seeded fp32 Qwen2 and save both to `out_dir`; same args, same files.
 
     The default `init_std` makes an untrained model write varied text (what engine tests need); a model
@@ -129,15 +172,20 @@ def build_tiny_model(out_dir: str | Path, *, texts: Iterable[str] | None = None,
     """
     out = Path(out_dir)
     tokenizer = train_tokenizer(default_texts() if texts is None else texts, vocab_size)
-    config = tiny_config(tokenizer, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
-                         num_kv_heads=num_kv_heads, intermediate_size=intermediate_size,
-                         max_position_embeddings=max_position_embeddings, init_std=init_std)
+    config = tiny_config(
+        tokenizer,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        init_std=init_std,
+    )
     with torch.random.fork_rng(devices=[]):  # seeded weights without disturbing the caller's random state
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config).to(torch.float32).eval()
-    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
-                                               pad_token_id=tokenizer.pad_token_id)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
-

@@ -7,6 +7,7 @@ rebuilt the context. The trajectory's own `input_ids` / `loss_mask` / `logprobs`
 (live) segment, and `segments` the closed ones before it, so code that reads the token arrays of an episode that
 never overflowed keeps working unchanged; `token_segments()` lists them all.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -87,8 +88,17 @@ class Trajectory:
 
     def start_segment(self, prompt_ids: list[int], end: str) -> None:
         """Close the live token sequence as a Segment (ended by `end`) and start a new one from `prompt_ids`."""
-        self.segments.append(Segment(self.input_ids, self.loss_mask, self.logprobs, self.versions, self.prompt_length,
-                                     self.live_run_turns(), end))
+        self.segments.append(
+            Segment(
+                self.input_ids,
+                self.loss_mask,
+                self.logprobs,
+                self.versions,
+                self.prompt_length,
+                self.live_run_turns(),
+                end,
+            )
+        )
         self.input_ids, self.loss_mask, self.logprobs, self.versions, self.run_turns = [], [], [], [], []
         self.extend(prompt_ids, generated=False)
         self.prompt_length = len(prompt_ids)
@@ -101,12 +111,20 @@ class Trajectory:
 
     def token_segments(self) -> list[Segment]:
         """Every segment in order, the live one last: what the learner trains, one sample each."""
-        live = Segment(self.input_ids, self.loss_mask, self.logprobs, self.versions, self.prompt_length,
-                       self.live_run_turns(), self.stop_reason)
+        live = Segment(
+            self.input_ids,
+            self.loss_mask,
+            self.logprobs,
+            self.versions,
+            self.prompt_length,
+            self.live_run_turns(),
+            self.stop_reason,
+        )
         return [*self.segments, live]
 
-    def extend(self, ids: list[int], *, generated: bool, logprobs: list[float] | None = None,
-               versions: list[int] | None = None) -> None:
+    def extend(
+        self, ids: list[int], *, generated: bool, logprobs: list[float] | None = None, versions: list[int] | None = None
+    ) -> None:
         """Append tokens: generated ones with their logprobs and versions, environment ones masked out."""
         if generated and (logprobs is None or versions is None):
             raise ValueError("generated tokens need their logprobs and versions")

@@ -18,6 +18,7 @@ The caller owns the engine: it opens one from a spec (`agents/engines/open.py`: 
 builds workflows on it with `build_workflow(handle, workflow=..., settings=...)`, optionally a custom class
 named `module:Class` or `path/to/file.py:Class`. A workflow never opens or closes an engine.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,8 +39,19 @@ from searchgym.agents.trajectory import Trajectory, Turn
 from searchgym.envs.judges import ChatModel
 from searchgym.envs.search_env import SearchEnv
 
-INFO_KEYS = ("tool", "query", "url", "hits", "page", "error", "format_errors", "evidence", "truncation", "simulated",
-             "cost")
+INFO_KEYS = (
+    "tool",
+    "query",
+    "url",
+    "hits",
+    "page",
+    "error",
+    "format_errors",
+    "evidence",
+    "truncation",
+    "simulated",
+    "cost",
+)
 
 
 @dataclass(frozen=True)
@@ -90,22 +102,31 @@ class Workflow:
         """The text the model reads next, from the env's observation (e.g. a summary of a long page)."""
         return step.observation
 
-    async def start_episode(self, env: SearchEnv, seed: int | None, options: dict[str, Any] | None
-                            ) -> tuple[str, Trajectory]:
+    async def start_episode(
+        self, env: SearchEnv, seed: int | None, options: dict[str, Any] | None
+    ) -> tuple[str, Trajectory]:
         """Reset the env and open the trajectory with its first observation."""
         obs, info = await env.areset(seed=seed, options=options)
         return obs, Trajectory(task_id=info["task_id"], messages=[{"role": "user", "content": obs}])
 
-    async def step_env(self, env: SearchEnv, traj: Trajectory, text: str, generate_seconds: float,
-                       **turn: Any) -> Step:
+    async def step_env(self, env: SearchEnv, traj: Trajectory, text: str, generate_seconds: float, **turn: Any) -> Step:
         """Step the env with the turn, record it, and close the trajectory if the episode ended."""
         action = await self.act(env, traj, text)
         traj.messages.append({"role": "assistant", "content": text})
         t0 = time.perf_counter()
         obs, reward, terminated, truncated, info = await env.astep(action)
-        traj.turns.append(Turn(action=action, tool=info.get("tool", "invalid"), observation=obs, reward=reward,
-                               info={k: info[k] for k in INFO_KEYS if k in info}, generate_seconds=generate_seconds,
-                               env_seconds=time.perf_counter() - t0, **turn))
+        traj.turns.append(
+            Turn(
+                action=action,
+                tool=info.get("tool", "invalid"),
+                observation=obs,
+                reward=reward,
+                info={k: info[k] for k in INFO_KEYS if k in info},
+                generate_seconds=generate_seconds,
+                env_seconds=time.perf_counter() - t0,
+                **turn,
+            )
+        )
         traj.reward += reward
         done = terminated or truncated
         if done:
@@ -115,8 +136,9 @@ class Workflow:
             traj.prediction = info.get("prediction")
         return Step(obs, reward, done, info)
 
-    async def arun_episode(self, env: SearchEnv, *, seed: int | None = None, options: dict[str, Any] | None = None,
-                           rid: str | None = None) -> Trajectory:
+    async def arun_episode(
+        self, env: SearchEnv, *, seed: int | None = None, options: dict[str, Any] | None = None, rid: str | None = None
+    ) -> Trajectory:
         raise NotImplementedError
 
     @classmethod
@@ -124,8 +146,10 @@ class Workflow:
         """This workflow over an opened engine: token-level where the engine gives tokens, else chat."""
         if issubclass(cls, TokenWorkflow):
             if handle.engine is None:
-                raise ValueError(f"{cls.__name__} needs a token-level engine (a model dir or sglang:...); "
-                                 f"{handle.spec!r} is a chat endpoint")
+                raise ValueError(
+                    f"{cls.__name__} needs a token-level engine (a model dir or sglang:...); "
+                    f"{handle.spec!r} is a chat endpoint"
+                )
             return cls(handle.engine, handle.tokenizer, settings)
         if issubclass(cls, ChatWorkflow):
             return cls(handle.chat, settings)
@@ -135,8 +159,14 @@ class Workflow:
 class TokenWorkflow(Workflow):
     """Token in, token out: exact ids, behaviour logprobs and weight versions for RL."""
 
-    def __init__(self, engine: InferenceEngine, tokenizer: Any, settings: WorkflowSettings | None = None, *,
-                 template: ChatTemplateDelta | None = None):
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        tokenizer: Any,
+        settings: WorkflowSettings | None = None,
+        *,
+        template: ChatTemplateDelta | None = None,
+    ):
         super().__init__(settings)
         self.engine, self.tokenizer = engine, tokenizer
         self.template = template or ChatTemplateDelta(tokenizer, self.settings.observation_role)
@@ -154,8 +184,9 @@ class TokenWorkflow(Workflow):
             return min(self.settings.max_context, engine_context)
         return self.settings.max_context
 
-    async def arun_episode(self, env: SearchEnv, *, seed: int | None = None, options: dict[str, Any] | None = None,
-                           rid: str | None = None) -> Trajectory:
+    async def arun_episode(
+        self, env: SearchEnv, *, seed: int | None = None, options: dict[str, Any] | None = None, rid: str | None = None
+    ) -> Trajectory:
         """Play one episode; stops on an answer, an env budget, or the context budget.
 
         With a managed context policy (`settings.context`), an observation that would leave no room for the next
@@ -185,17 +216,23 @@ class TokenWorkflow(Workflow):
             traj.extend(response.output_ids, generated=True, logprobs=response.logprobs, versions=response.versions)
             if response.output_ids:
                 traj.run_turns.append(len(traj.turns))  # the turn step_env is about to record
-            step = await self.step_env(env, traj, self.turn_text(response.output_ids), seconds,
-                                       generated_tokens=len(response.output_ids),
-                                       finish_reason=response.finish_reason.type)
+            step = await self.step_env(
+                env,
+                traj,
+                self.turn_text(response.output_ids),
+                seconds,
+                generated_tokens=len(response.output_ids),
+                finish_reason=response.finish_reason.type,
+            )
             if step.done:
                 return traj
             seen = await self.observe(env, traj, step)
             ended_with_eos = bool(response.output_ids) and response.output_ids[-1] in self.eos_ids
             delta = self.template.observation_ids(seen, ended_with_eos)
             traj.turns[-1].observation_tokens = len(delta)
-            history.entries.append(Entry(list(response.output_ids), ended_with_eos, seen,
-                                         stub_for(traj.turns[-1].tool, step.info)))
+            history.entries.append(
+                Entry(list(response.output_ids), ended_with_eos, seen, stub_for(traj.turns[-1].tool, step.info))
+            )
             role = self.settings.observation_role
             if not policy.managed:
                 if len(traj.input_ids) + len(delta) >= max_context:
@@ -215,8 +252,9 @@ class TokenWorkflow(Workflow):
                 return traj
             traj.messages.append(message)  # the transcript: after a summary exchange, as the new segment shows it
 
-    async def next_segment(self, traj: Trajectory, history: History, *, target: int, sampling: SamplingParams,
-                           rid: str) -> bool:
+    async def next_segment(
+        self, traj: Trajectory, history: History, *, target: int, sampling: SamplingParams, rid: str
+    ) -> bool:
         """Have the context policy rebuild the prompt (at most `target` tokens) and open a new segment from it;
         False when the episode ends instead (truncated: the segment budget is spent, or nothing fits)."""
         if traj.num_segments >= self.settings.max_segments:
@@ -243,16 +281,21 @@ class ChatWorkflow(Workflow):
         super().__init__(settings)
         self.chat = chat
 
-    async def arun_episode(self, env: SearchEnv, *, seed: int | None = None, options: dict[str, Any] | None = None,
-                           rid: str | None = None) -> Trajectory:
+    async def arun_episode(
+        self, env: SearchEnv, *, seed: int | None = None, options: dict[str, Any] | None = None, rid: str | None = None
+    ) -> Trajectory:
         """Play one episode with messages only; the endpoint drops the stop string, so it is put back."""
         fmt = ToolFormat.get(env.tool_format)
         sampling = self.settings.sampling
         obs, traj = await self.start_episode(env, seed, options)
         while True:
             t0 = time.perf_counter()
-            text = await self.chat.achat(traj.messages, stop=list(fmt.stops), temperature=sampling.temperature,
-                                         max_tokens=sampling.max_new_tokens)
+            text = await self.chat.achat(
+                traj.messages,
+                stop=list(fmt.stops),
+                temperature=sampling.temperature,
+                max_tokens=sampling.max_new_tokens,
+            )
             step = await self.step_env(env, traj, close_stopped_call(text, fmt), time.perf_counter() - t0)
             if step.done:
                 return traj
@@ -277,6 +320,7 @@ def close_stopped_call(text: str, fmt: ToolFormat) -> str:
 
 
 # --- building workflows from specs ---------------------------------------------------------------
+
 
 def load_object(path: str) -> Any:
     """`package.module:Name` or `path/to/file.py:Name` -> the object (for custom workflows in configs and CLIs)."""
@@ -314,8 +358,9 @@ def workflow_class(workflow: str | type[Workflow] | None, handle: EngineHandle) 
     return cls
 
 
-def build_workflow(handle: EngineHandle, *, workflow: str | type[Workflow] | None = None,
-                   settings: WorkflowSettings | None = None) -> Workflow:
+def build_workflow(
+    handle: EngineHandle, *, workflow: str | type[Workflow] | None = None, settings: WorkflowSettings | None = None
+) -> Workflow:
     """The workflow over an engine the caller opened (and will close): `workflow` names a custom class, else
     token-level where the engine gives tokens, else chat.
 

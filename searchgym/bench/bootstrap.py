@@ -1,10 +1,12 @@
-"""A hierarchical bootstrap over (seed, question): how far a pooled mean moves when both seeds and questions are redrawn.
+"""A hierarchical bootstrap over (seed, question): how far a pooled mean moves when both seeds and questions are
+redrawn.
 
 Questions within one seed share that seed's world, warm start and RL run, so they are not independent draws;
 resampling (seed, question) pairs as if they were would make the interval too narrow. Each bootstrap draw
 therefore resamples the seeds with replacement, then the questions within each drawn seed with replacement,
 and takes the mean over every drawn (seed, question) pair, the same statistic as the point estimate.
 """
+
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
@@ -16,8 +18,9 @@ RESAMPLES = 2000
 K = TypeVar("K", bound=Hashable)  # a group's key (a seed)
 
 
-def hierarchical_bootstrap(groups: Mapping[K, Sequence[float]], *, seed: int = 0,
-                           resamples: int = RESAMPLES) -> dict[str, Any]:
+def hierarchical_bootstrap(
+    groups: Mapping[K, Sequence[float]], *, seed: int = 0, resamples: int = RESAMPLES
+) -> dict[str, Any]:
     """Mean over all values of `groups` (seed -> per-question values) with a 95% two-level percentile interval."""
     arrays = [np.asarray(values, dtype=float) for _, values in sorted(groups.items(), key=lambda kv: str(kv[0]))]
     arrays = [a for a in arrays if a.size]
@@ -36,7 +39,13 @@ def hierarchical_bootstrap(groups: Mapping[K, Sequence[float]], *, seed: int = 0
         means[r] = total / counts[picked].sum()
     point = float(np.concatenate(arrays).mean())
     low, high = (float(x) for x in np.percentile(means, [2.5, 97.5]))
-    return {"gain": point, "ci95_low": low, "ci95_high": high,
-            "significant": bool(low > 0 or high < 0), "seeds": len(arrays), "questions": int(counts.sum()),
-            "bootstrap": "hierarchical: seeds with replacement, then questions within each drawn seed",
-            "resamples": resamples}
+    return {
+        "gain": point,
+        "ci95_low": low,
+        "ci95_high": high,
+        "significant": bool(low > 0 or high < 0),
+        "seeds": len(arrays),
+        "questions": int(counts.sum()),
+        "bootstrap": "hierarchical: seeds with replacement, then questions within each drawn seed",
+        "resamples": resamples,
+    }

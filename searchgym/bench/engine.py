@@ -11,6 +11,7 @@
 
 Results go to one JSON file; a run of one kind keeps the other kind's figures already there.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,10 +33,21 @@ from searchgym.world.world import World
 TRAFFIC = ("multiturn", "single", "both")
 
 
-def run_engine_bench(model_dir: str | os.PathLike, *, out: str | os.PathLike = "results/bench_engine.json",
-                     traffic: str = "multiturn", concurrency: tuple[int, ...] = (1, 8, 64), new_tokens: int = 64,
-                     device: str = "cpu", baseline_requests: int = 8, episodes: int = 8, turns: int = 8,
-                     turn_tokens: int = 32, repeats: int = 5, threads: int | None = None) -> dict[str, Any]:
+def run_engine_bench(
+    model_dir: str | os.PathLike,
+    *,
+    out: str | os.PathLike = "results/bench_engine.json",
+    traffic: str = "multiturn",
+    concurrency: tuple[int, ...] = (1, 8, 64),
+    new_tokens: int = 64,
+    device: str = "cpu",
+    baseline_requests: int = 8,
+    episodes: int = 8,
+    turns: int = 8,
+    turn_tokens: int = 32,
+    repeats: int = 5,
+    threads: int | None = None,
+) -> dict[str, Any]:
     """Measure the chosen traffic on one model; merge the results into `out` and return them all.
 
     `threads` sets torch's intra-op threads (None: torch's default); on a shared machine one thread avoids
@@ -50,9 +62,17 @@ def run_engine_bench(model_dir: str | os.PathLike, *, out: str | os.PathLike = "
     engine = TorchEngine(model_dir, device=device)
     path = Path(out)
     results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-    setup = {"model": str(model_dir), "device": device, "parameters": sum(p.numel() for p in engine.model.parameters()),
-             "machine": {"cpus": os.cpu_count(), "torch": torch.__version__, "platform": platform.platform(),
-                         "torch_threads": torch.get_num_threads()}}
+    setup = {
+        "model": str(model_dir),
+        "device": device,
+        "parameters": sum(p.numel() for p in engine.model.parameters()),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "platform": platform.platform(),
+            "torch_threads": torch.get_num_threads(),
+        },
+    }
     if traffic in ("single", "both"):  # the single-turn figures and their setup stay at the top level
         results.update(setup)
         results.update(_single_turn(engine, concurrency, new_tokens, baseline_requests))
@@ -65,13 +85,16 @@ def run_engine_bench(model_dir: str | os.PathLike, *, out: str | os.PathLike = "
 
 # ---- multi-turn agent traffic ---------------------------------------------------------------------------------------
 
+
 def _multi_turn(engine: TorchEngine, episodes: int, turns: int, turn_tokens: int, repeats: int) -> dict[str, Any]:
     """Interleaved repetitions of (a) reuse on, (b) reuse off, (c) batched generate; medians and ratios."""
     no_reuse = TorchEngine(engine.model, engine.tokenizer, device=str(engine.device), prefix_cache_bytes=0)
     conversations = _conversations(engine.tokenizer, episodes, turns)
-    systems = {"engine_prefix_reuse": lambda rep: asyncio.run(_episodes(engine, conversations, turn_tokens, rep)),
-               "engine_no_reuse": lambda rep: asyncio.run(_episodes(no_reuse, conversations, turn_tokens, rep)),
-               "batched_generate": lambda rep: _batched_generate(engine, conversations, turn_tokens, rep)}
+    systems = {
+        "engine_prefix_reuse": lambda rep: asyncio.run(_episodes(engine, conversations, turn_tokens, rep)),
+        "engine_no_reuse": lambda rep: asyncio.run(_episodes(no_reuse, conversations, turn_tokens, rep)),
+        "batched_generate": lambda rep: _batched_generate(engine, conversations, turn_tokens, rep),
+    }
     load_before = os.getloadavg()
     warm, warm_rep = [c[:2] for c in conversations], repeats + 1  # warm-up: each system on two turns, own rids
     asyncio.run(_episodes(engine, warm, turn_tokens, warm_rep))
@@ -80,23 +103,30 @@ def _multi_turn(engine: TorchEngine, episodes: int, turns: int, turn_tokens: int
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
     names = list(systems)
     for rep in range(repeats):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:  # rotate who goes first
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:  # rotate who goes first
             runs[name].append(systems[name](rep))
     load_after = os.getloadavg()
-    medians = {name: {key: round(statistics.median(r[key] for r in rs), 2) for key in rs[0]}
-               for name, rs in runs.items()}
+    medians = {
+        name: {key: round(statistics.median(r[key] for r in rs), 2) for key in rs[0]} for name, rs in runs.items()
+    }
     tps = {name: m["tokens_per_s"] for name, m in medians.items()}
     contexts = [len(c[0]) + sum(len(o) for o in c[1:]) + turns * turn_tokens for c in conversations]
     given = sum(len(part) for c in conversations for part in c)  # prompt and observation tokens: read once at least
     return {
-        "episodes": episodes, "turns": turns, "tokens_per_turn": turn_tokens, "repeats": repeats,
-        "observation_tokens": [min(len(o) for c in conversations for o in c[1:]),
-                               max(len(o) for c in conversations for o in c[1:])],
+        "episodes": episodes,
+        "turns": turns,
+        "tokens_per_turn": turn_tokens,
+        "repeats": repeats,
+        "observation_tokens": [
+            min(len(o) for c in conversations for o in c[1:]),
+            max(len(o) for c in conversations for o in c[1:]),
+        ],
         "final_context_tokens": [min(contexts), max(contexts)],
         "given_tokens_per_generated_token": round(given / (episodes * turns * turn_tokens), 3),
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in load_after],
-        "median": medians, "runs": runs,
+        "median": medians,
+        "runs": runs,
         "speedup_reuse_vs_no_reuse": round(tps["engine_prefix_reuse"] / tps["engine_no_reuse"], 2),
         "speedup_reuse_vs_batched_generate": round(tps["engine_prefix_reuse"] / tps["batched_generate"], 2),
         "speedup_no_reuse_vs_batched_generate": round(tps["engine_no_reuse"] / tps["batched_generate"], 2),
@@ -110,20 +140,25 @@ def _conversations(tokenizer: Any, episodes: int, turns: int) -> list[list[list[
     for _ in range(episodes):
         entity = world.entity(rng.randrange(1000))
         question = f"Answer with the help of the search tool: what do you know about {entity.name}?"
-        first = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                              tokenize=True, return_dict=False)
+        first = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         observations = []
         for _ in range(turns - 1):
             page = tokenizer.encode(world.render_text(world.entity(rng.randrange(1000))))
             size = rng.randint(60, 200)
-            observations.append(tokenizer.encode("\n<result>\n") + (page * (1 + size // max(len(page), 1)))[:size]
-                                + tokenizer.encode("\n</result>\n"))
+            observations.append(
+                tokenizer.encode("\n<result>\n")
+                + (page * (1 + size // max(len(page), 1)))[:size]
+                + tokenizer.encode("\n</result>\n")
+            )
         out.append([first, *observations])
     return out
 
 
-async def _episodes(engine: TorchEngine, conversations: list[list[list[int]]], turn_tokens: int,
-                    rep: int) -> dict[str, float]:
+async def _episodes(
+    engine: TorchEngine, conversations: list[list[list[int]]], turn_tokens: int, rep: int
+) -> dict[str, float]:
     """Every episode at once, turn after turn; prompt tokens the engine prefilled and generated tokens/s."""
     before = engine.stats()
 
@@ -140,14 +175,17 @@ async def _episodes(engine: TorchEngine, conversations: list[list[list[int]]], t
     after = engine.stats()
     engine.prefix_cache.discard()
     generated = after["generated_tokens"] - before["generated_tokens"]
-    return {"tokens_per_s": round(generated / seconds, 1), "seconds": round(seconds, 3),
-            "prompt_tokens_per_generated_token": round((after["prefill_tokens"] - before["prefill_tokens"])
-                                                       / generated, 3),
-            "generated_tokens": generated}
+    return {
+        "tokens_per_s": round(generated / seconds, 1),
+        "seconds": round(seconds, 3),
+        "prompt_tokens_per_generated_token": round((after["prefill_tokens"] - before["prefill_tokens"]) / generated, 3),
+        "generated_tokens": generated,
+    }
 
 
-def _batched_generate(engine: TorchEngine, conversations: list[list[list[int]]], turn_tokens: int,
-                      rep: int) -> dict[str, float]:
+def _batched_generate(
+    engine: TorchEngine, conversations: list[list[list[int]]], turn_tokens: int, rep: int
+) -> dict[str, float]:
     """Per turn, one left-padded `model.generate` over every episode's conversation so far (sampling, KV cache
     within the call, none between turns)."""
     model, pad = engine.model, engine.tokenizer.pad_token_id
@@ -160,28 +198,42 @@ def _batched_generate(engine: TorchEngine, conversations: list[list[list[int]]],
             width = max(map(len, histories))
             ids = torch.tensor([[pad] * (width - len(h)) + h for h in histories], device=model.device)
             mask = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in histories], device=model.device)
-            y = model.generate(ids, attention_mask=mask, do_sample=True, max_new_tokens=turn_tokens,
-                               min_new_tokens=turn_tokens, pad_token_id=pad)
+            y = model.generate(
+                ids,
+                attention_mask=mask,
+                do_sample=True,
+                max_new_tokens=turn_tokens,
+                min_new_tokens=turn_tokens,
+                pad_token_id=pad,
+            )
             prompt_tokens += sum(map(len, histories))
             generated += (y.shape[1] - width) * len(histories)
             for h, row, parts in zip(histories, y[:, width:].tolist(), conversations, strict=True):
                 h += row + (parts[turn + 1] if turn + 1 < len(parts) else [])
     seconds = time.perf_counter() - t0
-    return {"tokens_per_s": round(generated / seconds, 1), "seconds": round(seconds, 3),
-            "prompt_tokens_per_generated_token": round(prompt_tokens / generated, 3), "generated_tokens": generated}
+    return {
+        "tokens_per_s": round(generated / seconds, 1),
+        "seconds": round(seconds, 3),
+        "prompt_tokens_per_generated_token": round(prompt_tokens / generated, 3),
+        "generated_tokens": generated,
+    }
 
 
 # ---- single-turn requests -------------------------------------------------------------------------------------------
 
-def _single_turn(engine: TorchEngine, concurrency: tuple[int, ...], new_tokens: int,
-                 baseline_requests: int) -> dict[str, Any]:
+
+def _single_turn(
+    engine: TorchEngine, concurrency: tuple[int, ...], new_tokens: int, baseline_requests: int
+) -> dict[str, Any]:
     prompts = _prompts(engine.tokenizer, max(concurrency) * 2)
     results: dict[str, Any] = {"new_tokens": new_tokens}
     results["generate_loop_tokens_per_s"] = _generate_loop(engine, prompts[:baseline_requests], new_tokens)
     results["engine_tokens_per_s"] = {
-        str(c): asyncio.run(_engine_run(engine, prompts[: max(2 * c, 16)], c, new_tokens)) for c in concurrency}
+        str(c): asyncio.run(_engine_run(engine, prompts[: max(2 * c, 16)], c, new_tokens)) for c in concurrency
+    }
     results["speedup_vs_generate_loop"] = {
-        c: round(tps / results["generate_loop_tokens_per_s"], 2) for c, tps in results["engine_tokens_per_s"].items()}
+        c: round(tps / results["generate_loop_tokens_per_s"], 2) for c, tps in results["engine_tokens_per_s"].items()
+    }
     return results
 
 
@@ -189,8 +241,12 @@ def _prompts(tokenizer: Any, n: int) -> list[list[int]]:
     """Chat prompts of varied length built from synthetic-world pages."""
     world, rng = World(1000, 0), random.Random(0)
     texts = [world.render_text(world.entity(rng.randrange(1000)))[: rng.randint(100, 600)] for _ in range(n)]
-    return [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
-                                          return_dict=False) for t in texts]
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for t in texts
+    ]
 
 
 async def _engine_run(engine: TorchEngine, prompts: list[list[int]], concurrency: int, new_tokens: int) -> float:
@@ -216,7 +272,13 @@ def _generate_loop(engine: TorchEngine, prompts: list[list[int]], new_tokens: in
     with torch.inference_mode():
         for ids in prompts:
             x = torch.tensor([ids], device=model.device)
-            y = model.generate(x, attention_mask=torch.ones_like(x), do_sample=True, max_new_tokens=new_tokens,
-                               min_new_tokens=new_tokens, pad_token_id=engine.tokenizer.pad_token_id)
+            y = model.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                do_sample=True,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=engine.tokenizer.pad_token_id,
+            )
             tokens += y.shape[1] - x.shape[1]
     return round(tokens / (time.perf_counter() - t0), 1)

@@ -2,6 +2,7 @@
 
 Numbers are written to a JSON file (quoted in README), never asserted in tests.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,8 +23,14 @@ from searchgym.world.validation import synthesize_pool
 from searchgym.world.world import World
 
 
-def run_env_bench(*, size: int = 100_000, out: str | os.PathLike = "results/bench_env.json",
-                  workdir: str | os.PathLike | None = None, n_queries: int = 3000, n_tasks: int = 300) -> dict[str, Any]:
+def run_env_bench(
+    *,
+    size: int = 100_000,
+    out: str | os.PathLike = "results/bench_env.json",
+    workdir: str | os.PathLike | None = None,
+    n_queries: int = 3000,
+    n_tasks: int = 300,
+) -> dict[str, Any]:
     """Build a `size`-page world and measure each stage; write the results to `out`."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(workdir or tmp)
@@ -38,8 +45,11 @@ def run_env_bench(*, size: int = 100_000, out: str | os.PathLike = "results/benc
         results["search_qps"] = _search_qps(world, index, n_queries)
         t0 = time.perf_counter()
         pool, report = synthesize_pool(world, index, n_tasks, seed=0, progress=True)
-        results["task_synthesis"] = {"tasks": len(pool), "seconds": round(time.perf_counter() - t0, 2),
-                                     "oracle_solve_rate_by_hops": report["oracle_solve_rate_by_hops"]}
+        results["task_synthesis"] = {
+            "tasks": len(pool),
+            "seconds": round(time.perf_counter() - t0, 2),
+            "oracle_solve_rate_by_hops": report["oracle_solve_rate_by_hops"],
+        }
         results["env_steps"] = asyncio.run(_env_steps(pool, index))
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(results, indent=2) + "\n")
@@ -69,8 +79,12 @@ async def _env_steps(pool: TaskPool, index: LocalIndex) -> dict[str, float]:
         steps += len((await oracle.arun(env, task)).turns)
     elapsed = time.perf_counter() - t0
     env.close()
-    return {"steps": steps, "episodes": len(pool), "steps_per_s": round(steps / elapsed, 1),
-            "episodes_per_s": round(len(pool) / elapsed, 1)}
+    return {
+        "steps": steps,
+        "episodes": len(pool),
+        "steps_per_s": round(steps / elapsed, 1),
+        "episodes_per_s": round(len(pool) / elapsed, 1),
+    }
 
 
 def _machine() -> dict[str, Any]:

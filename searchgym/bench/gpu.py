@@ -9,6 +9,7 @@
 
 Results go to `out` with the GPU's name; docs quote them only from a run on a named GPU.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,14 @@ import torch
 
 # Qwen2.5-0.5B's transformer shape (24 layers, hidden 896, 14 heads, 2 KV heads, MLP 4864) with the tiny
 # tokenizer's vocabulary; its parameter count is reported with the results.
-SHAPE = {"hidden_size": 896, "num_layers": 24, "num_heads": 14, "num_kv_heads": 2, "intermediate_size": 4864,
-         "vocab_size": 32000}
+SHAPE = {
+    "hidden_size": 896,
+    "num_layers": 24,
+    "num_heads": 14,
+    "num_kv_heads": 2,
+    "intermediate_size": 4864,
+    "vocab_size": 32000,
+}
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 tensor-core peaks
 
 
@@ -50,8 +57,12 @@ def _trajectories(vocab: int, n: int, length: int, generated: int, seed: int) ->
     for i in range(n):
         traj = Trajectory(task_id="bench", reward=float(i % 2))
         traj.extend(torch.randint(3, vocab, (length - generated,), generator=gen).tolist(), generated=False)
-        traj.extend(torch.randint(3, vocab, (generated,), generator=gen).tolist(), generated=True,
-                    logprobs=(-torch.rand(generated, generator=gen) * 3).tolist(), versions=[0] * generated)
+        traj.extend(
+            torch.randint(3, vocab, (generated,), generator=gen).tolist(),
+            generated=True,
+            logprobs=(-torch.rand(generated, generator=gen) * 3).tolist(),
+            versions=[0] * generated,
+        )
         traj.turns.append(Turn(action="", tool="", observation="", generated_tokens=generated))
         out.append(traj)
     return out
@@ -62,13 +73,23 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def bench_learner(learner: Any, *, steps: int, device: str, group_size: int = 8, groups: int = 4, length: int = 2048,
-                  generated: int = 512) -> dict[str, Any]:
+def bench_learner(
+    learner: Any,
+    *,
+    steps: int,
+    device: str,
+    group_size: int = 8,
+    groups: int = 4,
+    length: int = 2048,
+    generated: int = 512,
+) -> dict[str, Any]:
     """Learner tokens/s and MFU of PPO steps on synthetic trajectories (the first step is a warm-up, not timed)."""
     params = sum(p.numel() for p in learner.model.parameters())
     vocab = learner.model.config.vocab_size
-    batches = [[_trajectories(vocab, group_size, length, generated, seed=s * 100 + g) for g in range(groups)]
-               for s in range(steps + 1)]
+    batches = [
+        [_trajectories(vocab, group_size, length, generated, seed=s * 100 + g) for g in range(groups)]
+        for s in range(steps + 1)
+    ]
     learner.step(batches[0])
     _sync(device)
     t0 = time.perf_counter()
@@ -85,10 +106,15 @@ def bench_learner(learner: Any, *, steps: int, device: str, group_size: int = 8,
     recompute = 2.0 if learner.config.activation_checkpointing else 0.0
     flops = tokens * params * (6 + proximal + recompute)
     peak = _peak(torch.cuda.get_device_name()) if device == "cuda" else None
-    return {"parameters": params, "steps": steps, "tokens_per_step": tokens // steps, "seconds": round(seconds, 2),
-            "tokens_per_s": round(tokens / seconds, 1),
-            "trained_tokens_per_s": round(steps * groups * group_size * generated / seconds, 1),
-            "mfu": round(flops / seconds / peak, 4) if peak else None}
+    return {
+        "parameters": params,
+        "steps": steps,
+        "tokens_per_step": tokens // steps,
+        "seconds": round(seconds, 2),
+        "tokens_per_s": round(tokens / seconds, 1),
+        "trained_tokens_per_s": round(steps * groups * group_size * generated / seconds, 1),
+        "mfu": round(flops / seconds / peak, 4) if peak else None,
+    }
 
 
 def bench_engine(engine: Any, concurrency: tuple[int, ...] = (1, 8, 64), new_tokens: int = 64) -> dict[str, float]:
@@ -99,8 +125,9 @@ def bench_engine(engine: Any, concurrency: tuple[int, ...] = (1, 8, 64), new_tok
     return {str(c): asyncio.run(_engine_run(engine, prompts[: max(2 * c, 16)], c, new_tokens)) for c in concurrency}
 
 
-def logprob_agreement(engine: Any, learner: Any, *, device: str, requests: int = 8,
-                      new_tokens: int = 128) -> dict[str, float]:
+def logprob_agreement(
+    engine: Any, learner: Any, *, device: str, requests: int = 8, new_tokens: int = 128
+) -> dict[str, float]:
     """The engine's sampling log-probs vs the learner's recomputation of the same tokens (same weights)."""
     from searchgym.agents.engines.types import GenerateRequest, SamplingParams
 
@@ -108,14 +135,15 @@ def logprob_agreement(engine: Any, learner: Any, *, device: str, requests: int =
     prompts = [[5 + i, 17, 42, 99, 123] for i in range(requests)]
 
     async def run() -> list[Any]:
-        return await asyncio.gather(*(engine.agenerate(GenerateRequest(p, sampling, f"agree-{i}"))
-                                      for i, p in enumerate(prompts)))
+        return await asyncio.gather(
+            *(engine.agenerate(GenerateRequest(p, sampling, f"agree-{i}")) for i, p in enumerate(prompts))
+        )
 
     diffs = []
     for prompt, response in zip(prompts, asyncio.run(run()), strict=True):
         ids = torch.tensor([prompt + list(response.output_ids)], device=device)
         where = torch.zeros(1, ids.shape[1] - 1, dtype=torch.bool, device=device)
-        where[0, len(prompt) - 1:] = True
+        where[0, len(prompt) - 1 :] = True
         with torch.no_grad():
             recomputed = learner.root(ids, torch.ones_like(ids), where)[0].float().cpu()
         diffs.append((recomputed - torch.tensor(response.logprobs)).abs())
@@ -123,9 +151,15 @@ def logprob_agreement(engine: Any, learner: Any, *, device: str, requests: int =
     return {"mean_abs_diff": float(diff.mean()), "max_abs_diff": float(diff.max()), "tokens": len(diff)}
 
 
-def run_gpu_bench(out: str | os.PathLike = "results/bench_gpu.json", *, steps: int = 3, device: str = "cuda",
-                  shape: dict[str, Any] = SHAPE, learner_batch: dict[str, int] | None = None,
-                  concurrency: tuple[int, ...] = (1, 8, 64)) -> dict[str, Any]:
+def run_gpu_bench(
+    out: str | os.PathLike = "results/bench_gpu.json",
+    *,
+    steps: int = 3,
+    device: str = "cuda",
+    shape: dict[str, Any] = SHAPE,
+    learner_batch: dict[str, int] | None = None,
+    concurrency: tuple[int, ...] = (1, 8, 64),
+) -> dict[str, Any]:
     """All three measurements (agreement first, while engine and learner hold the same weights); written to `out`.
 
     `device="cpu"` with a small `shape` and `learner_batch` is a smoke run of the code paths, not a benchmark.
@@ -140,16 +174,22 @@ def run_gpu_bench(out: str | os.PathLike = "results/bench_gpu.json", *, steps: i
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "qwen2-shape", init_std=0.02, **shape)
         _join_one_rank()
-        learner = load_sharded_learner(model_dir, LearnerConfig(lr=1e-6, micro_batch_tokens=16_384,
-                                                                activation_checkpointing=True))
+        learner = load_sharded_learner(
+            model_dir, LearnerConfig(lr=1e-6, micro_batch_tokens=16_384, activation_checkpointing=True)
+        )
         engine = TorchEngine(model_dir, device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
         agreement = logprob_agreement(engine, learner, device=device)
         engine_tps = bench_engine(engine, concurrency)
         asyncio.run(engine.close())
         learner_results = bench_learner(learner, steps=steps, device=device, **(learner_batch or {}))
-    results = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
-               "shape": shape, "learner_fsdp_1_rank": learner_results, "engine_tokens_per_s": engine_tps,
-               "engine_vs_learner_logprobs": agreement}
+    results = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "shape": shape,
+        "learner_fsdp_1_rank": learner_results,
+        "engine_tokens_per_s": engine_tps,
+        "engine_vs_learner_logprobs": agreement,
+    }
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(results, indent=2) + "\n")
     return results

@@ -11,6 +11,7 @@ the same step in fp32.
 
     searchgym bench learner [--lengths 1024,2048,...,32768] [--device cuda] [--out results/bench_learner_memory.json]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,13 @@ if TYPE_CHECKING:  # torch is imported where it runs, so `searchgym --help` need
     import torch
 
 VOCAB = 151_936  # Qwen2 / Qwen2.5's vocabulary
-SHAPE = {"hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 2}
+SHAPE = {
+    "hidden_size": 64,
+    "intermediate_size": 176,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 HEADS = ("chunked", "whole_logits")
 
 
@@ -38,8 +44,9 @@ def _model(device: str, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=VOCAB, max_position_embeddings=65_536, tie_word_embeddings=False,
-                         initializer_range=0.02, **SHAPE)
+    config = Qwen2Config(
+        vocab_size=VOCAB, max_position_embeddings=65_536, tie_word_embeddings=False, initializer_range=0.02, **SHAPE
+    )
     return Qwen2ForCausalLM(config).to(device=device, dtype=dtype)
 
 
@@ -50,12 +57,19 @@ def whole_logits_learner(model: torch.nn.Module, config: Any) -> Any:
     from searchgym.trainers.algorithm.ppo import entropy_from_logits, token_logprobs
 
     class WholeLogitsLearner(Learner):
-        def _trained_logprobs(self, ids: torch.Tensor, attention: torch.Tensor | None, where: torch.Tensor,
-                              positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        def _trained_logprobs(
+            self,
+            ids: torch.Tensor,
+            attention: torch.Tensor | None,
+            where: torch.Tensor,
+            positions: torch.Tensor | None = None,
+        ) -> tuple[torch.Tensor, torch.Tensor]:
             logits = next_token_logits(self.model, ids, attention, where, positions)
             labels = ids[:, 1:][where]
-            return (token_logprobs(logits, labels, self.config.temperature),
-                    entropy_from_logits(logits.detach(), self.config.temperature))
+            return (
+                token_logprobs(logits, labels, self.config.temperature),
+                entropy_from_logits(logits.detach(), self.config.temperature),
+            )
 
     return WholeLogitsLearner(model, config)
 
@@ -86,8 +100,12 @@ def _group(length: int, trained_share: float, seed: int) -> list[Any]:
         traj.extend(torch.randint(3, VOCAB, (prompt,), generator=gen).tolist(), generated=False)
         while len(traj.input_ids) < length:
             n = min(generated, length - len(traj.input_ids))
-            traj.extend(torch.randint(3, VOCAB, (n,), generator=gen).tolist(), generated=True,
-                        logprobs=(-torch.rand(n, generator=gen) * 3).tolist(), versions=[0] * n)
+            traj.extend(
+                torch.randint(3, VOCAB, (n,), generator=gen).tolist(),
+                generated=True,
+                logprobs=(-torch.rand(n, generator=gen) * 3).tolist(),
+                versions=[0] * n,
+            )
             traj.turns.append(Turn(action="", tool="", observation="", generated_tokens=n))
             rest = min(turn - n, length - len(traj.input_ids))
             if rest > 0:
@@ -101,8 +119,9 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def measure_one(head: str, length: int, *, device: str, dtype: str, trained_share: float, steps: int,
-                chunk_tokens: int) -> dict[str, Any]:
+def measure_one(
+    head: str, length: int, *, device: str, dtype: str, trained_share: float, steps: int, chunk_tokens: int
+) -> dict[str, Any]:
     """One (head, length) in this process: peak bytes above the state before the first step, step seconds."""
     import torch
 
@@ -131,13 +150,21 @@ def measure_one(head: str, length: int, *, device: str, dtype: str, trained_shar
         peak = torch.cuda.max_memory_allocated() - before
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-    return {"head": head, "length": length, "oom": False, "peak_bytes": int(peak),
-            "peak_gib": round(peak / 2**30, 3), "step_s_median": round(statistics.median(seconds), 4),
-            "step_s": [round(s, 4) for s in seconds], "trained_tokens_per_trajectory": trained // 2}
+    return {
+        "head": head,
+        "length": length,
+        "oom": False,
+        "peak_bytes": int(peak),
+        "peak_gib": round(peak / 2**30, 3),
+        "step_s_median": round(statistics.median(seconds), 4),
+        "step_s": [round(s, 4) for s in seconds],
+        "trained_tokens_per_trajectory": trained // 2,
+    }
 
 
-def agreement(*, device: str, length: int = 2048, trained_share: float = 0.25,
-              chunk_tokens: int = 256) -> dict[str, float]:
+def agreement(
+    *, device: str, length: int = 2048, trained_share: float = 0.25, chunk_tokens: int = 256
+) -> dict[str, float]:
     """Both heads' log-probs and LM-head / embedding gradients on the same batch, in fp32 (no optimizer step)."""
     import torch
 
@@ -149,9 +176,12 @@ def agreement(*, device: str, length: int = 2048, trained_share: float = 0.25,
         logp.sum().backward()
         results[head] = (logp.detach().cpu(), [p.grad.detach().cpu() for p in learner.model.parameters()])
     (a, ga), (b, gb) = results["chunked"], results["whole_logits"]
-    return {"length": length, "logprob_max_abs_diff": float((a - b).abs().max()),
-            "grad_max_abs_diff": max(float((x - y).abs().max()) for x, y in zip(ga, gb, strict=True)),
-            "grad_max_abs": max(float(y.abs().max()) for y in gb)}
+    return {
+        "length": length,
+        "logprob_max_abs_diff": float((a - b).abs().max()),
+        "grad_max_abs_diff": max(float((x - y).abs().max()) for x, y in zip(ga, gb, strict=True)),
+        "grad_max_abs": max(float(y.abs().max()) for y in gb),
+    }
 
 
 def estimate_gib(head: str, length: int, trained_share: float, chunk_tokens: int, dtype_bytes: int) -> float:
@@ -160,11 +190,18 @@ def estimate_gib(head: str, length: int, trained_share: float, chunk_tokens: int
     return positions * VOCAB * (dtype_bytes + 12) / 2**30 + 0.5
 
 
-def run_learner_memory_bench(out: str | os.PathLike = "results/bench_learner_memory.json", *,
-                             lengths: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768), device: str = "cpu",
-                             dtype: str | None = None, trained_share: float = 0.25, steps: int = 2,
-                             chunk_tokens: int = 512, max_gib: float = 16.0,
-                             agreement_length: int = 2048) -> dict[str, Any]:
+def run_learner_memory_bench(
+    out: str | os.PathLike = "results/bench_learner_memory.json",
+    *,
+    lengths: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768),
+    device: str = "cpu",
+    dtype: str | None = None,
+    trained_share: float = 0.25,
+    steps: int = 2,
+    chunk_tokens: int = 512,
+    max_gib: float = 16.0,
+    agreement_length: int = 2048,
+) -> dict[str, Any]:
     """Every length with both heads (interleaved, each in its own process), plus the fp32 agreement row."""
     import torch
 
@@ -173,18 +210,37 @@ def run_learner_memory_bench(out: str | os.PathLike = "results/bench_learner_mem
     dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
     rows = []
     for i, length in enumerate(lengths):
-        for head in (HEADS if i % 2 == 0 else HEADS[::-1]):
-            if estimate_gib(head, length, trained_share, chunk_tokens, torch.finfo(getattr(torch, dtype)).bits // 8) \
-                    > max_gib:
+        for head in HEADS if i % 2 == 0 else HEADS[::-1]:
+            if (
+                estimate_gib(head, length, trained_share, chunk_tokens, torch.finfo(getattr(torch, dtype)).bits // 8)
+                > max_gib
+            ):
                 rows.append({"head": head, "length": length, "skipped": f"estimated over --max-gib {max_gib:g}"})
                 continue
-            rows.append(_in_subprocess(head, length, device=device, dtype=dtype, trained_share=trained_share,
-                                       steps=steps, chunk_tokens=chunk_tokens))
+            rows.append(
+                _in_subprocess(
+                    head,
+                    length,
+                    device=device,
+                    dtype=dtype,
+                    trained_share=trained_share,
+                    steps=steps,
+                    chunk_tokens=chunk_tokens,
+                )
+            )
             print(json.dumps(rows[-1]), flush=True)
-    result = {"device": torch.cuda.get_device_name() if device == "cuda" else f"cpu ({os.cpu_count()} cores)",
-              "vocab_size": VOCAB, "shape": SHAPE, "dtype": dtype, "trained_share": trained_share,
-              "logit_chunk_tokens": chunk_tokens, "timed_steps": steps, "rows": rows,
-              "ratios": _ratios(rows), "agreement_fp32": agreement(device=device, length=agreement_length)}
+    result = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else f"cpu ({os.cpu_count()} cores)",
+        "vocab_size": VOCAB,
+        "shape": SHAPE,
+        "dtype": dtype,
+        "trained_share": trained_share,
+        "logit_chunk_tokens": chunk_tokens,
+        "timed_steps": steps,
+        "rows": rows,
+        "ratios": _ratios(rows),
+        "agreement_fp32": agreement(device=device, length=agreement_length),
+    }
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(result, indent=2) + "\n")
     return result
@@ -197,8 +253,13 @@ def _ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for length in sorted({r["length"] for r in rows}):
         a, b = by.get(("chunked", length)), by.get(("whole_logits", length))
         if a and b:
-            out.append({"length": length, "memory_whole_over_chunked": round(b["peak_bytes"] / max(a["peak_bytes"], 1), 2),
-                        "time_whole_over_chunked": round(b["step_s_median"] / a["step_s_median"], 3)})
+            out.append(
+                {
+                    "length": length,
+                    "memory_whole_over_chunked": round(b["peak_bytes"] / max(a["peak_bytes"], 1), 2),
+                    "time_whole_over_chunked": round(b["step_s_median"] / a["step_s_median"], 3),
+                }
+            )
     return out
 
 
@@ -215,13 +276,17 @@ def _in_subprocess(head: str, length: int, **kwargs: Any) -> dict[str, Any]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The bench's flags (shared by `searchgym bench learner` and `python -m searchgym.bench.learner_memory`)."""
-    parser.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768", help="trajectory lengths, comma-separated")
+    parser.add_argument(
+        "--lengths", default="1024,2048,4096,8192,16384,32768", help="trajectory lengths, comma-separated"
+    )
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--dtype", default=None, help="model dtype (default: bfloat16 on cuda, float32 on cpu)")
     parser.add_argument("--trained-share", type=float, default=0.25, help="share of a trajectory's tokens generated")
     parser.add_argument("--steps", type=int, default=2, help="timed steps after the warm-up step")
     parser.add_argument("--chunk-tokens", type=int, default=512, help="learner.logit_chunk_tokens")
-    parser.add_argument("--max-gib", type=float, default=16.0, help="skip runs whose loss head alone is estimated above it")
+    parser.add_argument(
+        "--max-gib", type=float, default=16.0, help="skip runs whose loss head alone is estimated above it"
+    )
     parser.add_argument("--out", type=Path, default=Path("results/bench_learner_memory.json"))
 
 
@@ -232,9 +297,16 @@ def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
     lengths = tuple(int(x) for x in str(args.lengths).split(",") if x.strip())
     if not lengths or min(lengths) < 2:
         raise ValueError(f"--lengths must be integers >= 2, got {args.lengths!r}")
-    return run_learner_memory_bench(args.out, lengths=lengths, device=args.device, dtype=args.dtype,
-                                    trained_share=args.trained_share, steps=args.steps,
-                                    chunk_tokens=args.chunk_tokens, max_gib=args.max_gib)
+    return run_learner_memory_bench(
+        args.out,
+        lengths=lengths,
+        device=args.device,
+        dtype=args.dtype,
+        trained_share=args.trained_share,
+        steps=args.steps,
+        chunk_tokens=args.chunk_tokens,
+        max_gib=args.max_gib,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -243,10 +315,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--one", nargs=2, metavar=("HEAD", "LENGTH"), help="measure one (head, length) and print it")
     args = parser.parse_args(argv)
     if args.one:
-        print(json.dumps(measure_one(args.one[0], int(args.one[1]), device=args.device,
-                                     dtype=args.dtype or ("bfloat16" if args.device == "cuda" else "float32"),
-                                     trained_share=args.trained_share, steps=args.steps,
-                                     chunk_tokens=args.chunk_tokens)))
+        print(
+            json.dumps(
+                measure_one(
+                    args.one[0],
+                    int(args.one[1]),
+                    device=args.device,
+                    dtype=args.dtype or ("bfloat16" if args.device == "cuda" else "float32"),
+                    trained_share=args.trained_share,
+                    steps=args.steps,
+                    chunk_tokens=args.chunk_tokens,
+                )
+            )
+        )
     else:
         print(json.dumps(run_from_args(args)["ratios"], indent=2))
 

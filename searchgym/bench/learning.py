@@ -17,6 +17,7 @@ Each finished seed is one row of OUT/seeds.jsonl (a JsonlLog): a rerun skips it.
 over (seed, question) of the RL policy's held-out reward minus the warm start's, with a hierarchical
 bootstrap interval (seeds, then questions within seed: bench/bootstrap.py).
 """
+
 from __future__ import annotations
 
 import copy
@@ -79,8 +80,15 @@ class HopsConfig:
 
 
 def _learning_env() -> dict[str, Any]:
-    return {"size": 20000, "n_tasks": 20000, "top_k": 2, "doc_chars": 200, "max_turns": 4, "judge": "f1",
-            "instructions": "brief"}
+    return {
+        "size": 20000,
+        "n_tasks": 20000,
+        "top_k": 2,
+        "doc_chars": 200,
+        "max_turns": 4,
+        "judge": "f1",
+        "instructions": "brief",
+    }
 
 
 @dataclass
@@ -90,7 +98,9 @@ class LearningConfig(QuickstartConfig):
     out_dir: str = "runs/bench_learning"
     preset: str = "headroom"
     hops: HopsConfig = field(default_factory=HopsConfig)
-    max_demos: int = setting(1500, at_least=1)  # at most this many demonstrated tasks of `hops.demos` per seed (bounds the warm start)
+    max_demos: int = setting(
+        1500, at_least=1
+    )  # at most this many demonstrated tasks of `hops.demos` per seed (bounds the warm start)
     base_seed: int = 0  # the world whose pages (and demos) train the shared base model's tokenizer
     sync: bool = True  # also train the sync baseline (same steps, staleness 0)
     bootstrap_resamples: int = 2000
@@ -124,16 +134,26 @@ def fingerprint(config: LearningConfig) -> str:
 def base_fingerprint(config: LearningConfig) -> str:
     """What the shared base model depends on (its world, demonstrations, shape, copy pretraining, threads): a change
     of RL or evaluation settings reuses it."""
-    data = {"env": OmegaConf.to_container(OmegaConf.structured(config.env)),
-            "demos": OmegaConf.to_container(OmegaConf.structured(config.demos)), "hops": list(config.hops.demos),
-            "model": OmegaConf.to_container(OmegaConf.structured(config.model)),
-            "copy": OmegaConf.to_container(OmegaConf.structured(config.copy)), "max_demos": config.max_demos,
-            "base_seed": config.base_seed, "torch_threads": config.torch_threads}
+    data = {
+        "env": OmegaConf.to_container(OmegaConf.structured(config.env)),
+        "demos": OmegaConf.to_container(OmegaConf.structured(config.demos)),
+        "hops": list(config.hops.demos),
+        "model": OmegaConf.to_container(OmegaConf.structured(config.model)),
+        "copy": OmegaConf.to_container(OmegaConf.structured(config.copy)),
+        "max_demos": config.max_demos,
+        "base_seed": config.base_seed,
+        "torch_threads": config.torch_threads,
+    }
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def run_learning_bench(config: LearningConfig, seeds: list[int], *, out: str | os.PathLike = "results/bench_learning.json",
-                       progress: bool = True) -> dict[str, Any]:
+def run_learning_bench(
+    config: LearningConfig,
+    seeds: list[int],
+    *,
+    out: str | os.PathLike = "results/bench_learning.json",
+    progress: bool = True,
+) -> dict[str, Any]:
     """Every seed not yet in OUT_DIR/seeds.jsonl, then the pooled report written to `out` (JSON) and a PNG beside it."""
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct and at least one, got {seeds}")
@@ -143,8 +163,10 @@ def run_learning_bench(config: LearningConfig, seeds: list[int], *, out: str | o
     log = JsonlLog(root / "seeds.jsonl", check=_check_row)
     for row in log.rows:
         if row["fingerprint"] != key:
-            raise ValueError(f"{root / 'seeds.jsonl'} holds seeds run with another configuration "
-                             f"(fingerprint {row['fingerprint']}, now {key}); use another out_dir")
+            raise ValueError(
+                f"{root / 'seeds.jsonl'} holds seeds run with another configuration "
+                f"(fingerprint {row['fingerprint']}, now {key}); use another out_dir"
+            )
     done = {row["seed"] for row in log.rows}
     with deterministic_torch(config.torch_threads):
         base = None
@@ -170,14 +192,25 @@ def shared_base_model(config: LearningConfig, root: Path, *, progress: bool) -> 
     done = where / "base.json"
     if done.exists() and json.loads(done.read_text()).get("fingerprint") == base_fingerprint(config):
         return where / "base-model"
-    env = make_env(config.env.id, {**config.env.kwargs, "seed": config.base_seed,
-                                   "hops": sorted(set(config.hops.demos))}, "train")
-    chats = make_demos(env, _demo_tasks(env, config)[0], where / "demos.jsonl",
-                       question_query=config.demos.question_query)
-    base, history = build_base_model(env, chats, where, config.model, config.copy, seed=config.base_seed,
-                                     progress=progress)
-    done.write_text(json.dumps({"fingerprint": base_fingerprint(config), "base_seed": config.base_seed,
-                                "copy_accuracy": history[-1]["copy_accuracy"] if history else None}) + "\n")
+    env = make_env(
+        config.env.id, {**config.env.kwargs, "seed": config.base_seed, "hops": sorted(set(config.hops.demos))}, "train"
+    )
+    chats = make_demos(
+        env, _demo_tasks(env, config)[0], where / "demos.jsonl", question_query=config.demos.question_query
+    )
+    base, history = build_base_model(
+        env, chats, where, config.model, config.copy, seed=config.base_seed, progress=progress
+    )
+    done.write_text(
+        json.dumps(
+            {
+                "fingerprint": base_fingerprint(config),
+                "base_seed": config.base_seed,
+                "copy_accuracy": history[-1]["copy_accuracy"] if history else None,
+            }
+        )
+        + "\n"
+    )
     return base
 
 
@@ -186,7 +219,7 @@ def _demo_tasks(env: Any, config: LearningConfig) -> tuple[list[Any], list[Any]]
     `demos.fraction`, at most `max_demos`), RL on the `hops.rl` tasks that were not demonstrated."""
     tasks = list(env.tasks)
     demo_pool = [t for t in tasks if t.metadata.get("hops") in config.hops.demos]
-    demos = demo_pool[:min(round(config.demos.fraction * len(demo_pool)), config.max_demos)]
+    demos = demo_pool[: min(round(config.demos.fraction * len(demo_pool)), config.max_demos)]
     shown = {t.id for t in demos}
     rl = [t for t in tasks if t.metadata.get("hops") in config.hops.rl and t.id not in shown]
     if config.hops.rl_demos > 0:  # demonstrate the first share of them too, and train RL on the rest
@@ -195,8 +228,9 @@ def _demo_tasks(env: Any, config: LearningConfig) -> tuple[list[Any], list[Any]]
     return demos, rl
 
 
-def run_seed(config: LearningConfig, seed: int, base: Path, out: Path, key: str, *,
-             progress: bool = True) -> dict[str, Any]:
+def run_seed(
+    config: LearningConfig, seed: int, base: Path, out: Path, key: str, *, progress: bool = True
+) -> dict[str, Any]:
     """One seed's pipeline (world, demos, warm start, async RL, sync RL, three evaluations) into one row."""
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
@@ -229,35 +263,79 @@ def run_seed(config: LearningConfig, seed: int, base: Path, out: Path, key: str,
     for mode in ("async", "sync") if config.sync else ("async",):
         rl = copy.deepcopy(config.rl)
         rl.mode = mode
-        histories[mode] = run_rl(rl, warm, out / f"rl-{mode}", env_id=config.env.id, env_kwargs=env_kwargs,
-                                 tasks=[t.id for t in rl_tasks], seed=seed, progress=progress)
+        histories[mode] = run_rl(
+            rl,
+            warm,
+            out / f"rl-{mode}",
+            env_id=config.env.id,
+            env_kwargs=env_kwargs,
+            tasks=[t.id for t in rl_tasks],
+            seed=seed,
+            progress=progress,
+        )
         lap(f"rl {mode}")
 
     test_kwargs = {**config.env.kwargs, "seed": seed, "hops": sorted(set(config.hops.eval)), "split": "test"}
-    models = {"warm": warm, **{mode: out / f"rl-{mode}" / "checkpoints" / f"step-{config.rl.steps:05d}"
-                               for mode in histories}}
+    models = {
+        "warm": warm,
+        **{mode: out / f"rl-{mode}" / "checkpoints" / f"step-{config.rl.steps:05d}" for mode in histories},
+    }
     rows = {}
     for policy, model in models.items():
-        evaluate_policy(model, out / f"eval-{policy}", config.eval, env_id=config.env.id, env_kwargs=test_kwargs,
-                        seed=seed, progress=progress)
-        rows[policy] = [json.loads(line) for line in (out / f"eval-{policy}" / "samples.jsonl").read_text().splitlines()]
+        evaluate_policy(
+            model,
+            out / f"eval-{policy}",
+            config.eval,
+            env_id=config.env.id,
+            env_kwargs=test_kwargs,
+            seed=seed,
+            progress=progress,
+        )
+        rows[policy] = [
+            json.loads(line) for line in (out / f"eval-{policy}" / "samples.jsonl").read_text().splitlines()
+        ]
     lap("evaluate")
 
     test_env = make_env(config.env.id, test_kwargs, "test")
     hop_of = {t.id: int(t.metadata["hops"]) for t in test_env.tasks}
-    return seed_row(seed, key, rows, hop_of, histories, config.eval.k, demos=len(chats), demo_tasks=len(demo_tasks),
-                    rl_tasks=len(rl_tasks), timings=timings)
+    return seed_row(
+        seed,
+        key,
+        rows,
+        hop_of,
+        histories,
+        config.eval.k,
+        demos=len(chats),
+        demo_tasks=len(demo_tasks),
+        rl_tasks=len(rl_tasks),
+        timings=timings,
+    )
 
 
-def seed_row(seed: int, key: str, rows: dict[str, list[dict[str, Any]]], hop_of: dict[str, int],
-             histories: dict[str, list[dict[str, float]]], k: int, **extra: Any) -> dict[str, Any]:
+def seed_row(
+    seed: int,
+    key: str,
+    rows: dict[str, list[dict[str, Any]]],
+    hop_of: dict[str, int],
+    histories: dict[str, list[dict[str, float]]],
+    k: int,
+    **extra: Any,
+) -> dict[str, Any]:
     """One seed's figures from its evaluation samples and RL histories (all of them recomputable from those)."""
     policies = {policy: policy_metrics(samples, hop_of, k) for policy, samples in rows.items()}
     per_question = {policy: per_question_reward(samples) for policy, samples in rows.items()}
     gains = gains_by_hop(per_question["warm"], per_question["async"], hop_of, seed=seed)
-    row = {"seed": seed, "fingerprint": key, "k": k, **extra, "policies": policies, "gain": gains,
-           "per_question": per_question, "hops": {t: hop_of[t] for t in per_question["warm"]},
-           "rl": {mode: curve(history) for mode, history in histories.items()}}
+    row = {
+        "seed": seed,
+        "fingerprint": key,
+        "k": k,
+        **extra,
+        "policies": policies,
+        "gain": gains,
+        "per_question": per_question,
+        "hops": {t: hop_of[t] for t in per_question["warm"]},
+        "rl": {mode: curve(history) for mode, history in histories.items()},
+    }
     if "sync" in rows:
         row["async_vs_sync"] = async_vs_sync(per_question, hop_of, histories, seed=seed)
     return row
@@ -265,6 +343,7 @@ def seed_row(seed: int, key: str, rows: dict[str, list[dict[str, Any]]], hop_of:
 
 def policy_metrics(rows: list[dict[str, Any]], hop_of: dict[str, int], k: int) -> dict[str, dict[str, float]]:
     """Avg@k, Pass@k and behaviour per episode, over all questions and per hop count ("all", "1", "2", ...)."""
+
     def reduce(subset: list[dict[str, Any]]) -> dict[str, float]:
         m = summarize([sample_of(r) for r in subset], k)
         keep = (f"avg@{k}/reward", f"avg@{k}/correct", f"pass@{k}/correct", "tasks", *BEHAVIOUR)
@@ -284,8 +363,9 @@ def per_question_reward(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {task: sum(v) / len(v) for task, v in sorted(by_task.items())}
 
 
-def gains_by_hop(before: dict[str, float], after: dict[str, float], hop_of: dict[str, int], *,
-                 seed: int) -> dict[str, dict[str, Any]]:
+def gains_by_hop(
+    before: dict[str, float], after: dict[str, float], hop_of: dict[str, int], *, seed: int
+) -> dict[str, dict[str, Any]]:
     """after - before paired by question (eval compare's bootstrap over questions), overall and per hop count."""
     out = {"all": paired_delta(before, after, seed=seed)}
     for hop in sorted(set(hop_of[t] for t in before)):
@@ -300,8 +380,14 @@ def curve(history: list[dict[str, float]]) -> list[dict[str, float]]:
     return [{k: float(h[k]) for k in keys if k in h} for h in history]
 
 
-def async_vs_sync(per_question: dict[str, dict[str, float]], hop_of: dict[str, int],
-                  histories: dict[str, list[dict[str, float]]], *, seed: int, window: int = 10) -> dict[str, Any]:
+def async_vs_sync(
+    per_question: dict[str, dict[str, float]],
+    hop_of: dict[str, int],
+    histories: dict[str, list[dict[str, float]]],
+    *,
+    seed: int,
+    window: int = 10,
+) -> dict[str, Any]:
     """Async against sync: held-out reward at equal learner steps (paired by question), and training reward and
     steps reached at equal wall time (the shorter run's duration; no held-out evaluation at that point)."""
     equal_steps = gains_by_hop(per_question["sync"], per_question["async"], hop_of, seed=seed)
@@ -310,11 +396,16 @@ def async_vs_sync(per_question: dict[str, dict[str, float]], hop_of: dict[str, i
     for mode, history in histories.items():
         reached = [h for h in history if h["elapsed_s"] <= span + 1e-9]
         last = reached[-window:]
-        at_time[mode] = {"steps": len(reached),
-                         "train_reward": sum(h["episode/reward"] for h in last) / len(last) if last else None,
-                         "total_s": history[-1]["elapsed_s"]}
-    return {"equal_steps": equal_steps, "equal_wall_time": {"seconds": span, **at_time},
-            "speedup": histories["sync"][-1]["elapsed_s"] / histories["async"][-1]["elapsed_s"]}
+        at_time[mode] = {
+            "steps": len(reached),
+            "train_reward": sum(h["episode/reward"] for h in last) / len(last) if last else None,
+            "total_s": history[-1]["elapsed_s"],
+        }
+    return {
+        "equal_steps": equal_steps,
+        "equal_wall_time": {"seconds": span, **at_time},
+        "speedup": histories["sync"][-1]["elapsed_s"] / histories["async"][-1]["elapsed_s"],
+    }
 
 
 def pooled_report(rows: list[dict[str, Any]], config: LearningConfig) -> dict[str, Any]:
@@ -325,13 +416,20 @@ def pooled_report(rows: list[dict[str, Any]], config: LearningConfig) -> dict[st
     hop_keys = sorted({h for r in rows for h in r["gain"] if h != "all"}, key=int)
 
     def deltas(before: str, after: str, hop: str) -> dict[int, list[float]]:
-        return {r["seed"]: [r["per_question"][after][t] - r["per_question"][before][t] for t in r["per_question"][before]
-                            if hop == "all" or str(r["hops"][t]) == hop] for r in rows}
+        return {
+            r["seed"]: [
+                r["per_question"][after][t] - r["per_question"][before][t]
+                for t in r["per_question"][before]
+                if hop == "all" or str(r["hops"][t]) == hop
+            ]
+            for r in rows
+        }
 
     def pooled(before: str, after: str) -> dict[str, Any]:
         out = hierarchical_bootstrap(deltas(before, after, "all"), resamples=config.bootstrap_resamples)
-        out["hops"] = {h: hierarchical_bootstrap(deltas(before, after, h), resamples=config.bootstrap_resamples)
-                       for h in hop_keys}
+        out["hops"] = {
+            h: hierarchical_bootstrap(deltas(before, after, h), resamples=config.bootstrap_resamples) for h in hop_keys
+        }
         return out
 
     def mean_over_seeds(policy: str, hop: str) -> dict[str, float]:
@@ -341,12 +439,18 @@ def pooled_report(rows: list[dict[str, Any]], config: LearningConfig) -> dict[st
     policies = sorted({p for r in rows for p in r["policies"]}, key=POLICIES.index)
     gain = pooled("warm", "async")
     report: dict[str, Any] = {
-        "benchmark": "searchgym bench learning", "preset": config.preset, "k": k,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-                    "torch_threads": config.torch_threads},
+        "benchmark": "searchgym bench learning",
+        "preset": config.preset,
+        "k": k,
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "torch_threads": config.torch_threads,
+        },
         "config": OmegaConf.to_container(OmegaConf.structured(config)),
         "shared": "the copy-pretrained base model (tokenizer + induction heads) is built once from world "
-                  f"base_seed={config.base_seed} and shared; world, demos, warm start, RL and evaluation vary by seed",
+        f"base_seed={config.base_seed} and shared; world, demos, warm start, RL and evaluation vary by seed",
         "seeds": [{key: value for key, value in r.items() if key not in ("per_question", "hops")} for r in rows],
         "pooled": {**gain, "policies": {p: {h: mean_over_seeds(p, h) for h in ["all", *hop_keys]} for p in policies}},
     }
@@ -354,10 +458,16 @@ def pooled_report(rows: list[dict[str, Any]], config: LearningConfig) -> dict[st
         report["pooled"]["async_vs_sync"] = {
             "equal_steps": pooled("sync", "async"),
             "speedup_mean": sum(r["async_vs_sync"]["speedup"] for r in rows) / len(rows),
-            "equal_wall_time": {mode: {
-                "steps_mean": sum(r["async_vs_sync"]["equal_wall_time"][mode]["steps"] for r in rows) / len(rows),
-                "train_reward_mean": _mean([r["async_vs_sync"]["equal_wall_time"][mode]["train_reward"] for r in rows]),
-            } for mode in ("async", "sync")}}
+            "equal_wall_time": {
+                mode: {
+                    "steps_mean": sum(r["async_vs_sync"]["equal_wall_time"][mode]["steps"] for r in rows) / len(rows),
+                    "train_reward_mean": _mean(
+                        [r["async_vs_sync"]["equal_wall_time"][mode]["train_reward"] for r in rows]
+                    ),
+                }
+                for mode in ("async", "sync")
+            },
+        }
     return report
 
 
@@ -379,16 +489,24 @@ def format_report(report: dict[str, Any]) -> str:
         verdict = "interval excludes zero" if g["significant"] else "interval includes zero"
         return f"{label}: {g['gain']:+.3f} (95% {g['ci95_low']:+.3f} to {g['ci95_high']:+.3f}, {verdict})"
 
-    lines = [f"RL gain in held-out reward (avg@{k}), pooled over {pooled['seeds']} seeds x questions, "
-             f"hierarchical bootstrap:", "  " + line("all", pooled)]
+    lines = [
+        f"RL gain in held-out reward (avg@{k}), pooled over {pooled['seeds']} seeds x questions, "
+        f"hierarchical bootstrap:",
+        "  " + line("all", pooled),
+    ]
     lines += ["  " + line(f"{hop}-hop", g) for hop, g in pooled["hops"].items()]
     for row in report["seeds"]:
-        lines.append(f"  seed {row['seed']}: " + ", ".join(
-            f"{hop}: {g['before']:.3f} -> {g['after']:.3f}" for hop, g in row["gain"].items()))
+        lines.append(
+            f"  seed {row['seed']}: "
+            + ", ".join(f"{hop}: {g['before']:.3f} -> {g['after']:.3f}" for hop, g in row["gain"].items())
+        )
     if "async_vs_sync" in pooled:
         a = pooled["async_vs_sync"]
-        lines.append("  " + line("async minus sync at equal steps", a["equal_steps"])
-                     + f"; sync/async wall time {a['speedup_mean']:.2f}x")
+        lines.append(
+            "  "
+            + line("async minus sync at equal steps", a["equal_steps"])
+            + f"; sync/async wall time {a['speedup_mean']:.2f}x"
+        )
     return "\n".join(lines)
 
 
@@ -421,8 +539,9 @@ def plot_learning(report: dict[str, Any], path: Path) -> None:
         pooled.append(report["pooled"]["async_vs_sync"]["equal_steps"])
         labels.append("async - sync\nequal steps")
     for i, g in enumerate(pooled):
-        ax.errorbar([i], [g["gain"]], yerr=[[g["gain"] - g["ci95_low"]], [g["ci95_high"] - g["gain"]]], fmt="o",
-                    capsize=4)
+        ax.errorbar(
+            [i], [g["gain"]], yerr=[[g["gain"] - g["ci95_low"]], [g["ci95_high"] - g["gain"]]], fmt="o", capsize=4
+        )
     ax.axhline(0, color="grey", linewidth=0.8)
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set_title(f"pooled over {report['pooled']['seeds']} seeds, 95% hierarchical bootstrap")

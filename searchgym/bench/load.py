@@ -9,6 +9,7 @@ request latency, errors by kind, how the oversized request ended, how many idle 
 the server's RSS and open file descriptors (from /proc/<pid>) before, after the load (idle sockets still held)
 and after they are released. Numbers go to results/bench_load.json, never asserted in tests.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,15 +33,26 @@ from searchgym.envs.tools.server_limits import raise_open_files_limit
 
 CLIENTS = (50, 200, 1000)
 ENV_ID = "searchgym/SyntheticQA-v0"
-ENV_KWARGS = {"size": 1000, "seed": 0, "n_tasks": 200, "hops": 1, "instructions": "brief", "top_k": 1,
-              "doc_chars": 120, "max_turns": 3}
+ENV_KWARGS = {
+    "size": 1000,
+    "seed": 0,
+    "n_tasks": 200,
+    "hops": 1,
+    "instructions": "brief",
+    "top_k": 1,
+    "doc_chars": 120,
+    "max_turns": 3,
+}
 HALF_OPEN = b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"  # no blank line
 
 
 def proc_stats(pid: int) -> dict[str, Any]:
     """The process's resident memory (MB) and open file descriptors, read from /proc."""
-    rss_kb = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                  if line.startswith("VmRSS:"))
+    rss_kb = next(
+        int(line.split()[1])
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if line.startswith("VmRSS:")
+    )
     return {"rss_mb": round(rss_kb / 1024, 1), "fds": len(os.listdir(f"/proc/{pid}/fd"))}
 
 
@@ -56,8 +68,11 @@ class ServerProcess:
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile()  # a file, not a pipe: a pipe nobody reads stalls a chatty server
-        self.proc = subprocess.Popen([sys.executable, "-m", "searchgym.cli", *self.argv_for_port(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=self.log)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "searchgym.cli", *self.argv_for_port(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=self.log,
+        )
         deadline = time.monotonic() + self.startup_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -93,6 +108,7 @@ class ServerProcess:
 
 async def open_idle(port: int, n: int) -> list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
     """n connections to the server: the even ones say nothing, the odd ones send half a request's headers."""
+
     async def one(i: int) -> Any:
         try:
             reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 30)
@@ -111,6 +127,7 @@ async def open_idle(port: int, n: int) -> list[tuple[asyncio.StreamReader, async
 async def closed_by_server(conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]) -> int:
     """How many held connections the server has closed: end of stream (after any reply it sent, e.g. a 408) or a
     reset, seen within a moment; an open one just times out its read."""
+
     async def ended(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         if writer.transport.is_closing() or reader.exception() is not None:
             return True
@@ -148,8 +165,18 @@ def _percentile(ordered: list[float], q: float) -> float:
     return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1) if ordered else 0.0
 
 
-async def one_run(target: Any, server: ServerProcess, mode: str, clients: int, *, rounds: int, idle: int,
-                  oversized_bytes: int, timeout: float, header_timeout: float | None = None) -> dict[str, Any]:
+async def one_run(
+    target: Any,
+    server: ServerProcess,
+    mode: str,
+    clients: int,
+    *,
+    rounds: int,
+    idle: int,
+    oversized_bytes: int,
+    timeout: float,
+    header_timeout: float | None = None,
+) -> dict[str, Any]:
     """`clients` clients at once beside `idle` held sockets and one oversized request; the run's row.
 
     With `header_timeout` (the server's), idle sockets are counted closed once it has passed since they were
@@ -173,8 +200,9 @@ async def one_run(target: Any, server: ServerProcess, mode: str, clients: int, *
         path, body = target.oversized(oversized_bytes)
         big = asyncio.create_task(send_oversized(http, server.url, path, body, max(timeout, 120)))
         t0 = time.perf_counter()
-        await asyncio.gather(*(target.client(http, server.url, mode, i, rounds, record, timeout)
-                               for i in range(clients)))
+        await asyncio.gather(
+            *(target.client(http, server.url, mode, i, rounds, record, timeout) for i in range(clients))
+        )
         seconds = time.perf_counter() - t0
         oversized = await big
     held_after = server.stats()
@@ -186,13 +214,24 @@ async def one_run(target: Any, server: ServerProcess, mode: str, clients: int, *
     await close_idle(conns)
     await asyncio.sleep(0.5)
     ordered = sorted(latencies)
-    return {"mode": mode, "clients": clients, "requests": len(latencies), "items_right": items[0],
-            "seconds": round(seconds, 2), "items_per_s": round(items[0] / seconds, 1),
-            "p50_ms": _percentile(ordered, 0.5), "p99_ms": _percentile(ordered, 0.99),
-            "errors": sum(errors.values()), "errors_by_kind": dict(errors.most_common()),
-            "idle_sockets": {"held": len(conns), "asked": idle, "closed_by_server": closed},
-            "oversized": oversized, "server_before": before, "server_after_load": held_after,
-            "server_after_idle_timeout": after_idle, "server_after_release": server.stats()}
+    return {
+        "mode": mode,
+        "clients": clients,
+        "requests": len(latencies),
+        "items_right": items[0],
+        "seconds": round(seconds, 2),
+        "items_per_s": round(items[0] / seconds, 1),
+        "p50_ms": _percentile(ordered, 0.5),
+        "p99_ms": _percentile(ordered, 0.99),
+        "errors": sum(errors.values()),
+        "errors_by_kind": dict(errors.most_common()),
+        "idle_sockets": {"held": len(conns), "asked": idle, "closed_by_server": closed},
+        "oversized": oversized,
+        "server_before": before,
+        "server_after_load": held_after,
+        "server_after_idle_timeout": after_idle,
+        "server_after_release": server.stats(),
+    }
 
 
 async def _drive(target: Any, server: ServerProcess, clients: tuple[int, ...], **kw: Any) -> dict[str, Any]:
@@ -201,11 +240,20 @@ async def _drive(target: Any, server: ServerProcess, clients: tuple[int, ...], *
     return {"runs": [await one_run(target, server, mode, c, **kw) for c in clients for mode in target.modes]}
 
 
-def run_load(out: str | os.PathLike | None = "results/bench_load.json", *, clients: tuple[int, ...] = CLIENTS,
-             rounds: int = 2, idle: int = 1000, oversized_mb: float = 10.0, timeout: float = 60.0,
-             servers: tuple[str, ...] = ("model", "search", "env"), model: Path | None = None,
-             workdir: str | os.PathLike | None = None, references: int = 32,
-             header_timeout: float = 10.0) -> dict[str, Any]:
+def run_load(
+    out: str | os.PathLike | None = "results/bench_load.json",
+    *,
+    clients: tuple[int, ...] = CLIENTS,
+    rounds: int = 2,
+    idle: int = 1000,
+    oversized_mb: float = 10.0,
+    timeout: float = 60.0,
+    servers: tuple[str, ...] = ("model", "search", "env"),
+    model: Path | None = None,
+    workdir: str | os.PathLike | None = None,
+    references: int = 32,
+    header_timeout: float = 10.0,
+) -> dict[str, Any]:
     """Drive each server at each client count; write the report to `out` (unless None) and return it.
 
     Every server runs with `--header-timeout header_timeout`: idle sockets are counted closed after it.
@@ -224,19 +272,35 @@ def run_load(out: str | os.PathLike | None = "results/bench_load.json", *, clien
     env = make_unwrapped(ENV_ID, **ENV_KWARGS)
     tasks = [(t.id, t.metadata["start_query"], t.answers[0]) for t in list(env.tasks)[:references]]
     env.close()
-    kw = {"rounds": rounds, "idle": idle, "oversized_bytes": int(oversized_mb * 1_000_000), "timeout": timeout,
-          "header_timeout": header_timeout}
-    report: dict[str, Any] = {"machine": {**_machine(), "load_before": os.getloadavg()},
-                              "config": {"clients": list(clients), "rounds_per_client": rounds, "idle_sockets": idle,
-                                         "oversized_mb": oversized_mb, "timeout_s": timeout, "references": references,
-                                         "header_timeout_s": header_timeout,
-                                         "open_files_limit": list(limits)},
-                              "servers": {}}
+    kw = {
+        "rounds": rounds,
+        "idle": idle,
+        "oversized_bytes": int(oversized_mb * 1_000_000),
+        "timeout": timeout,
+        "header_timeout": header_timeout,
+    }
+    report: dict[str, Any] = {
+        "machine": {**_machine(), "load_before": os.getloadavg()},
+        "config": {
+            "clients": list(clients),
+            "rounds_per_client": rounds,
+            "idle_sockets": idle,
+            "oversized_mb": oversized_mb,
+            "timeout_s": timeout,
+            "references": references,
+            "header_timeout_s": header_timeout,
+            "open_files_limit": list(limits),
+        },
+        "servers": {},
+    }
     with ExitStack() as stack:
         work = Path(workdir) if workdir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        targets: dict[str, Callable[[], Any]] = {"search": lambda: SearchTarget(ensure_bundle(size=1000, seed=0, n_tasks=200) / "index",
-                                                  [q for _, q, _ in tasks]),
-                   "env": lambda: EnvTarget(ENV_ID, ENV_KWARGS, tasks, max_sessions=max(clients) + 64)}
+        targets: dict[str, Callable[[], Any]] = {
+            "search": lambda: SearchTarget(
+                ensure_bundle(size=1000, seed=0, n_tasks=200) / "index", [q for _, q, _ in tasks]
+            ),
+            "env": lambda: EnvTarget(ENV_ID, ENV_KWARGS, tasks, max_sessions=max(clients) + 64),
+        }
         if "model" in servers:
             if model is None:
                 model = work / "tiny-model"
@@ -247,11 +311,11 @@ def run_load(out: str | os.PathLike | None = "results/bench_load.json", *, clien
             targets["model"] = lambda: ModelTarget(Path(model), n_prompts=references)
         for name in servers:
             target = targets[name]()
-            with ServerProcess(lambda port, target=target: [*target.argv(port), "--header-timeout",
-                                                            str(header_timeout)]) as server:
+            with ServerProcess(
+                lambda port, target=target: [*target.argv(port), "--header-timeout", str(header_timeout)]
+            ) as server:
                 row = asyncio.run(_drive(target, server, clients, **kw))
-                report["servers"][name] = {"argv": target.argv(0)[:2], "pid_open_files_limit": _limit(server),
-                                           **row}
+                report["servers"][name] = {"argv": target.argv(0)[:2], "pid_open_files_limit": _limit(server), **row}
     report["machine"]["load_after"] = os.getloadavg()
     report["summary"] = summary(report)
     report["seconds"] = round(time.perf_counter() - t_start, 1)
@@ -266,15 +330,24 @@ def summary(report: dict[str, Any]) -> dict[str, Any]:
     top = max(report["config"]["clients"])
     runs = {name: [r for r in s["runs"] if r["clients"] == top] for name, s in report["servers"].items()}
     errors = {name: sum(r["errors"] for r in rs) for name, rs in runs.items()}
-    return {"clients": top, "errors": {**errors, "total": sum(errors.values())},
-            "idle_closed": {name: sum(r["idle_sockets"]["closed_by_server"] for r in rs) for name, rs in runs.items()},
-            "idle_held": {name: sum(r["idle_sockets"]["held"] for r in rs) for name, rs in runs.items()}}
+    return {
+        "clients": top,
+        "errors": {**errors, "total": sum(errors.values())},
+        "idle_closed": {name: sum(r["idle_sockets"]["closed_by_server"] for r in rs) for name, rs in runs.items()},
+        "idle_held": {name: sum(r["idle_sockets"]["held"] for r in rs) for name, rs in runs.items()},
+    }
 
 
 def _limit(server: ServerProcess) -> str:
     """The server's own open-files limit line from /proc (it inherits the raised one)."""
-    return next((" ".join(line.split()[3:5]) for line in Path(f"/proc/{server.proc.pid}/limits").read_text()
-                 .splitlines() if line.startswith("Max open files")), "?")
+    return next(
+        (
+            " ".join(line.split()[3:5])
+            for line in Path(f"/proc/{server.proc.pid}/limits").read_text().splitlines()
+            if line.startswith("Max open files")
+        ),
+        "?",
+    )
 
 
 DOCS_MARK = "<!-- generated by `searchgym bench load --markdown` from results/bench_load.json -->"
@@ -282,9 +355,11 @@ DOCS_MARK = "<!-- generated by `searchgym bench load --markdown` from results/be
 
 def markdown_table(report: dict[str, Any]) -> str:
     """docs/reliability.md's load table, one row per server, mode and client count."""
-    lines = ["| server | mode | clients | items/s | p50 ms | p99 ms | errors | idle closed | oversized | "
-             "RSS MB before → after | fds before → after load → released |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    lines = [
+        "| server | mode | clients | items/s | p50 ms | p99 ms | errors | idle closed | oversized | "
+        "RSS MB before → after | fds before → after load → released |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|---|",
+    ]
     for name, server in report["servers"].items():
         for r in server["runs"]:
             big = r["oversized"]
@@ -296,5 +371,6 @@ def markdown_table(report: dict[str, Any]) -> str:
                 f"{r['p99_ms']:,.0f} | {r['errors']:,}{f' ({kinds})' if kinds else ''} | "
                 f"{r['idle_sockets']['closed_by_server']:,} of {r['idle_sockets']['held']:,} | {ended} | "
                 f"{before['rss_mb']:,.0f} → {after['rss_mb']:,.0f} | {before['fds']:,} → {after['fds']:,} → "
-                f"{released['fds']:,} |")
+                f"{released['fds']:,} |"
+            )
     return "\n".join(lines) + "\n"

@@ -7,6 +7,7 @@ generations, ranked hits, an episode's observations and reward), so a wrong answ
 - env: `serve env` (OpenEnv over WebSocket, through OpenEnv's own `GenericEnvClient`) playing reset, search,
   answer; OpenEnv has no batch route, so `single` opens a session per episode and `reused` keeps one for all.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -88,11 +89,13 @@ class ModelTarget:
         return {"text": texts, "sampling_params": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0.0}}
 
     async def prepare(self, http: aiohttp.ClientSession, url: str) -> None:
-        self.reference = [(await post_json(http, url + "/generate", self._body(p), 120))["output_ids"]
-                          for p in self.prompts]
+        self.reference = [
+            (await post_json(http, url + "/generate", self._body(p), 120))["output_ids"] for p in self.prompts
+        ]
 
-    async def client(self, http: aiohttp.ClientSession, url: str, mode: str, i: int, rounds: int,
-                     record: Record, timeout: float) -> None:
+    async def client(
+        self, http: aiohttp.ClientSession, url: str, mode: str, i: int, rounds: int, record: Record, timeout: float
+    ) -> None:
         for r in range(rounds):
             n = MODEL_BATCH if mode == "batched" else 1
             picks = [(i * rounds + r) * n + j for j in range(n)]
@@ -128,18 +131,22 @@ class SearchTarget:
         return [[doc["id"] for doc in hits] for hits in out["result"]]
 
     async def prepare(self, http: aiohttp.ClientSession, url: str) -> None:
-        self.reference = [self._ids(await post_json(http, url + "/retrieve", {"queries": [q], "topk": TOPK}, 60))[0]
-                          for q in self.queries]
+        self.reference = [
+            self._ids(await post_json(http, url + "/retrieve", {"queries": [q], "topk": TOPK}, 60))[0]
+            for q in self.queries
+        ]
 
-    async def client(self, http: aiohttp.ClientSession, url: str, mode: str, i: int, rounds: int,
-                     record: Record, timeout: float) -> None:
+    async def client(
+        self, http: aiohttp.ClientSession, url: str, mode: str, i: int, rounds: int, record: Record, timeout: float
+    ) -> None:
         for r in range(rounds):
             n = SEARCH_BATCH if mode == "batched" else 1
             picks = [((i * rounds + r) * n + j) % len(self.queries) for j in range(n)]
 
             async def call(picks: list[int]) -> None:
-                out = await post_json(http, url + "/retrieve",
-                                      {"queries": [self.queries[k] for k in picks], "topk": TOPK}, timeout)
+                out = await post_json(
+                    http, url + "/retrieve", {"queries": [self.queries[k] for k in picks], "topk": TOPK}, timeout
+                )
                 if self._ids(out) != [self.reference[k] for k in picks]:
                     raise WrongAnswer(f"queries {picks}")
 
@@ -154,21 +161,34 @@ class EnvTarget:
 
     name, modes = "env", ("single", "reused")
 
-    def __init__(self, env_id: str, env_kwargs: dict[str, Any], tasks: list[tuple[str, str, str]],
-                 max_sessions: int) -> None:
+    def __init__(
+        self, env_id: str, env_kwargs: dict[str, Any], tasks: list[tuple[str, str, str]], max_sessions: int
+    ) -> None:
         self.env_id, self.env_kwargs, self.max_sessions = env_id, env_kwargs, max_sessions
         self.tasks = tasks  # (task id, start query, answer) by index
         self.reference: list[tuple[str, float | None]] = []
 
     def argv(self, port: int) -> list[str]:
-        return ["serve", "env", self.env_id, "--env-kwargs", json.dumps(self.env_kwargs), "--port", str(port),
-                "--max-sessions", str(self.max_sessions)]
+        return [
+            "serve",
+            "env",
+            self.env_id,
+            "--env-kwargs",
+            json.dumps(self.env_kwargs),
+            "--port",
+            str(port),
+            "--max-sessions",
+            str(self.max_sessions),
+        ]
 
     async def _episode(self, client: Any, k: int, record: Record | None, timeout: float) -> tuple[str, float | None]:
         """reset(index=k), search, answer: (the search step's text, the final reward); each message one request."""
         task_id, query, answer = self.tasks[k]
-        steps = [lambda: client.reset(index=k), lambda: client.step({"tool": "search", "argument": query}),
-                 lambda: client.step({"tool": "answer", "argument": answer})]
+        steps = [
+            lambda: client.reset(index=k),
+            lambda: client.step({"tool": "search", "argument": query}),
+            lambda: client.step({"tool": "answer", "argument": answer}),
+        ]
         results = []
         for step in steps:
             call = asyncio.wait_for(step(), timeout)
@@ -189,8 +209,9 @@ class EnvTarget:
         if wrong:  # the reference episodes answer each task's own answer: anything else is a broken reference
             raise RuntimeError(f"env reference: tasks {wrong[:5]} did not score 1.0 with their own answer")
 
-    async def client(self, http: aiohttp.ClientSession, url: str, mode: str, i: int, rounds: int,
-                     record: Record, timeout: float) -> None:
+    async def client(
+        self, http: aiohttp.ClientSession, url: str, mode: str, i: int, rounds: int, record: Record, timeout: float
+    ) -> None:
         from openenv.core import GenericEnvClient
 
         session: Any = None
@@ -199,8 +220,9 @@ class EnvTarget:
                 k = (i * rounds + r) % len(self.tasks)
                 if session is None:
                     try:
-                        session = await GenericEnvClient(base_url=url, connect_timeout_s=timeout,
-                                                         message_timeout_s=timeout).__aenter__()
+                        session = await GenericEnvClient(
+                            base_url=url, connect_timeout_s=timeout, message_timeout_s=timeout
+                        ).__aenter__()
                     except Exception as e:  # noqa: BLE001 -- a refused session is counted like a failed request
                         record(None, 0, f"connect: {error_kind(e)}")
                         continue

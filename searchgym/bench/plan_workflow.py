@@ -18,6 +18,7 @@ question's words (about 2%) among the generated ones moved nothing in 12 steps. 
 runs (the env plays every turn as a search), so every mode plays the same episodes whatever the
 policy learns.
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -47,8 +48,9 @@ class PlannedWorkflow(TokenWorkflow):
         super().__init__(*args, **kwargs)
         self.word_starts = word_start_ids(self.tokenizer)
 
-    async def arun_episode(self, env: SearchEnv, *, seed: int | None = None, options: dict[str, Any] | None = None,
-                           rid: str | None = None) -> Trajectory:
+    async def arun_episode(
+        self, env: SearchEnv, *, seed: int | None = None, options: dict[str, Any] | None = None, rid: str | None = None
+    ) -> Trajectory:
         token = _PLAN.set([])
         try:
             traj = await super().arun_episode(env, seed=seed, options=options, rid=rid)
@@ -57,13 +59,16 @@ class PlannedWorkflow(TokenWorkflow):
         traj.reward = word_start_share(traj, self.word_starts)
         return traj
 
-    async def start_episode(self, env: SearchEnv, seed: int | None, options: dict[str, Any] | None
-                            ) -> tuple[str, Trajectory]:
+    async def start_episode(
+        self, env: SearchEnv, seed: int | None, options: dict[str, Any] | None
+    ) -> tuple[str, Trajectory]:
         obs, traj = await super().start_episode(env, seed, options)
         plan = getattr(env, "plan", None)
         if not isinstance(plan, EpisodePlan):
-            raise TypeError(f"{type(self).__name__} needs an env that draws episode plans "
-                            f"(searchgym-bench/SlowSyntheticQA-v0 with a workload), got {type(env).__name__}")
+            raise TypeError(
+                f"{type(self).__name__} needs an env that draws episode plans "
+                f"(searchgym-bench/SlowSyntheticQA-v0 with a workload), got {type(env).__name__}"
+            )
         _PLAN.get().append(plan)
         return obs, traj
 
@@ -71,8 +76,13 @@ class PlannedWorkflow(TokenWorkflow):
         """The next turn: exactly the plan's token count for it (capped by the context budget the caller passes)."""
         [plan] = _PLAN.get()
         turn = min(len(traj.turns), plan.turns - 1)
-        planned = dataclasses.replace(sampling, max_new_tokens=min(sampling.max_new_tokens, plan.turn_tokens[turn]),
-                                      stop=(), stop_token_ids=(), ignore_eos=True)
+        planned = dataclasses.replace(
+            sampling,
+            max_new_tokens=min(sampling.max_new_tokens, plan.turn_tokens[turn]),
+            stop=(),
+            stop_token_ids=(),
+            ignore_eos=True,
+        )
         return await super().generate(traj, planned, rid)
 
 
@@ -84,7 +94,10 @@ def word_start_ids(tokenizer: Any) -> frozenset[int]:
 def word_start_share(traj: Trajectory, word_starts: frozenset[int]) -> float:
     """The share of the trajectory's turns whose first generated token starts a word (0.0 if it has none), over
     every context segment (each turn's tokens are generated, and trained, in exactly one)."""
-    firsts = [token for segment in traj.token_segments()
-              for token, mask, previous in zip(segment.input_ids, segment.loss_mask, [0, *segment.loss_mask], strict=False)
-              if mask and not previous]
+    firsts = [
+        token
+        for segment in traj.token_segments()
+        for token, mask, previous in zip(segment.input_ids, segment.loss_mask, [0, *segment.loss_mask], strict=False)
+        if mask and not previous
+    ]
     return sum(token in word_starts for token in firsts) / len(firsts) if firsts else 0.0

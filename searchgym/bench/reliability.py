@@ -16,6 +16,7 @@ Each class counts forms tried, faults injected, faults handled as promised, kill
 exception out of a call that promises none, a 5xx, a rerun that fails unclearly) and items lost. The
 json goes to results/reliability.json; `markdown_table` renders the README's table from it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,11 +37,29 @@ SEED = 15
 COLUMNS = ("forms_tried", "faults_injected", "handled", "kills_survived", "crashes", "items_lost")
 
 
-def _row(name: str, forms: int, injected: int, handled: int, crashes: int, *, kills: int = 0, lost: int = 0,
-         notes: list[str] | None = None, seconds: float = 0.0) -> dict[str, Any]:
-    return {"class": name, "forms_tried": forms, "faults_injected": injected, "handled": handled,
-            "kills_survived": kills, "crashes": crashes, "items_lost": lost, "notes": (notes or [])[:10],
-            "seconds": round(seconds, 1)}
+def _row(
+    name: str,
+    forms: int,
+    injected: int,
+    handled: int,
+    crashes: int,
+    *,
+    kills: int = 0,
+    lost: int = 0,
+    notes: list[str] | None = None,
+    seconds: float = 0.0,
+) -> dict[str, Any]:
+    return {
+        "class": name,
+        "forms_tried": forms,
+        "faults_injected": injected,
+        "handled": handled,
+        "kills_survived": kills,
+        "crashes": crashes,
+        "items_lost": lost,
+        "notes": (notes or [])[:10],
+        "seconds": round(seconds, 1),
+    }
 
 
 class _Tally:
@@ -61,8 +80,15 @@ class _Tally:
         self.notes.append(what[:300])
 
     def row(self) -> dict[str, Any]:
-        return _row(self.name, self.forms, self.forms, self.handled, self.crashes, notes=self.notes,
-                    seconds=time.perf_counter() - self.t0)
+        return _row(
+            self.name,
+            self.forms,
+            self.forms,
+            self.handled,
+            self.crashes,
+            notes=self.notes,
+            seconds=time.perf_counter() - self.t0,
+        )
 
 
 # --- classes that run in this process ---------------------------------------------------------------------
@@ -112,8 +138,9 @@ def actions(rng: random.Random, n: int) -> dict[str, Any]:
     tally = _Tally("agent turns (env.step)")
     forms = faults.action_forms(rng, n)
     for tool_format in ("tags", "hermes"):
-        env = gym.make("searchgym/SyntheticQA-v0", size=1000, n_tasks=200, max_turns=10_000,
-                       tool_format=tool_format).unwrapped
+        env = gym.make(
+            "searchgym/SyntheticQA-v0", size=1000, n_tasks=200, max_turns=10_000, tool_format=tool_format
+        ).unwrapped
         env.reset(seed=SEED)
         for form in forms:
             try:
@@ -186,8 +213,9 @@ async def web_pages(rng: random.Random, n: int) -> dict[str, Any]:
     return tally.row()
 
 
-async def server_bodies(rng: random.Random, n: int, index: Any, model_dir: Path, *,
-                        model_server: bool = True) -> dict[str, Any]:
+async def server_bodies(
+    rng: random.Random, n: int, index: Any, model_dir: Path, *, model_server: bool = True
+) -> dict[str, Any]:
     """Junk bodies to every POST route of the retrieval server and the model server: 200 or 4xx, never 5xx."""
     import aiohttp
 
@@ -196,15 +224,18 @@ async def server_bodies(rng: random.Random, n: int, index: Any, model_dir: Path,
     from searchgym.envs.tools.retrieval_server import serving as serve_search
 
     tally = _Tally("server request bodies")
-    search_routes = {"/retrieve": {"queries": ["Sadesh Whispers"], "topk": 3, "return_scores": True},
-                     "/access": {"urls": ["https://world.searchgym.test/wiki/X"]}}
-    model_routes = {"/generate": {"text": "hi", "sampling_params": {"max_new_tokens": 4}},
-                    "/v1/chat/completions": {"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                                             "max_tokens": 4},
-                    "/v1/completions": {"model": "m", "prompt": "hi", "max_tokens": 4},
-                    "/update_weight_version": {"new_version": "v1"},
-                    "/update_weights_from_disk": {"model_path": "/nonexistent/model"},
-                    "/abort_request": {"rid": "none"}}
+    search_routes = {
+        "/retrieve": {"queries": ["Sadesh Whispers"], "topk": 3, "return_scores": True},
+        "/access": {"urls": ["https://world.searchgym.test/wiki/X"]},
+    }
+    model_routes = {
+        "/generate": {"text": "hi", "sampling_params": {"max_new_tokens": 4}},
+        "/v1/chat/completions": {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        "/v1/completions": {"model": "m", "prompt": "hi", "max_tokens": 4},
+        "/update_weight_version": {"new_version": "v1"},
+        "/update_weights_from_disk": {"model_path": "/nonexistent/model"},
+        "/abort_request": {"rid": "none"},
+    }
 
     async def send(http: aiohttp.ClientSession, base: str, routes: dict[str, Any]) -> None:
         for path, valid in routes.items():
@@ -303,9 +334,17 @@ async def caches(rng: random.Random, workdir: Path) -> dict[str, Any]:
 def _kill_row(result: DrillResult, seconds: float) -> dict[str, Any]:
     injected = result.kills + result.damaged_injected + result.files_truncated
     handled = result.kills_survived + result.damaged_reported + result.files_named
-    return _row(f"kill: {result.name}", result.kills + result.damaged_injected + result.files_truncated, injected,
-                handled, result.crashes, kills=result.kills_survived,
-                lost=result.items_lost + result.items_repeated, notes=result.notes, seconds=seconds)
+    return _row(
+        f"kill: {result.name}",
+        result.kills + result.damaged_injected + result.files_truncated,
+        injected,
+        handled,
+        result.crashes,
+        kills=result.kills_survived,
+        lost=result.items_lost + result.items_repeated,
+        notes=result.notes,
+        seconds=seconds,
+    )
 
 
 def _timed(drill: Callable[[], DrillResult]) -> dict[str, Any]:
@@ -314,8 +353,15 @@ def _timed(drill: Callable[[], DrillResult]) -> dict[str, Any]:
     return _kill_row(result, time.perf_counter() - t0)
 
 
-def run_reliability(out: str | Path | None = "results/reliability.json", *, workdir: str | Path | None = None,
-                    seed: int = SEED, n: int = 200, kills: bool = True, model: Path | None = None) -> dict[str, Any]:
+def run_reliability(
+    out: str | Path | None = "results/reliability.json",
+    *,
+    workdir: str | Path | None = None,
+    seed: int = SEED,
+    n: int = 200,
+    kills: bool = True,
+    model: Path | None = None,
+) -> dict[str, Any]:
     """Run every fault class (kills too unless `kills=False`); write the report to `out` and return it.
 
     `model` is the tiny model the model server and the eval/train drills use (default: one built in workdir).
@@ -335,30 +381,84 @@ def run_reliability(out: str | Path | None = "results/reliability.json", *, work
             model = work / "tiny-model"
             if not (model / "config.json").exists():
                 build_tiny_model(model, seed=seed)
-        rows = [asyncio.run(ssrf(rng)), actions(rng, n), asyncio.run(web_pages(rng, n)),
-                asyncio.run(server_bodies(rng, max(n // 10, 5), LocalIndex(bundle / "index"), model)),
-                asyncio.run(caches(rng, _fresh(work / "caches")))]
+        rows = [
+            asyncio.run(ssrf(rng)),
+            actions(rng, n),
+            asyncio.run(web_pages(rng, n)),
+            asyncio.run(server_bodies(rng, max(n // 10, 5), LocalIndex(bundle / "index"), model)),
+            asyncio.run(caches(rng, _fresh(work / "caches"))),
+        ]
         if kills:
             kill_rng = random.Random(seed)
-            env = {"size": 1000, "seed": 0, "n_tasks": 200, "hops": 1, "instructions": "{question}", "top_k": 1,
-                   "doc_chars": 120, "max_turns": 4}
-            rows.append(_timed(lambda: drill_eval(_fresh(work / "eval"), model, env,
-                                                  kill_rows=sorted(kill_rng.sample(range(3, 14), 2)), tasks=8, k=2)))
+            env = {
+                "size": 1000,
+                "seed": 0,
+                "n_tasks": 200,
+                "hops": 1,
+                "instructions": "{question}",
+                "top_k": 1,
+                "doc_chars": 120,
+                "max_turns": 4,
+            }
+            rows.append(
+                _timed(
+                    lambda: drill_eval(
+                        _fresh(work / "eval"),
+                        model,
+                        env,
+                        kill_rows=sorted(kill_rng.sample(range(3, 14), 2)),
+                        tasks=8,
+                        k=2,
+                    )
+                )
+            )
             with stand_in_server(StandInLLM()) as url:
-                rows.append(_timed(lambda: drill_agent_synthesis(
-                    _fresh(work / "agent"), bundle / "index", url,
-                    kill_rows=sorted(kill_rng.sample(range(2, 20), 3)), n=24)))
-            rows.append(_timed(lambda: drill_kbwalk_synthesis(
-                _fresh(work / "kbwalk"), bundle, kill_after_s=[round(kill_rng.uniform(0.3, 3.0), 2) for _ in range(4)],
-                n=400)))
-            overrides = [f"model.path={model}", "env.kwargs.size=1000", "env.kwargs.n_tasks=200",
-                         "env.kwargs.max_turns=2", "rollout.group_size=2", "rollout.batch_size=2",
-                         "rollout.max_new_tokens=8", "rollout.max_staleness=1", "learner.drop_no_spread=false"]
-            rows.append(_timed(lambda: drill_train(_fresh(work / "train"), overrides,
-                                                   kill_rows=sorted(kill_rng.sample(range(1, 5), 2)), steps=5)))
-    report = {"seed": seed, "forms_per_class": n, "seconds": round(time.perf_counter() - t0, 1),
-              "classes": rows,
-              "total": {c: sum(r[c] for r in rows) for c in COLUMNS}}
+                rows.append(
+                    _timed(
+                        lambda: drill_agent_synthesis(
+                            _fresh(work / "agent"),
+                            bundle / "index",
+                            url,
+                            kill_rows=sorted(kill_rng.sample(range(2, 20), 3)),
+                            n=24,
+                        )
+                    )
+                )
+            rows.append(
+                _timed(
+                    lambda: drill_kbwalk_synthesis(
+                        _fresh(work / "kbwalk"),
+                        bundle,
+                        kill_after_s=[round(kill_rng.uniform(0.3, 3.0), 2) for _ in range(4)],
+                        n=400,
+                    )
+                )
+            )
+            overrides = [
+                f"model.path={model}",
+                "env.kwargs.size=1000",
+                "env.kwargs.n_tasks=200",
+                "env.kwargs.max_turns=2",
+                "rollout.group_size=2",
+                "rollout.batch_size=2",
+                "rollout.max_new_tokens=8",
+                "rollout.max_staleness=1",
+                "learner.drop_no_spread=false",
+            ]
+            rows.append(
+                _timed(
+                    lambda: drill_train(
+                        _fresh(work / "train"), overrides, kill_rows=sorted(kill_rng.sample(range(1, 5), 2)), steps=5
+                    )
+                )
+            )
+    report = {
+        "seed": seed,
+        "forms_per_class": n,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "classes": rows,
+        "total": {c: sum(r[c] for r in rows) for c in COLUMNS},
+    }
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(report, indent=2) + "\n")
@@ -374,8 +474,15 @@ def _fresh(path: Path) -> Path:
     return path
 
 
-HEADERS = ("fault class", "forms tried", "faults injected", "handled as promised", "kills survived", "crashes",
-           "items lost")
+HEADERS = (
+    "fault class",
+    "forms tried",
+    "faults injected",
+    "handled as promised",
+    "kills survived",
+    "crashes",
+    "items lost",
+)
 
 
 def markdown_table(report: dict[str, Any]) -> str:
@@ -408,7 +515,7 @@ DOCS_MARK = "<!-- generated by `searchgym bench reliability --markdown docs` fro
 
 def generated_block(text: str, mark: str) -> str:
     """The table that follows `mark` in a page (up to the first line that is not a table row)."""
-    rest = text[text.index(mark) + len(mark):].lstrip("\n")
+    rest = text[text.index(mark) + len(mark) :].lstrip("\n")
     rows = []
     for line in rest.splitlines():
         if not line.startswith("|"):

@@ -14,6 +14,7 @@ whole and as `--shards` shards (`index build --shards`). Then, with each layout'
 
 Numbers go to results/bench_scale_out.json (with the machine), never asserted in tests.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -35,9 +36,17 @@ from searchgym.envs.tools.server_limits import raise_open_files_limit
 K = 5
 
 
-def run_scale_out(out: str | os.PathLike | None = "results/bench_scale_out.json", *, size: int = 1_000_000,
-                  shards: int = 4, clients: int = 1000, seconds: float = 20.0, rounds: int = 2,
-                  world: str | os.PathLike | None = None, n_queries: int = 5000) -> dict[str, Any]:
+def run_scale_out(
+    out: str | os.PathLike | None = "results/bench_scale_out.json",
+    *,
+    size: int = 1_000_000,
+    shards: int = 4,
+    clients: int = 1000,
+    seconds: float = 20.0,
+    rounds: int = 2,
+    world: str | os.PathLike | None = None,
+    n_queries: int = 5000,
+) -> dict[str, Any]:
     """Build (or reuse) the world and both layouts, then measure them side by side; the report (written to `out`)."""
     import json
 
@@ -46,27 +55,42 @@ def run_scale_out(out: str | os.PathLike | None = "results/bench_scale_out.json"
         root = Path(world) if world is not None else Path(tmp) / "world"
         built = _prepare(root, size, shards)
         queries = _queries(root / "corpus.jsonl", n_queries)
-        report: dict[str, Any] = {"size": size, "shards": shards, "clients": clients, "seconds_per_round": seconds,
-                                  "rounds": rounds, "k": K, "queries": len(queries), "build_s": built,
-                                  "machine": _machine()}
+        report: dict[str, Any] = {
+            "size": size,
+            "shards": shards,
+            "clients": clients,
+            "seconds_per_round": seconds,
+            "rounds": rounds,
+            "k": K,
+            "queries": len(queries),
+            "build_s": built,
+            "machine": _machine(),
+        }
         with ExitStack() as stack:
             starts: dict[str, list[float]] = {}
             single = _start(stack, [root / "index"], starts, "single")
-            sharded = _start(stack, [root / "shards" / f"shard-{i:02d}" / "index" for i in range(shards)], starts,
-                             "sharded")
-            report["startup_s"] = {name: {"servers": [round(s, 2) for s in times], "ready": round(max(times), 2)}
-                                   for name, times in starts.items()}
+            sharded = _start(
+                stack, [root / "shards" / f"shard-{i:02d}" / "index" for i in range(shards)], starts, "sharded"
+            )
+            report["startup_s"] = {
+                name: {"servers": [round(s, 2) for s in times], "ready": round(max(times), 2)}
+                for name, times in starts.items()
+            }
             layouts = {"single": [[s.url] for s in single], "sharded": [[s.url] for s in sharded]}
             results: dict[str, list[dict[str, Any]]] = {"single": [], "sharded": []}
             for r in range(rounds):
-                for name in (("single", "sharded") if r % 2 == 0 else ("sharded", "single")):
+                for name in ("single", "sharded") if r % 2 == 0 else ("sharded", "single"):
                     results[name].append(asyncio.run(_load(layouts[name], queries, clients, seconds)))
             report["rounds_by_layout"] = results
-            report["rss_mb"] = {"single": [s.stats()["rss_mb"] for s in single],
-                                "sharded": [s.stats()["rss_mb"] for s in sharded]}
+            report["rss_mb"] = {
+                "single": [s.stats()["rss_mb"] for s in single],
+                "sharded": [s.stats()["rss_mb"] for s in sharded],
+            }
         report["summary"] = {name: _summary(rows) for name, rows in results.items()}
         qps = {name: s["queries_per_s"] for name, s in report["summary"].items()}
-        report["summary"]["sharded_over_single_qps"] = round(qps["sharded"] / qps["single"], 3) if qps["single"] else None
+        report["summary"]["sharded_over_single_qps"] = (
+            round(qps["sharded"] / qps["single"], 3) if qps["single"] else None
+        )
     if out is not None:
         write_atomic(Path(out), json.dumps(report, indent=2) + "\n")
     return report
@@ -105,21 +129,30 @@ def _start(stack: ExitStack, indexes: list[Path], starts: dict[str, list[float]]
     servers, times = [], []
     for index in indexes:
         t0 = time.perf_counter()
-        servers.append(stack.enter_context(ServerProcess(
-            lambda port, index=index: ["serve", "search", "--index", str(index), "--port", str(port)], startup_s=1800)))
+        servers.append(
+            stack.enter_context(
+                ServerProcess(
+                    lambda port, index=index: ["serve", "search", "--index", str(index), "--port", str(port)],
+                    startup_s=1800,
+                )
+            )
+        )
         times.append(time.perf_counter() - t0)
     starts[name] = times
     return servers
 
 
-async def _load(servers: list[list[str]], queries: list[tuple[str, str]], clients: int,
-                seconds: float) -> dict[str, Any]:
+async def _load(
+    servers: list[list[str]], queries: list[tuple[str, str]], clients: int, seconds: float
+) -> dict[str, Any]:
     """`clients` coroutines querying for `seconds` through the layout's client; latencies, errors, top-k hits."""
     from searchgym.envs.tools.remote_search import RemoteSearch
     from searchgym.envs.tools.shards import ShardedSearch
 
     options: dict[str, Any] = {"max_connections": clients, "timeout": 60.0}
-    backend: Any = RemoteSearch(servers[0], **options) if len(servers) == 1 else ShardedSearch.remote(servers, **options)
+    backend: Any = (
+        RemoteSearch(servers[0], **options) if len(servers) == 1 else ShardedSearch.remote(servers, **options)
+    )
     latencies: list[float] = []
     errors: Counter[str] = Counter()
     found = 0
@@ -145,23 +178,34 @@ async def _load(servers: list[list[str]], queries: list[tuple[str, str]], client
     elapsed = time.perf_counter() - t0
     await backend.close()
     ordered = sorted(latencies)
-    return {"answered": len(latencies), "errors": dict(errors), "elapsed_s": round(elapsed, 2),
-            "queries_per_s": round(len(latencies) / elapsed, 1),
-            "p50_ms": round(1000 * ordered[len(ordered) // 2], 1) if ordered else None,
-            "p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 1) if ordered else None,
-            "page_in_top_k": round(found / len(latencies), 4) if latencies else None}
+    return {
+        "answered": len(latencies),
+        "errors": dict(errors),
+        "elapsed_s": round(elapsed, 2),
+        "queries_per_s": round(len(latencies) / elapsed, 1),
+        "p50_ms": round(1000 * ordered[len(ordered) // 2], 1) if ordered else None,
+        "p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 1) if ordered else None,
+        "page_in_top_k": round(found / len(latencies), 4) if latencies else None,
+    }
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"queries_per_s": round(statistics.mean(r["queries_per_s"] for r in rows), 1),
-            "p99_ms": max((r["p99_ms"] for r in rows if r["p99_ms"] is not None), default=None),
-            "errors": sum(sum(r["errors"].values()) for r in rows),
-            "page_in_top_k": round(statistics.mean(r["page_in_top_k"] for r in rows if r["page_in_top_k"] is not None),
-                                   4) if any(r["page_in_top_k"] is not None for r in rows) else None}
+    return {
+        "queries_per_s": round(statistics.mean(r["queries_per_s"] for r in rows), 1),
+        "p99_ms": max((r["p99_ms"] for r in rows if r["p99_ms"] is not None), default=None),
+        "errors": sum(sum(r["errors"].values()) for r in rows),
+        "page_in_top_k": round(statistics.mean(r["page_in_top_k"] for r in rows if r["page_in_top_k"] is not None), 4)
+        if any(r["page_in_top_k"] is not None for r in rows)
+        else None,
+    }
 
 
 def _machine() -> dict[str, Any]:
     import platform
 
-    return {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform(),
-            "load_before": os.getloadavg()}
+    return {
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "load_before": os.getloadavg(),
+    }

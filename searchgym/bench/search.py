@@ -13,6 +13,7 @@ On one synthetic world (100,000 pages by default), in one run:
   server through one shared RemoteSearch, with and without coalescing.
 The machine's load average is recorded before and after. Numbers go to a JSON file, never asserted in tests.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -55,10 +56,18 @@ from searchgym.world.world import World
 K = 5
 
 
-def run_search_bench(*, size: int = 100_000, n_queries: int = 2000, out: str | os.PathLike = "results/bench_search.json",
-                     workdir: str | os.PathLike | None = None, concurrency: tuple[int, ...] = (1, 64),
-                     batch: int = 64, rank_bm25_queries: int = 200, n_envs: int = 32,
-                     n_tasks: int = 256) -> dict[str, Any]:
+def run_search_bench(
+    *,
+    size: int = 100_000,
+    n_queries: int = 2000,
+    out: str | os.PathLike = "results/bench_search.json",
+    workdir: str | os.PathLike | None = None,
+    concurrency: tuple[int, ...] = (1, 64),
+    batch: int = 64,
+    rank_bm25_queries: int = 200,
+    n_envs: int = 32,
+    n_tasks: int = 256,
+) -> dict[str, Any]:
     """Build (or reuse) a `size`-page world and its index, then race the peers, the server and the envs."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(workdir or tmp)
@@ -96,33 +105,50 @@ def _peers(world: World, index: LocalIndex, root: Path, n: int, rank_bm25_querie
         locals_ = local_index_peers(index, K, threads)
         peers = [*locals_, tantivy_default_peer(root / "index", K), *bm25s, *rank]
         systems = race(peers, [q for q, _ in pairs], [a for _, a in pairs], chunks=20)
-        out[kind] = {"queries": len(pairs), "example": pairs[0][0], "systems": systems,
-                     "like_for_like": _like_for_like(systems, threads),
-                     "threads_over_one": _threads_over_one(systems, threads),
-                     "local_index_speed_over": {
-                         mine.name: {name: round(systems[mine.name]["qps"] / r["qps"], 2) for name, r in systems.items()
-                                     if not name.startswith("LocalIndex") and r["qps"]} for mine in locals_}}
+        out[kind] = {
+            "queries": len(pairs),
+            "example": pairs[0][0],
+            "systems": systems,
+            "like_for_like": _like_for_like(systems, threads),
+            "threads_over_one": _threads_over_one(systems, threads),
+            "local_index_speed_over": {
+                mine.name: {
+                    name: round(systems[mine.name]["qps"] / r["qps"], 2)
+                    for name, r in systems.items()
+                    if not name.startswith("LocalIndex") and r["qps"]
+                }
+                for mine in locals_
+            },
+        }
     return out
 
 
 def _threads_over_one(systems: dict[str, Any], threads: int) -> dict[str, float]:
     """What the batch's threads buy each library: its batched queries/s on `threads` threads over one thread's."""
     pairs = {"LocalIndex": (batched(RANK, threads), RANK), BM25S: (batched(BM25S, threads), batched(BM25S, 1))}
-    return {name: round(systems[a]["qps"] / systems[b]["qps"], 2) for name, (a, b) in pairs.items()
-            if threads > 1 and a in systems and b in systems and systems[a]["qps"] and systems[b]["qps"]}
+    return {
+        name: round(systems[a]["qps"] / systems[b]["qps"], 2)
+        for name, (a, b) in pairs.items()
+        if threads > 1 and a in systems and b in systems and systems[a]["qps"] and systems[b]["qps"]
+    }
 
 
 def _like_for_like(systems: dict[str, Any], threads: int) -> dict[str, float]:
     """LocalIndex over the peer doing the same work: ranking one query a call over bm25s one query a call; ranking
     a chunk a call over bm25s a chunk a call on the same threads (and on bm25s's default one); the env's search
     (hits with snippets) over tantivy's default path (hits' stored ids)."""
-    pairs = {f"{RANK} / {BM25S}": (RANK, BM25S),
-             f"{batched(RANK, threads)} / {batched(BM25S, threads)}": (batched(RANK, threads), batched(BM25S, threads)),
-             f"{batched(RANK, threads)} / {batched(BM25S, 1)}": (batched(RANK, threads), batched(BM25S, 1)),
-             f"{SNIPPETS} / tantivy default": (SNIPPETS, "tantivy default"),
-             f"{RANK} / tantivy default": (RANK, "tantivy default")}
-    return {label: round(systems[a]["qps"] / systems[b]["qps"], 2) for label, (a, b) in pairs.items()
-            if a in systems and b in systems and systems[a]["qps"] and systems[b]["qps"]}
+    pairs = {
+        f"{RANK} / {BM25S}": (RANK, BM25S),
+        f"{batched(RANK, threads)} / {batched(BM25S, threads)}": (batched(RANK, threads), batched(BM25S, threads)),
+        f"{batched(RANK, threads)} / {batched(BM25S, 1)}": (batched(RANK, threads), batched(BM25S, 1)),
+        f"{SNIPPETS} / tantivy default": (SNIPPETS, "tantivy default"),
+        f"{RANK} / tantivy default": (RANK, "tantivy default"),
+    }
+    return {
+        label: round(systems[a]["qps"] / systems[b]["qps"], 2)
+        for label, (a, b) in pairs.items()
+        if a in systems and b in systems and systems[a]["qps"] and systems[b]["qps"]
+    }
 
 
 def _name_queries(world: World, n: int) -> list[tuple[str, str]]:
@@ -198,7 +224,7 @@ async def _remote(url: str, queries: list[str], concurrency: tuple[int, ...], ba
             results[f"concurrency_{c}"] = _rate(len(queries), time.perf_counter() - t0, latencies)
         t0 = time.perf_counter()
         for lo in range(0, len(queries), batch):
-            await client.search_batch(queries[lo:lo + batch], K)
+            await client.search_batch(queries[lo : lo + batch], K)
         results[f"batched_{batch}_per_request"] = _rate(len(queries), time.perf_counter() - t0)
         results["client_stats"] = client.stats()
         return results
@@ -210,9 +236,11 @@ async def _envs(world: World, index: LocalIndex, url: str, n_envs: int, n_tasks:
     """Env steps/s of n_envs envs playing oracle episodes at once: over the index in process, and over the server
     through one shared RemoteSearch with coalescing (the default) and without (max_batch=1); two rounds, interleaved."""
     pool, _ = synthesize_pool(world, index, n_tasks, seed=1)
-    setups = {"in_process": lambda: index,
-              "server_coalesced": lambda: RemoteSearch(url, timeout=60, retries=0),
-              "server_one_query_per_request": lambda: RemoteSearch(url, timeout=60, retries=0, max_batch=1)}
+    setups = {
+        "in_process": lambda: index,
+        "server_coalesced": lambda: RemoteSearch(url, timeout=60, retries=0),
+        "server_one_query_per_request": lambda: RemoteSearch(url, timeout=60, retries=0, max_batch=1),
+    }
     totals: dict[str, dict[str, float]] = {name: {"steps": 0, "seconds": 0.0, "requests": 0} for name in setups}
     for _ in range(2):
         for name, make in setups.items():
@@ -230,7 +258,9 @@ async def _envs(world: World, index: LocalIndex, url: str, n_envs: int, n_tasks:
             out[name]["http_requests_per_step"] = round(t["requests"] / t["steps"], 3)
     base = out["in_process"]["steps_per_s"]
     out["server_coalesced_vs_in_process"] = round(out["server_coalesced"]["steps_per_s"] / base, 3)
-    out["server_one_query_per_request_vs_in_process"] = round(out["server_one_query_per_request"]["steps_per_s"] / base, 3)
+    out["server_one_query_per_request_vs_in_process"] = round(
+        out["server_one_query_per_request"]["steps_per_s"] / base, 3
+    )
     return out
 
 
@@ -263,9 +293,19 @@ class _server_process:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        self.proc = subprocess.Popen([sys.executable, "-m", "searchgym.envs.tools.retrieval_server",
-                                      "--index", str(self.index_dir), "--port", str(port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "searchgym.envs.tools.retrieval_server",
+                "--index",
+                str(self.index_dir),
+                "--port",
+                str(port),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -8,6 +8,7 @@ query a call, and a chunk of queries a call with n_threads=0 and with `threads`)
 the same tokens); all over the same corpus. bm25s and rank-bm25 come with the `bench` extra; a missing one
 is reported, not raised.
 """
+
 from __future__ import annotations
 
 import json
@@ -61,9 +62,11 @@ def batched(name: str, threads: int) -> str:
 def local_index_peers(index: LocalIndex, k: int, threads: int) -> list[Peer]:
     """LocalIndex.search_sync (the env's search, snippets included), rank_sync (ids only, one query a call) and
     rank_many_sync (a chunk a call, spread over `threads` threads: LocalIndex's own choice, one per core)."""
-    return [Peer(SNIPPETS, search=lambda q: [hit.doc_id for hit in index.search_sync(q, k)]),
-            Peer(RANK, search=lambda q: [doc_id for doc_id, _ in index.rank_sync(q, k)]),
-            Peer(batched(RANK, threads), search_many=lambda qs: [[d for d, _ in r] for r in index.rank_many_sync(qs, k)])]
+    return [
+        Peer(SNIPPETS, search=lambda q: [hit.doc_id for hit in index.search_sync(q, k)]),
+        Peer(RANK, search=lambda q: [doc_id for doc_id, _ in index.rank_sync(q, k)]),
+        Peer(batched(RANK, threads), search_many=lambda qs: [[d for d, _ in r] for r in index.rank_many_sync(qs, k)]),
+    ]
 
 
 def tantivy_default_peer(index_dir: Path, k: int) -> Peer:
@@ -93,8 +96,9 @@ def read_corpus_texts(corpus: Path) -> tuple[list[str], list[str]]:
     return ids, texts
 
 
-def bm25s_peers(ids: list[str], texts: list[str], k: int, backend: str | None = None,
-                threads: int = 1) -> tuple[list[Peer], dict[str, Any]]:
+def bm25s_peers(
+    ids: list[str], texts: list[str], k: int, backend: str | None = None, threads: int = 1
+) -> tuple[list[Peer], dict[str, Any]]:
     """bm25s one query a call, a chunk of queries a call with its default n_threads=0 (one thread) and, when
     `threads` > 1, with n_threads=threads; plus what was built (or why not). `backend` None is numba (bm25s's
     fast one) when installed, else numpy."""
@@ -105,6 +109,7 @@ def bm25s_peers(ids: list[str], texts: list[str], k: int, backend: str | None = 
     if backend is None:
         try:
             import numba  # noqa: F401
+
             backend = "numba"
         except ImportError:
             backend = "numpy"
@@ -160,14 +165,17 @@ def race(peers: list[Peer], queries: list[str], answers: list[str], *, chunks: i
         peer.run(numbered[:3])
         peer.seconds, peer.answers = 0.0, {}
     for c in range(chunks):
-        chunk = numbered[c * size:(c + 1) * size]
-        for peer in peers[c % len(peers):] + peers[:c % len(peers)]:
+        chunk = numbered[c * size : (c + 1) * size]
+        for peer in peers[c % len(peers) :] + peers[: c % len(peers)]:
             peer.run(chunk)
     out = {}
     for peer in peers:
         n = len(peer.answers)
         ranks = [peer.answers[i].index(answers[i]) + 1 for i in peer.answers if answers[i] in peer.answers[i]]
-        out[peer.name] = {"queries": n, "qps": round(n / peer.seconds, 1) if peer.seconds else None,
-                          "recall_at_k": round(len(ranks) / n, 4) if n else None,
-                          "mrr": round(sum(1 / r for r in ranks) / n, 4) if n else None}
+        out[peer.name] = {
+            "queries": n,
+            "qps": round(n / peer.seconds, 1) if peer.seconds else None,
+            "recall_at_k": round(len(ranks) / n, 4) if n else None,
+            "mrr": round(sum(1 / r for r in ranks) / n, 4) if n else None,
+        }
     return out

@@ -15,6 +15,7 @@ registered for `bench trainer` only, is the normal SyntheticQA env with
 Without a workload it behaves as before: only turns without a valid call become searches, and
 rewards are the env's judge's.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -100,18 +101,28 @@ class SlowPages:
 
 
 _TAG = re.compile(r"<[^<>]{0,64}>")
+
+
 class SlowSearchEnv(SearchEnv):
     """SearchEnv whose backends are slowed by `latency`, reseeded per episode; see the module docstring."""
 
-    def __init__(self, *args: Any, latency: ParetoLatency, coerce_invalid: bool = True,
-                 workload: Workload | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        latency: ParetoLatency,
+        coerce_invalid: bool = True,
+        workload: Workload | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         self.latency, self.coerce_invalid, self.workload = latency, coerce_invalid, workload
         self.search_backend = SlowSearch(self.search_backend, latency)
         self.page_backend = SlowPages(self.page_backend, latency)
         self.plan: EpisodePlan | None = None
 
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         key = seed if seed is not None else f"instance-{id(self)}"
         if self.workload is not None:  # the prompt quotes the largest budget; this episode's is drawn below
             self.max_turns = self.workload.turns_max
@@ -137,11 +148,22 @@ class SlowSearchEnv(SearchEnv):
         return " ".join(found[:32])[:300].strip() or self._task.question
 
 
-def make_slow_synthetic_qa(size: int = 1000, seed: int = 0, *, n_tasks: int = 200, split: str | None = None,
-                           hops: int | list[int] | None = None, cache_dir: str | os.PathLike | None = None,
-                           latency_median_s: float = 0.25, latency_alpha: float = 1.2, latency_max_s: float = 10.0,
-                           latency_seed: int = 0, coerce_invalid: bool = True,
-                           workload: dict[str, Any] | None = None, **env_kwargs: Any) -> SlowSearchEnv:
+def make_slow_synthetic_qa(
+    size: int = 1000,
+    seed: int = 0,
+    *,
+    n_tasks: int = 200,
+    split: str | None = None,
+    hops: int | list[int] | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    latency_median_s: float = 0.25,
+    latency_alpha: float = 1.2,
+    latency_max_s: float = 10.0,
+    latency_seed: int = 0,
+    coerce_invalid: bool = True,
+    workload: dict[str, Any] | None = None,
+    **env_kwargs: Any,
+) -> SlowSearchEnv:
     """`searchgym-bench/SlowSyntheticQA-v0`: SyntheticQA-v0 with Pareto-slowed backends (and a `Workload`'s fields)."""
     from searchgym.world.synthetic_env import make_synthetic_qa
 
@@ -149,9 +171,15 @@ def make_slow_synthetic_qa(size: int = 1000, seed: int = 0, *, n_tasks: int = 20
     latency = ParetoLatency(latency_median_s, latency_alpha, latency_max_s, latency_seed)
     if workload is not None:
         env_kwargs["max_turns"] = max(env_kwargs.get("max_turns", 1), int(workload.get("turns_max", 40)))
-    return SlowSearchEnv(base.tasks, base.search_backend, base.page_backend, latency=latency,
-                         coerce_invalid=coerce_invalid, workload=Workload(**workload) if workload is not None else None,
-                         **env_kwargs)
+    return SlowSearchEnv(
+        base.tasks,
+        base.search_backend,
+        base.page_backend,
+        latency=latency,
+        coerce_invalid=coerce_invalid,
+        workload=Workload(**workload) if workload is not None else None,
+        **env_kwargs,
+    )
 
 
 def register() -> None:

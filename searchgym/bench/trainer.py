@@ -18,6 +18,7 @@ run's own metrics rows (learner/step_s, rollout/episodes_in_flight_mean, rollout
 engine/*: trainers/run/metrics.py), which any `searchgym train` writes too. Numbers go to a JSON file,
 never into asserts.
 """
+
 from __future__ import annotations
 
 import json
@@ -83,56 +84,112 @@ class TrainerBenchConfig:
 
     def check(self) -> Iterator[tuple[str, str]]:
         """The checks that span fields: the sweep, the step windows and the workload's shape."""
-        if 0 not in self.staleness or any(eta < 0 for eta in self.staleness) or \
-                len(set(self.staleness)) != len(self.staleness):
-            yield ("staleness", f"must be distinct bounds >= 0 including 0 (the synchronous baseline), "
-                                f"got {self.staleness}")
+        if (
+            0 not in self.staleness
+            or any(eta < 0 for eta in self.staleness)
+            or len(set(self.staleness)) != len(self.staleness)
+        ):
+            yield (
+                "staleness",
+                f"must be distinct bounds >= 0 including 0 (the synchronous baseline), got {self.staleness}",
+            )
         if self.warmup_steps >= self.steps:
             yield ("warmup_steps", f"must be less than steps ({self.steps}), got {self.warmup_steps}")
         if self.final_steps > self.steps:
             yield ("final_steps", f"must be at most steps ({self.steps}), got {self.final_steps}")
         if not self.turns_median < self.turns_p90 <= self.turns_max:
-            yield ("turns_p90", f"must be above turns_median ({self.turns_median}) and at most turns_max "
-                                f"({self.turns_max}), got {self.turns_p90}")
+            yield (
+                "turns_p90",
+                f"must be above turns_median ({self.turns_median}) and at most turns_max "
+                f"({self.turns_max}), got {self.turns_p90}",
+            )
         if self.turn_tokens_max < self.turn_tokens_median:
-            yield ("turn_tokens_max", f"must be at least turn_tokens_median ({self.turn_tokens_median}), "
-                                      f"got {self.turn_tokens_max}")
+            yield (
+                "turn_tokens_max",
+                f"must be at least turn_tokens_median ({self.turn_tokens_median}), got {self.turn_tokens_max}",
+            )
         if self.episode_tokens_min > self.turn_tokens_max:
-            yield ("episode_tokens_min", f"must be at most turn_tokens_max ({self.turn_tokens_max}) so one turn can "
-                                         f"meet it, got {self.episode_tokens_min}")
+            yield (
+                "episode_tokens_min",
+                f"must be at most turn_tokens_max ({self.turn_tokens_max}) so one turn can "
+                f"meet it, got {self.episode_tokens_min}",
+            )
         if self.episode_tokens_max < max(self.episode_tokens_min, self.turns_max):
-            yield ("episode_tokens_max", f"must be at least episode_tokens_min ({self.episode_tokens_min}) and "
-                                         f"turns_max ({self.turns_max}), got {self.episode_tokens_max}")
+            yield (
+                "episode_tokens_max",
+                f"must be at least episode_tokens_min ({self.episode_tokens_min}) and "
+                f"turns_max ({self.turns_max}), got {self.episode_tokens_max}",
+            )
 
     def workload(self) -> Workload:
         """The heavy-tailed episode shapes these settings describe."""
-        return Workload(self.turns_median, self.turns_p90, self.turns_max, self.turn_tokens_median,
-                        self.turn_tokens_sigma, self.turn_tokens_max, self.episode_tokens_min,
-                        self.episode_tokens_max, self.seed, self.tail_share)
+        return Workload(
+            self.turns_median,
+            self.turns_p90,
+            self.turns_max,
+            self.turn_tokens_median,
+            self.turn_tokens_sigma,
+            self.turn_tokens_max,
+            self.episode_tokens_min,
+            self.episode_tokens_max,
+            self.seed,
+            self.tail_share,
+        )
 
 
 def run_trainer_bench_config(config: TrainerBenchConfig, *, progress: bool = True) -> dict[str, Any]:
     """`run_trainer_bench` with the settings of `config` (checked first, naming the key)."""
     check_settings(config)
     return run_trainer_bench(
-        steps=config.steps, warmup_steps=config.warmup_steps, final_steps=config.final_steps, rounds=config.rounds,
-        staleness=config.staleness, headline_staleness=config.headline_staleness, size=config.size,
-        n_tasks=config.n_tasks, seed=config.seed, out=config.out, workdir=config.workdir,
-        group_size=config.group_size, batch_size=config.batch_size, max_concurrent_rollouts=config.max_concurrent,
-        lr=config.lr, workload=config.workload(),
+        steps=config.steps,
+        warmup_steps=config.warmup_steps,
+        final_steps=config.final_steps,
+        rounds=config.rounds,
+        staleness=config.staleness,
+        headline_staleness=config.headline_staleness,
+        size=config.size,
+        n_tasks=config.n_tasks,
+        seed=config.seed,
+        out=config.out,
+        workdir=config.workdir,
+        group_size=config.group_size,
+        batch_size=config.batch_size,
+        max_concurrent_rollouts=config.max_concurrent,
+        lr=config.lr,
+        workload=config.workload(),
         latency=ParetoLatency(config.latency_ms / 1000, config.latency_alpha, config.latency_max_s, config.seed),
-        torch_threads=config.threads or None, overrides=[f"rollout.context_policy={config.context_policy}"],
-        progress=progress)
+        torch_threads=config.threads or None,
+        overrides=[f"rollout.context_policy={config.context_policy}"],
+        progress=progress,
+    )
 
 
-def run_trainer_bench(*, steps: int = 5, warmup_steps: int = 1, final_steps: int = 2, rounds: int = 1,
-                      staleness: Sequence[int] = STALENESS_SWEEP, headline_staleness: int = 4,
-                      size: int = 1000, n_tasks: int = 200, world_seed: int = 0, seed: int = 0,
-                      out: str | os.PathLike = "results/bench_trainer.json", workdir: str | os.PathLike | None = None,
-                      group_size: int = 4, batch_size: int = 2, max_concurrent_rollouts: int = 64, top_k: int = 2,
-                      doc_chars: int = 160, lr: float = 1e-2, workload: Workload | None = None,
-                      latency: ParetoLatency | None = None, overrides: Sequence[str] = (),
-                      torch_threads: int | None = 1, progress: bool = True) -> dict[str, Any]:
+def run_trainer_bench(
+    *,
+    steps: int = 5,
+    warmup_steps: int = 1,
+    final_steps: int = 2,
+    rounds: int = 1,
+    staleness: Sequence[int] = STALENESS_SWEEP,
+    headline_staleness: int = 4,
+    size: int = 1000,
+    n_tasks: int = 200,
+    world_seed: int = 0,
+    seed: int = 0,
+    out: str | os.PathLike = "results/bench_trainer.json",
+    workdir: str | os.PathLike | None = None,
+    group_size: int = 4,
+    batch_size: int = 2,
+    max_concurrent_rollouts: int = 64,
+    top_k: int = 2,
+    doc_chars: int = 160,
+    lr: float = 1e-2,
+    workload: Workload | None = None,
+    latency: ParetoLatency | None = None,
+    overrides: Sequence[str] = (),
+    torch_threads: int | None = 1,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Train once per staleness bound per round, summarise each run and the sweep, write the results to `out`.
 
     `torch_threads` sets torch's intra-op threads for the runs (None: leave torch's default). One
@@ -159,17 +216,33 @@ def run_trainer_bench(*, steps: int = 5, warmup_steps: int = 1, final_steps: int
     ensure_bundle(size=size, seed=world_seed, n_tasks=n_tasks, progress=progress)
     results: dict[str, Any] = {
         "machine": _machine(torch),
-        "workload": {**asdict(workload), "turns_sigma": round(workload.turns_sigma, 4),
-                     "distribution": "log-normal turns (median, p90, capped) x log-normal tokens per turn, "
-                                     "episode total scaled into [episode_tokens_min, episode_tokens_max]"},
-        "latency": {**{k: v for k, v in asdict(latency).items() if not k.startswith("_")},
-                    "scale_s": round(latency.scale_s, 5), "distribution": "Pareto, capped at max_s"},
+        "workload": {
+            **asdict(workload),
+            "turns_sigma": round(workload.turns_sigma, 4),
+            "distribution": "log-normal turns (median, p90, capped) x log-normal tokens per turn, "
+            "episode total scaled into [episode_tokens_min, episode_tokens_max]",
+        },
+        "latency": {
+            **{k: v for k, v in asdict(latency).items() if not k.startswith("_")},
+            "scale_s": round(latency.scale_s, 5),
+            "distribution": "Pareto, capped at max_s",
+        },
         "reward": "shaped: share of the episode's turns whose first generated token starts a word (a space and "
-                  "letters); plan_workflow.word_start_share",
-        "settings": {"steps": steps, "warmup_steps": warmup_steps, "final_steps": final_steps, "rounds": rounds,
-                     "staleness": list(staleness), "group_size": group_size, "batch_size": batch_size,
-                     "max_concurrent_rollouts": max_concurrent_rollouts, "lr": lr, "top_k": top_k,
-                     "doc_chars": doc_chars, "overrides": list(overrides)},
+        "letters); plan_workflow.word_start_share",
+        "settings": {
+            "steps": steps,
+            "warmup_steps": warmup_steps,
+            "final_steps": final_steps,
+            "rounds": rounds,
+            "staleness": list(staleness),
+            "group_size": group_size,
+            "batch_size": batch_size,
+            "max_concurrent_rollouts": max_concurrent_rollouts,
+            "lr": lr,
+            "top_k": top_k,
+            "doc_chars": doc_chars,
+            "overrides": list(overrides),
+        },
         "runs": [],
     }
     try:
@@ -177,12 +250,25 @@ def run_trainer_bench(*, steps: int = 5, warmup_steps: int = 1, final_steps: int
             root = Path(workdir or tmp)
             model = build_tiny_model(root / "model", seed=seed)  # one policy for every run (and no rebuilds)
             positions = json.loads((model / "config.json").read_text())["max_position_embeddings"]
-            base = _overrides(steps=steps, seed=seed, size=size, world_seed=world_seed, n_tasks=n_tasks, top_k=top_k,
-                              doc_chars=doc_chars, positions=positions, workload=workload, latency=latency, group_size=group_size,
-                              batch_size=batch_size, max_concurrent_rollouts=max_concurrent_rollouts, lr=lr,
-                              model=model)
+            base = _overrides(
+                steps=steps,
+                seed=seed,
+                size=size,
+                world_seed=world_seed,
+                n_tasks=n_tasks,
+                top_k=top_k,
+                doc_chars=doc_chars,
+                positions=positions,
+                workload=workload,
+                latency=latency,
+                group_size=group_size,
+                batch_size=batch_size,
+                max_concurrent_rollouts=max_concurrent_rollouts,
+                lr=lr,
+                model=model,
+            )
             for r in range(rounds):
-                for eta in (staleness if r % 2 == 0 else list(reversed(staleness))):
+                for eta in staleness if r % 2 == 0 else list(reversed(staleness)):
                     run = root / f"round{r}-eta{eta}"
                     summary = _run_one([*base, *overrides], eta, run, warmup_steps, final_steps, progress)
                     results["runs"].append({"round": r, "staleness": eta, **summary})
@@ -192,24 +278,47 @@ def run_trainer_bench(*, steps: int = 5, warmup_steps: int = 1, final_steps: int
     results["sweep"] = _sweep(results["runs"], staleness)
     head = results["sweep"].get(str(headline_staleness))
     if head is not None:
-        results["headline"] = {"staleness": headline_staleness, **{k: head[k] for k in (
-            "speedup_median", "speedup_pooled", "final_reward", "steady_tokens_per_s")},
+        results["headline"] = {
+            "staleness": headline_staleness,
+            **{k: head[k] for k in ("speedup_median", "speedup_pooled", "final_reward", "steady_tokens_per_s")},
             "sync_final_reward": results["sweep"]["0"]["final_reward"],
-            "sync_steady_tokens_per_s": results["sweep"]["0"]["steady_tokens_per_s"]}
+            "sync_steady_tokens_per_s": results["sweep"]["0"]["steady_tokens_per_s"],
+        }
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 
 def _machine(torch: Any) -> dict[str, Any]:
-    return {"cpus": os.cpu_count(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-            "load_average": [round(x, 2) for x in os.getloadavg()], "python": platform.python_version(),
-            "platform": platform.platform(), "note": "a shared box: other engineers' jobs run on the same cores"}
+    return {
+        "cpus": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "note": "a shared box: other engineers' jobs run on the same cores",
+    }
 
 
-def _overrides(*, steps: int, seed: int, size: int, world_seed: int, n_tasks: int, top_k: int, doc_chars: int,
-               workload: Workload, latency: ParetoLatency, group_size: int, batch_size: int,
-               max_concurrent_rollouts: int, lr: float, model: Path, positions: int) -> list[str]:
+def _overrides(
+    *,
+    steps: int,
+    seed: int,
+    size: int,
+    world_seed: int,
+    n_tasks: int,
+    top_k: int,
+    doc_chars: int,
+    workload: Workload,
+    latency: ParetoLatency,
+    group_size: int,
+    batch_size: int,
+    max_concurrent_rollouts: int,
+    lr: float,
+    model: Path,
+    positions: int,
+) -> list[str]:
     """The config every run shares (its staleness and mode set per run).
 
     The context budget is the model's positions: an episode that reaches them ends there ("context
@@ -218,39 +327,65 @@ def _overrides(*, steps: int, seed: int, size: int, world_seed: int, n_tasks: in
     fields = [f"env.kwargs.workload.{k}={v}" for k, v in asdict(workload).items()]
     context = min(positions, workload.turns_max * (workload.turn_tokens_max + 256) + 1024)
     return [
-        f"steps={steps}", f"seed={seed}", f"save_every={steps}", "keep_checkpoints=1", f"model.path={model}",
-        f"env.id={SLOW_SYNTHETIC_QA}", f"env.kwargs.size={size}", f"env.kwargs.seed={world_seed}",
-        f"env.kwargs.n_tasks={n_tasks}", "env.kwargs.split=train", f"env.kwargs.max_turns={workload.turns_max}",
-        f"env.kwargs.top_k={top_k}", f"env.kwargs.doc_chars={doc_chars}",
-        f"env.kwargs.latency_median_s={latency.median_s}", f"env.kwargs.latency_alpha={latency.alpha}",
-        f"env.kwargs.latency_max_s={latency.max_s}", f"env.kwargs.latency_seed={latency.seed}", *fields,
-        f"rollout.workflow={PLANNED_WORKFLOW}", f"rollout.group_size={group_size}",
-        f"rollout.batch_size={batch_size}", f"rollout.max_concurrent_rollouts={max_concurrent_rollouts}",
-        f"rollout.max_new_tokens={workload.turn_tokens_max}", f"rollout.max_context={context}",
-        f"learner.lr={lr}", "learner.drop_no_spread=false", "learner.std_normalize=true",
+        f"steps={steps}",
+        f"seed={seed}",
+        f"save_every={steps}",
+        "keep_checkpoints=1",
+        f"model.path={model}",
+        f"env.id={SLOW_SYNTHETIC_QA}",
+        f"env.kwargs.size={size}",
+        f"env.kwargs.seed={world_seed}",
+        f"env.kwargs.n_tasks={n_tasks}",
+        "env.kwargs.split=train",
+        f"env.kwargs.max_turns={workload.turns_max}",
+        f"env.kwargs.top_k={top_k}",
+        f"env.kwargs.doc_chars={doc_chars}",
+        f"env.kwargs.latency_median_s={latency.median_s}",
+        f"env.kwargs.latency_alpha={latency.alpha}",
+        f"env.kwargs.latency_max_s={latency.max_s}",
+        f"env.kwargs.latency_seed={latency.seed}",
+        *fields,
+        f"rollout.workflow={PLANNED_WORKFLOW}",
+        f"rollout.group_size={group_size}",
+        f"rollout.batch_size={batch_size}",
+        f"rollout.max_concurrent_rollouts={max_concurrent_rollouts}",
+        f"rollout.max_new_tokens={workload.turn_tokens_max}",
+        f"rollout.max_context={context}",
+        f"learner.lr={lr}",
+        "learner.drop_no_spread=false",
+        "learner.std_normalize=true",
     ]
 
 
-def _run_one(overrides: list[str], eta: int, run: Path, warmup_steps: int, final_steps: int,
-             progress: bool) -> dict[str, Any]:
+def _run_one(
+    overrides: list[str], eta: int, run: Path, warmup_steps: int, final_steps: int, progress: bool
+) -> dict[str, Any]:
     """One training run at staleness `eta` (0: mode sync), summarised."""
     from searchgym.trainers.config import load_config
     from searchgym.trainers.launchers.local import train
 
     mode = "sync" if eta == 0 else "async"
-    config = load_config(None, [*overrides, f"mode={mode}", f"rollout.max_staleness={max(eta, 0)}",
-                                f"out_dir={run}"])
+    config = load_config(None, [*overrides, f"mode={mode}", f"rollout.max_staleness={max(eta, 0)}", f"out_dir={run}"])
     TOOL_DELAYS.clear()
     load_before, t0 = os.getloadavg()[0], time.perf_counter()
     history = train(config, progress=progress)
     wall = time.perf_counter() - t0
     load = [round(load_before, 2), round(os.getloadavg()[0], 2)]  # 1-minute load average at start and end
-    return {"mode": mode, "wall_s": round(wall, 2), "load_average_1min": load,
-            **summarize_run(history, run / "trajectories", warmup_steps, final_steps, list(TOOL_DELAYS))}
+    return {
+        "mode": mode,
+        "wall_s": round(wall, 2),
+        "load_average_1min": load,
+        **summarize_run(history, run / "trajectories", warmup_steps, final_steps, list(TOOL_DELAYS)),
+    }
 
 
-def summarize_run(history: list[dict[str, float]], trajectories: Path, warmup_steps: int, final_steps: int,
-                  delays: Sequence[float] = ()) -> dict[str, Any]:
+def summarize_run(
+    history: list[dict[str, float]],
+    trajectories: Path,
+    warmup_steps: int,
+    final_steps: int,
+    delays: Sequence[float] = (),
+) -> dict[str, Any]:
     """One run in numbers, from its metrics rows: steady-state throughput and idle after the warm-up, reward,
     latencies, and what limits throughput."""
     missing = [key for key in LIMIT_KEYS if any(key not in h for h in history)]
@@ -300,9 +435,11 @@ def window(history: list[dict[str, float]], warmup_steps: int) -> dict[str, floa
     if span <= 0:
         return {"learner_share": None, "episodes_in_flight_mean": None, "admission_blocked_share": None}
     weighted = lambda key: sum(h[key] * (b - a) for h, a, b in rows) / span  # noqa: E731
-    return {"learner_share": round(sum(h["learner/step_s"] for h, _, _ in rows) / span, 4),
-            "episodes_in_flight_mean": round(weighted("rollout/episodes_in_flight_mean"), 2),
-            "admission_blocked_share": round(weighted("rollout/admission_blocked_share"), 4)}
+    return {
+        "learner_share": round(sum(h["learner/step_s"] for h, _, _ in rows) / span, 4),
+        "episodes_in_flight_mean": round(weighted("rollout/episodes_in_flight_mean"), 2),
+        "admission_blocked_share": round(weighted("rollout/admission_blocked_share"), 4),
+    }
 
 
 def engine_summary(row: dict[str, float]) -> dict[str, float | None]:
@@ -310,12 +447,14 @@ def engine_summary(row: dict[str, float]) -> dict[str, float | None]:
     reused per generated token, busy seconds (None where the engine does not count them)."""
     generated, steps = row.get("engine/generated_tokens", 0), row.get("engine/decode_steps", 0)
     prefill, reused, busy = row.get("engine/prefill_tokens"), row.get("engine/reused_tokens"), row.get("engine/busy_s")
-    return {"engine_rows_per_decode_step": round(generated / steps, 2) if steps else None,
-            "engine_prefill_per_generated_token": round(prefill / generated, 2) if generated and prefill is not None
-            else None,
-            "engine_reused_per_generated_token": round(reused / generated, 2) if generated and reused is not None
-            else None,
-            "engine_busy_s": round(busy, 2) if busy is not None else None}
+    return {
+        "engine_rows_per_decode_step": round(generated / steps, 2) if steps else None,
+        "engine_prefill_per_generated_token": round(prefill / generated, 2)
+        if generated and prefill is not None
+        else None,
+        "engine_reused_per_generated_token": round(reused / generated, 2) if generated and reused is not None else None,
+        "engine_busy_s": round(busy, 2) if busy is not None else None,
+    }
 
 
 def _idle(history: list[dict[str, float]], warmup_steps: int) -> float | None:
@@ -338,10 +477,16 @@ def _episodes(directory: Path) -> list[dict[str, Any]]:
         for line in path.read_text().splitlines():
             traj = json.loads(line)
             turns = traj.get("turns", [])
-            out.append({"step": step, "reward": traj["reward"], "turns": len(turns),
-                        "tokens": sum(traj["loss_mask"]) + sum(sum(s["loss_mask"]) for s in traj.get("segments", [])),
-                        "stop_reason": traj.get("stop_reason", ""),
-                        "seconds": sum(t.get("generate_seconds", 0.0) + t.get("env_seconds", 0.0) for t in turns)})
+            out.append(
+                {
+                    "step": step,
+                    "reward": traj["reward"],
+                    "turns": len(turns),
+                    "tokens": sum(traj["loss_mask"]) + sum(sum(s["loss_mask"]) for s in traj.get("segments", [])),
+                    "stop_reason": traj.get("stop_reason", ""),
+                    "seconds": sum(t.get("generate_seconds", 0.0) + t.get("env_seconds", 0.0) for t in turns),
+                }
+            )
     return out
 
 
@@ -350,8 +495,12 @@ def _spread(values: Sequence[float]) -> dict[str, float | int | None]:
     if not values:
         return {"mean": None, "std": None, "sem": None, "n": 0}
     std = statistics.pstdev(values)
-    return {"mean": round(statistics.fmean(values), 4), "std": round(std, 4),
-            "sem": round(std / len(values) ** 0.5, 4), "n": len(values)}
+    return {
+        "mean": round(statistics.fmean(values), 4),
+        "std": round(std, 4),
+        "sem": round(std / len(values) ** 0.5, 4),
+        "n": len(values),
+    }
 
 
 def _sweep(runs: list[dict[str, Any]], staleness: Sequence[int]) -> dict[str, Any]:
@@ -362,8 +511,11 @@ def _sweep(runs: list[dict[str, Any]], staleness: Sequence[int]) -> dict[str, An
         mine = [run for run in runs if run["staleness"] == eta]
         tokens = sum(run["steady_trained_tokens"] for run in mine)
         seconds = sum(run["steady_window_s"] for run in mine)
-        ratios = [run["steady_tokens_per_s"] / sync[run["round"]]["steady_tokens_per_s"] for run in mine
-                  if run["steady_tokens_per_s"] and sync[run["round"]]["steady_tokens_per_s"]]
+        ratios = [
+            run["steady_tokens_per_s"] / sync[run["round"]]["steady_tokens_per_s"]
+            for run in mine
+            if run["steady_tokens_per_s"] and sync[run["round"]]["steady_tokens_per_s"]
+        ]
         finals = [run["final_reward"]["mean"] for run in mine if run["final_reward"]["mean"] is not None]
         pooled = round(tokens / seconds, 2) if seconds else None
         sync_tokens = sum(run["steady_trained_tokens"] for run in sync.values())
@@ -374,14 +526,25 @@ def _sweep(runs: list[dict[str, Any]], staleness: Sequence[int]) -> dict[str, An
             "speedup_per_round": [round(x, 3) for x in ratios],
             "speedup_median": round(statistics.median(ratios), 3) if ratios else None,
             "speedup_pooled": round(pooled / (sync_tokens / sync_seconds), 3) if pooled and sync_seconds else None,
-            "final_reward": {"mean": round(statistics.fmean(finals), 4) if finals else None,
-                             "per_round": finals,
-                             "episode_std": round(statistics.fmean(run["final_reward"]["std"] for run in mine), 4)},
+            "final_reward": {
+                "mean": round(statistics.fmean(finals), 4) if finals else None,
+                "per_round": finals,
+                "episode_std": round(statistics.fmean(run["final_reward"]["std"] for run in mine), 4),
+            },
             "reward_first_step": round(statistics.fmean(run["reward_first_step"] for run in mine), 4),
-            **{key: _mean(run[key] for run in mine) for key in (
-                "engine_idle_fraction", "learner_share", "episodes_in_flight_mean", "admission_blocked_share",
-                "staleness_mean", "engine_rows_per_decode_step", "engine_prefill_per_generated_token",
-                "engine_reused_per_generated_token")},
+            **{
+                key: _mean(run[key] for run in mine)
+                for key in (
+                    "engine_idle_fraction",
+                    "learner_share",
+                    "episodes_in_flight_mean",
+                    "admission_blocked_share",
+                    "staleness_mean",
+                    "engine_rows_per_decode_step",
+                    "engine_prefill_per_generated_token",
+                    "engine_reused_per_generated_token",
+                )
+            },
             "episode_s_p50": _mean(run["episode_s"]["p50"] for run in mine),
             "episode_s_p90": _mean(run["episode_s"]["p90"] for run in mine),
             "episode_s_p99": _mean(run["episode_s"]["p99"] for run in mine),

@@ -1,4 +1,5 @@
-"""Heavy-tailed agent episodes for `bench trainer`: how many turns an episode plays and how many tokens each turn writes.
+"""Heavy-tailed agent episodes for `bench trainer`: how many turns an episode plays and how many tokens each turn
+writes.
 
 ASearcher reports search-agent episodes whose length varies over an order of magnitude: median 3
 turns, 90th percentile 16, up to 40, and 58 to 1,920 generated tokens per episode. A `Workload`
@@ -8,6 +9,7 @@ log-normal around `turn_tokens_median`, then the episode's total scaled into
 [`episode_tokens_min`, `episode_tokens_max`]. The plan is a function of (workload seed, episode seed,
 task id) only, so an episode plays the same plan whichever trainer mode (or staleness) runs it.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,8 +51,10 @@ class Workload:
 
     def __post_init__(self) -> None:
         if not 1 <= self.turns_median < self.turns_p90 <= self.turns_max:
-            raise ValueError(f"turn counts need 1 <= median < p90 <= max, got {self.turns_median}, "
-                             f"{self.turns_p90}, {self.turns_max}")
+            raise ValueError(
+                f"turn counts need 1 <= median < p90 <= max, got {self.turns_median}, "
+                f"{self.turns_p90}, {self.turns_max}"
+            )
         if not 1 <= self.turn_tokens_median <= self.turn_tokens_max or self.turn_tokens_sigma < 0:
             raise ValueError("turn tokens need 1 <= median <= max and sigma >= 0")
         if not 0.0 <= self.tail_share <= 1.0:
@@ -58,8 +62,10 @@ class Workload:
         if not 1 <= self.episode_tokens_min <= self.episode_tokens_max:
             raise ValueError("episode tokens need 1 <= min <= max")
         if self.episode_tokens_min > self.turn_tokens_max or self.episode_tokens_max < self.turns_max:
-            raise ValueError("every turn count must be able to meet the episode token bounds: "
-                             "episode_tokens_min <= turn_tokens_max and episode_tokens_max >= turns_max")
+            raise ValueError(
+                "every turn count must be able to meet the episode token bounds: "
+                "episode_tokens_min <= turn_tokens_max and episode_tokens_max >= turns_max"
+            )
 
     @property
     def turns_sigma(self) -> float:
@@ -72,9 +78,13 @@ class Workload:
         turns = min(self.turns_max, max(1, round(rng.lognormvariate(math.log(self.turns_median), self.turns_sigma))))
         if self.tail_share and rng.random() < self.tail_share:  # drawn only with a tail: other plans stay as they were
             turns = self.turns_max
-        tokens = [min(self.turn_tokens_max, max(1, round(rng.lognormvariate(math.log(self.turn_tokens_median),
-                                                                           self.turn_tokens_sigma))))
-                  for _ in range(turns)]
+        tokens = [
+            min(
+                self.turn_tokens_max,
+                max(1, round(rng.lognormvariate(math.log(self.turn_tokens_median), self.turn_tokens_sigma))),
+            )
+            for _ in range(turns)
+        ]
         total = sum(tokens)
         if total < self.episode_tokens_min or total > self.episode_tokens_max:
             target = min(max(total, self.episode_tokens_min), self.episode_tokens_max)
@@ -101,5 +111,8 @@ def quantiles(values: list[float], points: tuple[float, ...] = (0.5, 0.9, 0.99))
     if not values:
         return {**{n: None for n in names}, "max": None}
     ordered = sorted(values)
-    out = {n: round(ordered[min(len(ordered) - 1, math.ceil(p * len(ordered)) - 1)], 4) for n, p in zip(names, points, strict=True)}
+    out = {
+        n: round(ordered[min(len(ordered) - 1, math.ceil(p * len(ordered)) - 1)], 4)
+        for n, p in zip(names, points, strict=True)
+    }
     return {**out, "max": round(ordered[-1], 4)}

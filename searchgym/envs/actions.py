@@ -9,6 +9,7 @@ is the one that runs. Anything off (no call, several calls, unbalanced or nested
 empty argument) is recorded in `errors`, so a format gate can act on it, and explained to the agent
 in the next observation. Parsing never raises: a language model's output is untrusted input.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,7 +51,7 @@ def strip_thinking(text: str) -> str:
     for m in _THINK_TOKEN.finditer(text):  # one linear pass: no regex backtracking on huge turns
         if m.group() == "<think>":
             if not inside:
-                kept.append(text[pos:m.start()])
+                kept.append(text[pos : m.start()])
                 inside = True
         else:
             if not inside:  # a close without an open: the turn began inside thinking (Qwen3 templates)
@@ -111,7 +112,7 @@ def _scan_calls(region: str) -> list[tuple[str, str]]:
         if open_tag is None and not closing:
             open_tag, body_start = tag, m.end()
         elif open_tag == tag and closing:
-            calls.append((tag, region[body_start:m.start()]))
+            calls.append((tag, region[body_start : m.start()]))
             open_tag = None
     return calls
 

@@ -1,4 +1,5 @@
 """Answer normalisation shared by the judges and by whatever compares answers (SQuAD-style, CJK-aware)."""
+
 from __future__ import annotations
 
 import re

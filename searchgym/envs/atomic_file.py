@@ -4,6 +4,7 @@ A write that fails because of the disk (full, read-only, no permission) raises D
 and the file, even where a serializer wrapped the OSError (torch's `unexpected pos 531072 vs 531024`,
 safetensors' `I/O error: ... (os error 28)`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -15,8 +16,14 @@ from pathlib import Path
 from typing import TextIO
 
 # the errors that say the disk refused a write, and how a message names each
-DISK_ERRORS = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only file system",
-               errno.EACCES: "permission denied", errno.EPERM: "permission denied", errno.EFBIG: "file too large"}
+DISK_ERRORS = {
+    errno.ENOSPC: "disk full",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EFBIG: "file too large",
+}
 _ERRNO_IN_TEXT = re.compile(r"\(os error (\d+)\)|\[Errno (\d+)\]")  # Rust's io::Error, Python's OSError text
 LOW_SPACE_BYTES = 1 << 20  # a disk with less free is full for a writer whose error does not say why
 

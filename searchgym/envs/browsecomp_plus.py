@@ -19,6 +19,7 @@ where, with its BM25 index built on first use. Each task keeps its evidence and 
 (the qrels where they list the query, else the query row's `evidence_docs`/`gold_docs`), which `searchgym eval`
 turns into BrowseComp-Plus's retrieval recall and into the recall among the pages the agent opened.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -47,7 +48,9 @@ def read_qrels(path: str | os.PathLike) -> dict[str, list[str]]:
             if not parts:
                 continue
             if len(parts) != 4:
-                raise ValueError(f"{path}:{lineno}: a qrels line is 'query_id Q0 docid relevance', got {line.strip()!r}")
+                raise ValueError(
+                    f"{path}:{lineno}: a qrels line is 'query_id Q0 docid relevance', got {line.strip()!r}"
+                )
             query_id, _, docid, relevance = parts
             if relevance != "0" and docid not in out[query_id]:
                 out[query_id].append(docid)
@@ -62,7 +65,8 @@ def load_queries(root: str | os.PathLike, queries: str | os.PathLike | None = No
         raise FileNotFoundError(
             f"BrowseComp-Plus: no queries at {path}. Run the repository's "
             "`python scripts_build_index/decrypt_dataset.py --output data/browsecomp_plus_decrypted.jsonl` in ROOT "
-            "(or pass queries=FILE); searchgym reads the decrypted file and never downloads it.")
+            "(or pass queries=FILE); searchgym reads the decrypted file and never downloads it."
+        )
     evidence = read_qrels(root / EVIDENCE_QRELS) if (root / EVIDENCE_QRELS).is_file() else {}
     gold_file = next((root / p for p in GOLD_QRELS if (root / p).is_file()), None)
     gold = read_qrels(gold_file) if gold_file is not None else {}
@@ -78,9 +82,11 @@ def load_queries(root: str | os.PathLike, queries: str | os.PathLike | None = No
                 raise ValueError(f"{path}:{lineno}: a query row needs query_id, query and answer ({e})") from None
             if not isinstance(question, str) or not isinstance(answer, str) or not question.strip():
                 raise ValueError(f"{path}:{lineno}: query and answer must be text")
-            metadata = {"source": "browsecomp-plus",
-                        "evidence_docids": evidence.get(query_id) or _docids(row.get("evidence_docs")),
-                        "gold_docids": gold.get(query_id) or _docids(row.get("gold_docs"))}
+            metadata = {
+                "source": "browsecomp-plus",
+                "evidence_docids": evidence.get(query_id) or _docids(row.get("evidence_docs")),
+                "gold_docids": gold.get(query_id) or _docids(row.get("gold_docs")),
+            }
             tasks.append(Task(query_id, question, (answer,), metadata))
     return TaskPool(tasks, name="browsecomp-plus")
 
@@ -151,14 +157,21 @@ def default_corpus(root: Path) -> Path:
     raise FileNotFoundError(
         f"BrowseComp-Plus: no corpus. Save Tevatron/browsecomp-plus-corpus (its train split) at {root / 'corpus'} "
         f"with `datasets` (`load_dataset(...).save_to_disk(...)`) or as JSONL rows of docid, text[, url] at "
-        f"{root / 'corpus.jsonl'}, or pass corpus=PATH; or give index=DIR / servers=URL for a built one.")
+        f"{root / 'corpus.jsonl'}, or pass corpus=PATH; or give index=DIR / servers=URL for a built one."
+    )
 
 
-def make_browsecomp_plus(root: str | os.PathLike | None = None, *, data_root: str | os.PathLike | None = None,
-                         queries: str | os.PathLike | None = None,
-                         corpus: str | os.PathLike | None = None, index: str | os.PathLike | None = None,
-                         servers: str | list[str] | None = None, cache_dir: str | os.PathLike | None = None,
-                         **env_kwargs: Any) -> Any:
+def make_browsecomp_plus(
+    root: str | os.PathLike | None = None,
+    *,
+    data_root: str | os.PathLike | None = None,
+    queries: str | os.PathLike | None = None,
+    corpus: str | os.PathLike | None = None,
+    index: str | os.PathLike | None = None,
+    servers: str | list[str] | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    **env_kwargs: Any,
+) -> Any:
     """`searchgym/BrowseCompPlus-v0`: the queries of ROOT (`root`, else DATA/browsecomp-plus with DATA the
     `data_root` kwarg or $SEARCHGYM_DATA, as for the other suites) over the corpus's BM25 index (converted and
     built on first use), an `index=` directory (BM25 or dense), or retrieval `servers=`."""
@@ -167,8 +180,10 @@ def make_browsecomp_plus(root: str | os.PathLike | None = None, *, data_root: st
     if root is None:
         data = data_root if data_root is not None else os.environ.get("SEARCHGYM_DATA")
         if data is None:
-            raise FileNotFoundError("BrowseComp-Plus: pass root=DIR (a clone of texttron/BrowseComp-Plus with its "
-                                    "decrypted queries), data_root=DIR or $SEARCHGYM_DATA (DIR/browsecomp-plus)")
+            raise FileNotFoundError(
+                "BrowseComp-Plus: pass root=DIR (a clone of texttron/BrowseComp-Plus with its "
+                "decrypted queries), data_root=DIR or $SEARCHGYM_DATA (DIR/browsecomp-plus)"
+            )
         root = Path(data) / "browsecomp-plus"
     root = Path(root)
     pool = load_queries(root, queries)

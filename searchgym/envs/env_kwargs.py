@@ -6,6 +6,7 @@ rollout. `check_env_kwargs` names the unknown key (with the closest accepted one
 A constructor that passes `**env_kwargs` on says where with `forwards_kwargs_to` ("module:function" strings,
 so naming a higher floor imports nothing); without it, they go to `SearchEnv`.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -87,8 +88,11 @@ def _plain(hint: Any) -> tuple[type, ...] | None:
     """The hint as a tuple of plain types (None allowed as NoneType), or None when any part is not plain."""
     if hint is None:
         return None
-    parts = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
+    parts = (
+        typing.get_args(hint)
+        if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
         else (hint,)
+    )
     if all(p in SIMPLE or p is type(None) for p in parts):
         return tuple(parts)
     return None

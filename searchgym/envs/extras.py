@@ -4,6 +4,7 @@ The base install is `gym.make` of the local envs, the retrieval client and the j
 web, dense retrieval, Hugging Face datasets, TRL and OpenEnv are extras (setup.cfg). A feature used without
 its extra fails with `MissingExtra`, an ImportError that names the extra and the command that installs it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -12,16 +13,27 @@ from collections.abc import Iterator
 
 # top-level module -> the extra that installs it (setup.cfg's [options.extras_require])
 EXTRA_OF = {
-    "torch": "train", "transformers": "train", "tokenizers": "train", "safetensors": "train", "tensorboard": "train",
+    "torch": "train",
+    "transformers": "train",
+    "tokenizers": "train",
+    "safetensors": "train",
+    "tensorboard": "train",
     "matplotlib": "train",
     "ray": "ray",
-    "trafilatura": "web", "lxml": "web", "lxml_html_clean": "web",
+    "trafilatura": "web",
+    "lxml": "web",
+    "lxml_html_clean": "web",
     "faiss": "dense",
     "datasets": "datasets",
     "trl": "trl",
-    "openenv": "openenv", "uvicorn": "openenv", "fastapi": "openenv", "pydantic": "openenv",
-    "bm25s": "bench", "rank_bm25": "bench",
-    "gem": "gem", "skyrl_gym": "skyrl",
+    "openenv": "openenv",
+    "uvicorn": "openenv",
+    "fastapi": "openenv",
+    "pydantic": "openenv",
+    "bm25s": "bench",
+    "rank_bm25": "bench",
+    "gem": "gem",
+    "skyrl_gym": "skyrl",
     "mcp": "mcp",
     "verifiers": "verifiers",
 }
@@ -46,8 +58,9 @@ def needs(feature: str) -> Iterator[None]:
         extra = EXTRA_OF.get(module)
         if extra is None:
             raise
-        raise MissingExtra(f"{feature} needs searchgym[{extra}] ({module} is not installed): {hint(extra)}",
-                           name=module) from e
+        raise MissingExtra(
+            f"{feature} needs searchgym[{extra}] ({module} is not installed): {hint(extra)}", name=module
+        ) from e
 
 
 def require(feature: str, *modules: str) -> None:
@@ -59,5 +72,6 @@ def require(feature: str, *modules: str) -> None:
             found = False
         if not found:
             extra = EXTRA_OF[module]
-            raise MissingExtra(f"{feature} needs searchgym[{extra}] ({module} is not installed): {hint(extra)}",
-                               name=module)
+            raise MissingExtra(
+                f"{feature} needs searchgym[{extra}] ({module} is not installed): {hint(extra)}", name=module
+            )

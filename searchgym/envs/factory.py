@@ -1,4 +1,5 @@
 """One way to build a searchgym env by id for code that drives it directly (its async API, its task pool)."""
+
 from __future__ import annotations
 
 from typing import Any

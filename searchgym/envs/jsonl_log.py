@@ -6,6 +6,7 @@ repairs it: a cut last line is dropped (its item is simply played again), and a 
 middle (bad JSON, or a row the caller's `check` refuses) is moved, with its line number, to a sidecar
 file `NAME.damaged.jsonl` next to it: reported, never silently kept or silently lost.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,8 @@ from typing import Any
 
 
 class BadRow(ValueError):
-    """Raised by a `check` to say why a parsed row is unusable (e.g. "missing field 'stats'"); reported as the reason."""
+    """Raised by a `check` to say why a parsed row is unusable (e.g. "missing field 'stats'"); reported as the
+    reason."""
 
 
 @dataclass(frozen=True)
@@ -103,12 +105,20 @@ class JsonlLog:
             sidecar = self.path.with_name(self.path.name.removesuffix(".jsonl") + ".damaged.jsonl")
             with open(sidecar, "a", encoding="utf-8") as f:
                 for d in middle:
-                    f.write(json.dumps({"file": str(self.path), "line": d.line, "reason": d.reason,
-                                        "text": d.text}, ensure_ascii=False) + "\n")
+                    f.write(
+                        json.dumps(
+                            {"file": str(self.path), "line": d.line, "reason": d.reason, "text": d.text},
+                            ensure_ascii=False,
+                        )
+                        + "\n"
+                    )
         if self.damaged:
-            warnings.warn(f"{self.path}: set aside {len(self.damaged)} unusable line(s): "
-                          + "; ".join(str(d) for d in self.damaged[:5])
-                          + (f"; damaged lines kept in {self.path.stem}.damaged.jsonl" if middle else ""), stacklevel=2)
+            warnings.warn(
+                f"{self.path}: set aside {len(self.damaged)} unusable line(s): "
+                + "; ".join(str(d) for d in self.damaged[:5])
+                + (f"; damaged lines kept in {self.path.stem}.damaged.jsonl" if middle else ""),
+                stacklevel=2,
+            )
 
     def _rewrite(self, clean: bytes) -> None:
         """Replace the file with its good lines, atomically, before anything is appended again."""

@@ -1,4 +1,5 @@
 """Answer judges: score an agent's final answer against a task's reference answers (aliases included)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -12,9 +13,27 @@ from searchgym.envs.answer_text import answer_tokens, normalize_answer
 from searchgym.envs.llm_judge import LLMJudge
 from searchgym.envs.verdicts import ChatModel, Judge, Verdict
 
-__all__ = ["ASearcherEM", "ASearcherF1", "ChatModel", "CompositeJudge", "CoverExactMatch", "ExactMatch", "FormatGate",
-           "Judge", "LLMJudge", "SearchR1EM", "TokenF1", "Verdict", "answer_tokens", "aug_kwargs", "cover_exact_match",
-           "exact_match", "make_judge", "normalize_answer", "token_f1"]
+__all__ = [
+    "ASearcherEM",
+    "ASearcherF1",
+    "ChatModel",
+    "CompositeJudge",
+    "CoverExactMatch",
+    "ExactMatch",
+    "FormatGate",
+    "Judge",
+    "LLMJudge",
+    "SearchR1EM",
+    "TokenF1",
+    "Verdict",
+    "answer_tokens",
+    "aug_kwargs",
+    "cover_exact_match",
+    "exact_match",
+    "make_judge",
+    "normalize_answer",
+    "token_f1",
+]
 
 MAX_DETAIL_CHARS = 1000
 
@@ -144,8 +163,15 @@ class _ReferenceJudge:
         """The metric against one gold."""
         raise NotImplementedError
 
-    def judge(self, prediction: str, references: Sequence[str], *, question: str = "",
-              format_errors: Sequence[str] = (), aug_references: Sequence[str] = ()) -> Verdict:
+    def judge(
+        self,
+        prediction: str,
+        references: Sequence[str],
+        *,
+        question: str = "",
+        format_errors: Sequence[str] = (),
+        aug_references: Sequence[str] = (),
+    ) -> Verdict:
         """Max over references (0 with none), blended with the max over `aug_references` when there are any;
         correct iff some reference alone scores 1."""
         refs = _as_references(references)
@@ -162,11 +188,19 @@ class _ReferenceJudge:
             detail.update(aug_score=aug, aug_references=[_clip(a) for a in augs])
         return Verdict(min(total, 1.0), base == 1.0, self.name, detail)
 
-    async def ajudge(self, prediction: str, references: Sequence[str], *, question: str = "",
-                     format_errors: Sequence[str] = (), aug_references: Sequence[str] = ()) -> Verdict:
+    async def ajudge(
+        self,
+        prediction: str,
+        references: Sequence[str],
+        *,
+        question: str = "",
+        format_errors: Sequence[str] = (),
+        aug_references: Sequence[str] = (),
+    ) -> Verdict:
         """Async entry point; the metric is cheap, so it just calls `judge`."""
-        return self.judge(prediction, references, question=question, format_errors=format_errors,
-                          aug_references=aug_references)
+        return self.judge(
+            prediction, references, question=question, format_errors=format_errors, aug_references=aug_references
+        )
 
 
 class ASearcherF1(_ReferenceJudge):
@@ -204,8 +238,14 @@ class SearchR1EM(_ReferenceJudge):
         return ref.searchr1_em(prediction, [gold])
 
 
-def _run_sync(judge: Judge, prediction: str, references: Sequence[str], question: str, format_errors: Sequence[str],
-              aug_references: Sequence[str] = ()) -> Verdict:
+def _run_sync(
+    judge: Judge,
+    prediction: str,
+    references: Sequence[str],
+    question: str,
+    format_errors: Sequence[str],
+    aug_references: Sequence[str] = (),
+) -> Verdict:
     """Call a judge synchronously, falling back to its async method for async-only judges."""
     extra = aug_kwargs(judge, aug_references)
     sync = getattr(judge, "judge", None)
@@ -223,19 +263,30 @@ class FormatGate:
         self.uses_aug_references = bool(getattr(inner, "uses_aug_references", False))
 
     def judge(
-        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = (),
+        self,
+        prediction: str,
+        references: Sequence[str],
+        *,
+        question: str = "",
+        format_errors: Sequence[str] = (),
         aug_references: Sequence[str] = (),
     ) -> Verdict:
         """Sync form of `ajudge`."""
         return self._gate(_run_sync(self.inner, prediction, references, question, (), aug_references), format_errors)
 
     async def ajudge(
-        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = (),
+        self,
+        prediction: str,
+        references: Sequence[str],
+        *,
+        question: str = "",
+        format_errors: Sequence[str] = (),
         aug_references: Sequence[str] = (),
     ) -> Verdict:
         """Judge the content with the inner judge, then apply the format gate."""
-        inner = await self.inner.ajudge(prediction, references, question=question,
-                                        **aug_kwargs(self.inner, aug_references))
+        inner = await self.inner.ajudge(
+            prediction, references, question=question, **aug_kwargs(self.inner, aug_references)
+        )
         return self._gate(inner, format_errors)
 
     def _gate(self, inner: Verdict, format_errors: Sequence[str]) -> Verdict:
@@ -263,7 +314,12 @@ class CompositeJudge:
         self.uses_aug_references = any(getattr(j, "uses_aug_references", False) for j in self.judges.values())
 
     def judge(
-        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = (),
+        self,
+        prediction: str,
+        references: Sequence[str],
+        *,
+        question: str = "",
+        format_errors: Sequence[str] = (),
         aug_references: Sequence[str] = (),
     ) -> Verdict:
         """Run every judge synchronously and combine."""
@@ -276,23 +332,43 @@ class CompositeJudge:
         return self._combine(verdicts)
 
     async def ajudge(
-        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = (),
+        self,
+        prediction: str,
+        references: Sequence[str],
+        *,
+        question: str = "",
+        format_errors: Sequence[str] = (),
         aug_references: Sequence[str] = (),
     ) -> Verdict:
         """Run every judge concurrently (LLM judges are slow) and combine."""
-        return self._combine(await self.averdicts(prediction, references, question=question,
-                                                  format_errors=format_errors, aug_references=aug_references))
+        return self._combine(
+            await self.averdicts(
+                prediction, references, question=question, format_errors=format_errors, aug_references=aug_references
+            )
+        )
 
     async def averdicts(
-        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = (),
+        self,
+        prediction: str,
+        references: Sequence[str],
+        *,
+        question: str = "",
+        format_errors: Sequence[str] = (),
         aug_references: Sequence[str] = (),
     ) -> dict[str, Verdict]:
         """Every judge's own verdict by name; a judge that raised gets a failure verdict (`error` set). Judges that
         blend augmented answers get `aug_references`; the others are called as plain `Judge`s."""
-        calls = [j.ajudge(prediction, references, question=question, format_errors=format_errors,
-                          **aug_kwargs(j, aug_references)) for j in self.judges.values()]
+        calls = [
+            j.ajudge(
+                prediction, references, question=question, format_errors=format_errors, **aug_kwargs(j, aug_references)
+            )
+            for j in self.judges.values()
+        ]
         results = await asyncio.gather(*calls, return_exceptions=True)
-        return {name: _failure(name, r) if isinstance(r, BaseException) else r for name, r in zip(self.judges, results, strict=True)}
+        return {
+            name: _failure(name, r) if isinstance(r, BaseException) else r
+            for name, r in zip(self.judges, results, strict=True)
+        }
 
     def _combine(self, verdicts: dict[str, Verdict]) -> Verdict:
         """Primary's score and call, with every judge's scores, calls, errors and details as evidence."""
@@ -308,8 +384,12 @@ class CompositeJudge:
 
 
 _JUDGES: dict[str, Callable[[], Judge]] = {
-    "em": ExactMatch, "f1": TokenF1, "cover_em": CoverExactMatch,
-    "asearcher_f1": ASearcherF1, "asearcher_em": ASearcherEM, "searchr1_em": SearchR1EM,
+    "em": ExactMatch,
+    "f1": TokenF1,
+    "cover_em": CoverExactMatch,
+    "asearcher_f1": ASearcherF1,
+    "asearcher_em": ASearcherEM,
+    "searchr1_em": SearchR1EM,
 }
 
 

@@ -7,6 +7,7 @@ at once as `CallFailed`; a reply cut at max_tokens (finish_reason "length") or o
 `CallFailed`. Callers record a `CallFailed` as a failure of that call and retry it on a rerun; they never
 score or reject on it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -118,7 +119,10 @@ async def complete_reply(model: ChatModel, messages: list[dict[str, Any]], **sam
             text, finish = out.get("content") or "", out.get("finish_reason")
             usage = out.get("usage") if isinstance(out.get("usage"), dict) else {}
             # a tool's cost where the endpoint reports tokens (charged only inside a metered tool call)
-            charge(prompt_tokens=_count(usage.get("prompt_tokens")), generated_tokens=_count(usage.get("completion_tokens")))
+            charge(
+                prompt_tokens=_count(usage.get("prompt_tokens")),
+                generated_tokens=_count(usage.get("completion_tokens")),
+            )
         else:
             text, finish = await model.achat(messages, **sampling), None
     except asyncio.CancelledError:
@@ -128,8 +132,11 @@ async def complete_reply(model: ChatModel, messages: list[dict[str, Any]], **sam
         cause = message.removeprefix(f"{endpoint}: ") if message.startswith(endpoint) else f"{type(e).__name__}: {e}"
         raise CallFailed("call", f"LLM endpoint {endpoint}: {cause}"[:600]) from None
     if finish == "length":
-        raise CallFailed("cut off", f"the reply was cut at max_tokens={sampling.get('max_tokens')} "
-                                    f"(finish_reason length)", output=text)
+        raise CallFailed(
+            "cut off",
+            f"the reply was cut at max_tokens={sampling.get('max_tokens')} (finish_reason length)",
+            output=text,
+        )
     if not isinstance(text, str):
         raise CallFailed("unparseable", f"the reply is not text: {type(text).__name__}")
     return text
@@ -140,8 +147,14 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-async def ask(model: ChatModel, messages: list[dict[str, Any]], parse: Callable[[str], T], *,
-              retry: ReplyRetry | None = None, **sampling: Any) -> tuple[T, int]:
+async def ask(
+    model: ChatModel,
+    messages: list[dict[str, Any]],
+    parse: Callable[[str], T],
+    *,
+    retry: ReplyRetry | None = None,
+    **sampling: Any,
+) -> tuple[T, int]:
     """(parse(reply), calls made) of the first complete reply `parse` accepts; raises CallFailed otherwise."""
     retry = retry or ReplyRetry()
     last: CallFailed | None = None

@@ -9,6 +9,7 @@ backoff (`ReplyRetry`), then is a judge *failure* (`Verdict.error` set, counted 
 verdict. Each verdict's detail says how many model calls it took (`calls`; 0 when cached). Valid
 verdicts are cached, so re-judging the same (question, references, prediction) is free.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -40,8 +41,11 @@ Reply with a short rationale, then end with exactly one JSON block:
 ```"""
 
 # the fallback: a last line holding only the verdict, optionally labelled and in markdown emphasis
-_VERDICT_LINE = re.compile(r"[\s*_`#>-]*(?:(?:final\s+)?(?:judgement|judgment|verdict|grade)\s*[:=-]?[\s*_`]*)?"
-                           r"(correct|incorrect)[\s*_`.!]*", re.IGNORECASE)
+_VERDICT_LINE = re.compile(
+    r"[\s*_`#>-]*(?:(?:final\s+)?(?:judgement|judgment|verdict|grade)\s*[:=-]?[\s*_`]*)?"
+    r"(correct|incorrect)[\s*_`.!]*",
+    re.IGNORECASE,
+)
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 MAX_PROMPT_FIELD = 4000
 MAX_PARSED_CHARS = 8000  # a verdict sits at the end; do not scan megabytes of rambling
@@ -75,7 +79,7 @@ def visible_reply(text: str) -> str | None:
     verdict-like word in the thoughts ("could this be incorrect?") is never the verdict."""
     lowered = text.lower()
     close = lowered.rfind(_THINK_CLOSE)
-    tail = text[close + len(_THINK_CLOSE):] if close >= 0 else text
+    tail = text[close + len(_THINK_CLOSE) :] if close >= 0 else text
     return None if _THINK_OPEN in tail.lower() else tail
 
 
@@ -83,7 +87,7 @@ def parse_judgement(text: str) -> str | None:
     """'Correct', 'Incorrect', or None when the judge's output holds no clear verdict."""
     if not isinstance(text, str):
         return None
-    visible = visible_reply(text[-MAX_PARSED_CHARS * 4:])
+    visible = visible_reply(text[-MAX_PARSED_CHARS * 4 :])
     if visible is None:
         return None
     for obj in json_objects_from_end(visible):  # the last JSON object that carries a judgement decides
@@ -109,8 +113,9 @@ class LLMJudge:
 
     name = "llm"
 
-    def __init__(self, model: ChatModel, *, cache_size: int = 100_000, max_tokens: int = 512,
-                 retry: ReplyRetry | None = None):
+    def __init__(
+        self, model: ChatModel, *, cache_size: int = 100_000, max_tokens: int = 512, retry: ReplyRetry | None = None
+    ):
         self.model = model
         self.retry = retry or ReplyRetry()
         self.max_tokens = max_tokens
@@ -119,8 +124,9 @@ class LLMJudge:
         self._cache: OrderedDict[tuple, Verdict] = OrderedDict()
         self.stats = {"calls": 0, "cache_hits": 0, "failures": 0}
 
-    async def ajudge(self, prediction: str, references: Sequence[str], *, question: str = "",
-                     format_errors: Sequence[str] = ()) -> Verdict:
+    async def ajudge(
+        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = ()
+    ) -> Verdict:
         references = [references] if isinstance(references, str) else list(references)
         key = (question, tuple(references), prediction)
         if key in self._cache:
@@ -130,26 +136,38 @@ class LLMJudge:
             return replace(cached, detail={**cached.detail, "calls": 0, "cached": True})
         if not normalize_answer(prediction):
             return Verdict(0.0, False, self.name, {"reason": "empty prediction", "calls": 0})
-        prompt = JUDGE_PROMPT.format(question=question[:MAX_PROMPT_FIELD],
-                                     references=" | ".join(r[:MAX_PROMPT_FIELD] for r in references),
-                                     prediction=prediction[:MAX_PROMPT_FIELD])
+        prompt = JUDGE_PROMPT.format(
+            question=question[:MAX_PROMPT_FIELD],
+            references=" | ".join(r[:MAX_PROMPT_FIELD] for r in references),
+            prediction=prediction[:MAX_PROMPT_FIELD],
+        )
         try:
-            (judgement, output), calls = await ask(self.model, [{"role": "user", "content": prompt}],
-                                                   lambda text: (_verdict_of(text), text), retry=self.retry,
-                                                   **self.decoding)
+            (judgement, output), calls = await ask(
+                self.model,
+                [{"role": "user", "content": prompt}],
+                lambda text: (_verdict_of(text), text),
+                retry=self.retry,
+                **self.decoding,
+            )
         except CallFailed as e:  # transport, cut-off or verdict-less replies: a judge failure, never a verdict
             self.stats["calls"] += e.calls
-            reason = {"call": f"judge call failed: {e.detail}", "cut off": f"judge reply cut off: {e.detail}"
-                      }.get(e.kind, e.detail)
+            reason = {"call": f"judge call failed: {e.detail}", "cut off": f"judge reply cut off: {e.detail}"}.get(
+                e.kind, e.detail
+            )
             return self._failure(reason, e.output, e.calls)
         self.stats["calls"] += calls
-        verdict = Verdict(1.0 if judgement == "Correct" else 0.0, judgement == "Correct", self.name,
-                          {"judgement": judgement, "output": output[-1000:], "calls": calls})
+        verdict = Verdict(
+            1.0 if judgement == "Correct" else 0.0,
+            judgement == "Correct",
+            self.name,
+            {"judgement": judgement, "output": output[-1000:], "calls": calls},
+        )
         self._remember(key, verdict)
         return verdict
 
-    def judge(self, prediction: str, references: Sequence[str], *, question: str = "",
-              format_errors: Sequence[str] = ()) -> Verdict:
+    def judge(
+        self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = ()
+    ) -> Verdict:
         return asyncio.run(self.ajudge(prediction, references, question=question, format_errors=format_errors))
 
     def _failure(self, reason: str, output: Any, calls: int) -> Verdict:

@@ -1,4 +1,5 @@
 """LocalQA-v0's factory: SearchEnv over a local index, a corpus file or retrieval servers."""
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,10 @@ def make_local_qa(
     (`servers=[[shard 0's replicas], [shard 1's], ...]`, tools/shards.py); each server is asked one query at
     construction, so a wrong URL fails here."""
     if sum(x is not None for x in (index, corpus, servers)) != 1:
-        raise ValueError("LocalQA-v0 needs exactly one of index=DIR (from `searchgym index build`), "
-                         "corpus=FILE.jsonl or servers=URL(s) (from `searchgym serve search`)")
+        raise ValueError(
+            "LocalQA-v0 needs exactly one of index=DIR (from `searchgym index build`), "
+            "corpus=FILE.jsonl or servers=URL(s) (from `searchgym serve search`)"
+        )
     pool = load_pool(tasks, on_error=on_bad_task, split=task_split, hops=hops)
     if servers is not None:
         from searchgym.envs.tools.remote_search import RemoteSearch

@@ -4,6 +4,7 @@ The wording follows ASearcher's agent (search results as `[Doc k](url):`, pages 
 `>>>> Page n >>>>`, everything a tool returns wrapped in `<information>`), so prompts and
 trajectories from that system carry over.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -37,7 +38,7 @@ INSTRUCTIONS = {"tags": TAGS_INSTRUCTIONS, "hermes": HERMES_INSTRUCTIONS}
 # demonstrations rather than by reading it, where the full text would be most of every sequence.
 BRIEF_INSTRUCTIONS = {
     "tags": "Use <search> query </search> and <answer> answer </answer>.\nQuestion: {question}",
-    "hermes": 'Call search or answer inside <tool_call> </tool_call>.\nQuestion: {question}',
+    "hermes": "Call search or answer inside <tool_call> </tool_call>.\nQuestion: {question}",
 }
 
 
@@ -53,11 +54,14 @@ def instructions_template(tool_format: str, instructions: str) -> str:
     try:
         probe = instructions.format(question="\0q", max_turns=1)
     except (KeyError, IndexError, ValueError) as exc:
-        raise ValueError(f"instructions must be 'full', 'brief' or a template with {{question}} "
-                         f"(and optionally {{max_turns}}); formatting it failed: {exc!r}") from None
+        raise ValueError(
+            f"instructions must be 'full', 'brief' or a template with {{question}} "
+            f"(and optionally {{max_turns}}); formatting it failed: {exc!r}"
+        ) from None
     if "\0q" not in probe:
         raise ValueError("a custom instructions template must contain {question}")
     return instructions
+
 
 NO_RESULTS = "No search results are found."
 

@@ -10,6 +10,7 @@ and checked row by row against scores those projects' own functions produced
   `blend_aug`.
 - Search-R1's `verl/utils/reward_score/qa_em.py` `em_check`: `searchr1_em`.
 """
+
 from __future__ import annotations
 
 import re
@@ -77,7 +78,9 @@ def squad_normalize(text: str) -> str:
 def asearcher_em(prediction: str, gold: str) -> float:
     """ASearcher's EM: stripped prediction and gold, True/False -> yes/no, then equal after `squad_normalize`."""
     prediction = prediction.strip()
-    return float(squad_normalize(_BOOL_WORDS.get(prediction, prediction)) == squad_normalize(_BOOL_WORDS.get(gold, gold)))
+    return float(
+        squad_normalize(_BOOL_WORDS.get(prediction, prediction)) == squad_normalize(_BOOL_WORDS.get(gold, gold))
+    )
 
 
 def searchr1_em(prediction: str, golds: Sequence[str]) -> float:

@@ -1,4 +1,5 @@
 """Gym ids of searchgym. Entry points are strings, so registering imports no higher floor."""
+
 from __future__ import annotations
 
 import gymnasium as gym
@@ -21,9 +22,17 @@ def register_envs() -> None:
         if env_id not in gym.registry:
             gym.register(id=env_id, entry_point=entry_point, nondeterministic=False, disable_env_checker=False)
     if WEB_QA not in gym.registry:  # the live web: same seed and actions need not give the same episode
-        gym.register(id=WEB_QA, entry_point="searchgym.envs.web_env:make_web_qa", nondeterministic=True,
-                     disable_env_checker=False)
+        gym.register(
+            id=WEB_QA,
+            entry_point="searchgym.envs.web_env:make_web_qa",
+            nondeterministic=True,
+            disable_env_checker=False,
+        )
     if SIMULATED_QA not in gym.registry:  # search written by an LLM (agents/simulated_env.py opens the engine)
-        gym.register(id=SIMULATED_QA, entry_point="searchgym.agents.simulated_env:make_simulated_qa",
-                     nondeterministic=False, disable_env_checker=False)
+        gym.register(
+            id=SIMULATED_QA,
+            entry_point="searchgym.agents.simulated_env:make_simulated_qa",
+            nondeterministic=False,
+            disable_env_checker=False,
+        )
     register_suites()  # searchgym/HotpotQA-v0, ...

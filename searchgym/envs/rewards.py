@@ -8,6 +8,7 @@ repeating that search; refined, it cannot:
 - "clip":  r_t -> min(r_t - threshold, 0), so the process part of the return is at most 0;
 - "delta": r_t -> r_t - r_{t+1}, so the process part telescopes to the first step's reward.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -57,8 +58,13 @@ def judge_error(step_infos: Sequence[Mapping[str, Any]]) -> str | None:
     return None
 
 
-def episode_reward(step_infos: Sequence[Mapping[str, Any]], *, process: str | None = None,
-                   process_weight: float = 0.0, threshold: float = 0.0) -> float | None:
+def episode_reward(
+    step_infos: Sequence[Mapping[str, Any]],
+    *,
+    process: str | None = None,
+    process_weight: float = 0.0,
+    threshold: float = 0.0,
+) -> float | None:
     """The episode's reward from its steps' infos: the verdict's score (0 without an answer), plus the
     refined answer-page process rewards when `process` is "clip" or "delta"; None when the judge failed.
 
@@ -66,8 +72,9 @@ def episode_reward(step_infos: Sequence[Mapping[str, Any]], *, process: str | No
     most 0 under clip and at most `process_weight` under delta, whatever the number of steps.
     """
     if process is not None and process not in PROCESS_MODES:
-        raise ValueError(f"process rewards cross only refined: process must be one of {PROCESS_MODES} or None, "
-                         f"got {process!r}")
+        raise ValueError(
+            f"process rewards cross only refined: process must be one of {PROCESS_MODES} or None, got {process!r}"
+        )
     if judge_error(step_infos) is not None:
         return None
     outcome = 0.0
@@ -77,6 +84,5 @@ def episode_reward(step_infos: Sequence[Mapping[str, Any]], *, process: str | No
             outcome = float(verdict["score"])
     if process is None or process_weight == 0.0 or not step_infos:
         return outcome
-    refined = refine_process_rewards(answer_page_rewards(step_infos, process_weight), mode=process,
-                                     threshold=threshold)
+    refined = refine_process_rewards(answer_page_rewards(step_infos, process_weight), mode=process, threshold=threshold)
     return outcome + sum(refined)

@@ -8,6 +8,7 @@ observation-token budget truncate it. A malformed turn is explained in the obser
 The native interface is async (`areset`, `astep`) so thousands of episodes share one event loop in
 a trainer; `reset`/`step` are thin sync wrappers for the standard Gymnasium API.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -90,7 +91,8 @@ class SearchEnv(gym.Env[str, str]):
     0.0 on every turn but the answer. An answer gets the judge's score in [0, 1]: `judge="f1"` (token
     F1, the default), `"em"`, `"cover_em"`, the reference projects' own rewards `"asearcher_f1"`,
     `"asearcher_em"` (which blend a task's `aug_answer` in at 0.3) and `"searchr1_em"`, a comma list such
-    as `"em,f1"` (the first is the reward, all are in the verdict), or any `Judge` object (e.g. `LLMJudge`). With `format_gate=True` an
+    as `"em,f1"` (the first is the reward, all are in the verdict), or any `Judge` object (e.g. `LLMJudge`). With
+    `format_gate=True` an
     answer from an episode that had a format error scores 0 (the verdict keeps what it would have
     scored).
 
@@ -181,8 +183,9 @@ class SearchEnv(gym.Env[str, str]):
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
         for unit, limit in (cost_budget or {}).items():
-            if not (isinstance(unit, str) and isinstance(limit, (int, float)) and not isinstance(limit, bool)
-                    and limit > 0):
+            if not (
+                isinstance(unit, str) and isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit > 0
+            ):
                 raise ValueError(f"cost_budget maps a cost unit to a positive limit, got {unit!r}: {limit!r}")
         if pages is None:
             if not isinstance(search, PageBackend):
@@ -212,7 +215,8 @@ class SearchEnv(gym.Env[str, str]):
 
     @property
     def spec(self) -> EnvSpec | None:
-        """The registration `gym.make` records, with `max_episode_steps` set to `max_turns` (the env truncates there)."""
+        """The registration `gym.make` records, with `max_episode_steps` set to `max_turns` (the env truncates
+        there)."""
         return self._spec
 
     @spec.setter
@@ -258,7 +262,9 @@ class SearchEnv(gym.Env[str, str]):
 
     # --- the native async API ---------------------------------------------------------------
 
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
         """Start an episode on a drawn task, or on `options={"task_id": ...}` / `{"index": i}`."""
         super().reset(seed=seed)
         self.task = self._choose_task(options or {})
@@ -279,15 +285,21 @@ class SearchEnv(gym.Env[str, str]):
         if self.task is None:
             raise ResetNeeded("Cannot call env.step() before calling env.reset()")
         if self._done:
-            gym.logger.warn("step() after the episode ended (terminated or truncated): call reset() first; "
-                            "this step changes nothing")
+            gym.logger.warn(
+                "step() after the episode ended (terminated or truncated): call reset() first; "
+                "this step changes nothing"
+            )
             note = "The episode is over. Call reset() to start a new one."
             return prompts.information(note), 0.0, *self._end, {"error": "step after the episode ended"}
         self.turn += 1
         parsed = parse_action(action)
         self.format_errors.extend(f"turn {self.turn}: {e}" for e in parsed.errors)
-        info: dict[str, Any] = {"task_id": self.task.id, "turn": self.turn, "tool": parsed.tool or "invalid",
-                                "format_errors": list(parsed.errors)}
+        info: dict[str, Any] = {
+            "task_id": self.task.id,
+            "turn": self.turn,
+            "tool": parsed.tool or "invalid",
+            "format_errors": list(parsed.errors),
+        }
         reward, terminated = 0.0, False
         if parsed.tool is None:
             self.counts["invalid"] += 1
@@ -304,16 +316,22 @@ class SearchEnv(gym.Env[str, str]):
             terminated = True
         spent = self._spent_budget() if not terminated else None
         if spent is not None:
-            text += (f"\n\nThe episode's tool budget is spent ({spent}). The episode ends here without an answer.")
+            text += f"\n\nThe episode's tool budget is spent ({spent}). The episode ends here without an answer."
         obs = self._fit(prompts.information(text))
         self.obs_tokens += self.token_counter(obs)
         truncated = not terminated and (
-            spent is not None or self.turn >= self.max_turns
+            spent is not None
+            or self.turn >= self.max_turns
             or (self.max_obs_tokens is not None and self.obs_tokens >= self.max_obs_tokens)
         )
         if truncated:
-            info["truncation"] = ("cost budget" if spent is not None else
-                                  "turn budget" if self.turn >= self.max_turns else "observation-token budget")
+            info["truncation"] = (
+                "cost budget"
+                if spent is not None
+                else "turn budget"
+                if self.turn >= self.max_turns
+                else "observation-token budget"
+            )
         self._done, self._end = terminated or truncated, (terminated, truncated)
         info.update(obs_tokens=self.obs_tokens, counts=dict(self.counts))
         if parsed.tool in ("search", "access") and (stats := self._backend_stats()):
@@ -369,9 +387,13 @@ class SearchEnv(gym.Env[str, str]):
     async def _answer(self, action: Action, info: dict[str, Any]) -> tuple[float, str]:
         self.counts["answer"] += 1
         task = self._task
-        verdict = await self.judge.ajudge(action.argument, task.answers, question=task.question,
-                                          format_errors=self.format_errors,
-                                          **aug_kwargs(self.judge, task.aug_answers))  # asearcher_* blend them
+        verdict = await self.judge.ajudge(
+            action.argument,
+            task.answers,
+            question=task.question,
+            format_errors=self.format_errors,
+            **aug_kwargs(self.judge, task.aug_answers),
+        )  # asearcher_* blend them
         info.update(prediction=action.argument, verdict=verdict.to_dict(), answers=list(task.answers))
         return float(verdict.score), "Your answer was recorded. The episode is over."
 
@@ -394,7 +416,9 @@ class SearchEnv(gym.Env[str, str]):
     def _backend_stats(self) -> dict[str, Any]:
         """Merged `stats()` of the backends that have one (cache hit rates, web error counters), for info."""
         out: dict[str, Any] = {}
-        backends: list[SearchBackend | PageBackend] = [self.search_backend] + ([self.page_backend] if self.page_backend is not self.search_backend else [])
+        backends: list[SearchBackend | PageBackend] = [self.search_backend] + (
+            [self.page_backend] if self.page_backend is not self.search_backend else []
+        )
         for backend in backends:
             out.update(backend_stats(backend))
         return out

@@ -9,6 +9,7 @@ the parser the way a confused model would.
 Flattened (and in `AsyncVectorEnv`'s shared memory) a string is its Unicode code points, padded with
 `PAD`, so every string survives the round trip; `Text`'s charset-index form would garble or refuse it.
 """
+
 from __future__ import annotations
 
 import multiprocessing

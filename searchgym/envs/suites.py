@@ -8,6 +8,7 @@ SyntheticQA is the embedded world. Questions come from a folder in ASearcher's t
 or `{root}/{folder}`), rows with `question` and `answer` or `gt` (a string or a list); `root` is the
 `data_root` kwarg or `$SEARCHGYM_DATA`. `data=` points at one file or saved dataset directly.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,21 +39,29 @@ class Suite:
         return f"searchgym/{self.name}-v0"
 
 
-SUITES: dict[str, Suite] = {s.name: s for s in [
-    Suite("NQ", "nq", "local", "em,f1"),
-    Suite("TriviaQA", "triviaqa", "local", "em,f1"),
-    Suite("PopQA", "popqa", "local", "em,f1"),
-    Suite("HotpotQA", "hotpotqa", "local", "em,f1"),
-    Suite("2WikiMultihopQA", "2wikimultihopqa", "local", "em,f1"),
-    Suite("MuSiQue", "musique", "local", "em,f1"),
-    Suite("Bamboogle", "bamboogle", "local", "em,f1"),
-    Suite("GAIA", "gaia", "web", "llm,f1", note="text-only questions (no attached files)"),
-    Suite("xbench-DeepSearch", "xbench-deepsearch", "web", "llm,f1"),
-    Suite("Frames", "frames", "web", "llm,f1"),
-    Suite("SyntheticQA", "", "embedded", "em,f1", split="test", note="the embedded synthetic world"),
-    Suite("BrowseCompPlus", "browsecomp-plus", "browsecomp", "llm,f1",
-          note="830 queries over a fixed ~100K-document corpus, with evidence judgements (envs/browsecomp_plus.py)"),
-]}
+SUITES: dict[str, Suite] = {
+    s.name: s
+    for s in [
+        Suite("NQ", "nq", "local", "em,f1"),
+        Suite("TriviaQA", "triviaqa", "local", "em,f1"),
+        Suite("PopQA", "popqa", "local", "em,f1"),
+        Suite("HotpotQA", "hotpotqa", "local", "em,f1"),
+        Suite("2WikiMultihopQA", "2wikimultihopqa", "local", "em,f1"),
+        Suite("MuSiQue", "musique", "local", "em,f1"),
+        Suite("Bamboogle", "bamboogle", "local", "em,f1"),
+        Suite("GAIA", "gaia", "web", "llm,f1", note="text-only questions (no attached files)"),
+        Suite("xbench-DeepSearch", "xbench-deepsearch", "web", "llm,f1"),
+        Suite("Frames", "frames", "web", "llm,f1"),
+        Suite("SyntheticQA", "", "embedded", "em,f1", split="test", note="the embedded synthetic world"),
+        Suite(
+            "BrowseCompPlus",
+            "browsecomp-plus",
+            "browsecomp",
+            "llm,f1",
+            note="830 queries over a fixed ~100K-document corpus, with evidence judgements (envs/browsecomp_plus.py)",
+        ),
+    ]
+}
 
 
 def suite_of(env_id: str) -> Suite | None:
@@ -66,11 +75,20 @@ def register_suites() -> None:
         if suite.kind == "embedded" or suite.env_id in gym.registry:
             continue
         if suite.kind == "browsecomp":  # its repository's layout, not ASearcher's: a loader of its own
-            gym.register(id=suite.env_id, entry_point="searchgym.envs.browsecomp_plus:make_browsecomp_plus",
-                         nondeterministic=False, disable_env_checker=False)
+            gym.register(
+                id=suite.env_id,
+                entry_point="searchgym.envs.browsecomp_plus:make_browsecomp_plus",
+                nondeterministic=False,
+                disable_env_checker=False,
+            )
             continue
-        gym.register(id=suite.env_id, entry_point="searchgym.envs.suites:make_suite_env",
-                     kwargs={"suite": suite.name}, nondeterministic=suite.kind == "web", disable_env_checker=False)
+        gym.register(
+            id=suite.env_id,
+            entry_point="searchgym.envs.suites:make_suite_env",
+            kwargs={"suite": suite.name},
+            nondeterministic=suite.kind == "web",
+            disable_env_checker=False,
+        )
 
 
 def resolve_data(suite: Suite, data_root: str | os.PathLike | None = None, split: str | None = None) -> Path:
@@ -82,7 +100,8 @@ def resolve_data(suite: Suite, data_root: str | os.PathLike | None = None, split
         raise FileNotFoundError(
             f"{suite.env_id}: no data folder. Put ASearcher's test data at {expected} (JSON lines with "
             f"'question' and 'answer' or 'gt', a string or a list) and pass data_root=ROOT (env kwarg) or set "
-            f"${DATA_ENV}=ROOT; or pass data=FILE.jsonl or a `datasets` directory.")
+            f"${DATA_ENV}=ROOT; or pass data=FILE.jsonl or a `datasets` directory."
+        )
     folder = Path(root) / suite.folder
     for candidate in (folder / f"{split}.jsonl", folder / f"{split}.json", folder / split):
         if candidate.is_file() or (candidate.is_dir() and _is_dataset(candidate)):
@@ -95,15 +114,24 @@ def resolve_data(suite: Suite, data_root: str | os.PathLike | None = None, split
         + (f" (it holds {found})" if found is not None else " (the folder does not exist)")
         + f". Put the questions at {folder / (split + '.jsonl')} (or {split}.json, or a `datasets` directory "
         f"saved at {folder / split}): one JSON object per line with 'question' and 'answer' or 'gt' "
-        f"(a string or a list), as in ASearcher's test data.")
+        f"(a string or a list), as in ASearcher's test data."
+    )
 
 
 def _is_dataset(path: Path) -> bool:
-    return (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists() or (path / "state.json").exists()
+    return (
+        (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists() or (path / "state.json").exists()
+    )
 
 
-def make_suite_env(suite: str, *, data_root: str | os.PathLike | None = None, data: Any = None,
-                   split: str | None = None, **env_kwargs: Any) -> gym.Env:
+def make_suite_env(
+    suite: str,
+    *,
+    data_root: str | os.PathLike | None = None,
+    data: Any = None,
+    split: str | None = None,
+    **env_kwargs: Any,
+) -> gym.Env:
     """Build a suite's env: its tasks (from `data` or the data folder) on its backend kind.
 
     Local suites take LocalQA's backend kwargs (`index=`, `corpus=` or `servers=`); web suites WebQA's
@@ -121,9 +149,11 @@ def make_suite_env(suite: str, *, data_root: str | os.PathLike | None = None, da
         from searchgym.envs.local_qa import make_local_qa
 
         if not any(env_kwargs.get(k) is not None for k in ("index", "corpus", "servers")):
-            raise ValueError(f"{spec.env_id} needs a search backend: index=DIR (`searchgym index build`), "
-                             "corpus=FILE.jsonl or servers=URL(s) (`searchgym serve search`; ASearcher uses a "
-                             "Wikipedia 2018 corpus)")
+            raise ValueError(
+                f"{spec.env_id} needs a search backend: index=DIR (`searchgym index build`), "
+                "corpus=FILE.jsonl or servers=URL(s) (`searchgym serve search`; ASearcher uses a "
+                "Wikipedia 2018 corpus)"
+            )
         return make_local_qa(tasks, **env_kwargs)
     from searchgym.envs.web_env import make_web_qa
 
@@ -131,5 +161,8 @@ def make_suite_env(suite: str, *, data_root: str | os.PathLike | None = None, da
 
 
 # its **env_kwargs reach one of these, by the suite's kind (envs/env_kwargs.py checks them by name)
-make_suite_env.forwards_kwargs_to = ("searchgym.envs.local_qa:make_local_qa", "searchgym.envs.web_env:make_web_qa",  # type: ignore[attr-defined]
-                                     "searchgym.world.synthetic_env:make_synthetic_qa")
+make_suite_env.forwards_kwargs_to = (  # type: ignore[attr-defined]
+    "searchgym.envs.local_qa:make_local_qa",
+    "searchgym.envs.web_env:make_web_qa",
+    "searchgym.world.synthetic_env:make_synthetic_qa",
+)

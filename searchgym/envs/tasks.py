@@ -1,4 +1,5 @@
 """Task and TaskPool: the questions an environment poses, loaded from JSONL or a `datasets` dataset."""
+
 from __future__ import annotations
 
 import json
@@ -144,7 +145,8 @@ class TaskPool(Sequence[Task]):
         """Tasks whose metadata matches: `hops` (one or several), `split` ("train"/"test"), any predicate."""
         wanted_hops = {hops} if isinstance(hops, int) else (set(hops) if hops is not None else None)
         kept = [
-            t for t in self.tasks
+            t
+            for t in self.tasks
             if (wanted_hops is None or t.metadata.get("hops") in wanted_hops)
             and (split is None or t.metadata.get("split", "train") == split)
             and (predicate is None or predicate(t))
@@ -154,7 +156,9 @@ class TaskPool(Sequence[Task]):
     # --- loading and saving -------------------------------------------------------------
 
     @classmethod
-    def load(cls, source: str | os.PathLike | TaskPool | Iterable[Task], *, on_error: str = "raise", split: str | None = None) -> TaskPool:
+    def load(
+        cls, source: str | os.PathLike | TaskPool | Iterable[Task], *, on_error: str = "raise", split: str | None = None
+    ) -> TaskPool:
         """A pool from a JSONL/JSON file, a `datasets` directory saved on disk, or tasks already in memory."""
         if isinstance(source, TaskPool):
             return source
@@ -182,10 +186,14 @@ class TaskPool(Sequence[Task]):
                 tasks.append(Task.from_row(row, fallback_id=f"{path.stem}-{len(tasks) + len(rejected)}"))
             except (ValueError, TypeError) as e:
                 if on_error == "raise":
-                    raise TaskFileError(f"{where}: {e}. Fix or delete this row, or load with on_error='skip'.") from None
+                    raise TaskFileError(
+                        f"{where}: {e}. Fix or delete this row, or load with on_error='skip'."
+                    ) from None
                 rejected.append((where, str(e)))
         if rejected:
-            warnings.warn(f"{path}: skipped {len(rejected)} bad rows (see TaskPool.rejected); first: {rejected[0]}", stacklevel=2)
+            warnings.warn(
+                f"{path}: skipped {len(rejected)} bad rows (see TaskPool.rejected); first: {rejected[0]}", stacklevel=2
+            )
         return cls(tasks, name=path.name, rejected=rejected)
 
     @classmethod
@@ -215,12 +223,14 @@ class TaskPool(Sequence[Task]):
         with needs("writing a `datasets` folder"):
             import datasets
 
-        data = datasets.Dataset.from_dict({
-            "id": [t.id for t in self.tasks],
-            "question": [t.question for t in self.tasks],
-            "answers": [list(t.answers) for t in self.tasks],
-            "metadata": [json.dumps(t.metadata, ensure_ascii=False) for t in self.tasks],
-        })
+        data = datasets.Dataset.from_dict(
+            {
+                "id": [t.id for t in self.tasks],
+                "question": [t.question for t in self.tasks],
+                "answers": [list(t.answers) for t in self.tasks],
+                "metadata": [json.dumps(t.metadata, ensure_ascii=False) for t in self.tasks],
+            }
+        )
         if path is not None:
             data.save_to_disk(str(path))
         return data
@@ -253,21 +263,34 @@ _POOL_CACHE: dict[tuple, TaskPool] = {}
 _POOL_CACHE_SIZE = 8
 
 
-def load_pool(source: str | os.PathLike | TaskPool | Iterable[Task], *, on_error: str = "raise",
-              split: str | None = None, hops: int | Iterable[int] | None = None) -> TaskPool:
+def load_pool(
+    source: str | os.PathLike | TaskPool | Iterable[Task],
+    *,
+    on_error: str = "raise",
+    split: str | None = None,
+    hops: int | Iterable[int] | None = None,
+) -> TaskPool:
     """`TaskPool.load(source)` filtered by metadata `split` and `hops`; pools read from a file are cached.
 
     A trainer or an evaluation makes dozens of envs over one task file, and parsing 20,000 tasks takes
     about a second, so a file's pool is parsed once per process (keyed by its path, size and mtime:
     an edited file is read again). Pools are shared read-only; filtering makes a new one.
     """
-    if not isinstance(source, (str, os.PathLike)) or not os.path.exists(source):  # not cached (a missing file: its error)
+    if not isinstance(source, (str, os.PathLike)) or not os.path.exists(
+        source
+    ):  # not cached (a missing file: its error)
         pool = TaskPool.load(source, on_error=on_error)
         return pool.filter(split=split, hops=hops) if split is not None or hops is not None else pool
     path = Path(source).resolve()
     stat = path.stat()
-    key = (str(path), stat.st_size, stat.st_mtime_ns, on_error, split,
-           tuple(sorted({hops} if isinstance(hops, int) else set(hops))) if hops is not None else None)
+    key = (
+        str(path),
+        stat.st_size,
+        stat.st_mtime_ns,
+        on_error,
+        split,
+        tuple(sorted({hops} if isinstance(hops, int) else set(hops))) if hops is not None else None,
+    )
     if key not in _POOL_CACHE:
         pool = TaskPool.load(path, on_error=on_error)
         if split is not None or hops is not None:

@@ -1,4 +1,5 @@
 """What a judge returns (`Verdict`) and the protocols judges and their chat models fit, below every judge."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

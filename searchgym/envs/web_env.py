@@ -1,4 +1,5 @@
 """WebQA-v0: SearchEnv on the live web (Serper search + guarded page fetching), with a record/replay cache."""
+
 from __future__ import annotations
 
 import os

@@ -8,6 +8,7 @@ they disagree are listed. A labels file (`question id, prediction, human verdict
 header, or JSON lines) gives each rater's accuracy against the humans, on the stored samples whose
 question and prediction match a label.
 """
+
 from __future__ import annotations
 
 import csv
@@ -61,8 +62,13 @@ def _pair_stats(a: list[bool], b: list[bool]) -> dict[str, Any]:
     return {"n": n, "agreement": sum(x == y for x, y in zip(a, b, strict=True)) / n, "kappa": cohen_kappa(a, b)}
 
 
-def judge_agreement(rows: Sequence[dict[str, Any]], judges: Sequence[str], *, f1_threshold: float = F1_THRESHOLD,
-                    max_listed: int = MAX_LISTED) -> dict[str, Any]:
+def judge_agreement(
+    rows: Sequence[dict[str, Any]],
+    judges: Sequence[str],
+    *,
+    f1_threshold: float = F1_THRESHOLD,
+    max_listed: int = MAX_LISTED,
+) -> dict[str, Any]:
     """Pairwise agreement and kappa of the raters on answered samples, and the samples where they split."""
     names = rater_names(judges, f1_threshold)
     answered = [r for r in rows if r.get("prediction") is not None]
@@ -75,14 +81,28 @@ def judge_agreement(rows: Sequence[dict[str, Any]], judges: Sequence[str], *, f1
     for row, c in zip(answered, table, strict=True):
         given = {n: c[n] for n in names if c.get(n) is not None}
         if len(set(given.values())) > 1:
-            split.append({"task_id": row["task_id"], "sample": row["sample"], "prediction": row["prediction"],
-                          "answers": row.get("answers", []), "calls": given})
+            split.append(
+                {
+                    "task_id": row["task_id"],
+                    "sample": row["sample"],
+                    "prediction": row["prediction"],
+                    "answers": row.get("answers", []),
+                    "calls": given,
+                }
+            )
     split.sort(key=lambda d: (str(d["task_id"]), d["sample"]))
-    return {"raters": names, "f1_threshold": f1_threshold, "answered": len(answered), "pairs": pairs,
-            "disagreements": len(split), "disagreeing": split[:max_listed]}
+    return {
+        "raters": names,
+        "f1_threshold": f1_threshold,
+        "answered": len(answered),
+        "pairs": pairs,
+        "disagreements": len(split),
+        "disagreeing": split[:max_listed],
+    }
 
 
 # --- human labels -------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Label:
@@ -113,10 +133,13 @@ def _label(row: Any, where: str) -> Label:
     task_id = next((lowered[k] for k in ID_KEYS if lowered.get(k) not in (None, "")), None)
     verdict = next((lowered[k] for k in VERDICT_KEYS if lowered.get(k) not in (None, "")), None)
     if task_id is None or "prediction" not in lowered or verdict is None:
-        raise ValueError(f"{where}: needs a question id ({'/'.join(ID_KEYS)}), 'prediction' and a human verdict "
-                         f"({'/'.join(VERDICT_KEYS)}); got columns {sorted(lowered)}")
-    return Label(str(task_id), str(lowered["prediction"] if lowered["prediction"] is not None else ""),
-                 _verdict(verdict, where))
+        raise ValueError(
+            f"{where}: needs a question id ({'/'.join(ID_KEYS)}), 'prediction' and a human verdict "
+            f"({'/'.join(VERDICT_KEYS)}); got columns {sorted(lowered)}"
+        )
+    return Label(
+        str(task_id), str(lowered["prediction"] if lowered["prediction"] is not None else ""), _verdict(verdict, where)
+    )
 
 
 def load_labels(path: str | os.PathLike) -> list[Label]:
@@ -146,8 +169,13 @@ def load_labels(path: str | os.PathLike) -> list[Label]:
     return labels
 
 
-def label_accuracy(rows: Sequence[dict[str, Any]], labels: Sequence[Label], judges: Sequence[str], *,
-                   f1_threshold: float = F1_THRESHOLD) -> dict[str, Any]:
+def label_accuracy(
+    rows: Sequence[dict[str, Any]],
+    labels: Sequence[Label],
+    judges: Sequence[str],
+    *,
+    f1_threshold: float = F1_THRESHOLD,
+) -> dict[str, Any]:
     """Each rater's accuracy and kappa against human labels, on the stored samples that a label matches.
 
     A label matches the samples of its question whose prediction is the labelled one (surrounding
@@ -174,8 +202,15 @@ def label_accuracy(rows: Sequence[dict[str, Any]], labels: Sequence[Label], judg
             per_rater[name] = {"n": 0, "accuracy": float("nan"), "kappa": float("nan")}
             continue
         human, judged = [h for h, _ in pairs], [j for _, j in pairs]
-        per_rater[name] = {"n": len(pairs), "accuracy": sum(h == j for h, j in pairs) / len(pairs),
-                           "kappa": cohen_kappa(human, judged)}
-    return {"labels": len(wanted), "matched_labels": len(hit), "unmatched_labels": len(wanted) - len(hit),
-            "matched_samples": len(matched), "raters": per_rater}
-
+        per_rater[name] = {
+            "n": len(pairs),
+            "accuracy": sum(h == j for h, j in pairs) / len(pairs),
+            "kappa": cohen_kappa(human, judged),
+        }
+    return {
+        "labels": len(wanted),
+        "matched_labels": len(hit),
+        "unmatched_labels": len(wanted) - len(hit),
+        "matched_samples": len(matched),
+        "raters": per_rater,
+    }

@@ -8,6 +8,7 @@ top_k, doc_chars, page chunking). `agent` is what was evaluated (engine, model f
 and `run` how it was run (seed, concurrency, env kwargs, searchgym's version and commit); those may
 differ between runs that are compared. `eval compare` refuses runs whose protocols differ.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -47,6 +48,7 @@ def question_set(tasks: Iterable[Any]) -> dict[str, Any]:
 
 # --- the tool stack --------------------------------------------------------------------------------
 
+
 def web_cache_state(cache: Any) -> dict[str, Any]:
     """Mode, entry count and a hash of a WebCache's recorded rows (read-only; order-free)."""
     state: dict[str, Any] = {"mode": cache.mode}
@@ -73,8 +75,12 @@ def _index_card(manifest: Mapping[str, Any]) -> dict[str, Any]:
     from searchgym.envs.tools.index_files import manifest_kind
 
     portable = {k: v for k, v in manifest.items() if not k.endswith("_path")}
-    return {"kind": manifest_kind(dict(manifest)), "doc_count": manifest.get("doc_count"),
-            "corpus_sha256": manifest.get("corpus_sha256"), "manifest_sha256": canonical_sha256(portable)}
+    return {
+        "kind": manifest_kind(dict(manifest)),
+        "doc_count": manifest.get("doc_count"),
+        "corpus_sha256": manifest.get("corpus_sha256"),
+        "manifest_sha256": canonical_sha256(portable),
+    }
 
 
 def backend_card(backend: Any) -> dict[str, Any]:
@@ -91,14 +97,25 @@ def backend_card(backend: Any) -> dict[str, Any]:
     if isinstance(manifest, Mapping):
         return _index_card(manifest)
     if isinstance(backend, HybridIndex):
-        return {"kind": "hybrid", "bm25": backend_card(backend.bm25), "dense": backend_card(backend.dense),
-                "k_rrf": backend.k_rrf, "depth": backend.depth}
+        return {
+            "kind": "hybrid",
+            "bm25": backend_card(backend.bm25),
+            "dense": backend_card(backend.dense),
+            "k_rrf": backend.k_rrf,
+            "depth": backend.depth,
+        }
     if isinstance(backend, RemoteSearch):
-        return {"kind": "retrieval_server", "servers": len(backend.servers),
-                "corpus": "not verifiable from the client (the server does not publish its index manifest)"}
+        return {
+            "kind": "retrieval_server",
+            "servers": len(backend.servers),
+            "corpus": "not verifiable from the client (the server does not publish its index manifest)",
+        }
     if isinstance(backend, WebSearch):
-        return {"kind": "web_search", "provider": type(backend).__name__,
-                "blocked_domains": sorted(getattr(backend.policy, "block", ()) or ())}
+        return {
+            "kind": "web_search",
+            "provider": type(backend).__name__,
+            "blocked_domains": sorted(getattr(backend.policy, "block", ()) or ()),
+        }
     if isinstance(backend, WebFetcher):
         return {"kind": "web_fetch", "blocked_domains": sorted(getattr(backend.policy, "block", ()) or ())}
     return {"kind": type(backend).__name__}
@@ -114,8 +131,11 @@ def tool_stack(env: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     protocol: dict[str, Any] = {
         "search": backend_card(search),
         "pages": "same as search" if pages is search else backend_card(pages),
-        "format": env.tool_format, "top_k": env.top_k, "doc_chars": env.doc_chars,
-        "page_chunk_chars": env.page_chunk_chars, "max_page_chars": env.max_page_chars,
+        "format": env.tool_format,
+        "top_k": env.top_k,
+        "doc_chars": env.doc_chars,
+        "page_chunk_chars": env.page_chunk_chars,
+        "max_page_chars": env.max_page_chars,
         "max_page_chunks": env.max_page_chunks,
     }
     info: dict[str, Any] = {}
@@ -129,6 +149,7 @@ def tool_stack(env: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
 # --- judges ------------------------------------------------------------------------------------------
 
+
 def judges_card(judges: Mapping[str, Any], primary: str, judge_model: dict[str, Any] | None) -> dict[str, Any]:
     """Every judge by name with what defines it; the LLM judge with its model, decoding and prompt hash."""
     from searchgym.envs.judges import FormatGate
@@ -139,13 +160,19 @@ def judges_card(judges: Mapping[str, Any], primary: str, judge_model: dict[str, 
         inner = judge.inner if isinstance(judge, FormatGate) else judge
         entry: dict[str, Any] = {"kind": type(inner).__name__, "format_gate": isinstance(judge, FormatGate)}
         if isinstance(inner, LLMJudge):
-            entry.update({"model": (judge_model or {}).get("identity"), "decoding": dict(inner.decoding),
-                          "prompt_sha256": hashlib.sha256(JUDGE_PROMPT.encode()).hexdigest()})
+            entry.update(
+                {
+                    "model": (judge_model or {}).get("identity"),
+                    "decoding": dict(inner.decoding),
+                    "prompt_sha256": hashlib.sha256(JUDGE_PROMPT.encode()).hexdigest(),
+                }
+            )
         out[name] = entry
     return {"primary": primary, "judges": out}
 
 
 # --- software ---------------------------------------------------------------------------------------
+
 
 def software() -> dict[str, Any]:
     """searchgym's version, and the git commit of its checkout (with `dirty` when it has local changes)."""
@@ -157,8 +184,13 @@ def software() -> dict[str, Any]:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if commit.returncode == 0:
             out["commit"] = commit.stdout.strip()
-            status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "searchgym"],
-                                    cwd=root, capture_output=True, text=True, timeout=30)
+            status = subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no", "--", "searchgym"],
+                cwd=root,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             out["dirty"] = bool(status.stdout.strip()) if status.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         pass
@@ -167,9 +199,23 @@ def software() -> dict[str, Any]:
 
 # --- the card ---------------------------------------------------------------------------------------
 
-def build_card(*, env_id: str, env: Any, tasks: Sequence[Any], judges: Mapping[str, Any], primary: str,
-               judge_model: dict[str, Any] | None, k: int, sampling: Any, max_context: int,
-               engine: str, model: dict[str, Any] | None, workflow: str | None, run: Mapping[str, Any]) -> dict[str, Any]:
+
+def build_card(
+    *,
+    env_id: str,
+    env: Any,
+    tasks: Sequence[Any],
+    judges: Mapping[str, Any],
+    primary: str,
+    judge_model: dict[str, Any] | None,
+    k: int,
+    sampling: Any,
+    max_context: int,
+    engine: str,
+    model: dict[str, Any] | None,
+    workflow: str | None,
+    run: Mapping[str, Any],
+) -> dict[str, Any]:
     """The card of one evaluation (see the module docstring); `card["hash"]` is sha256 over `protocol`."""
     from searchgym.envs.suites import suite_of
 
@@ -181,9 +227,13 @@ def build_card(*, env_id: str, env: Any, tasks: Sequence[Any], judges: Mapping[s
         "reward_judge": getattr(env.judge, "name", type(env.judge).__name__),
         "k": k,
         "sampling": {f: getattr(sampling, f) for f in SAMPLING_FIELDS},
-        "budgets": {"max_turns": env.max_turns, "max_new_tokens_per_turn": sampling.max_new_tokens,
-                    "max_context_tokens": max_context, "max_obs_tokens": env.max_obs_tokens,
-                    **({"cost_budget": dict(env.cost_budget)} if getattr(env, "cost_budget", None) else {})},
+        "budgets": {
+            "max_turns": env.max_turns,
+            "max_new_tokens_per_turn": sampling.max_new_tokens,
+            "max_context_tokens": max_context,
+            "max_obs_tokens": env.max_obs_tokens,
+            **({"cost_budget": dict(env.cost_budget)} if getattr(env, "cost_budget", None) else {}),
+        },
         "prompt_sha256": hashlib.sha256(env.instructions.encode()).hexdigest(),
         "tools": tools,
     }
@@ -207,7 +257,8 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def differences(cards: Sequence[Mapping[str, Any]], part: str = "protocol") -> dict[str, list[Any]]:
-    """The dotted fields of `part` ("protocol.k", ...) not equal in every card, with each card's value (None: absent)."""
+    """The dotted fields of `part` ("protocol.k", ...) not equal in every card, with each card's value (None:
+    absent)."""
     flat = [flatten(card.get(part) or {}, part) for card in cards]
     keys = sorted(set().union(*flat)) if flat else []
     return {key: [f.get(key) for f in flat] for key in keys if len({canonical_sha256(f.get(key)) for f in flat}) > 1}

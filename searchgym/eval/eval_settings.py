@@ -1,5 +1,6 @@
 """One eval's settings as one object: what `searchgym eval` loads (flags, `--config FILE`, dotted overrides)
 through the one settings loader, what `run_eval` takes, and what a run directory's `run.json` holds."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,17 @@ from searchgym.settings import load_settings, setting, settings_dict
 
 # the settings a run's samples depend on: a rerun into the same directory must agree on them (with the model's
 # identity); the rest (concurrency, device, judges, ...) may change between a run and its resumption
-RESUME_KEYS = ("env", "env_kwargs", "engine", "seed", "temperature", "max_new_tokens", "max_context", "workflow",
-               "context_policy")
+RESUME_KEYS = (
+    "env",
+    "env_kwargs",
+    "engine",
+    "seed",
+    "temperature",
+    "max_new_tokens",
+    "max_context",
+    "workflow",
+    "context_policy",
+)
 CONTEXT_POLICIES = ("end", "fold", "summarise")
 
 
@@ -43,12 +53,15 @@ class EvalSettings:
     def check(self) -> Iterator[tuple[str, str]]:
         """The context policy is one of the built-in ones (agents/context.py)."""
         if self.context_policy not in CONTEXT_POLICIES:
-            yield ("context_policy", f"must be one of {', '.join(map(repr, CONTEXT_POLICIES))}, "
-                                     f"got {self.context_policy!r}")
+            yield (
+                "context_policy",
+                f"must be one of {', '.join(map(repr, CONTEXT_POLICIES))}, got {self.context_policy!r}",
+            )
 
 
-def load_eval_settings(path: str | os.PathLike | None = None, overrides: Iterable[str] = (),
-                       values: Mapping[str, Any] | None = None) -> EvalSettings:
+def load_eval_settings(
+    path: str | os.PathLike | None = None, overrides: Iterable[str] = (), values: Mapping[str, Any] | None = None
+) -> EvalSettings:
     """Defaults, the YAML file, `values` (the command's flags), then dotted overrides; checked, naming the key."""
     return load_settings(EvalSettings, path, overrides, values)
 

@@ -4,6 +4,7 @@ Two recalls over a task's evidence docids: among the documents any search return
 "Recall": the union of retrieved docids, scripts_evaluation/evaluate_run.py at commit 97c637c) and among the
 pages the agent opened. Averaged, as there, over the samples whose task has evidence.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -26,8 +27,10 @@ def evidence_stats(turns: Sequence[Any], metadata: dict[str, Any]) -> dict[str, 
         page = info.get("page")
         if isinstance(page, dict) and page.get("doc_id") is not None:
             opened.add(str(page["doc_id"]))
-    return {"evidence_recall_retrieved": len(evidence & retrieved) / len(evidence),
-            "evidence_recall_opened": len(evidence & opened) / len(evidence)}
+    return {
+        "evidence_recall_retrieved": len(evidence & retrieved) / len(evidence),
+        "evidence_recall_opened": len(evidence & opened) / len(evidence),
+    }
 
 
 def evidence_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, float]:

@@ -9,6 +9,7 @@ and the card says so (`method: sampled`); a copy of the same weights with other 
 another hash. An SGLang server is identified by its `/model_info` (served name, path, weight
 version) and an OpenAI-compatible endpoint by the model it names and its `/models` entry.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,8 +26,16 @@ from searchgym.world.bundle import default_cache_dir
 FULL_HASH_MAX_BYTES = 2 * 1024**3
 SAMPLE_BYTES = 1024**2
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "*.pt")
-SMALL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-               "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt")
+SMALL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+)
 HTTP_TIMEOUT_S = 10.0
 
 
@@ -84,8 +93,12 @@ class _DigestCache:
             pass
 
 
-def weights_fingerprint(model_dir: str | os.PathLike, *, cache_dir: str | os.PathLike | None = None,
-                        full_hash_max_bytes: int = FULL_HASH_MAX_BYTES) -> dict[str, Any]:
+def weights_fingerprint(
+    model_dir: str | os.PathLike,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    full_hash_max_bytes: int = FULL_HASH_MAX_BYTES,
+) -> dict[str, Any]:
     """sha256 over a local model's weight and config files; `method` says whether every byte was read."""
     model_dir = Path(model_dir)
     weights = weight_files(model_dir)
@@ -99,9 +112,12 @@ def weights_fingerprint(model_dir: str | os.PathLike, *, cache_dir: str | os.Pat
     if cache is not None:
         cache.save()
     combined = hashlib.sha256(json.dumps(sorted(digests.items())).encode()).hexdigest()
-    method = ("full: every byte of every weight file" if full else
-              f"sampled: size, mtime and first/last {SAMPLE_BYTES // 1024**2} MiB of each weight file "
-              f"(weights over {full_hash_max_bytes / 1024**3:g} GiB); a copy with other mtimes hashes differently")
+    method = (
+        "full: every byte of every weight file"
+        if full
+        else f"sampled: size, mtime and first/last {SAMPLE_BYTES // 1024**2} MiB of each weight file "
+        f"(weights over {full_hash_max_bytes / 1024**3:g} GiB); a copy with other mtimes hashes differently"
+    )
     return {"sha256": combined, "method": method, "weight_files": len(weights), "weight_bytes": total}
 
 
@@ -158,7 +174,9 @@ async def openai_fingerprint(spec: str) -> dict[str, Any]:
         match = next((e for e in entries if e.get("id") == model), None)
         if match is None and model == "default" and len(entries) == 1:
             match = entries[0]
-        out["served"] = {k: match.get(k) for k in ("id", "owned_by", "created", "root") if k in match} if match else None
+        out["served"] = (
+            {k: match.get(k) for k in ("id", "owned_by", "created", "root") if k in match} if match else None
+        )
     except Exception as e:  # noqa: BLE001 - recorded, not fatal
         out["served"] = None
         out["error"] = f"{type(e).__name__}: {e}"
@@ -170,12 +188,21 @@ async def engine_fingerprint(spec: str, *, cache_dir: str | os.PathLike | None =
     kind = engine_kind(spec)
     if kind == "local":
         weights = weights_fingerprint(spec, cache_dir=cache_dir)
-        return {"kind": kind, "path": str(Path(spec).resolve()), "weights": weights,
-                "identity": f"weights sha256 {weights['sha256']}"}
+        return {
+            "kind": kind,
+            "path": str(Path(spec).resolve()),
+            "weights": weights,
+            "identity": f"weights sha256 {weights['sha256']}",
+        }
     if kind == "sglang":
         servers = await sglang_fingerprint([a for a in spec.removeprefix("sglang:").split(",") if a])
-        names = sorted({f"{s.get('served_model_name') or s.get('model_path')} (weight version {s.get('weight_version')})"
-                        for s in servers if "error" not in s})
+        names = sorted(
+            {
+                f"{s.get('served_model_name') or s.get('model_path')} (weight version {s.get('weight_version')})"
+                for s in servers
+                if "error" not in s
+            }
+        )
         identity = " | ".join(names) if names else None
         return {"kind": kind, "servers": servers, "identity": identity}
     info = await openai_fingerprint(spec)

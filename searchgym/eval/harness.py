@@ -20,6 +20,7 @@ k, sampling, budgets, tool stack, model fingerprint, searchgym version; its hash
 score-relevant fields), then the scores, per-subset breakdowns (hops, ...) and the agreement between
 judges (and with human labels, `labels=`), which `eval compare` and the report read.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -135,8 +136,9 @@ def check_row(row: Any) -> None:
     try:
         _sample_key(row)
     except (TypeError, ValueError):
-        raise BadRow(f"fields 'task_id'/'sample' are not an id and an integer: {row['task_id']!r}, "
-                     f"{row['sample']!r}") from None
+        raise BadRow(
+            f"fields 'task_id'/'sample' are not an id and an integer: {row['task_id']!r}, {row['sample']!r}"
+        ) from None
 
 
 def failed_judges(row: dict[str, Any]) -> list[str]:
@@ -153,8 +155,9 @@ def call_stats(store: SampleStore, failures: JsonlLog, names: Sequence[str], wan
             "calls": sum(int((v.get("detail") or {}).get("calls", 0) or 0) for v in versions),
             "cache_hits": sum(bool((v.get("detail") or {}).get("cached")) for v in versions),
             "failures": sum(bool(v.get("error")) for v in versions),
-            "pending": sum(bool(row["verdicts"].get(name, {}).get("error"))
-                           for key, row in store.rows.items() if key in wanted),
+            "pending": sum(
+                bool(row["verdicts"].get(name, {}).get("error")) for key, row in store.rows.items() if key in wanted
+            ),
         }
     agent_rows = [r for r in failures if r.get("stage") == "agent"]
     pending = {(str(r["task_id"]), int(r["sample"])) for r in agent_rows} - set(store.rows)
@@ -166,6 +169,7 @@ def call_stats(store: SampleStore, failures: JsonlLog, names: Sequence[str], wan
 # deterministic judges of the answer text alone: the env's verdict by one of them is the eval judge's too
 REFERENCE_JUDGES = (ExactMatch, TokenF1, CoverExactMatch, ASearcherF1, ASearcherEM, SearchR1EM)
 
+
 def eval_judge(spec: str, chat: Any = None) -> CompositeJudge:
     """The envs' judges for a comma list (em, f1, cover_em, llm, ...), always as a composite so each is reported."""
     judge = make_judge(spec, chat)
@@ -175,14 +179,22 @@ def eval_judge(spec: str, chat: Any = None) -> CompositeJudge:
     return CompositeJudge({name: judge}, primary=name)
 
 
-async def judge_all(judge: CompositeJudge, prediction: str | None, answers: Sequence[str], question: str,
-                    aug_answers: Sequence[str] = (), known: dict[str, dict] | None = None) -> dict[str, dict]:
+async def judge_all(
+    judge: CompositeJudge,
+    prediction: str | None,
+    answers: Sequence[str],
+    question: str,
+    aug_answers: Sequence[str] = (),
+    known: dict[str, dict] | None = None,
+) -> dict[str, dict]:
     """Every judge's verdict as a dict; no answer is wrong for every judge (score 0), not a judge failure.
     `aug_answers` (a task's ASearcher `aug_answer`) reach only the judges that blend them (asearcher_*);
     `known` verdicts (the env's own, see `env_verdicts`) are used as they are, not asked again."""
     if prediction is None:
-        return {n: {"score": 0.0, "correct": False, "judge": n, "detail": {"reason": "no answer"}, "error": None}
-                for n in judge.judges}
+        return {
+            n: {"score": 0.0, "correct": False, "judge": n, "detail": {"reason": "no answer"}, "error": None}
+            for n in judge.judges
+        }
     known = {n: v for n, v in (known or {}).items() if n in judge.judges}
     rest = [n for n in judge.judges if n not in known]
     verdicts: dict[str, Any] = {}
@@ -197,20 +209,40 @@ def env_verdicts(env_judge: Any, judge: CompositeJudge, verdict: dict[str, Any] 
     own reference judge (same kind and settings, so the same call): the answer is then judged once, not twice."""
     if verdict is None or type(env_judge) not in REFERENCE_JUDGES:
         return {}
-    return {name: verdict for name, j in judge.judges.items()
-            if type(j) is type(env_judge) and vars(j) == vars(env_judge) and verdict.get("judge") == j.name}
+    return {
+        name: verdict
+        for name, j in judge.judges.items()
+        if type(j) is type(env_judge) and vars(j) == vars(env_judge) and verdict.get("judge") == j.name
+    }
 
 
 def sample_of(row: dict[str, Any]) -> Sample:
     st = row["stats"]
-    return Sample(row["task_id"], row["sample"], row["reward"], bool(row.get("env_correct")), st["turns"],
-                  st["searches"], st["accesses"], st["generated_tokens"], st["answered"], row["verdicts"])
+    return Sample(
+        row["task_id"],
+        row["sample"],
+        row["reward"],
+        bool(row.get("env_correct")),
+        st["turns"],
+        st["searches"],
+        st["accesses"],
+        st["generated_tokens"],
+        st["answered"],
+        row["verdicts"],
+    )
 
 
 # --- the run ------------------------------------------------------------------------------------
 
-def run_eval(config: EvalSettings | str, *where: str | os.PathLike, progress: bool = True,
-             make_env: Callable[[], SearchEnv] | None = None, report: bool = True, **settings: Any) -> dict[str, Any]:
+
+def run_eval(
+    config: EvalSettings | str,
+    *where: str | os.PathLike,
+    progress: bool = True,
+    make_env: Callable[[], SearchEnv] | None = None,
+    report: bool = True,
+    **settings: Any,
+) -> dict[str, Any]:
     """Evaluate with `config` into `out`, `run_eval(config, out)`; resumes a previous run there. Returns the summary.
 
     The keyword form `run_eval(env_id, engine, out, k=4, ...)` takes EvalSettings' fields as keywords. The
@@ -233,9 +265,19 @@ def run_eval(config: EvalSettings | str, *where: str | os.PathLike, progress: bo
         config = EvalSettings(env=config, engine=str(engine), **settings)
     check_settings(config)
     env_id, engine, k, judge, seed = config.env, config.engine, config.k, config.judge, config.seed
-    max_tasks, concurrency, temperature, device = config.max_tasks, config.concurrency, config.temperature, config.device
+    max_tasks, concurrency, temperature, device = (
+        config.max_tasks,
+        config.concurrency,
+        config.temperature,
+        config.device,
+    )
     max_new_tokens, max_context, tokenizer = config.max_new_tokens, config.max_context, config.tokenizer
-    judge_model, workflow, labels, context_policy = config.judge_model, config.workflow, config.labels, config.context_policy
+    judge_model, workflow, labels, context_policy = (
+        config.judge_model,
+        config.workflow,
+        config.labels,
+        config.context_policy,
+    )
     policy = make_context_policy(context_policy)
     env_kwargs = dict(config.env_kwargs)
     suite = suite_of(env_id)
@@ -254,13 +296,18 @@ def run_eval(config: EvalSettings | str, *where: str | os.PathLike, progress: bo
                 if not isinstance(previous, dict):
                     raise ValueError("not a JSON object")
             except (ValueError, UnicodeDecodeError) as e:
-                raise ValueError(f"{run_path} is damaged ({e}); it records what {out}'s samples were made with: "
-                                 f"restore it, or evaluate into another --out") from None
+                raise ValueError(
+                    f"{run_path} is damaged ({e}); it records what {out}'s samples were made with: "
+                    f"restore it, or evaluate into another --out"
+                ) from None
             # a model identity of None is unknown (an older run, a server that was down), not a difference;
             # a run made before context policies existed ended its episodes ("end")
             before = {"context_policy": "end", **previous}
-            changed = {key: (before.get(key), run[key]) for key in (*RESUME_KEYS, "model") if before.get(key) != run[key]
-                       and (key != "model" or None not in (before.get(key), run[key]))}
+            changed = {
+                key: (before.get(key), run[key])
+                for key in (*RESUME_KEYS, "model")
+                if before.get(key) != run[key] and (key != "model" or None not in (before.get(key), run[key]))
+            }
             if changed:
                 raise ValueError(f"{out} holds samples of another run (differs in {changed}); use another --out")
         else:
@@ -277,42 +324,82 @@ def run_eval(config: EvalSettings | str, *where: str | os.PathLike, progress: bo
             rejudge = [row for key, row in store.rows.items() if key in wanted and failed_judges(row)]
             sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
             play_settings = WorkflowSettings(sampling, max_context=max_context, context=policy)
-            judges, errors = loop.run(_evaluate(
-                todo, make_env, store, judge, judge_model, engine, workflow=workflow, settings=play_settings,
-                concurrency=concurrency, seed=seed, device=device, tokenizer=tokenizer, progress=progress,
-                total=len(tasks) * k, rejudge=rejudge, tasks={t.id: t for t in tasks}, failures=failures))
+            judges, errors = loop.run(
+                _evaluate(
+                    todo,
+                    make_env,
+                    store,
+                    judge,
+                    judge_model,
+                    engine,
+                    workflow=workflow,
+                    settings=play_settings,
+                    concurrency=concurrency,
+                    seed=seed,
+                    device=device,
+                    tokenizer=tokenizer,
+                    progress=progress,
+                    total=len(tasks) * k,
+                    rejudge=rejudge,
+                    tasks={t.id: t for t in tasks},
+                    failures=failures,
+                )
+            )
             counted = [n for n, j in judges.judges.items() if hasattr(j, "stats")]  # model-backed judges keep counters
             calls = call_stats(store, failures, counted, wanted)
             rows = [row for key, row in store.rows.items() if key in wanted]
             if not rows and errors:
-                raise DependencyFailed(f"all {len(errors)} episodes failed (rerun the command to retry them); "
-                                       f"first: {type(errors[0]).__name__}: {errors[0]}") from errors[0]
+                raise DependencyFailed(
+                    f"all {len(errors)} episodes failed (rerun the command to retry them); "
+                    f"first: {type(errors[0]).__name__}: {errors[0]}"
+                ) from errors[0]
             if model["identity"] is None:  # servers that were not up yet answered while the run played
                 model = loop.run(engine_fingerprint(engine))
-            card = build_card(env_id=env_id, env=probe, tasks=tasks, judges=judges.judges, primary=judges.primary,
-                              judge_model=judge_fp, k=k, sampling=sampling, max_context=max_context, engine=engine,
-                              model=model, workflow=workflow,
-                              run={"seed": seed, "env_kwargs": env_kwargs, "max_tasks": max_tasks,
-                                   "concurrency": concurrency, "device": device, "tokenizer": tokenizer,
-                                   "llm_calls": calls, "tool_costs": tool_cost_totals(rows)})
+            card = build_card(
+                env_id=env_id,
+                env=probe,
+                tasks=tasks,
+                judges=judges.judges,
+                primary=judges.primary,
+                judge_model=judge_fp,
+                k=k,
+                sampling=sampling,
+                max_context=max_context,
+                engine=engine,
+                model=model,
+                workflow=workflow,
+                run={
+                    "seed": seed,
+                    "env_kwargs": env_kwargs,
+                    "max_tasks": max_tasks,
+                    "concurrency": concurrency,
+                    "device": device,
+                    "tokenizer": tokenizer,
+                    "llm_calls": calls,
+                    "tool_costs": tool_cost_totals(rows),
+                },
+            )
         finally:
             probe.close()
-        summary = {"card": card,
-                   **summarize_rows(rows, k, env_id=env_id, engine=engine, judges=list(judges.judges))}
+        summary = {"card": card, **summarize_rows(rows, k, env_id=env_id, engine=engine, judges=list(judges.judges))}
         summary["agreement"] = judge_agreement(rows, summary["judges"])
         if human is not None:
             summary["labels"] = {"file": str(labels), **label_accuracy(rows, human, summary["judges"])}
         summary["judge_stats"] = calls["judges"]
-        summary["failed_calls"] = {"agent": calls["agent"],
-                                   "judges": {n: {"pending": st["pending"]} for n, st in calls["judges"].items()}}
+        summary["failed_calls"] = {
+            "agent": calls["agent"],
+            "judges": {n: {"pending": st["pending"]} for n, st in calls["judges"].items()},
+        }
         (out / SUMMARY).write_text(json.dumps(_finite(summary), indent=2))  # NaN (no valid verdict) -> null
         if report:
             from searchgym.eval.report import write_report
 
             write_report(out, summary, rows)
         if errors:  # every other episode was finished and stored: a rerun plays only the failed ones
-            raise DependencyFailed(f"{len(errors)} of {len(todo)} episodes failed (rerun the command to retry them); "
-                                   f"first: {type(errors[0]).__name__}: {errors[0]}") from errors[0]
+            raise DependencyFailed(
+                f"{len(errors)} of {len(todo)} episodes failed (rerun the command to retry them); "
+                f"first: {type(errors[0]).__name__}: {errors[0]}"
+            ) from errors[0]
         _check_judges(calls["judges"], rows)
         return summary
 
@@ -326,16 +413,35 @@ def _check_judges(stats: dict[str, dict[str, int]], rows: Sequence[dict[str, Any
             continue
         judged = [r for r in rows if name in r["verdicts"] and r.get("prediction") is not None]
         first = next(r["verdicts"][name]["error"] for r in rows if r["verdicts"].get(name, {}).get("error"))
-        message = (f"judge {name!r} failed on {st['pending']} of {len(judged)} samples (left out of its scores; "
-                   f"rerun the command to judge them again); first: {first}")
+        message = (
+            f"judge {name!r} failed on {st['pending']} of {len(judged)} samples (left out of its scores; "
+            f"rerun the command to judge them again); first: {first}"
+        )
         if st["pending"] >= len(judged):
             raise DependencyFailed(message)
         warnings.warn(message, stacklevel=3)
 
 
-async def _evaluate(todo, make_env, store: SampleStore, judge_spec: str, judge_model: str | None, engine: str, *,
-                    workflow, settings, concurrency, seed, device, tokenizer, progress, total, rejudge=(),
-                    tasks=None, failures: JsonlLog | None = None) -> tuple[CompositeJudge, list[BaseException]]:
+async def _evaluate(
+    todo,
+    make_env,
+    store: SampleStore,
+    judge_spec: str,
+    judge_model: str | None,
+    engine: str,
+    *,
+    workflow,
+    settings,
+    concurrency,
+    seed,
+    device,
+    tokenizer,
+    progress,
+    total,
+    rejudge=(),
+    tasks=None,
+    failures: JsonlLog | None = None,
+) -> tuple[CompositeJudge, list[BaseException]]:
     """Judge again the stored samples whose judge failed, play and judge the missing ones; returns the judges
     and the episodes' errors (those samples are not stored, and logged in `failures`)."""
     judge_handle = await open_engine(judge_model, device=device, seed=seed) if judge_model else None
@@ -347,8 +453,18 @@ async def _evaluate(todo, make_env, store: SampleStore, judge_spec: str, judge_m
         if todo:
             async with opened_engine(engine, device=device, seed=seed, tokenizer=tokenizer) as handle:
                 player = build_player(handle, workflow=workflow, settings=settings)  # a Workflow or an agent program
-                errors = await _play(todo, make_env, store, judge, player, concurrency=concurrency, seed=seed,
-                                     progress=progress, total=total, failures=failures)
+                errors = await _play(
+                    todo,
+                    make_env,
+                    store,
+                    judge,
+                    player,
+                    concurrency=concurrency,
+                    seed=seed,
+                    progress=progress,
+                    total=total,
+                    failures=failures,
+                )
         return judge, errors
     finally:
         if judge_handle is not None:
@@ -366,15 +482,31 @@ async def _rejudge(rows, tasks: dict[str, Any], judge: CompositeJudge, store: Sa
         task = tasks.get(row["task_id"])
         again = CompositeJudge({n: judge.judges[n] for n in names}, primary=names[0])
         async with gate:
-            verdicts = await judge_all(again, row.get("prediction"), row.get("answers") or (list(task.answers) if task else []),
-                                       row.get("question", ""), task.aug_answers if task else ())
+            verdicts = await judge_all(
+                again,
+                row.get("prediction"),
+                row.get("answers") or (list(task.answers) if task else []),
+                row.get("question", ""),
+                task.aug_answers if task else (),
+            )
         store.revise({**row, "verdicts": {**row["verdicts"], **verdicts}})
 
     await asyncio.gather(*(one(row) for row in rows))
 
 
-async def _play(todo, make_env, store: SampleStore, judge: CompositeJudge, workflow: Workflow, *, concurrency, seed,
-                progress, total, failures: JsonlLog | None = None) -> list[BaseException]:
+async def _play(
+    todo,
+    make_env,
+    store: SampleStore,
+    judge: CompositeJudge,
+    workflow: Workflow,
+    *,
+    concurrency,
+    seed,
+    progress,
+    total,
+    failures: JsonlLog | None = None,
+) -> list[BaseException]:
     """Play, judge and store each missing sample; an episode that raised is logged in `failures`, not stored."""
     gate = asyncio.Semaphore(concurrency)
     envs = EnvPool(make_env)
@@ -385,27 +517,49 @@ async def _play(todo, make_env, store: SampleStore, judge: CompositeJudge, workf
             try:
                 with envs.env() as env:
                     episode_seed = int(np.random.SeedSequence([seed, index, sample]).generate_state(1)[0])
-                    traj = await workflow.arun_episode(env, seed=episode_seed, options={"task_id": task.id},
-                                                       rid=f"eval-{index}-{sample}")
+                    traj = await workflow.arun_episode(
+                        env, seed=episode_seed, options={"task_id": task.id}, rid=f"eval-{index}-{sample}"
+                    )
                     known = env_verdicts(env.judge, judge, traj.verdict)  # the env judged the answer already
             except Exception as e:  # the agent or its endpoint failed: a failure of this sample, never a score
                 if failures is not None:
-                    failures.append({"task_id": task.id, "sample": sample, "stage": "agent", "time": time.time(),
-                                     "error": f"{type(e).__name__}: {e}"[:1000]})
+                    failures.append(
+                        {
+                            "task_id": task.id,
+                            "sample": sample,
+                            "stage": "agent",
+                            "time": time.time(),
+                            "error": f"{type(e).__name__}: {e}"[:1000],
+                        }
+                    )
                 raise
             verdicts = await judge_all(judge, traj.prediction, task.answers, task.question, task.aug_answers, known)
             counts = traj.counts
-            store.append({
-                "task_id": task.id, "sample": sample, "question": task.question, "answers": list(task.answers),
-                "prediction": traj.prediction, "reward": traj.reward, "subset": subset_of(task.metadata),
-                "env_correct": bool((traj.verdict or {}).get("correct")), "verdicts": verdicts,
-                "stats": {"turns": len(traj.turns), "searches": counts.get("search", 0),
-                          "accesses": counts.get("access", 0), "generated_tokens": traj.generated_tokens,
-                          "answered": traj.prediction is not None, "stop_reason": traj.stop_reason,
-                          "segments": traj.num_segments, "tool_cost": traj.tool_cost,
-                          **evidence_stats(traj.turns, task.metadata)},
-                "trajectory": traj.to_dict(),
-            })
+            store.append(
+                {
+                    "task_id": task.id,
+                    "sample": sample,
+                    "question": task.question,
+                    "answers": list(task.answers),
+                    "prediction": traj.prediction,
+                    "reward": traj.reward,
+                    "subset": subset_of(task.metadata),
+                    "env_correct": bool((traj.verdict or {}).get("correct")),
+                    "verdicts": verdicts,
+                    "stats": {
+                        "turns": len(traj.turns),
+                        "searches": counts.get("search", 0),
+                        "accesses": counts.get("access", 0),
+                        "generated_tokens": traj.generated_tokens,
+                        "answered": traj.prediction is not None,
+                        "stop_reason": traj.stop_reason,
+                        "segments": traj.num_segments,
+                        "tool_cost": traj.tool_cost,
+                        **evidence_stats(traj.turns, task.metadata),
+                    },
+                    "trajectory": traj.to_dict(),
+                }
+            )
             bar.update()
 
     try:
@@ -418,8 +572,11 @@ async def _play(todo, make_env, store: SampleStore, judge: CompositeJudge, workf
 
 def subset_of(metadata: dict[str, Any]) -> dict[str, Any]:
     """The task metadata scores are broken down by (hops, level, ...): scalar values of BREAKDOWN_KEYS."""
-    return {key: metadata[key] for key in BREAKDOWN_KEYS
-            if isinstance(metadata.get(key), (str, int, float)) and not isinstance(metadata.get(key), bool)}
+    return {
+        key: metadata[key]
+        for key in BREAKDOWN_KEYS
+        if isinstance(metadata.get(key), (str, int, float)) and not isinstance(metadata.get(key), bool)
+    }
 
 
 def _finite(x: Any) -> Any:
@@ -455,6 +612,13 @@ def summarize_rows(rows: Sequence[dict[str, Any]], k: int, **meta: Any) -> dict[
         groups = [(r.get("subset") or {}).get(key) for r in rows]
         if len({g for g in groups if g is not None}) > 1:
             breakdowns[key] = breakdown(samples, groups, k)
-    return {**meta, "k": k, "metrics": metrics, "breakdowns": breakdowns,
-            "stop_reasons": {reason: sum(r["stats"]["stop_reason"] == reason for r in rows)
-                             for reason in sorted({r["stats"]["stop_reason"] for r in rows})}}
+    return {
+        **meta,
+        "k": k,
+        "metrics": metrics,
+        "breakdowns": breakdowns,
+        "stop_reasons": {
+            reason: sum(r["stats"]["stop_reason"] == reason for r in rows)
+            for reason in sorted({r["stats"]["stop_reason"] for r in rows})
+        },
+    }

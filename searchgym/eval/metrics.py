@@ -3,6 +3,7 @@
 Avg@k is the mean score over all samples, Pass@k the unbiased estimator 1 - C(n - c, k) / C(n, k)
 from n samples with c correct. Playing the episodes is `harness.run_eval`'s job.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,8 +52,9 @@ def summarize(samples: Sequence[Sample], k: int) -> dict[str, float]:
         "samples": float(n),
         f"avg@{k}/reward": sum(s.reward for s in samples) / n,
         f"avg@{k}/correct": sum(s.correct for s in samples) / n,
-        f"pass@{k}/correct": float(np.mean([pass_at_k(len(g), sum(s.correct for s in g), min(k, len(g)))
-                                            for g in by_task.values()])),
+        f"pass@{k}/correct": float(
+            np.mean([pass_at_k(len(g), sum(s.correct for s in g), min(k, len(g))) for g in by_task.values()])
+        ),
         "answered": sum(s.answered for s in samples) / n,
         "turns": sum(s.turns for s in samples) / n,
         "searches": sum(s.searches for s in samples) / n,
@@ -71,14 +73,19 @@ def judge_metrics(by_task: dict[str, list[Sample]], k: int) -> dict[str, float]:
     names = list(dict.fromkeys(name for group in by_task.values() for s in group for name in s.verdicts))
     out: dict[str, float] = {}
     for name in names:
-        valid = {t: [s.verdicts[name] for s in g if name in s.verdicts and not s.verdicts[name].get("error")]
-                 for t, g in by_task.items()}
+        valid = {
+            t: [s.verdicts[name] for s in g if name in s.verdicts and not s.verdicts[name].get("error")]
+            for t, g in by_task.items()
+        }
         scores = [v["score"] for vs in valid.values() for v in vs]
         failures = sum(1 for g in by_task.values() for s in g if s.verdicts.get(name, {}).get("error"))
-        passes = [pass_at_k(len(vs), sum(bool(v["correct"]) for v in vs), min(k, len(vs)))
-                  for vs in valid.values() if vs]
+        passes = [
+            pass_at_k(len(vs), sum(bool(v["correct"]) for v in vs), min(k, len(vs))) for vs in valid.values() if vs
+        ]
         out[f"avg@{k}/{name}"] = float(np.mean(scores)) if scores else float("nan")
-        out[f"avg@{k}/{name}_correct"] = float(np.mean([bool(v["correct"]) for vs in valid.values() for v in vs])) if scores else float("nan")
+        out[f"avg@{k}/{name}_correct"] = (
+            float(np.mean([bool(v["correct"]) for vs in valid.values() for v in vs])) if scores else float("nan")
+        )
         out[f"pass@{k}/{name}"] = float(np.mean(passes)) if passes else float("nan")
         out[f"failures/{name}"] = float(failures)
     return out
@@ -98,4 +105,3 @@ def breakdown(samples: Sequence[Sample], groups: Sequence[Any], k: int) -> dict[
         return (0, g) if isinstance(g, (int, float)) and not isinstance(g, bool) else (1, str(g))
 
     return {str(g): summarize(by_group[g], k) for g in sorted(by_group, key=order)}
-

@@ -7,6 +7,7 @@ sorts. The filter state lives in the URL fragment (`report.html#outcome=disagree
 filtered view can be linked. The page's one script is the constant `SCRIPT`; every piece of run data
 is escaped text or an escaped attribute, never markup or code.
 """
+
 from __future__ import annotations
 
 import base64
@@ -45,11 +46,26 @@ def tables(summary: dict[str, Any]) -> tuple[list[str], list[list[str]], list[st
     """(score header, score rows, behaviour header, behaviour row) of a summary."""
     k, m = summary["k"], summary["metrics"]
     head = ["judge", f"Avg@{k}", f"Avg@{k} correct", f"Pass@{k}", "judge failures"]
-    rows = [[j, _fmt(m.get(f"avg@{k}/{j}", float("nan"))), _fmt(m.get(f"avg@{k}/{j}_correct", float("nan"))),
-             _fmt(m.get(f"pass@{k}/{j}", float("nan"))), str(int(m.get(f"failures/{j}") or 0))] for j in summary["judges"]]
+    rows = [
+        [
+            j,
+            _fmt(m.get(f"avg@{k}/{j}", float("nan"))),
+            _fmt(m.get(f"avg@{k}/{j}_correct", float("nan"))),
+            _fmt(m.get(f"pass@{k}/{j}", float("nan"))),
+            str(int(m.get(f"failures/{j}") or 0)),
+        ]
+        for j in summary["judges"]
+    ]
     bhead = ["questions", "samples", "answered", "turns", "searches", "accesses", "generated tokens"]
-    brow = [str(int(m["tasks"])), str(int(m["samples"])), _fmt(m["answered"]), _fmt(m["turns"]), _fmt(m["searches"]),
-            _fmt(m["accesses"]), _fmt(m["generated_tokens"])]
+    brow = [
+        str(int(m["tasks"])),
+        str(int(m["samples"])),
+        _fmt(m["answered"]),
+        _fmt(m["turns"]),
+        _fmt(m["searches"]),
+        _fmt(m["accesses"]),
+        _fmt(m["generated_tokens"]),
+    ]
     return head, rows, bhead, brow
 
 
@@ -66,11 +82,27 @@ def breakdown_tables(summary: dict[str, Any]) -> list[tuple[str, list[str], list
     k, judges = summary["k"], summary["judges"]
     out = []
     for key, groups in (summary.get("breakdowns") or {}).items():
-        head = [key, "questions", "samples", *(f"{j} Avg@{k}" for j in judges), *(f"{j} Pass@{k}" for j in judges),
-                "turns", "searches"]
-        rows = [[group, str(int(m["tasks"])), str(int(m["samples"])),
-                 *(_fmt(m.get(f"avg@{k}/{j}")) for j in judges), *(_fmt(m.get(f"pass@{k}/{j}")) for j in judges),
-                 _fmt(m["turns"]), _fmt(m["searches"])] for group, m in groups.items()]
+        head = [
+            key,
+            "questions",
+            "samples",
+            *(f"{j} Avg@{k}" for j in judges),
+            *(f"{j} Pass@{k}" for j in judges),
+            "turns",
+            "searches",
+        ]
+        rows = [
+            [
+                group,
+                str(int(m["tasks"])),
+                str(int(m["samples"])),
+                *(_fmt(m.get(f"avg@{k}/{j}")) for j in judges),
+                *(_fmt(m.get(f"pass@{k}/{j}")) for j in judges),
+                _fmt(m["turns"]),
+                _fmt(m["searches"]),
+            ]
+            for group, m in groups.items()
+        ]
         out.append((key, head, rows))
     return out
 
@@ -79,14 +111,18 @@ def by_turns(rows: Sequence[dict[str, Any]], primary: str) -> list[tuple[int, li
     """The primary judge's scores grouped by the episode's number of turns, fewest turns first."""
     groups: dict[int, list[float]] = {}
     for r in rows:
-        groups.setdefault(int(r["stats"]["turns"]), []).append(float(r["verdicts"].get(primary, {}).get("score", 0.0) or 0.0))
+        groups.setdefault(int(r["stats"]["turns"]), []).append(
+            float(r["verdicts"].get(primary, {}).get("score", 0.0) or 0.0)
+        )
     return sorted(groups.items())
 
 
 def turns_table(rows: Sequence[dict[str, Any]], primary: str) -> tuple[list[str], list[list[str]]]:
     """Samples and mean primary score per number of turns (what the turns plot draws)."""
-    return (["turns", "samples", f"mean {primary}"],
-            [[str(t), str(len(g)), _fmt(sum(g) / len(g))] for t, g in by_turns(rows, primary)])
+    return (
+        ["turns", "samples", f"mean {primary}"],
+        [[str(t), str(len(g)), _fmt(sum(g) / len(g))] for t, g in by_turns(rows, primary)],
+    )
 
 
 def agreement_table(agreement: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -105,8 +141,13 @@ def _md_table(h: list[str], rs: list[list[str]]) -> str:
     def cell(c: str) -> str:
         return str(c).replace("|", "\\|").replace("\n", " ")
 
-    return "\n".join(["| " + " | ".join(map(cell, h)) + " |", "|" + "|".join("---" for _ in h) + "|",
-                      *("| " + " | ".join(map(cell, r)) + " |" for r in rs)])
+    return "\n".join(
+        [
+            "| " + " | ".join(map(cell, h)) + " |",
+            "|" + "|".join("---" for _ in h) + "|",
+            *("| " + " | ".join(map(cell, r)) + " |" for r in rs),
+        ]
+    )
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -124,8 +165,11 @@ def markdown(summary: dict[str, Any]) -> str:
         parts.append(f"## By {key}\n\n" + _md_table(h, rs) + "\n")
     agreement = summary.get("agreement")
     if agreement and agreement["pairs"]:
-        parts.append("## Judge agreement\n\n" + _md_table(*agreement_table(agreement))
-                     + f"\n\n{agreement['disagreements']} of {agreement['answered']} answered samples split the judges.\n")
+        parts.append(
+            "## Judge agreement\n\n"
+            + _md_table(*agreement_table(agreement))
+            + f"\n\n{agreement['disagreements']} of {agreement['answered']} answered samples split the judges.\n"
+        )
     if summary.get("labels"):
         parts.append("## Judges against human labels\n\n" + _md_table(*labels_table(summary["labels"])) + "\n")
     return "\n".join(parts)
@@ -146,6 +190,7 @@ def pending_failures(summary: dict[str, Any]) -> str:
 
 # --- plots -----------------------------------------------------------------------------------------------
 
+
 def _bar_means(ax: Any, labels: list[str], groups: list[list[float]], ylabel: str, title: str) -> None:
     """Mean per group with a 95% interval and the group's sample count written on each bar."""
     import numpy as np
@@ -155,16 +200,18 @@ def _bar_means(ax: Any, labels: list[str], groups: list[list[float]], ylabel: st
     x = np.arange(len(labels))
     ax.bar(x, means, yerr=half, capsize=4, color="C0", alpha=0.85)
     for xi, m, h, g in zip(x, means, half, groups, strict=True):
-        ax.annotate(f"n={len(g)}", (xi, min(1.0, m + h)), textcoords="offset points", xytext=(0, 3), ha="center",
-                    fontsize=8)
+        ax.annotate(
+            f"n={len(g)}", (xi, min(1.0, m + h)), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=8
+        )
     ax.set_xticks(x, labels)
     ax.set_ylim(0, 1.12)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
 
 
-def plots(out: Path, rows: Sequence[dict[str, Any]], primary: str,
-          breakdowns: dict[str, Any] | None = None) -> dict[str, Path]:
+def plots(
+    out: Path, rows: Sequence[dict[str, Any]], primary: str, breakdowns: dict[str, Any] | None = None
+) -> dict[str, Path]:
     """score_vs_turns.png (mean score per turn count, with counts), turns_searches.png, score_by_KEY.png."""
     with needs("the eval plots"):
         import matplotlib
@@ -179,8 +226,13 @@ def plots(out: Path, rows: Sequence[dict[str, Any]], primary: str,
     paths = {}
     groups = by_turns(rows, primary)
     fig, ax = plt.subplots(figsize=(max(4.5, 0.6 * len(groups) + 2), 3.5))
-    _bar_means(ax, [str(t) for t, _ in groups], [g for _, g in groups],
-               f"mean score ({primary})", f"{primary} by number of turns (bars: 95% interval)")
+    _bar_means(
+        ax,
+        [str(t) for t, _ in groups],
+        [g for _, g in groups],
+        f"mean score ({primary})",
+        f"{primary} by number of turns (bars: 95% interval)",
+    )
     ax.set_xlabel("turns")
     fig.tight_layout()
     paths["score_vs_turns"] = out / "score_vs_turns.png"
@@ -199,7 +251,9 @@ def plots(out: Path, rows: Sequence[dict[str, Any]], primary: str,
     for key, by_value in (breakdowns or {}).items():
         subset = [(r.get("subset") or {}).get(key) for r in rows]
         names = list(by_value)
-        in_group = [[s for s, v in zip(scores, subset, strict=True) if v is not None and str(v) == name] for name in names]
+        in_group = [
+            [s for s, v in zip(scores, subset, strict=True) if v is not None and str(v) == name] for name in names
+        ]
         fig, ax = plt.subplots(figsize=(max(4.5, 0.8 * len(names) + 2), 3.5))
         _bar_means(ax, names, in_group, f"mean score ({primary})", f"{primary} by {key}")
         ax.set_xlabel(key)
@@ -212,26 +266,36 @@ def plots(out: Path, rows: Sequence[dict[str, Any]], primary: str,
 
 # --- HTML --------------------------------------------------------------------------------------------------
 
+
 def _e(x: Any) -> str:
     return html.escape(str(x), quote=True)
 
 
 def _clip(text: str) -> str:
     text = str(text)
-    return text if len(text) <= MAX_REPORT_CHARS else text[:MAX_REPORT_CHARS] + f"\n… [{len(text) - MAX_REPORT_CHARS} more characters]"
+    return (
+        text
+        if len(text) <= MAX_REPORT_CHARS
+        else text[:MAX_REPORT_CHARS] + f"\n… [{len(text) - MAX_REPORT_CHARS} more characters]"
+    )
 
 
 def html_table(head: list[str], rows: list[list[str]], cls: str) -> str:
     """An escaped HTML table."""
-    return (f'<table class="{_e(cls)}"><thead><tr>' + "".join(f"<th>{_e(h)}</th>" for h in head) + "</tr></thead><tbody>"
-            + "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows) + "</tbody></table>")
+    return (
+        f'<table class="{_e(cls)}"><thead><tr>'
+        + "".join(f"<th>{_e(h)}</th>" for h in head)
+        + "</tr></thead><tbody>"
+        + "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows)
+        + "</tbody></table>"
+    )
 
 
 _html_table = html_table  # the name older callers use
 
 
 def outcome(row: dict[str, Any], primary: str) -> str:
-    """"correct", "wrong", "failed" (the primary judge gave no verdict) or "unanswered"."""
+    """ "correct", "wrong", "failed" (the primary judge gave no verdict) or "unanswered"."""
     v = row["verdicts"].get(primary, {})
     if row.get("prediction") is None:
         return "unanswered"
@@ -250,22 +314,35 @@ def _sample_html(row: dict[str, Any], primary: str) -> str:
     disagree = _disagree(row)
     stop = row["stats"]["stop_reason"]
     failed = any(v.get("error") for v in row["verdicts"].values())
-    attrs = (f'data-outcome="{_e(mark)}" data-disagree="{int(disagree)}" data-failed="{int(failed)}" '
-             f'data-turns="{len(turns)}" data-stop="{_e(stop)}" data-score="{score:.6f}"')
-    parts = [f'<details class="sample {_e(mark)}" {attrs}><summary>sample {_e(row["sample"])}: {_e(mark)}'
-             + (" · judges disagree" if disagree else "") + f' · {_e(len(turns))} turns · prediction: '
-             f'<code>{_e(_clip(row["prediction"]) if row["prediction"] is not None else "(none)")}</code>'
-             f'</summary><p class="verdicts">'
-             + " · ".join(f"{_e(n)}: {_e(_fmt(float(x.get('score', 0))))}" + (f" (failed: {_e(x['error'])})" if x.get("error") else "")
-                          for n, x in row["verdicts"].items())
-             + f' · stop: {_e(stop)}</p>']
+    attrs = (
+        f'data-outcome="{_e(mark)}" data-disagree="{int(disagree)}" data-failed="{int(failed)}" '
+        f'data-turns="{len(turns)}" data-stop="{_e(stop)}" data-score="{score:.6f}"'
+    )
+    parts = [
+        f'<details class="sample {_e(mark)}" {attrs}><summary>sample {_e(row["sample"])}: {_e(mark)}'
+        + (" · judges disagree" if disagree else "")
+        + f" · {_e(len(turns))} turns · prediction: "
+        f"<code>{_e(_clip(row['prediction']) if row['prediction'] is not None else '(none)')}</code>"
+        f'</summary><p class="verdicts">'
+        + " · ".join(
+            f"{_e(n)}: {_e(_fmt(float(x.get('score', 0))))}"
+            + (f" (failed: {_e(x['error'])})" if x.get("error") else "")
+            for n, x in row["verdicts"].items()
+        )
+        + f" · stop: {_e(stop)}</p>"
+    ]
     messages = row["trajectory"].get("messages", [])
     if messages:
-        parts.append(f'<details class="prompt"><summary>prompt</summary><pre>{_e(_clip(messages[0]["content"]))}</pre></details>')
+        parts.append(
+            f'<details class="prompt"><summary>prompt</summary><pre>{_e(_clip(messages[0]["content"]))}</pre></details>'
+        )
     for i, t in enumerate(turns, 1):
-        parts.append(f'<details class="turn"><summary>turn {i}: {_e(t.get("tool", ""))}</summary>'
-                     f'<div class="action"><b>agent</b><pre>{_e(_clip(t.get("action", "")))}</pre></div>'
-                     f'<div class="observation"><b>environment</b><pre>{_e(_clip(t.get("observation", "")))}</pre></div></details>')
+        parts.append(
+            f'<details class="turn"><summary>turn {i}: {_e(t.get("tool", ""))}</summary>'
+            f'<div class="action"><b>agent</b><pre>{_e(_clip(t.get("action", "")))}</pre></div>'
+            f'<div class="observation"><b>environment</b><pre>{_e(_clip(t.get("observation", "")))}'
+            f"</pre></div></details>"
+        )
     parts.append("</details>")
     return "".join(parts)
 
@@ -273,32 +350,54 @@ def _sample_html(row: dict[str, Any], primary: str) -> str:
 def _question_html(task_id: str, group: list[dict[str, Any]], primary: str) -> str:
     scores = [float(r["verdicts"].get(primary, {}).get("score", 0.0) or 0.0) for r in group]
     solved = sum(outcome(r, primary) == "correct" for r in group)
-    attrs = (f'data-id="{_e(task_id)}" data-score="{sum(scores) / len(scores):.6f}" '
-             f'data-turns="{sum(len(r["trajectory"].get("turns", [])) for r in group) / len(group):.6f}" '
-             f'data-disagree="{sum(_disagree(r) for r in group)}"')
-    return (f'<details class="question" id="q-{_e(task_id)}" {attrs}><summary>{_e(task_id)} ({solved}/{len(group)} correct): '
-            f'{_e(_clip(group[0]["question"]))}</summary><p>answers: {_e(" | ".join(group[0]["answers"]))}</p>'
-            + "".join(_sample_html(r, primary) for r in group) + "</details>")
+    attrs = (
+        f'data-id="{_e(task_id)}" data-score="{sum(scores) / len(scores):.6f}" '
+        f'data-turns="{sum(len(r["trajectory"].get("turns", [])) for r in group) / len(group):.6f}" '
+        f'data-disagree="{sum(_disagree(r) for r in group)}"'
+    )
+    return (
+        f'<details class="question" id="q-{_e(task_id)}" {attrs}>'
+        f"<summary>{_e(task_id)} ({solved}/{len(group)} correct): "
+        f"{_e(_clip(group[0]['question']))}</summary><p>answers: {_e(' | '.join(group[0]['answers']))}</p>"
+        + "".join(_sample_html(r, primary) for r in group)
+        + "</details>"
+    )
 
 
 def _filters_html(stops: list[str]) -> str:
-    outcomes = [("all", "all samples"), ("correct", "correct"), ("wrong", "wrong"), ("disagree", "judges disagree"),
-                ("failed", "a judge failed"), ("unanswered", "no answer")]
-    sorts = [("id", "question id"), ("score-asc", "score, lowest first"), ("score-desc", "score, highest first"),
-             ("turns-asc", "turns, fewest first"), ("turns-desc", "turns, most first"),
-             ("disagree-desc", "judge disagreements first")]
+    outcomes = [
+        ("all", "all samples"),
+        ("correct", "correct"),
+        ("wrong", "wrong"),
+        ("disagree", "judges disagree"),
+        ("failed", "a judge failed"),
+        ("unanswered", "no answer"),
+    ]
+    sorts = [
+        ("id", "question id"),
+        ("score-asc", "score, lowest first"),
+        ("score-desc", "score, highest first"),
+        ("turns-asc", "turns, fewest first"),
+        ("turns-desc", "turns, most first"),
+        ("disagree-desc", "judge disagreements first"),
+    ]
 
     def select(name: str, options: list[tuple[str, str]]) -> str:
-        return (f'<select id="f-{name}" name="{name}">'
-                + "".join(f'<option value="{_e(v)}">{_e(t)}</option>' for v, t in options) + "</select>")
+        return (
+            f'<select id="f-{name}" name="{name}">'
+            + "".join(f'<option value="{_e(v)}">{_e(t)}</option>' for v, t in options)
+            + "</select>"
+        )
 
-    return ('<form id="filters">'
-            f'<label>show {select("outcome", outcomes)}</label> '
-            f'<label>stop reason {select("stop", [("all", "any"), *((s, s) for s in stops)])}</label> '
-            '<label>turns from <input id="f-min_turns" name="min_turns" type="number" min="0" size="4"></label> '
-            '<label>to <input id="f-max_turns" name="max_turns" type="number" min="0" size="4"></label> '
-            f'<label>sort by {select("sort", sorts)}</label> '
-            '<output id="shown"></output></form>')
+    return (
+        '<form id="filters">'
+        f"<label>show {select('outcome', outcomes)}</label> "
+        f"<label>stop reason {select('stop', [('all', 'any'), *((s, s) for s in stops)])}</label> "
+        '<label>turns from <input id="f-min_turns" name="min_turns" type="number" min="0" size="4"></label> '
+        '<label>to <input id="f-max_turns" name="max_turns" type="number" min="0" size="4"></label> '
+        f"<label>sort by {select('sort', sorts)}</label> "
+        '<output id="shown"></output></form>'
+    )
 
 
 # The report's only script: filters and sorts the viewer from the controls (mirrored in the URL fragment).
@@ -379,22 +478,31 @@ def card_html(summary: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     parts = ['<section id="card"><h2>Protocol card</h2>']
     card = summary.get("card")
     if card:
-        parts.append('<p>The card hash is a sha256 over the <b>protocol</b> fields: runs compare safely only when '
-                     'their hashes are equal (<code>searchgym eval compare</code> refuses others).</p>'
-                     + html_table(["field", "value"], card_rows(card, ("protocol",)), "card")
-                     + "<details><summary>what was evaluated, and how (agent and run fields)</summary>"
-                     + html_table(["field", "value"], card_rows(card, ("agent", "run")), "card card-agent") + "</details>")
+        parts.append(
+            "<p>The card hash is a sha256 over the <b>protocol</b> fields: runs compare safely only when "
+            "their hashes are equal (<code>searchgym eval compare</code> refuses others).</p>"
+            + html_table(["field", "value"], card_rows(card, ("protocol",)), "card")
+            + "<details><summary>what was evaluated, and how (agent and run fields)</summary>"
+            + html_table(["field", "value"], card_rows(card, ("agent", "run")), "card card-agent")
+            + "</details>"
+        )
     else:
         parts.append("<p>This run has no protocol card (it was summarised without one).</p>")
     agreement = summary.get("agreement") or judge_agreement(rows, summary["judges"])
     if agreement["pairs"]:
-        parts.append("<h3>Judge agreement</h3>" + html_table(*agreement_table(agreement), "agreement")
-                     + f'<p>{_e(agreement["disagreements"])} of {_e(agreement["answered"])} answered samples split the '
-                     'judges (filter the trajectories by "judges disagree").</p>')
+        parts.append(
+            "<h3>Judge agreement</h3>"
+            + html_table(*agreement_table(agreement), "agreement")
+            + f"<p>{_e(agreement['disagreements'])} of {_e(agreement['answered'])} answered samples split the "
+            'judges (filter the trajectories by "judges disagree").</p>'
+        )
     if summary.get("labels"):
         lab = summary["labels"]
-        parts.append("<h3>Judges against human labels</h3>" + html_table(*labels_table(lab), "labels")
-                     + f'<p>{_e(lab["matched_labels"])} of {_e(lab["labels"])} labels matched a stored sample.</p>')
+        parts.append(
+            "<h3>Judges against human labels</h3>"
+            + html_table(*labels_table(lab), "labels")
+            + f"<p>{_e(lab['matched_labels'])} of {_e(lab['labels'])} labels matched a stored sample.</p>"
+        )
     return "".join(parts) + "</section>"
 
 
@@ -407,19 +515,26 @@ def html_report(summary: dict[str, Any], rows: Sequence[dict[str, Any]], images:
         by_task.setdefault(str(r["task_id"]), []).append(r)
     questions = "".join(_question_html(task_id, group, primary) for task_id, group in by_task.items())
     stops = sorted({r["stats"]["stop_reason"] for r in rows})
-    breakdowns = "".join(f"<h3>By {_e(key)}</h3>" + html_table(h, rs, f"breakdown breakdown-{key}")
-                         for key, h, rs in breakdown_tables(summary))
+    breakdowns = "".join(
+        f"<h3>By {_e(key)}</h3>" + html_table(h, rs, f"breakdown breakdown-{key}")
+        for key, h, rs in breakdown_tables(summary)
+    )
     breakdowns += "<h3>By number of turns</h3>" + html_table(*turns_table(rows, primary), "by-turns") if rows else ""
-    imgs = "".join(f'<figure><img alt="{_e(name)}" src="data:image/png;base64,{base64.b64encode(data).decode()}"></figure>'
-                   for name, data in images.items())
+    imgs = "".join(
+        f'<figure><img alt="{_e(name)}" src="data:image/png;base64,{base64.b64encode(data).decode()}"></figure>'
+        for name, data in images.items()
+    )
     title = f"searchgym eval: {summary['env_id']}"
-    return (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{_e(title)}</title><style>{CSS}</style></head>'
-            f'<body><h1>{_e(title)}</h1><p>engine <code>{_e(summary["engine"])}</code>, k = {_e(summary["k"])}</p>'
-            + card_html(summary, rows)
-            + f'<h2>Scores</h2>{html_table(head, trows, "scores")}<h2>Behaviour</h2>{html_table(bhead, [brow], "behaviour")}'
-            + f"<h2>Breakdowns</h2>{breakdowns}"
-            + f'<h2>Plots</h2>{imgs}<h2>Trajectories</h2>{_filters_html(stops)}'
-            f'<div id="trajectories">{questions}</div><script>{SCRIPT}</script></body></html>')
+    return (
+        f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{_e(title)}</title><style>{CSS}</style></head>'
+        f"<body><h1>{_e(title)}</h1><p>engine <code>{_e(summary['engine'])}</code>, k = {_e(summary['k'])}</p>"
+        + card_html(summary, rows)
+        + f"<h2>Scores</h2>{html_table(head, trows, 'scores')}"
+        f"<h2>Behaviour</h2>{html_table(bhead, [brow], 'behaviour')}"
+        + f"<h2>Breakdowns</h2>{breakdowns}"
+        + f"<h2>Plots</h2>{imgs}<h2>Trajectories</h2>{_filters_html(stops)}"
+        f'<div id="trajectories">{questions}</div><script>{SCRIPT}</script></body></html>'
+    )
 
 
 def write_report(out: str | Path, summary: dict[str, Any], rows: Sequence[dict[str, Any]]) -> None:
@@ -427,5 +542,6 @@ def write_report(out: str | Path, summary: dict[str, Any], rows: Sequence[dict[s
     out = Path(out)
     (out / "summary.md").write_text(markdown(summary))
     paths = plots(out, rows, summary["judges"][0], summary.get("breakdowns")) if rows else {}
-    (out / "report.html").write_text(html_report(summary, rows, {n: p.read_bytes() for n, p in paths.items()}),
-                                     encoding="utf-8")
+    (out / "report.html").write_text(
+        html_report(summary, rows, {n: p.read_bytes() for n, p in paths.items()}), encoding="utf-8"
+    )

@@ -10,6 +10,7 @@ WebSocket sessions, and a header timeout for uvicorn's HTTP protocol.
   never times out a connection that sends nothing, or only part of a request head (its keep-alive timer stops at
   the first byte); this one answers 408 and closes it, and closes an idle keep-alive connection.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +28,13 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 async def _send_json(send: Send, status: int, detail: str) -> None:
     """A whole JSON response {"detail": ...}, FastAPI's error shape."""
     body = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 
@@ -68,8 +74,9 @@ class BodyLimit:
             except TimeoutError:
                 refused = True
                 if not started:
-                    await _send_json(send, 408, f"the request body did not arrive whole within {self.timeout_s:g} s "
-                                                "(body_timeout)")
+                    await _send_json(
+                        send, 408, f"the request body did not arrive whole within {self.timeout_s:g} s (body_timeout)"
+                    )
                 return {"type": "http.disconnect"}
             whole = message["type"] != "http.request" or not message.get("more_body", False)
             if message["type"] == "http.request":
@@ -121,8 +128,13 @@ class WebSocketIdleTimeout:
                     return message
                 if accepted:  # before the handshake there is no session to time out
                     closed = True
-                    await send({"type": "websocket.close", "code": 1001,
-                                "reason": f"idle for {self.idle_s:g} s (session_idle_timeout)"})
+                    await send(
+                        {
+                            "type": "websocket.close",
+                            "code": 1001,
+                            "reason": f"idle for {self.idle_s:g} s (session_idle_timeout)",
+                        }
+                    )
                     return {"type": "websocket.disconnect", "code": 1001}
 
         async def guarded_send(message: Message) -> None:
@@ -196,8 +208,10 @@ def guarded_http_protocol(header_timeout: float, idle_timeout: float | None = No
             if self._head_started or cycle is None:  # part of a head, or nothing since connecting: say why
                 setting = "header_timeout" if cycle is None else "idle_timeout"
                 body = json.dumps({"detail": f"no whole request head within {delay:g} s ({setting})"}).encode()
-                self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
-                                     b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+                self.transport.write(
+                    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+                )
             self.transport.close()  # an idle keep-alive connection just closes, as aiohttp's does
 
     return GuardedHTTPProtocol

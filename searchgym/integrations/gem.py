@@ -12,6 +12,7 @@ searchgym id (`searchgym:SyntheticQA-v0`), and `gem.make("searchgym:SyntheticQA-
 
 Needs `pip install 'searchgym[gem]'`.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -30,12 +31,12 @@ with needs("searchgym.integrations.gem"):
 PREFIX = "searchgym:"
 
 
-
 class SearchGymGemEnv(gem.Env):
     """One searchgym env behind GEM's `Env`."""
 
-    def __init__(self, searchgym_id: str = SYNTHETIC_QA, env_kwargs: dict[str, Any] | None = None,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self, searchgym_id: str = SYNTHETIC_QA, env_kwargs: dict[str, Any] | None = None, seed: int | None = None
+    ) -> None:
         super().__init__()
         self.searchgym_id, self.env_kwargs = searchgym_id, dict(env_kwargs or {})
         self._env = make_unwrapped(searchgym_id, **self.env_kwargs)

@@ -13,6 +13,7 @@
 Needs `pip install 'searchgym[mcp]'` (mcp>=1.27,<2: the 2.x SDK makes the streamable-HTTP lifespan server-wide,
 which is how a session gets an env of its own here, and openenv 0.10 needs mcp<2).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -52,10 +53,14 @@ MAX_BODY_BYTES = 4 * 2**20  # an HTTP request body (the SDK's own cap from 1.29)
 #                             which gets a tool error naming the field rather than a 413
 
 NOT_STARTED = "No episode has started in this session: call start first (optionally with seed, task_id or index)."
-ONE_EPISODE = ("This session's episode has already started (task {task_id}); one MCP session is one episode: "
-               "open a new session for another.")
-OVER = ("The episode is over ({how}); no tool changes it now. One MCP session is one episode: open a new session "
-        "for another.")
+ONE_EPISODE = (
+    "This session's episode has already started (task {task_id}); one MCP session is one episode: "
+    "open a new session for another."
+)
+OVER = (
+    "The episode is over ({how}); no tool changes it now. One MCP session is one episode: open a new session "
+    "for another."
+)
 
 
 class ToolError(Exception):
@@ -73,8 +78,9 @@ class Episode:
         self.infos: list[dict[str, Any]] = []
         self.lock = asyncio.Lock()
 
-    async def start(self, seed: int | None = None, task_id: str | None = None,
-                    index: int | None = None) -> tuple[str, dict[str, Any]]:
+    async def start(
+        self, seed: int | None = None, task_id: str | None = None, index: int | None = None
+    ) -> tuple[str, dict[str, Any]]:
         """Build the session's env and reset it to the task asked for; the opening prompt and the task id."""
         async with self.lock:
             if self.env is not None:
@@ -86,8 +92,9 @@ class Episode:
                         env.tasks.by_id(task_id)
                     except KeyError as e:
                         raise ToolError(f"no task {task_id[:80]!r} in this env's pool ({e.args[0]})"[:400]) from None
-                options = ({"task_id": task_id} if task_id is not None
-                           else {"index": index} if index is not None else None)
+                options = (
+                    {"task_id": task_id} if task_id is not None else {"index": index} if index is not None else None
+                )
                 obs, info = await env.areset(seed=seed, options=options)
             except BaseException:
                 self.host.close_env(env)
@@ -104,10 +111,16 @@ class Episode:
                 raise ToolError(OVER.format(how=self.ended))
             obs, reward, terminated, truncated, info = await self.env.astep(tool_call_action(tool, argument))
             self.infos.append(info)
-            result: dict[str, Any] = {"task_id": self.task_id, "turn": info.get("turn", 0),
-                                      "tool": info.get("tool", "invalid"), "done": terminated or truncated,
-                                      "terminated": terminated, "truncated": truncated, "reward": float(reward),
-                                      "format_errors": list(info.get("format_errors", []))}
+            result: dict[str, Any] = {
+                "task_id": self.task_id,
+                "turn": info.get("turn", 0),
+                "tool": info.get("tool", "invalid"),
+                "done": terminated or truncated,
+                "terminated": terminated,
+                "truncated": truncated,
+                "reward": float(reward),
+                "format_errors": list(info.get("format_errors", [])),
+            }
             if "verdict" in info:
                 result["verdict"] = json.loads(json.dumps(info["verdict"], default=str))
                 result["judge_error"] = judge_error(self.infos)
@@ -130,11 +143,14 @@ class Episode:
 class McpEnvServer:
     """An env id and its kwargs served over MCP: builds the SDK server, counts and caps the envs its sessions hold."""
 
-    def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None = None, *,
-                 max_sessions: int = MAX_SESSIONS) -> None:
+    def __init__(
+        self, env_id: str, env_kwargs: dict[str, Any] | None = None, *, max_sessions: int = MAX_SESSIONS
+    ) -> None:
         if env_id not in gym.registry:
-            raise ValueError(f"unknown env id {env_id!r}; registered searchgym ids: "
-                             f"{sorted(i for i in gym.registry if i.startswith('searchgym/'))}")
+            raise ValueError(
+                f"unknown env id {env_id!r}; registered searchgym ids: "
+                f"{sorted(i for i in gym.registry if i.startswith('searchgym/'))}"
+            )
         if not (isinstance(max_sessions, int) and not isinstance(max_sessions, bool) and max_sessions > 0):
             raise ValueError(f"max_sessions must be a positive whole number, got {max_sessions!r}")
         self.env_id, self.max_sessions = env_id, max_sessions
@@ -164,8 +180,15 @@ class McpEnvServer:
 
     def tools(self) -> list[types.Tool]:
         """The tool list with input and output schemas."""
-        return [types.Tool(name=name, description=DESCRIPTIONS[name], inputSchema=input_schema(name, self.n_tasks),
-                           outputSchema=output_schema(name)) for name in (START, *ENV_TOOLS)]
+        return [
+            types.Tool(
+                name=name,
+                description=DESCRIPTIONS[name],
+                inputSchema=input_schema(name, self.n_tasks),
+                outputSchema=output_schema(name),
+            )
+            for name in (START, *ENV_TOOLS)
+        ]
 
     def server(self) -> Server:
         """The SDK's low-level server; its lifespan runs once per session (per `Server.run`), holding the Episode."""
@@ -178,9 +201,12 @@ class McpEnvServer:
             finally:
                 episode.close()
 
-        server: Server = Server(f"searchgym {self.env_id}", version=searchgym.__version__, lifespan=session,
-                                instructions="One session is one episode: call start, then search, access and "
-                                             "answer.")
+        server: Server = Server(
+            f"searchgym {self.env_id}",
+            version=searchgym.__version__,
+            lifespan=session,
+            instructions="One session is one episode: call start, then search, access and answer.",
+        )
         tools = self.tools()
 
         @server.list_tools()
@@ -203,24 +229,38 @@ class McpEnvServer:
             raise ToolError(error)
         if name == START:
             seed, index = arguments.get("seed"), arguments.get("index")
-            obs, result = await episode.start(None if seed is None else int(seed), arguments.get("task_id"),
-                                              None if index is None else int(index))
+            obs, result = await episode.start(
+                None if seed is None else int(seed), arguments.get("task_id"), None if index is None else int(index)
+            )
             return [types.TextContent(type="text", text=obs)], result
         obs, result = await episode.step(name, next(iter(arguments.values())))
         content = [types.TextContent(type="text", text=obs)]
         if result["truncated"]:
-            content.append(types.TextContent(type="text", text=f"The episode is over: the {result['truncation']} "
-                                                                "ran out."))
+            content.append(
+                types.TextContent(type="text", text=f"The episode is over: the {result['truncation']} ran out.")
+            )
         elif result["terminated"] and result.get("judge_error"):
-            content.append(types.TextContent(type="text", text="No reward: the judge could not score the answer "
-                                                                f"({result['judge_error']})."))
+            content.append(
+                types.TextContent(
+                    type="text", text=f"No reward: the judge could not score the answer ({result['judge_error']})."
+                )
+            )
         elif result["terminated"]:
-            content.append(types.TextContent(type="text", text=f"Reward: {result['reward']}. Verdict: "
-                                                                f"{json.dumps(result.get('verdict'))}"))
+            content.append(
+                types.TextContent(
+                    type="text", text=f"Reward: {result['reward']}. Verdict: {json.dumps(result.get('verdict'))}"
+                )
+            )
         return content, result
 
-    def http_app(self, *, session_idle_timeout: float = SESSION_IDLE_TIMEOUT, host: str = "127.0.0.1",
-                 max_body_bytes: int = MAX_BODY_BYTES, body_timeout: float = 60.0) -> Any:
+    def http_app(
+        self,
+        *,
+        session_idle_timeout: float = SESSION_IDLE_TIMEOUT,
+        host: str = "127.0.0.1",
+        max_body_bytes: int = MAX_BODY_BYTES,
+        body_timeout: float = 60.0,
+    ) -> Any:
         """A Starlette app serving the MCP endpoint at /mcp (streamable HTTP, one server session per MCP session);
         on a loopback host it refuses other Host and Origin headers (DNS rebinding), as the SDK's FastMCP does;
         a body over `max_body_bytes`, or not whole `body_timeout` s after its head, is a 413 or 408."""
@@ -236,10 +276,13 @@ class McpEnvServer:
         security = None
         if host in ("127.0.0.1", "localhost", "::1"):
             security = TransportSecuritySettings(
-                enable_dns_rebinding_protection=True, allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
-                allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"])
-        manager = StreamableHTTPSessionManager(app=self.server(), security_settings=security,
-                                               session_idle_timeout=session_idle_timeout)
+                enable_dns_rebinding_protection=True,
+                allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
+                allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+            )
+        manager = StreamableHTTPSessionManager(
+            app=self.server(), security_settings=security, session_idle_timeout=session_idle_timeout
+        )
 
         class Endpoint:  # an ASGI endpoint (a class, so Starlette's Route passes it the raw scope)
             async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -250,8 +293,11 @@ class McpEnvServer:
             async with manager.run():
                 yield
 
-        return BodyLimit(Starlette(routes=[Route("/mcp", endpoint=Endpoint())], lifespan=lifespan),
-                         max_bytes=max_body_bytes, timeout_s=body_timeout)
+        return BodyLimit(
+            Starlette(routes=[Route("/mcp", endpoint=Endpoint())], lifespan=lifespan),
+            max_bytes=max_body_bytes,
+            timeout_s=body_timeout,
+        )
 
     async def serve_stdio(self, protocol_out: TextIO) -> None:
         """Serve one session over stdin and `protocol_out` (the process's stdout) until stdin closes."""
@@ -264,9 +310,17 @@ class McpEnvServer:
             await server.run(read, write, server.create_initialization_options())
 
 
-def serve(env_id: str, env_kwargs: dict[str, Any] | None = None, *, transport: str = "streamable-http",
-          host: str = "127.0.0.1", port: int = 8000, max_sessions: int = MAX_SESSIONS,
-          session_idle_timeout: float = SESSION_IDLE_TIMEOUT, limits: ServerLimits | None = None) -> None:
+def serve(
+    env_id: str,
+    env_kwargs: dict[str, Any] | None = None,
+    *,
+    transport: str = "streamable-http",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_sessions: int = MAX_SESSIONS,
+    session_idle_timeout: float = SESSION_IDLE_TIMEOUT,
+    limits: ServerLimits | None = None,
+) -> None:
     """Serve `env_id`'s tools over MCP until interrupted (stdio: until the client closes stdin); HTTP connections
     under `limits` (header, idle and body timeouts, the connection cap)."""
     if transport not in TRANSPORTS:
@@ -282,9 +336,11 @@ def serve(env_id: str, env_kwargs: dict[str, Any] | None = None, *, transport: s
 
     limits = limits or ServerLimits()
     app = McpEnvServer(env_id, env_kwargs, max_sessions=max_sessions).http_app(
-        session_idle_timeout=session_idle_timeout, host=host, body_timeout=limits.body_timeout)
-    print(f"serving {env_id}'s tools over MCP on http://{host}:{port}/mcp (streamable HTTP)", file=sys.stderr,
-          flush=True)
+        session_idle_timeout=session_idle_timeout, host=host, body_timeout=limits.body_timeout
+    )
+    print(
+        f"serving {env_id}'s tools over MCP on http://{host}:{port}/mcp (streamable HTTP)", file=sys.stderr, flush=True
+    )
     uvicorn.run(app, host=host, port=port, log_level="warning", **uvicorn_options(limits))
 
 
@@ -293,6 +349,9 @@ def uvicorn_options(limits: ServerLimits) -> dict[str, Any]:
     it), the request-head size."""
     from searchgym.integrations.asgi_limits import guarded_http_protocol
 
-    return {"http": guarded_http_protocol(limits.header_timeout, limits.idle_timeout),
-            "timeout_keep_alive": limits.idle_timeout, "limit_concurrency": limits.connection_cap,
-            "h11_max_incomplete_event_size": 64 * 2**10}
+    return {
+        "http": guarded_http_protocol(limits.header_timeout, limits.idle_timeout),
+        "timeout_keep_alive": limits.idle_timeout,
+        "limit_concurrency": limits.connection_cap,
+        "h11_max_incomplete_event_size": 64 * 2**10,
+    }

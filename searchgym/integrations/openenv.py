@@ -17,6 +17,7 @@ HTTP routes). Each client session gets its own env, closed when the client goes.
 
 Needs `pip install 'searchgym[openenv]'`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,8 +42,10 @@ with needs("searchgym.integrations.openenv"):
     from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
     from pydantic import Field
 
-EITHER_FORM = ("An action is either `text` (a whole turn, as a model writes it) or `tool` with `argument` "
-               "(one structured call), not {what}. Nothing was run.")
+EITHER_FORM = (
+    "An action is either `text` (a whole turn, as a model writes it) or `tool` with `argument` "
+    "(one structured call), not {what}. Nothing was run."
+)
 
 NOT_STARTED = "No episode has started: reset first. Nothing was run."
 
@@ -114,15 +117,24 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
 
     SUPPORTS_CONCURRENT_SESSIONS = True  # each session has its own env; the index is only read
 
-    def __init__(self, env_id: str = "searchgym/SyntheticQA-v0", env_kwargs: dict[str, Any] | None = None, *,
-                 process_reward: str | None = None, process_weight: float = 0.0,
-                 process_threshold: float = 0.0) -> None:
+    def __init__(
+        self,
+        env_id: str = "searchgym/SyntheticQA-v0",
+        env_kwargs: dict[str, Any] | None = None,
+        *,
+        process_reward: str | None = None,
+        process_weight: float = 0.0,
+        process_threshold: float = 0.0,
+    ) -> None:
         super().__init__()
         if process_reward is not None and process_reward not in PROCESS_MODES:
             raise ValueError(f"process_reward must be one of {PROCESS_MODES} or None, got {process_reward!r}")
         self.env_id = env_id
-        self.reward_options: dict[str, Any] = {"process": process_reward, "process_weight": process_weight,
-                               "threshold": process_threshold}
+        self.reward_options: dict[str, Any] = {
+            "process": process_reward,
+            "process_weight": process_weight,
+            "threshold": process_threshold,
+        }
         self._env = make_unwrapped(env_id, **(env_kwargs or {}))  # the SearchEnv, with its native async API
         self._state = SearchState(env_id=env_id)
         self._infos: list[dict[str, Any]] = []
@@ -130,8 +142,14 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
 
     # --- reset -----------------------------------------------------------------------------
 
-    async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
-                          task_id: str | None = None, index: int | None = None, **unknown: Any) -> SearchObservation:
+    async def reset_async(
+        self,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        task_id: str | None = None,
+        index: int | None = None,
+        **unknown: Any,
+    ) -> SearchObservation:
         """Start an episode: on `task_id`, on `index`, or on a task drawn with `seed`."""
         self._check_reset(seed, episode_id, task_id, index, unknown)
         options = self._options(task_id, index)
@@ -140,8 +158,14 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
         obs, info = await self._env.areset(seed=seed, options=options)
         return self._started(obs, info, episode_id)
 
-    def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str | None = None,
-              index: int | None = None, **unknown: Any) -> SearchObservation:
+    def reset(
+        self,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        task_id: str | None = None,
+        index: int | None = None,
+        **unknown: Any,
+    ) -> SearchObservation:
         """Sync form of `reset_async`."""
         self._check_reset(seed, episode_id, task_id, index, unknown)
         options = self._options(task_id, index)
@@ -159,14 +183,17 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
         if seed is not None and not (_whole_number(seed) and seed >= 0):
             raise BadField("seed", f"seed must be a whole number of at least 0, got {seed!r}")
         if episode_id is not None and not (isinstance(episode_id, str) and len(episode_id) <= 255):
-            raise BadField("episode_id", f"episode_id must be a string of at most 255 characters, got {episode_id!r:.80}")
+            raise BadField(
+                "episode_id", f"episode_id must be a string of at most 255 characters, got {episode_id!r:.80}"
+            )
         if task_id is not None and not isinstance(task_id, str):
             raise BadField("task_id", f"task_id must be a string, got {task_id!r:.80}")
         if index is not None:
             n = len(self._env.tasks)
             if not (_whole_number(index) and 0 <= index < n):
-                raise BadField("index", f"index must be a whole number in [0, {n}) (the pool holds {n} tasks), "
-                                        f"got {index!r:.80}")
+                raise BadField(
+                    "index", f"index must be a whole number in [0, {n}) (the pool holds {n} tasks), got {index!r:.80}"
+                )
             if task_id is not None:
                 raise BadField("index", "give task_id or index, not both")
 
@@ -183,14 +210,21 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
 
     def _started(self, obs: str, info: dict[str, Any], episode_id: str | None) -> SearchObservation:
         self._infos = []
-        self._state = SearchState(episode_id=episode_id or uuid.uuid4().hex, step_count=0, env_id=self.env_id,
-                                  task_id=info["task_id"], turn=0, done=False)
+        self._state = SearchState(
+            episode_id=episode_id or uuid.uuid4().hex,
+            step_count=0,
+            env_id=self.env_id,
+            task_id=info["task_id"],
+            turn=0,
+            done=False,
+        )
         return SearchObservation(text=obs, task_id=info["task_id"], info=_json_safe(info), reward=None)
 
     # --- step ------------------------------------------------------------------------------
 
-    async def step_async(self, action: SearchAction | TextAction, timeout_s: float | None = None,
-                         **kwargs: Any) -> SearchObservation:
+    async def step_async(
+        self, action: SearchAction | TextAction, timeout_s: float | None = None, **kwargs: Any
+    ) -> SearchObservation:
         """Run one turn; a malformed action is explained in the observation."""
         _check_step(kwargs)
         text = self._action_text(action)
@@ -198,7 +232,9 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
             return text
         return self._stepped(*await self._env.astep(text))
 
-    def step(self, action: SearchAction | TextAction, timeout_s: float | None = None, **kwargs: Any) -> SearchObservation:
+    def step(
+        self, action: SearchAction | TextAction, timeout_s: float | None = None, **kwargs: Any
+    ) -> SearchObservation:
         """Sync form of `step_async`."""
         _check_step(kwargs)
         text = self._action_text(action)
@@ -218,30 +254,49 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
         if action.text is not None:  # has_text
             return action.text
         if tool not in ARGUMENTS:
-            return self._unspent(BAD_CALL.format(problem=f"There is no tool {tool!r}." if tool is not None
-                                                 else "A structured call needs a tool."))
+            return self._unspent(
+                BAD_CALL.format(
+                    problem=f"There is no tool {tool!r}." if tool is not None else "A structured call needs a tool."
+                )
+            )
         if argument is None or not argument.strip():
             return self._unspent(BAD_CALL.format(problem=f"The {tool} tool needs its {ARGUMENTS[tool]}."))
         return tool_call_action(tool, argument)
 
     def _unspent(self, text: str) -> SearchObservation:
         """An observation explaining an action that was not run: the turn count and the episode are unchanged."""
-        return SearchObservation(text=text, task_id=self._state.task_id, turn=self._state.turn,
-                                 done=self._state.done, reward=None)
+        return SearchObservation(
+            text=text, task_id=self._state.task_id, turn=self._state.turn, done=self._state.done, reward=None
+        )
 
-    def _stepped(self, obs: str, reward: float, terminated: bool, truncated: bool,
-                 info: dict[str, Any]) -> SearchObservation:
+    def _stepped(
+        self, obs: str, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]
+    ) -> SearchObservation:
         done = terminated or truncated
         if self._state.done:  # a step after the end changes nothing
-            return SearchObservation(text=obs, task_id=self._state.task_id, turn=self._state.turn, done=True,
-                                     info=_json_safe(info), reward=None)
+            return SearchObservation(
+                text=obs,
+                task_id=self._state.task_id,
+                turn=self._state.turn,
+                done=True,
+                info=_json_safe(info),
+                reward=None,
+            )
         self._infos.append(info)
         self._state.step_count += 1
         self._state.turn, self._state.done = info.get("turn", self._state.turn), done
         paid = episode_reward(self._infos, **self.reward_options) if done else 0.0
-        return SearchObservation(text=obs, task_id=info.get("task_id"), turn=self._state.turn,
-                                 tool=info.get("tool"), truncated=truncated, info=_json_safe(info),
-                                 judge_error=judge_error(self._infos) if done else None, done=done, reward=paid)
+        return SearchObservation(
+            text=obs,
+            task_id=info.get("task_id"),
+            turn=self._state.turn,
+            tool=info.get("tool"),
+            truncated=truncated,
+            info=_json_safe(info),
+            judge_error=judge_error(self._infos) if done else None,
+            done=done,
+            reward=paid,
+        )
 
     # --- the rest of the contract ----------------------------------------------------------
 
@@ -251,9 +306,14 @@ class SearchGymEnvironment(Environment[SearchAction, SearchObservation, SearchSt
 
     def get_metadata(self) -> EnvironmentMetadata:
         return EnvironmentMetadata(
-            name=self.env_id, version=searchgym.__version__, author="searchgym",
-            description=("Search-and-browse question answering: search, access pages, answer; the reward is "
-                         f"the {self._env.judge.name} judge's verdict on the answer."))
+            name=self.env_id,
+            version=searchgym.__version__,
+            author="searchgym",
+            description=(
+                "Search-and-browse question answering: search, access pages, answer; the reward is "
+                f"the {self._env.judge.name} judge's verdict on the answer."
+            ),
+        )
 
     def close(self) -> None:
         if self in _OPEN_ENVS:
@@ -273,10 +333,19 @@ def open_sessions() -> int:
     return len(_OPEN_ENVS)
 
 
-def make_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *, max_sessions: int = 64,
-             process_reward: str | None = None, process_weight: float = 0.0, process_threshold: float = 0.0,
-             max_body_bytes: int = MAX_BODY_BYTES, session_idle_timeout: float = SESSION_IDLE_TIMEOUT,
-             body_timeout: float = 60.0, action: str = "structured") -> Any:
+def make_app(
+    env_id: str,
+    env_kwargs: dict[str, Any] | None = None,
+    *,
+    max_sessions: int = 64,
+    process_reward: str | None = None,
+    process_weight: float = 0.0,
+    process_threshold: float = 0.0,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    session_idle_timeout: float = SESSION_IDLE_TIMEOUT,
+    body_timeout: float = 60.0,
+    action: str = "structured",
+) -> Any:
     """The FastAPI app that serves `env_id` with OpenEnv's server (one env per WebSocket session).
 
     A body over `max_body_bytes` is a 413 before it is read, one not whole `body_timeout` s after its head a 408;
@@ -298,18 +367,31 @@ def make_app(env_id: str, env_kwargs: dict[str, Any] | None = None, *, max_sessi
     if action not in ACTION_TYPES:
         raise ValueError(f"action must be one of {', '.join(ACTION_TYPES)}, got {action!r}")
     if env_id not in gym.registry:
-        raise ValueError(f"unknown env id {env_id!r}; registered searchgym ids: "
-                         f"{sorted(i for i in gym.registry if i.startswith('searchgym/'))}")
-    factory = functools.partial(SearchGymEnvironment, env_id, dict(env_kwargs or {}), process_reward=process_reward,
-                                process_weight=process_weight, process_threshold=process_threshold)
+        raise ValueError(
+            f"unknown env id {env_id!r}; registered searchgym ids: "
+            f"{sorted(i for i in gym.registry if i.startswith('searchgym/'))}"
+        )
+    factory = functools.partial(
+        SearchGymEnvironment,
+        env_id,
+        dict(env_kwargs or {}),
+        process_reward=process_reward,
+        process_weight=process_weight,
+        process_threshold=process_threshold,
+    )
     factory().close()  # fail now, not at the first client, if the env cannot be built with these kwargs
-    app = create_fastapi_app(factory, ACTION_TYPES[action], SearchObservation, state_cls=SearchState,
-                             concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions,
-                                                                  session_timeout=session_idle_timeout))
+    app = create_fastapi_app(
+        factory,
+        ACTION_TYPES[action],
+        SearchObservation,
+        state_cls=SearchState,
+        concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=session_idle_timeout),
+    )
 
     async def bad_field(request: Any, exc: BadField) -> JSONResponse:
-        return JSONResponse({"detail": [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}]},
-                            status_code=422)
+        return JSONResponse(
+            {"detail": [{"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}]}, status_code=422
+        )
 
     app.add_exception_handler(BadField, bad_field)
     app.add_middleware(WebSocketIdleTimeout, idle_s=session_idle_timeout)
@@ -327,16 +409,33 @@ def _check_setting(key: str, value: Any, *, whole: bool = False) -> None:
         raise ValueError(f"{key} must be a positive {'whole number' if whole else 'number'}, got {value!r}")
 
 
-def serve(env_id: str, env_kwargs: dict[str, Any] | None = None, *, host: str = "127.0.0.1", port: int = 8000,
-          max_sessions: int = 64, limits: ServerLimits | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-          session_idle_timeout: float = SESSION_IDLE_TIMEOUT, action: str = "structured", **reward_options: Any) -> None:
+def serve(
+    env_id: str,
+    env_kwargs: dict[str, Any] | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    max_sessions: int = 64,
+    limits: ServerLimits | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    session_idle_timeout: float = SESSION_IDLE_TIMEOUT,
+    action: str = "structured",
+    **reward_options: Any,
+) -> None:
     """Serve `env_id` until interrupted (what `searchgym serve env` runs), its connections under `limits`."""
     import uvicorn
 
     limits = limits or ServerLimits()
-    app = make_app(env_id, env_kwargs, max_sessions=max_sessions, max_body_bytes=max_body_bytes,
-                   session_idle_timeout=session_idle_timeout, body_timeout=limits.body_timeout, action=action,
-                   **reward_options)
+    app = make_app(
+        env_id,
+        env_kwargs,
+        max_sessions=max_sessions,
+        max_body_bytes=max_body_bytes,
+        session_idle_timeout=session_idle_timeout,
+        body_timeout=limits.body_timeout,
+        action=action,
+        **reward_options,
+    )
     uvicorn.run(app, host=host, port=port, log_level="warning", **uvicorn_options(limits, max_body_bytes))
 
 
@@ -345,10 +444,13 @@ def uvicorn_options(limits: ServerLimits, max_body_bytes: int = MAX_BODY_BYTES) 
     cap (uvicorn answers 503 past it), the request-head size and the WebSocket message size."""
     from searchgym.integrations.asgi_limits import guarded_http_protocol
 
-    return {"http": guarded_http_protocol(limits.header_timeout, limits.idle_timeout),
-            "timeout_keep_alive": limits.idle_timeout,
-            "limit_concurrency": limits.connection_cap, "h11_max_incomplete_event_size": 64 * 2**10,
-            "ws_max_size": max_body_bytes}
+    return {
+        "http": guarded_http_protocol(limits.header_timeout, limits.idle_timeout),
+        "timeout_keep_alive": limits.idle_timeout,
+        "limit_concurrency": limits.connection_cap,
+        "h11_max_incomplete_event_size": 64 * 2**10,
+        "ws_max_size": max_body_bytes,
+    }
 
 
 class SearchGymClient(EnvClient[SearchAction, SearchObservation, SearchState]):
@@ -358,8 +460,9 @@ class SearchGymClient(EnvClient[SearchAction, SearchObservation, SearchState]):
         return action.model_dump(exclude_none=True)
 
     def _parse_result(self, payload: dict[str, Any]) -> StepResult[SearchObservation]:
-        observation = SearchObservation(**payload.get("observation", {}), done=payload.get("done", False),
-                                        reward=payload.get("reward"))
+        observation = SearchObservation(
+            **payload.get("observation", {}), done=payload.get("done", False), reward=payload.get("reward")
+        )
         return StepResult(observation=observation, reward=payload.get("reward"), done=payload.get("done", False))
 
     def _parse_state(self, payload: dict[str, Any]) -> SearchState:

@@ -14,6 +14,7 @@ SkyRL builds one env per dataset row: `skyrl_gym.make("searchgym", env_config=..
 
 `register_skyrl()` registers the id "searchgym" (idempotent). Needs `pip install 'searchgym[skyrl]'`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -29,7 +30,6 @@ with needs("searchgym.integrations.skyrl"):
     from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
 SKYRL_ID = "searchgym"
-
 
 
 class SearchGymTextEnv(BaseTextEnv):
@@ -66,13 +66,22 @@ class SearchGymTextEnv(BaseTextEnv):
             raise JudgeFailed(f"the judge could not score the answer: {error}")
         done = terminated or truncated
         metadata = {"tool": info.get("tool"), "truncated": truncated, "verdict": info.get("verdict")}
-        return BaseTextEnvStepOutput(observations=[] if done else [{"role": "user", "content": obs}],
-                                     reward=float(reward), done=done, metadata=metadata, postprocessed_action=None)
+        return BaseTextEnvStepOutput(
+            observations=[] if done else [{"role": "user", "content": obs}],
+            reward=float(reward),
+            done=done,
+            metadata=metadata,
+            postprocessed_action=None,
+        )
 
     def get_metrics(self) -> dict[str, Any]:
         tools = [i.get("tool") for i in self._infos]
-        return {"turns": self.turns, "searches": tools.count("search"), "accesses": tools.count("access"),
-                "answered": float(any(i.get("verdict") for i in self._infos))}
+        return {
+            "turns": self.turns,
+            "searches": tools.count("search"),
+            "accesses": tools.count("access"),
+            "answered": float(any(i.get("verdict") for i in self._infos)),
+        }
 
     def close(self) -> None:
         self._env.close()

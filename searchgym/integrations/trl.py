@@ -22,6 +22,7 @@ schema), and scores each rollout with `get_reward()`. Here:
 
 Needs `pip install 'searchgym[trl]'`.
 """
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,13 @@ HERMES_RESPONSE_TEMPLATE: dict[str, Any] = {
     "defaults": {"role": "assistant"},
     "start_anchor": "<|im_start|>assistant\n",
     "fields": {
-        "tool_calls": {"open": "<tool_call>", "close_pattern": r"</tool_call>\s*", "repeats": True,
-                       "content": "json", "transform": {"type": "function", "function": "{content}"}},
+        "tool_calls": {
+            "open": "<tool_call>",
+            "close_pattern": r"</tool_call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
         "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
     },
 }
@@ -74,25 +80,43 @@ class SearchGymEnv:
         self.done = True
 
     @classmethod
-    def configured(cls, env_id: str = SYNTHETIC_QA, *, process_reward: str | None = None,
-                   process_weight: float = 0.0, process_threshold: float = 0.0,
-                   transcripts: str | os.PathLike | None = None, **env_kwargs: Any) -> type[SearchGymEnv]:
+    def configured(
+        cls,
+        env_id: str = SYNTHETIC_QA,
+        *,
+        process_reward: str | None = None,
+        process_weight: float = 0.0,
+        process_threshold: float = 0.0,
+        transcripts: str | os.PathLike | None = None,
+        **env_kwargs: Any,
+    ) -> type[SearchGymEnv]:
         """The environment class for `env_id` built with `env_kwargs` (what `environment_factory` takes); with
         `transcripts`, every scored rollout's transcript is appended to that JSONL file."""
         if env_kwargs.get("tool_format", "hermes") != "hermes":
-            raise ValueError("TRL calls tools through the chat template, so the env must teach the Hermes "
-                             f"format: tool_format='hermes', got {env_kwargs['tool_format']!r}")
+            raise ValueError(
+                "TRL calls tools through the chat template, so the env must teach the Hermes "
+                f"format: tool_format='hermes', got {env_kwargs['tool_format']!r}"
+            )
         if process_reward is not None and process_reward not in PROCESS_MODES:
-            raise ValueError(f"process_reward must be one of {PROCESS_MODES} or None (process rewards cross "
-                             f"only refined), got {process_reward!r}")
+            raise ValueError(
+                f"process_reward must be one of {PROCESS_MODES} or None (process rewards cross "
+                f"only refined), got {process_reward!r}"
+            )
         if env_id not in gym.registry:
-            raise ValueError(f"unknown env id {env_id!r}; registered searchgym ids: "
-                             f"{sorted(i for i in gym.registry if i.startswith('searchgym/'))}")
+            raise ValueError(
+                f"unknown env id {env_id!r}; registered searchgym ids: "
+                f"{sorted(i for i in gym.registry if i.startswith('searchgym/'))}"
+            )
         check_env_kwargs(env_id, env_kwargs)  # a misspelt kwarg fails here, not at the first rollout
-        attrs = {"env_id": env_id, "env_kwargs": {**env_kwargs, "tool_format": "hermes"},
-                 "process_reward": process_reward, "process_weight": float(process_weight),
-                 "process_threshold": float(process_threshold), "__module__": cls.__module__,
-                 "transcripts_path": os.fspath(transcripts) if transcripts is not None else None}
+        attrs = {
+            "env_id": env_id,
+            "env_kwargs": {**env_kwargs, "tool_format": "hermes"},
+            "process_reward": process_reward,
+            "process_weight": float(process_weight),
+            "process_threshold": float(process_threshold),
+            "__module__": cls.__module__,
+            "transcripts_path": os.fspath(transcripts) if transcripts is not None else None,
+        }
         return type(cls.__name__, (cls,), attrs)
 
     # --- what TRL calls ---------------------------------------------------------------------
@@ -104,15 +128,22 @@ class SearchGymEnv:
         try:
             obs, info = self._env.reset(seed=None if seed is None else int(seed), options=options or None)
         except KeyError as e:  # the dataset was built from other env kwargs than this class
-            raise ValueError(f"{e.args[0]}: the dataset's task is not in this env's pool; build both from the same "
-                             "kwargs (environment_and_dataset)") from None
+            raise ValueError(
+                f"{e.args[0]}: the dataset's task is not in this env's pool; build both from the same "
+                "kwargs (environment_and_dataset)"
+            ) from None
         self.task_id, self.steps, self.done = info["task_id"], [], False
         return obs
 
     def get_reward(self) -> float | None:
-        """The judge's verdict on the answer (0 without one), refined process rewards added; None if the judge failed."""
-        reward = episode_reward([s["info"] for s in self.steps], process=self.process_reward,
-                                process_weight=self.process_weight, threshold=self.process_threshold)
+        """The judge's verdict on the answer (0 without one), refined process rewards added; None if the judge
+        failed."""
+        reward = episode_reward(
+            [s["info"] for s in self.steps],
+            process=self.process_reward,
+            process_weight=self.process_weight,
+            threshold=self.process_threshold,
+        )
         if self.transcripts_path is not None and self.task_id is not None:
             _append_line(self.transcripts_path, {**self.transcript, "reward": reward})
         return reward
@@ -120,8 +151,13 @@ class SearchGymEnv:
     @property
     def transcript(self) -> dict[str, Any]:
         """This rollout so far: its task, each tool call with its argument and observation, whether it ended."""
-        return {"env_id": self.env_id, "task_id": self.task_id, "done": self.done, "judge_error": self.judge_error,
-                "steps": [{k: s.get(k) for k in ("tool", "argument", "observation")} for s in self.steps]}
+        return {
+            "env_id": self.env_id,
+            "task_id": self.task_id,
+            "done": self.done,
+            "judge_error": self.judge_error,
+            "steps": [{k: s.get(k) for k in ("tool", "argument", "observation")} for s in self.steps],
+        }
 
     def search(self, query: str) -> str:
         """
@@ -180,7 +216,9 @@ class SearchGymEnv:
         if self.task_id is None:
             raise RuntimeError("reset() must be called before the tools")
         if self.done:
-            why = "the answer was given" if any(s["tool"] == "answer" for s in self.steps) else "the turn budget is spent"
+            why = (
+                "the answer was given" if any(s["tool"] == "answer" for s in self.steps) else "the turn budget is spent"
+            )
             raise ValueError(EPISODE_OVER.format(why=why))
 
     @classmethod
@@ -226,11 +264,19 @@ class ServedSearchGymEnv(SearchGymEnv):
         from searchgym.integrations.openenv import SearchAction
 
         self._check_open()
-        result = self._client.step(SearchAction(tool=tool, argument=argument if isinstance(argument, str)
-                                                else str(argument)))
-        self.steps.append({"tool": tool, "argument": argument, "observation": result.observation.text,
-                           "info": result.observation.info, "reward": result.reward,
-                           "judge_error": result.observation.judge_error})
+        result = self._client.step(
+            SearchAction(tool=tool, argument=argument if isinstance(argument, str) else str(argument))
+        )
+        self.steps.append(
+            {
+                "tool": tool,
+                "argument": argument,
+                "observation": result.observation.text,
+                "info": result.observation.info,
+                "reward": result.reward,
+                "judge_error": result.observation.judge_error,
+            }
+        )
         self.done = result.done
         return result.observation.text
 
@@ -247,19 +293,33 @@ def _append_line(path: str, row: dict[str, Any]) -> None:
         f.flush()
 
 
-def environment_and_dataset(env_id: str = SYNTHETIC_QA, *, task_ids: list[str] | None = None,
-                            limit: int | None = None, process_reward: str | None = None, process_weight: float = 0.0,
-                            process_threshold: float = 0.0, transcripts: str | os.PathLike | None = None,
-                            **env_kwargs: Any) -> tuple[type[SearchGymEnv], Any]:
+def environment_and_dataset(
+    env_id: str = SYNTHETIC_QA,
+    *,
+    task_ids: list[str] | None = None,
+    limit: int | None = None,
+    process_reward: str | None = None,
+    process_weight: float = 0.0,
+    process_threshold: float = 0.0,
+    transcripts: str | os.PathLike | None = None,
+    **env_kwargs: Any,
+) -> tuple[type[SearchGymEnv], Any]:
     """`SearchGymEnv.configured(...)` and `task_dataset(...)` from the same env kwargs, so every row's task is in
     the env's pool: `environment_factory, train_dataset = environment_and_dataset(ID, size=1000)`."""
-    env_class = SearchGymEnv.configured(env_id, process_reward=process_reward, process_weight=process_weight,
-                                        process_threshold=process_threshold, transcripts=transcripts, **env_kwargs)
+    env_class = SearchGymEnv.configured(
+        env_id,
+        process_reward=process_reward,
+        process_weight=process_weight,
+        process_threshold=process_threshold,
+        transcripts=transcripts,
+        **env_kwargs,
+    )
     return env_class, task_dataset(env_id, task_ids=task_ids, limit=limit, **env_class.env_kwargs)
 
 
-def task_dataset(env_id: str = SYNTHETIC_QA, *, task_ids: list[str] | None = None, limit: int | None = None,
-                 **env_kwargs: Any) -> Any:
+def task_dataset(
+    env_id: str = SYNTHETIC_QA, *, task_ids: list[str] | None = None, limit: int | None = None, **env_kwargs: Any
+) -> Any:
     """A `datasets.Dataset` for GRPOTrainer: one row per task of the env's pool (or of `task_ids`), with an
     empty user prompt that `SearchGymEnv.reset` fills with the task's question and instructions."""
     with needs("task_dataset"):
@@ -315,8 +375,15 @@ def demonstrations(env_class: type[SearchGymEnv], task_ids: list[str], *, final_
                 call = parse_action(action)
                 assert call.tool is not None, call.errors  # the oracle's actions are well-formed
                 key = ARGUMENTS[call.tool]
-                completion.append({"role": "assistant", "content": "", "tool_calls": [
-                    {"type": "function", "function": {"name": call.tool, "arguments": {key: call.argument}}}]})
+                completion.append(
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {"type": "function", "function": {"name": call.tool, "arguments": {key: call.argument}}}
+                        ],
+                    }
+                )
                 obs = getattr(env, call.tool)(call.argument)
                 completion.append({"role": "tool", "name": call.tool, "content": obs})
                 if not env.done:
@@ -326,14 +393,21 @@ def demonstrations(env_class: type[SearchGymEnv], task_ids: list[str], *, final_
         if env.get_reward() != 1.0:
             continue
         completion.append({"role": "assistant", "content": final_reply})
-        rows.append({"prompt": [{"role": "user", "content": first}], "completion": completion, "tools": schemas,
-                     "task_id": task_id})
+        rows.append(
+            {
+                "prompt": [{"role": "user", "content": first}],
+                "completion": completion,
+                "tools": schemas,
+                "task_id": task_id,
+            }
+        )
     if not rows:
         raise ValueError(f"the oracle solved none of the {len(task_ids)} tasks through {env_class.env_id}")
     # messages stored as JSON: Arrow would merge the tool calls' argument objects into one struct (adding
     # `"answer": null` to every search call, which the model would learn to write)
-    features = Features({"prompt": List(Json()), "completion": List(Json()), "tools": Value("string"),
-                         "task_id": Value("string")})
+    features = Features(
+        {"prompt": List(Json()), "completion": List(Json()), "tools": Value("string"), "task_id": Value("string")}
+    )
     return Dataset.from_list(rows, features=features)
 
 
@@ -344,15 +418,28 @@ def tool_calling_tokenizer(model: Any) -> Any:
         from transformers import AutoTokenizer
         from trl.chat_template_utils import supports_tool_calling
 
-    tokenizer = AutoTokenizer.from_pretrained(model) if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__") else model
+    tokenizer = (
+        AutoTokenizer.from_pretrained(model)
+        if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__")
+        else model
+    )
     if not supports_tool_calling(tokenizer):
-        raise ValueError("the model's chat template cannot render tool calls and tool results; use a tool-capable "
-                         "template (e.g. Qwen2.5's, or the one `searchgym model tiny` writes)")
+        raise ValueError(
+            "the model's chat template cannot render tool calls and tool results; use a tool-capable "
+            "template (e.g. Qwen2.5's, or the one `searchgym model tiny` writes)"
+        )
     if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
         probe = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "q"},
-             {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
-                 "name": "search", "arguments": {"query": "x"}}}]}], tokenize=False)
+            [
+                {"role": "user", "content": "q"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": {"query": "x"}}}],
+                },
+            ],
+            tokenize=False,
+        )
         if "<tool_call>" in probe and "<|im_start|>assistant\n" in probe:
             tokenizer.response_template = HERMES_RESPONSE_TEMPLATE
     return tokenizer

@@ -19,6 +19,7 @@ one `Taskset`, `Env` and `Harness` subclass each that its `__all__` lists.
 Needs `pip install 'searchgym[verifiers]'` in a venv of its own (verifiers 0.4 needs mcp 2, OpenEnv mcp<2).
 Tested with verifiers 0.4.0.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,11 +43,17 @@ with needs("searchgym.integrations.verifiers"):
     from verifiers.v1.harnesses.null import NullHarness
     from verifiers.v1.runtimes.subprocess import SubprocessRuntime
 
-__all__ = ["JudgeFailed", "OfflineChatHarness", "SearchGymTaskset",
-           "SearchGymTasksetConfig", "SearchGymVfEnv", "SearchGymVfEnvConfig", "score_episode"]
+__all__ = [
+    "JudgeFailed",
+    "OfflineChatHarness",
+    "SearchGymTaskset",
+    "SearchGymTasksetConfig",
+    "SearchGymVfEnv",
+    "SearchGymVfEnvConfig",
+    "score_episode",
+]
 
 REWARD = "judge"  # the trace's reward key: the env judge's verdict
-
 
 
 class SearchGymTasksetConfig(vf.TasksetConfig):
@@ -58,8 +65,10 @@ class SearchGymTasksetConfig(vf.TasksetConfig):
     @model_validator(mode="after")
     def _check_env(self) -> SearchGymTasksetConfig:
         if self.env_id not in gym.registry:
-            raise ValueError(f"env_id: unknown env id {self.env_id!r}; registered searchgym ids: "
-                             f"{sorted(i for i in gym.registry if i.startswith('searchgym/'))}")
+            raise ValueError(
+                f"env_id: unknown env id {self.env_id!r}; registered searchgym ids: "
+                f"{sorted(i for i in gym.registry if i.startswith('searchgym/'))}"
+            )
         check_env_kwargs(self.env_id, self.env_kwargs)  # a misspelt kwarg fails here, naming it
         return self
 
@@ -87,8 +96,9 @@ class SearchGymTaskset(vf.Taskset[SearchGymTask, SearchGymTasksetConfig]):
         try:
             for task in env.tasks:
                 opening, _ = env.reset(options={"task_id": task.id})
-                data = SearchGymTaskData(id=task.id, name=task.id, question=task.question, prompt=opening,
-                                         env_id=self.config.env_id)
+                data = SearchGymTaskData(
+                    id=task.id, name=task.id, question=task.question, prompt=opening, env_id=self.config.env_id
+                )
                 yield SearchGymTask(data, self.config.task)
         finally:
             env.close()
@@ -118,7 +128,8 @@ class SearchGymVfEnvConfig(vf.EnvConfig):
 
 
 class SearchGymVfEnv(vf.Env[SearchGymVfEnvConfig]):
-    """Each episode: the searchgym env steps host-side, in process, as the run's user; the model's replies are actions."""
+    """Each episode: the searchgym env steps host-side, in process, as the run's user; the model's replies are
+    actions."""
 
     def __init__(self, config: SearchGymVfEnvConfig) -> None:
         super().__init__(config)
@@ -172,8 +183,10 @@ class OfflineChatHarness(NullHarness):
 def _check_local(runtime: Any) -> None:
     """This venv's Python exists only on this machine: refuse a container or remote runtime."""
     if not isinstance(runtime, SubprocessRuntime):
-        raise vf.HarnessError(f"the offline harness runs this venv's Python ({sys.executable}), so it needs the "
-                              f"subprocess runtime, not {type(runtime).__name__}; use verifiers' `null` harness there")
+        raise vf.HarnessError(
+            f"the offline harness runs this venv's Python ({sys.executable}), so it needs the "
+            f"subprocess runtime, not {type(runtime).__name__}; use verifiers' `null` harness there"
+        )
 
 
 class _ThisPython:
@@ -186,8 +199,9 @@ class _ThisPython:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._runtime, name)
 
-    async def prepare_uv_script(self, script: str | bytes, env: dict[str, str] | None = None, *,
-                                activate: bool = True) -> list[str]:
+    async def prepare_uv_script(
+        self, script: str | bytes, env: dict[str, str] | None = None, *, activate: bool = True
+    ) -> list[str]:
         data = script.encode() if isinstance(script, str) else script
         name = f".searchgym-vf-chat-{hashlib.sha256(data).hexdigest()[:16]}.py"
         await self._runtime.write(name, data)

@@ -4,6 +4,7 @@
 (searchgym/bench/learning.py) runs them once per seed. Their config is `QuickstartConfig`, whose defaults
 configs/quickstart.yaml spells out (a test asserts they are equal).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,15 +29,25 @@ from searchgym.trainers.launchers.local import train
 from searchgym.trainers.warm_start.copy_pretrain import CopyPretrainConfig, copy_pretrain
 from searchgym.trainers.warm_start.sft import SFTConfig
 
-ENV_KWARGS = {"size": 20000, "n_tasks": 20000, "hops": 1, "top_k": 2, "doc_chars": 200, "max_turns": 4, "judge": "f1",
-              "instructions": "brief"}
+ENV_KWARGS = {
+    "size": 20000,
+    "n_tasks": 20000,
+    "hops": 1,
+    "top_k": 2,
+    "doc_chars": 200,
+    "max_turns": 4,
+    "judge": "f1",
+    "instructions": "brief",
+}
 
 
 @dataclass
 class TinyModelConfig:
     """The policy's shape: small enough to train on a CPU in minutes, big enough to learn to copy."""
 
-    vocab_size: int = setting(8192, at_least=1)  # a larger vocabulary keeps the world's names to few tokens, easier to copy
+    vocab_size: int = setting(
+        8192, at_least=1
+    )  # a larger vocabulary keeps the world's names to few tokens, easier to copy
     hidden_size: int = setting(128, at_least=1)
     num_layers: int = setting(2, at_least=1)
     num_heads: int = setting(4, at_least=1)
@@ -78,17 +89,31 @@ class QuickstartConfig:
     model: TinyModelConfig = field(default_factory=TinyModelConfig)
     copy: CopyPretrainConfig = field(default_factory=CopyPretrainConfig)
     sft: SFTConfig = field(default_factory=lambda: SFTConfig(epochs=4.0, lr=2e-3, batch_tokens=4096, warmup_steps=20))
-    rl: TrainConfig = field(default_factory=lambda: TrainConfig(
-        steps=60, save_every=20,
-        rollout=RolloutConfig(group_size=8, batch_size=6, max_staleness=2, max_concurrent_rollouts=96,
-                              max_new_tokens=48, max_context=2048),
-        learner=LearnerConfig(lr=3e-4, warmup_steps=2, eps_clip=0.2, eps_clip_high=0.28, micro_batch_tokens=16384,
-                              std_normalize=True)))
+    rl: TrainConfig = field(
+        default_factory=lambda: TrainConfig(
+            steps=60,
+            save_every=20,
+            rollout=RolloutConfig(
+                group_size=8,
+                batch_size=6,
+                max_staleness=2,
+                max_concurrent_rollouts=96,
+                max_new_tokens=48,
+                max_context=2048,
+            ),
+            learner=LearnerConfig(
+                lr=3e-4, warmup_steps=2, eps_clip=0.2, eps_clip_high=0.28, micro_batch_tokens=16384, std_normalize=True
+            ),
+        )
+    )
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
-def load_quickstart_config(overrides: list[str] | tuple[str, ...] = (), path: str | os.PathLike | None = None,
-                           values: dict[str, Any] | None = None) -> QuickstartConfig:
+def load_quickstart_config(
+    overrides: list[str] | tuple[str, ...] = (),
+    path: str | os.PathLike | None = None,
+    values: dict[str, Any] | None = None,
+) -> QuickstartConfig:
     """Defaults (which `configs/quickstart.yaml` spells out), the file at `path`, `values`, then dotted overrides:
     `load_settings`, so every range and choice check names its dotted key (`rl.mode`)."""
     return load_settings(QuickstartConfig, path, overrides, values)
@@ -99,8 +124,11 @@ def deterministic_torch(threads: int) -> Iterator[None]:
     """Fixed thread count and deterministic torch kernels for the block, so a seed fixes every float; restored after."""
     import torch
 
-    previous = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
-                torch.is_deterministic_algorithms_warn_only_enabled())
+    previous = (
+        torch.get_num_threads(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
     try:
@@ -123,16 +151,33 @@ def make_demos(env: Any, tasks: list[Any], path: Path, *, question_query: bool =
     return chats
 
 
-def build_base_model(env: Any, chats: list[list[dict[str, str]]], out: Path, model: TinyModelConfig,
-                     copy: CopyPretrainConfig, *, seed: int, progress: bool = True) -> tuple[Path, list[dict[str, Any]]]:
+def build_base_model(
+    env: Any,
+    chats: list[list[dict[str, str]]],
+    out: Path,
+    model: TinyModelConfig,
+    copy: CopyPretrainConfig,
+    *,
+    seed: int,
+    progress: bool = True,
+) -> tuple[Path, list[dict[str, Any]]]:
     """A fresh tiny model (tokenizer trained on the world and `chats`) copy-pretrained into OUT/base-model."""
     fresh = build_tiny_model(out / "init-model", texts=tokenizer_texts(env, chats), seed=seed, **vars(model))
     base = out / "base-model"
     return base, copy_pretrain(fresh, base, copy, progress=progress)
 
 
-def run_rl(rl: TrainConfig, model: Path, out: Path, *, env_id: str, env_kwargs: dict[str, Any],
-           tasks: list[str] | None, seed: int, progress: bool = True) -> list[dict[str, float]]:
+def run_rl(
+    rl: TrainConfig,
+    model: Path,
+    out: Path,
+    *,
+    env_id: str,
+    env_kwargs: dict[str, Any],
+    tasks: list[str] | None,
+    seed: int,
+    progress: bool = True,
+) -> list[dict[str, float]]:
     """`train()` from `model` into `out` on the train split's `tasks` (None: all); a previous run there is removed."""
     rl.seed, rl.out_dir, rl.model.path = seed, str(out), str(model)
     rl.env = EnvConfig(id=env_id, kwargs={**env_kwargs, "split": "train"})
@@ -141,13 +186,30 @@ def run_rl(rl: TrainConfig, model: Path, out: Path, *, env_id: str, env_kwargs: 
     return train(rl, progress=progress)
 
 
-def evaluate_policy(model_dir: Path, out: Path, config: EvalConfig, *, env_id: str, env_kwargs: dict[str, Any],
-                    seed: int, progress: bool = True) -> dict[str, float]:
+def evaluate_policy(
+    model_dir: Path,
+    out: Path,
+    config: EvalConfig,
+    *,
+    env_id: str,
+    env_kwargs: dict[str, Any],
+    seed: int,
+    progress: bool = True,
+) -> dict[str, float]:
     """`run_eval` of `model_dir` into `out` (k samples per question, EM and F1 judges); returns its metrics."""
     shutil.rmtree(out, ignore_errors=True)  # run_eval resumes: a rerun's new model must not reuse old samples
-    settings = EvalSettings(env=env_id, engine=str(model_dir), k=config.k, judge="em,f1", env_kwargs=env_kwargs,
-                            max_tasks=config.max_tasks, concurrency=config.concurrency, temperature=config.temperature,
-                            max_new_tokens=config.max_new_tokens, seed=seed)
+    settings = EvalSettings(
+        env=env_id,
+        engine=str(model_dir),
+        k=config.k,
+        judge="em,f1",
+        env_kwargs=env_kwargs,
+        max_tasks=config.max_tasks,
+        concurrency=config.concurrency,
+        temperature=config.temperature,
+        max_new_tokens=config.max_new_tokens,
+        seed=seed,
+    )
     summary = run_eval(settings, out, progress=progress)
     return summary["metrics"]
 

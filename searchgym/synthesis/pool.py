@@ -7,6 +7,7 @@ finished: a rerun tries it again, and the summary counts failures apart, across 
 `stop_after` seeds in a row fail so, the run stops taking seeds (an endpoint that is down is not asked
 for every seed) and says why; `raise_on_failures` turns that into the command's error.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -66,11 +67,26 @@ class NearDuplicates:
 
 def candidate_to_task(cand: Candidate, seed_url: str, *, engine: str = "", judge: str = "") -> Task:
     digest = hashlib.sha256(seed_url.encode()).hexdigest()
-    return Task(f"qa-{digest[:12]}", cand.question, (cand.answer,), {
-        "source": "qa_agent", "seed_page": seed_url, "pages": cand.pages, "statements": cand.statements,
-        "summary": cand.summary, "points": cand.points, "history": cand.history, "solver": cand.solver,
-        "solve_rate": cand.solve_rate, "hops": len(cand.pages),
-        "split": "test" if int(digest, 16) % TEST_SHARE == 0 else "train", "engine": engine, "judge": judge})
+    return Task(
+        f"qa-{digest[:12]}",
+        cand.question,
+        (cand.answer,),
+        {
+            "source": "qa_agent",
+            "seed_page": seed_url,
+            "pages": cand.pages,
+            "statements": cand.statements,
+            "summary": cand.summary,
+            "points": cand.points,
+            "history": cand.history,
+            "solver": cand.solver,
+            "solve_rate": cand.solve_rate,
+            "hops": len(cand.pages),
+            "split": "test" if int(digest, 16) % TEST_SHARE == 0 else "train",
+            "engine": engine,
+            "judge": judge,
+        },
+    )
 
 
 def _progress_path(out: Path) -> Path:
@@ -81,9 +97,18 @@ def summary_path(out: Path) -> Path:
     return out.with_name(out.name.removesuffix(".jsonl") + ".summary.json")
 
 
-async def asynthesize(agent: QASynthesisAgent, seed_urls: Sequence[str], out: str | Path, n: int, *,
-                      concurrency: int = 4, progress: bool = False, engine_name: str = "",
-                      judge_name: str = "", stop_after: int | None = 16) -> dict[str, Any]:
+async def asynthesize(
+    agent: QASynthesisAgent,
+    seed_urls: Sequence[str],
+    out: str | Path,
+    n: int,
+    *,
+    concurrency: int = 4,
+    progress: bool = False,
+    engine_name: str = "",
+    judge_name: str = "",
+    stop_after: int | None = 16,
+) -> dict[str, Any]:
     """Run `agent` over seed pages (in the given order) until `n` tasks are in `out`; resumable.
 
     `out` gets one task row per accepted candidate; OUT.progress.jsonl one row per finished seed (accepted
@@ -116,8 +141,11 @@ async def asynthesize(agent: QASynthesisAgent, seed_urls: Sequence[str], out: st
     for row in pool:
         dups.add(row["question"])
     accepted = len(pool)
-    resumed = {"accepted": accepted, "seeds_done": len(done),
-               "damaged_lines": [f"{d.line}: {d.reason}" for d in pool.damaged + log.damaged]}
+    resumed = {
+        "accepted": accepted,
+        "seeds_done": len(done),
+        "damaged_lines": [f"{d.line}: {d.reason}" for d in pool.damaged + log.damaged],
+    }
     queue = iter([u for u in seed_urls if u not in done])
     t0 = time.perf_counter()
     attempted = 0
@@ -181,17 +209,29 @@ async def asynthesize(agent: QASynthesisAgent, seed_urls: Sequence[str], out: st
     total = accepted + sum(rejections.values())
     pending = {row["url"] for row in log if "failed" in row} - done
     report = {
-        "out": str(out), "target": n, "accepted": accepted, "seeds_finished": total,
+        "out": str(out),
+        "target": n,
+        "accepted": accepted,
+        "seeds_finished": total,
         "acceptance_rate": round(accepted / total, 4) if total else 0.0,
         "rejections": dict(sorted(rejections.items())),
-        "failed_calls": {"seeds_pending": len(pending), "tries_failed": sum(failures.values()),
-                         "by_reason": dict(sorted(failures.items()))},
+        "failed_calls": {
+            "seeds_pending": len(pending),
+            "tries_failed": sum(failures.values()),
+            "by_reason": dict(sorted(failures.items())),
+        },
         "stopped": stopped,
-        "this_run": {"seeds_tried": attempted, "seeds_failed": len(failed_now),
-                     "first_failure": str(failed_now[0]) if failed_now else None, "seconds": round(elapsed, 2),
-                     "seeds_per_s": round(attempted / elapsed, 3) if elapsed > 0 else None,
-                     "llm_calls": dict(sorted(agent.calls.items())), "judge_stats": dict(agent.judge.stats)},
-        "resumed_from": resumed, "config": asdict(agent.config),
+        "this_run": {
+            "seeds_tried": attempted,
+            "seeds_failed": len(failed_now),
+            "first_failure": str(failed_now[0]) if failed_now else None,
+            "seconds": round(elapsed, 2),
+            "seeds_per_s": round(attempted / elapsed, 3) if elapsed > 0 else None,
+            "llm_calls": dict(sorted(agent.calls.items())),
+            "judge_stats": dict(agent.judge.stats),
+        },
+        "resumed_from": resumed,
+        "config": asdict(agent.config),
         "exhausted_seeds": accepted < n,
     }
     summary_path(out).write_text(json.dumps(report, indent=2) + "\n")
@@ -208,5 +248,6 @@ def raise_on_failures(report: dict[str, Any]) -> None:
     else:
         head = f"{run['seeds_failed']} of {run['seeds_tried']} seeds failed"
     stop = f" (stopped early: {report['stopped']})" if report["stopped"] else ""
-    raise DependencyFailed(f"{head} on an LLM call and stay unfinished{stop}; rerun to retry them. "
-                           f"First: {run['first_failure']}")
+    raise DependencyFailed(
+        f"{head} on an LLM call and stay unfinished{stop}; rerun to retry them. First: {run['first_failure']}"
+    )

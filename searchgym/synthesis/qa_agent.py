@@ -15,6 +15,7 @@ Only a judged outcome (answer changed, quality, difficulty, uniqueness, an unkno
 candidate with a counted reason. The pool driver is
 `synthesis.pool.asynthesize`; `synthesis.run.synthesize` wires engines and an index to it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -62,8 +63,10 @@ def parse_json_object(text: Any, required: dict[str, type | tuple[type, ...]], s
     parsed: list[dict] = []
     for obj in json_objects_from_end(text, MAX_PARSED_CHARS):
         parsed.append(obj)
-        if all(isinstance(obj.get(k), t) and (not isinstance(obj.get(k), str) or obj[k].strip())
-               for k, t in required.items()):
+        if all(
+            isinstance(obj.get(k), t) and (not isinstance(obj.get(k), str) or obj[k].strip())
+            for k, t in required.items()
+        ):
             return obj
     if not parsed:
         raise Rejected(f"{step}: malformed JSON", text[-200:])
@@ -93,15 +96,18 @@ class QAConfig:
     temperature: float = setting(0.7, at_least=0)
     solver_temperature: float = setting(1.0, at_least=0)
     max_links: int = setting(8, at_least=1)
-    near_duplicate: float = setting(0.8, at_least=0, at_most=1)  # token-set Jaccard at or above which a question is a near duplicate
+    near_duplicate: float = setting(
+        0.8, at_least=0, at_most=1
+    )  # token-set Jaccard at or above which a question is a near duplicate
     reply_attempts: int = 3  # tries of a call whose reply was cut off or unparseable
     retry_backoff: float | None = None  # seconds before the second try (doubling); None: $SEARCHGYM_LLM_BACKOFF or 0.5
 
     def __post_init__(self) -> None:
         if isinstance(self.reply_attempts, bool) or not isinstance(self.reply_attempts, int) or self.reply_attempts < 1:
             raise ValueError(f"reply_attempts must be an integer >= 1, got {self.reply_attempts!r}")
-        if self.retry_backoff is not None and not (isinstance(self.retry_backoff, (int, float))
-                                                   and 0 <= self.retry_backoff < 1e6):
+        if self.retry_backoff is not None and not (
+            isinstance(self.retry_backoff, (int, float)) and 0 <= self.retry_backoff < 1e6
+        ):
             raise ValueError(f"retry_backoff must be a number of seconds >= 0 or None, got {self.retry_backoff!r}")
 
     @property
@@ -134,8 +140,14 @@ def _bullets(items: Sequence[str]) -> str:
 class QASynthesisAgent:
     """One seed page -> one validated Candidate or a Rejected reason; `model` reasons, `judge_model` checks."""
 
-    def __init__(self, search: SearchBackend | None, pages: PageBackend, model: ChatModel,
-                 judge_model: ChatModel | None = None, config: QAConfig | None = None) -> None:
+    def __init__(
+        self,
+        search: SearchBackend | None,
+        pages: PageBackend,
+        model: ChatModel,
+        judge_model: ChatModel | None = None,
+        config: QAConfig | None = None,
+    ) -> None:
         self.search = search
         self.pages = pages
         self.model = model
@@ -144,9 +156,18 @@ class QASynthesisAgent:
         self.judge = LLMJudge(self.judge_model, max_tokens=self.config.max_tokens, retry=self.config.retry)
         self.calls: Counter[str] = Counter()
 
-    async def _json(self, model: ChatModel, prompt: str, step: str, required: dict, *,
-                    check: Any = None, temperature: float | None = None) -> dict[str, Any]:
+    async def _json(
+        self,
+        model: ChatModel,
+        prompt: str,
+        step: str,
+        required: dict,
+        *,
+        check: Any = None,
+        temperature: float | None = None,
+    ) -> dict[str, Any]:
         """The JSON object a step asks for; `check(obj)` may raise Unparseable. Raises CallFailure."""
+
         def parse(text: str) -> dict[str, Any]:
             try:
                 obj = parse_json_object(text, required, step)
@@ -157,9 +178,14 @@ class QASynthesisAgent:
             return obj
 
         try:
-            obj, calls = await ask(model, [{"role": "user", "content": prompt}], parse, retry=self.config.retry,
-                                   max_tokens=self.config.max_tokens,
-                                   temperature=self.config.temperature if temperature is None else temperature)
+            obj, calls = await ask(
+                model,
+                [{"role": "user", "content": prompt}],
+                parse,
+                retry=self.config.retry,
+                max_tokens=self.config.max_tokens,
+                temperature=self.config.temperature if temperature is None else temperature,
+            )
         except CallFailed as e:
             self.calls[step] += e.calls
             raise CallFailure(step, e) from None
@@ -189,21 +215,51 @@ class QASynthesisAgent:
         """Build and check one candidate from the page at `url`; raises Rejected."""
         cfg = self.config
         page = await self._fetch(url)
-        read = await self._json(self.model, READ_PROMPT.format(title=page.title, url=page.url,
-                                                               text=page.text[:MAX_PAGE_CHARS]),
-                                "read", {"summary": str, "points": list}, check=_has_points)
+        read = await self._json(
+            self.model,
+            READ_PROMPT.format(title=page.title, url=page.url, text=page.text[:MAX_PAGE_CHARS]),
+            "read",
+            {"summary": str, "points": list},
+            check=_has_points,
+        )
         points = _points(read)
-        base = await self._json(self.model, PROPOSE_PROMPT.format(title=page.title, points=_bullets(points)),
-                                "propose", {"question": str, "answer": str, "statement": str})
-        cand = Candidate(base["question"].strip(), base["answer"].strip(), [base["statement"].strip()], [page.url],
-                         summary=str(read["summary"]), points=points)
-        cand.history.append({"action": "PROPOSE", "question": cand.question, "answer": cand.answer,
-                             "statement": cand.statements[0], "page": page.url})
+        base = await self._json(
+            self.model,
+            PROPOSE_PROMPT.format(title=page.title, points=_bullets(points)),
+            "propose",
+            {"question": str, "answer": str, "statement": str},
+        )
+        cand = Candidate(
+            base["question"].strip(),
+            base["answer"].strip(),
+            [base["statement"].strip()],
+            [page.url],
+            summary=str(read["summary"]),
+            points=points,
+        )
+        cand.history.append(
+            {
+                "action": "PROPOSE",
+                "question": cand.question,
+                "answer": cand.answer,
+                "statement": cand.statements[0],
+                "page": page.url,
+            }
+        )
         links = await self._linked(page)
         for _ in range(cfg.max_turns):
-            act = await self._json(self.model, ACT_PROMPT.format(
-                question=cand.question, answer=cand.answer, statements=_bullets(cand.statements),
-                links=_bullets(links)), "act", {"action": str}, check=_check_action)
+            act = await self._json(
+                self.model,
+                ACT_PROMPT.format(
+                    question=cand.question,
+                    answer=cand.answer,
+                    statements=_bullets(cand.statements),
+                    links=_bullets(links),
+                ),
+                "act",
+                {"action": str},
+                check=_check_action,
+            )
             action = act["action"].strip().upper()
             if action == "EXIT":
                 cand.history.append({"action": "EXIT"})
@@ -211,20 +267,42 @@ class QASynthesisAgent:
             if action == "FUZZ":
                 edit = act
                 self._keep_answer(cand, edit["answer"], "fuzz")
-                cand.history.append({"action": "FUZZ", "before": cand.question, "question": edit["question"].strip(),
-                                     "reason": str(act.get("reason", ""))})
+                cand.history.append(
+                    {
+                        "action": "FUZZ",
+                        "before": cand.question,
+                        "question": edit["question"].strip(),
+                        "reason": str(act.get("reason", "")),
+                    }
+                )
                 cand.question = edit["question"].strip()
             elif action == "INJECT":
                 target = act["url"]
                 if target.strip() not in links:
                     raise Rejected("inject: unknown link", target[:200])
                 linked = await self._fetch(target.strip())
-                edit = await self._json(self.model, INJECT_PROMPT.format(
-                    question=cand.question, answer=cand.answer, title=linked.title, url=linked.url,
-                    text=linked.text[:MAX_PAGE_CHARS]), "inject", {"statement": str, "question": str, "answer": str})
+                edit = await self._json(
+                    self.model,
+                    INJECT_PROMPT.format(
+                        question=cand.question,
+                        answer=cand.answer,
+                        title=linked.title,
+                        url=linked.url,
+                        text=linked.text[:MAX_PAGE_CHARS],
+                    ),
+                    "inject",
+                    {"statement": str, "question": str, "answer": str},
+                )
                 self._keep_answer(cand, edit["answer"], "inject")
-                cand.history.append({"action": "INJECT", "before": cand.question, "question": edit["question"].strip(),
-                                     "page": linked.url, "statement": edit["statement"].strip()})
+                cand.history.append(
+                    {
+                        "action": "INJECT",
+                        "before": cand.question,
+                        "question": edit["question"].strip(),
+                        "page": linked.url,
+                        "statement": edit["statement"].strip(),
+                    }
+                )
                 cand.question = edit["question"].strip()
                 cand.statements.append(edit["statement"].strip())
                 if linked.url not in cand.pages:
@@ -242,9 +320,13 @@ class QASynthesisAgent:
         cfg = self.config
         statements = _bullets(cand.statements)
         flags = ("fluent", "self_contained", "unique_answer", "supported")
-        quality = await self._json(self.judge_model, QUALITY_PROMPT.format(
-            question=cand.question, answer=cand.answer, statements=statements), "quality",
-            {k: bool for k in flags}, temperature=0.0)
+        quality = await self._json(
+            self.judge_model,
+            QUALITY_PROMPT.format(question=cand.question, answer=cand.answer, statements=statements),
+            "quality",
+            {k: bool for k in flags},
+            temperature=0.0,
+        )
         failed = [k for k in flags if not quality[k]]
         if failed:
             raise Rejected("quality: failed", ",".join(failed) + f" ({str(quality.get('reason', ''))[:150]})")
@@ -265,16 +347,27 @@ class QASynthesisAgent:
             raise Rejected("difficulty: too easy", f"solved {correct}/{cfg.k}")
         wrong = list(dict.fromkeys(s["answer"] for s in cand.solver if s["answer"] and not s["correct"]))
         for alternative in wrong:
-            fits = await self._json(self.judge_model, UNIQUE_PROMPT.format(
-                question=cand.question, answer=cand.answer, candidate=alternative, statements=statements),
-                "uniqueness", {"satisfies_all": bool}, temperature=0.0)
+            fits = await self._json(
+                self.judge_model,
+                UNIQUE_PROMPT.format(
+                    question=cand.question, answer=cand.answer, candidate=alternative, statements=statements
+                ),
+                "uniqueness",
+                {"satisfies_all": bool},
+                temperature=0.0,
+            )
             if fits["satisfies_all"]:
                 raise Rejected("uniqueness: another answer fits", alternative[:200])
 
     async def _solve(self, question: str) -> str:
         """One tool-free solver answer; a reply without one is asked again, then fails the seed (CallFailure)."""
-        out = await self._json(self.model, SOLVE_PROMPT.format(question=question), "solve", {"answer": str},
-                               temperature=self.config.solver_temperature)
+        out = await self._json(
+            self.model,
+            SOLVE_PROMPT.format(question=question),
+            "solve",
+            {"answer": str},
+            temperature=self.config.solver_temperature,
+        )
         return out["answer"].strip()[:500]
 
 

@@ -4,6 +4,7 @@ action text an agent might write, web responses that lie, junk request bodies, d
 Each generator takes a `random.Random`, so a bench run tries the same forms every time; the property
 tests draw the same shapes with hypothesis.
 """
+
 from __future__ import annotations
 
 import encodings.aliases
@@ -16,20 +17,44 @@ from typing import Any
 from searchgym.envs.tools.url_safety import NON_PUBLIC_NETWORKS
 
 # Every codec name Python knows, plus the non-text codecs a page's charset may name (issue 15, item 1).
-CODEC_NAMES: list[str] = sorted(set(encodings.aliases.aliases) | set(encodings.aliases.aliases.values())
-                                | {"rot13", "base64", "hex", "zlib", "bz2", "uu", "quopri", "idna", "punycode",
-                                   "no-such-codec"})
+CODEC_NAMES: list[str] = sorted(
+    set(encodings.aliases.aliases)
+    | set(encodings.aliases.aliases.values())
+    | {"rot13", "base64", "hex", "zlib", "bz2", "uu", "quopri", "idna", "punycode", "no-such-codec"}
+)
 
 # Rows a damaged web cache may hold in place of a page: not JSON, not an object, wrong types, missing fields.
 DAMAGED_CACHE_ROWS: list[str] = [
-    "{not json", "[]", "null", '"text"', json.dumps({"url": 1, "title": "t", "text": "x", "links": []}),
-    json.dumps({"title": "t"}), json.dumps({"url": "https://example.com/", "title": "t", "text": "x", "links": [1, 2]}),
+    "{not json",
+    "[]",
+    "null",
+    '"text"',
+    json.dumps({"url": 1, "title": "t", "text": "x", "links": []}),
+    json.dumps({"title": "t"}),
+    json.dumps({"url": "https://example.com/", "title": "t", "text": "x", "links": [1, 2]}),
 ]
 
 BIG = "__a 5,000-digit number__"  # stands for one in a JSON body (json.dumps cannot write it): see _dumps
 
-TAGS = ["<search>", "</search>", "<access>", "</access>", "<answer>", "</answer>", "<think>", "</think>",
-        "<tool_call>", "</tool_call>", "{", "}", '"name"', ":", "\ud800", "\udfff", "\x00"]
+TAGS = [
+    "<search>",
+    "</search>",
+    "<access>",
+    "</access>",
+    "<answer>",
+    "</answer>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "{",
+    "}",
+    '"name"',
+    ":",
+    "\ud800",
+    "\udfff",
+    "\x00",
+]
 
 
 def ssrf_addresses(rng: random.Random, per_network: int = 3) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
@@ -42,14 +67,23 @@ def ssrf_addresses(rng: random.Random, per_network: int = 3) -> list[ipaddress.I
 
 
 def ssrf_urls(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> list[str]:
-    """The URL spellings of one address: literal, and for IPv4 the integer, hex, octal, short and IPv6-embedded forms."""
+    """The URL spellings of one address: literal, and for IPv4 the integer, hex, octal, short and IPv6-embedded
+    forms."""
     if ip.version == 6:
         return [f"http://[{ip}]/", f"https://[{ip.exploded}]:8443/x"]
     n = int(ip)
     a, b, c, d = ip.packed
-    return [f"http://{ip}/", f"http://{n}/", f"http://{n:#x}/", f"http://0{a:o}.0{b:o}.0{c:o}.0{d:o}/",
-            f"http://{a}.{(b << 16) | (c << 8) | d}/", f"http://[::ffff:{ip}]/", f"http://[64:ff9b::{ip}]/",
-            f"http://[2002:{n >> 16:x}:{n & 0xFFFF:x}::1]/", f"http://user@{ip}:80/"]
+    return [
+        f"http://{ip}/",
+        f"http://{n}/",
+        f"http://{n:#x}/",
+        f"http://0{a:o}.0{b:o}.0{c:o}.0{d:o}/",
+        f"http://{a}.{(b << 16) | (c << 8) | d}/",
+        f"http://[::ffff:{ip}]/",
+        f"http://[64:ff9b::{ip}]/",
+        f"http://[2002:{n >> 16:x}:{n & 0xFFFF:x}::1]/",
+        f"http://user@{ip}:80/",
+    ]
 
 
 def action_forms(rng: random.Random, n: int) -> list[Any]:
@@ -58,14 +92,31 @@ def action_forms(rng: random.Random, n: int) -> list[Any]:
     forms: list[Any] = [None, 5, 3.5, b"<search>x</search>", ["<search>x</search>"], {"tool": "search"}, "", " "]
     makers = [
         lambda: "".join(rng.choice(TAGS) if rng.random() < 0.4 else _text(rng, 8) for _ in range(rng.randrange(1, 30))),
-        lambda: "<tool_call>" + _dumps({"name": rng.choice(["search", "access", "answer", "x", None, 3]),
-                                         "arguments": _json_value(rng, 3)}).decode() + "</tool_call>",
+        lambda: (
+            "<tool_call>"
+            + _dumps(
+                {"name": rng.choice(["search", "access", "answer", "x", None, 3]), "arguments": _json_value(rng, 3)}
+            ).decode()
+            + "</tool_call>"
+        ),
         lambda: '<tool_call>{"name": "search", "arguments": "' + "[" * rng.randrange(100, 5000) + '"}</tool_call>',
-        lambda: "<tool_call>" + "{\"a\":" * rng.randrange(100, 3000) + "</tool_call>",
+        lambda: "<tool_call>" + '{"a":' * rng.randrange(100, 3000) + "</tool_call>",
         lambda: f"<{rng.choice(['search', 'access', 'answer'])}>{_text(rng, 40)}</{rng.choice(['search', 'answer'])}>",
         lambda: "<search>" + "x" * rng.randrange(10_000, 200_000) + "</search>",
-        lambda: "<access>" + rng.choice(["http://127.0.0.1/", "file:///etc/passwd", "http://[fec0::1]/",
-                                         "javascript:alert(1)", "http://0x7f000001/", _text(rng, 30)]) + "</access>",
+        lambda: (
+            "<access>"
+            + rng.choice(
+                [
+                    "http://127.0.0.1/",
+                    "file:///etc/passwd",
+                    "http://[fec0::1]/",
+                    "javascript:alert(1)",
+                    "http://0x7f000001/",
+                    _text(rng, 30),
+                ]
+            )
+            + "</access>"
+        ),
     ]
     while len(forms) < n:
         forms.append(rng.choice(makers)())
@@ -78,8 +129,15 @@ def web_responses(rng: random.Random, n: int) -> list[tuple[int, dict[str, str],
     for _ in range(n):
         status = rng.choice([200, 200, 200, 203, 404, 410, 500, 503])
         charset = rng.choice(CODEC_NAMES)
-        content_type = rng.choice([f"text/html; charset={charset}", "text/html", "application/octet-stream",
-                                   _printable(rng, 40), f"text/plain; charset={charset}"])
+        content_type = rng.choice(
+            [
+                f"text/html; charset={charset}",
+                "text/html",
+                "application/octet-stream",
+                _printable(rng, 40),
+                f"text/plain; charset={charset}",
+            ]
+        )
         headers = {"Content-Type": content_type}
         if rng.random() < 0.3:
             headers[rng.choice(["Content-Encoding", "Content-Language", "Link", "Refresh"])] = _printable(rng, 30)
@@ -90,7 +148,9 @@ def web_responses(rng: random.Random, n: int) -> list[tuple[int, dict[str, str],
             text = _text(rng, 200)
             body = f"<html><title>{text}</title><body><p>{text}</p></body>".encode("utf-8", "surrogatepass")
         elif kind == 2:
-            body = f'<meta charset="{rng.choice(CODEC_NAMES)}"><p>{_text(rng, 100)}</p>'.encode("utf-8", "surrogatepass")
+            body = f'<meta charset="{rng.choice(CODEC_NAMES)}"><p>{_text(rng, 100)}</p>'.encode(
+                "utf-8", "surrogatepass"
+            )
         else:
             body = ("<div>" * rng.randrange(1, 3000)).encode()
         out.append((status, headers, body))
@@ -121,8 +181,10 @@ def _dumps(value: Any) -> bytes:
 
 def _text(rng: random.Random, max_len: int) -> str:
     """Random Unicode, lone surrogates and control characters included."""
-    return "".join(chr(rng.choice([rng.randrange(32, 127), rng.randrange(0, 0x2FFFF), rng.randrange(0xD800, 0xE000)]))
-                   for _ in range(rng.randrange(0, max_len + 1)))
+    return "".join(
+        chr(rng.choice([rng.randrange(32, 127), rng.randrange(0, 0x2FFFF), rng.randrange(0xD800, 0xE000)]))
+        for _ in range(rng.randrange(0, max_len + 1))
+    )
 
 
 def _printable(rng: random.Random, max_len: int) -> str:

@@ -6,6 +6,7 @@ rerun (must be 0), items repeated (0), damaged lines injected and the ones the r
 and line, and crashes (a rerun that exits non-zero without a clear one-line error: 0). The kill tests
 (tests/test_kills.py) and `searchgym bench reliability` run the same drills.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,15 @@ class Run:
     seconds: float
 
 
-def run_command(cmd: Sequence[str], *, watch: Path | None = None, rows: int | None = None,
-                after_s: float | None = None, timeout: float = 300, env: dict[str, str] | None = None) -> Run:
+def run_command(
+    cmd: Sequence[str],
+    *,
+    watch: Path | None = None,
+    rows: int | None = None,
+    after_s: float | None = None,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+) -> Run:
     """Run `cmd`; SIGKILL it once `watch` holds `rows` complete lines (or `after_s` seconds have passed).
 
     Without `rows`/`after_s` it runs to the end. stderr goes to a file, so a chatty child never blocks.
@@ -77,7 +85,8 @@ def run_command(cmd: Sequence[str], *, watch: Path | None = None, rows: int | No
                 if elapsed > timeout:
                     raise TimeoutError(f"{' '.join(cmd[2:])} ran past {timeout} s")
                 due = (after_s is not None and elapsed >= after_s) or (
-                    rows is not None and watch is not None and complete_lines(watch) >= rows)
+                    rows is not None and watch is not None and complete_lines(watch) >= rows
+                )
                 if due:
                     proc.send_signal(signal.SIGKILL)
                     killed = True
@@ -139,9 +148,14 @@ class DrillResult:
 
     @property
     def ok(self) -> bool:
-        return (self.items_lost == 0 and self.items_repeated == 0 and self.crashes == 0
-                and self.kills_survived == self.kills and self.damaged_reported == self.damaged_injected
-                and self.files_named == self.files_truncated)
+        return (
+            self.items_lost == 0
+            and self.items_repeated == 0
+            and self.crashes == 0
+            and self.kills_survived == self.kills
+            and self.damaged_reported == self.damaged_injected
+            and self.files_named == self.files_truncated
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}
@@ -167,8 +181,13 @@ class DrillResult:
             self.notes.append(f"lost after a kill: {lost[:5]}")
 
 
-def _kill_runs(result: DrillResult, cmd_for: Callable[[int], list[str]], watch: Path, kill_rows: Sequence[int],
-               damage: Callable[[int, list[tuple[Path, int]]], list[Any]]) -> list[Any]:
+def _kill_runs(
+    result: DrillResult,
+    cmd_for: Callable[[int], list[str]],
+    watch: Path,
+    kill_rows: Sequence[int],
+    damage: Callable[[int, list[tuple[Path, int]]], list[Any]],
+) -> list[Any]:
     """Run, SIGKILL at each of `kill_rows` rows of `watch` (each run resuming the last), let `damage` spoil
     what the kill left, then run to the end. Returns the rows `damage` says must survive."""
     survivors: list[Any] = []
@@ -190,17 +209,32 @@ def _kill_runs(result: DrillResult, cmd_for: Callable[[int], list[str]], watch: 
     return survivors
 
 
-def drill_agent_synthesis(workdir: Path, index: Path, chat_url: str, *, kill_rows: Sequence[int], n: int,
-                          max_seeds: int = 200) -> DrillResult:
+def drill_agent_synthesis(
+    workdir: Path, index: Path, chat_url: str, *, kill_rows: Sequence[int], n: int, max_seeds: int = 200
+) -> DrillResult:
     """`searchgym synthesize` (the LLM agent, chatting with `chat_url`), killed when the pool holds each of
     `kill_rows` rows, each rerun resuming; after the first kill a partial row is appended to the pool (a kill
     mid-write) and a progress line damaged. Pool rows are checked by id and seed page, progress by url."""
     result = DrillResult("synthesize (agent)")
     out = Path(workdir) / "pool.jsonl"
     progress = out.with_name(out.name + ".progress.jsonl")
-    cmd = searchgym_command("synthesize", "--corpus", str(index), "--engine", f"openai:{chat_url}:stand-in",
-                            "--n", str(n), "--out", str(out), "--max-seeds", str(max_seeds), "--concurrency", "2",
-                            "--k", "2")
+    cmd = searchgym_command(
+        "synthesize",
+        "--corpus",
+        str(index),
+        "--engine",
+        f"openai:{chat_url}:stand-in",
+        "--n",
+        str(n),
+        "--out",
+        str(out),
+        "--max-seeds",
+        str(max_seeds),
+        "--concurrency",
+        "2",
+        "--k",
+        "2",
+    )
     logged: list[Any] = []
 
     def damage(i: int, pending: list[tuple[Path, int]]) -> list[Any]:
@@ -232,13 +266,17 @@ def drill_kbwalk_synthesis(workdir: Path, world: Path, *, kill_after_s: Sequence
     with a clear error. Either way the pool equals an uninterrupted run's, byte for byte."""
     result = DrillResult("synthesize (kbwalk)")
     reference = Path(workdir) / "reference.jsonl"
-    ran = run_command(searchgym_command("synthesize", "--method", "kbwalk", "--corpus", str(world), "--n", str(n),
-                                        "--out", str(reference)))
+    ran = run_command(
+        searchgym_command(
+            "synthesize", "--method", "kbwalk", "--corpus", str(world), "--n", str(n), "--out", str(reference)
+        )
+    )
     result.check_rerun(ran, "the uninterrupted run")
     for i, delay in enumerate(kill_after_s):
         out = Path(workdir) / f"kill-{i}.jsonl"
-        cmd = searchgym_command("synthesize", "--method", "kbwalk", "--corpus", str(world), "--n", str(n),
-                                "--out", str(out))
+        cmd = searchgym_command(
+            "synthesize", "--method", "kbwalk", "--corpus", str(world), "--n", str(n), "--out", str(out)
+        )
         run = run_command(cmd, after_s=delay)
         if not run.killed:
             result.notes.append(f"the run ended within {delay:.2f} s")
@@ -262,8 +300,9 @@ def drill_kbwalk_synthesis(workdir: Path, world: Path, *, kill_after_s: Sequence
     return result
 
 
-def drill_train(workdir: Path, overrides: Sequence[str], *, kill_rows: Sequence[int], steps: int,
-                fallback: bool = True) -> DrillResult:
+def drill_train(
+    workdir: Path, overrides: Sequence[str], *, kill_rows: Sequence[int], steps: int, fallback: bool = True
+) -> DrillResult:
     """`searchgym train` (local launcher), killed when metrics.jsonl holds each of `kill_rows` rows, each rerun
     resuming; after each kill a partial row is appended (a kill mid-write). Then the latest checkpoint's
     model.safetensors is cut short: the resume must refuse naming it, and (with `fallback`) resumes once
@@ -283,8 +322,13 @@ def drill_train(workdir: Path, overrides: Sequence[str], *, kill_rows: Sequence[
         result.damaged_injected += 1
         return []
 
-    _kill_runs(result, lambda i: searchgym_command(*base, f"steps={steps}", *(["--resume"] if i else [])),
-               metrics, kill_rows, damage)
+    _kill_runs(
+        result,
+        lambda i: searchgym_command(*base, f"steps={steps}", *(["--resume"] if i else [])),
+        metrics,
+        kill_rows,
+        damage,
+    )
     after = json_rows(metrics)
     result.compare(list(kept.values()), after, key=lambda row: row["step"])
     if [row["step"] for row in after] != list(range(1, steps + 1)):
@@ -292,8 +336,12 @@ def drill_train(workdir: Path, overrides: Sequence[str], *, kill_rows: Sequence[
         result.notes.append(f"metrics.jsonl steps after resume: {[row['step'] for row in after]}")
     provenance = [row["step"] for row in json_rows(run_dir / "provenance.jsonl")]
     result.items_repeated += len(provenance) - len(set(provenance))
-    leftovers = sorted(p.name for pattern in ("*/.partial-*", "*/.sharded-step-*")  # a killed write's, after resume
-                       for p in run_dir.glob(pattern) if p.is_dir())
+    leftovers = sorted(
+        p.name
+        for pattern in ("*/.partial-*", "*/.sharded-step-*")  # a killed write's, after resume
+        for p in run_dir.glob(pattern)
+        if p.is_dir()
+    )
     if leftovers:
         result.crashes += 1
         result.notes.append(f"partial checkpoint directories left after the resumes: {leftovers[:5]}")
@@ -323,17 +371,37 @@ def drill_train(workdir: Path, overrides: Sequence[str], *, kill_rows: Sequence[
     return result
 
 
-def drill_eval(workdir: Path, model: Path, env_kwargs: dict[str, Any], *, kill_rows: Sequence[int], tasks: int,
-               k: int) -> DrillResult:
+def drill_eval(
+    workdir: Path, model: Path, env_kwargs: dict[str, Any], *, kill_rows: Sequence[int], tasks: int, k: int
+) -> DrillResult:
     """`searchgym eval`, killed when samples.jsonl holds each of `kill_rows` rows, each rerun resuming; after
     the first kill the last row is cut in half and the first damaged. Samples are checked by (task, sample)."""
     result = DrillResult("eval")
     out = Path(workdir) / "eval"
     samples = out / "samples.jsonl"
-    cmd = searchgym_command("eval", "--env", "searchgym/SyntheticQA-v0", "--engine", str(model), "--out", str(out),
-                            "--k", str(k), "--max-tasks", str(tasks), "--env-kwargs", json.dumps(env_kwargs),
-                            "--max-new-tokens", "8", "--max-context", "768", "--concurrency", "4",
-                            "--judge", "em")
+    cmd = searchgym_command(
+        "eval",
+        "--env",
+        "searchgym/SyntheticQA-v0",
+        "--engine",
+        str(model),
+        "--out",
+        str(out),
+        "--k",
+        str(k),
+        "--max-tasks",
+        str(tasks),
+        "--env-kwargs",
+        json.dumps(env_kwargs),
+        "--max-new-tokens",
+        "8",
+        "--max-context",
+        "768",
+        "--concurrency",
+        "4",
+        "--judge",
+        "em",
+    )
 
     def damage(i: int, pending: list[tuple[Path, int]]) -> list[Any]:
         rows = json_rows(samples)

@@ -5,6 +5,7 @@ It speaks the OpenAI chat completions wire format on /v1/chat/completions, so th
 real OpenAIEngine client; `stand_in_server` serves it from a thread of its own, so blocking callers (a CLI
 in a subprocess, `asyncio.run` in the caller's thread) can reach it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,6 +30,7 @@ def _find(pattern: str, text: str, flags: int = 0) -> str:
         raise ValueError(f"the stand-in LLM found no {pattern!r} in its prompt")
     return match.group(1)
 
+
 class StandInLLM:
     """TEST DOUBLE: a rule-based stand-in for a chat LLM on /v1/chat/completions (loopback only).
 
@@ -37,8 +39,9 @@ class StandInLLM:
     remembered, so later prompts (solver, judge) that quote a question map back to the scenario.
     """
 
-    def __init__(self, scenarios: dict[str, str] | None = None,
-                 faults: Callable[[int, str], str | None] | None = None) -> None:
+    def __init__(
+        self, scenarios: dict[str, str] | None = None, faults: Callable[[int, str], str | None] | None = None
+    ) -> None:
         self.scenarios = dict(scenarios or {})
         # faults(request number, prompt) -> None, "503" or "429" (an error with Retry-After: 0) or "cut" (half
         # the reply, finish_reason "length"): an endpoint that fails as real ones do, for outage tests
@@ -95,12 +98,20 @@ class StandInLLM:
             linked = _find(r'^Linked page "(.*)"', prompt, re.M)
             new = question.rstrip("?") + f", and is connected to {linked}?"
             self.questions[new] = entry
-            return json.dumps({"statement": f"This subject is connected to {linked}.", "question": new,
-                               "answer": entry["answer"]})
+            return json.dumps(
+                {"statement": f"This subject is connected to {linked}.", "question": new, "answer": entry["answer"]}
+            )
         if prompt.startswith("## Task: check a question's quality"):
             ok = self._entry(prompt)["scenario"] != "quality"
-            return json.dumps({"fluent": ok, "self_contained": True, "unique_answer": True, "supported": True,
-                               "reason": "reads well" if ok else "a concatenation"})
+            return json.dumps(
+                {
+                    "fluent": ok,
+                    "self_contained": True,
+                    "unique_answer": True,
+                    "supported": True,
+                    "reason": "reads well" if ok else "a concatenation",
+                }
+            )
         if prompt.startswith("## Task: answer a question without tools"):
             entry = self._entry(prompt)
             guess = {"easy": entry["answer"], "nonunique": "Other Candidate"}.get(entry["scenario"], "Nobody Known")
@@ -123,8 +134,11 @@ class StandInLLM:
             self.requests += 1
             fault = self.faults(self.requests, prompt) if self.faults else None
             if fault in ("503", "429"):
-                return web.json_response({"error": {"message": "the stand-in is unavailable"}}, status=int(fault),
-                                         headers={"Retry-After": "0"})
+                return web.json_response(
+                    {"error": {"message": "the stand-in is unavailable"}},
+                    status=int(fault),
+                    headers={"Retry-After": "0"},
+                )
             content = self.reply(prompt)
         finish = "stop"
         if fault == "cut":
@@ -132,14 +146,27 @@ class StandInLLM:
         return chat_completion(content, body.get("model", "stand-in"), finish=finish, rid=f"standin-{self.requests}")
 
 
-def chat_completion(content: str, model: str, *, finish: str = "stop", rid: str = "standin",
-                    usage: tuple[int, int] = (1, 1)) -> web.Response:
+def chat_completion(
+    content: str, model: str, *, finish: str = "stop", rid: str = "standin", usage: tuple[int, int] = (1, 1)
+) -> web.Response:
     """An OpenAI chat.completion response holding `content` (for the test doubles of chat LLMs)."""
-    return web.json_response({
-        "id": f"chatcmpl-{rid}", "object": "chat.completion", "created": int(time.time()), "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "logprobs": None,
-                     "finish_reason": finish}],
-        "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}})
+    return web.json_response(
+        {
+            "id": f"chatcmpl-{rid}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content},
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
+            ],
+            "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)},
+        }
+    )
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
 """How a run's parts are built from their configs: envs and tasks, the rollout workflow and controller, the learner."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -46,9 +47,13 @@ def task_ids(make_env: Callable[[], SearchEnv], only: Sequence[str] | None = Non
 
 def workflow_settings(rollout: RolloutConfig) -> WorkflowSettings:
     """How the run's episodes are generated (sampling, context budget and policy, observation role)."""
-    return WorkflowSettings(SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature),
-                            max_context=rollout.max_context, observation_role=rollout.observation_role,
-                            context=rollout_context_policy(rollout), max_segments=rollout.max_segments)
+    return WorkflowSettings(
+        SamplingParams(max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature),
+        max_context=rollout.max_context,
+        observation_role=rollout.observation_role,
+        context=rollout_context_policy(rollout),
+        max_segments=rollout.max_segments,
+    )
 
 
 def rollout_context_policy(rollout: RolloutConfig) -> ContextPolicy:
@@ -57,14 +62,23 @@ def rollout_context_policy(rollout: RolloutConfig) -> ContextPolicy:
         return context_policy(rollout.context_policy, summary_tokens=rollout.summary_tokens)
     cls = load_object(rollout.context_policy)
     if not (isinstance(cls, type) and issubclass(cls, ContextPolicy)):
-        raise ValueError(f"rollout.context_policy {rollout.context_policy!r} is not a ContextPolicy subclass "
-                         "(searchgym.agents.context)")
+        raise ValueError(
+            f"rollout.context_policy {rollout.context_policy!r} is not a ContextPolicy subclass "
+            "(searchgym.agents.context)"
+        )
     return cls()
 
 
-async def open_rollout_engine(rollout: RolloutConfig, model_dir: Path | str, *, device: str, seed: int,
-                              version: int = 0, addresses: Sequence[str] = (),
-                              start_timeout: float = 1800) -> EngineHandle:
+async def open_rollout_engine(
+    rollout: RolloutConfig,
+    model_dir: Path | str,
+    *,
+    device: str,
+    seed: int,
+    version: int = 0,
+    addresses: Sequence[str] = (),
+    start_timeout: float = 1800,
+) -> EngineHandle:
     """The run's rollout engine: an in-process TorchEngine on `model_dir`, or SGLang servers (the caller closes it).
 
     With SGLang, `model_dir` gives the tokenizer and `start_timeout` bounds the wait for the servers.
@@ -75,8 +89,9 @@ async def open_rollout_engine(rollout: RolloutConfig, model_dir: Path | str, *, 
         spec, tokenizer = "sglang:" + ",".join(addresses), str(model_dir)
     else:
         spec, tokenizer = str(model_dir), None
-    return await open_engine(spec, device=device, seed=seed, version=version, tokenizer=tokenizer,
-                             start_timeout=start_timeout)
+    return await open_engine(
+        spec, device=device, seed=seed, version=version, tokenizer=tokenizer, start_timeout=start_timeout
+    )
 
 
 def rollout_workflow(rollout: RolloutConfig, handle: EngineHandle) -> Workflow:
@@ -88,40 +103,62 @@ def rollout_workflow(rollout: RolloutConfig, handle: EngineHandle) -> Workflow:
     return build_player(handle, workflow=rollout.agent or rollout.workflow, settings=workflow_settings(rollout))
 
 
-def build_controller(rollout: RolloutConfig, handle: EngineHandle, tasks: Sequence[str], *,
-                     make_env: Callable[[], SearchEnv], synchronous: bool, seed: int, shares: int = 1
-                     ) -> RolloutController:
+def build_controller(
+    rollout: RolloutConfig,
+    handle: EngineHandle,
+    tasks: Sequence[str],
+    *,
+    make_env: Callable[[], SearchEnv],
+    synchronous: bool,
+    seed: int,
+    shares: int = 1,
+) -> RolloutController:
     """A rollout controller playing the run's workflow on `handle`'s engine, with the run's rollout settings, on
     `1/shares` of the batch and of the concurrency.
 
     `synchronous` (`mode: sync`) means staleness 0: no group starts before the previous batch is trained.
     """
     return RolloutController(
-        make_env, rollout_workflow(rollout, handle), list(tasks), engine=handle.engine,
-        group_size=rollout.group_size, batch_size=rollout.batch_size // shares,
+        make_env,
+        rollout_workflow(rollout, handle),
+        list(tasks),
+        engine=handle.engine,
+        group_size=rollout.group_size,
+        batch_size=rollout.batch_size // shares,
         max_staleness=0 if synchronous else rollout.max_staleness,
-        max_concurrent_rollouts=rollout.max_concurrent_rollouts // shares, seed=seed)
+        max_concurrent_rollouts=rollout.max_concurrent_rollouts // shares,
+        seed=seed,
+    )
 
 
 def torch_dtype(name: str) -> torch.dtype:
-    """"bfloat16" -> torch.bfloat16; refuses names that are not torch floating dtypes."""
+    """ "bfloat16" -> torch.bfloat16; refuses names that are not torch floating dtypes."""
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"model.dtype {name!r} is not a torch floating-point dtype")
     return dtype
 
 
-def load_learner(model: ModelConfig, settings: LearnerConfig, model_dir: Path | str, *, pad_id: int | None,
-                 state: dict[str, Any] | None = None) -> Learner:
+def load_learner(
+    model: ModelConfig,
+    settings: LearnerConfig,
+    model_dir: Path | str,
+    *,
+    pad_id: int | None,
+    state: dict[str, Any] | None = None,
+) -> Learner:
     """The learner on `model_dir`'s weights (model.device, model.dtype), with optimizer state from `state`."""
     from transformers import AutoModelForCausalLM
 
     if state and "sharded_ranks" in state["learner"]:
-        raise ValueError(f"the checkpoint was written by a sharded learner of {state['learner']['sharded_ranks']} "
-                         f"ranks: resume it with learner.ranks={state['learner']['sharded_ranks']}")
+        raise ValueError(
+            f"the checkpoint was written by a sharded learner of {state['learner']['sharded_ranks']} "
+            f"ranks: resume it with learner.ranks={state['learner']['sharded_ranks']}"
+        )
     weights = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(model.dtype))
-    learner = Learner(weights.to(model.device), settings, pad_id=pad_id or 0,
-                      version=int(state["learner"]["version"]) if state else 0)
+    learner = Learner(
+        weights.to(model.device), settings, pad_id=pad_id or 0, version=int(state["learner"]["version"]) if state else 0
+    )
     if state:
         learner.load_state_dict(state["learner"])
     return learner

@@ -4,6 +4,7 @@
 typed `TrainConfig` through `searchgym.settings.load_settings`; unknown keys, wrong types and settings outside
 their declared choices or ranges are errors that name the key.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -32,12 +33,18 @@ class LearnerConfig:
     c_clip: float | None = setting(None, above=1)  # dual clip (> 1): a token's loss is at most c_clip * |A|; None: off
     temperature: float = 1.0
     micro_batch_tokens: int = setting(16_384, at_least=1)
-    logit_chunk_tokens: int = setting(512, at_least=1)  # positions whose [chunk, vocab] logits exist at once (lm_head.chunked_logprobs)
-    packing: str = setting("auto", choices=("auto", "on", "off"))  # "auto" | "on" | "off": several trajectories in one row (auto: with flash attention)
+    logit_chunk_tokens: int = setting(
+        512, at_least=1
+    )  # positions whose [chunk, vocab] logits exist at once (lm_head.chunked_logprobs)
+    packing: str = setting(
+        "auto", choices=("auto", "on", "off")
+    )  # "auto" | "on" | "off": several trajectories in one row (auto: with flash attention)
     minibatches: int = setting(1, at_least=1)
     std_normalize: bool = False
     drop_no_spread: bool = True  # groups whose returns are all equal carry no signal: skip them
-    process_reward: str = setting("clip", choices=("clip", "delta", "none"))  # "clip" | "delta" | "none": how process rewards enter the return
+    process_reward: str = setting(
+        "clip", choices=("clip", "delta", "none")
+    )  # "clip" | "delta" | "none": how process rewards enter the return
     process_reward_weight: float = 0.0  # reward for a search that retrieves the answer page; 0: off
     process_reward_threshold: float = 0.0
     # the sharded learner (trainers/algorithm/fsdp.py): FSDP2 over `ranks` processes, one per GPU (local launcher: this
@@ -68,8 +75,11 @@ class EnvConfig:
             return
         accepted = accepted_kwargs(self.id)
         if accepted is not None:
-            self.kwargs = {k: v for k, v in self.kwargs.items()
-                           if not (k in SYNTHETIC_DEFAULTS and v == SYNTHETIC_DEFAULTS[k] and k not in accepted)}
+            self.kwargs = {
+                k: v
+                for k, v in self.kwargs.items()
+                if not (k in SYNTHETIC_DEFAULTS and v == SYNTHETIC_DEFAULTS[k] and k not in accepted)
+            }
 
 
 @dataclass
@@ -92,7 +102,9 @@ class RolloutConfig:
     max_new_tokens: int = setting(64, at_least=1)
     temperature: float = 1.0
     max_context: int = 4096
-    observation_role: str = setting("user", choices=("user", "tool", "inline"))  # how tool results enter the chat: "user", "tool" or "inline" (Search-R1)
+    observation_role: str = setting(
+        "user", choices=("user", "tool", "inline")
+    )  # how tool results enter the chat: "user", "tool" or "inline" (Search-R1)
     # when an episode outgrows max_context: "end" it truncated, "fold" old observations into stubs, or have the
     # policy "summarise" its findings (trained); the episode then goes on in a new segment (agents/context.py);
     # or a ContextPolicy subclass, "module:Class" or "file.py:Class"
@@ -101,21 +113,30 @@ class RolloutConfig:
     max_segments: int = setting(64, at_least=1)  # an episode needing more context segments ends truncated
     workflow: str | None = None  # a custom Workflow class, "module:Class" or "file.py:Class" (default: TokenWorkflow)
     agent: str | None = None  # an agent program, "module:function" or "file.py:function" (agents/program.py)
-    engine: str = setting("torch", choices=("torch", "sglang"))  # "torch": an in-process TorchEngine; "sglang": SGLang servers, weights synced via disk
+    engine: str = setting(
+        "torch", choices=("torch", "sglang")
+    )  # "torch": an in-process TorchEngine; "sglang": SGLang servers, weights synced via disk
     sglang_addresses: list[str] = field(default_factory=list)  # running servers ("host:port") for engine "sglang"
 
     def check(self) -> Iterator[tuple[str, str]]:
         """The checks that span fields: (key, what is wrong) for each one failed."""
         if self.max_concurrent_rollouts < self.group_size:
-            yield ("max_concurrent_rollouts", f"must be at least {self.group_size} (group_size), "
-                                              f"got {self.max_concurrent_rollouts}")
+            yield (
+                "max_concurrent_rollouts",
+                f"must be at least {self.group_size} (group_size), got {self.max_concurrent_rollouts}",
+            )
         # else a custom ContextPolicy class, "module:Class" or "file.py:Class"
         if ":" not in self.context_policy and self.context_policy not in ("end", "fold", "summarise"):
-            yield ("context_policy", f"must be one of 'end', 'fold', 'summarise' (or module:Class), "
-                                     f"got {self.context_policy!r}")
+            yield (
+                "context_policy",
+                f"must be one of 'end', 'fold', 'summarise' (or module:Class), got {self.context_policy!r}",
+            )
         if self.context_policy == "summarise" and self.summary_tokens * 2 > self.max_context:
-            yield ("summary_tokens", f"must be at most half of rollout.max_context ({self.max_context}) so a "
-                                     f"segment has room to summarise, got {self.summary_tokens}")
+            yield (
+                "summary_tokens",
+                f"must be at most half of rollout.max_context ({self.max_context}) so a "
+                f"segment has room to summarise, got {self.summary_tokens}",
+            )
         if self.agent is not None and self.workflow is not None:
             yield ("agent", "rollout.agent and rollout.workflow both name what plays the episodes: set one")
         if self.agent is not None and ":" not in self.agent:
@@ -145,7 +166,9 @@ class RayConfig:
     sglang_gpus_per_server: int = 1  # each server's GPUs, also its --tp-size
     sglang_mem_fraction_static: float = 0.8
     sglang_args: list[str] = field(default_factory=list)  # extra launch_server flags, e.g. ["--dtype", "bfloat16"]
-    sglang_server: str = setting("sglang", choices=("sglang", "searchgym"))  # "sglang": python -m sglang.launch_server; "searchgym": our CPU stand-in server
+    sglang_server: str = setting(
+        "sglang", choices=("sglang", "searchgym")
+    )  # "sglang": python -m sglang.launch_server; "searchgym": our CPU stand-in server
     sglang_start_timeout_s: float = 1800
     # A local cluster (address null) binds what it can to local_host: the model servers launched here and, with
     # dashboard on, Ray's dashboard. A routable address (or 0.0.0.0) lets other machines reach them; a joined
@@ -158,13 +181,17 @@ class RayConfig:
         try:
             ipaddress.IPv4Address(self.local_host)
         except ValueError:
-            yield ("local_host", f"must be an IPv4 address (127.0.0.1 keeps a local cluster's servers on this "
-                                 f"machine; 0.0.0.0 opens them to the network), got {self.local_host!r}")
+            yield (
+                "local_host",
+                f"must be an IPv4 address (127.0.0.1 keeps a local cluster's servers on this "
+                f"machine; 0.0.0.0 opens them to the network), got {self.local_host!r}",
+            )
 
 
 @dataclass
 class WatchdogConfig:
-    """The collapse watchdog (trainers/run/watchdog.py): the signals that make a step unhealthy, and what a restore does.
+    """The collapse watchdog (trainers/run/watchdog.py): the signals that make a step unhealthy, and what a restore
+    does.
 
     A null threshold turns its rule off. "Median" is over the last `history` healthy steps; the relative rules wait
     for `min_history` of them. On a trigger the run restores its last healthy checkpoint with the learning rate
@@ -173,7 +200,9 @@ class WatchdogConfig:
 
     enabled: bool = True
     max_restores: int = setting(2, at_least=0)
-    lr_factor: float = setting(0.5, above=0, at_most=1)  # each restore multiplies the learning rate by this (0 < lr_factor <= 1)
+    lr_factor: float = setting(
+        0.5, above=0, at_most=1
+    )  # each restore multiplies the learning rate by this (0 < lr_factor <= 1)
     history: int = setting(20, at_least=1)
     min_history: int = setting(3, at_least=0)
     grad_norm_factor: float | None = 20.0  # grad_norm (before clipping) above this times its median
@@ -183,7 +212,9 @@ class WatchdogConfig:
     ratio_max: float | None = 100.0  # importance_weight_max (pi_theta / pi_prox) above this
     clip_fraction_max: float | None = 0.8  # share of tokens the PPO clip cut
     behav_capped_max: float | None = 0.5  # share of tokens dropped for pi_prox / pi_behav above behav_weight_cap
-    reward_window: int = setting(5, at_least=1)  # steps whose mean episode reward is compared with the median before them
+    reward_window: int = setting(
+        5, at_least=1
+    )  # steps whose mean episode reward is compared with the median before them
     reward_level: float = 0.1  # the reward rule watches only a median reward of at least this ...
     reward_drop: float | None = 0.1  # ... and triggers when the window's mean falls below this share of it
 
@@ -194,7 +225,9 @@ class TrainConfig:
 
     steps: int = setting(10, at_least=1)
     mode: str = setting("async", choices=("async", "sync"))
-    launcher: str = setting("local", choices=("local", "ray"))  # "local": launchers/local.py; "ray": launchers/ray_cluster.py
+    launcher: str = setting(
+        "local", choices=("local", "ray")
+    )  # "local": launchers/local.py; "ray": launchers/ray_cluster.py
     seed: int = 0
     out_dir: str = "runs/train"
     save_every: int = setting(10, at_least=1)  # learner steps between checkpoints (the last step always saves one)

@@ -6,6 +6,7 @@ of a sharded learner, whichever launcher started the rank; `check_resume` refuse
 kind before any rank starts. Learner kinds differ by their methods (`full_model`, `save_checkpoint`,
 `restorable`), never by type checks here.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -48,16 +49,27 @@ def check_resume(checkpoint: str | os.PathLike | None, ranks: int) -> None:
     if ranks > 1 and not sharded:
         raise ValueError(f"{checkpoint} was written by a single-rank learner: resume it with learner.ranks=1")
     if ranks == 1 and sharded:
-        raise ValueError(f"{checkpoint} was written by a sharded learner: resume it with learner.ranks set to its "
-                         "ranks (trainer.pt's learner.sharded_ranks)")
+        raise ValueError(
+            f"{checkpoint} was written by a sharded learner: resume it with learner.ranks set to its "
+            "ranks (trainer.pt's learner.sharded_ranks)"
+        )
 
 
 def sharded_learner(spec: RankSpec, rank: int, device_index: int | None = None) -> ShardedLearner:
     """Rank `rank`'s ShardedLearner: joins the group, loads the model (and the checkpoint: a collective)."""
-    return load_sharded_learner(spec.model_dir, spec.learner, dtype=getattr(torch, spec.dtype), pad_id=spec.pad_id,
-                                checkpoint=spec.checkpoint, device=spec.device, rank=rank, world_size=spec.world,
-                                master_addr=spec.master_addr, master_port=spec.master_port,
-                                device_index=rank if device_index is None else device_index)
+    return load_sharded_learner(
+        spec.model_dir,
+        spec.learner,
+        dtype=getattr(torch, spec.dtype),
+        pad_id=spec.pad_id,
+        checkpoint=spec.checkpoint,
+        device=spec.device,
+        rank=rank,
+        world_size=spec.world,
+        master_addr=spec.master_addr,
+        master_port=spec.master_port,
+        device_index=rank if device_index is None else device_index,
+    )
 
 
 class InProcessLearner:
@@ -67,8 +79,9 @@ class InProcessLearner:
     The Ray learner actor wraps one of these too.
     """
 
-    def __init__(self, learner: Learner, sync: WeightSync, tokenizer: Any, out_dir: str | os.PathLike,
-                 keep_checkpoints: int):
+    def __init__(
+        self, learner: Learner, sync: WeightSync, tokenizer: Any, out_dir: str | os.PathLike, keep_checkpoints: int
+    ):
         self.learner, self.sync, self.tokenizer = learner, sync, tokenizer
         self.out_dir, self.keep_checkpoints = Path(out_dir), keep_checkpoints
         self.watchdog_state: dict[str, Any] = {}  # the watchdog's restores and lr scale, saved with checkpoints
@@ -90,16 +103,29 @@ class InProcessLearner:
 
     async def save_checkpoint(self, step: int, rollouts: list[dict[str, Any]]) -> None:
         """Checkpoint `step` in a worker thread: the learner's weights and state, the rollouts' and the watchdog's."""
-        await asyncio.to_thread(self.learner.save_checkpoint, self.out_dir, step, tokenizer=self.tokenizer,
-                                state={"rollouts": rollouts, "watchdog": self.watchdog_state},
-                                keep=self.keep_checkpoints)
+        await asyncio.to_thread(
+            self.learner.save_checkpoint,
+            self.out_dir,
+            step,
+            tokenizer=self.tokenizer,
+            state={"rollouts": rollouts, "watchdog": self.watchdog_state},
+            keep=self.keep_checkpoints,
+        )
 
     async def restore(self, weights: str, from_checkpoint: bool, watchdog: dict[str, Any]) -> float:
         """Put the learner back on healthy weights with the watchdog's lr scale (restore.py); the new lr."""
         if not self.learner.restorable:
-            raise NotImplementedError("the collapse watchdog cannot restore a sharded learner yet: "
-                                      "set watchdog.enabled=false with learner.ranks > 1")
-        lr = await asyncio.to_thread(restore_learner, self.learner, weights, from_checkpoint=from_checkpoint,
-                                     lr_scale=float(watchdog["lr_scale"]), initial=self._initial)
+            raise NotImplementedError(
+                "the collapse watchdog cannot restore a sharded learner yet: "
+                "set watchdog.enabled=false with learner.ranks > 1"
+            )
+        lr = await asyncio.to_thread(
+            restore_learner,
+            self.learner,
+            weights,
+            from_checkpoint=from_checkpoint,
+            lr_scale=float(watchdog["lr_scale"]),
+            initial=self._initial,
+        )
         self.watchdog_state = dict(watchdog)
         return lr

@@ -30,6 +30,7 @@ side is `cancel_safe`: its state then still owes every group), and TrainingStopp
 `launchers/local.py` passes in-process handles (a RolloutController, a Learner and a WeightSync in one event
 loop); `launchers/ray_cluster.py` passes handles to Ray actors.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -52,7 +53,8 @@ from searchgym.trainers.run.watchdog import Alarm, HealthyState, TrainingCollaps
 
 @dataclass
 class Batch:
-    """One step's groups; `refs` says where they already live (Ray object refs), so a remote learner fetches them there."""
+    """One step's groups; `refs` says where they already live (Ray object refs), so a remote learner fetches them
+    there."""
 
     groups: list[list[Trajectory]]
     refs: Sequence[Any] = ()
@@ -119,9 +121,17 @@ class Schedule:
         return step % self.save_every == 0 or step == self.last_step
 
 
-async def train_loop(rollouts: RolloutSide, learner: LearnerSide, run_log: RunLog, schedule: Schedule, *,
-                     progress: bool = True, desc: str = "training", watchdog: Watchdog | None = None,
-                     stop: StopRequest | None = None) -> list[dict[str, float]]:
+async def train_loop(
+    rollouts: RolloutSide,
+    learner: LearnerSide,
+    run_log: RunLog,
+    schedule: Schedule,
+    *,
+    progress: bool = True,
+    desc: str = "training",
+    watchdog: Watchdog | None = None,
+    stop: StopRequest | None = None,
+) -> list[dict[str, float]]:
     """Train steps first_step .. last_step; every step's metrics, this run's and (after a resume) the earlier ones'.
 
     With `stop` (set by SIGTERM/SIGINT, stopping.py) the loop ends at a step boundary and raises TrainingStopped.
@@ -140,8 +150,9 @@ async def train_loop(rollouts: RolloutSide, learner: LearnerSide, run_log: RunLo
 
     steps = range(schedule.first_step, schedule.last_step + 1)
     try:
-        for step in tqdm(steps, desc=desc, disable=not progress, initial=schedule.first_step - 1,
-                         total=schedule.last_step):
+        for step in tqdm(
+            steps, desc=desc, disable=not progress, initial=schedule.first_step - 1, total=schedule.last_step
+        ):
             batch = await _batch_unless_stopped(rollouts, stop)
             if batch is None:  # stopped while waiting: nothing of this step was trained
                 if saved < trained and getattr(rollouts, "cancel_safe", False):
@@ -160,8 +171,9 @@ async def train_loop(rollouts: RolloutSide, learner: LearnerSide, run_log: RunLo
                 extra, collapsed = _stop(run_log, watchdog, alarm, step)
             else:
                 version, extra = await _recover(rollouts, learner, watchdog, alarm, step)
-            metrics = step_metrics({**stats, "learner/step_s": learner_s}, batch.groups, clock,
-                                   await rollouts.stats(), window)
+            metrics = step_metrics(
+                {**stats, "learner/step_s": learner_s}, batch.groups, clock, await rollouts.stats(), window
+            )
             run_log.record(step, {**metrics, **extra}, batch.groups, trained_version)
             trained = step
             if collapsed is not None:
@@ -206,8 +218,12 @@ def _latest(run_log: RunLog) -> str | None:
 
 def _alarm_metrics(watchdog: Watchdog, alarm: Alarm, state: HealthyState) -> dict[str, float]:
     """The metrics row's account of a trigger: which steps it blamed and what it restored."""
-    return {"watchdog/trigger": 1.0, "watchdog/since_step": float(alarm.since),
-            "watchdog/restored_step": float(state.step or 0), "watchdog/restores": float(watchdog.restores)}
+    return {
+        "watchdog/trigger": 1.0,
+        "watchdog/since_step": float(alarm.since),
+        "watchdog/restored_step": float(state.step or 0),
+        "watchdog/restores": float(watchdog.restores),
+    }
 
 
 def _stop(run_log: RunLog, watchdog: Watchdog, alarm: Alarm, step: int) -> tuple[dict[str, float], TrainingCollapsed]:
@@ -218,28 +234,41 @@ def _stop(run_log: RunLog, watchdog: Watchdog, alarm: Alarm, step: int) -> tuple
     else:  # the healthy state is the run's initial weights: no checkpoint of this run is, so --resume has none
         (checkpoint_root(run_log.dir) / LATEST).unlink(missing_ok=True)
     print(describe(alarm, state, step=step, lr=None, stopping=True), file=sys.stderr, flush=True)
-    where = (f"{state.name}, which checkpoints/latest now names (--resume goes on from it at its own learning rate; "
-             f"for a lower one start a new run with model.path={state.path} and a lower learner.lr)"
-             if state.step is not None else f"{state.name} (checkpoints/latest is removed, so --resume cannot go on "
-             "from collapsed weights): start again with a lower learner.lr")
+    where = (
+        f"{state.name}, which checkpoints/latest now names (--resume goes on from it at its own learning rate; "
+        f"for a lower one start a new run with model.path={state.path} and a lower learner.lr)"
+        if state.step is not None
+        else f"{state.name} (checkpoints/latest is removed, so --resume cannot go on "
+        "from collapsed weights): start again with a lower learner.lr"
+    )
     error = TrainingCollapsed(
         f"training collapsed at step {step} ({alarm.rule}: {alarm.reason}) after {watchdog.restores} restore(s) "
-        f"(watchdog.max_restores={watchdog.config.max_restores}); the last healthy state is {where}")
+        f"(watchdog.max_restores={watchdog.config.max_restores}); the last healthy state is {where}"
+    )
     return {**_alarm_metrics(watchdog, alarm, state), "watchdog/stopped": 1.0}, error
 
 
-async def _recover(rollouts: RolloutSide, learner: LearnerSide, watchdog: Watchdog, alarm: Alarm,
-                   step: int) -> tuple[int, dict[str, float]]:
+async def _recover(
+    rollouts: RolloutSide, learner: LearnerSide, watchdog: Watchdog, alarm: Alarm, step: int
+) -> tuple[int, dict[str, float]]:
     """Restore the healthy state with a lower lr, push it, drop the groups the collapsed weights generated."""
     state = watchdog.healthy(alarm)
-    lr = await learner.restore(str(state.path), state.step is not None,
-                               {"restores": watchdog.restores + 1,
-                                "lr_scale": watchdog.lr_scale * watchdog.config.lr_factor})
+    lr = await learner.restore(
+        str(state.path),
+        state.step is not None,
+        {"restores": watchdog.restores + 1, "lr_scale": watchdog.lr_scale * watchdog.config.lr_factor},
+    )
     watchdog.restored(state)
     version = await learner.push_weights()  # the restored weights, under the collapsed step's version: never an old one
     dropped = await rollouts.discard()
     await rollouts.set_trained_version(version)
-    print(describe(alarm, state, step=step, lr=lr, stopping=False) + f"; {dropped} groups in flight dropped",
-          file=sys.stderr, flush=True)
-    return version, {**_alarm_metrics(watchdog, alarm, state), "watchdog/lr": lr,
-                     "watchdog/dropped_groups": float(dropped)}
+    print(
+        describe(alarm, state, step=step, lr=lr, stopping=False) + f"; {dropped} groups in flight dropped",
+        file=sys.stderr,
+        flush=True,
+    )
+    return version, {
+        **_alarm_metrics(watchdog, alarm, state),
+        "watchdog/lr": lr,
+        "watchdog/dropped_groups": float(dropped),
+    }

@@ -42,6 +42,7 @@ What it counts, per learner rank (every term at once: an upper bound of the step
 SGLang servers: the weights per GPU (P * bytes / tp) must fit in `ray.sglang_mem_fraction_static` of the GPU (the
 static pool that holds weights and KV cache); what is left is KV cache, reported in tokens.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -137,16 +138,28 @@ class Plan:
 
     def to_json(self) -> dict[str, Any]:
         """The plan as plain JSON-ready data (what `--dry-run --json` prints)."""
-        return {"launcher": self.launcher, "learner_ranks": self.ranks, "model": dataclasses.asdict(self.model),
-                "groups": [dataclasses.asdict(g) for g in self.groups], "total": self.total, "cluster": self.cluster,
-                "gpu_memory_bytes": self.gpu_memory_bytes, "learner_on_gpu": self.on_gpu,
-                "learner_memory": [dataclasses.asdict(t) for t in self.learner],
-                "learner_gpu_bytes": self.learner_gpu_bytes, "load_gpu_bytes": self.load_bytes,
-                "host_memory": [dataclasses.asdict(t) for t in self.host], "servers": self.servers,
-                "notes": self.notes, "fits": self.refusal is None, "refusal": self.refusal}
+        return {
+            "launcher": self.launcher,
+            "learner_ranks": self.ranks,
+            "model": dataclasses.asdict(self.model),
+            "groups": [dataclasses.asdict(g) for g in self.groups],
+            "total": self.total,
+            "cluster": self.cluster,
+            "gpu_memory_bytes": self.gpu_memory_bytes,
+            "learner_on_gpu": self.on_gpu,
+            "learner_memory": [dataclasses.asdict(t) for t in self.learner],
+            "learner_gpu_bytes": self.learner_gpu_bytes,
+            "load_gpu_bytes": self.load_bytes,
+            "host_memory": [dataclasses.asdict(t) for t in self.host],
+            "servers": self.servers,
+            "notes": self.notes,
+            "fits": self.refusal is None,
+            "refusal": self.refusal,
+        }
 
 
 # ---- the model's shapes ----------------------------------------------------------------------------------------
+
 
 def known_shapes() -> dict[str, dict[str, Any]]:
     """The package's table of config.json shapes (shapes.json), aliases resolved: {hub id: config.json fields}."""
@@ -167,24 +180,35 @@ def model_shape(path: str | None) -> ModelShape:
         from searchgym.agents.tiny_model import build_tiny_model
 
         defaults = {k: v.default for k, v in inspect.signature(build_tiny_model).parameters.items()}
-        fields = {"model_type": "qwen2", "hidden_size": defaults["hidden_size"],
-                  "intermediate_size": defaults["intermediate_size"], "num_hidden_layers": defaults["num_layers"],
-                  "num_attention_heads": defaults["num_heads"], "num_key_value_heads": defaults["num_kv_heads"],
-                  "vocab_size": defaults["vocab_size"], "tie_word_embeddings": True}
+        fields = {
+            "model_type": "qwen2",
+            "hidden_size": defaults["hidden_size"],
+            "intermediate_size": defaults["intermediate_size"],
+            "num_hidden_layers": defaults["num_layers"],
+            "num_attention_heads": defaults["num_heads"],
+            "num_key_value_heads": defaults["num_kv_heads"],
+            "vocab_size": defaults["vocab_size"],
+            "tie_word_embeddings": True,
+        }
         return _count("searchgym tiny model", TINY_MODEL, AutoConfig.for_model(**fields))
     local = Path(path).expanduser()
     if (local / "config.json").is_file():
         return _count(path, f"{local / 'config.json'}", AutoConfig.from_pretrained(local))
     table = known_shapes()
     if path in table:
-        return _count(path, f"searchgym/trainers/{SHAPES} (the public config.json of {path}: no such directory here)",
-                      AutoConfig.for_model(**table[path]))
+        return _count(
+            path,
+            f"searchgym/trainers/{SHAPES} (the public config.json of {path}: no such directory here)",
+            AutoConfig.for_model(**table[path]),
+        )
     try:  # a hub id downloaded before: the Hugging Face cache, never the network
         config = AutoConfig.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError):
-        raise PlanError(f"model.path {path!r}: no config.json on disk, not in the Hugging Face cache, and not one of "
-                        f"the known shapes ({', '.join(sorted(table))}): download it, or point model.path at a "
-                        "model directory") from None
+        raise PlanError(
+            f"model.path {path!r}: no config.json on disk, not in the Hugging Face cache, and not one of "
+            f"the known shapes ({', '.join(sorted(table))}): download it, or point model.path at a "
+            "model directory"
+        ) from None
     return _count(path, "the Hugging Face cache's config.json", config)
 
 
@@ -201,14 +225,24 @@ def _count(name: str, source: str, config: Any) -> ModelShape:
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    return ModelShape(name=name, source=source, parameters=sum(p.numel() for p in model.parameters()),
-                      layer_parameters=sum(p.numel() for p in layers[0].parameters()), hidden_size=text.hidden_size,
-                      intermediate_size=text.intermediate_size, num_layers=len(layers), num_heads=heads,
-                      num_kv_heads=getattr(text, "num_key_value_heads", None) or heads, head_dim=head_dim,
-                      vocab_size=text.vocab_size, tied=bool(getattr(text, "tie_word_embeddings", False)))
+    return ModelShape(
+        name=name,
+        source=source,
+        parameters=sum(p.numel() for p in model.parameters()),
+        layer_parameters=sum(p.numel() for p in layers[0].parameters()),
+        hidden_size=text.hidden_size,
+        intermediate_size=text.intermediate_size,
+        num_layers=len(layers),
+        num_heads=heads,
+        num_kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        vocab_size=text.vocab_size,
+        tied=bool(getattr(text, "tie_word_embeddings", False)),
+    )
 
 
 # ---- the memory model ------------------------------------------------------------------------------------------
+
 
 def dtype_bytes(name: str) -> int:
     """Bytes per element of a torch floating dtype name ("bfloat16" -> 2)."""
@@ -220,8 +254,12 @@ def dtype_bytes(name: str) -> int:
 def layer_activation_bytes(shape: ModelShape, act_bytes: int) -> int:
     """Bytes one decoder layer saves for backward per token (module docstring: Korthikanti et al. 2022's count)."""
     b, h = act_bytes, shape.hidden_size
-    return (6 * b + 8) * h + 4 * b * shape.intermediate_size + 2 * b * shape.num_kv_heads * shape.head_dim \
+    return (
+        (6 * b + 8) * h
+        + 4 * b * shape.intermediate_size
+        + 2 * b * shape.num_kv_heads * shape.head_dim
         + 4 * shape.num_heads
+    )
 
 
 def outside_activation_bytes(shape: ModelShape, act_bytes: int, checkpointing: bool = False) -> int:
@@ -261,27 +299,50 @@ def learner_terms(shape: ModelShape, learner: LearnerConfig, *, dtype: str, on_g
     offloaded = " (learner.cpu_offload: on the host)" if offload else ""
     layer = layer_activation_bytes(shape, b)
     activations = stored_activation_bytes(shape, tokens, b, ckpt) + (2 if ckpt else 1) * tokens * layer
-    how = ("checkpointing on: each layer keeps its input, one layer recomputed at a time" if ckpt else
-           f"checkpointing off: all {shape.num_layers} layers keep theirs")
+    how = (
+        "checkpointing on: each layer keeps its input, one layer recomputed at a time"
+        if ckpt
+        else f"checkpointing off: all {shape.num_layers} layers keep theirs"
+    )
     master = "FSDP2 keeps no fp32 master copy" if sharded else "the plain Learner keeps no fp32 master copy"
     terms = [
         Term("parameters", math.ceil(shape.parameters * p / ranks), where, shard + offloaded),
-        Term("gradients", math.ceil(shape.parameters * p / ranks), where,
-             f"{dtype}{' (reduced in fp32, kept in the parameters dtype)' if sharded else ''}{offloaded}"),
-        Term("optimizer state", math.ceil(2 * shape.parameters * p / ranks), where,
-             f"AdamW exp_avg + exp_avg_sq in {dtype}, the parameters' dtype ({master}){offloaded}"),
+        Term(
+            "gradients",
+            math.ceil(shape.parameters * p / ranks),
+            where,
+            f"{dtype}{' (reduced in fp32, kept in the parameters dtype)' if sharded else ''}{offloaded}",
+        ),
+        Term(
+            "optimizer state",
+            math.ceil(2 * shape.parameters * p / ranks),
+            where,
+            f"AdamW exp_avg + exp_avg_sq in {dtype}, the parameters' dtype ({master}){offloaded}",
+        ),
     ]
     if sharded:
-        terms.append(Term("FSDP buffers",
-                          (shape.root_parameters + 2 * shape.layer_parameters) * b + 4 * shape.layer_parameters,
-                          device, "unsharded root (embeddings, LM head) and 2 layers in the compute dtype, "
-                                  "one layer's fp32 gradient"))
+        terms.append(
+            Term(
+                "FSDP buffers",
+                (shape.root_parameters + 2 * shape.layer_parameters) * b + 4 * shape.layer_parameters,
+                device,
+                "unsharded root (embeddings, LM head) and 2 layers in the compute dtype, one layer's fp32 gradient",
+            )
+        )
     terms += [
-        Term("activations", activations, device,
-             f"{tokens:,} tokens a micro-batch, {how} ({layer:,} B per token and layer)"),
-        Term("loss head", loss_head_bytes(shape, tokens, learner.logit_chunk_tokens, b), device,
-             f"logits of {min(tokens, learner.logit_chunk_tokens):,} positions at a time (learner.logit_chunk_tokens) x "
-             f"{shape.vocab_size:,} vocab, two buffers at once"),
+        Term(
+            "activations",
+            activations,
+            device,
+            f"{tokens:,} tokens a micro-batch, {how} ({layer:,} B per token and layer)",
+        ),
+        Term(
+            "loss head",
+            loss_head_bytes(shape, tokens, learner.logit_chunk_tokens, b),
+            device,
+            f"logits of {min(tokens, learner.logit_chunk_tokens):,} positions at a time (learner.logit_chunk_tokens) x "
+            f"{shape.vocab_size:,} vocab, two buffers at once",
+        ),
     ]
     return terms
 
@@ -292,6 +353,7 @@ def gpu_bytes(terms: list[Term]) -> int:
 
 
 # ---- the plan --------------------------------------------------------------------------------------------------
+
 
 def learner_on_gpu(config: TrainConfig) -> bool:
     """Whether the learner ranks train on GPUs (ray: learner GPUs reserved; local: model.device is CUDA)."""
@@ -312,39 +374,80 @@ def make_plan(config: TrainConfig, *, gpu_memory_gib: float = 80.0) -> Plan:
     terms = learner_terms(shape, config.learner, dtype=config.model.dtype, on_gpu=on_gpu)
     p = dtype_bytes(config.model.dtype)
     groups, total = _ray_groups(config) if config.launcher == "ray" else _local_groups(config, on_gpu)
-    host = [Term("model load", shape.parameters * p, "host",
-                 "each rank reads the whole model into host memory before sharding it")]
+    host = [
+        Term(
+            "model load",
+            shape.parameters * p,
+            "host",
+            "each rank reads the whole model into host memory before sharding it",
+        )
+    ]
     if config.learner.ranks > 1:
-        host.append(Term("consolidated copy (rank 0)", shape.parameters * p, "host",
-                         "rank 0's unsharded copy for weight pushes and checkpoints"))
+        host.append(
+            Term(
+                "consolidated copy (rank 0)",
+                shape.parameters * p,
+                "host",
+                "rank 0's unsharded copy for weight pushes and checkpoints",
+            )
+        )
     if config.learner.cpu_offload:
-        host.append(Term("offloaded state per rank", sum(t.bytes for t in terms if t.where == "host"
-                                                         and t.name in ("parameters", "gradients", "optimizer state")),
-                         "host", "parameters, gradients and optimizer state of one rank (pinned)"))
-    plan = Plan(config.launcher, config.learner.ranks, shape, groups, total, capacity, on_gpu, terms,
-                0 if config.learner.cpu_offload or not on_gpu else shape.parameters * p, host,
-                _servers(config, shape, capacity),
-                cluster=(config.ray.address or "a local cluster started here") if config.launcher == "ray" else None)
+        host.append(
+            Term(
+                "offloaded state per rank",
+                sum(
+                    t.bytes
+                    for t in terms
+                    if t.where == "host" and t.name in ("parameters", "gradients", "optimizer state")
+                ),
+                "host",
+                "parameters, gradients and optimizer state of one rank (pinned)",
+            )
+        )
+    plan = Plan(
+        config.launcher,
+        config.learner.ranks,
+        shape,
+        groups,
+        total,
+        capacity,
+        on_gpu,
+        terms,
+        0 if config.learner.cpu_offload or not on_gpu else shape.parameters * p,
+        host,
+        _servers(config, shape, capacity),
+        cluster=(config.ray.address or "a local cluster started here") if config.launcher == "ray" else None,
+    )
     if config.launcher == "local" and on_gpu and config.rollout.engine == "torch":
-        engine = Term("rollout engine weights", shape.parameters * 4, "gpu",
-                      f"rank 0's GPU also holds the in-process TorchEngine's fp32 copy ({config.model.device}), "
-                      "plus its KV cache")
+        engine = Term(
+            "rollout engine weights",
+            shape.parameters * 4,
+            "gpu",
+            f"rank 0's GPU also holds the in-process TorchEngine's fp32 copy ({config.model.device}), "
+            "plus its KV cache",
+        )
         plan.learner.append(engine)
         plan.notes.append("the in-process TorchEngine shares rank 0's GPU: its weights are counted above")
     if config.learner.ranks == 1 and (config.learner.activation_checkpointing or config.learner.cpu_offload):
-        plan.notes.append("learner.ranks=1 runs the plain Learner, which applies neither learner.activation_checkpointing "
-                          "nor learner.cpu_offload (the sharded learner does, from 2 ranks): the estimate leaves them out")
+        plan.notes.append(
+            "learner.ranks=1 runs the plain Learner, which applies neither learner.activation_checkpointing "
+            "nor learner.cpu_offload (the sharded learner does, from 2 ranks): the estimate leaves them out"
+        )
     if config.launcher == "ray" and config.learner.ranks == 1 and config.ray.learner_gpus > 1:
-        plan.notes.append(f"learner.ranks=1 trains on one device: {config.ray.learner_gpus:g} GPUs are reserved for it "
-                          f"(ray.learner_gpus is per rank); for FSDP2 over them set learner.ranks="
-                          f"{config.ray.learner_gpus:g} ray.learner_gpus=1")
+        plan.notes.append(
+            f"learner.ranks=1 trains on one device: {config.ray.learner_gpus:g} GPUs are reserved for it "
+            f"(ray.learner_gpus is per rank); for FSDP2 over them set learner.ranks="
+            f"{config.ray.learner_gpus:g} ray.learner_gpus=1"
+        )
     longest = config.rollout.max_context
     if longest > config.learner.micro_batch_tokens:
         alone = dataclasses.replace(config.learner, micro_batch_tokens=longest)
         worst = gpu_bytes(learner_terms(shape, alone, dtype=config.model.dtype, on_gpu=on_gpu))
-        plan.notes.append(f"a trajectory longer than learner.micro_batch_tokens ({config.learner.micro_batch_tokens:,}) "
-                          f"is trained alone in a micro-batch of its own length: one of rollout.max_context "
-                          f"({longest:,}) tokens, all trained, would need {worst / GIB:.1f} GiB per learner GPU")
+        plan.notes.append(
+            f"a trajectory longer than learner.micro_batch_tokens ({config.learner.micro_batch_tokens:,}) "
+            f"is trained alone in a micro-batch of its own length: one of rollout.max_context "
+            f"({longest:,}) tokens, all trained, would need {worst / GIB:.1f} GiB per learner GPU"
+        )
     plan.refusal = _refusal(plan, config)
     return plan
 
@@ -353,8 +456,11 @@ def _ray_groups(config: TrainConfig) -> tuple[list[Group], dict[str, float]]:
     """The Ray launcher's actors: learner ranks in one placement group, SGLang servers, rollout actors."""
     ray_cfg, ranks = config.ray, config.learner.ranks
     total = required_resources(config)
-    learner_gpus = total["GPU"] - ray_cfg.sglang_servers * ray_cfg.sglang_gpus_per_server \
+    learner_gpus = (
+        total["GPU"]
+        - ray_cfg.sglang_servers * ray_cfg.sglang_gpus_per_server
         - ray_cfg.num_rollout_actors * ray_cfg.rollout_gpus
+    )
     learner_cpus = total["CPU"] - ray_cfg.sglang_servers - ray_cfg.num_rollout_actors * ray_cfg.rollout_cpus
     if ranks > 1:
         how = f"one placement group (PACK: as few nodes as hold them), FSDP2 over {'NCCL' if learner_gpus else 'gloo'}"
@@ -363,15 +469,36 @@ def _ray_groups(config: TrainConfig) -> tuple[list[Group], dict[str, float]]:
     groups = [Group("learner ranks", ranks, learner_cpus / ranks, learner_gpus / ranks, how)]
     if ray_cfg.sglang_servers:
         kind = "SGLang" if ray_cfg.sglang_server == "sglang" else "searchgym serve model"
-        groups.append(Group("inference servers", ray_cfg.sglang_servers, 1, ray_cfg.sglang_gpus_per_server,
-                            f"{kind}, --tp-size {ray_cfg.sglang_gpus_per_server}"))
+        groups.append(
+            Group(
+                "inference servers",
+                ray_cfg.sglang_servers,
+                1,
+                ray_cfg.sglang_gpus_per_server,
+                f"{kind}, --tp-size {ray_cfg.sglang_gpus_per_server}",
+            )
+        )
     elif config.rollout.engine == "sglang":
-        groups.append(Group("inference servers", len(config.rollout.sglang_addresses), 0, 0,
-                            "already running (rollout.sglang_addresses): not reserved here"))
+        groups.append(
+            Group(
+                "inference servers",
+                len(config.rollout.sglang_addresses),
+                0,
+                0,
+                "already running (rollout.sglang_addresses): not reserved here",
+            )
+        )
     engine = "its TorchEngine" if config.rollout.engine == "torch" else "SGLang clients"
-    groups.append(Group("rollout actors", ray_cfg.num_rollout_actors, ray_cfg.rollout_cpus, ray_cfg.rollout_gpus,
-                        f"{engine}, envs and a staleness controller over {config.rollout.batch_size} / "
-                        f"{ray_cfg.num_rollout_actors} groups a step"))
+    groups.append(
+        Group(
+            "rollout actors",
+            ray_cfg.num_rollout_actors,
+            ray_cfg.rollout_cpus,
+            ray_cfg.rollout_gpus,
+            f"{engine}, envs and a staleness controller over {config.rollout.batch_size} / "
+            f"{ray_cfg.num_rollout_actors} groups a step",
+        )
+    )
     return groups, total
 
 
@@ -379,14 +506,32 @@ def _local_groups(config: TrainConfig, on_gpu: bool) -> tuple[list[Group], dict[
     """The local launcher's processes: this one (loop, rank 0, engine) and the follower ranks."""
     ranks, device = config.learner.ranks, config.model.device
     gpu = 1.0 if on_gpu else 0.0
-    engine = ("an in-process TorchEngine" if config.rollout.engine == "torch"
-              else f"SGLang clients of {len(config.rollout.sglang_addresses)} running servers")
-    groups = [Group("this process", 1, 1, gpu, f"the training loop, learner rank 0 and {engine}, on "
-                    + (f"{device}:0" if on_gpu and ranks > 1 and ":" not in device else device))]
+    engine = (
+        "an in-process TorchEngine"
+        if config.rollout.engine == "torch"
+        else f"SGLang clients of {len(config.rollout.sglang_addresses)} running servers"
+    )
+    groups = [
+        Group(
+            "this process",
+            1,
+            1,
+            gpu,
+            f"the training loop, learner rank 0 and {engine}, on "
+            + (f"{device}:0" if on_gpu and ranks > 1 and ":" not in device else device),
+        )
+    ]
     if ranks > 1:
         devices = f"cuda:1..cuda:{ranks - 1}" if on_gpu else "cpu"
-        groups.append(Group("follower ranks", ranks - 1, 1, gpu, f"spawned processes replaying rank 0's "
-                            f"collectives, on {devices} ({'NCCL' if on_gpu else 'gloo'})"))
+        groups.append(
+            Group(
+                "follower ranks",
+                ranks - 1,
+                1,
+                gpu,
+                f"spawned processes replaying rank 0's collectives, on {devices} ({'NCCL' if on_gpu else 'gloo'})",
+            )
+        )
     return groups, {"CPU": float(ranks), "GPU": gpu * ranks}
 
 
@@ -404,13 +549,22 @@ def _servers(config: TrainConfig, shape: ModelShape, capacity: int) -> dict[str,
     kv_per_token = 2 * shape.num_layers * max(1, math.ceil(shape.num_kv_heads / tp)) * shape.head_dim * size
     kv_tokens = max(pool - weights, 0) // kv_per_token
     in_flight = math.ceil(config.rollout.max_concurrent_rollouts / ray_cfg.sglang_servers)
-    return {"servers": ray_cfg.sglang_servers, "tp": tp, "dtype": dtype, "weights_per_gpu_bytes": weights,
-            "mem_fraction_static": ray_cfg.sglang_mem_fraction_static, "static_pool_bytes": pool,
-            "kv_bytes_per_token": kv_per_token, "kv_cache_tokens": kv_tokens, "episodes_per_server": in_flight,
-            "full_context_episodes": kv_tokens // max(config.rollout.max_context, 1)}
+    return {
+        "servers": ray_cfg.sglang_servers,
+        "tp": tp,
+        "dtype": dtype,
+        "weights_per_gpu_bytes": weights,
+        "mem_fraction_static": ray_cfg.sglang_mem_fraction_static,
+        "static_pool_bytes": pool,
+        "kv_bytes_per_token": kv_per_token,
+        "kv_cache_tokens": kv_tokens,
+        "episodes_per_server": in_flight,
+        "full_context_episodes": kv_tokens // max(config.rollout.max_context, 1),
+    }
 
 
 # ---- the verdict -----------------------------------------------------------------------------------------------
+
 
 def _fits(config: TrainConfig, shape: ModelShape, learner: LearnerConfig, capacity: int, extra: int) -> int:
     """GPU bytes of one rank under `learner` (with `extra` bytes of other GPU terms), or -1 when it does not fit."""
@@ -428,8 +582,12 @@ def remedies(config: TrainConfig, shape: ModelShape, capacity: int, extra: int =
     # from 2 ranks up every sharded term shrinks and nothing grows: the fewest ranks that fit, by bisection
     low, high = max(learner.ranks + 1, 2), MAX_RANKS
     if _fits(config, shape, dataclasses.replace(learner, ranks=high), capacity, extra) < 0:
-        unsharded = gpu_bytes(learner_terms(shape, dataclasses.replace(learner, ranks=high),
-                                            dtype=config.model.dtype, on_gpu=True)) + extra
+        unsharded = (
+            gpu_bytes(
+                learner_terms(shape, dataclasses.replace(learner, ranks=high), dtype=config.model.dtype, on_gpu=True)
+            )
+            + extra
+        )
         found.append(f"no number of ranks (what FSDP does not shard alone needs {gib(unsharded)})")
     else:
         while low < high:
@@ -469,36 +627,54 @@ def _refusal(plan: Plan, config: TrainConfig) -> str | None:
         extra = sum(t.bytes for t in plan.learner if t.name == "rollout engine weights")
         terms = ", ".join(f"{t.name} {gib(t.bytes)}" for t in ranked)
         fixes = " or ".join(remedies(config, plan.model, capacity, extra)) or (
-            "none of learner.ranks, cpu_offload, activation_checkpointing or micro_batch_tokens alone")
-        problems.append(f"one learner rank needs {gib(plan.learner_gpu_bytes)} of a {gib(capacity)} GPU; the biggest "
-                        f"term is {ranked[0].name} ({gib(ranked[0].bytes)}: {ranked[0].detail}); by size: {terms}. "
-                        f"It would fit with {fixes}")
+            "none of learner.ranks, cpu_offload, activation_checkpointing or micro_batch_tokens alone"
+        )
+        problems.append(
+            f"one learner rank needs {gib(plan.learner_gpu_bytes)} of a {gib(capacity)} GPU; the biggest "
+            f"term is {ranked[0].name} ({gib(ranked[0].bytes)}: {ranked[0].detail}); by size: {terms}. "
+            f"It would fit with {fixes}"
+        )
     elif plan.on_gpu and plan.load_bytes > capacity:
-        problems.append(f"each learner rank loads the whole model ({gib(plan.load_bytes)}) onto its GPU before "
-                        f"sharding it, more than its {gib(capacity)}: set learner.cpu_offload=true")
+        problems.append(
+            f"each learner rank loads the whole model ({gib(plan.load_bytes)}) onto its GPU before "
+            f"sharding it, more than its {gib(capacity)}: set learner.cpu_offload=true"
+        )
     servers = plan.servers
     if servers and servers["weights_per_gpu_bytes"] >= servers["static_pool_bytes"]:
-        tp = next((t for t in (2, 4, 8, 16) if t > servers["tp"] and
-                   servers["weights_per_gpu_bytes"] * servers["tp"] / t < servers["static_pool_bytes"]), None)
+        tp = next(
+            (
+                t
+                for t in (2, 4, 8, 16)
+                if t > servers["tp"]
+                and servers["weights_per_gpu_bytes"] * servers["tp"] / t < servers["static_pool_bytes"]
+            ),
+            None,
+        )
         need = servers["weights_per_gpu_bytes"] / capacity
-        problems.append(f"an SGLang server's weights take {gib(servers['weights_per_gpu_bytes'])} per GPU, more than "
-                        f"ray.sglang_mem_fraction_static={servers['mem_fraction_static']} of {gib(capacity)} "
-                        f"({gib(servers['static_pool_bytes'])}) leaves for weights and KV cache: raise "
-                        f"ray.sglang_mem_fraction_static above {need:.2f}"
-                        + (f" or set ray.sglang_gpus_per_server={tp}" if tp else ""))
+        problems.append(
+            f"an SGLang server's weights take {gib(servers['weights_per_gpu_bytes'])} per GPU, more than "
+            f"ray.sglang_mem_fraction_static={servers['mem_fraction_static']} of {gib(capacity)} "
+            f"({gib(servers['static_pool_bytes'])}) leaves for weights and KV cache: raise "
+            f"ray.sglang_mem_fraction_static above {need:.2f}"
+            + (f" or set ray.sglang_gpus_per_server={tp}" if tp else "")
+        )
     return "; ".join(problems) or None
 
 
 # ---- output ----------------------------------------------------------------------------------------------------
 
+
 def plan_text(plan: Plan) -> str:
     """The plan as a few aligned lines for a terminal."""
     gib = lambda n: f"{n / GIB:7.2f} GiB"  # noqa: E731
     m = plan.model
-    lines = [f"model    {m.name}: {m.parameters:,} parameters ({m.num_layers} layers, hidden {m.hidden_size}, "
-             f"vocab {m.vocab_size}{', tied embeddings' if m.tied else ''})",
-             f"         shapes from {m.source}", "",
-             f"resources (launcher {plan.launcher}" + (f", cluster: {plan.cluster})" if plan.cluster else ")")]
+    lines = [
+        f"model    {m.name}: {m.parameters:,} parameters ({m.num_layers} layers, hidden {m.hidden_size}, "
+        f"vocab {m.vocab_size}{', tied embeddings' if m.tied else ''})",
+        f"         shapes from {m.source}",
+        "",
+        f"resources (launcher {plan.launcher}" + (f", cluster: {plan.cluster})" if plan.cluster else ")"),
+    ]
     for g in plan.groups:
         lines.append(f"  {g.name:<18} {g.count:>3} x {{CPU {g.cpus:g}, GPU {g.gpus:g}}}  {g.detail}")
     lines.append(f"  {'total':<18} {plan.total['GPU']:g} GPUs, {plan.total['CPU']:g} CPUs")
@@ -514,14 +690,16 @@ def plan_text(plan: Plan) -> str:
         lines.append(f"  host: {t.name:<18}{gib(t.bytes)}  {t.detail}")
     s = plan.servers
     if s:
-        lines += ["", f"SGLang servers ({s['servers']} x tp {s['tp']}, {s['dtype']})",
-                  f"  weights per GPU         {gib(s['weights_per_gpu_bytes'])}  of the static pool "
-                  f"{s['mem_fraction_static']} x {plan.gpu_memory_bytes / GIB:g} GiB = {gib(s['static_pool_bytes']).strip()}",
-                  f"  KV cache                {s['kv_cache_tokens']:>11,} tokens ({s['kv_bytes_per_token']:,} B each): "
-                  f"{s['full_context_episodes']:,} full-context episodes; up to {s['episodes_per_server']} in flight "
-                  "per server"]
+        lines += [
+            "",
+            f"SGLang servers ({s['servers']} x tp {s['tp']}, {s['dtype']})",
+            f"  weights per GPU         {gib(s['weights_per_gpu_bytes'])}  of the static pool "
+            f"{s['mem_fraction_static']} x {plan.gpu_memory_bytes / GIB:g} GiB = {gib(s['static_pool_bytes']).strip()}",
+            f"  KV cache                {s['kv_cache_tokens']:>11,} tokens ({s['kv_bytes_per_token']:,} B each): "
+            f"{s['full_context_episodes']:,} full-context episodes; up to {s['episodes_per_server']} in flight "
+            "per server",
+        ]
     lines += [f"note: {n}" for n in plan.notes]
     lines.append("")
     lines.append("fits: yes" if plan.refusal is None else "fits: NO (why, and what would fit: below)")
     return "\n".join(lines)
-

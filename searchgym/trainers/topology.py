@@ -2,6 +2,7 @@
 
 The plan (`train --dry-run`) and the Ray launcher both read these; nothing here imports Ray.
 """
+
 from __future__ import annotations
 
 from searchgym.trainers.config import TrainConfig
@@ -17,11 +18,14 @@ def weight_route(config: TrainConfig) -> str:
             return "object_store"
         return "distributed" if config.ray.sglang_servers else "disk"
     if route == "object_store" and engine == "sglang":
-        raise ValueError("SGLang servers load weights from disk or a broadcast: use ray.weight_sync=disk, "
-                         "distributed (or auto)")
+        raise ValueError(
+            "SGLang servers load weights from disk or a broadcast: use ray.weight_sync=disk, distributed (or auto)"
+        )
     if route == "distributed" and engine != "sglang":
-        raise ValueError("ray.weight_sync=distributed broadcasts to SGLang servers: set rollout.engine=sglang, or "
-                         "use object_store (or auto) for torch engines")
+        raise ValueError(
+            "ray.weight_sync=distributed broadcasts to SGLang servers: set rollout.engine=sglang, or "
+            "use object_store (or auto) for torch engines"
+        )
     return route
 
 
@@ -32,11 +36,15 @@ def check_ray_config(config: TrainConfig) -> None:
     if n < 1:
         raise ValueError("ray.num_rollout_actors must be at least 1")
     if rollout.batch_size % n:
-        raise ValueError(f"rollout.batch_size ({rollout.batch_size} groups) must split evenly over "
-                         f"ray.num_rollout_actors ({n}): each actor's controller takes batch_size / n groups a step")
+        raise ValueError(
+            f"rollout.batch_size ({rollout.batch_size} groups) must split evenly over "
+            f"ray.num_rollout_actors ({n}): each actor's controller takes batch_size / n groups a step"
+        )
     if rollout.max_concurrent_rollouts // n < rollout.group_size:
-        raise ValueError(f"rollout.max_concurrent_rollouts ({rollout.max_concurrent_rollouts} episodes) split over "
-                         f"{n} rollout actors leaves less than one group of {rollout.group_size} episodes per actor")
+        raise ValueError(
+            f"rollout.max_concurrent_rollouts ({rollout.max_concurrent_rollouts} episodes) split over "
+            f"{n} rollout actors leaves less than one group of {rollout.group_size} episodes per actor"
+        )
     weight_route(config)
     if rollout.engine == "sglang":
         if config.model.path is None:
@@ -45,8 +53,10 @@ def check_ray_config(config: TrainConfig) -> None:
             raise ValueError("give either ray.sglang_servers (launched here) or rollout.sglang_addresses, not both")
         servers = ray_cfg.sglang_servers or len(rollout.sglang_addresses)
         if servers < n:
-            raise ValueError(f"{servers} SGLang servers for {n} rollout actors: each actor needs its own server(s) "
-                             "(set ray.sglang_servers or rollout.sglang_addresses)")
+            raise ValueError(
+                f"{servers} SGLang servers for {n} rollout actors: each actor needs its own server(s) "
+                "(set ray.sglang_servers or rollout.sglang_addresses)"
+            )
     elif ray_cfg.sglang_servers:
         raise ValueError("ray.sglang_servers is set but rollout.engine is 'torch': set rollout.engine=sglang")
 
@@ -54,9 +64,12 @@ def check_ray_config(config: TrainConfig) -> None:
 def required_resources(config: TrainConfig) -> dict[str, float]:
     """CPUs and GPUs all the run's actors reserve: learner, rollout actors, launched SGLang servers."""
     settings, n, ranks = config.ray, config.ray.num_rollout_actors, config.learner.ranks
-    return {"CPU": ranks * settings.learner_cpus + n * settings.rollout_cpus + settings.sglang_servers,
-            "GPU": ranks * settings.learner_gpus + n * settings.rollout_gpus
-            + settings.sglang_servers * settings.sglang_gpus_per_server}
+    return {
+        "CPU": ranks * settings.learner_cpus + n * settings.rollout_cpus + settings.sglang_servers,
+        "GPU": ranks * settings.learner_gpus
+        + n * settings.rollout_gpus
+        + settings.sglang_servers * settings.sglang_gpus_per_server,
+    }
 
 
 def check_fits(needed: dict[str, float], available: dict[str, float]) -> None:
@@ -64,5 +77,7 @@ def check_fits(needed: dict[str, float], available: dict[str, float]) -> None:
     short = {k: (v, available.get(k, 0.0)) for k, v in needed.items() if v > available.get(k, 0.0)}
     if short:
         detail = ", ".join(f"{v:g} {k} needed, {have:g} in the cluster" for k, (v, have) in short.items())
-        raise ValueError(f"the Ray cluster is too small for this run ({detail}): lower ray.learner_cpus/gpus, "
-                         "ray.rollout_cpus/gpus, ray.num_rollout_actors or ray.sglang_servers")
+        raise ValueError(
+            f"the Ray cluster is too small for this run ({detail}): lower ray.learner_cpus/gpus, "
+            "ray.rollout_cpus/gpus, ray.num_rollout_actors or ray.sglang_servers"
+        )

@@ -4,6 +4,7 @@
 directory holding `corpus.jsonl`, `index/`, `tasks.jsonl` and `report.json`. The bundle is keyed by
 everything that shapes it, and `bundle.json` is written last, so a half-built bundle is never used.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,14 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("SEARCHGYM_CACHE") or Path.home() / ".cache" / "searchgym")
 
 
-def build_bundle(out_dir: str | os.PathLike, *, size: int = DEFAULT_SIZE, seed: int = 0, n_tasks: int = DEFAULT_TASKS,
-                 progress: bool = False) -> dict[str, Any]:
+def build_bundle(
+    out_dir: str | os.PathLike,
+    *,
+    size: int = DEFAULT_SIZE,
+    seed: int = 0,
+    n_tasks: int = DEFAULT_TASKS,
+    progress: bool = False,
+) -> dict[str, Any]:
     """World + index + validated task pool in `out_dir`, built in a temp dir and renamed into place."""
     out = Path(out_dir)
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
@@ -47,8 +54,14 @@ def build_bundle(out_dir: str | os.PathLike, *, size: int = DEFAULT_SIZE, seed: 
     pool, report = synthesize_pool(world, index, n_tasks, seed=seed, progress=progress)
     timings["tasks_s"] = round(time.perf_counter() - t0, 2)
     pool.to_jsonl(tmp / "tasks.jsonl")
-    manifest = {"format": BUNDLE_FORMAT, "size": size, "seed": seed, "n_tasks": n_tasks,
-                "timings": timings, "report": report}
+    manifest = {
+        "format": BUNDLE_FORMAT,
+        "size": size,
+        "seed": seed,
+        "n_tasks": n_tasks,
+        "timings": timings,
+        "report": report,
+    }
     (tmp / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (tmp / "bundle.json").write_text(json.dumps(manifest, indent=2) + "\n")
     del index
@@ -57,8 +70,14 @@ def build_bundle(out_dir: str | os.PathLike, *, size: int = DEFAULT_SIZE, seed: 
     return manifest
 
 
-def ensure_bundle(*, size: int = DEFAULT_SIZE, seed: int = 0, n_tasks: int = DEFAULT_TASKS,
-                  cache_dir: str | os.PathLike | None = None, progress: bool = False) -> Path:
+def ensure_bundle(
+    *,
+    size: int = DEFAULT_SIZE,
+    seed: int = 0,
+    n_tasks: int = DEFAULT_TASKS,
+    cache_dir: str | os.PathLike | None = None,
+    progress: bool = False,
+) -> Path:
     """The bundle directory for these settings, built on first use."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     bundle = root / "synthetic" / f"v{BUNDLE_FORMAT}-size{size}-seed{seed}-tasks{n_tasks}"

@@ -12,6 +12,7 @@ Candidates are checked here for what the KB can decide (unique description, answ
 the question, no revisited entity); `oracle.py` then checks that the environment's own tools reach
 the answer.
 """
+
 from __future__ import annotations
 
 import random
@@ -108,13 +109,21 @@ COMPARISONS: tuple[tuple[str, str, str, bool], ...] = (
 DESCRIPTIONS: dict[str, tuple[tuple[str, ...], str]] = {
     "person": (("occupation", "born_in", "birth_year"), "the {occupation} born in {born_in} in {birth_year}"),
     "city": (("country", "founded_year"), "the city in {country} founded in {founded_year}"),
-    "company": (("industry", "founded_year", "headquarters"),
-                "the {industry} company founded in {founded_year} and headquartered in {headquarters}"),
+    "company": (
+        ("industry", "founded_year", "headquarters"),
+        "the {industry} company founded in {founded_year} and headquartered in {headquarters}",
+    ),
     "university": (("located_in", "founded_year"), "the university in {located_in} founded in {founded_year}"),
     "river": (("length_km", "source"), "the {length_km} river that rises on {source}"),
     "mountain": (("elevation_m", "country"), "the {elevation_m} mountain in {country}"),
-    "film": (("genre", "release_year", "filmed_in"), "the {genre} film released in {release_year} and filmed in {filmed_in}"),
-    "book": (("genre", "publication_year", "publisher"), "the {genre} book published in {publication_year} by {publisher}"),
+    "film": (
+        ("genre", "release_year", "filmed_in"),
+        "the {genre} film released in {release_year} and filmed in {filmed_in}",
+    ),
+    "book": (
+        ("genre", "publication_year", "publisher"),
+        "the {genre} book published in {publication_year} by {publisher}",
+    ),
     "event": (("location", "year"), "the event held in {location} in {year}"),
 }
 
@@ -133,8 +142,16 @@ class Candidate:
 class KBWalker:
     """Draws chain and comparison questions from a world; rejects what the KB shows to be flawed."""
 
-    def __init__(self, world: World, *, seed: int = 0, fuzz_prob: float = 0.25, comparison_prob: float = 0.15,
-                 hop_weights: dict[int, float] | None = None, max_hops: int = 4):
+    def __init__(
+        self,
+        world: World,
+        *,
+        seed: int = 0,
+        fuzz_prob: float = 0.25,
+        comparison_prob: float = 0.15,
+        hop_weights: dict[int, float] | None = None,
+        max_hops: int = 4,
+    ):
         self.world = world
         self.rng = random.Random(seed)
         self.fuzz_prob, self.comparison_prob = fuzz_prob, comparison_prob
@@ -150,7 +167,9 @@ class KBWalker:
             if self.rng.random() < self.comparison_prob:
                 candidate = self._comparison()
             else:
-                candidate = self._chain(self.rng.choices(list(self.hop_weights), weights=list(self.hop_weights.values()))[0])
+                candidate = self._chain(
+                    self.rng.choices(list(self.hop_weights), weights=list(self.hop_weights.values()))[0]
+                )
             if candidate is not None:
                 yield candidate
 
@@ -169,7 +188,9 @@ class KBWalker:
             relations.append(relation.name)
         last = path[-1]
         answers: tuple[str, ...]
-        final = self.rng.choice([r.name for r in schema.relations_of(last.type)] + [a.name for a in schema.attributes_of(last.type)])
+        final = self.rng.choice(
+            [r.name for r in schema.relations_of(last.type)] + [a.name for a in schema.attributes_of(last.type)]
+        )
         if final in last.rels:
             target = self.world.entity(last.rels[final])
             if any(e.eid == target.eid for e in path):
@@ -189,15 +210,21 @@ class KBWalker:
         question = question[0].upper() + question[1:]
         if self._gives_away(question, answers):
             return self._reject("answer appears in the question")
-        return Candidate(question, answers, {
-            "kind": "chain", "hops": hops, "fuzzed": fuzzed,
-            "path": [self._ref(e) for e in path],
-            "relations": relations + [final],
-            "answer_type": answer_type,
-            "answer_page": last.url,
-            "answer_on_page": answers[0],
-            "start_query": start_phrase if fuzzed else start.name,
-        })
+        return Candidate(
+            question,
+            answers,
+            {
+                "kind": "chain",
+                "hops": hops,
+                "fuzzed": fuzzed,
+                "path": [self._ref(e) for e in path],
+                "relations": relations + [final],
+                "answer_type": answer_type,
+                "answer_page": last.url,
+                "answer_on_page": answers[0],
+                "start_query": start_phrase if fuzzed else start.name,
+            },
+        )
 
     # --- comparison questions ----------------------------------------------------------------
 
@@ -210,14 +237,20 @@ class KBWalker:
         winner = a if (int(a.attrs[attr]) > int(b.attrs[attr])) == larger_wins else b  # the COMPARISONS are numbers
         question = template.format(a=a.name, b=b.name)  # the template already says "film", "city"
         kind = schema.attribute(entity_type, attr).kind
-        return Candidate(question, (winner.name,), {
-            "kind": "comparison", "hops": 2, "fuzzed": False,
-            "path": [self._ref(a), self._ref(b)],
-            "relations": [attr],
-            "answer_type": "entity",
-            "answer_page": winner.url,
-            "values_on_page": [schema.format_value(kind, a.attrs[attr]), schema.format_value(kind, b.attrs[attr])],
-        })
+        return Candidate(
+            question,
+            (winner.name,),
+            {
+                "kind": "comparison",
+                "hops": 2,
+                "fuzzed": False,
+                "path": [self._ref(a), self._ref(b)],
+                "relations": [attr],
+                "answer_type": "entity",
+                "answer_page": winner.url,
+                "values_on_page": [schema.format_value(kind, a.attrs[attr]), schema.format_value(kind, b.attrs[attr])],
+            },
+        )
 
     # --- helpers -----------------------------------------------------------------------------
 
@@ -266,4 +299,6 @@ class KBWalker:
 
 
 def to_task(candidate: Candidate, task_id: str, split: str) -> Task:
-    return Task(task_id, candidate.question, candidate.answers, {**candidate.metadata, "split": split, "source": "kbwalk"})
+    return Task(
+        task_id, candidate.question, candidate.answers, {**candidate.metadata, "split": split, "source": "kbwalk"}
+    )

@@ -12,6 +12,7 @@ fact in a later part needs one access per part before it.
 The proof holds for env settings `PROOF_ENV` only; `make_synthetic_qa` serves these pools with them and
 refuses others. The hops-based pools of the bundle (`tasks.jsonl`) are untouched.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -35,8 +36,13 @@ from searchgym.world.world import World
 
 MAX_HOPS = 8  # longest walk drawn for these pools
 MAX_MIN_CALLS = 12  # the largest minimum asked for; above it worlds rarely hold any question
-PROOF_ENV: dict[str, Any] = {"top_k": 5, "doc_chars": 60, "page_chunk_chars": 120, "max_page_chars": 250_000,
-                             "max_page_chunks": 10}
+PROOF_ENV: dict[str, Any] = {
+    "top_k": 5,
+    "doc_chars": 60,
+    "page_chunk_chars": 120,
+    "max_page_chars": 250_000,
+    "max_page_chunks": 10,
+}
 CANDIDATES_PER_TASK = 400  # give up (ValueError) after this many candidates per wanted task,
 MIN_CANDIDATES = 2_000  # and never before this many
 DEFAULT_MIN_CALLS_TASKS = 64
@@ -68,13 +74,15 @@ def check_env_kwargs(low_high: tuple[int, int], env_kwargs: dict[str, Any]) -> d
             raise ValueError(f"min_calls questions are proven for {key}={value}; got {key}={env_kwargs[key]!r}")
     turns = env_kwargs.get("max_turns", 32)
     if turns <= low_high[1]:
-        raise ValueError(f"min_calls={low_high[1]} needs max_turns above it (the calls plus the answer), "
-                         f"got max_turns={turns}")
+        raise ValueError(
+            f"min_calls={low_high[1]} needs max_turns above it (the calls plus the answer), got max_turns={turns}"
+        )
     return {**env_kwargs, **PROOF_ENV}
 
 
-def synthesize_min_calls_pool(world: World, index: LocalIndex, n_tasks: int, min_calls: Any, *, seed: int = 0,
-                              progress: bool = False) -> tuple[TaskPool, dict[str, Any]]:
+def synthesize_min_calls_pool(
+    world: World, index: LocalIndex, n_tasks: int, min_calls: Any, *, seed: int = 0, progress: bool = False
+) -> tuple[TaskPool, dict[str, Any]]:
     """The first `n_tasks` chain questions whose proven minimum lies in `min_calls`, each replayed by the oracle.
 
     Blocking; also callable from a running event loop (the work then runs on a loop of its own in a thread).
@@ -83,10 +91,16 @@ def synthesize_min_calls_pool(world: World, index: LocalIndex, n_tasks: int, min
     return run_blocking(_synthesize(world, index, n_tasks, low, high, seed, progress))
 
 
-async def _synthesize(world: World, index: LocalIndex, n_tasks: int, low: int, high: int, seed: int,
-                      progress: bool) -> tuple[TaskPool, dict[str, Any]]:
-    walker = KBWalker(world, seed=seed, comparison_prob=0.0, max_hops=MAX_HOPS,
-                      hop_weights={h: float(h * h) for h in range(1, MAX_HOPS + 1)})  # long walks first
+async def _synthesize(
+    world: World, index: LocalIndex, n_tasks: int, low: int, high: int, seed: int, progress: bool
+) -> tuple[TaskPool, dict[str, Any]]:
+    walker = KBWalker(
+        world,
+        seed=seed,
+        comparison_prob=0.0,
+        max_hops=MAX_HOPS,
+        hop_weights={h: float(h * h) for h in range(1, MAX_HOPS + 1)},
+    )  # long walks first
     prover = MinCallsProver.over(world, index, **PROOF_ENV)
     oracle = OracleAgent()
     budget = max(MIN_CANDIDATES, CANDIDATES_PER_TASK * n_tasks)
@@ -102,22 +116,28 @@ async def _synthesize(world: World, index: LocalIndex, n_tasks: int, low: int, h
                 raise ValueError(
                     f"min_calls={low if low == high else (low, high)}: only {len(accepted)} of {n_tasks} questions "
                     f"found in {budget:,} candidates of this {world.size:,}-page world (proven minima seen: "
-                    f"{_by_calls(minima)}); ask for a smaller min_calls, fewer tasks or a larger world")
+                    f"{_by_calls(minima)}); ask for a smaller min_calls, fewer tasks or a larger world"
+                )
             candidate = next(candidates)
             drawn += 1
             if candidate.question in seen:
                 continue
             seen.add(candidate.question)
             digest = int(hashlib.sha256(candidate.question.encode()).hexdigest(), 16)
-            task = to_task(candidate, f"mc{world.seed}-{seed}-{len(seen):07d}", "test" if digest % TEST_SHARE == 0
-                           else "train")
+            task = to_task(
+                candidate, f"mc{world.seed}-{seed}-{len(seen):07d}", "test" if digest % TEST_SHARE == 0 else "train"
+            )
             proof = await prover.prove(task, high)
             minima[str(proof.min_calls) if proof.min_calls is not None else f">{high}"] += 1
             if proof.min_calls is None or proof.min_calls < low:
                 rejections["proof: " + ("too many calls" if proof.min_calls is None else "too few calls")] += 1
                 continue
-            task = Task(task.id, task.question, task.answers,
-                        {**task.metadata, "min_calls": proof.min_calls, "min_calls_proof": proof.metadata()})
+            task = Task(
+                task.id,
+                task.question,
+                task.answers,
+                {**task.metadata, "min_calls": proof.min_calls, "min_calls_proof": proof.metadata()},
+            )
             env = SearchEnv(TaskPool([task]), index, index, judge="em", max_turns=high + 2, **PROOF_ENV)
             result = await oracle.arun(env, task)
             env.close()
@@ -127,9 +147,16 @@ async def _synthesize(world: World, index: LocalIndex, n_tasks: int, low: int, h
             accepted.append(task)
             bar.update(1)
     prover.env.close()
-    report = {"accepted": len(accepted), "candidates": len(seen), "min_calls": [low, high],
-              "proven_minima": _by_calls(minima), "rejections": dict(sorted(rejections.items())),
-              "kb_rejections": dict(walker.rejections), "env": PROOF_ENV, "proof_version": PROOF_VERSION}
+    report = {
+        "accepted": len(accepted),
+        "candidates": len(seen),
+        "min_calls": [low, high],
+        "proven_minima": _by_calls(minima),
+        "rejections": dict(sorted(rejections.items())),
+        "kb_rejections": dict(walker.rejections),
+        "env": PROOF_ENV,
+        "proof_version": PROOF_VERSION,
+    }
     return TaskPool(accepted, name=f"synthetic-{world.size}-{world.seed}-mincalls{low}-{high}"), report
 
 
@@ -157,8 +184,9 @@ def ensure_min_calls_pool(bundle: Path, min_calls: Any, n_tasks: int, *, progres
             from searchgym.envs.tools.indexes import open_index
 
             world = World(manifest["size"], manifest["seed"])
-            pool, report = synthesize_min_calls_pool(world, open_index(bundle), n_tasks, (low, high),
-                                                     seed=manifest["seed"], progress=progress)
+            pool, report = synthesize_min_calls_pool(
+                world, open_index(bundle), n_tasks, (low, high), seed=manifest["seed"], progress=progress
+            )
             tmp = path.with_name(path.name + f".report-{os.getpid()}")
             tmp.write_text(json.dumps(report, indent=2) + "\n")
             os.replace(tmp, path.with_suffix(".report.json"))

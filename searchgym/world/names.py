@@ -14,6 +14,7 @@ Distinct indices therefore give distinct names with no global set of names:
 
 The tests check those properties on the lists below, and enumerate a 200,000-page world.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -73,24 +74,159 @@ class Permutation:
 # Syllables. INITIAL and MEDIAL are consonants followed by exactly one vowel, hence prefix-free.
 
 _VOWELS = ("a", "e", "i", "o", "u")
-_ONSETS = ("B", "D", "F", "G", "H", "K", "L", "M", "N", "P", "R", "S", "T", "V", "Z",
-           "Br", "Dr", "Gr", "Kr", "Tr", "Th", "St", "Vr")
+_ONSETS = (
+    "B",
+    "D",
+    "F",
+    "G",
+    "H",
+    "K",
+    "L",
+    "M",
+    "N",
+    "P",
+    "R",
+    "S",
+    "T",
+    "V",
+    "Z",
+    "Br",
+    "Dr",
+    "Gr",
+    "Kr",
+    "Tr",
+    "Th",
+    "St",
+    "Vr",
+)
 _AWKWARD = frozenset({"Fu", "Pu", "Nu", "Zu", "Vu", "Vru", "Stu", "Gru"})
 INITIAL: Slot = tuple(o + v for o in _ONSETS for v in _VOWELS if o + v not in _AWKWARD) + ("A", "E", "I", "O")
-MEDIAL: Slot = tuple(c + v for c in ("l", "r", "n", "m", "v", "d", "th", "s", "lv", "rv", "nd", "st", "sk", "rd",
-                                     "ld", "ss", "dr", "tr", "br", "g", "k", "z", "ll", "rr", "nn", "sh")
-                     for v in ("a", "e", "i", "o"))
+MEDIAL: Slot = tuple(
+    c + v
+    for c in (
+        "l",
+        "r",
+        "n",
+        "m",
+        "v",
+        "d",
+        "th",
+        "s",
+        "lv",
+        "rv",
+        "nd",
+        "st",
+        "sk",
+        "rd",
+        "ld",
+        "ss",
+        "dr",
+        "tr",
+        "br",
+        "g",
+        "k",
+        "z",
+        "ll",
+        "rr",
+        "nn",
+        "sh",
+    )
+    for v in ("a", "e", "i", "o")
+)
 CODA: Slot = ("", "n", "r", "l", "s", "th", "nd", "rn", "x", "m", "sk", "rk", "ld", "ss", "v", "sh")
-GIVEN_END: Slot = ("lda", "ra", "na", "rin", "ren", "lan", "ric", "mir", "ven", "ssa", "lla", "ris", "nna", "thas",
-                   "ros", "lia", "dan", "mon", "rik", "wen", "sha", "nor", "lis", "tan", "bel", "mar", "lo")
-FAMILY_END: Slot = ("ss", "x", "rrow", "nner", "lby", "rwick", "ssel", "ndal", "vane", "rlow", "thorne", "ck", "rr",
-                    "lmond", "mmel", "rne", "ll", "ttering", "nley", "rth", "ske", "ven", "lding", "rran", "llis",
-                    "sk", "rrick", "bury", "wright", "holt", "marsh", "ley", "rst", "nsey", "rcott", "wen")
-CITY_END: Slot = ("mere", "ford", "holm", "by", "ton", "wick", "gard", "mouth", "stead", "burg", "dale", "haven",
-                  "port", "field")
+GIVEN_END: Slot = (
+    "lda",
+    "ra",
+    "na",
+    "rin",
+    "ren",
+    "lan",
+    "ric",
+    "mir",
+    "ven",
+    "ssa",
+    "lla",
+    "ris",
+    "nna",
+    "thas",
+    "ros",
+    "lia",
+    "dan",
+    "mon",
+    "rik",
+    "wen",
+    "sha",
+    "nor",
+    "lis",
+    "tan",
+    "bel",
+    "mar",
+    "lo",
+)
+FAMILY_END: Slot = (
+    "ss",
+    "x",
+    "rrow",
+    "nner",
+    "lby",
+    "rwick",
+    "ssel",
+    "ndal",
+    "vane",
+    "rlow",
+    "thorne",
+    "ck",
+    "rr",
+    "lmond",
+    "mmel",
+    "rne",
+    "ll",
+    "ttering",
+    "nley",
+    "rth",
+    "ske",
+    "ven",
+    "lding",
+    "rran",
+    "llis",
+    "sk",
+    "rrick",
+    "bury",
+    "wright",
+    "holt",
+    "marsh",
+    "ley",
+    "rst",
+    "nsey",
+    "rcott",
+    "wen",
+)
+CITY_END: Slot = (
+    "mere",
+    "ford",
+    "holm",
+    "by",
+    "ton",
+    "wick",
+    "gard",
+    "mouth",
+    "stead",
+    "burg",
+    "dale",
+    "haven",
+    "port",
+    "field",
+)
 # Country ending -> the ending of its demonym, so "Ostravia" speaks "Ostravian".
-COUNTRY_ENDINGS: dict[str, str] = {"via": "vian", "nia": "nian", "ria": "rian", "sia": "sian", "thia": "thian",
-                                   "lia": "lian", "dora": "doran"}
+COUNTRY_ENDINGS: dict[str, str] = {
+    "via": "vian",
+    "nia": "nian",
+    "ria": "rian",
+    "sia": "sian",
+    "thia": "thian",
+    "lia": "lian",
+    "dora": "doran",
+}
 
 GIVEN: Token = (INITIAL, GIVEN_END)
 FAMILY: Token = (INITIAL, FAMILY_END)
@@ -102,19 +238,108 @@ SYLLABLE_TOKENS: tuple[Token, ...] = (GIVEN, FAMILY, ROOT, CITY, COUNTRY)
 # ---------------------------------------------------------------------------------------------
 # English words. Film and book lists are disjoint from each other and from every other literal.
 
-COMPANY_NOUNS: Slot = ("Mills", "Works", "Holdings", "Foundry", "Industries", "Trading", "Group", "Partners",
-                       "Brothers", "Company", "Ironworks", "Shipyards", "Textiles", "Press", "Brewery", "Logistics",
-                       "Instruments", "Motors", "Ventures", "Mining")
-FILM_ADJECTIVES: Slot = ("Silent", "Crimson", "Distant", "Burning", "Hidden", "Broken", "Golden", "Endless", "Frozen",
-                         "Restless", "Scarlet", "Hollow", "Wild", "Last", "Midnight", "Electric", "Velvet",
-                         "Shattered", "Forgotten", "Lonely")
-FILM_NOUNS: Slot = ("Harbor", "Horizon", "Signal", "Frontier", "Tide", "Mirror", "Engine", "Storm", "Orchard",
-                    "Passage", "Carnival", "Lighthouse", "Border", "Station", "Canyon", "Runway", "Echo", "Outpost",
-                    "Circuit", "Sky")
-BOOK_PLURALS: Slot = ("Letters", "Songs", "Chronicles", "Tales", "Memories", "Gardens", "Ballads", "Notes",
-                      "Sketches", "Voyages", "Winters", "Lanterns", "Ashes", "Footsteps", "Whispers", "Seasons")
-BOOK_NOUNS: Slot = ("Winter", "Summer", "Season", "Year", "Month", "Week", "Night", "Journey", "Promise", "Stranger",
-                    "Garden", "House", "Childhood", "Wedding", "Quarrel", "Silence")
+COMPANY_NOUNS: Slot = (
+    "Mills",
+    "Works",
+    "Holdings",
+    "Foundry",
+    "Industries",
+    "Trading",
+    "Group",
+    "Partners",
+    "Brothers",
+    "Company",
+    "Ironworks",
+    "Shipyards",
+    "Textiles",
+    "Press",
+    "Brewery",
+    "Logistics",
+    "Instruments",
+    "Motors",
+    "Ventures",
+    "Mining",
+)
+FILM_ADJECTIVES: Slot = (
+    "Silent",
+    "Crimson",
+    "Distant",
+    "Burning",
+    "Hidden",
+    "Broken",
+    "Golden",
+    "Endless",
+    "Frozen",
+    "Restless",
+    "Scarlet",
+    "Hollow",
+    "Wild",
+    "Last",
+    "Midnight",
+    "Electric",
+    "Velvet",
+    "Shattered",
+    "Forgotten",
+    "Lonely",
+)
+FILM_NOUNS: Slot = (
+    "Harbor",
+    "Horizon",
+    "Signal",
+    "Frontier",
+    "Tide",
+    "Mirror",
+    "Engine",
+    "Storm",
+    "Orchard",
+    "Passage",
+    "Carnival",
+    "Lighthouse",
+    "Border",
+    "Station",
+    "Canyon",
+    "Runway",
+    "Echo",
+    "Outpost",
+    "Circuit",
+    "Sky",
+)
+BOOK_PLURALS: Slot = (
+    "Letters",
+    "Songs",
+    "Chronicles",
+    "Tales",
+    "Memories",
+    "Gardens",
+    "Ballads",
+    "Notes",
+    "Sketches",
+    "Voyages",
+    "Winters",
+    "Lanterns",
+    "Ashes",
+    "Footsteps",
+    "Whispers",
+    "Seasons",
+)
+BOOK_NOUNS: Slot = (
+    "Winter",
+    "Summer",
+    "Season",
+    "Year",
+    "Month",
+    "Week",
+    "Night",
+    "Journey",
+    "Promise",
+    "Stranger",
+    "Garden",
+    "House",
+    "Childhood",
+    "Wedding",
+    "Quarrel",
+    "Silence",
+)
 
 
 def word(text: str) -> Token:
@@ -132,17 +357,31 @@ PATTERNS: dict[str, tuple[Pattern, ...]] = {
     "city": ((CITY,),),
     "country": ((COUNTRY,),),
     "company": ((ROOT, words(COMPANY_NOUNS)),),
-    "university": ((word("University"), word("of"), ROOT), (ROOT, word("University")), (ROOT, word("College")),
-                   (ROOT, word("Institute"), word("of"), word("Technology"))),
+    "university": (
+        (word("University"), word("of"), ROOT),
+        (ROOT, word("University")),
+        (ROOT, word("College")),
+        (ROOT, word("Institute"), word("of"), word("Technology")),
+    ),
     "river": ((ROOT, word("River")),),
     "mountain": ((word("Mount"), ROOT), (ROOT, word("Peak"))),
-    "film": ((word("The"), words(FILM_ADJECTIVES), words(FILM_NOUNS), word("of"), ROOT),
-             (word("The"), ROOT, words(FILM_NOUNS)),
-             (words(FILM_ADJECTIVES), words(FILM_NOUNS), word("over"), ROOT)),
-    "book": ((words(BOOK_PLURALS), word("of"), ROOT), (word("The"), ROOT, words(BOOK_PLURALS)),
-             (word("A"), words(BOOK_NOUNS), word("in"), ROOT)),
-    "event": ((ROOT, word("Festival")), (ROOT, word("Summit")), (ROOT, word("Fair")), (ROOT, word("Marathon")),
-              (word("Congress"), word("of"), ROOT)),
+    "film": (
+        (word("The"), words(FILM_ADJECTIVES), words(FILM_NOUNS), word("of"), ROOT),
+        (word("The"), ROOT, words(FILM_NOUNS)),
+        (words(FILM_ADJECTIVES), words(FILM_NOUNS), word("over"), ROOT),
+    ),
+    "book": (
+        (words(BOOK_PLURALS), word("of"), ROOT),
+        (word("The"), ROOT, words(BOOK_PLURALS)),
+        (word("A"), words(BOOK_NOUNS), word("in"), ROOT),
+    ),
+    "event": (
+        (ROOT, word("Festival")),
+        (ROOT, word("Summit")),
+        (ROOT, word("Fair")),
+        (ROOT, word("Marathon")),
+        (word("Congress"), word("of"), ROOT),
+    ),
 }
 
 

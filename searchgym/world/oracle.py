@@ -6,6 +6,7 @@ until the next fact shows up, then answers. A task it cannot solve through the e
 task whose evidence the index does not retrieve, and is rejected. Its episodes double as
 demonstrations of tool use (for a supervised warm start).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,9 @@ class OracleResult:
         return chat
 
 
-Script = Generator[str, tuple[str, dict[str, Any]], "str | None"]  # yields actions, is sent (obs, info), returns a failure
+Script = Generator[
+    str, tuple[str, dict[str, Any]], "str | None"
+]  # yields actions, is sent (obs, info), returns a failure
 
 
 class OracleAgent:
@@ -59,8 +62,9 @@ class OracleAgent:
     (`<tool_call>` JSON), so demonstrations for a Hermes-format env teach that env's format.
     """
 
-    def __init__(self, *, skim: bool = False, think: bool = True, question_query: bool = False,
-                 tool_format: str = "tags"):
+    def __init__(
+        self, *, skim: bool = False, think: bool = True, question_query: bool = False, tool_format: str = "tags"
+    ):
         if tool_format not in ("tags", "hermes"):
             raise ValueError(f"tool_format must be 'tags' or 'hermes', got {tool_format!r}")
         self.skim, self.think, self.question_query = skim, think, question_query

@@ -35,6 +35,7 @@ Dijkstra search (unit costs) over calls, in order of cost, finds the least cost 
 the answer, and the back-pointers give a play of exactly that length. The proof records how many calls
 it explored and that every call of cost below the bound was explored.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -48,11 +49,15 @@ from searchgym.envs.tasks import Task, TaskPool
 from searchgym.world.world import World, page_url
 
 PROOF_VERSION = 2
-QUERY_SET = ("question verbatim; start_query; every answer alias verbatim; every entity name in the question or in "
-             "any observation so far; each such name followed by the question's keywords")
+QUERY_SET = (
+    "question verbatim; start_query; every answer alias verbatim; every entity name in the question or in "
+    "any observation so far; each such name followed by the question's keywords"
+)
 URL_SET = "every search hit's url seen so far; page_url(name) of every name allowed as a query (answer included)"
-_STOP = frozenset("a an the of in on at by to for from and or is was were which who what whom whose how many much "
-                  "does did do has have had with into through where when that this".split())
+_STOP = frozenset(
+    "a an the of in on at by to for from and or is was were which who what whom whose how many much "
+    "does did do has have had with into through where when that this".split()
+)
 _DOC = re.compile(r"\[Doc \d+\]\((?P<url>[^)\s]*)\):\n")
 _WORD = re.compile(r"[^\s,.;:?!()\"]+")
 _PART = re.compile(r">>>> Page \d+ >>>> \(of \d+\) [^\n]*\n(?P<body>.*)\n\[[^\]\n]*\]\n</information>$", re.S)
@@ -85,8 +90,15 @@ class Proof:
 
     def metadata(self) -> dict[str, Any]:
         """What a task records about its proof."""
-        return {"version": PROOF_VERSION, "min_calls": self.min_calls, "play": [list(c) for c in self.play],
-                "explored_calls": self.explored_calls, "queries": QUERY_SET, "urls": URL_SET, **self.detail}
+        return {
+            "version": PROOF_VERSION,
+            "min_calls": self.min_calls,
+            "play": [list(c) for c in self.play],
+            "explored_calls": self.explored_calls,
+            "queries": QUERY_SET,
+            "urls": URL_SET,
+            **self.detail,
+        }
 
 
 class _Names:
@@ -129,8 +141,13 @@ class MinCallsProver:
         self._search: dict[str, list[tuple[str, str]]] = {}  # query -> [(url, hit text)]
         self._pages: dict[str, list[str]] = {}  # url -> parts
         self._found: dict[str, list[str]] = {}  # observed text -> entity names in it
-        self.env_settings = {"top_k": env.top_k, "doc_chars": env.doc_chars, "page_chunk_chars": env.page_chunk_chars,
-                             "max_page_chars": env.max_page_chars, "max_page_chunks": env.max_page_chunks}
+        self.env_settings = {
+            "top_k": env.top_k,
+            "doc_chars": env.doc_chars,
+            "page_chunk_chars": env.page_chunk_chars,
+            "max_page_chars": env.max_page_chars,
+            "max_page_chunks": env.max_page_chunks,
+        }
 
     # --- the env's tools, cached --------------------------------------------------------------
 
@@ -183,8 +200,11 @@ class MinCallsProver:
         last_name = meta["path"][-1]["name"]
         answer_entity_url = page_url(task.answers[0]) if meta.get("answer_type") == "entity" else None
         question_names = self.names.find(task.question)
-        keywords = " ".join(w for w in _WORD.findall(task.question)
-                            if w.lower() not in _STOP and not any(w in n.split() for n in question_names))
+        keywords = " ".join(
+            w
+            for w in _WORD.findall(task.question)
+            if w.lower() not in _STOP and not any(w in n.split() for n in question_names)
+        )
 
         def goal(url: str, text: str) -> bool:
             if url == answer_url and answer_text in text:
@@ -240,8 +260,13 @@ class MinCallsProver:
                     seq += 1
                     heapq.heappush(heap, (cost + 1, seq, nxt))
             if any(goal(url, text) for url, text in segments):
-                return Proof(cost, self._play(call, parent), explored, limit,
-                             {"env": self.env_settings, "explored_below_bound": True})
+                return Proof(
+                    cost,
+                    self._play(call, parent),
+                    explored,
+                    limit,
+                    {"env": self.env_settings, "explored_below_bound": True},
+                )
             for url, text in segments:
                 enable("u", url, cost, call)
                 for name in self._names_in(text):

@@ -4,19 +4,36 @@ The world generator (`world.py`) renders these facts into pages; KB-walk QA (`kb
 them into questions. Both read this one table, so a fact a question relies on is a fact a page states.
 Every relation is functional (one target per entity), so a forward walk has exactly one answer.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 ENTITY_TYPES: tuple[str, ...] = (
-    "person", "city", "country", "company", "university",
-    "river", "mountain", "film", "book", "event",
+    "person",
+    "city",
+    "country",
+    "company",
+    "university",
+    "river",
+    "mountain",
+    "film",
+    "book",
+    "event",
 )
 
 # Share of the world's pages per type (normalised by the generator; every type gets at least one).
 TYPE_WEIGHTS: dict[str, float] = {
-    "person": 0.30, "city": 0.12, "country": 0.02, "company": 0.12, "university": 0.05,
-    "river": 0.05, "mountain": 0.04, "film": 0.11, "book": 0.11, "event": 0.08,
+    "person": 0.30,
+    "city": 0.12,
+    "country": 0.02,
+    "company": 0.12,
+    "university": 0.05,
+    "river": 0.05,
+    "mountain": 0.04,
+    "film": 0.11,
+    "book": 0.11,
+    "event": 0.08,
 }
 
 

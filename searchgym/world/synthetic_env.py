@@ -1,4 +1,5 @@
 """`searchgym/SyntheticQA-v0`: a SearchEnv over the embedded synthetic world, built into a cache on first use."""
+
 from __future__ import annotations
 
 import os
@@ -34,8 +35,17 @@ def make_synthetic_qa(
     are applied here; other values of them are refused.
     """
     # a misspelt or mistyped kwarg fails here, before a world is built (gym.make comes straight here)
-    check_kwargs_of(SYNTHETIC_QA, {"size": size, "seed": seed, "n_tasks": n_tasks, "split": split,
-                                   "min_calls_tasks": min_calls_tasks, **env_kwargs})
+    check_kwargs_of(
+        SYNTHETIC_QA,
+        {
+            "size": size,
+            "seed": seed,
+            "n_tasks": n_tasks,
+            "split": split,
+            "min_calls_tasks": min_calls_tasks,
+            **env_kwargs,
+        },
+    )
     if min_calls is not None:
         low_high = parse_min_calls(min_calls)  # bad values fail before anything is built
         env_kwargs = check_env_kwargs(low_high, env_kwargs)

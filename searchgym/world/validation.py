@@ -3,6 +3,7 @@
 A candidate enters a task pool only when the oracle reaches its answer with the env's own tools,
 so every task is answerable by search in the world it was drawn from.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -44,9 +45,17 @@ def synthesize_pool(
     Blocking; also callable from inside a running event loop (a trainer creating its first env), where
     the work runs on a loop of its own in a worker thread.
     """
-    return run_blocking(_synthesize(world, index, n_tasks, seed, KBWalker(
-        world, seed=seed, fuzz_prob=fuzz_prob, comparison_prob=comparison_prob, hop_weights=hop_weights),
-        max_turns, progress))
+    return run_blocking(
+        _synthesize(
+            world,
+            index,
+            n_tasks,
+            seed,
+            KBWalker(world, seed=seed, fuzz_prob=fuzz_prob, comparison_prob=comparison_prob, hop_weights=hop_weights),
+            max_turns,
+            progress,
+        )
+    )
 
 
 def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -61,8 +70,9 @@ def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
         return pool.submit(work).result()
 
 
-async def _synthesize(world: World, index: LocalIndex, n_tasks: int, seed: int, walker: KBWalker,
-                      max_turns: int, progress: bool) -> tuple[TaskPool, dict[str, Any]]:
+async def _synthesize(
+    world: World, index: LocalIndex, n_tasks: int, seed: int, walker: KBWalker, max_turns: int, progress: bool
+) -> tuple[TaskPool, dict[str, Any]]:
     oracle = OracleAgent()
     accepted: list[Task] = []
     seen: set[str] = set()

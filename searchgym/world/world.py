@@ -7,6 +7,7 @@ same (size, seed) gives byte-identical files in any process. Types occupy contig
 publication years, countries) are drawn by small cached functions that depend only on the entity
 itself and on such facts of entities of earlier dependency levels, so there are no cycles.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -39,19 +40,107 @@ _FLUSH_EVERY = 512
 # rng purposes: each draws an independent stream for one entity.
 _FACTS, _TEXT, _BIRTH, _FOUNDING, _AUTHORSHIP, _POPULATION, _LOCATION = range(1, 8)
 
-OCCUPATIONS = ("architect", "botanist", "cartographer", "chemist", "composer", "economist", "engineer", "historian",
-               "journalist", "linguist", "mathematician", "novelist", "painter", "physician", "poet", "sculptor",
-               "surveyor", "astronomer", "film director", "photographer", "diplomat", "geologist", "lawyer",
-               "philosopher", "shipbuilder", "actor", "playwright", "teacher", "translator", "violinist")
-INDUSTRIES = ("shipbuilding", "textile", "publishing", "software", "mining", "brewing", "railway", "insurance",
-              "pharmaceutical", "agricultural", "banking", "glassmaking", "aviation", "steel", "telecommunications",
-              "retail", "printing", "chemical", "logistics", "tea trading")
-CURRENCIES = ("crown", "florin", "mark", "thaler", "ducat", "guilder", "shilling", "dinar", "sovereign", "real",
-              "kopek", "scudo", "lira", "peso", "rand")
-FILM_GENRES = ("drama", "comedy", "thriller", "western", "musical", "documentary", "science fiction", "horror",
-               "romance", "adventure", "crime", "war", "mystery", "animated")
-BOOK_GENRES = ("novel", "poetry collection", "memoir", "biography", "short story collection", "essay collection",
-               "travelogue", "historical novel", "detective novel", "children's book", "play", "science fiction novel")
+OCCUPATIONS = (
+    "architect",
+    "botanist",
+    "cartographer",
+    "chemist",
+    "composer",
+    "economist",
+    "engineer",
+    "historian",
+    "journalist",
+    "linguist",
+    "mathematician",
+    "novelist",
+    "painter",
+    "physician",
+    "poet",
+    "sculptor",
+    "surveyor",
+    "astronomer",
+    "film director",
+    "photographer",
+    "diplomat",
+    "geologist",
+    "lawyer",
+    "philosopher",
+    "shipbuilder",
+    "actor",
+    "playwright",
+    "teacher",
+    "translator",
+    "violinist",
+)
+INDUSTRIES = (
+    "shipbuilding",
+    "textile",
+    "publishing",
+    "software",
+    "mining",
+    "brewing",
+    "railway",
+    "insurance",
+    "pharmaceutical",
+    "agricultural",
+    "banking",
+    "glassmaking",
+    "aviation",
+    "steel",
+    "telecommunications",
+    "retail",
+    "printing",
+    "chemical",
+    "logistics",
+    "tea trading",
+)
+CURRENCIES = (
+    "crown",
+    "florin",
+    "mark",
+    "thaler",
+    "ducat",
+    "guilder",
+    "shilling",
+    "dinar",
+    "sovereign",
+    "real",
+    "kopek",
+    "scudo",
+    "lira",
+    "peso",
+    "rand",
+)
+FILM_GENRES = (
+    "drama",
+    "comedy",
+    "thriller",
+    "western",
+    "musical",
+    "documentary",
+    "science fiction",
+    "horror",
+    "romance",
+    "adventure",
+    "crime",
+    "war",
+    "mystery",
+    "animated",
+)
+BOOK_GENRES = (
+    "novel",
+    "poetry collection",
+    "memoir",
+    "biography",
+    "short story collection",
+    "essay collection",
+    "travelogue",
+    "historical novel",
+    "detective novel",
+    "children's book",
+    "play",
+    "science fiction novel",
+)
 _URL_SAFE = "_-.~()'!,:"
 
 
@@ -235,9 +324,11 @@ class World:
     def _person(self, eid: int, rng: random.Random) -> tuple[dict, dict]:
         born = self._birth_year(eid)
         attrs = {"birth_year": born, "occupation": rng.choice(OCCUPATIONS)}
-        rels = {"born_in": self._pick(rng, "city"),
-                "studied_at": self._pick_where(rng, "university", lambda u: self._founding(u)[1] <= born + 18),
-                "employer": self._pick_where(rng, "company", lambda c: self._founding(c)[1] <= born + 50)}
+        rels = {
+            "born_in": self._pick(rng, "city"),
+            "studied_at": self._pick_where(rng, "university", lambda u: self._founding(u)[1] <= born + 18),
+            "employer": self._pick_where(rng, "company", lambda c: self._founding(c)[1] <= born + 50),
+        }
         return attrs, rels
 
     def _city(self, eid: int, rng: random.Random) -> tuple[dict, dict]:
@@ -248,20 +339,27 @@ class World:
         else:
             population = _log_uniform(rng, 2_000, min(2_000_000, people / 12))
         attrs = {"population": population, "founded_year": rng.randint(600, 1700)}
-        rels = {"country": country,
-                "mayor": self._pick_where(rng, "person", lambda p: 1940 <= self._birth_year(p) <= 1995)}
+        rels = {
+            "country": country,
+            "mayor": self._pick_where(rng, "person", lambda p: 1940 <= self._birth_year(p) <= 1995),
+        }
         return attrs, rels
 
     def _country(self, eid: int, rng: random.Random) -> tuple[dict, dict]:
-        attrs = {"population": self._country_population(eid),
-                 "official_language": names.language_of(self._name(eid)),
-                 "currency": rng.choice(CURRENCIES)}
+        attrs = {
+            "population": self._country_population(eid),
+            "official_language": names.language_of(self._name(eid)),
+            "currency": rng.choice(CURRENCIES),
+        }
         return attrs, {"capital": self._capital(eid)}
 
     def _company(self, eid: int, rng: random.Random) -> tuple[dict, dict]:
         founder, founded = self._founding(eid)
-        attrs = {"founded_year": founded, "industry": rng.choice(INDUSTRIES),
-                 "employees": _log_uniform(rng, 12, 180_000)}
+        attrs = {
+            "founded_year": founded,
+            "industry": rng.choice(INDUSTRIES),
+            "employees": _log_uniform(rng, 12, 180_000),
+        }
         return attrs, {"founded_by": founder, "headquarters": self._pick(rng, "city")}
 
     def _university(self, eid: int, rng: random.Random) -> tuple[dict, dict]:
@@ -281,8 +379,10 @@ class World:
         director = self._pick_where(rng, "person", lambda p: 1860 <= self._birth_year(p) <= 1990)
         book = self._pick(rng, "book")
         earliest = max(self._birth_year(director) + 20, self._authorship(book)[1], 1900)
-        attrs = {"release_year": rng.randint(earliest, min(CURRENT_YEAR, earliest + 40)),
-                 "genre": rng.choice(FILM_GENRES)}
+        attrs = {
+            "release_year": rng.randint(earliest, min(CURRENT_YEAR, earliest + 40)),
+            "genre": rng.choice(FILM_GENRES),
+        }
         return attrs, {"directed_by": director, "filmed_in": self._pick(rng, "city"), "based_on": book}
 
     def _book(self, eid: int, rng: random.Random) -> tuple[dict, dict]:
@@ -294,8 +394,10 @@ class World:
     def _event(self, eid: int, rng: random.Random) -> tuple[dict, dict]:
         organiser = self._pick(rng, "company")
         founded = self._founding(organiser)[1]
-        attrs = {"year": rng.randint(founded, min(CURRENT_YEAR, founded + 60)),
-                 "attendance": _log_uniform(rng, 150, 400_000)}
+        attrs = {
+            "year": rng.randint(founded, min(CURRENT_YEAR, founded + 60)),
+            "attendance": _log_uniform(rng, 150, 400_000),
+        }
         return attrs, {"location": self._pick(rng, "city"), "organised_by": organiser}
 
     # -- pages ------------------------------------------------------------------------------------
@@ -312,13 +414,17 @@ class World:
         fields = self._fields(e, True)
         paragraphs = "".join(
             "<p>" + " ".join(html.escape(s, quote=False).format(**fields) for s in para) + "</p>\n"
-            for para in self._plan(e))
-        rows = "".join(f"<tr><th>{html.escape(label)}</th><td>{value}</td></tr>"
-                       for label, value in self._infobox(e, True))
+            for para in self._plan(e)
+        )
+        rows = "".join(
+            f"<tr><th>{html.escape(label)}</th><td>{value}</td></tr>" for label, value in self._infobox(e, True)
+        )
         title = html.escape(e.name)
-        return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>{title}</title></head>\n"
-                f"<body>\n<h1>{title}</h1>\n<table class=\"infobox\"><caption>{title}</caption>{rows}</table>\n"
-                f"{paragraphs}</body>\n</html>\n")
+        return (
+            f'<!DOCTYPE html>\n<html lang="en">\n<head><meta charset="utf-8"><title>{title}</title></head>\n'
+            f'<body>\n<h1>{title}</h1>\n<table class="infobox"><caption>{title}</caption>{rows}</table>\n'
+            f"{paragraphs}</body>\n</html>\n"
+        )
 
     def page_row(self, e: Entity) -> dict:
         """The corpus row of a page: id, title, url, plain text and the urls it links to."""
@@ -356,8 +462,10 @@ class World:
 
     def _infobox(self, e: Entity, as_html: bool) -> list[tuple[str, str]]:
         rows = [("Type", e.type.capitalize())]
-        rows += [(LABELS[e.type, a.name], _text(schema.format_value(a.kind, e.attrs[a.name]), as_html))
-                 for a in _ATTRS[e.type]]
+        rows += [
+            (LABELS[e.type, a.name], _text(schema.format_value(a.kind, e.attrs[a.name]), as_html))
+            for a in _ATTRS[e.type]
+        ]
         rows += [(LABELS[e.type, r.name], self._ref(e.rels[r.name], as_html)) for r in _RELS[e.type]]
         return rows
 
@@ -385,8 +493,13 @@ class World:
                 for name, row in rows.items():
                     sinks[name].add(json.dumps(row(e), ensure_ascii=False))
             digests = {name: sink.close() for name, sink in sinks.items()}
-        manifest = {"format": FORMAT_VERSION, "size": self.size, "seed": self.seed, "counts": dict(self.counts),
-                    "files": digests}
+        manifest = {
+            "format": FORMAT_VERSION,
+            "size": self.size,
+            "seed": self.seed,
+            "counts": dict(self.counts),
+            "files": digests,
+        }
         (out / "world.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         return manifest
 
@@ -426,4 +539,5 @@ def _text(value: str, as_html: bool) -> str:
 _ATTRS = {t: schema.attributes_of(t) for t in schema.ENTITY_TYPES}
 _RELS = {t: schema.relations_of(t) for t in schema.ENTITY_TYPES}
 _FACT_BUILDERS: dict[str, Callable[[World, int, random.Random], tuple[dict, dict]]] = {
-    t: getattr(World, f"_{t}") for t in schema.ENTITY_TYPES}
+    t: getattr(World, f"_{t}") for t in schema.ENTITY_TYPES
+}

@@ -9,6 +9,7 @@ by its `parse_generation_response`, and the weight-update group formed by AReaL'
 trainer does. WORKDIR holds `pushed.pt` (the state dict to broadcast) and `disk_model/` (a model directory for the
 disk update); what the client saw is written to WORKDIR/areal.json for the test to judge.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,9 @@ TIMEOUT_S = 120
 def send(url: str, request: Any) -> tuple[int, Any]:
     """One AReaL HttpRequest sent as AReaL's client sends it (JSON body; GET without one)."""
     body = None if request.method == "GET" else json.dumps(request.payload).encode()
-    http = urllib.request.Request(url + request.endpoint, data=body, method=request.method,
-                                  headers={"Content-Type": "application/json"})
+    http = urllib.request.Request(
+        url + request.endpoint, data=body, method=request.method, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(http, timeout=TIMEOUT_S) as answer:
             text = answer.read().decode()
@@ -46,13 +48,17 @@ def send(url: str, request: Any) -> tuple[int, Any]:
 
 
 def generate(backend: SGLangBackend, url: str) -> dict[str, Any]:
-    request = ModelRequest(input_ids=list(PROMPT), gconfig=GenerationHyperparameters(
-        max_new_tokens=8, greedy=True, n_samples=1))
+    request = ModelRequest(
+        input_ids=list(PROMPT), gconfig=GenerationHyperparameters(max_new_tokens=8, greedy=True, n_samples=1)
+    )
     status, answer = send(url, backend.build_generation_request(request, with_lora=False, version=0))
     assert status == 200, answer
     parsed = backend.parse_generation_response(answer)
-    return {"output_tokens": parsed.output_tokens, "output_logprobs": parsed.output_logprobs,
-            "stop_reason": parsed.stop_reason}
+    return {
+        "output_tokens": parsed.output_tokens,
+        "output_logprobs": parsed.output_logprobs,
+        "stop_reason": parsed.stop_reason,
+    }
 
 
 def main(url: str, workdir: Path, host: str, port: int) -> None:
@@ -74,16 +80,23 @@ def main(url: str, workdir: Path, host: str, port: int) -> None:
 
     # the distributed update, as AReaL's trainer runs it: rank 0 of a group the server joins at rank_offset 1
     allocation = ModelAllocation.from_str("sglang:d1", name="rollout")  # one server, tp 1
-    meta = WeightUpdateMeta(type="xccl", gen_allocation=allocation, nccl_master_address=host,
-                            nccl_master_port=port, nccl_group_name=GROUP)
+    meta = WeightUpdateMeta(
+        type="xccl", gen_allocation=allocation, nccl_master_address=host, nccl_master_port=port, nccl_group_name=GROUP
+    )
     init = backend.build_init_weights_group_request(host, 0, meta)
     seen["init_payload"] = init.payload
     init.payload["backend"] = "gloo"  # AReaL's CPU platform says gloo; a GPU box would say nccl
     joined: dict[str, Any] = {}
     server_join = threading.Thread(target=lambda: joined.update(answer=call("init_group", init)))
     server_join.start()
-    group = init_custom_process_group(backend="gloo", init_method=f"tcp://{host}:{port}", world_size=2, rank=0,
-                                      group_name=GROUP, timeout=timedelta(seconds=TIMEOUT_S))
+    group = init_custom_process_group(
+        backend="gloo",
+        init_method=f"tcp://{host}:{port}",
+        world_size=2,
+        rank=0,
+        group_name=GROUP,
+        timeout=timedelta(seconds=TIMEOUT_S),
+    )
     server_join.join(TIMEOUT_S)
     seen["init_answer"] = joined.get("answer")
     state = torch.load(workdir / "pushed.pt")
@@ -100,7 +113,8 @@ def main(url: str, workdir: Path, host: str, port: int) -> None:
 
     # the disk update (AReaL's default weight_update_mode)
     (disk,) = backend.build_disk_weight_update_requests(
-        WeightUpdateMeta(type="disk", path=str(workdir / "disk_model"))).requests
+        WeightUpdateMeta(type="disk", path=str(workdir / "disk_model"))
+    ).requests
     seen["disk_answer"] = call("update_disk", disk)
     seen["generate_after_disk"] = generate(backend, url)
     (workdir / "areal.json").write_text(json.dumps(seen))

@@ -3,6 +3,7 @@
 Loading this file also makes every `serve model` app the test run starts (in any test directory collected
 with this one) check its native answers against SGLang 0.5.23's contract (tests/agents/sglang_contract.py).
 """
+
 import aiohttp
 import pytest
 import pytest_asyncio

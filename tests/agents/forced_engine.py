@@ -5,6 +5,7 @@ should say, then has the wrapped engine generate it one token at a time with a l
 token: every id, log-prob and version still comes from the engine's own sampling step. `calls` keeps each
 inner request and response, the record the tests hold trajectories against, token for token.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,8 +44,9 @@ class ForcedEngine:
         wanted = wanted[: request.sampling.max_new_tokens]
         ids, logprobs, versions = [], [], []
         for token in wanted:
-            sampling = dataclasses.replace(request.sampling, max_new_tokens=1, stop=(),
-                                           logit_bias=((token, FORCE_BIAS),))
+            sampling = dataclasses.replace(
+                request.sampling, max_new_tokens=1, stop=(), logit_bias=((token, FORCE_BIAS),)
+            )
             inner_request = GenerateRequest(list(request.input_ids) + ids, sampling, request.rid)
             response = await self.inner.agenerate(inner_request)
             self.calls.append(Call(request.rid, inner_request.input_ids, response))

@@ -1,4 +1,5 @@
 """Model servers for tests: the tiny model behind `serve model` on loopback, and small request helpers."""
+
 import asyncio
 import contextlib
 
@@ -70,7 +71,7 @@ def teacher_forced(model, prompt, output):
     """log softmax of the model's logits at each output position (temperature 1), for the tokens taken."""
     ids = torch.tensor([prompt + output])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(output)[:, None])[:, 0].tolist()
 
 

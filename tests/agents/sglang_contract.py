@@ -4,6 +4,7 @@ The generated module `sglang/api/v1/api_types.py` needs only `msgspec`; importin
 itself would pull in torch kernels and much more, so the module is loaded from its file. Install it
 with `pip install --no-deps sglang==0.5.23` (README's test command and `.ci/run` do).
 """
+
 from __future__ import annotations
 
 import functools
@@ -53,10 +54,13 @@ def check_response(path: str, status: int, body: Any) -> None:
             api_types.decode_GenerateStreamError(body)
             api_types.decode_ErrorBody(body["error"])
         return  # a failed weight update answers {"success": false, "message", ...}, which has no contract type
-    decoder = {"/generate": api_types.decode_GenerateResponse, "/model_info": api_types.decode_GetModelInfoResponse,
-               "/get_model_info": api_types.decode_GetModelInfoResponse,
-               "/server_info": api_types.decode_GetServerInfoResponse,
-               "/get_server_info": api_types.decode_GetServerInfoResponse}.get(path)
+    decoder = {
+        "/generate": api_types.decode_GenerateResponse,
+        "/model_info": api_types.decode_GetModelInfoResponse,
+        "/get_model_info": api_types.decode_GetModelInfoResponse,
+        "/server_info": api_types.decode_GetServerInfoResponse,
+        "/get_server_info": api_types.decode_GetServerInfoResponse,
+    }.get(path)
     if decoder is not None:
         for item in body if isinstance(body, list) else [body]:
             decoder(item)
@@ -93,6 +97,7 @@ def check_every_model_server() -> None:
     helper) are then judged by SGLang's contract too. The server module is patched when it is first imported
     (or at once, if it already is), so calling this costs no import of torch.
     """
+
     def patch(module):
         if getattr(module.create_app, "contract_checked", False):
             return

@@ -5,6 +5,7 @@ importing the modules that hold its weight-update code fails. Tests that judge o
 therefore read the definitions they need out of the wheel's files with `ast` and run them in a namespace
 holding only what those definitions use: SGLang's code, not a copy of it in this repository.
 """
+
 from __future__ import annotations
 import __future__
 
@@ -58,7 +59,12 @@ def load(relative: str, names: list[str], namespace: dict[str, Any]) -> dict[str
     path = require_sglang() / relative
     tree = ast.parse(path.read_text(), filename=str(path))
     nodes = [_find(tree, name) for name in names]
-    code = compile(ast.Module(body=nodes, type_ignores=[]), str(path), "exec",
-                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    code = compile(
+        ast.Module(body=nodes, type_ignores=[]),
+        str(path),
+        "exec",
+        flags=__future__.annotations.compiler_flag,
+        dont_inherit=True,
+    )
     exec(code, namespace)
     return namespace

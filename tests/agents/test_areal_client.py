@@ -1,6 +1,7 @@
 """AReaL's own client code against `serve model`: requests built and answers parsed by AReaL 1.0.4's SGLangBackend,
 the weight-update group formed by AReaL's init_custom_process_group (tests/agents/areal_client.py, a child process
 with AReaL's packages from `.areal-site`, which .ci/run installs without their pins)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -50,8 +51,18 @@ async def test_areals_client_generates_updates_weights_both_ways_and_offloads(ti
     async with model_server(tiny_model_dir) as (url, engine):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(AREAL_SITE)])}
         child = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tests.agents.areal_client", url, str(tmp_path), "127.0.0.1", str(free_port()),
-            env=env, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            sys.executable,
+            "-m",
+            "tests.agents.areal_client",
+            url,
+            str(tmp_path),
+            "127.0.0.1",
+            str(free_port()),
+            env=env,
+            cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
         try:
             output, _ = await asyncio.wait_for(child.communicate(), 240)
         finally:
@@ -63,17 +74,24 @@ async def test_areals_client_generates_updates_weights_both_ways_and_offloads(ti
         served = engine.model.state_dict()
     # every route AReaL called answered 200
     assert seen["statuses"] == dict.fromkeys(
-        ["health", "pause", "resume", "offload", "onload", "init_group", "update_distributed", "update_disk"], 200)
+        ["health", "pause", "resume", "offload", "onload", "init_group", "update_distributed", "update_disk"], 200
+    )
     # AReaL's own payload for the group (string port, rank_offset 1, world size 2) was accepted and joined
     assert isinstance(seen["init_payload"]["master_port"], str) and seen["init_payload"]["rank_offset"] == 1
     assert seen["init_payload"]["world_size"] == 2 and seen["init_answer"]["success"] is True
     assert seen["update_answer"]["success"] is True and seen["disk_answer"]["success"] is True
     # AReaL's parser read each generation: greedy tokens with the model's own log-probs at each stage
-    for key, model in (("generate_before", original), ("generate_after_onload", original),
-                       ("generate_after_distributed", pushed), ("generate_after_disk", on_disk)):
+    for key, model in (
+        ("generate_before", original),
+        ("generate_after_onload", original),
+        ("generate_after_distributed", pushed),
+        ("generate_after_disk", on_disk),
+    ):
         got = seen[key]
         assert got["stop_reason"] == "length" and len(got["output_tokens"]) == 8, (key, got)
-        assert got["output_logprobs"] == pytest.approx(teacher_forced(model, PROMPT, got["output_tokens"]), abs=1e-4), key
+        assert got["output_logprobs"] == pytest.approx(teacher_forced(model, PROMPT, got["output_tokens"]), abs=1e-4), (
+            key
+        )
     assert seen["generate_after_onload"] == seen["generate_before"]  # offload and onload lose nothing
     for name, tensor in on_disk.state_dict().items():
         assert torch.equal(served[name], tensor), name

@@ -1,4 +1,5 @@
 """EngineChat: in-process chat over a token engine (TorchEngine, or SGLang servers), tools and tool calls included."""
+
 import json
 import re
 
@@ -37,8 +38,9 @@ async def test_achat_is_the_engines_generation_through_the_chat_template(torch_e
     chat = EngineChat(torch_engine, torch_engine.tokenizer)
     text = await chat.achat(MESSAGES, temperature=0, max_tokens=16, ignore_eos=True)
     prompt = torch_engine.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)["input_ids"]
-    direct = await torch_engine.agenerate(GenerateRequest(prompt, SamplingParams(max_new_tokens=16, temperature=0.0,
-                                                                                 ignore_eos=True)))
+    direct = await torch_engine.agenerate(
+        GenerateRequest(prompt, SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True))
+    )
     assert text == torch_engine.tokenizer.decode(direct.output_ids, skip_special_tokens=True)
     word = re.findall(r"[A-Za-z]{3,}", text)[1]  # inside the reply: at its very end the length limit comes first
     stopped = await chat.achat(MESSAGES, temperature=0, max_tokens=16, ignore_eos=True, stop=[word])
@@ -62,16 +64,19 @@ async def test_the_same_adapter_over_sglang_servers(tiny_model_dir, torch_engine
 async def test_tools_render_through_the_template_and_calls_come_back_parsed(tool_chat):
     first, second = exchange("call_7")
     prompt = tool_chat.render(first, TOOLS)
-    assert prompt == tool_chat.tokenizer.apply_chat_template(first, tools=TOOLS, add_generation_prompt=True)[
-        "input_ids"]
+    assert (
+        prompt == tool_chat.tokenizer.apply_chat_template(first, tools=TOOLS, add_generation_prompt=True)["input_ids"]
+    )
     result = await tool_chat.acomplete(first, SamplingParams(max_new_tokens=60, temperature=0.0), TOOLS)
     assert result.finish_reason == "tool_calls" and result.content is None
     assert [(c.name, json.loads(c.arguments)) for c in result.tool_calls] == [("search", ARGUMENTS)]
     answer = await tool_chat.acomplete(second, SamplingParams(max_new_tokens=20, temperature=0.0), TOOLS)
     assert answer.finish_reason == "stop" and answer.content == "Grishofield" and answer.tool_calls == []
     rendered = tool_chat.tokenizer.decode(tool_chat.render(second, TOOLS))
-    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "search", "arguments": {"query": "Aldra"}}\n</tool_call>'
-            f'<|im_end|>\n<|im_start|>user\n<tool_response>\n{RESULT}\n</tool_response><|im_end|>') in rendered
+    assert (
+        '<|im_start|>assistant\n<tool_call>\n{"name": "search", "arguments": {"query": "Aldra"}}\n</tool_call>'
+        f"<|im_end|>\n<|im_start|>user\n<tool_response>\n{RESULT}\n</tool_response><|im_end|>"
+    ) in rendered
     # without tools to parse for, the reply is the raw text (a chat workflow parses its own tool syntax)
     raw = await tool_chat.acomplete(first, SamplingParams(max_new_tokens=60, temperature=0.0), prompt_ids=prompt)
     assert raw.tool_calls == [] and raw.content == raw.text and raw.text.startswith("<tool_call>")
@@ -101,18 +106,24 @@ async def test_parallel_tool_calls_false_keeps_the_first_call(torch_engine):
     assert [json.loads(c.arguments)["query"] for c in one.tool_calls] == ["a"]
 
 
-@pytest.mark.parametrize("messages,options,message", [
-    ([{"role": "robot", "content": "x"}], {}, "role in"),
-    ([{"role": "user", "content": "x", "extra": 1}], {}, "unsupported field(s) ['extra']"),
-    ([{"role": "user"}], {}, "needs content"),
-    ([{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "s", "arguments": "{"}}]}], {},
-     "not valid JSON"),
-    ([{"role": "user", "content": "x"}], {"response_format": {"type": "json_object"}}, "response_format"),
-    ([{"role": "user", "content": "x"}], {"n": 3}, "n must be 1"),
-    ([{"role": "user", "content": "x"}], {"presence_penalty": 1.0}, "presence_penalty"),
-    ([{"role": "user", "content": "x"}], {"max_tokens": 10**6}, "exceeds the model's maximum context length"),
-    ([], {}, "non-empty list"),
-])
+@pytest.mark.parametrize(
+    "messages,options,message",
+    [
+        ([{"role": "robot", "content": "x"}], {}, "role in"),
+        ([{"role": "user", "content": "x", "extra": 1}], {}, "unsupported field(s) ['extra']"),
+        ([{"role": "user"}], {}, "needs content"),
+        (
+            [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "s", "arguments": "{"}}]}],
+            {},
+            "not valid JSON",
+        ),
+        ([{"role": "user", "content": "x"}], {"response_format": {"type": "json_object"}}, "response_format"),
+        ([{"role": "user", "content": "x"}], {"n": 3}, "n must be 1"),
+        ([{"role": "user", "content": "x"}], {"presence_penalty": 1.0}, "presence_penalty"),
+        ([{"role": "user", "content": "x"}], {"max_tokens": 10**6}, "exceeds the model's maximum context length"),
+        ([], {}, "non-empty list"),
+    ],
+)
 @in_module_loop
 async def test_bad_input_is_a_value_error_that_says_why(torch_engine, messages, options, message):
     chat = EngineChat(torch_engine, torch_engine.tokenizer)
@@ -123,19 +134,25 @@ async def test_bad_input_is_a_value_error_that_says_why(torch_engine, messages, 
 # ---- the tool-call parser -----------------------------------------------------------------------------------------
 
 NAMES = ("search", "access", "answer")
-_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=10),
-                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
-                                                                                  max_size=3), max_leaves=8)
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
 _ARGUMENTS = st.dictionaries(st.text(max_size=8), _VALUES, max_size=3)
 
 
-@given(prefix=st.text(max_size=20).filter(lambda t: "<tool_call>" not in t),
-       calls=st.lists(st.tuples(st.sampled_from(NAMES), _ARGUMENTS), min_size=1, max_size=3),
-       separators=st.lists(st.sampled_from(["", "\n", " \n "]), min_size=3, max_size=3), closed=st.booleans())
+@given(
+    prefix=st.text(max_size=20).filter(lambda t: "<tool_call>" not in t),
+    calls=st.lists(st.tuples(st.sampled_from(NAMES), _ARGUMENTS), min_size=1, max_size=3),
+    separators=st.lists(st.sampled_from(["", "\n", " \n "]), min_size=3, max_size=3),
+    closed=st.booleans(),
+)
 @settings(max_examples=300, deadline=None)
 def test_calls_written_as_the_template_writes_them_parse_back(prefix, calls, separators, closed):
-    blocks = [f'<tool_call>\n{json.dumps({"name": n, "arguments": a}, ensure_ascii=False)}\n</tool_call>'
-              for n, a in calls]
+    blocks = [
+        f"<tool_call>\n{json.dumps({'name': n, 'arguments': a}, ensure_ascii=False)}\n</tool_call>" for n, a in calls
+    ]
     if not closed:  # a stop string at </tool_call> cuts the last closing tag
         blocks[-1] = blocks[-1].removesuffix("</tool_call>")
     text = prefix + "".join(sep + block for sep, block in zip(separators, blocks))
@@ -157,11 +174,13 @@ def test_the_parser_never_raises_and_never_drops_text(text):
 
 
 def test_malformed_or_unknown_calls_leave_the_reply_whole():
-    for text in ('<tool_call>\n{"name": "search", "arguments": [1]}\n</tool_call>',
-                 '<tool_call>\n{"name": "delete_everything", "arguments": {}}\n</tool_call>',
-                 '<tool_call>{"name": "search", "arguments": {}}</tool_call> and more <tool_call>{oops}</tool_call>',
-                 '<tool_call>{"name": "search", "arguments": {}}</tool_call>prose<tool_call>'
-                 '{"name": "search", "arguments": {}}</tool_call>'):
+    for text in (
+        '<tool_call>\n{"name": "search", "arguments": [1]}\n</tool_call>',
+        '<tool_call>\n{"name": "delete_everything", "arguments": {}}\n</tool_call>',
+        '<tool_call>{"name": "search", "arguments": {}}</tool_call> and more <tool_call>{oops}</tool_call>',
+        '<tool_call>{"name": "search", "arguments": {}}</tool_call>prose<tool_call>'
+        '{"name": "search", "arguments": {}}</tool_call>',
+    ):
         assert parse_tool_calls(text, {"search"}) == (text, [])
 
 

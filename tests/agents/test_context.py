@@ -1,5 +1,6 @@
 """Context management: 64-turn episodes in a 2k-token window go on in linked segments (fold, summarise), every
 segment token-exact against the engine's own record, and one learner step trains all of them."""
+
 import asyncio
 
 import pytest
@@ -36,18 +37,28 @@ SAMPLING = SamplingParams(max_new_tokens=48, temperature=1.0)
 
 # --- the layout of a rebuilt context ----------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def template(tokenizer):
     return ChatTemplateDelta(tokenizer)
 
 
-words = st.lists(st.sampled_from(["river", "Aldra", "flows", "through", "the", "city", "of", "1987", "page", "."]),
-                 max_size=300).map(" ".join)
+words = st.lists(
+    st.sampled_from(["river", "Aldra", "flows", "through", "the", "city", "of", "1987", "page", "."]), max_size=300
+).map(" ".join)
 observations = st.tuples(words, st.integers(1, 12)).map(lambda pair: "\n".join([pair[0]] * pair[1]))
-entries = st.lists(st.builds(Entry, action_ids=st.lists(st.integers(10, 1500), min_size=1, max_size=40),
-                             ended_with_eos=st.booleans(), observation=observations,
-                             stub=st.sampled_from(["[folded: result of search 'x']", "[folded: page 'doc://1']"]),
-                             foldable=st.booleans()), min_size=1, max_size=25)
+entries = st.lists(
+    st.builds(
+        Entry,
+        action_ids=st.lists(st.integers(10, 1500), min_size=1, max_size=40),
+        ended_with_eos=st.booleans(),
+        observation=observations,
+        stub=st.sampled_from(["[folded: result of search 'x']", "[folded: page 'doc://1']"]),
+        foldable=st.booleans(),
+    ),
+    min_size=1,
+    max_size=25,
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -56,9 +67,15 @@ def test_a_rebuilt_context_fits_and_never_splits_a_turn(template, entries, targe
     history = History("Where does the Aldra flow?", entries)
     layout = lay_out(template, history, target, int(target * keep))
     if layout is None:  # only when not even the question and the newest action fit
-        least = (len(template.prompt_ids(history.question + (DROPPED_NOTE.format(n=len(entries) - 1)
-                                                             if len(entries) > 1 else "")))
-                 + len(entries[-1].action_ids) + len(template.observation_ids("", entries[-1].ended_with_eos)))
+        least = (
+            len(
+                template.prompt_ids(
+                    history.question + (DROPPED_NOTE.format(n=len(entries) - 1) if len(entries) > 1 else "")
+                )
+            )
+            + len(entries[-1].action_ids)
+            + len(template.observation_ids("", entries[-1].ended_with_eos))
+        )
         assert least + 40 > target
         return
     assert len(layout.ids) <= target
@@ -71,8 +88,9 @@ def test_a_rebuilt_context_fits_and_never_splits_a_turn(template, entries, targe
         if kind == "observation" and i != len(entries) - 1:
             shown = layout.ids[start:end]
             full = template.observation_ids(entries[i].observation, entries[i].ended_with_eos)
-            assert shown == full or (entries[i].foldable
-                                     and shown == template.observation_ids(entries[i].stub, entries[i].ended_with_eos))
+            assert shown == full or (
+                entries[i].foldable and shown == template.observation_ids(entries[i].stub, entries[i].ended_with_eos)
+            )
     assert [kind for kind, *_ in layout.pieces] == ["prompt"] + ["action", "observation"] * len(kept)
     if layout.truncated_tokens:  # the newest observation was cut, and says so
         start, end = layout.pieces[-1][1:3]
@@ -95,8 +113,9 @@ class TightFold(FoldPolicy):
 
 
 def test_the_context_policy_settings_are_checked_by_key():
-    config = load_config(None, ["rollout.context_policy=summarise", "rollout.summary_tokens=64",
-                                "rollout.max_segments=9"])
+    config = load_config(
+        None, ["rollout.context_policy=summarise", "rollout.summary_tokens=64", "rollout.max_segments=9"]
+    )
     settings = workflow_settings(config.rollout)  # what the trainer's workflow is built with
     assert isinstance(settings.context, SummarisePolicy) and settings.context.summary_tokens == 64
     assert settings.max_segments == 9
@@ -106,19 +125,23 @@ def test_the_context_policy_settings_are_checked_by_key():
     assert isinstance(workflow_settings(custom).context, TightFold)  # a user's subclass, by import path
     with pytest.raises(ValueError, match="rollout.context_policy"):
         workflow_settings(load_config(None, ["rollout.context_policy=tests.agents.test_context:Script"]).rollout)
-    for override, key in (("rollout.context_policy=squash", "rollout.context_policy"),
-                          ("rollout.max_segments=0", "rollout.max_segments"),
-                          ("rollout.summary_tokens=0", "rollout.summary_tokens")):
+    for override, key in (
+        ("rollout.context_policy=squash", "rollout.context_policy"),
+        ("rollout.max_segments=0", "rollout.max_segments"),
+        ("rollout.summary_tokens=0", "rollout.summary_tokens"),
+    ):
         with pytest.raises(ValueError, match=key):
             load_config(None, [override])
     with pytest.raises(ValueError, match="rollout.summary_tokens"):
-        load_config(None, ["rollout.context_policy=summarise", "rollout.summary_tokens=4000",
-                                 "rollout.max_context=4096"])
+        load_config(
+            None, ["rollout.context_policy=summarise", "rollout.summary_tokens=4000", "rollout.max_context=4096"]
+        )
     with pytest.raises(ValueError, match="squash"):
         context_policy("squash")
 
 
 # --- 64-turn episodes in a 2k window ----------------------------------------------------------------------------
+
 
 class Script:
     """Per episode (rid): 63 searches then an answer; a summary when asked (the first one empty where told)."""
@@ -140,20 +163,26 @@ class Script:
         return f"<answer>{self.answers[rid]}</answer>", False
 
 
-def play_group(engine, tokenizer, pool, index, policy, *, empty_first_summary=False, max_segments=256,
-               workflow_class=TokenWorkflow) -> tuple[list[Trajectory], ForcedEngine]:
+def play_group(
+    engine, tokenizer, pool, index, policy, *, empty_first_summary=False, max_segments=256, workflow_class=TokenWorkflow
+) -> tuple[list[Trajectory], ForcedEngine]:
     """Two 64-turn episodes of one task, one answering right and one wrong, played concurrently."""
     task = pool[0]
     answers = {"right": task.answers[0], "wrong": "Nowhere at all"}
     script = Script(tokenizer, answers, {"right"} if empty_first_summary else set())
     forced = ForcedEngine(engine, tokenizer, script)
-    workflow = workflow_class(forced, tokenizer, WorkflowSettings(SAMPLING, MAX_CONTEXT, context=policy,
-                                                                 max_segments=max_segments))
+    workflow = workflow_class(
+        forced, tokenizer, WorkflowSettings(SAMPLING, MAX_CONTEXT, context=policy, max_segments=max_segments)
+    )
 
     async def main():
         envs = [SearchEnv(pool, index, max_turns=TURNS + 4, top_k=3, doc_chars=400) for _ in answers]
-        return await asyncio.gather(*(workflow.arun_episode(env, seed=0, options={"task_id": task.id}, rid=rid)
-                                      for env, rid in zip(envs, answers)))
+        return await asyncio.gather(
+            *(
+                workflow.arun_episode(env, seed=0, options={"task_id": task.id}, rid=rid)
+                for env, rid in zip(envs, answers)
+            )
+        )
 
     with torch_threads(1):  # a tiny model on a shared 2-core machine: a second thread only waits
         return asyncio.run(main()), forced
@@ -168,8 +197,9 @@ class HugePages(TokenWorkflow):
 
 def test_an_episode_over_its_segment_budget_ends_truncated_with_everything_kept(engine, small_pool, small_index):
     """Observations bigger than the whole window are truncated with a note; the segment budget ends the episode."""
-    (right, wrong), forced = play_group(engine, engine.tokenizer, small_pool, small_index, FoldPolicy(),
-                                        max_segments=3, workflow_class=HugePages)
+    (right, wrong), forced = play_group(
+        engine, engine.tokenizer, small_pool, small_index, FoldPolicy(), max_segments=3, workflow_class=HugePages
+    )
     for traj, rid in ((right, "right"), (wrong, "wrong")):
         assert traj.truncated and traj.stop_reason == "segment budget" and traj.num_segments == 3
         assert_segments_are_the_engines_record(traj, forced.calls, rid)  # every token the engine gave is kept
@@ -226,8 +256,9 @@ def folded(engine, small_pool, small_index):
 
 @pytest.fixture(scope="module")
 def summarised(engine, small_pool, small_index):
-    return play_group(engine, engine.tokenizer, small_pool, small_index, SummarisePolicy(summary_tokens=64),
-                      empty_first_summary=True)
+    return play_group(
+        engine, engine.tokenizer, small_pool, small_index, SummarisePolicy(summary_tokens=64), empty_first_summary=True
+    )
 
 
 def test_a_64_turn_episode_folds_its_way_to_the_answer_token_exact(folded, engine):
@@ -290,12 +321,30 @@ def test_eval_plays_past_its_window_with_a_context_policy(tmp_path, tiny_model_d
 
     env_kwargs = {**WARM_ENV, "max_turns": 8}
     with pytest.raises(ValueError, match="squash"):
-        run_eval("searchgym/SyntheticQA-v0", str(tiny_model_dir), tmp_path / "bad", context_policy="squash",
-                 env_kwargs=env_kwargs, progress=False, report=False)
+        run_eval(
+            "searchgym/SyntheticQA-v0",
+            str(tiny_model_dir),
+            tmp_path / "bad",
+            context_policy="squash",
+            env_kwargs=env_kwargs,
+            progress=False,
+            report=False,
+        )
     with torch_threads(1):
-        run_eval("searchgym/SyntheticQA-v0", str(tiny_model_dir), tmp_path / "fold", k=1, max_tasks=3, judge="em",
-                 env_kwargs=env_kwargs, max_new_tokens=32, max_context=256, context_policy="fold", progress=False,
-                 report=False)
+        run_eval(
+            "searchgym/SyntheticQA-v0",
+            str(tiny_model_dir),
+            tmp_path / "fold",
+            k=1,
+            max_tasks=3,
+            judge="em",
+            env_kwargs=env_kwargs,
+            max_new_tokens=32,
+            max_context=256,
+            context_policy="fold",
+            progress=False,
+            report=False,
+        )
     rows = [json.loads(line) for line in (tmp_path / "fold" / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and max(r["stats"]["segments"] for r in rows) > 1
     for row in rows:  # every segment of every episode is in the stored trajectory and within the window

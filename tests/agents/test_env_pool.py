@@ -1,4 +1,5 @@
 """EnvPool lends envs across episodes: as many are made as run at once, and a reused env plays like a new one."""
+
 import asyncio
 
 import pytest

@@ -3,6 +3,7 @@
 Every JSON answer of a native route in these tests (and in every test that starts a server through
 `model_server`) is decoded with SGLang's own generated contract (tests/agents/sglang_contract.py).
 """
+
 import asyncio
 import json
 
@@ -30,8 +31,16 @@ from tests.servers import JSON_VALUES
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-META_KEYS = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "weight_version",
-             "weight_versions", "e2e_latency"}
+META_KEYS = {
+    "id",
+    "finish_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "weight_version",
+    "weight_versions",
+    "e2e_latency",
+}
 
 
 # ---- /generate ---------------------------------------------------------------------------------------------------
@@ -39,8 +48,9 @@ META_KEYS = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cache
 
 async def test_generate_input_ids_has_sglang_shape_and_exact_logprobs(server, http):
     url, engine = server
-    out = await generate(http, url, input_ids=PROMPT, sampling_params={"max_new_tokens": 6, **GREEDY},
-                         return_logprob=True, rid="r-1")
+    out = await generate(
+        http, url, input_ids=PROMPT, sampling_params={"max_new_tokens": 6, **GREEDY}, return_logprob=True, rid="r-1"
+    )
     assert set(out) == {"text", "output_ids", "meta_info"}
     meta = out["meta_info"]
     assert set(meta) == META_KEYS | {"output_token_logprobs"}
@@ -60,21 +70,33 @@ async def test_text_batch_matches_input_ids_and_returns_token_texts(server, http
     url, engine = server
     texts = ["Where was the founder born?", "<search> capital </search>"]
     sampling = {"max_new_tokens": 5, **GREEDY}
-    batch = await generate(http, url, text=texts, sampling_params=sampling, rid=["a", "b"], return_logprob=True,
-                           return_text_in_logprobs=True)
+    batch = await generate(
+        http,
+        url,
+        text=texts,
+        sampling_params=sampling,
+        rid=["a", "b"],
+        return_logprob=True,
+        return_text_in_logprobs=True,
+    )
     assert isinstance(batch, list) and [o["meta_info"]["id"] for o in batch] == ["a", "b"]
     for text, out in zip(texts, batch):
         single = await generate(http, url, input_ids=engine.tokenizer.encode(text), sampling_params=sampling)
         assert out["output_ids"] == single["output_ids"]
         assert "output_token_logprobs" not in single["meta_info"]
         assert [t[2] for t in out["meta_info"]["output_token_logprobs"]] == [
-            engine.tokenizer.decode([t]) for t in out["output_ids"]]
+            engine.tokenizer.decode([t]) for t in out["output_ids"]
+        ]
 
 
 async def test_batch_takes_per_prompt_sampling_params(server, http):
     url, _ = server
-    batch = await generate(http, url, input_ids=[PROMPT, PROMPT[:3]],
-                           sampling_params=[{"max_new_tokens": 2, **GREEDY}, {"max_new_tokens": 4, **GREEDY}])
+    batch = await generate(
+        http,
+        url,
+        input_ids=[PROMPT, PROMPT[:3]],
+        sampling_params=[{"max_new_tokens": 2, **GREEDY}, {"max_new_tokens": 4, **GREEDY}],
+    )
     assert [o["meta_info"]["completion_tokens"] for o in batch] == [2, 4]
     assert [o["meta_info"]["prompt_tokens"] for o in batch] == [5, 3]
 
@@ -84,20 +106,29 @@ async def test_stop_token_and_stop_string_finish_reasons_and_trimming(server, ht
     free = (await generate(http, url, input_ids=PROMPT, sampling_params={"max_new_tokens": 12, **GREEDY}))["output_ids"]
     stop_id = free[2]
     first = free.index(stop_id)
-    by_id = await generate(http, url, input_ids=PROMPT, sampling_params={"max_new_tokens": 12, "temperature": 0,
-                                                                         "stop_token_ids": [stop_id]})
+    by_id = await generate(
+        http,
+        url,
+        input_ids=PROMPT,
+        sampling_params={"max_new_tokens": 12, "temperature": 0, "stop_token_ids": [stop_id]},
+    )
     assert by_id["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_id}
     assert by_id["output_ids"] == free[: first + 1]
     assert by_id["text"] == engine.tokenizer.decode(free[:first])  # the matched token is trimmed from the text
-    kept = await generate(http, url, input_ids=PROMPT, sampling_params={
-        "max_new_tokens": 12, "temperature": 0, "stop_token_ids": [stop_id], "no_stop_trim": True})
+    kept = await generate(
+        http,
+        url,
+        input_ids=PROMPT,
+        sampling_params={"max_new_tokens": 12, "temperature": 0, "stop_token_ids": [stop_id], "no_stop_trim": True},
+    )
     assert kept["text"] == engine.tokenizer.decode(free[: first + 1])
 
     full_text = engine.tokenizer.decode(free)
     word = engine.tokenizer.decode(free[3:4]).strip()
     stop = word[: max(1, len(word) // 2)]
-    by_str = await generate(http, url, input_ids=PROMPT, sampling_params={"max_new_tokens": 12, **GREEDY,
-                                                                          "stop": [stop]})
+    by_str = await generate(
+        http, url, input_ids=PROMPT, sampling_params={"max_new_tokens": 12, **GREEDY, "stop": [stop]}
+    )
     assert by_str["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert by_str["text"] == full_text[: full_text.find(stop)]
     assert by_str["output_ids"] == free[: len(by_str["output_ids"])]
@@ -162,24 +193,84 @@ async def test_malformed_json_and_non_objects_are_400(server, http):
 
 _JSON = JSON_VALUES
 _VALID = {  # a valid body per endpoint, and the fields mutations replace (sampling ones inside sampling_params)
-    "/generate": ({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}},
-                  ["text", "input_ids", "rid", "return_logprob", "logprob_start_len", "top_logprobs_num",
-                   "return_text_in_logprobs", "stream", "sampling_params", "return_prompt_token_ids", "lora_path",
-                   "image_data", "priority", "custom_labels", "routing_key", "session_params"]),
-    "/v1/chat/completions": ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
-                             ["messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "n",
-                              "seed", "stream", "model", "tools", "logprobs", "presence_penalty", "tool_choice",
-                              "response_format", "logit_bias", "parallel_tool_calls", "chat_template_kwargs",
-                              "user", "metadata", "top_k"]),
-    "/v1/completions": ({"prompt": "hi", "max_tokens": 2},
-                        ["prompt", "max_tokens", "echo", "suffix", "best_of", "logprobs", "seed", "stop", "n"]),
-    "/update_weights_from_disk": ({"model_path": "/nonexistent"},
-                                  ["model_path", "load_format", "weight_version", "abort_all_requests", "flush_cache"]),
+    "/generate": (
+        {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}},
+        [
+            "text",
+            "input_ids",
+            "rid",
+            "return_logprob",
+            "logprob_start_len",
+            "top_logprobs_num",
+            "return_text_in_logprobs",
+            "stream",
+            "sampling_params",
+            "return_prompt_token_ids",
+            "lora_path",
+            "image_data",
+            "priority",
+            "custom_labels",
+            "routing_key",
+            "session_params",
+        ],
+    ),
+    "/v1/chat/completions": (
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        [
+            "messages",
+            "max_tokens",
+            "max_completion_tokens",
+            "temperature",
+            "top_p",
+            "stop",
+            "n",
+            "seed",
+            "stream",
+            "model",
+            "tools",
+            "logprobs",
+            "presence_penalty",
+            "tool_choice",
+            "response_format",
+            "logit_bias",
+            "parallel_tool_calls",
+            "chat_template_kwargs",
+            "user",
+            "metadata",
+            "top_k",
+        ],
+    ),
+    "/v1/completions": (
+        {"prompt": "hi", "max_tokens": 2},
+        ["prompt", "max_tokens", "echo", "suffix", "best_of", "logprobs", "seed", "stop", "n"],
+    ),
+    "/update_weights_from_disk": (
+        {"model_path": "/nonexistent"},
+        ["model_path", "load_format", "weight_version", "abort_all_requests", "flush_cache"],
+    ),
     "/abort_request": ({"rid": "nobody"}, ["rid", "abort_all"]),
 }
-_SAMPLING_KEYS = ["max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos",
-                  "skip_special_tokens", "no_stop_trim", "n", "min_new_tokens", "frequency_penalty", "logit_bias",
-                  "sampling_seed", "spaces_between_special_tokens", "stop_regex", "custom_params", "watermark"]
+_SAMPLING_KEYS = [
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "skip_special_tokens",
+    "no_stop_trim",
+    "n",
+    "min_new_tokens",
+    "frequency_penalty",
+    "logit_bias",
+    "sampling_seed",
+    "spaces_between_special_tokens",
+    "stop_regex",
+    "custom_params",
+    "watermark",
+]
 
 
 @st.composite
@@ -218,11 +309,14 @@ async def test_request_size_limit(tiny_model_dir, http):
 
 async def test_pause_abort_returns_partial_tokens_and_holds_new_requests(server, http):
     url, engine = server
-    long = asyncio.create_task(generate(http, url, input_ids=PROMPT, return_logprob=True,
-                                        sampling_params={"max_new_tokens": 200, **GREEDY}))
+    long = asyncio.create_task(
+        generate(http, url, input_ids=PROMPT, return_logprob=True, sampling_params={"max_new_tokens": 200, **GREEDY})
+    )
     await wait_for_tokens(engine, 3)
     assert await post(http, url, "/pause_generation", {"mode": "abort"}) == (
-        200, {"message": "Generation paused successfully.", "status": "ok"})
+        200,
+        {"message": "Generation paused successfully.", "status": "ok"},
+    )
     partial = await long
     assert partial["meta_info"]["finish_reason"]["type"] == "abort"
     assert 0 < partial["meta_info"]["completion_tokens"] < 200
@@ -260,10 +354,12 @@ async def test_pause_in_place_or_retract_keeps_requests_and_continues_them(serve
 
 async def test_abort_request_by_rid(server, http):
     url, engine = server
-    victim = asyncio.create_task(generate(http, url, input_ids=PROMPT, rid="victim",
-                                          sampling_params={"max_new_tokens": 200, **GREEDY}))
-    other = asyncio.create_task(generate(http, url, input_ids=PROMPT, rid="other",
-                                         sampling_params={"max_new_tokens": 40, **GREEDY}))
+    victim = asyncio.create_task(
+        generate(http, url, input_ids=PROMPT, rid="victim", sampling_params={"max_new_tokens": 200, **GREEDY})
+    )
+    other = asyncio.create_task(
+        generate(http, url, input_ids=PROMPT, rid="other", sampling_params={"max_new_tokens": 40, **GREEDY})
+    )
     await wait_for_tokens(engine, 4)
     async with http.post(url + "/abort_request", json={"rid": "victim"}) as resp:
         assert resp.status == 200
@@ -275,8 +371,10 @@ async def test_abort_request_by_rid(server, http):
 async def test_bounded_concurrency(tiny_model_dir, http):
     async with model_server(tiny_model_dir, max_running_requests=2) as (url, engine):
         await engine.pause()  # requests admitted by the server queue inside the paused engine
-        tasks = [asyncio.create_task(generate(http, url, input_ids=PROMPT, sampling_params={"max_new_tokens": 2}))
-                 for _ in range(5)]
+        tasks = [
+            asyncio.create_task(generate(http, url, input_ids=PROMPT, sampling_params={"max_new_tokens": 2}))
+            for _ in range(5)
+        ]
         await asyncio.sleep(0.2)
         async with http.get(url + "/get_server_info") as resp:
             info = await resp.json()
@@ -326,8 +424,9 @@ async def test_model_and_server_info_under_current_and_deprecated_names(server, 
 async def test_update_weights_from_disk_bad_path_keeps_serving(server, http, tmp_path):
     url, engine = server
     before = await generate(http, url, input_ids=PROMPT, sampling_params={"max_new_tokens": 4, **GREEDY})
-    status, out = await post(http, url, "/update_weights_from_disk",
-                             {"model_path": str(tmp_path / "missing"), "weight_version": "9"})
+    status, out = await post(
+        http, url, "/update_weights_from_disk", {"model_path": str(tmp_path / "missing"), "weight_version": "9"}
+    )
     assert status == 400 and out["success"] is False and "missing" in out["message"]
     assert out["num_paused_requests"] == 0
     after = await generate(http, url, input_ids=PROMPT, sampling_params={"max_new_tokens": 4, **GREEDY})
@@ -339,9 +438,18 @@ async def test_update_weights_from_disk_sets_the_version_of_later_tokens(tiny_mo
     async with model_server(tiny_model_dir) as (url, engine):
         sampling = {"max_new_tokens": 8, **GREEDY}
         before = await generate(http, url, input_ids=PROMPT, sampling_params=sampling)
-        status, out = await post(http, url, "/update_weights_from_disk", {
-            "model_path": str(perturbed), "load_format": "auto", "abort_all_requests": True, "weight_version": "3",
-            "flush_cache": True})
+        status, out = await post(
+            http,
+            url,
+            "/update_weights_from_disk",
+            {
+                "model_path": str(perturbed),
+                "load_format": "auto",
+                "abort_all_requests": True,
+                "weight_version": "3",
+                "flush_cache": True,
+            },
+        )
         assert (status, out["success"], out["num_paused_requests"]) == (200, True, 0)
         assert "Weight version updated to 3" in out["message"]
         async with http.get(url + "/get_model_info") as resp:
@@ -350,7 +458,8 @@ async def test_update_weights_from_disk_sets_the_version_of_later_tokens(tiny_mo
         assert after["meta_info"]["weight_version"] == "3" and after["output_ids"] != before["output_ids"]
         fresh = AutoModelForCausalLM.from_pretrained(perturbed)
         assert [t[0] for t in after["meta_info"]["output_token_logprobs"]] == pytest.approx(
-            teacher_forced(fresh, PROMPT, after["output_ids"]), abs=1e-4)
+            teacher_forced(fresh, PROMPT, after["output_ids"]), abs=1e-4
+        )
 
 
 # ---- SGLang 0.5.23 semantics ---------------------------------------------------------------------------------------
@@ -360,8 +469,16 @@ async def test_unknown_top_level_fields_are_ignored_as_sglang_ignores_them(serve
     url, _ = server
     sampling = {"max_new_tokens": 3, **GREEDY}
     plain = await generate(http, url, input_ids=PROMPT, sampling_params=sampling)
-    out = await generate(http, url, input_ids=PROMPT, sampling_params=sampling, image_data=None,
-                         return_routed_experts=True, a_field_from_the_future={"x": 1}, return_prompt_token_ids=True)
+    out = await generate(
+        http,
+        url,
+        input_ids=PROMPT,
+        sampling_params=sampling,
+        image_data=None,
+        return_routed_experts=True,
+        a_field_from_the_future={"x": 1},
+        return_prompt_token_ids=True,
+    )
     assert out["output_ids"] == plain["output_ids"] and out["prompt_token_ids"] == PROMPT
 
 
@@ -369,8 +486,10 @@ async def test_sampling_seed_makes_a_request_reproducible_and_keys_tokens_by_pos
     url, _ = server
 
     def seeded(seed, prompt=PROMPT, n=20):
-        return {"input_ids": prompt, "sampling_params": {"max_new_tokens": n, "temperature": 1.0, "ignore_eos": True,
-                                                         "sampling_seed": seed}}
+        return {
+            "input_ids": prompt,
+            "sampling_params": {"max_new_tokens": n, "temperature": 1.0, "ignore_eos": True, "sampling_seed": seed},
+        }
 
     first = await generate(http, url, **seeded(7))
     await generate(http, url, input_ids=PROMPT, sampling_params={"max_new_tokens": 5, "ignore_eos": True})
@@ -386,10 +505,18 @@ async def test_logit_bias_and_special_token_rendering(server, http):
     url, engine = server
     start = engine.tokenizer.convert_tokens_to_ids("<|im_start|>")
     for temperature in (0.0, 1.0):
-        sampling = {"max_new_tokens": 3, "temperature": temperature, "ignore_eos": True,
-                    "logit_bias": {str(start): 100.0}}
-        kept = await generate(http, url, input_ids=PROMPT, sampling_params={
-            **sampling, "skip_special_tokens": False, "spaces_between_special_tokens": False})
+        sampling = {
+            "max_new_tokens": 3,
+            "temperature": temperature,
+            "ignore_eos": True,
+            "logit_bias": {str(start): 100.0},
+        }
+        kept = await generate(
+            http,
+            url,
+            input_ids=PROMPT,
+            sampling_params={**sampling, "skip_special_tokens": False, "spaces_between_special_tokens": False},
+        )
         assert kept["output_ids"] == [start] * 3 and kept["text"] == "<|im_start|>" * 3
         skipped = await generate(http, url, input_ids=PROMPT, sampling_params=sampling)
         assert skipped["text"] == ""
@@ -397,13 +524,14 @@ async def test_logit_bias_and_special_token_rendering(server, http):
 
 async def test_a_rid_in_flight_is_refused_until_it_finishes(server, http):
     url, engine = server
-    first = asyncio.create_task(generate(http, url, input_ids=PROMPT, rid="dup",
-                                         sampling_params={"max_new_tokens": 100, **GREEDY}))
+    first = asyncio.create_task(
+        generate(http, url, input_ids=PROMPT, rid="dup", sampling_params={"max_new_tokens": 100, **GREEDY})
+    )
     await wait_for_tokens(engine, 2)
     status, out = await post(http, url, "/generate", {"input_ids": PROMPT, "rid": "dup"})
     assert status == 400 and out["error"]["message"] == "Duplicate request ID detected: dup"
     assert (await first)["meta_info"]["completion_tokens"] == 100
-    assert (await generate(http, url, input_ids=PROMPT, rid="dup", sampling_params={"max_new_tokens": 1}))
+    assert await generate(http, url, input_ids=PROMPT, rid="dup", sampling_params={"max_new_tokens": 1})
 
 
 async def test_string_weight_versions_spans_relabelling_and_keep_pause(tiny_model_dir, http, tmp_path):
@@ -412,25 +540,34 @@ async def test_string_weight_versions_spans_relabelling_and_keep_pause(tiny_mode
         sampling = {"max_new_tokens": 80, **GREEDY}
         running = asyncio.create_task(generate(http, url, input_ids=PROMPT, sampling_params=sampling))
         await wait_for_tokens(engine, 5)
-        status, out = await post(http, url, "/update_weights_from_disk",
-                                 {"model_path": str(perturbed), "weight_version": "v2-step7"})
+        status, out = await post(
+            http, url, "/update_weights_from_disk", {"model_path": str(perturbed), "weight_version": "v2-step7"}
+        )
         assert status == 200 and out["message"].endswith("Weight version updated to v2-step7.")
         meta = (await running)["meta_info"]
         assert meta["weight_version"] == "v2-step7"
         old = meta["weight_versions"][0]["end"]
-        assert 0 < old < 80 and meta["weight_versions"] == [{"version": "v1-step0", "start": 0, "end": old},
-                                                            {"version": "v2-step7", "start": old, "end": 80}]
+        assert 0 < old < 80 and meta["weight_versions"] == [
+            {"version": "v1-step0", "start": 0, "end": old},
+            {"version": "v2-step7", "start": old, "end": 80},
+        ]
         async with http.get(url + "/model_info") as resp:
             assert (await resp.json())["weight_version"] == "v2-step7"
         short = {"max_new_tokens": 6, **GREEDY}
         before = await generate(http, url, input_ids=PROMPT, sampling_params=short)
         assert await post(http, url, "/update_weight_version", {"new_version": "v3"}) == (
-            200, {"success": True, "message": "Weight version updated to v3", "new_version": "v3"})
+            200,
+            {"success": True, "message": "Weight version updated to v3", "new_version": "v3"},
+        )
         after = await generate(http, url, input_ids=PROMPT, sampling_params=short)
         assert after["output_ids"] == before["output_ids"] and after["meta_info"]["weight_version"] == "v3"
 
-        status, out = await post(http, url, "/update_weights_from_disk",
-                                 {"model_path": str(tiny_model_dir), "weight_version": "5", "keep_pause": True})
+        status, out = await post(
+            http,
+            url,
+            "/update_weights_from_disk",
+            {"model_path": str(tiny_model_dir), "weight_version": "5", "keep_pause": True},
+        )
         assert status == 200 and engine.version == 5  # a numeric label is the engine's version
         held = asyncio.create_task(generate(http, url, input_ids=PROMPT, sampling_params=short))
         await asyncio.sleep(0.2)
@@ -447,7 +584,6 @@ async def test_unknown_routes_and_wrong_methods_answer_json_in_the_callers_diale
     async with http.get(url + "/v1/nope") as resp:
         body = await resp.json()
     assert resp.status == 404 and body["error"]["type"] == "invalid_request_error" and body["error"]["message"]
-
 
 
 async def test_a_weight_version_of_thousands_of_digits_is_a_label_not_a_500(server, http):

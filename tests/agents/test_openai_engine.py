@@ -1,5 +1,6 @@
 """OpenAIEngine against the real model server's /v1/chat/completions, and against a loopback test double of an
 OpenAI-compatible endpoint that fails on purpose (429, 5xx, 4xx) to exercise retries."""
+
 import asyncio
 import contextlib
 import email.utils
@@ -28,17 +29,29 @@ async def server_url(tiny_model_dir):
 
 def completion(content):
     """A chat.completion body exactly as OpenAI sends it."""
-    return {"id": "chatcmpl-test", "object": "chat.completion", "created": 1700000000, "model": "gpt-test",
-            "system_fingerprint": None,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content, "refusal": None},
-                         "logprobs": None, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}}
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": "gpt-test",
+        "system_fingerprint": None,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content, "refusal": None},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12},
+    }
 
 
 def openai_error(message, kind, status, headers=None):
     """An error response exactly as OpenAI sends it."""
-    return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": None}},
-                             status=status, headers=headers)
+    return web.json_response(
+        {"error": {"message": message, "type": kind, "param": None, "code": None}}, status=status, headers=headers
+    )
 
 
 class OpenAITestDouble:
@@ -73,7 +86,7 @@ async def test_chat_through_the_model_server(server_url):
     full = await engine.achat_full(MESSAGES, temperature=0.0, max_tokens=12)
     assert full["finish_reason"] == "length" and full["usage"]["completion_tokens"] == 12 and full["model"] == "tiny"
     assert await engine.achat(MESSAGES, temperature=0.0, max_tokens=12) == full["content"]
-    word = full["content"][len(full["content"]) // 2:].split()[0]
+    word = full["content"][len(full["content"]) // 2 :].split()[0]
     stopped = await engine.achat_full(MESSAGES, temperature=0.0, max_tokens=12, stop=[word])
     assert stopped["finish_reason"] == "stop"
     assert stopped["content"] == full["content"][: full["content"].find(word)]  # the stop string is not included
@@ -86,18 +99,26 @@ async def test_chat_through_the_model_server(server_url):
 @in_module_loop
 async def test_retries_429_then_500_then_succeeds_honouring_retry_after(monkeypatch):
     monkeypatch.setenv("SEARCHGYM_TEST_KEY", "sk-test")
-    double = OpenAITestDouble([
-        lambda: openai_error("Rate limit reached", "requests", 429, headers={"retry-after-ms": "300"}),
-        lambda: openai_error("The server had an error", "server_error", 500),
-        lambda: web.json_response(completion("Paris"))])
+    double = OpenAITestDouble(
+        [
+            lambda: openai_error("Rate limit reached", "requests", 429, headers={"retry-after-ms": "300"}),
+            lambda: openai_error("The server had an error", "server_error", 500),
+            lambda: web.json_response(completion("Paris")),
+        ]
+    )
     async with double.serving() as url:
         engine = OpenAIEngine(url, "gpt-test", api_key_env="SEARCHGYM_TEST_KEY", backoff_base=0.01)
         start = time.monotonic()
         full = await engine.achat_full(MESSAGES, temperature=0.0, max_tokens=5)
         elapsed = time.monotonic() - start
         await engine.close()
-    assert full == {"content": "Paris", "finish_reason": "stop", "id": "chatcmpl-test", "model": "gpt-test",
-                    "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}}
+    assert full == {
+        "content": "Paris",
+        "finish_reason": "stop",
+        "id": "chatcmpl-test",
+        "model": "gpt-test",
+        "usage": {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12},
+    }
     assert len(double.requests) == 3 and elapsed >= 0.3
     headers, body = double.requests[0]
     assert headers["Authorization"] == "Bearer sk-test"
@@ -133,8 +154,12 @@ async def test_a_malformed_200_body_is_retried_and_a_cut_reply_reports_its_finis
     finish_reason "length", which the callers that need a whole reply (judges, synthesis) treat as a failure."""
     cut = completion("The answer is Par")
     cut["choices"][0]["finish_reason"] = "length"
-    double = OpenAITestDouble([lambda: web.Response(text="<html>502 Bad Gateway</html>", content_type="text/html"),
-                               lambda: web.json_response(cut)])
+    double = OpenAITestDouble(
+        [
+            lambda: web.Response(text="<html>502 Bad Gateway</html>", content_type="text/html"),
+            lambda: web.json_response(cut),
+        ]
+    )
     async with double.serving() as url:
         engine = OpenAIEngine(url, "gpt-test", backoff_base=0.01)
         full = await engine.achat_full(MESSAGES, max_tokens=4)
@@ -148,8 +173,12 @@ def test_retry_settings_come_from_the_environment_and_are_checked(monkeypatch):
     engine = OpenAIEngine("http://127.0.0.1:9/v1", "m")
     assert (engine.max_retries, engine.backoff_base) == (2, 0.001)
     assert OpenAIEngine("http://127.0.0.1:9/v1", "m", max_retries=0).max_retries == 0  # an argument wins
-    for name, bad in [("SEARCHGYM_LLM_RETRIES", "-1"), ("SEARCHGYM_LLM_RETRIES", "two"),
-                      ("SEARCHGYM_LLM_BACKOFF", "nan"), ("SEARCHGYM_LLM_BACKOFF", "-0.5")]:
+    for name, bad in [
+        ("SEARCHGYM_LLM_RETRIES", "-1"),
+        ("SEARCHGYM_LLM_RETRIES", "two"),
+        ("SEARCHGYM_LLM_BACKOFF", "nan"),
+        ("SEARCHGYM_LLM_BACKOFF", "-0.5"),
+    ]:
         monkeypatch.setenv(name, bad)
         with pytest.raises(ValueError, match=name):
             OpenAIEngine("http://127.0.0.1:9/v1", "m")
@@ -173,8 +202,7 @@ async def test_bounded_concurrency_and_llm_judge_as_chat_model():
     async with double.serving() as url:
         engine = OpenAIEngine(url, "judge", max_concurrency=2)
         judge = LLMJudge(engine)
-        verdicts = await asyncio.gather(*(judge.ajudge(f"Paris {i}", ["Paris"], question="Capital?")
-                                          for i in range(6)))
+        verdicts = await asyncio.gather(*(judge.ajudge(f"Paris {i}", ["Paris"], question="Capital?") for i in range(6)))
         await engine.close()
     assert all(v.correct for v in verdicts) and len(double.requests) == 6 and double.peak == 2
 
@@ -183,8 +211,9 @@ def test_retry_after_parsing():
     now = time.time()
     assert retry_after_seconds({"retry-after": "2"}) == 2.0
     assert retry_after_seconds({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
-    assert retry_after_seconds({"retry-after": email.utils.formatdate(now + 30, usegmt=True)}, now=now) == \
-        pytest.approx(30, abs=1)
+    assert retry_after_seconds(
+        {"retry-after": email.utils.formatdate(now + 30, usegmt=True)}, now=now
+    ) == pytest.approx(30, abs=1)
     assert retry_after_seconds({"retry-after": "soon"}) is None
     assert retry_after_seconds({}) is None
 

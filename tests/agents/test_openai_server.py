@@ -1,5 +1,6 @@
 """`serve model`'s OpenAI API through the official `openai` client: a tool-calling round trip on a real (tiny) model,
 every documented request field honoured or refused, /v1/completions and /v1/models."""
+
 import asyncio
 import json
 
@@ -46,8 +47,15 @@ async def test_tool_calling_round_trip_with_the_openai_client(server, client):
     assert answered.choices[0].finish_reason == "stop" and answered.choices[0].message.content == ANSWER
     assert not answered.choices[0].message.tool_calls
     # the history was rendered exactly as the template renders a call (arguments as an object) and its result
-    as_template = [QUESTION, {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "search", "arguments": ARGUMENTS}}]}, history[2]]
+    as_template = [
+        QUESTION,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": ARGUMENTS}}],
+        },
+        history[2],
+    ]
     expected = engine.tokenizer.apply_chat_template(as_template, tools=TOOLS, add_generation_prompt=True)["input_ids"]
     assert answered.usage.prompt_tokens == len(expected)
 
@@ -66,27 +74,84 @@ async def test_tool_choice_none_renders_no_tools_and_parses_nothing(server, clie
 # ---- every documented field, honoured or refused -------------------------------------------------------------------
 
 # fields whose effect a test below checks
-HONOURED = {"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop",
-            "logit_bias", "tools", "tool_choice", "parallel_tool_calls"}
+HONOURED = {
+    "messages",
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "logit_bias",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+}
 # values that change no output here: the reply must equal the plain one
-INERT = {"user": "user-1", "safety_identifier": "hash-1", "prompt_cache_key": "key-1", "metadata": {"run": "7"},
-         "prompt_cache_options": {"mode": "implicit"}, "prompt_cache_retention": "in_memory", "store": False,
-         "service_tier": "auto", "modalities": ["text"], "response_format": {"type": "text"},
-         "reasoning_effort": "none", "verbosity": "medium", "tool_choice": "auto", "parallel_tool_calls": True,
-         "logprobs": False, "top_logprobs": 0, "frequency_penalty": 0, "presence_penalty": 0, "n": 1, "stream": False,
-         "model": NAME, "tools": []}
+INERT = {
+    "user": "user-1",
+    "safety_identifier": "hash-1",
+    "prompt_cache_key": "key-1",
+    "metadata": {"run": "7"},
+    "prompt_cache_options": {"mode": "implicit"},
+    "prompt_cache_retention": "in_memory",
+    "store": False,
+    "service_tier": "auto",
+    "modalities": ["text"],
+    "response_format": {"type": "text"},
+    "reasoning_effort": "none",
+    "verbosity": "medium",
+    "tool_choice": "auto",
+    "parallel_tool_calls": True,
+    "logprobs": False,
+    "top_logprobs": 0,
+    "frequency_penalty": 0,
+    "presence_penalty": 0,
+    "n": 1,
+    "stream": False,
+    "model": NAME,
+    "tools": [],
+}
 # values this server cannot honour (stream_options without stream: true included): a 400 naming the field
-REFUSED = {"stream_options": {"include_usage": True}, "logprobs": True, "top_logprobs": 2,
-           "response_format": {"type": "json_object"}, "store": True, "service_tier": "flex",
-           "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"},
-           "prediction": {"type": "content", "content": "x"}, "reasoning_effort": "high", "verbosity": "low",
-           "web_search_options": {}, "functions": [{"name": "f", "parameters": {}}], "function_call": "auto",
-           "moderation": {"model": "omni-moderation-latest"}, "n": 2, "frequency_penalty": 0.5,
-           "presence_penalty": 0.5, "tool_choice": "required", "temperature": 3, "top_p": 0, "max_tokens": 0,
-           "max_completion_tokens": 0, "logit_bias": {"99999": 1}, "seed": "x", "stop": [""], "messages": [],
-           "tools": [{"type": "web_search"}], "parallel_tool_calls": "yes", "model": 5, "user": 5,
-           "metadata": {"a": 1}, "prompt_cache_options": "x", "prompt_cache_retention": 5, "safety_identifier": 5,
-           "prompt_cache_key": 5}
+REFUSED = {
+    "stream_options": {"include_usage": True},
+    "logprobs": True,
+    "top_logprobs": 2,
+    "response_format": {"type": "json_object"},
+    "store": True,
+    "service_tier": "flex",
+    "modalities": ["text", "audio"],
+    "audio": {"voice": "alloy", "format": "wav"},
+    "prediction": {"type": "content", "content": "x"},
+    "reasoning_effort": "high",
+    "verbosity": "low",
+    "web_search_options": {},
+    "functions": [{"name": "f", "parameters": {}}],
+    "function_call": "auto",
+    "moderation": {"model": "omni-moderation-latest"},
+    "n": 2,
+    "frequency_penalty": 0.5,
+    "presence_penalty": 0.5,
+    "tool_choice": "required",
+    "temperature": 3,
+    "top_p": 0,
+    "max_tokens": 0,
+    "max_completion_tokens": 0,
+    "logit_bias": {"99999": 1},
+    "seed": "x",
+    "stop": [""],
+    "messages": [],
+    "tools": [{"type": "web_search"}],
+    "parallel_tool_calls": "yes",
+    "model": 5,
+    "user": 5,
+    "metadata": {"a": 1},
+    "prompt_cache_options": "x",
+    "prompt_cache_retention": 5,
+    "safety_identifier": 5,
+    "prompt_cache_key": 5,
+}
 
 
 def test_the_tables_cover_every_field_the_openai_client_documents():
@@ -122,14 +187,19 @@ async def test_unknown_fields_are_refused_as_openai_refuses_them(client):
 @in_module_loop
 async def test_model_max_tokens_and_the_chat_template(server, client):
     _, engine = server
-    out = await chat(client, model="any-name", max_tokens=5, max_completion_tokens=3, temperature=0,
-                     extra_body={"ignore_eos": True})
+    out = await chat(
+        client, model="any-name", max_tokens=5, max_completion_tokens=3, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert out.model == "any-name" and out.usage.completion_tokens == 3  # max_completion_tokens wins
     prompt = engine.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True)["input_ids"]
     assert out.usage.prompt_tokens == len(prompt)
     async with aiohttp.ClientSession() as http:
-        native = await generate(http, server[0], input_ids=prompt,
-                                sampling_params={"max_new_tokens": 3, "temperature": 0, "ignore_eos": True})
+        native = await generate(
+            http,
+            server[0],
+            input_ids=prompt,
+            sampling_params={"max_new_tokens": 3, "temperature": 0, "ignore_eos": True},
+        )
     assert out.choices[0].message.content == native["text"]
 
 
@@ -149,22 +219,34 @@ async def test_stop_and_logit_bias(server, client):
     _, engine = server
     reply = await chat(client, temperature=0, max_tokens=12, extra_body={"ignore_eos": True})
     full = reply.choices[0].message.content
-    word = full[len(full) // 2:].split()[0]
+    word = full[len(full) // 2 :].split()[0]
     stopped = await chat(client, temperature=0, max_tokens=12, stop=[word], extra_body={"ignore_eos": True})
     assert stopped.choices[0].finish_reason == "stop"
     assert stopped.choices[0].message.content == full[: full.find(word)]
     token = engine.tokenizer.encode(" Grishofield")[0]
-    biased = await chat(client, temperature=0, max_tokens=3, logit_bias={str(token): 100},
-                        extra_body={"ignore_eos": True})
+    biased = await chat(
+        client, temperature=0, max_tokens=3, logit_bias={str(token): 100}, extra_body={"ignore_eos": True}
+    )
     assert biased.choices[0].message.content == engine.tokenizer.decode([token] * 3)
 
 
 @in_module_loop
 async def test_chat_errors_use_the_openai_envelope(client):
-    for kwargs in ({"messages": [{"content": "no role"}]},
-                   {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-                   {"messages": [{"role": "assistant", "content": None, "tool_calls": [
-                       {"id": "c", "type": "function", "function": {"name": "search", "arguments": "{not json"}}]}]}):
+    for kwargs in (
+        {"messages": [{"content": "no role"}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"id": "c", "type": "function", "function": {"name": "search", "arguments": "{not json"}}
+                    ],
+                }
+            ]
+        },
+    ):
         with pytest.raises(openai.BadRequestError) as error:
             await chat(client, max_tokens=2, **kwargs)
         assert error.value.status_code == 400 and error.value.body["message"]
@@ -174,9 +256,11 @@ async def test_chat_errors_use_the_openai_envelope(client):
 async def test_a_generation_aborted_by_a_pause_is_a_503_with_retry_after(server):
     url, engine = server
     async with aiohttp.ClientSession() as http:
+
         async def long_chat():
-            async with http.post(url + "/v1/chat/completions", json={
-                    "messages": MESSAGES, "temperature": 0, "ignore_eos": True}) as resp:  # the rest of the context
+            async with http.post(
+                url + "/v1/chat/completions", json={"messages": MESSAGES, "temperature": 0, "ignore_eos": True}
+            ) as resp:  # the rest of the context
                 return resp.status, resp.headers.get("Retry-After"), await resp.json()
 
         request = asyncio.create_task(long_chat())
@@ -189,10 +273,26 @@ async def test_a_generation_aborted_by_a_pause_is_a_503_with_retry_after(server)
 
 # ---- /v1/completions and /v1/models -------------------------------------------------------------------------------
 
-COMPLETION_REFUSED = {"best_of": 2, "logprobs": 2, "suffix": "end", "stream": "yes",
-                      "stream_options": {"include_usage": True}, "n": 2, "frequency_penalty": 1, "presence_penalty": 1,
-                      "echo": "yes", "prompt": ["one", "two"], "max_tokens": 0, "temperature": -1, "top_p": 2,
-                      "seed": 1.5, "stop": 7, "logit_bias": {"x": 1}, "user": 1, "model": 1}
+COMPLETION_REFUSED = {
+    "best_of": 2,
+    "logprobs": 2,
+    "suffix": "end",
+    "stream": "yes",
+    "stream_options": {"include_usage": True},
+    "n": 2,
+    "frequency_penalty": 1,
+    "presence_penalty": 1,
+    "echo": "yes",
+    "prompt": ["one", "two"],
+    "max_tokens": 0,
+    "temperature": -1,
+    "top_p": 2,
+    "seed": 1.5,
+    "stop": 7,
+    "logit_bias": {"x": 1},
+    "user": 1,
+    "model": 1,
+}
 
 
 def test_completion_fields_are_all_covered():
@@ -204,18 +304,22 @@ def test_completion_fields_are_all_covered():
 async def test_completions_text_in_text_out(server, client):
     url, engine = server
     prompt = "Where was the founder born?"
-    out = await client.completions.create(model=NAME, prompt=prompt, max_tokens=5, temperature=0, seed=1,
-                                          user="u", extra_body={"ignore_eos": True})
+    out = await client.completions.create(
+        model=NAME, prompt=prompt, max_tokens=5, temperature=0, seed=1, user="u", extra_body={"ignore_eos": True}
+    )
     async with aiohttp.ClientSession() as http:
-        native = await generate(http, url, text=prompt,
-                                sampling_params={"max_new_tokens": 5, "temperature": 0, "ignore_eos": True})
+        native = await generate(
+            http, url, text=prompt, sampling_params={"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}
+        )
     assert out.object == "text_completion" and out.choices[0].text == native["text"]
     assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 5
-    echoed = await client.completions.create(model=NAME, prompt=prompt, max_tokens=5, temperature=0, echo=True,
-                                             best_of=1, extra_body={"ignore_eos": True})
+    echoed = await client.completions.create(
+        model=NAME, prompt=prompt, max_tokens=5, temperature=0, echo=True, best_of=1, extra_body={"ignore_eos": True}
+    )
     assert echoed.choices[0].text == prompt + native["text"]
-    default = await client.completions.create(model=NAME, prompt=engine.tokenizer.encode(prompt), temperature=0,
-                                              extra_body={"ignore_eos": True})
+    default = await client.completions.create(
+        model=NAME, prompt=engine.tokenizer.encode(prompt), temperature=0, extra_body={"ignore_eos": True}
+    )
     assert default.usage.completion_tokens == 16  # OpenAI's default max_tokens for completions
     assert default.choices[0].text.startswith(native["text"])
 

@@ -1,6 +1,7 @@
 """Prefix reuse across an episode's turns in TorchEngine: same tokens and logprobs as a full prefill, only the new
 tokens prefilled, an LRU cache that never exceeds its budget, emptied by weight updates, and never leaking or
 corrupting rows on abort, cancellation or errors."""
+
 import asyncio
 
 import pytest
@@ -15,15 +16,19 @@ from searchgym.agents.engines.types import GenerateRequest, SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # a tiny model on a shared 2-core machine
 
-OBSERVATIONS = ["<result> Krimar Therth was born in Ostvale, a port town on the northern coast. </result>",
-                "<result> No pages matched. </result>", "<result> Ganin Brewery was founded in 1841 by Olt Ganin, "
-                "whose family ran it for three generations before it was sold. </result>"]
+OBSERVATIONS = [
+    "<result> Krimar Therth was born in Ostvale, a port town on the northern coast. </result>",
+    "<result> No pages matched. </result>",
+    "<result> Ganin Brewery was founded in 1841 by Olt Ganin, "
+    "whose family ran it for three generations before it was sold. </result>",
+]
 
 
 def first_prompt(tokenizer, i: int) -> list[int]:
     content = f"Question {i}: " + " and ".join(["where was Krimar Therth born"] * (1 + i % 4))
-    return tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                         return_dict=False)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, return_dict=False
+    )
 
 
 def observation(tokenizer, episode: int, turn: int) -> list[int]:
@@ -50,7 +55,7 @@ async def episode(engine: TorchEngine, tokenizer, i: int, turns: int, delay: flo
 
 def teacher_logprobs(model, prompt_ids: list[int], output_ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
-        logits = model(torch.tensor([prompt_ids + output_ids])).logits[0, len(prompt_ids) - 1:-1].float()
+        logits = model(torch.tensor([prompt_ids + output_ids])).logits[0, len(prompt_ids) - 1 : -1].float()
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(output_ids)[:, None]).squeeze(-1)
 
 
@@ -78,15 +83,18 @@ async def test_reuse_gives_the_full_prefill_result_and_prefills_only_new_tokens(
     # and both are the model's own: the last turn of each episode, teacher-forced over the whole conversation
     for ids, responses in with_reuse:
         last = responses[-1]
-        prompt = ids[:last.prompt_tokens]
-        assert torch.allclose(torch.tensor(last.logprobs), teacher_logprobs(model, prompt, last.output_ids),
-                              atol=1e-4, rtol=0)
+        prompt = ids[: last.prompt_tokens]
+        assert torch.allclose(
+            torch.tensor(last.logprobs), teacher_logprobs(model, prompt, last.output_ids), atol=1e-4, rtol=0
+        )
 
     # what was prefilled: every prompt in full without reuse; with it, the first prompt, then per turn only the
     # observation and the previous turn's last token (sampled, never fed)
     prompts = [r.prompt_tokens for _, responses in with_reuse for r in responses]
-    new = sum(len(first_prompt(tokenizer, i)) + sum(len(observation(tokenizer, i, t)) + 1 for t in range(turns - 1))
-              for i in range(n))
+    new = sum(
+        len(first_prompt(tokenizer, i)) + sum(len(observation(tokenizer, i, t)) + 1 for t in range(turns - 1))
+        for i in range(n)
+    )
     assert full.stats()["prefill_tokens"] == sum(prompts) and full.stats()["reused_tokens"] == 0
     assert reused.stats()["prefill_tokens"] == new
     assert reused.stats()["reused_tokens"] == sum(prompts) - new
@@ -102,8 +110,9 @@ async def test_a_prompt_that_leaves_the_cached_tokens_reuses_their_common_prefix
     after = engine.stats()
     assert after["reused_tokens"] - before["reused_tokens"] == len(p) + 5
     assert after["prefill_tokens"] - before["prefill_tokens"] == len(edited) - len(p) - 5
-    assert torch.allclose(torch.tensor(second.logprobs), teacher_logprobs(model, edited, second.output_ids),
-                          atol=1e-4, rtol=0)
+    assert torch.allclose(
+        torch.tensor(second.logprobs), teacher_logprobs(model, edited, second.output_ids), atol=1e-4, rtol=0
+    )
     # a different rid, or the same prompt again, never reads another episode's cache
     third = await engine.agenerate(GenerateRequest(edited, sampling(0), rid="other"))
     assert engine.stats()["reused_tokens"] == after["reused_tokens"] and third.output_ids == second.output_ids
@@ -124,7 +133,7 @@ async def test_lru_eviction_keeps_the_cache_within_its_budget(tiny_model_dir, to
         outputs.append(r.output_ids)
         stats = engine.stats()
         assert 0 < stats["prefix_cache_bytes"] <= budget
-        assert stats["prefix_cache_bytes"] == per_token * sum(lengths[-stats["prefix_cache_entries"]:])
+        assert stats["prefix_cache_bytes"] == per_token * sum(lengths[-stats["prefix_cache_entries"] :])
     kept = engine.stats()["prefix_cache_entries"]
     assert 2 <= kept < 8
     # the most recent episodes are still cached, the oldest was evicted
@@ -179,8 +188,9 @@ async def test_a_weight_update_empties_the_cache(tiny_model_dir, tokenizer, mode
     assert engine.stats()["reused_tokens"] == before and second.versions == [1] * len(second.output_ids)
     new_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     new_model.load_state_dict(new_weights, strict=False)
-    assert torch.allclose(torch.tensor(second.logprobs), teacher_logprobs(new_model, turn2, second.output_ids),
-                          atol=1e-4, rtol=0)
+    assert torch.allclose(
+        torch.tensor(second.logprobs), teacher_logprobs(new_model, turn2, second.output_ids), atol=1e-4, rtol=0
+    )
     assert (await running).versions[-1] == 1
     await engine.close()
 
@@ -192,10 +202,15 @@ async def test_abort_and_cancel_keep_nothing_and_spare_the_other_rows(tiny_model
     prompts = {rid: first_prompt(tokenizer, i) for i, rid in enumerate(["aborted", "cancelled", "kept"])}
     done = await engine.agenerate(GenerateRequest(prompts["aborted"], sampling(0), rid="aborted"))
     assert engine.stats()["prefix_cache_entries"] == 1
-    tasks = {rid: asyncio.create_task(engine.agenerate(GenerateRequest(prompts[rid], long, rid=rid)))
-             for rid in ["cancelled", "kept"]}
-    tasks["aborted"] = asyncio.create_task(engine.agenerate(GenerateRequest(
-        prompts["aborted"] + done.output_ids + observation(tokenizer, 0, 0), long, rid="aborted")))
+    tasks = {
+        rid: asyncio.create_task(engine.agenerate(GenerateRequest(prompts[rid], long, rid=rid)))
+        for rid in ["cancelled", "kept"]
+    }
+    tasks["aborted"] = asyncio.create_task(
+        engine.agenerate(
+            GenerateRequest(prompts["aborted"] + done.output_ids + observation(tokenizer, 0, 0), long, rid="aborted")
+        )
+    )
     while engine.stats()["generated_tokens"] < 30:
         await asyncio.sleep(0.001)
     assert await engine.abort("aborted") == 1
@@ -205,8 +220,9 @@ async def test_abort_and_cancel_keep_nothing_and_spare_the_other_rows(tiny_model
     assert (await tasks["aborted"]).finish_reason.type == "abort"
     kept = await tasks["kept"]
     assert kept.output_ids == (await reference.agenerate(GenerateRequest(prompts["kept"], long))).output_ids
-    assert torch.allclose(torch.tensor(kept.logprobs), teacher_logprobs(model, prompts["kept"], kept.output_ids),
-                          atol=1e-4, rtol=0)
+    assert torch.allclose(
+        torch.tensor(kept.logprobs), teacher_logprobs(model, prompts["kept"], kept.output_ids), atol=1e-4, rtol=0
+    )
     await engine.agenerate(GenerateRequest([1, 2, 3], sampling(0), rid="flush"))  # a step that drops dead rows
     assert set(engine.prefix_cache._entries) == {"kept", "flush"}
     assert await engine.abort("kept") == 0 and set(engine.prefix_cache._entries) == {"flush"}
@@ -227,8 +243,9 @@ async def test_a_failing_prefill_loses_its_prefix_without_leaking_it(tiny_model_
     stats = engine.stats()
     assert stats["prefix_cache_entries"] == 0 and stats["prefix_cache_bytes"] == 0 and stats["running"] == 0
     second = await engine.agenerate(GenerateRequest(turn2, sampling(0), rid="r"))  # a full prefill, right result
-    assert torch.allclose(torch.tensor(second.logprobs), teacher_logprobs(model, turn2, second.output_ids),
-                          atol=1e-4, rtol=0)
+    assert torch.allclose(
+        torch.tensor(second.logprobs), teacher_logprobs(model, turn2, second.output_ids), atol=1e-4, rtol=0
+    )
     await engine.close()
 
 
@@ -248,17 +265,23 @@ def test_bench_engine_multiturn_counts_what_each_system_reads(tiny_model_dir, tm
     conversations = _conversations(AutoTokenizer.from_pretrained(tiny_model_dir), episodes, turns)
     generated = episodes * turns * tokens
     given = sum(len(part) for c in conversations for part in c)
-    prompts = sum(len(c[0]) + sum(len(o) for o in c[1:t]) + (t - 1) * tokens for c in conversations
-                  for t in range(1, turns + 1))
+    prompts = sum(
+        len(c[0]) + sum(len(o) for o in c[1:t]) + (t - 1) * tokens for c in conversations for t in range(1, turns + 1)
+    )
     assert multiturn["given_tokens_per_generated_token"] == round(given / generated, 3)
-    for name, expected in [("engine_prefix_reuse", given + episodes * (turns - 1)), ("engine_no_reuse", prompts),
-                           ("batched_generate", prompts)]:
+    for name, expected in [
+        ("engine_prefix_reuse", given + episodes * (turns - 1)),
+        ("engine_no_reuse", prompts),
+        ("batched_generate", prompts),
+    ]:
         assert len(multiturn["runs"][name]) == 2
         for run in multiturn["runs"][name]:
             assert run["generated_tokens"] == generated
             assert run["prompt_tokens_per_generated_token"] == round(expected / generated, 3)
-    ratio = multiturn["median"]["engine_prefix_reuse"]["tokens_per_s"] / multiturn["median"]["engine_no_reuse"][
-        "tokens_per_s"]
+    ratio = (
+        multiturn["median"]["engine_prefix_reuse"]["tokens_per_s"]
+        / multiturn["median"]["engine_no_reuse"]["tokens_per_s"]
+    )
     assert multiturn["speedup_reuse_vs_no_reuse"] == round(ratio, 2)
     with pytest.raises(ValueError, match="traffic"):
         run_engine_bench(tiny_model_dir, out=out, traffic="chat")
@@ -276,8 +299,9 @@ def real_columns(kv, mask, row: int) -> list[torch.Tensor]:
 
 
 @settings(max_examples=30, deadline=None)
-@given(rows=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 25)), min_size=1, max_size=5),
-       seed=st.integers(0, 2**16))
+@given(
+    rows=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 25)), min_size=1, max_size=5), seed=st.integers(0, 2**16)
+)
 def test_prefill_over_cached_prefixes_equals_a_full_prefill(bare_engine, rows, seed):
     """Any mix of rows with and without a cached prefix, of any lengths, in one group: the same last logits and the
     same keys and values at every real position as prefilling each whole prompt, and no padding left between."""
@@ -297,7 +321,7 @@ def test_prefill_over_cached_prefixes_equals_a_full_prefill(bare_engine, rows, s
     # a wrong position or a misplaced cache column moves them by O(1)
     assert torch.allclose(logits, full_logits, atol=1e-4, rtol=1e-5)
     assert mask.shape[1] == max(map(len, prompts))  # compact: left padding only
-    assert all(mask[i, -len(p):].all() and not mask[i, :-len(p)].any() for i, p in enumerate(prompts))
+    assert all(mask[i, -len(p) :].all() and not mask[i, : -len(p)].any() for i, p in enumerate(prompts))
     for i in range(len(prompts)):
         for got, expected in zip(real_columns(kv, mask, i), real_columns(full_kv, full_mask, i)):
             assert torch.allclose(got, expected, atol=1e-4, rtol=1e-5)

@@ -1,6 +1,7 @@
 """Agent programs (agents/program.py): an `async def agent(task, client)` played on a real env through the recording
 proxy over a real tiny model; its tool calls reach the env, its answer is judged, its tokens are the engine's, and
 the learner trains on them; `searchgym eval --agent` and `train rollout.agent=` run the example program."""
+
 import asyncio
 import json
 from pathlib import Path
@@ -26,6 +27,7 @@ ENV = {**SMALL, "max_turns": 4, "top_k": 1, "doc_chars": 120}  # short search re
 def scripted_agent(answers: dict[str, str], right: bool):
     """An agent that searches through `call_tool`, asks the model twice (the second call continuing the first), and
     answers right or wrong."""
+
     async def agent(task, client):
         found = await task.call_tool("search", json.dumps({"query": task.question}))
         assert "<information>" in found or "http" in found
@@ -35,6 +37,7 @@ def scripted_agent(answers: dict[str, str], right: bool):
         await client.chat.completions.create(model=task.model, messages=messages, tools=task.tools)
         await client.chat.completions.create(model=task.model, messages=messages, temperature=0.5)  # not trainable
         return answers[task.task_id] if right else "certainly not the answer"
+
     return agent
 
 
@@ -73,8 +76,9 @@ async def test_an_agent_program_plays_the_env_and_the_learner_trains_its_tokens(
 
 
 @pytest.mark.asyncio
-async def test_a_failing_or_hanging_agent_ends_its_episode_truncated_and_tools_after_the_end_do_not_run(tiny_model_dir,
-                                                                                          small_bundle):
+async def test_a_failing_or_hanging_agent_ends_its_episode_truncated_and_tools_after_the_end_do_not_run(
+    tiny_model_dir, small_bundle
+):
     inner = TorchEngine(tiny_model_dir, seed=0)
     env = make_unwrapped("searchgym/SyntheticQA-v0", **{**ENV, "max_turns": 1})
     seen = []
@@ -114,27 +118,64 @@ def test_tool_arguments_are_read_as_the_model_wrote_them():
 
 
 def test_eval_and_train_run_the_example_agent_program(tiny_model_dir, small_bundle, tmp_path):
-    """`searchgym eval --agent examples/agent_program.py:agent` gives Avg@k; `train rollout.agent=` trains its tokens."""
+    """`searchgym eval --agent examples/agent_program.py:agent` gives Avg@k; `train rollout.agent=` trains its
+    tokens."""
     from searchgym.cli import main as cli_main
 
     agent = f"{EXAMPLE}:agent"
     out = tmp_path / "eval"
-    assert cli_main(["eval", "--env", "searchgym/SyntheticQA-v0", "--engine", str(tiny_model_dir), "--out", str(out),
-                     "--env-kwargs", json.dumps({**SMALL, "split": "test", "max_turns": 3}), "--k", "2",
-                     "--max-tasks", "2", "--max-new-tokens", "12", "--agent", agent]) == 0
+    assert (
+        cli_main(
+            [
+                "eval",
+                "--env",
+                "searchgym/SyntheticQA-v0",
+                "--engine",
+                str(tiny_model_dir),
+                "--out",
+                str(out),
+                "--env-kwargs",
+                json.dumps({**SMALL, "split": "test", "max_turns": 3}),
+                "--k",
+                "2",
+                "--max-tasks",
+                "2",
+                "--max-new-tokens",
+                "12",
+                "--agent",
+                agent,
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["metrics"]["samples"] == 4 and "avg@2" in json.dumps(summary).lower()
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert all(row["trajectory"]["proxy_calls"] and row["trajectory"]["input_ids"] for row in rows)
 
     env_kwargs = {**SMALL, "split": "train", "max_turns": 3}
-    assert cli_main(["train", f"out_dir={tmp_path / 'run'}", "steps=2", f"model.path={tiny_model_dir}",
-                     *[f"env.kwargs.{k}={v}" for k, v in env_kwargs.items()], "rollout.group_size=2",
-                     "rollout.batch_size=2", "rollout.max_new_tokens=12", "learner.drop_no_spread=false",
-                     f"rollout.agent={agent}"]) == 0
-    trained = [Trajectory.from_dict(json.loads(line))
-               for path in sorted((tmp_path / "run" / "trajectories").glob("*.jsonl"))
-               for line in path.read_text().splitlines()]
+    assert (
+        cli_main(
+            [
+                "train",
+                f"out_dir={tmp_path / 'run'}",
+                "steps=2",
+                f"model.path={tiny_model_dir}",
+                *[f"env.kwargs.{k}={v}" for k, v in env_kwargs.items()],
+                "rollout.group_size=2",
+                "rollout.batch_size=2",
+                "rollout.max_new_tokens=12",
+                "learner.drop_no_spread=false",
+                f"rollout.agent={agent}",
+            ]
+        )
+        == 0
+    )
+    trained = [
+        Trajectory.from_dict(json.loads(line))
+        for path in sorted((tmp_path / "run" / "trajectories").glob("*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
     assert len(trained) == 2 * 2 * 2 and all(t.proxy_calls and t.generated_tokens > 0 for t in trained)
     assert all(t.stop_reason for t in trained)
     assert (tmp_path / "run" / "checkpoints" / "step-00002").is_dir()
@@ -172,9 +213,30 @@ def test_an_openai_agents_sdk_agent_is_evaluated_through_the_proxy_unmodified(ti
 
     example = Path(__file__).resolve().parents[2] / "examples" / "openai_agents_program.py"
     out = tmp_path / "eval"
-    assert cli_main(["eval", "--env", "searchgym/SyntheticQA-v0", "--engine", str(tiny_model_dir), "--out", str(out),
-                     "--env-kwargs", json.dumps({**SMALL, "split": "test", "max_turns": 3}), "--k", "1",
-                     "--max-tasks", "2", "--max-new-tokens", "12", "--agent", f"{example}:agent"]) == 0
+    assert (
+        cli_main(
+            [
+                "eval",
+                "--env",
+                "searchgym/SyntheticQA-v0",
+                "--engine",
+                str(tiny_model_dir),
+                "--out",
+                str(out),
+                "--env-kwargs",
+                json.dumps({**SMALL, "split": "test", "max_turns": 3}),
+                "--k",
+                "1",
+                "--max-tasks",
+                "2",
+                "--max-new-tokens",
+                "12",
+                "--agent",
+                f"{example}:agent",
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == 2
     for row in rows:

@@ -1,6 +1,7 @@
 """The recording proxy (agents/proxy.py) through the official `openai` client, on a real tiny model in a TorchEngine:
 every trained token is one the engine produced for exactly the prompt before it, tool calls and streaming work as
 in `serve model`, a rewritten history starts a segment, and calls it cannot train on are recorded as such."""
+
 import json
 
 import openai
@@ -56,11 +57,14 @@ def check_against_engine(traj: Trajectory, log: list[tuple[GenerateRequest, Gene
             matches = [r for q, r in log if list(q.input_ids) == prompt and list(r.output_ids) == output]
             assert matches, f"trained tokens {i}:{end} are no output the engine gave for the prompt before them"
             # the same prompt may have been answered alike twice: one of those answers has these very numbers
-            assert any(segment.logprobs[i:end] == list(r.logprobs) and segment.versions[i:end] == list(r.versions)
-                       for r in matches)
+            assert any(
+                segment.logprobs[i:end] == list(r.logprobs) and segment.versions[i:end] == list(r.versions)
+                for r in matches
+            )
             runs, i = runs + 1, end
-        assert len(segment.run_turns) == sum(1 for k, m in enumerate(segment.loss_mask)
-                                             if m and (k == 0 or not segment.loss_mask[k - 1]))
+        assert len(segment.run_turns) == sum(
+            1 for k, m in enumerate(segment.loss_mask) if m and (k == 0 or not segment.loss_mask[k - 1])
+        )
     return runs
 
 
@@ -92,8 +96,7 @@ async def test_tool_call_then_streamed_answer_link_into_one_token_exact_trajecto
     assert called.choices[0].finish_reason == "tool_calls" and json.loads(call.function.arguments) == ARGUMENTS
     history = [*first, called.choices[0].message, {"role": "tool", "tool_call_id": call.id, "content": RESULT}]
     reused = engine.inner.stats()["reused_tokens"]
-    stream = await client.chat.completions.create(model=NAME, messages=history, tools=TOOLS, temperature=0,
-                                                  stream=True)
+    stream = await client.chat.completions.create(model=NAME, messages=history, tools=TOOLS, temperature=0, stream=True)
     text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
     assert text == ANSWER
     await client.close()
@@ -150,8 +153,9 @@ async def test_calls_it_cannot_train_on_are_answered_or_refused_and_recorded_wit
         await client.chat.completions.create(model=NAME, messages=messages, n=2, max_tokens=3)
     other = await client.chat.completions.create(model="gpt-4o", messages=messages, max_tokens=3)
     assert other.choices[0].message.content is not None  # answered, by the policy, but not trained on
-    edited = await client.chat.completions.create(model=NAME, messages=messages, max_tokens=3,
-                                                  extra_body={"chat_template_kwargs": {"flavour": "x"}})
+    edited = await client.chat.completions.create(
+        model=NAME, messages=messages, max_tokens=3, extra_body={"chat_template_kwargs": {"flavour": "x"}}
+    )
     assert edited.choices[0].message.content is not None
     kept = await client.chat.completions.create(model=NAME, messages=messages, max_tokens=3)
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
@@ -211,8 +215,9 @@ async def test_an_engine_without_progress_streams_its_answer_in_one_piece(proxie
         record, client = episode(whole)
         first, _ = exchange()
         plain = await client.chat.completions.create(model=NAME, messages=first, temperature=0, max_tokens=12)
-        stream = await client.chat.completions.create(model=NAME, messages=first, temperature=0, max_tokens=12,
-                                                      stream=True)
+        stream = await client.chat.completions.create(
+            model=NAME, messages=first, temperature=0, max_tokens=12, stream=True
+        )
         text = "".join([chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices])
         await client.close()
         assert text == plain.choices[0].message.content
@@ -224,12 +229,17 @@ async def test_an_engine_without_progress_streams_its_answer_in_one_piece(proxie
 
 # ---- linking, as an invariant over any sequence of calls ---------------------------------------------------------
 
+
 def calls_strategy():
     """Calls whose prompts either extend everything so far (with some env tokens) or start afresh, some untrainable."""
     from hypothesis import strategies as st
 
-    step = st.tuples(st.booleans(), st.lists(st.integers(1, 50), min_size=1, max_size=4),
-                     st.lists(st.integers(51, 99), min_size=0, max_size=4), st.sampled_from(["", "", "", "n=2"]))
+    step = st.tuples(
+        st.booleans(),
+        st.lists(st.integers(1, 50), min_size=1, max_size=4),
+        st.lists(st.integers(51, 99), min_size=0, max_size=4),
+        st.sampled_from(["", "", "", "n=2"]),
+    )
     return st.lists(step, min_size=1, max_size=8)
 
 
@@ -247,8 +257,9 @@ def test_linking_keeps_every_trained_token_after_exactly_its_prompt():
             call = record.new_call()
             call.prompt_ids, call.output_ids, call.untrainable = prompt, output, reason
             call.logprobs, call.versions = [-0.5] * len(output), [len(log)] * len(output)
-            log.append((GenerateRequest(prompt), GenerateResponse(output, call.logprobs, call.versions,
-                                                                  FinishReason("stop"))))
+            log.append(
+                (GenerateRequest(prompt), GenerateResponse(output, call.logprobs, call.versions, FinishReason("stop")))
+            )
             if call.trainable:
                 if sequence and not extend:
                     expected_segments += 1
@@ -273,8 +284,9 @@ async def test_a_generation_aborted_by_a_pause_is_retried_by_the_client_and_only
     client = openai.AsyncOpenAI(base_url=proxy.base_url(record.key), api_key="unused", max_retries=2)
     await engine.inner.pause()  # a weight update is coming: the request waits
     try:
-        reply = asyncio.ensure_future(client.chat.completions.create(
-            model=NAME, messages=[{"role": "user", "content": "Hello"}], max_tokens=4))
+        reply = asyncio.ensure_future(
+            client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hello"}], max_tokens=4)
+        )
         for _ in range(200):
             if engine.inner.stats()["waiting"]:
                 break
@@ -301,8 +313,12 @@ async def test_junk_requests_are_4xx_in_openais_envelope_and_recorded(proxied):
     record = proxy.open_episode()
     url = proxy.base_url(record.key) + "/chat/completions"
     async with aiohttp.ClientSession() as http:
-        for data in (b"{not json", b"[1, 2]", json.dumps({"model": NAME, "messages": "hi"}).encode(),
-                     json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x"}], "sise": 1}).encode()):
+        for data in (
+            b"{not json",
+            b"[1, 2]",
+            json.dumps({"model": NAME, "messages": "hi"}).encode(),
+            json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x"}], "sise": 1}).encode(),
+        ):
             async with http.post(url, data=data, headers={"Content-Type": "application/json"}) as response:
                 body = await response.json()
                 assert response.status == 400 and body["error"]["type"] == "invalid_request_error", body

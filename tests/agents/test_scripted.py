@@ -1,4 +1,5 @@
 """The oracle's script played by the world's validation driver and by the agents' ScriptedWorkflow gives one episode."""
+
 import asyncio
 
 from searchgym.agents.scripted import OracleWorkflow, demonstrations

@@ -1,5 +1,6 @@
 """`serve model`'s memory release and resume (verl, AReaL offload) and `/v1/loads` (slime's abort loop), with
 SGLang 0.5.23's request and answer shapes, on the tiny model."""
+
 import asyncio
 import json
 
@@ -95,8 +96,9 @@ async def test_release_holds_generation_and_resume_gives_the_same_logprobs(serve
 
 async def test_release_needs_an_idle_server_and_resume_a_released_tag(server, http):
     url, engine = server
-    running = asyncio.create_task(generate(http, url, input_ids=PROMPT, rid="busy",
-                                           sampling_params={"max_new_tokens": 240, **GREEDY}))
+    running = asyncio.create_task(
+        generate(http, url, input_ids=PROMPT, rid="busy", sampling_params={"max_new_tokens": 240, **GREEDY})
+    )
     await wait_for_tokens(engine, 2)
     status, out = await control(http, url, "/release_memory_occupation", {"tags": ["kv_cache"]})
     assert status == 400 and "only when server is idle" in out["error"]["message"]
@@ -154,8 +156,9 @@ async def test_loads_report_a_running_request_and_zero_after(server, http):
     assert set(idle) == {"timestamp", "version", "accelerator", "num_accelerators", "loads"}
     (load,) = idle["loads"]
     assert (load["dp_rank"], load["num_running_reqs"], load["num_waiting_reqs"]) == (0, 0, 0)
-    running = asyncio.create_task(generate(http, url, input_ids=PROMPT, rid="load-1",
-                                           sampling_params={"max_new_tokens": 200, **GREEDY}))
+    running = asyncio.create_task(
+        generate(http, url, input_ids=PROMPT, rid="load-1", sampling_params={"max_new_tokens": 200, **GREEDY})
+    )
     await wait_for_tokens(engine, 2)
     (load,) = (await loads(http, url))["loads"]
     assert load["num_running_reqs"] == 1 and load["num_waiting_reqs"] == 0
@@ -181,8 +184,10 @@ async def test_loads_query_parameters_as_sglang(server, http):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-@given(path=st.sampled_from(["/release_memory_occupation", "/resume_memory_occupation"]),
-       body=JSON_VALUES | st.fixed_dictionaries({"tags": JSON_VALUES}))
+@given(
+    path=st.sampled_from(["/release_memory_occupation", "/resume_memory_occupation"]),
+    body=JSON_VALUES | st.fixed_dictionaries({"tags": JSON_VALUES}),
+)
 async def test_junk_bodies_to_the_memory_routes_are_a_400_naming_the_field(server, path, body):
     url, _ = server
     async with aiohttp.ClientSession() as http:
@@ -195,9 +200,13 @@ async def test_junk_bodies_to_the_memory_routes_are_a_400_naming_the_field(serve
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
-@given(query=st.dictionaries(st.sampled_from(["include", "dp_rank", "format", "other"]),
-                             st.text(st.characters(codec="ascii", exclude_categories=["Cc"]), max_size=12),
-                             max_size=3))
+@given(
+    query=st.dictionaries(
+        st.sampled_from(["include", "dp_rank", "format", "other"]),
+        st.text(st.characters(codec="ascii", exclude_categories=["Cc"]), max_size=12),
+        max_size=3,
+    )
+)
 async def test_junk_loads_queries_are_answered_never_a_500(server, query):
     url, _ = server
     async with aiohttp.ClientSession() as http:

@@ -1,5 +1,6 @@
 """Non-finite numbers and `serve model` (issue 26 item 7): NaN weights are refused on every way in, and answers
 are strict JSON (a non-finite logprob is null, as SGLang's orjson writes it), never a bare NaN."""
+
 import asyncio
 import json
 
@@ -23,8 +24,10 @@ POISONED = "model.layers.0.mlp.down_proj.weight"
 
 def strict_json(text: str):
     """json.loads that refuses NaN, Infinity and -Infinity, as strict parsers (JSON.parse, Go, serde) do."""
+
     def refuse(constant):
         raise ValueError(f"bare {constant} in JSON")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -38,22 +41,26 @@ def nan_checkpoint(model_dir, out_dir, value=float("nan")):
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
-async def test_a_checkpoint_with_non_finite_weights_is_refused_and_the_old_weights_serve_on(server, http, tmp_path,
-                                                                                             tiny_model_dir, value):
+async def test_a_checkpoint_with_non_finite_weights_is_refused_and_the_old_weights_serve_on(
+    server, http, tmp_path, tiny_model_dir, value
+):
     url, engine = server
     bad = nan_checkpoint(tiny_model_dir, tmp_path / "bad", value)
-    before = await generate(http, url, input_ids=PROMPT, sampling_params={"max_new_tokens": 6, **GREEDY},
-                            return_logprob=True)
+    before = await generate(
+        http, url, input_ids=PROMPT, sampling_params={"max_new_tokens": 6, **GREEDY}, return_logprob=True
+    )
     status, out = await post(http, url, "/update_weights_from_disk", {"model_path": str(bad), "weight_version": "9"})
     assert status == 400 and out["success"] is False
     assert "non-finite values (NaN or Infinity) in weights" in out["message"] and POISONED in out["message"]
     assert "keeps serving weight version 0" in out["message"]
     assert engine.nonfinite_weights() == []
-    after = await generate(http, url, input_ids=PROMPT, sampling_params={"max_new_tokens": 6, **GREEDY},
-                           return_logprob=True)
+    after = await generate(
+        http, url, input_ids=PROMPT, sampling_params={"max_new_tokens": 6, **GREEDY}, return_logprob=True
+    )
     assert after["output_ids"] == before["output_ids"] and after["meta_info"]["weight_version"] == "0"
     assert [row[0] for row in after["meta_info"]["output_token_logprobs"]] == pytest.approx(
-        [row[0] for row in before["meta_info"]["output_token_logprobs"]], abs=1e-6)
+        [row[0] for row in before["meta_info"]["output_token_logprobs"]], abs=1e-6
+    )
 
 
 async def test_a_tensor_update_with_nan_is_refused_and_a_relabel_still_works(server, http):
@@ -100,17 +107,20 @@ async def test_answers_are_strict_json_when_the_model_computes_nan(tiny_model_di
             assert [row[0] for row in out["meta_info"]["output_token_logprobs"]] == [None] * 3
             async with http.post(url + "/generate", json={**body, "stream": True}) as resp:
                 events = [line[6:] for line in (await resp.text()).splitlines() if line.startswith("data: {")]
-            assert events and all(row[0] is None for e in events
-                                  for row in strict_json(e)["meta_info"]["output_token_logprobs"])
+            assert events and all(
+                row[0] is None for e in events for row in strict_json(e)["meta_info"]["output_token_logprobs"]
+            )
             async with http.post(url + "/v1/completions", json={"prompt": "hello", "max_tokens": 3}) as resp:
                 assert resp.status == 200 and strict_json(await resp.text())["object"] == "text_completion"
     finally:
         await engine.close()
 
 
-_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
-                       lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner,
-                                                                                   max_size=4), max_leaves=20)
+_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=4),
+    max_leaves=20,
+)
 
 
 @given(_VALUES)

@@ -1,5 +1,6 @@
 """`serve model` streams: SGLang's native SSE checked with SGLang's own contract, OpenAI's chunks read by the
 official `openai` client (content, tool calls, usage), and a client that leaves mid-stream leaks nothing."""
+
 import asyncio
 import json
 
@@ -27,7 +28,7 @@ async def sse(resp):
     async for raw in resp.content:
         line = raw.decode().strip()
         if line.startswith("data: "):
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             out.append(data if data == "[DONE]" else json.loads(data))
     return out
 
@@ -50,8 +51,11 @@ async def loads(http, url):
 async def test_native_stream_is_cumulative_and_ends_with_the_non_streamed_answer(server):
     contract = require_contract()
     url, _ = server
-    body = {"input_ids": PROMPT, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}}
+    body = {
+        "input_ids": PROMPT,
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
+    }
     async with aiohttp.ClientSession() as http:
         events = await stream_generate(http, url, {**body, "rid": "s-1"})
         whole = await generate(http, url, **body, rid="s-2")
@@ -66,25 +70,30 @@ async def test_native_stream_is_cumulative_and_ends_with_the_non_streamed_answer
         meta = chunk["meta_info"]
         assert meta["finish_reason"] is None and meta["id"] == "s-1"
         ids = chunk["output_ids"]
-        assert ids[:len(previous)] == previous and len(ids) > len(previous)  # cumulative, growing
+        assert ids[: len(previous)] == previous and len(ids) > len(previous)  # cumulative, growing
         assert meta["completion_tokens"] == len(ids) == len(meta["output_token_logprobs"])
-        assert whole["output_ids"][:len(ids)] == ids
+        assert whole["output_ids"][: len(ids)] == ids
         assert [t[0] for t in meta["output_token_logprobs"]] == pytest.approx(
-            [t[0] for t in whole["meta_info"]["output_token_logprobs"][:len(ids)]], abs=1e-5)
+            [t[0] for t in whole["meta_info"]["output_token_logprobs"][: len(ids)]], abs=1e-5
+        )
         previous = ids
     drop = {"id", "e2e_latency", "output_token_logprobs"}
     assert last["text"] == whole["text"] and last["output_ids"] == whole["output_ids"]
     assert {k: v for k, v in last["meta_info"].items() if k not in drop} == {
-        k: v for k, v in whole["meta_info"].items() if k not in drop}
+        k: v for k, v in whole["meta_info"].items() if k not in drop
+    }
     assert last["meta_info"]["finish_reason"] == {"type": "length", "length": 12}
     assert [t[0] for t in last["meta_info"]["output_token_logprobs"]] == pytest.approx(
-        [t[0] for t in whole["meta_info"]["output_token_logprobs"]], abs=1e-5)
+        [t[0] for t in whole["meta_info"]["output_token_logprobs"]], abs=1e-5
+    )
 
 
 async def test_native_stream_honours_stream_interval(server):
     url, _ = server
-    body = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True,
-                                                     "stream_interval": 4}}
+    body = {
+        "input_ids": PROMPT,
+        "sampling_params": {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True, "stream_interval": 4},
+    }
     async with aiohttp.ClientSession() as http:
         events = await stream_generate(http, url, body)
     counts = [e["meta_info"]["completion_tokens"] for e in events[:-1]]
@@ -96,8 +105,11 @@ async def test_native_stream_refuses_a_batch_and_a_duplicate_rid_before_streamin
     async with aiohttp.ClientSession() as http:
         status, out = await post(http, url, "/generate", {"input_ids": [PROMPT, PROMPT], "stream": True})
         assert status == 400 and "one prompt per request" in out["error"]["message"]
-        long = asyncio.create_task(generate(http, url, input_ids=PROMPT, rid="dup",
-                                            sampling_params={"max_new_tokens": 300, "ignore_eos": True}))
+        long = asyncio.create_task(
+            generate(
+                http, url, input_ids=PROMPT, rid="dup", sampling_params={"max_new_tokens": 300, "ignore_eos": True}
+            )
+        )
         await wait_for_tokens(engine, 2)
         status, out = await post(http, url, "/generate", {"input_ids": PROMPT, "rid": "dup", "stream": True})
         assert status == 400 and "Duplicate request ID" in out["error"]["message"]
@@ -129,8 +141,9 @@ async def collect(stream):
 
 async def test_streamed_chat_equals_the_non_streamed_reply_with_usage(client):
     plain = await client.chat.completions.create(model=NAME, messages=MESSAGES, **GREEDY)
-    stream = await client.chat.completions.create(model=NAME, messages=MESSAGES, stream=True,
-                                                  stream_options={"include_usage": True}, **GREEDY)
+    stream = await client.chat.completions.create(
+        model=NAME, messages=MESSAGES, stream=True, stream_options={"include_usage": True}, **GREEDY
+    )
     content, calls, finish, usage, chunks = await collect(stream)
     assert content == plain.choices[0].message.content and not calls
     assert finish == plain.choices[0].finish_reason == "length"
@@ -143,20 +156,21 @@ async def test_streamed_chat_equals_the_non_streamed_reply_with_usage(client):
 
 async def test_streamed_chat_cuts_stop_strings_like_the_non_streamed_reply(client):
     free = (await client.chat.completions.create(model=NAME, messages=MESSAGES, **GREEDY)).choices[0].message.content
-    stop = free[len(free) // 2: len(free) // 2 + 2]
+    stop = free[len(free) // 2 : len(free) // 2 + 2]
     assert stop.strip()
     plain = await client.chat.completions.create(model=NAME, messages=MESSAGES, stop=[stop], **GREEDY)
     stream = await client.chat.completions.create(model=NAME, messages=MESSAGES, stop=[stop], stream=True, **GREEDY)
     content, _, finish, usage, _ = await collect(stream)
-    assert content == plain.choices[0].message.content == free[:free.find(stop)]
+    assert content == plain.choices[0].message.content == free[: free.find(stop)]
     assert finish == plain.choices[0].finish_reason == "stop" and usage is None
 
 
 async def test_streamed_tool_call_parses_into_the_same_call(client):
     first, _ = exchange()
     plain = await client.chat.completions.create(model=NAME, messages=first, tools=TOOLS, temperature=0)
-    stream = await client.chat.completions.create(model=NAME, messages=first, tools=TOOLS, temperature=0,
-                                                  stream=True, stream_options={"include_usage": True})
+    stream = await client.chat.completions.create(
+        model=NAME, messages=first, tools=TOOLS, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
     content, calls, finish, usage, _ = await collect(stream)
     (expected,) = plain.choices[0].message.tool_calls
     assert finish == "tool_calls" and content == "" and list(calls) == [0]
@@ -170,20 +184,26 @@ async def test_streamed_tool_call_parses_into_the_same_call(client):
     assert call.function.name == "search" and json.loads(call.function.arguments) == ARGUMENTS
     # and the answer turn streams its content
     _, second = exchange()
-    answer = await client.chat.completions.create(model=NAME, messages=second, tools=TOOLS, temperature=0,
-                                                  stream=True)
+    answer = await client.chat.completions.create(model=NAME, messages=second, tools=TOOLS, temperature=0, stream=True)
     content, calls, finish, _, _ = await collect(answer)
     assert content == ANSWER and not calls and finish == "stop"
 
 
 async def test_streamed_completions_equal_the_non_streamed_text(client):
     for echo in (False, True):
-        kwargs = {"model": NAME, "prompt": "Where was the founder born?", "max_tokens": 7, "temperature": 0,
-                  "echo": echo, "extra_body": {"ignore_eos": True}}
+        kwargs = {
+            "model": NAME,
+            "prompt": "Where was the founder born?",
+            "max_tokens": 7,
+            "temperature": 0,
+            "echo": echo,
+            "extra_body": {"ignore_eos": True},
+        }
         plain = await client.completions.create(**kwargs)
         text, finish, usage = "", None, None
-        async for chunk in await client.completions.create(**kwargs, stream=True,
-                                                           stream_options={"include_usage": True}):
+        async for chunk in await client.completions.create(
+            **kwargs, stream=True, stream_options={"include_usage": True}
+        ):
             assert chunk.object == "text_completion"
             for choice in chunk.choices:
                 text += choice.text
@@ -194,8 +214,9 @@ async def test_streamed_completions_equal_the_non_streamed_text(client):
 
 async def test_a_pause_that_aborts_a_streamed_chat_is_an_error_the_client_raises(server, client):
     url, engine = server
-    stream = await client.chat.completions.create(model=NAME, messages=MESSAGES, stream=True, temperature=0,
-                                                  max_tokens=900, extra_body={"ignore_eos": True})
+    stream = await client.chat.completions.create(
+        model=NAME, messages=MESSAGES, stream=True, temperature=0, max_tokens=900, extra_body={"ignore_eos": True}
+    )
     async with aiohttp.ClientSession() as http:
         try:
             with pytest.raises(openai.APIError, match="aborted"):
@@ -208,11 +229,13 @@ async def test_a_pause_that_aborts_a_streamed_chat_is_an_error_the_client_raises
 
 async def test_stream_options_need_stream_and_known_fields(client):
     with pytest.raises(openai.BadRequestError, match="stream_options"):
-        await client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=2,
-                                             stream_options={"include_usage": True})
+        await client.chat.completions.create(
+            model=NAME, messages=MESSAGES, max_tokens=2, stream_options={"include_usage": True}
+        )
     with pytest.raises(openai.BadRequestError, match="include_obfuscation"):
-        await client.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=2, stream=True,
-                                             stream_options={"include_obfuscation": True})
+        await client.chat.completions.create(
+            model=NAME, messages=MESSAGES, max_tokens=2, stream=True, stream_options={"include_obfuscation": True}
+        )
 
 
 # ---- a client that leaves -------------------------------------------------------------------------------------------
@@ -245,8 +268,12 @@ async def settled_tokens(engine, timeout=10.0):
 
 async def test_a_client_leaving_mid_stream_aborts_its_request(server, client):
     url, engine = server
-    body = {"input_ids": PROMPT, "rid": "leaver", "stream": True,
-            "sampling_params": {"max_new_tokens": 900, "temperature": 0, "ignore_eos": True}}
+    body = {
+        "input_ids": PROMPT,
+        "rid": "leaver",
+        "stream": True,
+        "sampling_params": {"max_new_tokens": 900, "temperature": 0, "ignore_eos": True},
+    }
     async with aiohttp.ClientSession() as http:
         async with aiohttp.ClientSession() as leaving:
             resp = await leaving.post(url + "/generate", json=body)
@@ -262,13 +289,15 @@ async def test_a_client_leaving_mid_stream_aborts_its_request(server, client):
         assert await settled_tokens(engine) - at_close < 50  # stopped within a few steps, far from its 900 tokens
         assert engine._running == []  # the engine dropped its row
         # its rid is free again
-        again = await generate(http, url, input_ids=PROMPT, rid="leaver",
-                               sampling_params={"max_new_tokens": 2, "ignore_eos": True})
+        again = await generate(
+            http, url, input_ids=PROMPT, rid="leaver", sampling_params={"max_new_tokens": 2, "ignore_eos": True}
+        )
         assert again["meta_info"]["completion_tokens"] == 2
 
         # the same through the openai client, closing its stream early
-        stream = await client.chat.completions.create(model=NAME, messages=MESSAGES, stream=True, temperature=0,
-                                                      max_tokens=900, extra_body={"ignore_eos": True})
+        stream = await client.chat.completions.create(
+            model=NAME, messages=MESSAGES, stream=True, temperature=0, max_tokens=900, extra_body={"ignore_eos": True}
+        )
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 break

@@ -4,6 +4,7 @@ The client fixtures (tests/fixtures/sglang_clients/*.json) are request bodies re
 source at a named commit. Every answer of a native route is decoded with SGLang's contract by the
 test server's middleware (see `model_server` in test_model_server.py).
 """
+
 import json
 import subprocess
 import sys
@@ -24,18 +25,46 @@ FIXTURES = sorted((Path(__file__).parents[1] / "fixtures" / "sglang_clients").gl
 
 # one value per field this server refuses unless neutral: each is valid under SGLang's contract
 NON_NEUTRAL = {
-    "token_ids_logprob": [1, 2], "return_hidden_states": True, "bootstrap_host": "10.0.0.1",
-    "bootstrap_port": 8998, "bootstrap_room": 7, "bootstrap_pair_key": "key", "decode_tp_size": 2,
-    "routed_dp_rank": 1, "disagg_prefill_dp_rank": 1, "image_data": "http://example.com/cat.png",
-    "mm_hashes": ["abc"], "video_data": "http://example.com/a.mp4", "audio_data": "http://example.com/a.wav",
-    "require_reasoning": True, "lora_path": "my-adapter", "session_params": {"id": "s1"},
-    "kv_hints": {"protocol_version": "1", "message_id": "m", "actions": []}, "max_thinking_tokens": 10,
-    "session_id": "s1", "custom_logit_processor": "serialized-processor", "images_config": {"image_mode": "tiles"},
-    "routed_experts_start_len": 3, "return_sampling_mask": True, "modalities": ["image"]}
+    "token_ids_logprob": [1, 2],
+    "return_hidden_states": True,
+    "bootstrap_host": "10.0.0.1",
+    "bootstrap_port": 8998,
+    "bootstrap_room": 7,
+    "bootstrap_pair_key": "key",
+    "decode_tp_size": 2,
+    "routed_dp_rank": 1,
+    "disagg_prefill_dp_rank": 1,
+    "image_data": "http://example.com/cat.png",
+    "mm_hashes": ["abc"],
+    "video_data": "http://example.com/a.mp4",
+    "audio_data": "http://example.com/a.wav",
+    "require_reasoning": True,
+    "lora_path": "my-adapter",
+    "session_params": {"id": "s1"},
+    "kv_hints": {"protocol_version": "1", "message_id": "m", "actions": []},
+    "max_thinking_tokens": 10,
+    "session_id": "s1",
+    "custom_logit_processor": "serialized-processor",
+    "images_config": {"image_mode": "tiles"},
+    "routed_experts_start_len": 3,
+    "return_sampling_mask": True,
+    "modalities": ["image"],
+}
 NON_NEUTRAL_SAMPLING = {
-    "stop_regex": "[0-9]+", "frequency_penalty": 0.5, "presence_penalty": 0.5, "repetition_penalty": 1.1,
-    "min_new_tokens": 2, "n": 2, "json_schema": "{}", "regex": "a+", "ebnf": 'root ::= "a"',
-    "structural_tag": "{}", "beam_width": 2, "watermark": {"enabled": True}, "choice": ["yes", "no"]}
+    "stop_regex": "[0-9]+",
+    "frequency_penalty": 0.5,
+    "presence_penalty": 0.5,
+    "repetition_penalty": 1.1,
+    "min_new_tokens": 2,
+    "n": 2,
+    "json_schema": "{}",
+    "regex": "a+",
+    "ebnf": 'root ::= "a"',
+    "structural_tag": "{}",
+    "beam_width": 2,
+    "watermark": {"enabled": True},
+    "choice": ["yes", "no"],
+}
 
 
 def _substitute(value, replacements):
@@ -110,8 +139,11 @@ async def test_sampling_fields_not_honoured_are_refused_naming_them(server, http
 
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-3, 3) | st.floats(-2, 2) | st.sampled_from(["", "a", "</answer>"]),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["a", "1", "enabled"]), inner,
-                                                                max_size=2), max_leaves=6)
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["a", "1", "enabled"]), inner, max_size=2)
+    ),
+    max_leaves=6,
+)
 
 
 @st.composite
@@ -151,6 +183,7 @@ def test_every_server_the_suite_starts_is_judged_by_the_contract_and_the_server_
     from searchgym.agents.server import app
 
     assert app.create_app.contract_checked  # tests/agents/conftest.py: serving() and create_app() check answers
-    run = subprocess.run([sys.executable, "-m", "searchgym.agents.server", "--help"],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "searchgym.agents.server", "--help"], capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0 and "--model-path" in run.stdout and "--weight-version" in run.stdout

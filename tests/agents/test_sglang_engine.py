@@ -1,4 +1,5 @@
 """SGLangEngine against two real model servers (the tiny model, loopback): routing, resume after abort, weights."""
+
 import asyncio
 import dataclasses
 import socket
@@ -53,19 +54,30 @@ def generated(servers):
 
 def sglang_answer(ids, finish_reason, weight_version):
     """A /generate answer exactly as SGLang shapes it."""
-    return {"text": "", "output_ids": ids, "meta_info": {
-        "id": "x", "finish_reason": finish_reason, "prompt_tokens": 2, "completion_tokens": len(ids),
-        "cached_tokens": 0, "weight_version": weight_version,
-        "output_token_logprobs": [[-0.5, t, None] for t in ids]}}
+    return {
+        "text": "",
+        "output_ids": ids,
+        "meta_info": {
+            "id": "x",
+            "finish_reason": finish_reason,
+            "prompt_tokens": 2,
+            "completion_tokens": len(ids),
+            "cached_tokens": 0,
+            "weight_version": weight_version,
+            "output_token_logprobs": [[-0.5, t, None] for t in ids],
+        },
+    }
 
 
 @in_module_loop
 async def test_wire_payload_and_resubmission_after_an_abort():
     """Against a test double of SGLang's /generate: every sampling field is sent, and an aborted request is
     resubmitted as prompt + partial with the rest of the budget, each token keeping its response's version."""
-    answers = [sglang_answer([5, 6], {"type": "abort", "message": "Abort in waiting queue"}, "3"),
-               sglang_answer([7], {"type": "stop", "matched": 7}, "4"),
-               sglang_answer([], {"type": "abort", "message": "too long", "status_code": 400}, "4")]
+    answers = [
+        sglang_answer([5, 6], {"type": "abort", "message": "Abort in waiting queue"}, "3"),
+        sglang_answer([7], {"type": "stop", "matched": 7}, "4"),
+        sglang_answer([], {"type": "abort", "message": "too long", "status_code": 400}, "4"),
+    ]
     bodies = []
 
     async def generate(request):
@@ -81,18 +93,36 @@ async def test_wire_payload_and_resubmission_after_an_abort():
         with pytest.raises(SGLangError, match="rejected the request \\(400\\): too long"):
             await engine.agenerate(GenerateRequest([1, 2], sampling))
         await engine.close()
-    assert set(bodies[0]["sampling_params"]) == {"max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop",
-                                                 "stop_token_ids", "ignore_eos", "skip_special_tokens", "no_stop_trim"}
+    assert set(bodies[0]["sampling_params"]) == {
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "stop",
+        "stop_token_ids",
+        "ignore_eos",
+        "skip_special_tokens",
+        "no_stop_trim",
+    }
     for body in bodies:  # every body is one a real SGLang 0.5.23 admits
         check_generate_request(body)
     seeded = SamplingParams(seed=3, logit_bias=((5, -2.0),))
     check_generate_request(_payload([1, 2], seeded, "r"))
     assert _payload([1, 2], seeded, "r")["sampling_params"]["sampling_seed"] == 3
-    first = {"input_ids": [1, 2], "sampling_params": sampling.to_sglang(), "return_logprob": True,
-             "logprob_start_len": -1, "rid": "traj-1"}
+    first = {
+        "input_ids": [1, 2],
+        "sampling_params": sampling.to_sglang(),
+        "return_logprob": True,
+        "logprob_start_len": -1,
+        "rid": "traj-1",
+    }
     assert bodies[0] == first
-    assert bodies[1] == {**first, "input_ids": [1, 2, 5, 6], "sampling_params": {**sampling.to_sglang(),
-                                                                                  "max_new_tokens": 7}}
+    assert bodies[1] == {
+        **first,
+        "input_ids": [1, 2, 5, 6],
+        "sampling_params": {**sampling.to_sglang(), "max_new_tokens": 7},
+    }
     assert "rid" not in bodies[2]
     assert (out.output_ids, out.logprobs, out.versions) == ([5, 6, 7], [-0.5] * 3, [3, 3, 4])
     assert out.finish_reason == FinishReason("stop", 7) and out.prompt_tokens == 2
@@ -108,16 +138,18 @@ async def test_generates_what_the_engine_generates_with_logprobs_and_versions(se
     assert response.prompt_tokens == 5 and response.versions == [version] * 10 and response.rid == "t-exact"
     direct = await servers[0][1].agenerate(GenerateRequest(PROMPTS[0], sampling))
     assert response.output_ids == direct.output_ids
-    assert response.logprobs == pytest.approx(teacher_forced(servers[0][1].model, PROMPTS[0], direct.output_ids),
-                                               abs=1e-4)
+    assert response.logprobs == pytest.approx(
+        teacher_forced(servers[0][1].model, PROMPTS[0], direct.output_ids), abs=1e-4
+    )
 
 
 @in_module_loop
 async def test_sampled_generation_with_stop_token(client):
     first = await client.agenerate(GenerateRequest(PROMPTS[1], SamplingParams(max_new_tokens=6, temperature=0.0)))
     stop_id = first.output_ids[1]
-    stopped = await client.agenerate(GenerateRequest(PROMPTS[1], SamplingParams(
-        max_new_tokens=6, temperature=0.0, stop_token_ids=(stop_id,))))
+    stopped = await client.agenerate(
+        GenerateRequest(PROMPTS[1], SamplingParams(max_new_tokens=6, temperature=0.0, stop_token_ids=(stop_id,)))
+    )
     assert stopped.finish_reason.type == "stop" and stopped.finish_reason.matched == stop_id
     assert stopped.output_ids == first.output_ids[: first.output_ids.index(stop_id) + 1]
 
@@ -150,8 +182,9 @@ async def test_new_rids_spread_by_load(servers, client):
 @in_module_loop
 async def test_pause_resume_resubmits_aborted_requests_to_the_same_greedy_output(servers, client):
     reference = await asyncio.gather(*(client.agenerate(GenerateRequest(p, LONG)) for p in PROMPTS))
-    tasks = [asyncio.create_task(client.agenerate(GenerateRequest(p, LONG, f"resume-{i}")))
-             for i, p in enumerate(PROMPTS)]
+    tasks = [
+        asyncio.create_task(client.agenerate(GenerateRequest(p, LONG, f"resume-{i}"))) for i, p in enumerate(PROMPTS)
+    ]
     await wait_for_tokens(servers[0][1], 5)
     await client.pause()
     await asyncio.sleep(0.2)
@@ -191,8 +224,9 @@ async def test_bad_request_fails_fast_with_the_server_message(client):
 @in_module_loop
 async def test_update_weights_mid_generation_versions_each_token(servers, client, tiny_model_dir, tmp_path):
     perturbed = perturbed_copy(tiny_model_dir, tmp_path / "perturbed")
-    tasks = [asyncio.create_task(client.agenerate(GenerateRequest(p, LONG, f"update-{i}")))
-             for i, p in enumerate(PROMPTS)]
+    tasks = [
+        asyncio.create_task(client.agenerate(GenerateRequest(p, LONG, f"update-{i}"))) for i, p in enumerate(PROMPTS)
+    ]
     await wait_for_tokens(servers[0][1], 5)
     await client.update_weights(perturbed, version=1)
     assert client.version == 1
@@ -219,11 +253,33 @@ async def test_update_weights_mid_generation_versions_each_token(servers, client
 
 
 def test_sglang_launch_command():
-    command = sglang_launch_command("/models/qwen", host="0.0.0.0", port=31000, tp_size=2, mem_fraction_static=0.7,
-                                    dtype="bfloat16", extra_args=("--enable-metrics",))
-    assert command == [sys.executable, "-m", "sglang.launch_server", "--model-path", "/models/qwen", "--host",
-                       "0.0.0.0", "--port", "31000", "--tp-size", "2", "--mem-fraction-static", "0.7", "--dtype",
-                       "bfloat16", "--enable-metrics"]
+    command = sglang_launch_command(
+        "/models/qwen",
+        host="0.0.0.0",
+        port=31000,
+        tp_size=2,
+        mem_fraction_static=0.7,
+        dtype="bfloat16",
+        extra_args=("--enable-metrics",),
+    )
+    assert command == [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/models/qwen",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "31000",
+        "--tp-size",
+        "2",
+        "--mem-fraction-static",
+        "0.7",
+        "--dtype",
+        "bfloat16",
+        "--enable-metrics",
+    ]
     server = SGLangServer.for_model("/models/qwen", port=31001, gpu_ids=[0, 1])
     assert server.command[3:5] == ["--model-path", "/models/qwen"] and server.url == "http://127.0.0.1:31001"
 
@@ -231,8 +287,9 @@ def test_sglang_launch_command():
 @in_module_loop
 async def test_wait_ready_reports_a_dead_process_with_its_log(tmp_path):
     code = "import os, sys; print('visible', os.environ['CUDA_VISIBLE_DEVICES']); sys.exit(3)"
-    server = SGLangServer([sys.executable, "-c", code], f"127.0.0.1:{free_port()}", gpu_ids=[2, 3],
-                          log_path=tmp_path / "server.log").start()
+    server = SGLangServer(
+        [sys.executable, "-c", code], f"127.0.0.1:{free_port()}", gpu_ids=[2, 3], log_path=tmp_path / "server.log"
+    ).start()
     with pytest.raises(RuntimeError, match=r"exited with code 3(.|\n)*visible 2,3"):
         await server.wait_ready(timeout=30)
     assert server.stop() == 3
@@ -241,8 +298,19 @@ async def test_wait_ready_reports_a_dead_process_with_its_log(tmp_path):
 @in_module_loop
 async def test_server_process_runs_our_model_server_and_stops_gracefully(tiny_model_dir, tmp_path):
     port = free_port()
-    command = [sys.executable, "-m", "searchgym.agents.server", "--model-path", str(tiny_model_dir),
-               "--host", "127.0.0.1", "--port", str(port), "--context-length", "128"]
+    command = [
+        sys.executable,
+        "-m",
+        "searchgym.agents.server",
+        "--model-path",
+        str(tiny_model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--context-length",
+        "128",
+    ]
     server = SGLangServer(command, f"127.0.0.1:{port}", log_path=tmp_path / "server.log").start()
     try:
         await server.wait_ready(timeout=120)
@@ -254,4 +322,3 @@ async def test_server_process_runs_our_model_server_and_stops_gracefully(tiny_mo
         code = server.stop(timeout=30)
     assert code == 0, server.log_tail()  # SIGTERM is a clean shutdown
     assert "shutting down" in server.log_tail()
-

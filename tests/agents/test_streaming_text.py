@@ -1,5 +1,6 @@
 """Streamed text pieces (`TextDeltas`) concatenate to exactly the text the non-streamed route returns: with stop
 strings cut as SGLang cuts them, and with tool calls parsed out of the content, for any output."""
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -9,8 +10,9 @@ from searchgym.agents.engines.types import FinishReason
 from searchgym.agents.server.streaming import TextDeltas
 
 CALL = '<tool_call>\n{"name": "search", "arguments": {"query": "Aldra"}}\n</tool_call>'
-PIECES = st.sampled_from(["Sure", " ", "\n", "the", " river", "é", "日本", "<", "tool", "_call", ">", "</", CALL,
-                          "  ", "stop", "STOP", "ab"])
+PIECES = st.sampled_from(
+    ["Sure", " ", "\n", "the", " river", "é", "日本", "<", "tool", "_call", ">", "</", CALL, "  ", "stop", "STOP", "ab"]
+)
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 
 

@@ -1,4 +1,5 @@
 """The tiny model loads with the Auto classes, its tokenizer round-trips text, and builds are deterministic."""
+
 import unicodedata
 
 import pytest
@@ -53,8 +54,9 @@ def test_trained_and_reloaded_tokenizers_agree(trained_tokenizer, tokenizer, tex
 def test_chat_template_renders_chatml(tokenizer):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who founded it?"}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWho founded it?<|im_end|>\n"
-                    "<|im_start|>assistant\n")
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWho founded it?<|im_end|>\n<|im_start|>assistant\n"
+    )
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
     assert tokenizer.decode(ids) == text
     assert ids.count(tokenizer.convert_tokens_to_ids(IM_START)) == 3
@@ -72,8 +74,8 @@ def test_greedy_text_varies_with_the_prompt(model, tokenizer):
     for prompt in ("Where was Krimar Therth born?", "<search> Ganin Brewery </search>"):
         ids = torch.tensor([tokenizer.encode(prompt)])
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
-        outputs.add(tuple(out[0, ids.shape[1]:].tolist()))
-        assert len(set(out[0, ids.shape[1]:].tolist())) > 4
+        outputs.add(tuple(out[0, ids.shape[1] :].tolist()))
+        assert len(set(out[0, ids.shape[1] :].tolist())) > 4
     assert len(outputs) == 2
 
 
@@ -91,26 +93,46 @@ def test_custom_texts_and_seed(tmp_path):
     assert (a / "model.safetensors").read_bytes() != (b / "model.safetensors").read_bytes()
 
 
-
 def test_chat_template_renders_tools_calls_and_results_qwen25_style(tokenizer):
-    tools = [{"type": "function", "function": {"name": "search", "description": "Search.",
-                                               "parameters": {"type": "object", "properties": {}}}}]
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Who?"},
-                {"role": "assistant", "content": "", "tool_calls": [
-                    {"type": "function", "function": {"name": "search", "arguments": {"query": "Aldra"}}}]},
-                {"role": "tool", "content": "first"}, {"role": "tool", "content": "second"}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "search",
+                "description": "Search.",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        }
+    ]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Who?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": {"query": "Aldra"}}}],
+        },
+        {"role": "tool", "content": "first"},
+        {"role": "tool", "content": "second"},
+    ]
     text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
     system, rest = text.split("<|im_end|>\n", 1)
-    assert system.startswith("<|im_start|>system\nBe brief.\n\n") and '{"type": "function", "function": {"name": ' \
-        '"search"' in system and "<tool_call>" in system  # the tools and how to call them, after the system text
-    assert rest == ("<|im_start|>user\nWho?<|im_end|>\n"
-                    '<|im_start|>assistant\n<tool_call>\n{"name": "search", "arguments": {"query": "Aldra"}}\n'
-                    "</tool_call><|im_end|>\n"
-                    "<|im_start|>user\n<tool_response>\nfirst\n</tool_response>\n<tool_response>\nsecond\n"
-                    "</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert (
+        system.startswith("<|im_start|>system\nBe brief.\n\n")
+        and '{"type": "function", "function": {"name": "search"' in system
+        and "<tool_call>" in system
+    )  # the tools and how to call them, after the system text
+    assert rest == (
+        "<|im_start|>user\nWho?<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "search", "arguments": {"query": "Aldra"}}\n'
+        "</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nfirst\n</tool_response>\n<tool_response>\nsecond\n"
+        "</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
     no_tools = tokenizer.apply_chat_template(messages[:2], add_generation_prompt=True, tokenize=False)
-    assert no_tools == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWho?<|im_end|>\n"
-                        "<|im_start|>assistant\n")
+    assert no_tools == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWho?<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_observations_as_tool_messages_extend_the_conversation(tokenizer):
@@ -118,4 +140,5 @@ def test_observations_as_tool_messages_extend_the_conversation(tokenizer):
 
     delta = ChatTemplateDelta(tokenizer, observation_role="tool")
     assert delta.observation_text("42", ended_with_eos=True) == (
-        "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+        "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )

@@ -1,4 +1,5 @@
 """TorchEngine against the real tiny model: exact logprobs, batch-invariant greedy, finish reasons, updates."""
+
 import asyncio
 
 import pytest
@@ -12,8 +13,12 @@ from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import FinishReason, GenerateRequest, InferenceEngine, SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)
-QUESTIONS = ["Where was Krimar Therth born?", "<search> Ganin Brewery founder </search>", "Who wrote it?",
-             "<think> The river flows through two countries, so I should search for both of them. </think>"]
+QUESTIONS = [
+    "Where was Krimar Therth born?",
+    "<search> Ganin Brewery founder </search>",
+    "Who wrote it?",
+    "<think> The river flows through two countries, so I should search for both of them. </think>",
+]
 
 
 @pytest.fixture
@@ -33,7 +38,7 @@ def prompt(tokenizer, i: int) -> list[int]:
 def teacher_logprobs(model, prompt_ids: list[int], output_ids: list[int], temperature: float = 1.0) -> torch.Tensor:
     """What the learner computes: log softmax(logits / T) of each output token, teacher-forced in fp32."""
     with torch.no_grad():
-        logits = model(torch.tensor([prompt_ids + output_ids])).logits[0, len(prompt_ids) - 1:-1].float()
+        logits = model(torch.tensor([prompt_ids + output_ids])).logits[0, len(prompt_ids) - 1 : -1].float()
     return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(output_ids)[:, None]).squeeze(-1)
 
 
@@ -41,7 +46,7 @@ def reference_greedy(model, prompt_ids: list[int], n: int) -> list[int]:
     """Exactly n greedy tokens from Hugging Face's own `generate`."""
     ids = torch.tensor([prompt_ids])
     out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n, min_new_tokens=n)
-    return out[0, len(prompt_ids):].tolist()
+    return out[0, len(prompt_ids) :].tolist()
 
 
 async def wait_for_tokens(engine: TorchEngine, n: int) -> None:
@@ -128,7 +133,7 @@ async def test_finish_reasons(engine, model, tokenizer):
 
     engine.eos_ids = frozenset({greedy[5]})
     by_eos = await engine.agenerate(GenerateRequest(p, GREEDY))
-    assert by_eos.output_ids == greedy[:greedy.index(greedy[5]) + 1]
+    assert by_eos.output_ids == greedy[: greedy.index(greedy[5]) + 1]
     assert by_eos.finish_reason == FinishReason("stop", greedy[5])
     ignored = await engine.agenerate(GenerateRequest(p, SamplingParams(**{**vars(GREEDY), "ignore_eos": True})))
     assert ignored.output_ids == greedy
@@ -296,7 +301,7 @@ def first_stop_by_tail_decoding(tokenizer, ids: list[int], stops: tuple[str, ...
     longest stop's length) and return the first stop string, in `stops` order, found in that text."""
     window = 4 * max(map(len, stops)) + 4
     for j in range(1, len(ids) + 1):
-        tail = tokenizer.decode(ids[max(0, j - window):j], skip_special_tokens=False)
+        tail = tokenizer.decode(ids[max(0, j - window) : j], skip_special_tokens=False)
         for stop in stops:
             if stop in tail:
                 return j, stop
@@ -323,9 +328,12 @@ def ids_and_stops(draw, tokenizer):
     else:
         ids = tokenizer.encode("".join(draw(st.lists(st.sampled_from(TEXT_PIECES), min_size=1, max_size=12))))
     text = tokenizer.decode(ids, skip_special_tokens=False)
-    piece = st.builds(lambda a, n: text[a:a + n], st.integers(0, max(len(text) - 1, 0)), st.integers(1, 10))
-    stops = draw(st.lists(st.one_of(piece, st.sampled_from(["zz", "\n", "é", "</search>", "語"])), min_size=1,
-                          max_size=3).filter(lambda s: all(s)))
+    piece = st.builds(lambda a, n: text[a : a + n], st.integers(0, max(len(text) - 1, 0)), st.integers(1, 10))
+    stops = draw(
+        st.lists(
+            st.one_of(piece, st.sampled_from(["zz", "\n", "é", "</search>", "語"])), min_size=1, max_size=3
+        ).filter(lambda s: all(s))
+    )
     return ids, tuple(stops)
 
 
@@ -343,7 +351,7 @@ async def test_stop_strings_end_the_engine_where_tail_decoding_does(engine, mode
         p = prompt(tokenizer, i)
         greedy = reference_greedy(model, p, 40)
         text = tokenizer.decode(greedy, skip_special_tokens=False)
-        stops = ("zzzz", text[20 + i:23 + i], text[30:32])
+        stops = ("zzzz", text[20 + i : 23 + i], text[30:32])
         j, stop = first_stop_by_tail_decoding(tokenizer, greedy, stops)
         params = SamplingParams(max_new_tokens=40, temperature=0.0, ignore_eos=True, stop=stops)
         r = await engine.agenerate(GenerateRequest(p, params))

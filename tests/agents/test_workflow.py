@@ -1,5 +1,6 @@
 """Workflows play episodes token in, token out with the real tiny model in-process (TorchEngine), and text in,
 text out through chat endpoints."""
+
 import asyncio
 import dataclasses
 
@@ -105,10 +106,10 @@ def test_32_episodes_through_the_model_server_with_sglang_and_openai_clients(tin
             chat_envs = [SearchEnv(small_pool, small_index, max_turns=4) for _ in range(32)]
             token_workflow = TokenWorkflow(sglang, served.tokenizer, WorkflowSettings(SAMPLING, 2048))
             chat_workflow = ChatWorkflow(chat, WorkflowSettings(SAMPLING))
-            tokens = await asyncio.gather(*(token_workflow.arun_episode(env, seed=i)
-                                            for i, env in enumerate(token_envs)))
-            chats = await asyncio.gather(*(chat_workflow.arun_episode(env, seed=i)
-                                           for i, env in enumerate(chat_envs)))
+            tokens = await asyncio.gather(
+                *(token_workflow.arun_episode(env, seed=i) for i, env in enumerate(token_envs))
+            )
+            chats = await asyncio.gather(*(chat_workflow.arun_episode(env, seed=i) for i, env in enumerate(chat_envs)))
             await sglang.close()
             await chat.close()
             return tokens, chats
@@ -128,6 +129,7 @@ def test_32_episodes_through_the_model_server_with_sglang_and_openai_clients(tin
 
 
 # --- the env's tool format and the observation roles ----------------------------------------------
+
 
 def spy_on(engine, monkeypatch):
     """Record every (request, response) the workflow exchanges with the real engine, by trajectory id."""
@@ -155,10 +157,12 @@ def play_recorded(engine, envs, monkeypatch, role="user", sampling=SAMPLING):
     return [(traj, calls[str(i)]) for i, traj in enumerate(trajectories)]
 
 
-@pytest.mark.parametrize("tool_format, stops", [("tags", ("</search>", "</access>", "</answer>")),
-                                                ("hermes", ("</tool_call>",))])
-def test_generation_stops_at_the_close_of_the_envs_own_tool_call_format(engine, small_pool, small_index, monkeypatch,
-                                                                        one_torch_thread, tool_format, stops):
+@pytest.mark.parametrize(
+    "tool_format, stops", [("tags", ("</search>", "</access>", "</answer>")), ("hermes", ("</tool_call>",))]
+)
+def test_generation_stops_at_the_close_of_the_envs_own_tool_call_format(
+    engine, small_pool, small_index, monkeypatch, one_torch_thread, tool_format, stops
+):
     envs = [SearchEnv(small_pool, small_index, max_turns=3, tool_format=tool_format) for _ in range(4)]
     sampling = dataclasses.replace(SAMPLING, stop=("STOP HERE",))  # the caller's own stops are kept too
     for traj, calls in play_recorded(engine, envs, monkeypatch, sampling=sampling):
@@ -186,12 +190,15 @@ def ended_with_eos(tokenizer, calls):
 
 
 @pytest.mark.parametrize("role", ["user", "tool"])
-def test_observations_enter_as_chat_template_messages_of_their_role(engine, small_pool, small_index, monkeypatch,
-                                                                    one_torch_thread, role):
+def test_observations_enter_as_chat_template_messages_of_their_role(
+    engine, small_pool, small_index, monkeypatch, one_torch_thread, role
+):
     tokenizer = engine.tokenizer
     if role == "tool" and "tool" not in (tokenizer.chat_template or ""):
-        pytest.skip("the tiny model's chat template has no tool role (ChatTemplateDelta would render it as a "
-                    "made-up role); searchgym.agents.tiny_model should ship a Qwen2.5-style tool template")
+        pytest.skip(
+            "the tiny model's chat template has no tool role (ChatTemplateDelta would render it as a "
+            "made-up role); searchgym.agents.tiny_model should ship a Qwen2.5-style tool template"
+        )
     envs = [SearchEnv(small_pool, small_index, max_turns=3) for _ in range(6)]
     close = ChatTemplateDelta(tokenizer, role)._close  # what the template writes after an assistant message
     for traj, calls in play_recorded(engine, envs, monkeypatch, role=role):
@@ -203,15 +210,16 @@ def test_observations_enter_as_chat_template_messages_of_their_role(engine, smal
         decoded = tokenizer.decode(traj.input_ids, skip_special_tokens=False)
         if roles[-1] == "assistant":  # the template closes the last message; the tokens end at the model's last one
             rendered = tokenizer.apply_chat_template(traj.messages, tokenize=False)
-            tail = close[len(tokenizer.eos_token):] if ended_with_eos(tokenizer, calls) else close
+            tail = close[len(tokenizer.eos_token) :] if ended_with_eos(tokenizer, calls) else close
             assert decoded + tail == rendered
         else:  # stopped by the context budget right after an observation
             assert decoded == tokenizer.apply_chat_template(traj.messages, tokenize=False, add_generation_prompt=True)
         check_generated_tokens_are_exactly_the_engines(traj, calls)
 
 
-def test_inline_observations_continue_the_assistant_message(engine, small_pool, small_index, monkeypatch,
-                                                           one_torch_thread):
+def test_inline_observations_continue_the_assistant_message(
+    engine, small_pool, small_index, monkeypatch, one_torch_thread
+):
     """Search-R1's layout: one assistant message in which each tool result follows the call as plain text."""
     tokenizer = engine.tokenizer
     envs = [SearchEnv(small_pool, small_index, max_turns=3) for _ in range(6)]
@@ -221,7 +229,8 @@ def test_inline_observations_continue_the_assistant_message(engine, small_pool, 
         expected = prompt + "".join(
             tokenizer.decode(response.output_ids, skip_special_tokens=False)
             + (f"\n\n{turn.observation}\n\n" if i + 1 < len(calls) else "")
-            for i, ((_, response), turn) in enumerate(zip(calls, traj.turns)))
+            for i, ((_, response), turn) in enumerate(zip(calls, traj.turns))
+        )
         assert tokenizer.decode(traj.input_ids, skip_special_tokens=False) == expected
         assert tokenizer.decode(traj.input_ids[: traj.prompt_length], skip_special_tokens=False) == prompt
         check_generated_tokens_are_exactly_the_engines(traj, calls)

@@ -5,6 +5,7 @@ the search tool offered) by calling `search`, and the conversation holding that 
 with the answer. Both prompts are rendered by the tiny model's own (Qwen2.5-style) chat template, so
 greedy decoding through `serve model` reproduces the exchange exactly.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,9 +14,14 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-SEARCH_TOOL = {"type": "function", "function": {
-    "name": "search", "description": "Search the knowledge source.",
-    "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
+SEARCH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search the knowledge source.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+    },
+}
 TOOLS = [SEARCH_TOOL]
 QUESTION = {"role": "user", "content": "Where does the Aldra flow?"}
 ARGUMENTS = {"query": "Aldra"}
@@ -36,21 +42,42 @@ def train_tool_model(base_dir: Path, out_dir: Path, max_steps: int = 80, seed: i
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     model = AutoModelForCausalLM.from_pretrained(base_dir)
     first, second = exchange()
-    as_template = [QUESTION, {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "search", "arguments": ARGUMENTS}}]}, second[2]]
-    call_text = f'<tool_call>\n{json.dumps({"name": "search", "arguments": ARGUMENTS})}\n</tool_call>'
-    pairs = [(tokenizer.apply_chat_template(first, tools=TOOLS, add_generation_prompt=True, tokenize=True,
-                                            return_dict=False), call_text),
-             (tokenizer.apply_chat_template(as_template, tools=TOOLS, add_generation_prompt=True, tokenize=True,
-                                            return_dict=False), ANSWER)]
+    as_template = [
+        QUESTION,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "search", "arguments": ARGUMENTS}}],
+        },
+        second[2],
+    ]
+    call_text = f"<tool_call>\n{json.dumps({'name': 'search', 'arguments': ARGUMENTS})}\n</tool_call>"
+    pairs = [
+        (
+            tokenizer.apply_chat_template(
+                first, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False
+            ),
+            call_text,
+        ),
+        (
+            tokenizer.apply_chat_template(
+                as_template, tools=TOOLS, add_generation_prompt=True, tokenize=True, return_dict=False
+            ),
+            ANSWER,
+        ),
+    ]
     examples = [(list(prompt), tokenizer.encode(reply + tokenizer.eos_token)) for prompt, reply in pairs]
     torch.manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     model.train()
     for _ in range(max_steps):
-        loss = sum(torch.nn.functional.cross_entropy(
-            model(torch.tensor([prompt + target]), logits_to_keep=len(target) + 1).logits[0, :-1], torch.tensor(target))
-            for prompt, target in examples)
+        loss = sum(
+            torch.nn.functional.cross_entropy(
+                model(torch.tensor([prompt + target]), logits_to_keep=len(target) + 1).logits[0, :-1],
+                torch.tensor(target),
+            )
+            for prompt, target in examples
+        )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

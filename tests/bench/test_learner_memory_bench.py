@@ -1,4 +1,5 @@
 """`searchgym bench learner` on a CPU: both heads measured in their own processes, ratios and agreement recorded."""
+
 import json
 
 from searchgym.bench.learner_memory import estimate_gib, run_learner_memory_bench

@@ -1,4 +1,6 @@
-"""`searchgym bench learning` at toy scale through the real pipeline, and its hierarchical bootstrap on hand-made data."""
+"""`searchgym bench learning` at toy scale through the real pipeline, and its hierarchical bootstrap on hand-made
+data."""
+
 import json
 from pathlib import Path
 
@@ -12,14 +14,32 @@ from searchgym.bench.learning import load_learning_config, run_learning_bench
 from searchgym.cli import main
 from tests.conftest import SMALL
 
-# Two seeds of a toy run: tiny model, a few demonstrations, two RL steps per mode, 10 held-out questions (both hop counts for seeds 0 and 1).
+# Two seeds of a toy run: tiny model, a few demonstrations, two RL steps per mode, 10 held-out questions (both hop
+# counts for seeds 0 and 1).
 TOY = [
-    "torch_threads=1", f"env.kwargs.size={SMALL['size']}", f"env.kwargs.n_tasks={SMALL['n_tasks']}",
-    "env.kwargs.top_k=1", "env.kwargs.doc_chars=120", "max_demos=6",
-    "model.hidden_size=32", "model.intermediate_size=64", "model.vocab_size=2048", "model.init_std=0.3",
-    "copy.steps=2", "copy.batch_size=4", "sft.epochs=2", "sft.lr=1e-2", "sft.warmup_steps=1",
-    "rl.steps=2", "rl.rollout.group_size=2", "rl.rollout.batch_size=2", "rl.rollout.max_new_tokens=12",
-    "rl.learner.drop_no_spread=false", "eval.max_tasks=10", "eval.k=2", "eval.max_new_tokens=12",
+    "torch_threads=1",
+    f"env.kwargs.size={SMALL['size']}",
+    f"env.kwargs.n_tasks={SMALL['n_tasks']}",
+    "env.kwargs.top_k=1",
+    "env.kwargs.doc_chars=120",
+    "max_demos=6",
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.vocab_size=2048",
+    "model.init_std=0.3",
+    "copy.steps=2",
+    "copy.batch_size=4",
+    "sft.epochs=2",
+    "sft.lr=1e-2",
+    "sft.warmup_steps=1",
+    "rl.steps=2",
+    "rl.rollout.group_size=2",
+    "rl.rollout.batch_size=2",
+    "rl.rollout.max_new_tokens=12",
+    "rl.learner.drop_no_spread=false",
+    "eval.max_tasks=10",
+    "eval.k=2",
+    "eval.max_new_tokens=12",
     "bootstrap_resamples=300",
 ]
 SEEDS = [0, 1]
@@ -39,10 +59,12 @@ def per_question(rows: list[dict]) -> dict[str, float]:
 def comparable(rows: list[dict]) -> list[dict]:
     """Samples in (task, sample) order without wall-clock fields and behaviour logprobs (batching moves their last
     bits, never a token: tests/test_determinism.py)."""
+
     def strip(x):
         if isinstance(x, dict):
             return {k: strip(v) for k, v in x.items() if k not in ("generate_seconds", "env_seconds", "logprobs")}
         return [strip(v) for v in x] if isinstance(x, list) else x
+
     return [strip(r) for r in sorted(rows, key=lambda r: (r["task_id"], r["sample"]))]
 
 
@@ -80,8 +102,9 @@ def test_the_figures_are_the_stored_samples(bench):
         seed_dir = Path(config.out_dir) / f"seed-{seed}"
         warm, rl = per_question(samples(seed_dir, "warm")), per_question(samples(seed_dir, "async"))
         assert set(warm) == set(rl) and warm
-        stored = next(r for r in (json.loads(line) for line in (Path(config.out_dir) / "seeds.jsonl").open())
-                      if r["seed"] == seed)
+        stored = next(
+            r for r in (json.loads(line) for line in (Path(config.out_dir) / "seeds.jsonl").open()) if r["seed"] == seed
+        )
         hops.update({(seed, t): h for t, h in stored["hops"].items()})
         deltas += [rl[t] - warm[t] for t in warm]
         two_hop += [rl[t] - warm[t] for t in warm if stored["hops"][t] == 2]
@@ -92,7 +115,8 @@ def test_the_figures_are_the_stored_samples(bench):
             one = [r for r in rows if stored["hops"][r["task_id"]] == 1]
             if one:
                 assert row["policies"][policy]["1"]["searches"] == pytest.approx(
-                    np.mean([r["stats"]["searches"] for r in one]))
+                    np.mean([r["stats"]["searches"] for r in one])
+                )
     assert set(hops.values()) <= {1, 2}
     assert report["pooled"]["gain"] == pytest.approx(np.mean(deltas))
     assert report["pooled"]["hops"]["2"]["gain"] == pytest.approx(np.mean(two_hop))
@@ -113,9 +137,11 @@ def test_a_rerun_reuses_finished_seeds_and_repeats_the_warm_start(bench, tmp_pat
     rerun = run_learning_bench(fresh, [0], out=tmp_path / "fresh.json", progress=False)
     assert rerun["seeds"][0]["policies"]["warm"] == report["seeds"][0]["policies"]["warm"]
     assert comparable(samples(tmp_path / "fresh" / "seed-0", "warm")) == comparable(
-        samples(Path(config.out_dir) / "seed-0", "warm"))
+        samples(Path(config.out_dir) / "seed-0", "warm")
+    )
     assert (tmp_path / "fresh" / "seed-0" / "demos.jsonl").read_text() == (
-        Path(config.out_dir) / "seed-0" / "demos.jsonl").read_text()
+        Path(config.out_dir) / "seed-0" / "demos.jsonl"
+    ).read_text()
 
 
 def test_demonstrated_and_rl_tasks_split_by_hop_count(small_bundle, tmp_path):
@@ -130,7 +156,7 @@ def test_demonstrated_and_rl_tasks_split_by_hop_count(small_bundle, tmp_path):
     seeded = load_learning_config([f"out_dir={tmp_path}", *TOY, "max_demos=1000", "hops.rl=[2]", "hops.rl_demos=0.25"])
     more, fewer = _demo_tasks(env, seeded)
     shown = [t for t in more if t.metadata["hops"] == 2]
-    assert shown == rl[:round(0.25 * len(rl))] and fewer == rl[len(shown):]  # disjoint: RL never trains on a demo
+    assert shown == rl[: round(0.25 * len(rl))] and fewer == rl[len(shown) :]  # disjoint: RL never trains on a demo
     with pytest.raises(ValueError, match="rl_demos"):
         load_learning_config(["hops.rl_demos=1.5"])
 
@@ -155,8 +181,9 @@ def test_bad_input_is_a_clear_error(tmp_path, capsys):
 
 # --- the hierarchical bootstrap ---------------------------------------------------------------------------------------
 
-groups = st.dictionaries(st.integers(0, 20), st.lists(st.floats(-1, 1, allow_nan=False), min_size=1, max_size=12),
-                         min_size=1, max_size=6)
+groups = st.dictionaries(
+    st.integers(0, 20), st.lists(st.floats(-1, 1, allow_nan=False), min_size=1, max_size=12), min_size=1, max_size=6
+)
 
 
 @settings(max_examples=60, deadline=None)

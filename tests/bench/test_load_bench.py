@@ -1,5 +1,6 @@
 """`searchgym bench load` on a tiny configuration: every server answers every small request as it does alone,
 with idle sockets held and one oversized request among them, and the bench counts what goes wrong as errors."""
+
 import asyncio
 import json
 from pathlib import Path
@@ -12,22 +13,54 @@ from searchgym.bench.reliability import generated_block
 from searchgym.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[2]
-RUN_KEYS = {"mode", "clients", "requests", "items_right", "seconds", "items_per_s", "p50_ms", "p99_ms", "errors",
-            "errors_by_kind", "idle_sockets", "oversized", "server_before", "server_after_load", "server_after_idle_timeout",
-            "server_after_release"}
-ITEMS_PER_REQUEST = {("model", "single"): 1, ("model", "batched"): 8, ("search", "single"): 1,
-                     ("search", "batched"): 32, ("env", "single"): 1, ("env", "reused"): 1}
+RUN_KEYS = {
+    "mode",
+    "clients",
+    "requests",
+    "items_right",
+    "seconds",
+    "items_per_s",
+    "p50_ms",
+    "p99_ms",
+    "errors",
+    "errors_by_kind",
+    "idle_sockets",
+    "oversized",
+    "server_before",
+    "server_after_load",
+    "server_after_idle_timeout",
+    "server_after_release",
+}
+ITEMS_PER_REQUEST = {
+    ("model", "single"): 1,
+    ("model", "batched"): 8,
+    ("search", "single"): 1,
+    ("search", "batched"): 32,
+    ("env", "single"): 1,
+    ("env", "reused"): 1,
+}
 
 
 @pytest.mark.parametrize("name", ["model", "search", "env"])
-def test_a_server_answers_every_small_request_beside_idle_sockets_and_an_oversized_one(name, tmp_path, request,
-                                                                                      small_bundle):
+def test_a_server_answers_every_small_request_beside_idle_sockets_and_an_oversized_one(
+    name, tmp_path, request, small_bundle
+):
     if name == "env":
         pytest.importorskip("openenv")
     model = request.getfixturevalue("tiny_model_dir") if name == "model" else None
     out = tmp_path / "load.json"
-    report = load.run_load(out, clients=(20,), rounds=1, idle=20, oversized_mb=0.2, timeout=60, servers=(name,),
-                           model=model, references=8, header_timeout=2)
+    report = load.run_load(
+        out,
+        clients=(20,),
+        rounds=1,
+        idle=20,
+        oversized_mb=0.2,
+        timeout=60,
+        servers=(name,),
+        model=model,
+        references=8,
+        header_timeout=2,
+    )
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert set(report["servers"]) == {name}
     runs = report["servers"][name]["runs"]
@@ -50,9 +83,14 @@ def test_a_server_answers_every_small_request_beside_idle_sockets_and_an_oversiz
         assert run["server_after_load"]["fds"] >= run["server_before"]["fds"] + 10  # the held sockets are its
         if name == "model":  # 100,000 tokens against an 8,192-token context: refused, saying why
             assert 400 <= big["status"] < 500 and "error" in big["reply"], big
-    assert report["summary"] == {"clients": 20, "errors": {name: 0, "total": 0},
-                                 "idle_closed": {name: runs[0]["idle_sockets"]["closed_by_server"] + runs[1][
-                                     "idle_sockets"]["closed_by_server"]}, "idle_held": {name: 40}}
+    assert report["summary"] == {
+        "clients": 20,
+        "errors": {name: 0, "total": 0},
+        "idle_closed": {
+            name: runs[0]["idle_sockets"]["closed_by_server"] + runs[1]["idle_sockets"]["closed_by_server"]
+        },
+        "idle_held": {name: 40},
+    }
     table = load.markdown_table(report)
     assert table.count("\n") == 2 + 2 and f"| {name} | {runs[1]['mode']} | 20 |" in table
 

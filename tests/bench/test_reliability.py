@@ -1,6 +1,7 @@
 """`searchgym bench reliability`: its tables in README and docs are renderings of results/reliability.json (never
 typed by hand), the committed report shows no crash and no lost item, and the bench counts a fault that gets
 through (a guard that lets an address pass, a server that answers 500) as the failure it is."""
+
 import asyncio
 import json
 import random
@@ -33,8 +34,17 @@ def test_readme_and_docs_tables_are_the_committed_report_rendered():
 def test_the_committed_report_has_no_crash_and_loses_nothing():
     report = json.loads(REPORT.read_text())
     names = [row["class"] for row in report["classes"]]
-    for kind in ("ssrf", "agent turns", "web pages", "server", "damaged caches", "kill: eval", "kill: synthesize (agent)",
-                 "kill: synthesize (kbwalk)", "kill: train"):
+    for kind in (
+        "ssrf",
+        "agent turns",
+        "web pages",
+        "server",
+        "damaged caches",
+        "kill: eval",
+        "kill: synthesize (agent)",
+        "kill: synthesize (kbwalk)",
+        "kill: train",
+    ):
         assert any(name.startswith(kind) for name in names), kind
     for row in report["classes"]:
         assert row["crashes"] == 0 and row["items_lost"] == 0, row
@@ -44,18 +54,62 @@ def test_the_committed_report_has_no_crash_and_loses_nothing():
 
 
 def test_markdown_flag_prints_the_tables_of_a_report(tmp_path, capsys):
-    report = {"seed": 1, "classes": [
-        {"class": "ssrf url forms", "forms_tried": 1200, "faults_injected": 1200, "handled": 1200,
-         "kills_survived": 0, "crashes": 0, "items_lost": 0},
-        {"class": "kill: train", "forms_tried": 4, "faults_injected": 4, "handled": 4, "kills_survived": 2,
-         "crashes": 0, "items_lost": 0},
-        {"class": "kill: eval", "forms_tried": 3, "faults_injected": 3, "handled": 3, "kills_survived": 1,
-         "crashes": 0, "items_lost": 0}],
-        "total": {"forms_tried": 1207, "faults_injected": 1207, "handled": 1207, "kills_survived": 3, "crashes": 0,
-                  "items_lost": 0}}
+    report = {
+        "seed": 1,
+        "classes": [
+            {
+                "class": "ssrf url forms",
+                "forms_tried": 1200,
+                "faults_injected": 1200,
+                "handled": 1200,
+                "kills_survived": 0,
+                "crashes": 0,
+                "items_lost": 0,
+            },
+            {
+                "class": "kill: train",
+                "forms_tried": 4,
+                "faults_injected": 4,
+                "handled": 4,
+                "kills_survived": 2,
+                "crashes": 0,
+                "items_lost": 0,
+            },
+            {
+                "class": "kill: eval",
+                "forms_tried": 3,
+                "faults_injected": 3,
+                "handled": 3,
+                "kills_survived": 1,
+                "crashes": 0,
+                "items_lost": 0,
+            },
+        ],
+        "total": {
+            "forms_tried": 1207,
+            "faults_injected": 1207,
+            "handled": 1207,
+            "kills_survived": 3,
+            "crashes": 0,
+            "items_lost": 0,
+        },
+    }
     (tmp_path / "r.json").write_text(json.dumps(report))
-    assert cli_main(["bench", "reliability", "--out", str(tmp_path / "r.json"), "--markdown", "readme",
-                     "--load", str(tmp_path / "absent.json")]) == 0
+    assert (
+        cli_main(
+            [
+                "bench",
+                "reliability",
+                "--out",
+                str(tmp_path / "r.json"),
+                "--markdown",
+                "readme",
+                "--load",
+                str(tmp_path / "absent.json"),
+            ]
+        )
+        == 0
+    )
     short = capsys.readouterr().out
     assert short == readme_table(report)
     assert short.splitlines()[-1] == "| 1,207 | 3 | 0 | 0 |"
@@ -93,8 +147,11 @@ def test_a_server_that_answers_5xx_is_counted(status, monkeypatch, tmp_path, sma
         return web.json_response({"error": "boom"}, status=status)
 
     monkeypatch.setattr(_RetrievalServer, "handle_retrieve", broken)
-    row = asyncio.run(reliability.server_bodies(random.Random(2), 3, LocalIndex(small_bundle / "index"),
-                                                tiny_model_dir, model_server=False))
+    row = asyncio.run(
+        reliability.server_bodies(
+            random.Random(2), 3, LocalIndex(small_bundle / "index"), tiny_model_dir, model_server=False
+        )
+    )
     assert row["crashes"] == 3 and all("/retrieve" in note for note in row["notes"])
 
 
@@ -102,8 +159,11 @@ def test_run_without_kills_writes_the_report(tmp_path, small_bundle, tiny_model_
     monkeypatch.setattr(reliability, "server_bodies", _no_servers)
     report = run_reliability(tmp_path / "r.json", workdir=tmp_path / "w", n=10, kills=False, model=tiny_model_dir)
     assert json.loads((tmp_path / "r.json").read_text()) == report
-    assert [row["class"] for row in report["classes"]][:3] == ["ssrf url forms", "agent turns (env.step)",
-                                                                "web pages (fetch, env.step)"]
+    assert [row["class"] for row in report["classes"]][:3] == [
+        "ssrf url forms",
+        "agent turns (env.step)",
+        "web pages (fetch, env.step)",
+    ]
     assert report["total"]["crashes"] == 0 and report["total"]["faults_injected"] > 1000
 
 

@@ -1,6 +1,7 @@
 """`searchgym bench scale-out` end to end on a small world: both layouts start, answer every query under
 concurrent clients, find the queried page, and the report holds the side-by-side figures (never asserted as
 speeds)."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,26 @@ from searchgym.cli import main
 
 def test_scale_out_bench_runs_both_layouts_side_by_side(tmp_path):
     out = tmp_path / "scale_out.json"
-    assert main(["bench", "scale-out", "--size", "400", "--shards", "2", "--clients", "20", "--seconds", "1",
-                 "--rounds", "2", "--world", str(tmp_path / "world"), "--out", str(out)]) in (0, None)
+    assert main(
+        [
+            "bench",
+            "scale-out",
+            "--size",
+            "400",
+            "--shards",
+            "2",
+            "--clients",
+            "20",
+            "--seconds",
+            "1",
+            "--rounds",
+            "2",
+            "--world",
+            str(tmp_path / "world"),
+            "--out",
+            str(out),
+        ]
+    ) in (0, None)
     report = json.loads(out.read_text())
     assert report["shards"] == 2 and len(report["startup_s"]["sharded"]["servers"]) == 2
     for layout in ("single", "sharded"):

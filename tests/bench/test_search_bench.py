@@ -1,4 +1,5 @@
 """`searchgym bench search`'s peers answer like their libraries, and the race scores them by the answer page."""
+
 import json
 from pathlib import Path
 
@@ -37,11 +38,22 @@ def test_every_peer_finds_the_named_page_first(corpus: Path) -> None:
     assert ids == [row["id"] for row in PAGES] and texts[0].startswith("Marie Curie\n")
     bm25s, built = bm25s_peers(ids, texts, 2, backend="numpy", threads=2)  # numba's first compile takes a minute
     rank, built_rank = rank_bm25_peer(ids, texts, 2, per_chunk=10)
-    peers = [*local_index_peers(LocalIndex(corpus / "index"), 2, threads=2), tantivy_default_peer(corpus / "index", 2),
-             *bm25s, *rank]
-    assert [p.name for p in peers] == ["LocalIndex with snippets", "LocalIndex rank", "LocalIndex rank batched, 2 threads",
-                                       "tantivy default", "bm25s", "bm25s batched, 1 thread", "bm25s batched, 2 threads",
-                                       "rank-bm25"]
+    peers = [
+        *local_index_peers(LocalIndex(corpus / "index"), 2, threads=2),
+        tantivy_default_peer(corpus / "index", 2),
+        *bm25s,
+        *rank,
+    ]
+    assert [p.name for p in peers] == [
+        "LocalIndex with snippets",
+        "LocalIndex rank",
+        "LocalIndex rank batched, 2 threads",
+        "tantivy default",
+        "bm25s",
+        "bm25s batched, 1 thread",
+        "bm25s batched, 2 threads",
+        "rank-bm25",
+    ]
     assert built["bm25s"]["backend"] == "numpy" and "version" in built_rank["rank_bm25"]
     queries = [(0, "Radium"), (1, "Paris, the capital"), (2, "Marie Curie"), (3, "Pierre"), (4, "radioactivity")]
     for peer in peers:
@@ -55,16 +67,27 @@ def test_every_peer_finds_the_named_page_first(corpus: Path) -> None:
 def test_race_reports_every_row_and_the_like_for_like_ratios(corpus: Path) -> None:
     ids, texts = read_corpus_texts(corpus / "corpus.jsonl")
     bm25s, _ = bm25s_peers(ids, texts, 2, backend="numpy", threads=2)
-    peers = [*local_index_peers(LocalIndex(corpus / "index"), 2, threads=2), tantivy_default_peer(corpus / "index", 2),
-             *bm25s]
-    systems = race(peers, ["Radium", "Paris", "Marie Curie", "Pierre Curie"] * 3, ["radium", "paris", "curie", "pierre"] * 3,
-                   chunks=3)
+    peers = [
+        *local_index_peers(LocalIndex(corpus / "index"), 2, threads=2),
+        tantivy_default_peer(corpus / "index", 2),
+        *bm25s,
+    ]
+    systems = race(
+        peers,
+        ["Radium", "Paris", "Marie Curie", "Pierre Curie"] * 3,
+        ["radium", "paris", "curie", "pierre"] * 3,
+        chunks=3,
+    )
     assert set(systems) == {p.name for p in peers}
     assert all(r["queries"] == 12 and r["qps"] > 0 and r["recall_at_k"] == 1.0 for r in systems.values())
     ratios = _like_for_like(systems, 2)
-    assert set(ratios) == {"LocalIndex rank / bm25s", "LocalIndex rank batched, 2 threads / bm25s batched, 2 threads",
-                           "LocalIndex rank batched, 2 threads / bm25s batched, 1 thread",
-                           "LocalIndex with snippets / tantivy default", "LocalIndex rank / tantivy default"}
+    assert set(ratios) == {
+        "LocalIndex rank / bm25s",
+        "LocalIndex rank batched, 2 threads / bm25s batched, 2 threads",
+        "LocalIndex rank batched, 2 threads / bm25s batched, 1 thread",
+        "LocalIndex with snippets / tantivy default",
+        "LocalIndex rank / tantivy default",
+    }
     rank_over_bm25s = systems["LocalIndex rank"]["qps"] / systems["bm25s"]["qps"]
     assert ratios["LocalIndex rank / bm25s"] == pytest.approx(rank_over_bm25s, abs=0.006)
     assert set(_threads_over_one(systems, 2)) == {"LocalIndex", "bm25s"} and _threads_over_one(systems, 1) == {}

@@ -1,4 +1,6 @@
-"""`searchgym bench trainer`: heavy-tailed episode draws, the benchmark env and workflow, and a tiny end-to-end sweep."""
+"""`searchgym bench trainer`: heavy-tailed episode draws, the benchmark env and workflow, and a tiny end-to-end
+sweep."""
+
 import asyncio
 import json
 import os
@@ -55,9 +57,16 @@ def test_workload_draws_asearchers_shape_seeded():
     assert max(p.turns for p in light) == 6 and statistics.median(p.turns for p in light) == 2
 
 
-@pytest.mark.parametrize("bad", [dict(turns_median=5, turns_p90=4), dict(turns_max=10, turns_p90=16),
-                                 dict(episode_tokens_min=0), dict(turn_tokens_median=500),
-                                 dict(episode_tokens_min=500)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(turns_median=5, turns_p90=4),
+        dict(turns_max=10, turns_p90=16),
+        dict(episode_tokens_min=0),
+        dict(turn_tokens_median=500),
+        dict(episode_tokens_min=500),
+    ],
+)
 def test_workload_refuses_impossible_shapes(bad):
     with pytest.raises(ValueError):
         Workload(**bad)
@@ -85,8 +94,12 @@ def test_bench_env_wraps_backends_and_turns_bad_turns_into_searches(small_bundle
 
 def test_bench_env_plays_the_drawn_number_of_turns_as_searches(small_bundle):
     workload = {"turns_median": 2, "turns_p90": 4, "turns_max": 6, "seed": 3}
-    make = lambda: gym.make(SLOW_SYNTHETIC_QA, **SMALL, latency_median_s=0.0, latency_max_s=0.0,  # noqa: E731
-                            workload=workload).unwrapped
+
+    def make():
+        return gym.make(
+            SLOW_SYNTHETIC_QA, **SMALL, latency_median_s=0.0, latency_max_s=0.0, workload=workload
+        ).unwrapped
+
     env, other = make(), make()
     for seed in range(6):
         _, info = env.reset(seed=seed)
@@ -128,8 +141,14 @@ def _plans_by_position(run, workload: Workload, seed: int, group_size: int) -> d
             traj = json.loads(line)
             played = [t["generated_tokens"] for t in traj["turns"]]
             position = traj["group"]
-            drawn = [list(workload.plan(int(np.random.SeedSequence([seed, position, k]).generate_state(1)[0]),
-                                        traj["task_id"]).turn_tokens) for k in range(group_size)]
+            drawn = [
+                list(
+                    workload.plan(
+                        int(np.random.SeedSequence([seed, position, k]).generate_state(1)[0]), traj["task_id"]
+                    ).turn_tokens
+                )
+                for k in range(group_size)
+            ]
             assert played in drawn  # the episode played exactly one of its group's drawn plans
             assert sum(traj["loss_mask"]) == sum(played)
             groups.setdefault(position, []).append(played)
@@ -137,32 +156,63 @@ def _plans_by_position(run, workload: Workload, seed: int, group_size: int) -> d
 
 
 def test_bench_sweeps_staleness_at_equal_workload_with_reward(tmp_path, small_bundle):
-    workload = Workload(turns_median=1.5, turns_p90=3, turns_max=3, turn_tokens_median=4, turn_tokens_max=8,
-                        episode_tokens_min=2, episode_tokens_max=20, seed=5)
+    workload = Workload(
+        turns_median=1.5,
+        turns_p90=3,
+        turns_max=3,
+        turn_tokens_median=4,
+        turn_tokens_max=8,
+        episode_tokens_min=2,
+        episode_tokens_max=20,
+        seed=5,
+    )
     out, runs = tmp_path / "bench_trainer.json", tmp_path / "runs"
     result = run_trainer_bench(
-        steps=2, warmup_steps=1, final_steps=1, rounds=2, staleness=(0, 2), headline_staleness=2,
-        size=SMALL["size"], n_tasks=SMALL["n_tasks"], world_seed=SMALL["seed"], out=out, workdir=runs,
-        group_size=2, batch_size=1, max_concurrent_rollouts=8, workload=workload,
-        latency=ParetoLatency(0.002, 1.2, 0.02), progress=False)
+        steps=2,
+        warmup_steps=1,
+        final_steps=1,
+        rounds=2,
+        staleness=(0, 2),
+        headline_staleness=2,
+        size=SMALL["size"],
+        n_tasks=SMALL["n_tasks"],
+        world_seed=SMALL["seed"],
+        out=out,
+        workdir=runs,
+        group_size=2,
+        batch_size=1,
+        max_concurrent_rollouts=8,
+        workload=workload,
+        latency=ParetoLatency(0.002, 1.2, 0.02),
+        progress=False,
+    )
     written = json.loads(out.read_text())
     assert written == json.loads(json.dumps(result))
     # interleaved: each round plays every bound, alternately forwards and backwards
     assert [(r["round"], r["staleness"], r["mode"]) for r in written["runs"]] == [
-        (0, 0, "sync"), (0, 2, "async"), (1, 2, "async"), (1, 0, "sync")]
+        (0, 0, "sync"),
+        (0, 2, "async"),
+        (1, 2, "async"),
+        (1, 0, "sync"),
+    ]
     plans = {}
     for r in written["runs"]:
         run = runs / f"round{r['round']}-eta{r['staleness']}"
         history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         assert r["steps"] == len(history) == 2
         # the steady-state metric counts the steps after the warm-up only, over their own window
-        assert r["steady_trained_tokens"] == sum(h["trained_tokens"] for h in history[1:]) < sum(
-            h["trained_tokens"] for h in history)
+        assert (
+            r["steady_trained_tokens"]
+            == sum(h["trained_tokens"] for h in history[1:])
+            < sum(h["trained_tokens"] for h in history)
+        )
         assert r["steady_tokens_per_s"] == pytest.approx(r["steady_trained_tokens"] / r["steady_window_s"], rel=0.01)
         assert r["steady_window_s"] < history[-1]["elapsed_s"]
         # the reward is non-zero, and the report's is the trained episodes' (the last final_steps steps)
-        rewards = [[json.loads(line)["reward"] for line in path.read_text().splitlines()]
-                   for path in sorted((run / "trajectories").glob("version-*.jsonl"))]
+        rewards = [
+            [json.loads(line)["reward"] for line in path.read_text().splitlines()]
+            for path in sorted((run / "trajectories").glob("version-*.jsonl"))
+        ]
         assert r["reward_first_step"] == pytest.approx(statistics.fmean(rewards[0]), abs=1e-4)
         assert r["final_reward"]["mean"] == pytest.approx(statistics.fmean(rewards[-1]), abs=1e-4)
         assert r["final_reward"]["n"] == len(rewards[-1]) == 2
@@ -184,13 +234,19 @@ def test_bench_sweeps_staleness_at_equal_workload_with_reward(tmp_path, small_bu
     assert set(sweep) == {"0", "2"} and sweep["0"]["mode"] == "sync" and sweep["2"]["mode"] == "async"
     assert sweep["0"]["speedup_per_round"] == [1.0, 1.0] and sweep["0"]["speedup_median"] == 1.0
     sync = {r["round"]: r for r in written["runs"] if r["staleness"] == 0}
-    ratios = [r["steady_tokens_per_s"] / sync[r["round"]]["steady_tokens_per_s"]
-              for r in written["runs"] if r["staleness"] == 2]
+    ratios = [
+        r["steady_tokens_per_s"] / sync[r["round"]]["steady_tokens_per_s"]
+        for r in written["runs"]
+        if r["staleness"] == 2
+    ]
     assert sweep["2"]["speedup_per_round"] == pytest.approx(ratios, abs=1e-3)
     assert sweep["2"]["speedup_median"] == pytest.approx(statistics.median(ratios), abs=1e-3)
-    assert sweep["2"]["final_reward"]["per_round"] == [r["final_reward"]["mean"] for r in written["runs"]
-                                                       if r["staleness"] == 2]
-    assert written["headline"]["staleness"] == 2 and written["headline"]["speedup_median"] == sweep["2"]["speedup_median"]
+    assert sweep["2"]["final_reward"]["per_round"] == [
+        r["final_reward"]["mean"] for r in written["runs"] if r["staleness"] == 2
+    ]
+    assert (
+        written["headline"]["staleness"] == 2 and written["headline"]["speedup_median"] == sweep["2"]["speedup_median"]
+    )
     assert written["workload"]["turns_max"] == 3 and written["machine"]["cpus"] == os.cpu_count()
 
 

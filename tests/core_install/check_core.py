@@ -8,6 +8,7 @@ its extra: CI runs it in a fresh core-only venv (.ci/run), the main suite with t
 (tests/test_light_core.py). Without it the extras may be installed, and must still not be imported.
 Run: python tests/core_install/check_core.py [--core-only] [--cache DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,11 @@ def installed(module: str) -> bool:
 def searchgym_command() -> list[str]:
     """The `searchgym` console script of this Python's install (or the module, when run from a source tree)."""
     script = Path(sys.executable).with_name("searchgym")
-    return [str(script)] if script.exists() else [sys.executable, "-c", "import sys; from searchgym.cli import main; "
-                                                                        "sys.exit(main())"]
+    return (
+        [str(script)]
+        if script.exists()
+        else [sys.executable, "-c", "import sys; from searchgym.cli import main; sys.exit(main())"]
+    )
 
 
 def play_oracle(env) -> float:
@@ -75,8 +79,11 @@ def check_retrieval_client(bundle: Path, tasks: Path) -> None:
     import gymnasium as gym
 
     port = free_port()
-    server = subprocess.Popen([*searchgym_command(), "serve", "search", "--index", str(bundle / "index"),
-                               "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    server = subprocess.Popen(
+        [*searchgym_command(), "serve", "search", "--index", str(bundle / "index"), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -85,7 +92,9 @@ def check_retrieval_client(bundle: Path, tasks: Path) -> None:
                 break
             except OSError:
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"`searchgym serve search` did not start: {server.stderr.read().decode()}") from None
+                    raise RuntimeError(
+                        f"`searchgym serve search` did not start: {server.stderr.read().decode()}"
+                    ) from None
                 time.sleep(0.2)
         env = gym.make("searchgym/LocalQA-v0", tasks=tasks, servers=f"http://127.0.0.1:{port}")
         check_env_and_oracle(env, "LocalQA over `serve search`")
@@ -116,12 +125,15 @@ def check_missing_extra(tasks: Path) -> None:
     done = subprocess.run([*searchgym_command(), "quickstart"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "pip install 'searchgym[train]'" in done.stderr, (done.returncode, done.stderr)
     print(f"ok: {done.stderr.strip()}")
-    done = subprocess.run([*searchgym_command(), "serve", "mcp", "searchgym/SyntheticQA-v0"], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [*searchgym_command(), "serve", "mcp", "searchgym/SyntheticQA-v0"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2 and "pip install 'searchgym[mcp]'" in done.stderr, (done.returncode, done.stderr)
     print(f"ok: {done.stderr.strip()}")
-    for make, extra in ((lambda: gym.make("searchgym/WebQA-v0", tasks=tasks, search_api_key="k"), "web"),
-                        (lambda: TaskPool.load(tasks.parent), "datasets")):  # a folder is read as a `datasets` one
+    for make, extra in (
+        (lambda: gym.make("searchgym/WebQA-v0", tasks=tasks, search_api_key="k"), "web"),
+        (lambda: TaskPool.load(tasks.parent), "datasets"),
+    ):  # a folder is read as a `datasets` one
         try:
             make()
         except MissingExtra as e:
@@ -134,8 +146,9 @@ def check_missing_extra(tasks: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--core-only", action="store_true", help="also assert that no extra is installed")
-    parser.add_argument("--cache", type=Path, default=None,
-                        help="bundle cache (default: $SEARCHGYM_CACHE or a temp dir)")
+    parser.add_argument(
+        "--cache", type=Path, default=None, help="bundle cache (default: $SEARCHGYM_CACHE or a temp dir)"
+    )
     args = parser.parse_args()
     if args.cache or not os.environ.get("SEARCHGYM_CACHE"):
         os.environ["SEARCHGYM_CACHE"] = str(args.cache or tempfile.mkdtemp(prefix="searchgym-core-"))

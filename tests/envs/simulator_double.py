@@ -1,4 +1,5 @@
 """A scripted chat server that plays the simulated search engine's model (a test double, loopback only)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -9,10 +10,14 @@ from aiohttp import web
 
 from searchgym.testing.stand_in_llm import chat_completion, serve_in_thread
 
-TASKS = [{"id": "t1", "question": "What colour is the lighthouse of Teslin Bay?", "answer": "green"},
-         {"id": "t2", "question": "Who founded the Orrin Vale Observatory?", "answer": "Mirela Kost"}]
-FACTS = {"lighthouse": "The lighthouse of Teslin Bay is painted green.",
-         "observatory": "The Orrin Vale Observatory was founded by Mirela Kost in 1931."}
+TASKS = [
+    {"id": "t1", "question": "What colour is the lighthouse of Teslin Bay?", "answer": "green"},
+    {"id": "t2", "question": "Who founded the Orrin Vale Observatory?", "answer": "Mirela Kost"},
+]
+FACTS = {
+    "lighthouse": "The lighthouse of Teslin Bay is painted green.",
+    "observatory": "The Orrin Vale Observatory was founded by Mirela Kost in 1931.",
+}
 
 
 class ScriptedSimulator:
@@ -30,11 +35,13 @@ class ScriptedSimulator:
         n = int(re.search(r"Write (\d+) documents", prompt).group(1))
         noisy = "do not contain" in prompt
         fact = next((f for key, f in FACTS.items() if key in query.lower()), "Nothing is known about this.")
-        docs = [f"Title: {'Cheese of the valley' if noisy else query.title()} {i}\nURL: http://x/{i}\n"
-                f"Text: {'Cheese is made in the valley.' if noisy else fact}" for i in range(n)]
+        docs = [
+            f"Title: {'Cheese of the valley' if noisy else query.title()} {i}\nURL: http://x/{i}\n"
+            f"Text: {'Cheese is made in the valley.' if noisy else fact}"
+            for i in range(n)
+        ]
         content = "no documents today" if self.mode == "garbage" else "\n\n".join(docs)
         return chat_completion(content, body["model"], usage=(10, 20))
-
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
 """The action parser sees everything a language model writes: it must never raise and never guess wrong."""
+
 import json
 
 from hypothesis import given, settings
@@ -6,8 +7,24 @@ from hypothesis import strategies as st
 
 from searchgym.envs.actions import MAX_ARGUMENT_CHARS, parse_action, strip_thinking
 
-tags = st.sampled_from(["<search>", "</search>", "<access>", "</access>", "<answer>", "</answer>",
-                        "<think>", "</think>", "<tool_call>", "</tool_call>", "{", "}", '"name"', ":"])
+tags = st.sampled_from(
+    [
+        "<search>",
+        "</search>",
+        "<access>",
+        "</access>",
+        "<answer>",
+        "</answer>",
+        "<think>",
+        "</think>",
+        "<tool_call>",
+        "</tool_call>",
+        "{",
+        "}",
+        '"name"',
+        ":",
+    ]
+)
 turns = st.lists(st.one_of(st.text(max_size=20), tags), max_size=30).map("".join)
 
 
@@ -22,7 +39,10 @@ def test_any_text_parses_without_raising(text):
     assert "<search>" not in action.argument and "</answer>" not in action.argument
 
 
-@given(st.sampled_from(["search", "access", "answer"]), st.text(min_size=1, max_size=50).filter(lambda s: s.strip() and "<" not in s))
+@given(
+    st.sampled_from(["search", "access", "answer"]),
+    st.text(min_size=1, max_size=50).filter(lambda s: s.strip() and "<" not in s),
+)
 def test_a_clean_call_is_read_exactly(tool, argument):
     action = parse_action(f"<think>let me see</think>\n<{tool}>{argument}</{tool}>")
     assert action.ok and action.tool == tool and action.argument == argument.strip()
@@ -75,13 +95,18 @@ def test_huge_and_hostile_turns_are_fast_and_safe():
     assert parse_action(12).tool is None  # not even a string
 
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(
-    alphabet=st.characters(blacklist_categories=())), lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=20)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(alphabet=st.characters(blacklist_categories=())),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
 
 
-@given(st.sampled_from(["search", "access", "answer", "x", None, 3]), json_values,
-       st.sampled_from(["", "[" * 5000, "{\"a\":" * 3000]))
+@given(
+    st.sampled_from(["search", "access", "answer", "x", None, 3]),
+    json_values,
+    st.sampled_from(["", "[" * 5000, '{"a":' * 3000]),
+)
 @settings(max_examples=300)
 def test_any_json_tool_call_parses_without_raising(name, arguments, nesting):
     """Nested, wrongly typed, surrogate-holding or deeply bracketed JSON arguments: never an exception."""

@@ -1,5 +1,6 @@
 """BrowseComp-Plus from files in its repository's layout: queries, qrels and corpus load into a LocalQA env that
 passes check_env, an agent that reads the evidence wins, and `searchgym eval` reports its evidence recalls."""
+
 from __future__ import annotations
 
 import json
@@ -51,7 +52,9 @@ def test_the_env_passes_check_env_and_an_agent_reading_the_evidence_wins(tmp_pat
     obs, reward, terminated, truncated, info = env.step("<answer>Teslin Bay</answer>")
     assert terminated and reward == 1.0
     # the two documents served from one url are both reachable, the second by its docid
-    urls = {json.loads(line)["url"] for line in next((root / ".searchgym").glob("corpus-*.jsonl")).read_text().splitlines()}
+    urls = {
+        json.loads(line)["url"] for line in next((root / ".searchgym").glob("corpus-*.jsonl")).read_text().splitlines()
+    }
     assert {"https://example.org/teslin-bay", "https://example.org/teslin-bay#104", "bcplus://105"} <= urls
     env.close()
 
@@ -72,14 +75,19 @@ def test_a_missing_piece_says_where_to_put_it(tmp_path, monkeypatch):
 
 
 def test_evidence_recall_counts_retrieved_and_opened_documents():
-    turns = [{"info": {"hits": [{"doc_id": "101"}, {"doc_id": "105"}]}},
-             {"info": {"page": {"doc_id": "101", "url": "u"}}},
-             {"info": {"hits": [{"doc_id": "102"}]}}]
+    turns = [
+        {"info": {"hits": [{"doc_id": "101"}, {"doc_id": "105"}]}},
+        {"info": {"page": {"doc_id": "101", "url": "u"}}},
+        {"info": {"hits": [{"doc_id": "102"}]}},
+    ]
     stats = evidence_stats(turns, {"evidence_docids": ["101", "102", "103", "104"]})
     assert stats == {"evidence_recall_retrieved": 0.5, "evidence_recall_opened": 0.25}
     assert evidence_stats(turns, {}) == {}
-    rows = [{"stats": stats}, {"stats": {"evidence_recall_retrieved": 1.0, "evidence_recall_opened": 0.75}},
-            {"stats": {}}]  # a task without evidence does not count, as in BrowseComp-Plus's evaluation
+    rows = [
+        {"stats": stats},
+        {"stats": {"evidence_recall_retrieved": 1.0, "evidence_recall_opened": 0.75}},
+        {"stats": {}},
+    ]  # a task without evidence does not count, as in BrowseComp-Plus's evaluation
     assert evidence_metrics(rows) == {"evidence_recall_retrieved": 0.75, "evidence_recall_opened": 0.5}
 
 
@@ -104,9 +112,18 @@ def test_eval_reports_evidence_recall_and_searches(tmp_path, tiny_model_dir):
     from searchgym.eval.harness import run_eval
 
     root = write_layout(tmp_path / "bcp")
-    summary = run_eval(BCP, str(tiny_model_dir), tmp_path / "eval", env_kwargs={"root": str(root), "max_turns": 4},
-                       k=2, judge="f1", max_new_tokens=8, max_context=320, progress=False,
-                       workflow="tests.envs.test_browsecomp_plus:ReadFirstHit")
+    summary = run_eval(
+        BCP,
+        str(tiny_model_dir),
+        tmp_path / "eval",
+        env_kwargs={"root": str(root), "max_turns": 4},
+        k=2,
+        judge="f1",
+        max_new_tokens=8,
+        max_context=320,
+        progress=False,
+        workflow="tests.envs.test_browsecomp_plus:ReadFirstHit",
+    )
     metrics = summary["metrics"]
     # evidence: query 1 {101, 102}, query 2 {103}, query 3 {101}; the agent retrieves and opens only 101
     assert metrics["evidence_recall_retrieved"] == pytest.approx((0.5 + 0.0 + 1.0) / 3)

@@ -1,4 +1,5 @@
 """chunk_text: lossless, bounded chunks that prefer natural breaks."""
+
 from __future__ import annotations
 
 import pytest

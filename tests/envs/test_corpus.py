@@ -1,4 +1,5 @@
 """read_corpus: both row forms, and a fixable file:line error for every malformed row."""
+
 from __future__ import annotations
 
 import json
@@ -32,7 +33,9 @@ def test_missing_url_defaults_to_doc_scheme_and_int_id_is_str(tmp_path: Path) ->
 
 
 def test_search_r1_contents_row(tmp_path: Path) -> None:
-    (doc,) = read_corpus(_rows(tmp_path, {"id": 3, "contents": '"Marie Curie"\nMarie Curie was a physicist.\nSecond line.'}))
+    (doc,) = read_corpus(
+        _rows(tmp_path, {"id": 3, "contents": '"Marie Curie"\nMarie Curie was a physicist.\nSecond line.'})
+    )
     assert doc == CorpusDoc("3", "Marie Curie", "doc://3", "Marie Curie was a physicist.\nSecond line.")
 
 
@@ -48,7 +51,12 @@ def test_search_r1_contents_without_quoted_title(tmp_path: Path) -> None:
 
 
 def test_bom_and_blank_lines(tmp_path: Path) -> None:
-    lines = [json.dumps({"id": "a", "title": "A", "text": "x"}), "", "   ", json.dumps({"id": "b", "title": "B", "text": "y"})]
+    lines = [
+        json.dumps({"id": "a", "title": "A", "text": "x"}),
+        "",
+        "   ",
+        json.dumps({"id": "b", "title": "B", "text": "y"}),
+    ]
     assert [d.id for d in read_corpus(_write(tmp_path, lines, bom=True))] == ["a", "b"]
 
 
@@ -74,14 +82,23 @@ GOOD = json.dumps({"id": "ok", "title": "Ok", "text": "fine"})
         (json.dumps({"id": "  ", "title": "T", "text": "x"}), r"field 'id' is empty"),
         (json.dumps({"id": 1.5, "title": "T", "text": "x"}), r"field 'id' must be a string or integer, got float"),
         (json.dumps({"id": True, "title": "T", "text": "x"}), r"field 'id' must be a string or integer, got bool"),
-        (json.dumps({"id": "x", "title": "T"}), r"missing field 'text' \(each line needs id, title, url, text; or Search-R1's id, contents\)"),
+        (
+            json.dumps({"id": "x", "title": "T"}),
+            r"missing field 'text' \(each line needs id, title, url, text; or Search-R1's id, contents\)",
+        ),
         (json.dumps({"id": "x", "title": "T", "text": None}), r"missing field 'text'"),
         (json.dumps({"id": "x", "text": "body"}), r"missing field 'title'"),
         (json.dumps({"id": "x", "title": "T", "text": 5}), r"field 'text' must be a string, got int"),
         (json.dumps({"id": "x", "title": ["T"], "text": "t"}), r"field 'title' must be a string, got list"),
         (json.dumps({"id": "x", "title": "T", "text": "t", "url": 3}), r"field 'url' must be a string, got int"),
-        (json.dumps({"id": "x", "title": "T", "text": "t", "links": "u"}), r"field 'links' must be a list of url strings"),
-        (json.dumps({"id": "x", "title": "T", "text": "t", "links": [1]}), r"field 'links' must be a list of url strings"),
+        (
+            json.dumps({"id": "x", "title": "T", "text": "t", "links": "u"}),
+            r"field 'links' must be a list of url strings",
+        ),
+        (
+            json.dumps({"id": "x", "title": "T", "text": "t", "links": [1]}),
+            r"field 'links' must be a list of url strings",
+        ),
         (json.dumps({"id": "x", "contents": 7}), r"field 'contents' must be a string, got int"),
     ],
 )
@@ -99,13 +116,22 @@ def test_invalid_utf8_names_line(tmp_path: Path) -> None:
 
 
 def test_duplicate_id_names_both_lines(tmp_path: Path) -> None:
-    path = _rows(tmp_path, {"id": 1, "title": "A", "text": "a", "url": "u1"}, {"id": 2, "title": "B", "text": "b"}, {"id": "1", "title": "C", "text": "c", "url": "u3"})
+    path = _rows(
+        tmp_path,
+        {"id": 1, "title": "A", "text": "a", "url": "u1"},
+        {"id": 2, "title": "B", "text": "b"},
+        {"id": "1", "title": "C", "text": "c", "url": "u3"},
+    )
     with pytest.raises(CorpusError, match=r"corpus\.jsonl:3: duplicate id '1' \(first used on line 1\)"):
         list(read_corpus(path))
 
 
 def test_duplicate_url_names_both_lines(tmp_path: Path) -> None:
-    path = _rows(tmp_path, {"id": "a", "title": "A", "text": "a", "url": "https://x"}, {"id": "b", "title": "B", "text": "b", "url": "https://x"})
+    path = _rows(
+        tmp_path,
+        {"id": "a", "title": "A", "text": "a", "url": "https://x"},
+        {"id": "b", "title": "B", "text": "b", "url": "https://x"},
+    )
     with pytest.raises(CorpusError, match=r"corpus\.jsonl:2: duplicate url 'https://x' \(first used on line 1\)"):
         list(read_corpus(path))
 

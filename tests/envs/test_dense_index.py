@@ -1,4 +1,5 @@
 """DenseIndex and HybridIndex with the real all-MiniLM-L6-v2 model over a subset of the synthetic world."""
+
 import asyncio
 import itertools
 import json
@@ -24,19 +25,36 @@ MAX_LENGTH = 128  # shorter than MiniLM's 256 to keep the test build fast; the f
 
 # Hand-written pages for a paraphrase check: the query shares no term with its page, so BM25 cannot find it.
 EXTRA = [
-    {"id": "x-photo", "title": "Photosynthesis", "url": "https://extra.test/Photosynthesis",
-     "text": "Photosynthesis is the process by which plants use sunlight, water and carbon dioxide to produce glucose "
-             "and oxygen. It takes place in chloroplasts, which contain the green pigment chlorophyll."},
-    {"id": "x-volcano", "title": "Volcano", "url": "https://extra.test/Volcano",
-     "text": "A volcano is a rupture in the crust of a planet through which lava, volcanic ash and gases escape."},
-    {"id": "x-violin", "title": "Violin", "url": "https://extra.test/Violin",
-     "text": "The violin is a wooden string instrument, played with a bow, and the smallest of its family."},
+    {
+        "id": "x-photo",
+        "title": "Photosynthesis",
+        "url": "https://extra.test/Photosynthesis",
+        "text": "Photosynthesis is the process by which plants use sunlight, water and "
+        "carbon dioxide to produce glucose "
+        "and oxygen. It takes place in chloroplasts, which contain the green pigment chlorophyll.",
+    },
+    {
+        "id": "x-volcano",
+        "title": "Volcano",
+        "url": "https://extra.test/Volcano",
+        "text": "A volcano is a rupture in the crust of a planet through which lava, volcanic ash and gases escape.",
+    },
+    {
+        "id": "x-violin",
+        "title": "Violin",
+        "url": "https://extra.test/Violin",
+        "text": "The violin is a wooden string instrument, played with a bow, and the smallest of its family.",
+    },
 ]
 PARAPHRASE = "how does vegetation make sugar out of solar light"
 
 
 def _task(pool):
-    return next(t for t in pool if t.metadata.get("hops") == 1 and t.metadata.get("kind") == "chain" and not t.metadata.get("fuzzed"))
+    return next(
+        t
+        for t in pool
+        if t.metadata.get("hops") == 1 and t.metadata.get("kind") == "chain" and not t.metadata.get("fuzzed")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +92,9 @@ def test_build_writes_a_manifest_and_serves_both_protocols(built, subset_corpus)
     m = built.manifest
     docs = list(read_corpus(subset_corpus))
     assert m["doc_count"] == len(built) == len(docs) and m["dim"] == 384 and m["index_type"] == "flat"
-    assert m["encoder"]["model"] == "minilm" and m["encoder"]["max_length"] == MAX_LENGTH and len(m["corpus_sha256"]) == 64
+    assert (
+        m["encoder"]["model"] == "minilm" and m["encoder"]["max_length"] == MAX_LENGTH and len(m["corpus_sha256"]) == 64
+    )
     assert isinstance(built, SearchBackend) and isinstance(built, PageBackend)
     assert list(built.iter_docs()) == docs
     page = asyncio.run(built.fetch(docs[3].url))
@@ -114,7 +134,19 @@ def test_reopening_gives_identical_results(built):
         DenseIndex(built.index_dir, encoder=Encoder("minilm"))  # max_length 256 differs from the build
 
 
-@pytest.mark.parametrize("query", ["", "   \n\t", "x" * 200_000, "日本語の質問 ☃ 🚀", "\ud800 lone surrogate", "nul\x00byte", "<search>", "AND OR NOT ( ["])
+@pytest.mark.parametrize(
+    "query",
+    [
+        "",
+        "   \n\t",
+        "x" * 200_000,
+        "日本語の質問 ☃ 🚀",
+        "\ud800 lone surrogate",
+        "nul\x00byte",
+        "<search>",
+        "AND OR NOT ( [",
+    ],
+)
 def test_odd_queries_never_raise(built, query):
     hits = built.search_sync(query, 3)
     assert len(hits) <= 3 and all(isinstance(h, SearchHit) for h in hits)
@@ -148,7 +180,9 @@ def test_presets_apply_their_prefixes():
         Encoder("nope")
 
     seen = []
-    e5.encode = lambda texts, batch_size=None: seen.extend(texts) or np.zeros((len(texts), 4), np.float32)  # what reaches the model
+    e5.encode = lambda texts, batch_size=None: (
+        seen.extend(texts) or np.zeros((len(texts), 4), np.float32)
+    )  # what reaches the model
     e5.encode_queries(["who wrote it"])
     e5.encode_passages(list(itertools.islice(read_corpus_rows(EXTRA), 1)))
     assert seen == ["query: who wrote it", "passage: Photosynthesis\n" + EXTRA[0]["text"]]
@@ -173,7 +207,10 @@ def test_rrf_orders_a_hand_made_case():
     assert fused[0].snippet == "bm25:a" and fused[3].snippet == "dense:e"  # the first list's snippet wins
     assert [h.doc_id for h in rrf_fuse([bm25, dense], 2)] == ["a", "c"]
     # an exact tie goes to the better best rank, then the doc id
-    assert [h.doc_id for h in rrf_fuse([[hit("y", "x"), hit("x", "x")], [hit("x", "x"), hit("y", "x")]], 2)] == ["x", "y"]
+    assert [h.doc_id for h in rrf_fuse([[hit("y", "x"), hit("x", "x")], [hit("x", "x"), hit("y", "x")]], 2)] == [
+        "x",
+        "y",
+    ]
 
     class Fixed:
         def __init__(self, hits):
@@ -265,9 +302,17 @@ def test_cli_builds_a_dense_index(tmp_path, capsys):
     from searchgym.cli import main
 
     corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"id": str(i), "title": t, "url": f"doc://{i}", "text": x}) + "\n"
-                              for i, (t, x) in enumerate([("Photosynthesis", "Plants turn light into sugar."),
-                                                          ("Volcano", "Molten rock erupts from a mountain.")])))
+    corpus.write_text(
+        "".join(
+            json.dumps({"id": str(i), "title": t, "url": f"doc://{i}", "text": x}) + "\n"
+            for i, (t, x) in enumerate(
+                [
+                    ("Photosynthesis", "Plants turn light into sugar."),
+                    ("Volcano", "Molten rock erupts from a mountain."),
+                ]
+            )
+        )
+    )
     assert main(["index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "dense"), "--dense"]) == 0
     assert "indexed 2 documents" in capsys.readouterr().out
     assert DenseIndex(tmp_path / "dense").search_sync("how do plants make sugar", 1)[0].title == "Photosynthesis"
@@ -277,14 +322,19 @@ def test_open_index_opens_a_dense_index_and_builds_one_from_a_corpus(built, tmp_
     from searchgym.envs.tools.indexes import open_index
 
     reopened = open_index(built.index_dir)
-    assert isinstance(reopened, DenseIndex) and reopened.search_sync("Photosynthesis", 1) == built.search_sync("Photosynthesis", 1)
+    assert isinstance(reopened, DenseIndex) and reopened.search_sync("Photosynthesis", 1) == built.search_sync(
+        "Photosynthesis", 1
+    )
     with pytest.raises(ValueError, match="holds a dense index, not a BM25 one"):
         open_index(built.index_dir, dense=False)
     with pytest.raises(ValueError, match="holds a dense index, not a bm25 one"):
         LocalIndex(built.index_dir)
     corpus = tmp_path / "c.jsonl"
-    corpus.write_text("".join(json.dumps({"id": r["id"], "title": r["title"], "url": r["url"], "text": r["text"]}) + "\n"
-                              for r in EXTRA))
+    corpus.write_text(
+        "".join(
+            json.dumps({"id": r["id"], "title": r["title"], "url": r["url"], "text": r["text"]}) + "\n" for r in EXTRA
+        )
+    )
     dense = open_index(corpus, dense=Encoder("minilm", max_length=MAX_LENGTH))
     assert isinstance(dense, DenseIndex) and dense.index_dir == tmp_path / "c.jsonl.dense-index"
     assert dense.search_sync(PARAPHRASE, 1)[0].url == EXTRA[0]["url"]

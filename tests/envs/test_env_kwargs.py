@@ -1,5 +1,6 @@
 """Env kwargs are checked by name and plain type before anything is built, for gym.make, make_unwrapped and
 the integrations that store kwargs for later (TRL's environment_factory)."""
+
 from __future__ import annotations
 
 import gymnasium as gym
@@ -23,9 +24,15 @@ def test_an_unknown_kwarg_is_refused_naming_it(key):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.sampled_from(["size", "n_tasks", "max_turns", "top_k", "doc_chars"]),
-       st.one_of(st.text(max_size=5), st.floats(allow_nan=False).filter(lambda x: x != int(x) if abs(x) < 1e15 else True),
-                 st.booleans(), st.lists(st.integers(), max_size=2)))
+@given(
+    st.sampled_from(["size", "n_tasks", "max_turns", "top_k", "doc_chars"]),
+    st.one_of(
+        st.text(max_size=5),
+        st.floats(allow_nan=False).filter(lambda x: x != int(x) if abs(x) < 1e15 else True),
+        st.booleans(),
+        st.lists(st.integers(), max_size=2),
+    ),
+)
 def test_a_wrongly_typed_kwarg_is_refused_naming_it(key, value):
     with pytest.raises(ValueError, match=f"env kwarg '{key}' must be int"):
         check_env_kwargs(SYNTHETIC, {key: value})
@@ -34,8 +41,18 @@ def test_a_wrongly_typed_kwarg_is_refused_naming_it(key, value):
 def test_a_typo_gets_the_closest_name_and_valid_kwargs_pass():
     with pytest.raises(ValueError, match=r"'sise' \(did you mean 'size'\?\)"):
         check_env_kwargs(SYNTHETIC, {"sise": 300})
-    check_env_kwargs(SYNTHETIC, {"size": 300, "n_tasks": 40, "max_turns": 4, "split": None,
-                                 "max_obs_tokens": None, "judge": "em", "tool_format": "hermes"})
+    check_env_kwargs(
+        SYNTHETIC,
+        {
+            "size": 300,
+            "n_tasks": 40,
+            "max_turns": 4,
+            "split": None,
+            "max_obs_tokens": None,
+            "judge": "em",
+            "tool_format": "hermes",
+        },
+    )
     check_env_kwargs("searchgym/HotpotQA-v0", {"index": "somewhere", "max_turns": 3, "data_root": "x"})
     with pytest.raises(ValueError, match="unknown env id"):
         check_env_kwargs("nope/Nothing-v0", {})

@@ -1,4 +1,5 @@
 """Gymnasium's conventions, checked with Gymnasium's own vector envs and wrappers on every kind of searchgym env."""
+
 import copy
 import multiprocessing
 import pickle
@@ -21,9 +22,13 @@ from tests.conftest import SMALL
 from tests.servers import ThreadServer, free_port
 
 SYNTHETIC = "searchgym/SyntheticQA-v0"
-ACTIONS = ["<search>river</search>", "<access>https://world.searchgym.test/wiki/Vitrarn_River</access>",
-           "no tool call", '<tool_call>{"name": "search", "arguments": {"query": "founded"}}</tool_call>',
-           "<answer>no idea</answer>"]
+ACTIONS = [
+    "<search>river</search>",
+    "<access>https://world.searchgym.test/wiki/Vitrarn_River</access>",
+    "no tool call",
+    '<tool_call>{"name": "search", "arguments": {"query": "founded"}}</tool_call>',
+    "<answer>no idea</answer>",
+]
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +45,23 @@ def make(kind, small_bundle, retrieval_url, tmp_path):
         return gym.make("searchgym/LocalQA-v0", tasks=tasks, index=small_bundle)
     if kind == "local-servers":
         return gym.make("searchgym/LocalQA-v0", tasks=tasks, servers=retrieval_url + "/retrieve")
-    return gym.make("searchgym/WebQA-v0", tasks=tasks, search_api_key="k", search_options={"retries": 0},
-                    search_endpoint=f"http://127.0.0.1:{free_port()}/search", cache=tmp_path / "web.sqlite")
+    return gym.make(
+        "searchgym/WebQA-v0",
+        tasks=tasks,
+        search_api_key="k",
+        search_options={"retries": 0},
+        search_endpoint=f"http://127.0.0.1:{free_port()}/search",
+        cache=tmp_path / "web.sqlite",
+    )
 
 
 def play(env, seed):
     return [env.reset(seed=seed)] + [env.step(action) for action in ACTIONS]
 
 
-@pytest.mark.parametrize("copier", [lambda env: pickle.loads(pickle.dumps(env)), copy.deepcopy], ids=["pickle", "deepcopy"])
+@pytest.mark.parametrize(
+    "copier", [lambda env: pickle.loads(pickle.dumps(env)), copy.deepcopy], ids=["pickle", "deepcopy"]
+)
 @pytest.mark.parametrize("kind", ["synthetic", "local-index", "local-servers", "web"])
 def test_a_copy_of_an_env_plays_the_same_seeded_episode(kind, copier, small_bundle, retrieval_url, tmp_path):
     env = make(kind, small_bundle, retrieval_url, tmp_path)
@@ -138,7 +151,10 @@ def test_spec_and_gymnasium_s_wrappers_see_the_env_s_own_turn_limit():
 
     shorter = gym.make(SYNTHETIC, max_episode_steps=2, **SMALL)  # a TimeLimit asked for on top still applies
     shorter.reset(seed=0)
-    assert shorter.spec.max_episode_steps == 2 and [shorter.step("<search>a</search>")[3] for _ in range(2)] == [False, True]
+    assert shorter.spec.max_episode_steps == 2 and [shorter.step("<search>a</search>")[3] for _ in range(2)] == [
+        False,
+        True,
+    ]
 
 
 def test_autoreset_wrapper_starts_the_next_episode_on_the_step_after_the_end():

@@ -1,4 +1,5 @@
 """open_index: one way to open (or build on first use) the index behind a path, in every form a user passes."""
+
 import json
 import multiprocessing
 import os
@@ -10,8 +11,10 @@ import pytest
 from searchgym.envs.tools.indexes import open_index
 from searchgym.envs.tools.local_index import LocalIndex
 
-ROWS = [{"id": "0", "contents": '"Tessar Works"\nTessar Works was founded in 1873 by Kelda Voss.'},
-        {"id": "1", "contents": '"Kelda Voss"\nKelda Voss was born in Velmora.'}]
+ROWS = [
+    {"id": "0", "contents": '"Tessar Works"\nTessar Works was founded in 1873 by Kelda Voss.'},
+    {"id": "1", "contents": '"Kelda Voss"\nKelda Voss was born in Velmora.'},
+]
 
 
 def corpus_at(path: Path) -> Path:

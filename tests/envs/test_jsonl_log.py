@@ -1,5 +1,6 @@
 """The one append-only JSONL reader/writer behind every resumable file: a kill or a damaged line loses nothing
 that was whole, and everything set aside is reported by line."""
+
 import json
 import warnings
 
@@ -9,8 +10,9 @@ from hypothesis import strategies as st
 
 from searchgym.envs.jsonl_log import JsonlLog
 
-rows = st.lists(st.fixed_dictionaries({"id": st.integers(0, 10**6), "text": st.text(max_size=40)}), min_size=1,
-                max_size=12)
+rows = st.lists(
+    st.fixed_dictionaries({"id": st.integers(0, 10**6), "text": st.text(max_size=40)}), min_size=1, max_size=12
+)
 
 
 def check(row):
@@ -32,7 +34,7 @@ def test_a_kill_at_any_byte_loses_only_the_line_being_written(tmp_path_factory, 
     with warnings.catch_warnings():  # a cut on a line end leaves nothing to repair (no warning): either is fine
         warnings.simplefilter("ignore")
         again = JsonlLog(path, check=check)
-    assert again.rows == rows[:whole] or (again.rows == rows[:whole + 1] and data[:cut_at].endswith(b"}"))
+    assert again.rows == rows[:whole] or (again.rows == rows[: whole + 1] and data[:cut_at].endswith(b"}"))
     again.append({"id": -1, "text": "after"})
     reread = JsonlLog(path, check=check)
     assert reread.rows[-1] == {"id": -1, "text": "after"} and reread.rows[:-1] == again.rows[:-1]
@@ -41,8 +43,13 @@ def test_a_kill_at_any_byte_loses_only_the_line_being_written(tmp_path_factory, 
 
 def test_damaged_middle_lines_are_set_aside_by_line_and_never_lost(tmp_path):
     path = tmp_path / "pool.jsonl"
-    lines = [json.dumps({"id": 1, "text": "a"}), "{glued to the next", json.dumps({"id": "x"}), json.dumps({"id": 4}),
-             json.dumps({"id": 5, "text": "e"})]
+    lines = [
+        json.dumps({"id": 1, "text": "a"}),
+        "{glued to the next",
+        json.dumps({"id": "x"}),
+        json.dumps({"id": 4}),
+        json.dumps({"id": 5, "text": "e"}),
+    ]
     path.write_text("\n".join(lines) + "\n")
     with pytest.warns(UserWarning, match="set aside 2 unusable line"):
         log = JsonlLog(path, check=check)

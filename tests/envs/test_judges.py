@@ -1,4 +1,5 @@
 """Tests for searchgym.envs.judges: metric properties, judge verdicts, composition and hostile inputs."""
+
 from __future__ import annotations
 
 import json
@@ -92,7 +93,10 @@ def test_punctuation_invariance(s: str, inserts: list[tuple[int, str]]) -> None:
     assert exact_match(noisy, s) == 1.0 and token_f1(noisy, s) == 1.0
 
 
-@given(st.lists(words, min_size=1, max_size=6), st.lists(st.tuples(st.integers(0, 10), st.sampled_from(ARTICLES)), max_size=4))
+@given(
+    st.lists(words, min_size=1, max_size=6),
+    st.lists(st.tuples(st.integers(0, 10), st.sampled_from(ARTICLES)), max_size=4),
+)
 def test_article_invariance(tokens: list[str], articles: list[tuple[int, str]]) -> None:
     with_articles = list(tokens)
     for pos, article in articles:
@@ -101,7 +105,10 @@ def test_article_invariance(tokens: list[str], articles: list[tuple[int, str]]) 
     assert token_f1(" ".join(with_articles), " ".join(tokens)) == 1.0
 
 
-@given(st.lists(st.sampled_from(["x", "y", "z", "北"]), max_size=5), st.lists(st.sampled_from(["x", "y", "z", "北"]), max_size=5))
+@given(
+    st.lists(st.sampled_from(["x", "y", "z", "北"]), max_size=5),
+    st.lists(st.sampled_from(["x", "y", "z", "北"]), max_size=5),
+)
 def test_f1_is_one_iff_token_multisets_equal(a: list[str], b: list[str]) -> None:
     pred, ref = " ".join(a), " ".join(b)
     assert (token_f1(pred, ref) == 1.0) == (Counter(answer_tokens(pred)) == Counter(answer_tokens(ref)))
@@ -263,7 +270,9 @@ async def test_composite_propagates_primary_failure_only() -> None:
     verdict = await primary_failed.ajudge("Paris", ["Paris"])
     assert verdict.error == "no parseable verdict"
     assert verdict.detail["scores"]["em"] == 1.0
-    secondary_raised = CompositeJudge({"em": ExactMatch(), "llm": FixedJudge("llm", exc=TimeoutError("slow"))}, primary="em")
+    secondary_raised = CompositeJudge(
+        {"em": ExactMatch(), "llm": FixedJudge("llm", exc=TimeoutError("slow"))}, primary="em"
+    )
     verdict = await secondary_raised.ajudge("Paris", ["Paris"])
     assert verdict.error is None and verdict.correct
     assert "TimeoutError" in verdict.detail["errors"]["llm"]
@@ -284,7 +293,9 @@ def test_composite_rejects_unknown_primary() -> None:
 # --- make_judge --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("spec", "cls"), [("em", ExactMatch), ("f1", TokenF1), ("cover_em", CoverExactMatch), (" F1 ", TokenF1)])
+@pytest.mark.parametrize(
+    ("spec", "cls"), [("em", ExactMatch), ("f1", TokenF1), ("cover_em", CoverExactMatch), (" F1 ", TokenF1)]
+)
 def test_make_judge_single(spec: str, cls: type) -> None:
     assert isinstance(make_judge(spec), cls)
 

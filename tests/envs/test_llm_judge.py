@@ -1,4 +1,5 @@
 """The LLM judge parses what a judge model writes, and never passes a failure off as a wrong answer."""
+
 import asyncio
 import json
 
@@ -40,8 +41,11 @@ def test_parse_never_raises(text):
 
 @given(st.sampled_from(["Correct", "Incorrect", "correct", "INCORRECT"]), st.text(max_size=80))
 def test_last_json_block_wins(judgement, rationale):
-    text = ('Some thoughts. {"judgement": "Incorrect"} more thoughts\n```json\n'
-            + json.dumps({"rationale": rationale, "judgement": judgement}) + "\n```")
+    text = (
+        'Some thoughts. {"judgement": "Incorrect"} more thoughts\n```json\n'
+        + json.dumps({"rationale": rationale, "judgement": judgement})
+        + "\n```"
+    )
     assert parse_judgement(text) == judgement.capitalize()
 
 
@@ -68,7 +72,8 @@ def test_nothing_inside_an_unterminated_think_block_is_a_verdict(thought, verdic
 def test_the_verdict_after_a_closed_think_block_decides_whatever_the_thoughts_say(thought, verdict):
     other = "Incorrect" if verdict == "Correct" else "Correct"
     reply = f"<think>{thought} {json.dumps({'judgement': other})}\n{other}</think>\n" + json.dumps(
-        {"rationale": "checked", "judgement": verdict})
+        {"rationale": "checked", "judgement": verdict}
+    )
     assert parse_judgement(reply) == verdict
 
 
@@ -85,7 +90,9 @@ def test_a_reply_cut_anywhere_inside_its_verdict_block_holds_no_verdict(rational
 def test_verdicts_failures_and_cache():
     model = ScriptedChatModel(
         '```json\n{"rationale": "same person", "judgement": "Correct"}\n```',
-        "I cannot decide.", "Still thinking about it", "Hmm.",
+        "I cannot decide.",
+        "Still thinking about it",
+        "Hmm.",
         ConnectionError("endpoint down"),
     )
     judge = LLMJudge(model, retry=FAST)
@@ -114,6 +121,7 @@ def _grade(judge, pairs):
             return [await judge.ajudge(p, [r], question=f"Question {i}?") for i, (p, r) in enumerate(pairs)]
         finally:
             await judge.model.close()
+
     return asyncio.run(go())
 
 

@@ -1,4 +1,5 @@
 """LocalIndex over real tantivy indexes built from small hand-written corpora."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,18 +18,41 @@ from searchgym.envs.tools.corpus import CorpusError
 from searchgym.envs.tools.local_index import LocalIndex
 
 PAGES = [
-    {"id": "curie", "title": "Marie Curie", "url": "https://wiki.test/Marie_Curie",
-     "text": "Marie Curie was a physicist and chemist who conducted pioneering research on radioactivity.\n\n"
-             "She was the first woman to win a Nobel Prize.", "links": ["https://wiki.test/Pierre_Curie"]},
-    {"id": "pierre", "title": "Pierre Curie", "url": "https://wiki.test/Pierre_Curie",
-     "text": "Pierre Curie married Marie Curie. Marie Curie and Pierre Curie shared the prize. "
-             "Marie Curie, Marie Curie, Marie Curie: his wife Marie Curie.", "links": ["https://wiki.test/Marie_Curie"]},
-    {"id": "radium", "title": "Radium", "url": "https://wiki.test/Radium",
-     "text": "Radium is a chemical element discovered by Marie Curie and Pierre Curie in 1898. Radium is radioactive."},
-    {"id": "paris", "title": "Paris", "url": "https://wiki.test/Paris",
-     "text": "Paris is the capital of France. The Curies worked in Paris."},
-    {"id": "mystery", "title": "Mystery Novel", "url": "https://wiki.test/Mystery",
-     "text": "A paris paris paris paris story set in a city, naming Paris over and over: paris paris."},
+    {
+        "id": "curie",
+        "title": "Marie Curie",
+        "url": "https://wiki.test/Marie_Curie",
+        "text": "Marie Curie was a physicist and chemist who conducted pioneering research on radioactivity.\n\n"
+        "She was the first woman to win a Nobel Prize.",
+        "links": ["https://wiki.test/Pierre_Curie"],
+    },
+    {
+        "id": "pierre",
+        "title": "Pierre Curie",
+        "url": "https://wiki.test/Pierre_Curie",
+        "text": "Pierre Curie married Marie Curie. Marie Curie and Pierre Curie shared the prize. "
+        "Marie Curie, Marie Curie, Marie Curie: his wife Marie Curie.",
+        "links": ["https://wiki.test/Marie_Curie"],
+    },
+    {
+        "id": "radium",
+        "title": "Radium",
+        "url": "https://wiki.test/Radium",
+        "text": "Radium is a chemical element discovered by Marie Curie and Pierre Curie in 1898. "
+        "Radium is radioactive.",
+    },
+    {
+        "id": "paris",
+        "title": "Paris",
+        "url": "https://wiki.test/Paris",
+        "text": "Paris is the capital of France. The Curies worked in Paris.",
+    },
+    {
+        "id": "mystery",
+        "title": "Mystery Novel",
+        "url": "https://wiki.test/Mystery",
+        "text": "A paris paris paris paris story set in a city, naming Paris over and over: paris paris.",
+    },
     {"id": "twin-b", "title": "Twin", "url": "https://wiki.test/Twin_B", "text": "identical twin page"},
     {"id": "twin-a", "title": "Twin", "url": "https://wiki.test/Twin_A", "text": "identical twin page"},
 ]
@@ -77,7 +101,9 @@ def test_exactly_k_of_many_tied_pages_are_the_first_in_corpus_order(tmp_path: Pa
     assert hits[0].score > hits[1].score == hits[3].score
 
 
-def test_a_full_term_cache_is_emptied_and_answers_stay_the_same(index: LocalIndex, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_full_term_cache_is_emptied_and_answers_stay_the_same(
+    index: LocalIndex, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The per-word clause cache is bounded: when full it starts over, and the hits are those of a fresh index."""
     queries = ["Marie Curie", "paris", "Pierre Curie radium", "twin", "mystery novel paris"]
     fresh = LocalIndex(index.index_dir)
@@ -124,16 +150,35 @@ def test_iter_docs_in_corpus_order(index: LocalIndex) -> None:
 
 
 def test_search_r1_rows_load_and_search(tmp_path: Path) -> None:
-    rows = [{"id": 0, "contents": '"Ada Lovelace"\nAda Lovelace wrote the first program.'},
-            {"id": 1, "contents": '"Charles Babbage"\nBabbage designed the Analytical Engine with Ada Lovelace.'}]
+    rows = [
+        {"id": 0, "contents": '"Ada Lovelace"\nAda Lovelace wrote the first program.'},
+        {"id": 1, "contents": '"Charles Babbage"\nBabbage designed the Analytical Engine with Ada Lovelace.'},
+    ]
     ix = LocalIndex.build(_write_corpus(tmp_path / "r1.jsonl", rows), tmp_path / "ix")
     (hit, *_) = ix.search_sync("Ada Lovelace", k=2)
     assert (hit.doc_id, hit.title, hit.url) == ("0", "Ada Lovelace", "doc://0")
     assert ix.get_page("doc://1").text == "Babbage designed the Analytical Engine with Ada Lovelace."
 
 
-NASTY = ['"', "title:", "title:foo", "((", "a AND", "AND OR NOT", "+-*~^", "*", "\x00", "curie~2^3", "[a TO",
-         "Marie\x00Curie", "🦄 居里夫人", "\u200b\ufeff", "a" * 1000, "x " * 10_000, "marie " * 500_000]
+NASTY = [
+    '"',
+    "title:",
+    "title:foo",
+    "((",
+    "a AND",
+    "AND OR NOT",
+    "+-*~^",
+    "*",
+    "\x00",
+    "curie~2^3",
+    "[a TO",
+    "Marie\x00Curie",
+    "🦄 居里夫人",
+    "\u200b\ufeff",
+    "a" * 1000,
+    "x " * 10_000,
+    "marie " * 500_000,
+]
 
 
 @pytest.mark.parametrize("query", NASTY + [" ", ""])
@@ -149,9 +194,11 @@ def test_lone_surrogates_are_replacement_characters(index: LocalIndex) -> None:
 
 
 def test_stopwords_are_not_scored_but_count_in_the_title_phrase(tmp_path: Path) -> None:
-    rows = [{"id": "who", "title": "The Who", "text": "A band."},
-            {"id": "of", "title": "Bank of Paris", "text": "A bank in the city of Paris, of course, of all places."},
-            {"id": "inparis", "title": "Paris Bank", "text": "A bank in Paris."}]
+    rows = [
+        {"id": "who", "title": "The Who", "text": "A band."},
+        {"id": "of", "title": "Bank of Paris", "text": "A bank in the city of Paris, of course, of all places."},
+        {"id": "inparis", "title": "Paris Bank", "text": "A bank in Paris."},
+    ]
     ix = LocalIndex.build(_write_corpus(tmp_path / "c.jsonl", rows), tmp_path / "ix")
     assert [h.doc_id for h in ix.search_sync("the who", 3)] == ["who"]  # only stopwords: they are all there is
     assert ix.search_sync("bank of paris", 1)[0].doc_id == "of"  # the phrase, "of" included, picks its title

@@ -1,5 +1,6 @@
 """LocalIndex's ranking-only and batched paths over a real small world: the same pages, order and scores as
 search_sync, for any query."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,24 @@ from searchgym.envs.tools.local_index import DOC_IDS_FILE, MAX_THREADS, LocalInd
 from searchgym.world.world import World
 
 SIZE = 1_500
-OPERATORS = ['"', "title:", "title:foo", "((", "a AND", "AND OR NOT", "+-*~^", "*", "\x00", "curie~2^3", "[a TO",
-             "\u200b\ufeff", "the of in", "a" * 1000, "x " * 10_000, "and " * 200_000]
+OPERATORS = [
+    '"',
+    "title:",
+    "title:foo",
+    "((",
+    "a AND",
+    "AND OR NOT",
+    "+-*~^",
+    "*",
+    "\x00",
+    "curie~2^3",
+    "[a TO",
+    "\u200b\ufeff",
+    "the of in",
+    "a" * 1000,
+    "x " * 10_000,
+    "and " * 200_000,
+]
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +63,14 @@ def _as_ranking(hits: list) -> list[tuple[str, float]]:
 
 def _queries(world: World) -> st.SearchStrategy[str]:
     names = st.sampled_from(_names(world, 200))
-    return st.one_of(names, names.map(lambda n: f"Who founded {n}?"), st.text(),
-                     st.text(st.characters(exclude_categories=())),  # lone surrogates included
-                     st.sampled_from(OPERATORS), st.lists(names, min_size=2, max_size=40).map(" ".join))
+    return st.one_of(
+        names,
+        names.map(lambda n: f"Who founded {n}?"),
+        st.text(),
+        st.text(st.characters(exclude_categories=())),  # lone surrogates included
+        st.sampled_from(OPERATORS),
+        st.lists(names, min_size=2, max_size=40).map(" ".join),
+    )
 
 
 def test_rank_sync_finds_an_entity_by_its_name(index: LocalIndex, world: World) -> None:
@@ -72,8 +94,9 @@ def test_non_string_query_ranks_nothing(index: LocalIndex) -> None:
 
 
 @pytest.mark.parametrize("threads", [1, 2, 5])
-def test_batches_answer_as_one_call_per_query_in_order(index: LocalIndex, world: World, threads: int,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_batches_answer_as_one_call_per_query_in_order(
+    index: LocalIndex, world: World, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("searchgym.envs.tools.local_index.batch_threads", lambda: threads)  # any machine's cores
     queries = _names(world, 150, seed=1) + OPERATORS + ["", "\ud800"] + [f"Who founded {n}?" for n in _names(world, 50)]
     random.Random(2).shuffle(queries)
@@ -113,8 +136,9 @@ BAD_ID_FILES = {
 
 
 @pytest.mark.parametrize("case", list(BAD_ID_FILES))
-def test_a_wrong_id_file_is_replaced_by_the_stored_ids_with_one_warning(index: LocalIndex, world: World,
-                                                                         tmp_path: Path, case: str) -> None:
+def test_a_wrong_id_file_is_replaced_by_the_stored_ids_with_one_warning(
+    index: LocalIndex, world: World, tmp_path: Path, case: str
+) -> None:
     content, why = BAD_ID_FILES[case]
     bad = tmp_path / "bad"
     shutil.copytree(index.index_dir, bad)
@@ -150,8 +174,9 @@ def test_batch_threads_follow_the_cpus_this_process_may_use(monkeypatch: pytest.
     assert batch_threads() == 1
 
 
-def test_a_forked_child_answers_batches_like_its_parent(index: LocalIndex, world: World, tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_forked_child_answers_batches_like_its_parent(
+    index: LocalIndex, world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A fork after the pool exists (its threads do not survive) and while the pool's and id table's locks are held
     (by a parent's thread, say) still answers in the child, and the same as the parent."""
     monkeypatch.setattr(local_index, "batch_threads", lambda: 3)  # the pool is used on any machine
@@ -189,5 +214,7 @@ def test_whole_text_hits_carry_each_page_whole(index: LocalIndex, world: World) 
     queries = _names(world, 40, seed=6) + ["", "(("]
     for query, hits in zip(queries, index.search_many_sync(queries, 3, whole_text=True)):
         expected = index.search_sync(query, 3)
-        assert [(h.doc_id, h.title, h.url, h.score) for h in hits] == [(h.doc_id, h.title, h.url, h.score) for h in expected]
+        assert [(h.doc_id, h.title, h.url, h.score) for h in hits] == [
+            (h.doc_id, h.title, h.url, h.score) for h in expected
+        ]
         assert [h.snippet for h in hits] == [index.get_page(h.url).text for h in expected]

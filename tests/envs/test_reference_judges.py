@@ -3,6 +3,7 @@
 The oracle is `fixtures/reference_scores.jsonl`: 3,000 answers scored by ASearcher's and Search-R1's own
 functions (see fixtures/README.md). Every row must agree; the invariants below hold on any input.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,29 +31,37 @@ def score(judge_name: str, answer: str, golds: list[str], aug: list[str] | None)
 
 
 def test_fixture_covers_what_it_should() -> None:
-    """The oracle exercises augmented answers, CJK golds, True/False, and partial scores (else agreement proves little)."""
+    """The oracle exercises augmented answers, CJK golds, True/False, and partial scores (else agreement proves
+    little)."""
     assert len(ROWS) == 3000
     assert sum(r["aug_answers"] is not None for r in ROWS) > 500
     assert any(any("\u4e00" <= c <= "\u9fff" for g in r["golds"] for c in g) for r in ROWS)
     assert {"True", "False"} <= {g for r in ROWS for g in r["golds"]}
-    assert any(0 < r["asearcher_f1"] < 1 for r in ROWS) and any(r["aug_answers"] and 0 < r["asearcher_f1"] < 1 for r in ROWS)
+    assert any(0 < r["asearcher_f1"] < 1 for r in ROWS) and any(
+        r["aug_answers"] and 0 < r["asearcher_f1"] < 1 for r in ROWS
+    )
 
 
 @pytest.mark.parametrize("judge_name", REFERENCE_JUDGES)
 def test_every_fixture_row_agrees(judge_name: str) -> None:
     """Each judge gives every row (aug_answer rows included) the reference project's own score, within 1e-9."""
-    wrong = [(r, got) for r in ROWS
-             if abs((got := score(judge_name, r["answer"], r["golds"], r["aug_answers"])) - r[judge_name]) > 1e-9]
+    wrong = [
+        (r, got)
+        for r in ROWS
+        if abs((got := score(judge_name, r["answer"], r["golds"], r["aug_answers"])) - r[judge_name]) > 1e-9
+    ]
     assert not wrong, f"{len(wrong)} of {len(ROWS)} rows disagree, e.g. " + "; ".join(
-        f"{json.dumps(r, ensure_ascii=False)} -> {got}" for r, got in wrong[:5])
+        f"{json.dumps(r, ensure_ascii=False)} -> {got}" for r, got in wrong[:5]
+    )
 
 
 # --- invariants --------------------------------------------------------------------------------------------
 
 texts = st.text(max_size=30)
 stripped = texts.map(str.strip)
-non_chinese = st.text(alphabet=st.characters(blacklist_characters="".join(map(chr, range(0x4E00, 0xA000)))),
-                      max_size=30).map(str.strip)
+non_chinese = st.text(
+    alphabet=st.characters(blacklist_characters="".join(map(chr, range(0x4E00, 0xA000)))), max_size=30
+).map(str.strip)
 words = st.lists(st.from_regex(r"[a-z0-9]{1,5}", fullmatch=True), min_size=1, max_size=6)
 
 
@@ -71,7 +80,8 @@ def test_asearcher_f1_symmetric_without_chinese(a: str, b: str) -> None:
 
 @given(texts, texts)
 def test_em_judges_symmetric(a: str, b: str) -> None:
-    """Search-R1's EM is an equality of normalised strings, so it is symmetric; so is ASearcher's EM on stripped text."""
+    """Search-R1's EM is an equality of normalised strings, so it is symmetric; so is ASearcher's EM on stripped
+    text."""
     assert ref.searchr1_em(a, [b]) == ref.searchr1_em(b, [a])
     assert ref.asearcher_em(a.strip(), b.strip()) == ref.asearcher_em(b.strip(), a.strip())
 
@@ -128,6 +138,7 @@ def test_documented_differences_from_searchgym_f1() -> None:
 
 # --- wiring: names, composites, the env and task rows ------------------------------------------------------
 
+
 def test_names_build_the_reference_judges_and_compose() -> None:
     """The names select the judges; `+format` and comma lists pass augmented answers to the judges that blend them."""
     for name in REFERENCE_JUDGES:
@@ -148,8 +159,9 @@ def test_env_blends_aug_answer_of_an_asearcher_row(tmp_path, small_index) -> Non
     """An ASearcher-format row's `aug_answer` reaches the asearcher_f1 reward (0.3 for an augmented-only answer) and
     stays out of the answers every other judge scores against."""
     tasks = tmp_path / "t.jsonl"
-    tasks.write_text(json.dumps({"question": "Capital of France?", "answer": ["Paris"], "aug_answer": ["Lutetia"],
-                                 "qid": 7}) + "\n")
+    tasks.write_text(
+        json.dumps({"question": "Capital of France?", "answer": ["Paris"], "aug_answer": ["Lutetia"], "qid": 7}) + "\n"
+    )
     pool = TaskPool.from_jsonl(tasks)
     assert pool[0].answers == ("Paris",) and pool[0].aug_answers == ("Lutetia",)
     assert Task.from_row(pool[0].to_row(), fallback_id="x").aug_answers == ("Lutetia",)  # kept through our row form
@@ -159,6 +171,11 @@ def test_env_blends_aug_answer_of_an_asearcher_row(tmp_path, small_index) -> Non
             env = SearchEnv(pool, small_index, judge=judge)
             env.reset(seed=0)
             rewards[judge, answer] = env.step(f"<answer>{answer}</answer>")[1]
-    assert rewards == {("asearcher_f1", "Lutetia"): pytest.approx(0.3), ("asearcher_f1", "Paris"): 1.0,
-                       ("f1", "Lutetia"): 0.0, ("f1", "Paris"): 1.0,
-                       ("asearcher_f1,em", "Lutetia"): pytest.approx(0.3), ("asearcher_f1,em", "Paris"): 1.0}
+    assert rewards == {
+        ("asearcher_f1", "Lutetia"): pytest.approx(0.3),
+        ("asearcher_f1", "Paris"): 1.0,
+        ("f1", "Lutetia"): 0.0,
+        ("f1", "Paris"): 1.0,
+        ("asearcher_f1,em", "Lutetia"): pytest.approx(0.3),
+        ("asearcher_f1,em", "Paris"): 1.0,
+    }

@@ -1,4 +1,5 @@
 """The retrieval server speaks the Search-R1/ASearcher API; RemoteSearch survives every server fault. Loopback only."""
+
 import asyncio
 import contextlib
 import gc
@@ -89,10 +90,14 @@ async def test_snippets_on_request_or_by_server_default(server, http, small_inde
 
 @pytest.mark.parametrize("topk", [None, 0])
 @pytest.mark.parametrize("return_scores", [True, 1, "yes", "True"])
-async def test_falsy_topk_is_the_default_and_return_scores_reads_as_search_r1_reads_it(server, http, small_index,
-                                                                                      topk, return_scores):
-    status, body = await post(http, server + "/retrieve", {"queries": [QUERY], "topk": topk,
-                                                           "return_scores": return_scores, "unknown": "ignored"})
+async def test_falsy_topk_is_the_default_and_return_scores_reads_as_search_r1_reads_it(
+    server, http, small_index, topk, return_scores
+):
+    status, body = await post(
+        http,
+        server + "/retrieve",
+        {"queries": [QUERY], "topk": topk, "return_scores": return_scores, "unknown": "ignored"},
+    )
     assert status == 200
     items = body["result"][0]
     assert len(items) == 3  # Search-R1's default topk
@@ -121,28 +126,35 @@ async def test_health(server, http):
 # ---- bad input: always a 400 (or 404/405/413) with a JSON error, never a 500 -----------------------------------------
 
 
-@pytest.mark.parametrize("path,body,words", [
-    ("/retrieve", b"{not json", "not valid JSON"),
-    ("/retrieve", b"\xff\xfe\x00", "not valid JSON"),
-    ("/retrieve", b"[1, 2]", "JSON object"),
-    ("/retrieve", b'{"queries": "one"}', "queries must be a list"),
-    ("/retrieve", b'{"queries": [1]}', "queries must be a list"),
-    ("/retrieve", b'{"queries": ["a"], "topk": -1}', "topk"),
-    ("/retrieve", b'{"queries": ["a"], "topk": 101}', "topk"),
-    ("/retrieve", b'{"queries": ["a"], "topk": true}', "topk"),
-    ("/retrieve", b'{"queries": ["a"], "topk": 2.5}', "topk"),
-    ("/retrieve", b'{"queries": ["a"], "return_scores": "maybe"}', "return_scores"),
-    ("/retrieve", b'{"queries": ["a"], "return_scores": 2}', "return_scores"),
-    ("/retrieve", b'{"queries": ["a"], "snippet": [true]}', "snippet"),
-    ("/retrieve", json.dumps({"queries": ["a"] * 4097}).encode(), "at most 4096 queries per request, got 4097"),
-    ("/access", b'{"urls": "https://a"}', "urls must be a list"),
-    ("/access", json.dumps({"urls": ["u"] * 65}).encode(), "at most 64"),
-    ("/retrieve", b'{"queries": ["ok", "a\\ud800b"]}', "queries[1] is not valid Unicode: a lone surrogate U+D800 at character 1"),
-    ("/retrieve", b'{"queries": ["\\udfff"], "snippet": true}', "lone surrogate U+DFFF"),
-    ("/access", b'{"urls": ["https://x.test/\\udc80"]}', "urls[0] is not valid Unicode"),
-    ("/access", b'{"urls": ["https://x.test/\xed\xa0\x80"]}', "urls[0] is not valid Unicode"),  # encoded surrogate
-    ("/access", b'{"urls": ["https://x.test/\xff"]}', "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "path,body,words",
+    [
+        ("/retrieve", b"{not json", "not valid JSON"),
+        ("/retrieve", b"\xff\xfe\x00", "not valid JSON"),
+        ("/retrieve", b"[1, 2]", "JSON object"),
+        ("/retrieve", b'{"queries": "one"}', "queries must be a list"),
+        ("/retrieve", b'{"queries": [1]}', "queries must be a list"),
+        ("/retrieve", b'{"queries": ["a"], "topk": -1}', "topk"),
+        ("/retrieve", b'{"queries": ["a"], "topk": 101}', "topk"),
+        ("/retrieve", b'{"queries": ["a"], "topk": true}', "topk"),
+        ("/retrieve", b'{"queries": ["a"], "topk": 2.5}', "topk"),
+        ("/retrieve", b'{"queries": ["a"], "return_scores": "maybe"}', "return_scores"),
+        ("/retrieve", b'{"queries": ["a"], "return_scores": 2}', "return_scores"),
+        ("/retrieve", b'{"queries": ["a"], "snippet": [true]}', "snippet"),
+        ("/retrieve", json.dumps({"queries": ["a"] * 4097}).encode(), "at most 4096 queries per request, got 4097"),
+        ("/access", b'{"urls": "https://a"}', "urls must be a list"),
+        ("/access", json.dumps({"urls": ["u"] * 65}).encode(), "at most 64"),
+        (
+            "/retrieve",
+            b'{"queries": ["ok", "a\\ud800b"]}',
+            "queries[1] is not valid Unicode: a lone surrogate U+D800 at character 1",
+        ),
+        ("/retrieve", b'{"queries": ["\\udfff"], "snippet": true}', "lone surrogate U+DFFF"),
+        ("/access", b'{"urls": ["https://x.test/\\udc80"]}', "urls[0] is not valid Unicode"),
+        ("/access", b'{"urls": ["https://x.test/\xed\xa0\x80"]}', "urls[0] is not valid Unicode"),  # encoded surrogate
+        ("/access", b'{"urls": ["https://x.test/\xff"]}', "not valid JSON"),
+    ],
+)
 async def test_bad_input_is_a_400_that_says_why(server, http, path, body, words):
     status, out = await post(http, server + path, body, raw=True)
     assert status == 400 and words in out["error"]
@@ -159,12 +171,18 @@ async def test_size_limit_unknown_route_and_method(small_index, http):
 
 
 _TEXT = st.text(max_size=30) | st.text(st.characters(exclude_categories=()), max_size=30)  # lone surrogates too
-_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | _TEXT,
-                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                     max_leaves=12)
-_VALID = {"/retrieve": ({"queries": ["Sadesh"], "topk": 2, "return_scores": True},
-                        ["queries", "topk", "return_scores", "snippet"]),
-          "/access": ({"urls": ["https://world.searchgym.test/wiki/The_Sadesh_Whispers"]}, ["urls"])}
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | _TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+_VALID = {
+    "/retrieve": (
+        {"queries": ["Sadesh"], "topk": 2, "return_scores": True},
+        ["queries", "topk", "return_scores", "snippet"],
+    ),
+    "/access": ({"urls": ["https://world.searchgym.test/wiki/The_Sadesh_Whispers"]}, ["urls"]),
+}
 
 
 @st.composite
@@ -198,16 +216,29 @@ async def test_junk_never_causes_a_500(server, request):
 
 
 _BAD_FIELDS = {  # values each /retrieve or /access field refuses: no coercion, no wrap-around
-    "queries": st.none() | st.integers() | st.text(max_size=5) | st.lists(st.integers() | st.none(), min_size=1, max_size=3)
-    | st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2) | st.lists(st.text(max_size=3), min_size=4097,
-                                                                                            max_size=4097),
-    "topk": st.integers(max_value=-1) | st.integers(min_value=101) | st.floats() | st.booleans() | st.text(max_size=4)
+    "queries": st.none()
+    | st.integers()
+    | st.text(max_size=5)
+    | st.lists(st.integers() | st.none(), min_size=1, max_size=3)
+    | st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2)
+    | st.lists(st.text(max_size=3), min_size=4097, max_size=4097),
+    "topk": st.integers(max_value=-1)
+    | st.integers(min_value=101)
+    | st.floats()
+    | st.booleans()
+    | st.text(max_size=4)
     | st.lists(st.integers(), max_size=2),
-    "return_scores": st.integers().filter(lambda v: v not in (0, 1)) | st.floats().filter(lambda v: v not in (0, 1))
-    | st.text(max_size=4).filter(lambda v: v.strip().lower() not in {"1", "true", "t", "yes", "y", "on", "0", "false",
-                                                                    "f", "no", "n", "off"}) | st.lists(st.booleans()),
+    "return_scores": st.integers().filter(lambda v: v not in (0, 1))
+    | st.floats().filter(lambda v: v not in (0, 1))
+    | st.text(max_size=4).filter(
+        lambda v: v.strip().lower() not in {"1", "true", "t", "yes", "y", "on", "0", "false", "f", "no", "n", "off"}
+    )
+    | st.lists(st.booleans()),
     "snippet": st.just([True]) | st.just({"a": 1}) | st.just("maybe") | st.just(2),
-    "urls": st.none() | st.integers() | st.text(max_size=5) | st.lists(st.integers(), min_size=1, max_size=3)
+    "urls": st.none()
+    | st.integers()
+    | st.text(max_size=5)
+    | st.lists(st.integers(), min_size=1, max_size=3)
     | st.lists(st.just("u"), min_size=65, max_size=65),
 }
 
@@ -241,8 +272,19 @@ async def test_a_reply_is_bounded_in_documents_and_bytes_with_a_400_naming_the_s
         assert status == 400 and "max_reply_bytes" in out["error"] and "fewer urls" in out["error"]
 
 
-@pytest.mark.parametrize("key", ["threads", "max_queries", "max_urls", "max_topk", "default_topk", "client_max_size",
-                                 "max_docs", "max_reply_bytes"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "threads",
+        "max_queries",
+        "max_urls",
+        "max_topk",
+        "default_topk",
+        "client_max_size",
+        "max_docs",
+        "max_reply_bytes",
+    ],
+)
 @pytest.mark.parametrize("value", [0, -1, 2.5, True, "8"])
 async def test_bad_server_settings_are_refused_naming_the_key(small_index, key, value):
     from searchgym.envs.tools.retrieval_server import create_app
@@ -358,8 +400,9 @@ async def test_concurrent_searches_share_one_request(server, small_index):
         assert one.stats()["remote_requests"] == 5
         await one.close()
         urls = [hit.url for hit in small_index.search_sync("river", 5)]
-        pages = await asyncio.gather(*(client.fetch(u) for u in [*urls, "https://nowhere.test/x"]),
-                                     return_exceptions=True)
+        pages = await asyncio.gather(
+            *(client.fetch(u) for u in [*urls, "https://nowhere.test/x"]), return_exceptions=True
+        )
         assert pages[:5] == [small_index.get_page(u) for u in urls] and isinstance(pages[5], PageNotFound)
         assert client.stats()["remote_requests"] == 5  # six fetches, one /access request
     finally:
@@ -389,12 +432,16 @@ async def test_a_batch_error_reaches_every_caller_and_a_cancelled_caller_is_left
 
 def search_r1_app() -> web.Application:
     """A test double of Search-R1's retrieval server: /retrieve only, rows {"id", "contents"} without url or title."""
+
     async def retrieve(request: web.Request) -> web.Response:
         body = await request.json()
-        docs = [{"id": f"{i}", "contents": f'"Title {q} {i}"\ntext about {q}'} for q in body["queries"]
-                for i in range(body.get("topk") or 3)]
+        docs = [
+            {"id": f"{i}", "contents": f'"Title {q} {i}"\ntext about {q}'}
+            for q in body["queries"]
+            for i in range(body.get("topk") or 3)
+        ]
         k = body.get("topk") or 3
-        rows = [docs[j * k:(j + 1) * k] for j in range(len(body["queries"]))]
+        rows = [docs[j * k : (j + 1) * k] for j in range(len(body["queries"]))]
         if body.get("return_scores"):
             rows = [[{"document": d, "score": 10.0 - i} for i, d in enumerate(r)] for r in rows]
         return web.json_response({"result": rows})
@@ -410,7 +457,9 @@ async def test_remote_search_against_a_search_r1_server_by_either_url():
             client = RemoteSearch(address)
             hits = await client.search("moon", 2)
             assert [(h.doc_id, h.title, h.url, h.snippet, h.score) for h in hits] == [
-                ("0", "Title moon 0", "0", "text about moon", 10.0), ("1", "Title moon 1", "1", "text about moon", 9.0)]
+                ("0", "Title moon 0", "0", "text about moon", 10.0),
+                ("1", "Title moon 1", "1", "text about moon", 9.0),
+            ]
             with pytest.raises(BackendError, match="page access unsupported"):
                 await client.fetch("0")
             await client.close()
@@ -420,8 +469,11 @@ async def test_remote_search_against_a_search_r1_server_by_either_url():
 
 CLIENTS = json.loads((Path(__file__).parent / "fixtures" / "retrieval_clients.json").read_text())
 WIKI = [  # rows in Search-R1's wiki-18 form: the quoted title on the first line, text that may span lines
-    {"id": "0", "contents": '"Ada Lovelace"\nAda Lovelace was an English mathematician.\n'
-                            'She wrote the first "program" for the Analytical Engine, in 1843.'},
+    {
+        "id": "0",
+        "contents": '"Ada Lovelace"\nAda Lovelace was an English mathematician.\n'
+        'She wrote the first "program" for the Analytical Engine, in 1843.',
+    },
     {"id": "1", "contents": '"Analytical Engine"\nThe Analytical Engine was a proposed mechanical computer.'},
     {"id": "2", "contents": '"Charles Babbage"\nCharles Babbage designed the Analytical Engine.  Twice spaced.'},
     {"id": "3", "contents": '"Zürich"\nZürich is a city. 北京 is another.'},
@@ -459,7 +511,9 @@ async def test_an_asearcher_client_gets_documents_urls_and_pages(wiki_server, ht
     assert status == 200
     documents, urls = [r["contents"] for r in body["result"][0]], [r["url"] for r in body["result"][0]]
     assert documents[0] == WIKI[3]["contents"] and urls[0] == "doc://3"  # rows without a url get doc://ID
-    status, body = await post(http, wiki_server + "/access", dict(client["access_request"], urls=[urls[0], "doc://none"]))
+    status, body = await post(
+        http, wiki_server + "/access", dict(client["access_request"], urls=[urls[0], "doc://none"])
+    )
     page, missing = body["result"]
     assert page["contents"] == WIKI[3]["contents"].split("\n", 1)[1] and missing is None  # read as "" by the client
 
@@ -504,8 +558,14 @@ class Faulty:
         body = await request.json()
         if request.path == "/access":
             return web.json_response({"result": [{"url": u, "title": "T", "contents": "page"} for u in body["urls"]]})
-        return web.json_response({"result": [[{"document": {"id": "1", "contents": '"T"\nx', "url": "https://t"},
-                                               "score": 1.0}] for _ in body["queries"]]})
+        return web.json_response(
+            {
+                "result": [
+                    [{"document": {"id": "1", "contents": '"T"\nx', "url": "https://t"}, "score": 1.0}]
+                    for _ in body["queries"]
+                ]
+            }
+        )
 
 
 @pytest_asyncio.fixture(loop_scope="module")
@@ -563,8 +623,9 @@ async def test_garbage_body_and_refused_connection():
 async def test_truncated_body():
     async def half_response(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n"
-                     b'{"result": [[{"document"')
+        writer.write(
+            b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{"result": [[{"document"'
+        )
         await writer.drain()
         writer.close()
 
@@ -631,8 +692,13 @@ async def test_cli_has_serve_search_and_bench_search():
     for command in (["serve", "search", "--index", "i"], ["serve", "model", "--model", "m"]):
         args = build_parser().parse_args([*command, "--header-timeout", "2.5", "--max-connections", "9"])
         assert (args.header_timeout, args.max_connections) == (2.5, 9)
-        for flag, value in (("--header-timeout", "0"), ("--idle-timeout", "inf"), ("--max-connections", "0"),
-                            ("--max-connections", "x"), ("--idle-timeout", "-1")):
+        for flag, value in (
+            ("--header-timeout", "0"),
+            ("--idle-timeout", "inf"),
+            ("--max-connections", "0"),
+            ("--max-connections", "x"),
+            ("--idle-timeout", "-1"),
+        ):
             with pytest.raises(SystemExit):
                 build_parser().parse_args([*command, flag, value])
     args = build_parser().parse_args(["bench", "search", "--size", "500"])
@@ -642,8 +708,11 @@ async def test_cli_has_serve_search_and_bench_search():
 async def test_searchgym_serve_search_process_answers_then_stops_cleanly_on_sigterm(small_bundle, http, tmp_path):
     port = free_port()
     log = open(tmp_path / "server.log", "w+")
-    proc = subprocess.Popen(["searchgym", "serve", "search", "--index", str(small_bundle / "index"), "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        ["searchgym", "serve", "search", "--index", str(small_bundle / "index"), "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         for _ in range(300):
             try:
@@ -666,8 +735,11 @@ async def serve_search_process(index: Path, log_path: Path, *flags: str):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with open(log_path, "w+") as log:
-        proc = subprocess.Popen(["searchgym", "serve", "search", "--index", str(index), "--port", str(port), *flags],
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            ["searchgym", "serve", "search", "--index", str(index), "--port", str(port), *flags],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             async with aiohttp.ClientSession() as http:
                 for _ in range(600):
@@ -689,8 +761,10 @@ async def test_one_request_of_2560_queries_as_search_r1_training_sends(small_bun
     answers it with default flags, each query's documents exactly those of that query asked alone."""
     titles = [doc.title for doc, _ in zip(small_index.iter_docs(), range(700))]
     n = len(titles)
-    queries = [titles[i % n] if i % 5 == 0 else f"{titles[i % n]} {titles[(i + i // n + 1) % n].split()[0]}"
-               for i in range(2558)] + ["zzqx nothing matches", ""]
+    queries = [
+        titles[i % n] if i % 5 == 0 else f"{titles[i % n]} {titles[(i + i // n + 1) % n].split()[0]}"
+        for i in range(2558)
+    ] + ["zzqx nothing matches", ""]
     assert len(queries) == 2560 and len(set(queries)) > 2000
     async with serve_search_process(small_bundle / "index", tmp_path / "server.log") as (url, _):
         status, body = await post(http, url + "/retrieve", {"queries": queries, "topk": 3, "return_scores": True})
@@ -700,7 +774,9 @@ async def test_one_request_of_2560_queries_as_search_r1_training_sends(small_bun
 
         async def alone(query: str) -> list:
             async with gate:
-                status, one = await post(http, url + "/retrieve", {"queries": [query], "topk": 3, "return_scores": True})
+                status, one = await post(
+                    http, url + "/retrieve", {"queries": [query], "topk": 3, "return_scores": True}
+                )
                 assert status == 200
                 return one["result"][0]
 
@@ -732,8 +808,9 @@ async def test_serve_search_closes_held_sockets_and_its_descriptors_return_to_ba
         port = int(url.rsplit(":", 1)[1])
         held = []
         for start in range(0, n, 100):
-            held += await asyncio.gather(*(asyncio.open_connection("127.0.0.1", port)
-                                           for _ in range(start, min(n, start + 100))))
+            held += await asyncio.gather(
+                *(asyncio.open_connection("127.0.0.1", port) for _ in range(start, min(n, start + 100)))
+            )
         for i, (_, writer) in enumerate(held):
             if i % 2:
                 writer.write(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n")
@@ -766,8 +843,11 @@ async def test_local_qa_over_retrieval_servers_by_either_url(server, small_bundl
     local = SearchEnv(tasks, small_index)
     for servers in ([server], server + "/retrieve"):
         # made off this loop: construction asks the server, which runs on this loop, one query
-        env = (await asyncio.to_thread(gym.make, "searchgym/LocalQA-v0", tasks=tasks, servers=servers,
-                                       server_options={"timeout": 5.0})).unwrapped
+        env = (
+            await asyncio.to_thread(
+                gym.make, "searchgym/LocalQA-v0", tasks=tasks, servers=servers, server_options={"timeout": 5.0}
+            )
+        ).unwrapped
         task = env.tasks[0]
         path = task.metadata["path"][0]
         actions = [f"<search>{path['name']}</search>", f"<access>{path['url']}</access>"]

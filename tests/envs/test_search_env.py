@@ -1,4 +1,5 @@
 """SearchEnv against a real tantivy index over a real synthetic world."""
+
 import asyncio
 import json
 
@@ -31,8 +32,11 @@ def test_check_env_on_every_registered_id(small_bundle, tmp_path):
     kwargs = {
         "searchgym/SyntheticQA-v0": SMALL,
         "searchgym/LocalQA-v0": {"tasks": small_bundle / "tasks.jsonl", "index": small_bundle / "index"},
-        "searchgym/WebQA-v0": {"tasks": small_bundle / "tasks.jsonl", "search_api_key": "unused",  # nothing listens on :9
-                               "search_endpoint": "http://127.0.0.1:9/search"},
+        "searchgym/WebQA-v0": {
+            "tasks": small_bundle / "tasks.jsonl",
+            "search_api_key": "unused",  # nothing listens on :9
+            "search_endpoint": "http://127.0.0.1:9/search",
+        },
     }
     from searchgym.envs.suites import SUITES
     from tests.envs.browsecomp_layout import write_layout
@@ -48,7 +52,10 @@ def test_check_env_on_every_registered_id(small_bundle, tmp_path):
             kwargs[suite.env_id] = {"root": write_layout(tmp_path / "browsecomp-plus")}
         elif suite.kind != "embedded":
             base = kwargs[f"searchgym/{'LocalQA' if suite.kind == 'local' else 'WebQA'}-v0"]
-            kwargs[suite.env_id] = {**{k: v for k, v in base.items() if k != "tasks"}, "data": small_bundle / "tasks.jsonl"}
+            kwargs[suite.env_id] = {
+                **{k: v for k, v in base.items() if k != "tasks"},
+                "data": small_bundle / "tasks.jsonl",
+            }
     ids = [i for i in gym.registry if i.startswith("searchgym/")]
     assert set(ids) == set(kwargs), "a new env id needs a check_env entry here"
     try:
@@ -153,16 +160,19 @@ def test_format_gate_zeroes_a_sloppy_episode(small_pool, small_index):
             assert info["verdict"]["detail"]["format_errors"]
 
 
-@pytest.mark.parametrize("action, expected", [
-    ("", "no tool call found"),
-    ("<search>x" * 1000, "unbalanced <search>"),
-    ("<search><answer>x</answer></search>", "nested"),
-    ("<answer>" + "ä😀北" * 350_000 + "</answer>", None),  # ~1 MB of Unicode, judged, not crashed
-    ("<search>qxzv wpljk</search>", "No search results are found."),
-    ("<access>https://world.searchgym.test/wiki/No_Such_Page</access>", "could not be found"),
-    ("<access>not a url at all</access>", "could not be found"),
-    ('<tool_call>{"name": "search", "arguments": {"query": "river"}}</tool_call>', "[Doc 1]("),
-])
+@pytest.mark.parametrize(
+    "action, expected",
+    [
+        ("", "no tool call found"),
+        ("<search>x" * 1000, "unbalanced <search>"),
+        ("<search><answer>x</answer></search>", "nested"),
+        ("<answer>" + "ä😀北" * 350_000 + "</answer>", None),  # ~1 MB of Unicode, judged, not crashed
+        ("<search>qxzv wpljk</search>", "No search results are found."),
+        ("<access>https://world.searchgym.test/wiki/No_Such_Page</access>", "could not be found"),
+        ("<access>not a url at all</access>", "could not be found"),
+        ('<tool_call>{"name": "search", "arguments": {"query": "river"}}</tool_call>', "[Doc 1]("),
+    ],
+)
 def test_bad_and_odd_actions_become_observations(env, action, expected):
     env.reset(seed=3)
     obs, reward, terminated, truncated, info = env.step(action)
@@ -174,8 +184,16 @@ def test_bad_and_odd_actions_become_observations(env, action, expected):
 
 
 actions = st.one_of(
-    st.sampled_from(["<search>river</search>", "<search>founded</search>", "<answer>1900</answer>",
-                     "<access>https://world.searchgym.test/wiki/X</access>", "<think>hmm</think>", "<search>"]),
+    st.sampled_from(
+        [
+            "<search>river</search>",
+            "<search>founded</search>",
+            "<answer>1900</answer>",
+            "<access>https://world.searchgym.test/wiki/X</access>",
+            "<think>hmm</think>",
+            "<search>",
+        ]
+    ),
     st.text(max_size=60),
 )
 
@@ -243,8 +261,11 @@ def test_local_qa_reports_bad_task_files(tmp_path, small_bundle):
 def test_local_qa_indexes_a_corpus_on_first_use(tmp_path):
     corpus = tmp_path / "wiki.jsonl"
     corpus.write_text(
-        json.dumps({"id": "0", "contents": '"Tessar Works"\nTessar Works was founded in 1873 by Kelda Voss.'}) + "\n"
-        + json.dumps({"id": "1", "contents": '"Kelda Voss"\nKelda Voss was born in Velmora.'}) + "\n")
+        json.dumps({"id": "0", "contents": '"Tessar Works"\nTessar Works was founded in 1873 by Kelda Voss.'})
+        + "\n"
+        + json.dumps({"id": "1", "contents": '"Kelda Voss"\nKelda Voss was born in Velmora.'})
+        + "\n"
+    )
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"question": "Who founded Tessar Works?", "answer": "Kelda Voss"}) + "\n")
     env = gym.make("searchgym/LocalQA-v0", tasks=tasks, corpus=corpus)
@@ -295,9 +316,17 @@ def test_a_bad_instructions_template_is_refused_up_front(small_pool, small_index
         SearchEnv(small_pool, small_index, instructions=bad)
 
 
-@given(st.one_of(st.none(), st.integers(), st.floats(), st.binary(max_size=20), st.lists(st.integers(), max_size=3),
-                 st.text(alphabet=st.characters(blacklist_categories=()), max_size=200).map(lambda t: f"<search>{t}</search>"),
-                 st.text(alphabet=st.characters(blacklist_categories=()), max_size=200).map(lambda t: f"<access>{t}</access>")))
+@given(
+    st.one_of(
+        st.none(),
+        st.integers(),
+        st.floats(),
+        st.binary(max_size=20),
+        st.lists(st.integers(), max_size=3),
+        st.text(alphabet=st.characters(blacklist_categories=()), max_size=200).map(lambda t: f"<search>{t}</search>"),
+        st.text(alphabet=st.characters(blacklist_categories=()), max_size=200).map(lambda t: f"<access>{t}</access>"),
+    )
+)
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_no_action_of_any_type_or_text_raises(small_pool, small_index, action):
     """None, numbers, bytes, lists, lone surrogates in queries and urls: an observation in the space, never a crash."""

@@ -1,6 +1,7 @@
 """Every aiohttp server (serve search, serve model) holds under abuse: sockets that connect and say nothing, or
 half a request head, are closed after the header timeout; idle keep-alive connections after the idle timeout;
 past the connection cap new connections get a 503 while established clients keep being served. Loopback only."""
+
 import asyncio
 import os
 import resource
@@ -52,8 +53,9 @@ async def test_a_thousand_idle_and_half_open_sockets_are_closed_while_normal_cli
         port = int(url.rsplit(":", 1)[1])
         conns = []
         for start in range(0, n, 100):
-            conns += await asyncio.gather(*(asyncio.open_connection("127.0.0.1", port)
-                                            for _ in range(start, min(n, start + 100))))
+            conns += await asyncio.gather(
+                *(asyncio.open_connection("127.0.0.1", port) for _ in range(start, min(n, start + 100)))
+            )
         for i, (_, writer) in enumerate(conns):
             if i % 2:  # half send part of a request head, half send nothing at all
                 writer.write(b"GET /hello HTTP/1.1\r\nHost: x\r\n")
@@ -111,7 +113,9 @@ async def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout_an
         writer.write(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
         head = await reader.readuntil(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200")
-        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+        length = int(
+            next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+        )
         await reader.readexactly(length)
         writer.write(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive: a second request on the same socket
         assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
@@ -155,8 +159,9 @@ async def test_a_body_that_stalls_after_its_head_is_a_408_and_others_are_served(
     app.router.add_post("/echo", echo)
     async with serve_app(app, limits=ServerLimits(body_timeout=1.0), shutdown_timeout=0.5) as url:
         reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
-        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 1000\r\n\r\n{\"a\": ")  # then nothing more
+        writer.write(
+            b'POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"a": '
+        )  # then nothing more
         started = time.monotonic()
         async with aiohttp.ClientSession() as http:
             async with http.post(url + "/echo", json={"a": 1}) as resp:  # another client, meanwhile
@@ -167,8 +172,9 @@ async def test_a_body_that_stalls_after_its_head_is_a_408_and_others_are_served(
         writer.close()
 
 
-bad_seconds = st.one_of(st.floats(max_value=0), st.just(float("inf")), st.just(float("nan")), st.booleans(),
-                        st.text(max_size=3), st.none())
+bad_seconds = st.one_of(
+    st.floats(max_value=0), st.just(float("inf")), st.just(float("nan")), st.booleans(), st.text(max_size=3), st.none()
+)
 
 
 @given(key=st.sampled_from(["header_timeout", "idle_timeout", "body_timeout"]), value=bad_seconds)

@@ -1,6 +1,7 @@
 """A sharded index searched as one: the corpus split by url, every page reachable from its shard, title searches
 finding their page as the whole index does, shards behind retrieval servers with replicas failed over, and a
 shard that is down failing the search instead of silently losing its documents."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,9 @@ SHARDS = 3
 @pytest.fixture(scope="module")
 def sharded(small_bundle, tmp_path_factory):
     out = tmp_path_factory.mktemp("sharded") / "index"
-    assert main(["index", "build", "--corpus", str(small_bundle / "corpus.jsonl"), "--out", str(out),
-                 "--shards", str(SHARDS)]) in (0, None)
+    assert main(
+        ["index", "build", "--corpus", str(small_bundle / "corpus.jsonl"), "--out", str(out), "--shards", str(SHARDS)]
+    ) in (0, None)
     return out
 
 
@@ -116,10 +118,13 @@ def test_localqa_over_shard_servers_given_as_lists_of_replicas(sharded, small_bu
     from searchgym.testing.stand_in_llm import serve_in_thread
 
     with contextlib.ExitStack() as stack:
-        urls = [stack.enter_context(serve_in_thread(create_app(LocalIndex(sharded / f"shard-{i:02d}" / "index"))))
-                for i in range(SHARDS)]
-        env = gym.make("searchgym/LocalQA-v0", tasks=small_bundle / "tasks.jsonl", servers=[[u] for u in urls],
-                       max_turns=3)
+        urls = [
+            stack.enter_context(serve_in_thread(create_app(LocalIndex(sharded / f"shard-{i:02d}" / "index"))))
+            for i in range(SHARDS)
+        ]
+        env = gym.make(
+            "searchgym/LocalQA-v0", tasks=small_bundle / "tasks.jsonl", servers=[[u] for u in urls], max_turns=3
+        )
         doc = next(read_corpus(small_bundle / "corpus.jsonl"))
         env.reset(seed=0)
         obs, *_, info = env.step(f"<search>{doc.title}</search>")

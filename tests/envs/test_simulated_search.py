@@ -1,6 +1,7 @@
 """The LLM-simulated search engine (ZeroSearch): documents written by a chat model through the real OpenAI client
 against a scripted server on loopback, and by the tiny model; noise share and curriculum, record/replay, failures
 shown as failures, and the trainer's version moving the curriculum."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,6 +19,8 @@ from searchgym.envs.tools.simulated_search import NoiseSchedule, SimulatedSearch
 from tests.envs.simulator_double import TASKS, ScriptedSimulator, simulator_server
 
 SIM = "searchgym/SimulatedQA-v0"
+
+
 @pytest.fixture
 def simulator():
     double = ScriptedSimulator()
@@ -59,8 +62,9 @@ def test_results_are_recorded_and_replayed_without_the_model(simulator, tasks_fi
     env.close()
     calls = len(double.requests)
     dead = "openai:http://127.0.0.1:9/v1:simulator"  # nothing listens: a model call would fail
-    replay = gym.make(SIM, tasks=tasks_file, engine=dead, noise=0.2, top_k=5, cache=cache, cache_mode="replay_only",
-                      simulator_seed=7)
+    replay = gym.make(
+        SIM, tasks=tasks_file, engine=dead, noise=0.2, top_k=5, cache=cache, cache_mode="replay_only", simulator_seed=7
+    )
     replay.reset(options={"task_id": "t2"})
     obs, *_, info = replay.step("<search>orrin  vale OBSERVATORY founder</search>")  # the same query, normalised
     assert info["hits"] == first and len(double.requests) == calls
@@ -129,12 +133,21 @@ def test_the_trainers_version_moves_the_noise_of_the_episodes_it_plays(simulator
         yield "<answer>green</answer>"
 
     def make_env():
-        return make_simulated_qa(tasks_file, engine=engine, top_k=4,
-                                 noise_schedule={"start": 0.0, "end": 1.0, "steps": 4, "base": 2.0})
+        return make_simulated_qa(
+            tasks_file, engine=engine, top_k=4, noise_schedule={"start": 0.0, "end": 1.0, "steps": 4, "base": 2.0}
+        )
 
     async def noisy_share(version: int) -> float:
-        controller = RolloutController(make_env, ScriptedWorkflow(script), ["t1", "t2"], group_size=2, batch_size=1,
-                                       max_staleness=0, max_concurrent_rollouts=2, seed=version)
+        controller = RolloutController(
+            make_env,
+            ScriptedWorkflow(script),
+            ["t1", "t2"],
+            group_size=2,
+            batch_size=1,
+            max_staleness=0,
+            max_concurrent_rollouts=2,
+            seed=version,
+        )
         controller.trained_version = version
         async with controller.running():
             [group] = await controller.get_batch()
@@ -163,8 +176,15 @@ def test_the_tiny_model_as_simulator_gives_results_or_a_clean_failure(tiny_model
 
 def test_each_call_reports_its_cost_and_a_cost_budget_ends_the_episode(simulator, tasks_file):
     double, engine = simulator
-    env = gym.make(SIM, tasks=tasks_file, engine=engine, noise=0.5, top_k=2, max_turns=8,
-                   cost_budget={"model_calls": 4, "generated_tokens": 10_000})
+    env = gym.make(
+        SIM,
+        tasks=tasks_file,
+        engine=engine,
+        noise=0.5,
+        top_k=2,
+        max_turns=8,
+        cost_budget={"model_calls": 4, "generated_tokens": 10_000},
+    )
     env.reset(options={"task_id": "t1"})
     obs, reward, terminated, truncated, info = env.step("<search>lighthouse</search>")
     # one call for the useful document and one for the noisy one; the endpoint reported 10 + 20 tokens each
@@ -186,16 +206,30 @@ def test_eval_and_trainer_metrics_sum_the_tool_costs(simulator, tasks_file, tmp_
     from searchgym.trainers.run.metrics import episode_metrics
 
     _, engine = simulator
-    summary = run_eval(SIM, str(tiny_model_dir), tmp_path / "eval", k=2, judge="f1", progress=False,
-                       env_kwargs={"tasks": str(tasks_file), "engine": engine, "top_k": 3, "noise": 0.0,
-                                   "cost_budget": {"model_calls": 50}},
-                       workflow="tests.envs.test_simulated_search:SearchTwice")
+    summary = run_eval(
+        SIM,
+        str(tiny_model_dir),
+        tmp_path / "eval",
+        k=2,
+        judge="f1",
+        progress=False,
+        env_kwargs={
+            "tasks": str(tasks_file),
+            "engine": engine,
+            "top_k": 3,
+            "noise": 0.0,
+            "cost_budget": {"model_calls": 50},
+        },
+        workflow="tests.envs.test_simulated_search:SearchTwice",
+    )
     metrics, card = summary["metrics"], summary["card"]
     assert metrics["cost/model_calls"] == 2.0 and metrics["cost/generated_tokens"] == 40.0  # per sample
     assert card["run"]["tool_costs"] == {"model_calls": 8, "prompt_tokens": 80, "generated_tokens": 160}
     assert card["protocol"]["budgets"]["cost_budget"] == {"model_calls": 50}
-    turns = [Turn(action="a", tool="search", observation="o", reward=0.0, info={"cost": {"api_calls": 1}}),
-             Turn(action="b", tool="search", observation="o", reward=0.0, info={"cost": {"api_calls": 2}})]
+    turns = [
+        Turn(action="a", tool="search", observation="o", reward=0.0, info={"cost": {"api_calls": 1}}),
+        Turn(action="b", tool="search", observation="o", reward=0.0, info={"cost": {"api_calls": 2}}),
+    ]
     batch = [[Trajectory(task_id="t", turns=turns), Trajectory(task_id="t")]]
     assert episode_metrics(batch)["episode/cost/api_calls"] == 1.5
 
@@ -230,13 +264,23 @@ def test_a_training_run_on_the_simulated_engine_records_its_curriculum_per_step(
     from searchgym.trainers.launchers.local import train
 
     _, engine = simulator
-    config = load_config(None, [
-        f"out_dir={tmp_path / 'run'}", "steps=3", "mode=sync", "env.id=searchgym/SimulatedQA-v0",
-        f"env.kwargs={{tasks: '{tasks_file}', engine: '{engine}', top_k: 4, max_turns: 2,"
-        " noise_schedule: {start: 0.0, end: 1.0, steps: 2, base: 2.0}}",
-        "rollout.group_size=2", "rollout.batch_size=1", "rollout.max_new_tokens=8",
-        "rollout.max_concurrent_rollouts=2", "learner.drop_no_spread=false",
-        "rollout.workflow=tests.envs.test_simulated_search:SearchFirst"])
+    config = load_config(
+        None,
+        [
+            f"out_dir={tmp_path / 'run'}",
+            "steps=3",
+            "mode=sync",
+            "env.id=searchgym/SimulatedQA-v0",
+            f"env.kwargs={{tasks: '{tasks_file}', engine: '{engine}', top_k: 4, max_turns: 2,"
+            " noise_schedule: {start: 0.0, end: 1.0, steps: 2, base: 2.0}}",
+            "rollout.group_size=2",
+            "rollout.batch_size=1",
+            "rollout.max_new_tokens=8",
+            "rollout.max_concurrent_rollouts=2",
+            "learner.drop_no_spread=false",
+            "rollout.workflow=tests.envs.test_simulated_search:SearchFirst",
+        ],
+    )
     history = train(config, progress=False)
     # sync: step v's batch was played at trained version v - 1; ZeroSearch's curriculum over 2 versions, base 2:
     # 0, then (2**0.5 - 1) = 0.41 of 4 results (2 of them), then all

@@ -1,4 +1,5 @@
 """Task pools load every row form users have, and never lose a task silently."""
+
 import json
 
 import numpy as np
@@ -15,12 +16,15 @@ def write_jsonl(path, rows):
 
 
 def test_asearcher_and_own_rows(tmp_path):
-    path = write_jsonl(tmp_path / "t.jsonl", [
-        {"question": "Who?", "answer": "Kelda Voss", "qid": 3, "source": "nq"},
-        {"question": "When?", "answer": ["1873", "eighteen seventy-three"], "aug_answer": ["1873 AD"]},
-        {"id": "x", "question": "Where?", "answers": ["Velmora"], "metadata": {"hops": 2, "split": "test"}},
-        {"question": "How many?", "gt": 7},
-    ])
+    path = write_jsonl(
+        tmp_path / "t.jsonl",
+        [
+            {"question": "Who?", "answer": "Kelda Voss", "qid": 3, "source": "nq"},
+            {"question": "When?", "answer": ["1873", "eighteen seventy-three"], "aug_answer": ["1873 AD"]},
+            {"id": "x", "question": "Where?", "answers": ["Velmora"], "metadata": {"hops": 2, "split": "test"}},
+            {"question": "How many?", "gt": 7},
+        ],
+    )
     pool = TaskPool.from_jsonl(path)
     assert [t.id for t in pool] == ["3", "t-1", "x", "t-3"]
     assert pool.by_id("t-1").answers == ("1873", "eighteen seventy-three")  # aug_answer is not a full alias
@@ -44,7 +48,9 @@ def test_bad_row_names_file_and_line(tmp_path):
 
 
 def test_duplicate_ids_are_an_error(tmp_path):
-    path = write_jsonl(tmp_path / "t.jsonl", [{"id": 1, "question": "a", "answer": "b"}, {"id": 1, "question": "c", "answer": "d"}])
+    path = write_jsonl(
+        tmp_path / "t.jsonl", [{"id": 1, "question": "a", "answer": "b"}, {"id": 1, "question": "c", "answer": "d"}]
+    )
     with pytest.raises(TaskFileError, match="duplicate task id '1'"):
         TaskPool.from_jsonl(path)
 
@@ -69,10 +75,12 @@ def test_datasets_round_trip(tmp_path):
 def test_datasets_dict_needs_a_split(tmp_path):
     import datasets
 
-    d = datasets.DatasetDict({
-        "train": datasets.Dataset.from_dict({"question": ["q"], "answer": ["a"]}),
-        "test": datasets.Dataset.from_dict({"question": ["q2"], "answer": [["b", "c"]]}),
-    })
+    d = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"question": ["q"], "answer": ["a"]}),
+            "test": datasets.Dataset.from_dict({"question": ["q2"], "answer": [["b", "c"]]}),
+        }
+    )
     d.save_to_disk(str(tmp_path / "dd"))
     with pytest.raises(ValueError, match="pass split"):
         TaskPool.from_dataset(tmp_path / "dd")
@@ -96,8 +104,15 @@ def test_load_pool_parses_a_file_once_and_again_after_it_changes(tmp_path):
     from searchgym.envs.tasks import load_pool
 
     path = tmp_path / "tasks.jsonl"
-    rows = [{"id": f"t{i}", "question": f"q{i}?", "answers": ["a"], "metadata": {"hops": 1 + i % 2,
-             "split": "test" if i % 3 == 0 else "train"}} for i in range(9)]
+    rows = [
+        {
+            "id": f"t{i}",
+            "question": f"q{i}?",
+            "answers": ["a"],
+            "metadata": {"hops": 1 + i % 2, "split": "test" if i % 3 == 0 else "train"},
+        }
+        for i in range(9)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     first = load_pool(path, split="train", hops=[1])
     assert load_pool(str(path), split="train", hops=1) is first  # same file, same filters: the parsed pool

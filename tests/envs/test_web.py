@@ -1,4 +1,6 @@
-"""Web search and page access for real, against a local web on 127.0.0.1 only: pages, a Serper test double, faults, SSRF."""
+"""Web search and page access for real, against a local web on 127.0.0.1 only: pages, a Serper test double, faults,
+SSRF."""
+
 from __future__ import annotations
 
 import asyncio
@@ -38,12 +40,17 @@ class LocalWeb:
         self.docs: list[dict] = []
         for line in open(world_dir / "html.jsonl"):
             row = json.loads(line)
-            path = "/wiki/" + row["url"][len(WORLD_URL_PREFIX):]
+            path = "/wiki/" + row["url"][len(WORLD_URL_PREFIX) :]
             self.pages[path] = row["html"].replace(WORLD_URL_PREFIX, self.base + "/wiki/")
         for line in open(world_dir / "corpus.jsonl"):
             row = json.loads(line)
-            self.docs.append({"title": row["title"], "link": self.base + "/wiki/" + row["url"][len(WORLD_URL_PREFIX):],
-                              "text": row["text"]})
+            self.docs.append(
+                {
+                    "title": row["title"],
+                    "link": self.base + "/wiki/" + row["url"][len(WORLD_URL_PREFIX) :],
+                    "text": row["text"],
+                }
+            )
         self.hits: Counter[str] = Counter()
         self.flaky = 0  # the next this-many searches answer 503
         self.retry_after: str | None = None  # when set, they answer 429 with this Retry-After instead
@@ -84,13 +91,22 @@ class LocalWeb:
             return web.Response(status=503, text="busy")
         body = await request.json()
         terms = set(body["q"].lower().split())
-        scored = [(sum(3 * (t in d["title"].lower()) + (t in d["text"].lower()) for t in terms), -i, d)
-                  for i, d in enumerate(self.docs)]
+        scored = [
+            (sum(3 * (t in d["title"].lower()) + (t in d["text"].lower()) for t in terms), -i, d)
+            for i, d in enumerate(self.docs)
+        ]
         top = [d for s, _, d in sorted(scored, key=lambda x: x[:2], reverse=True) if s > 0][: int(body.get("num", 10))]
-        organic = [{"title": d["title"], "link": d["link"], "snippet": d["text"][:160], "position": i}
-                   for i, d in enumerate(top, 1)]
-        return web.json_response({"searchParameters": {"q": body["q"], "num": body.get("num", 10), "type": "search"},
-                                  "organic": organic, "credits": 1})
+        organic = [
+            {"title": d["title"], "link": d["link"], "snippet": d["text"][:160], "position": i}
+            for i, d in enumerate(top, 1)
+        ]
+        return web.json_response(
+            {
+                "searchParameters": {"q": body["q"], "num": body.get("num", 10), "type": "search"},
+                "organic": organic,
+                "credits": 1,
+            }
+        )
 
     async def jina(self, request: web.Request) -> web.Response:
         """A test double of the Jina reader: GET /{url} with a bearer key answers the page as text."""
@@ -118,8 +134,10 @@ class LocalWeb:
             resp.headers["Content-Type"] = ""
             return resp
         if kind == "latin1":  # cp1252 bytes, no charset anywhere: not valid UTF-8
-            body = "<html><head><title>Caf\u00e9</title></head><body><p>Un caf\u00e9 cr\u00e8me \u00e0 Paris, " \
-                   "servi chaque matin dans le quartier.</p></body></html>"
+            body = (
+                "<html><head><title>Caf\u00e9</title></head><body><p>Un caf\u00e9 cr\u00e8me \u00e0 Paris, "
+                "servi chaque matin dans le quartier.</p></body></html>"
+            )
             resp = web.Response(body=body.encode("cp1252"))
             resp.headers["Content-Type"] = "text/html"
             return resp
@@ -170,9 +188,27 @@ def a_page(site: LocalWeb) -> tuple[str, dict]:
 
 # --- URL safety -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("host", ["2130706433", "0x7f.1", "0177.0.0.1", "127.1", "0x7f000001", "[::1]",
-                                  "::ffff:127.0.0.1", "10.0.0.1", "169.254.169.254", "0.0.0.0", "224.0.0.1",
-                                  "100.64.0.1", "192.168.1.1", "[fe80::1]", "2002:7f00:1::"])
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "2130706433",
+        "0x7f.1",
+        "0177.0.0.1",
+        "127.1",
+        "0x7f000001",
+        "[::1]",
+        "::ffff:127.0.0.1",
+        "10.0.0.1",
+        "169.254.169.254",
+        "0.0.0.0",
+        "224.0.0.1",
+        "100.64.0.1",
+        "192.168.1.1",
+        "[fe80::1]",
+        "2002:7f00:1::",
+    ],
+)
 def test_non_public_numeric_hosts_are_recognised(host):
     ip = parse_numeric_host(host)
     assert ip is not None and not is_public(ip)
@@ -188,8 +224,17 @@ async def test_loopback_refused_without_allowlist_in_every_spelling(local_web):
     link, _ = a_page(local_web)
     path = link.split(str(local_web.port), 1)[1]
     before = sum(local_web.hits.values())
-    for host in ["127.0.0.1", "localhost", "LOCALHOST.", "2130706433", "0x7f.1", "0177.0.0.1", "[::1]",
-                 "[::ffff:127.0.0.1]", "foo.localhost"]:
+    for host in [
+        "127.0.0.1",
+        "localhost",
+        "LOCALHOST.",
+        "2130706433",
+        "0x7f.1",
+        "0177.0.0.1",
+        "[::1]",
+        "[::ffff:127.0.0.1]",
+        "foo.localhost",
+    ]:
         with pytest.raises(UnsafeURL):
             await fetcher.fetch(f"http://{host}:{local_web.port}{path}")
     assert sum(local_web.hits.values()) == before, "a refused URL must never reach the server"
@@ -209,8 +254,12 @@ async def test_allowlist_is_per_host_and_port_and_redirects_are_rechecked(local_
     with pytest.raises(UnsafeURL):
         await fetcher.fetch(f"http://127.0.0.1:{other}/")
     before = local_web.hits["/redirect"]
-    for target in [f"http://127.0.0.1:{other}/wiki/x", f"http://localhost:{local_web.port}/wiki/x",
-                   f"http://0x7f.1:{other}/", "http://169.254.169.254/latest/meta-data/"]:
+    for target in [
+        f"http://127.0.0.1:{other}/wiki/x",
+        f"http://localhost:{local_web.port}/wiki/x",
+        f"http://0x7f.1:{other}/",
+        "http://169.254.169.254/latest/meta-data/",
+    ]:
         with pytest.raises(UnsafeURL):
             await fetcher.fetch(f"{local_web.base}/redirect?to={target}")
     assert local_web.hits["/redirect"] == before + 4
@@ -258,6 +307,7 @@ async def test_blocklist_filters_results_and_refuses_fetches(local_web):
 
 
 # --- search ---------------------------------------------------------------------------------
+
 
 async def test_serper_wire_format_and_key(local_web, monkeypatch):
     _, doc = a_page(local_web)
@@ -314,6 +364,7 @@ async def test_search_waits_as_long_as_a_429_retry_after_asks_up_to_the_cap(loca
 
 # --- fetching and its faults ----------------------------------------------------------------
 
+
 async def test_real_extraction_of_world_html(local_web, world_dir):
     link, doc = a_page(local_web)
     fetcher = allowed_fetcher(local_web)
@@ -327,13 +378,16 @@ async def test_real_extraction_of_world_html(local_web, world_dir):
     await fetcher.close()
 
 
-@pytest.mark.parametrize("kind, message, counter", [
-    ("500", "HTTP 500", "http_5xx"),
-    ("slow", "timed out", "timeout"),
-    ("loop", "redirects", "too_many_redirects"),
-    ("binary", "image/png", "binary"),
-    ("untyped-binary", "binary", "binary"),
-])
+@pytest.mark.parametrize(
+    "kind, message, counter",
+    [
+        ("500", "HTTP 500", "http_5xx"),
+        ("slow", "timed out", "timeout"),
+        ("loop", "redirects", "too_many_redirects"),
+        ("binary", "image/png", "binary"),
+        ("untyped-binary", "binary", "binary"),
+    ],
+)
 async def test_fetch_faults_are_clear_errors(local_web, kind, message, counter):
     fetcher = allowed_fetcher(local_web, read_timeout=1, total_timeout=1.5, max_redirects=3)
     t = time.monotonic()
@@ -359,8 +413,10 @@ async def test_refused_connection_truncation_charsets_and_a_50mb_page(local_web)
     assert page.title == "Caf\u00e9" and "caf\u00e9 cr\u00e8me" in page.text
     page = await fetcher.fetch(local_web.base + "/fault/badutf8")
     assert page.text == "plain text \ufffd\ufffd ok"
-    assert decode_body('<meta charset="iso-8859-1">\xe9'.encode("latin-1"), None) == \
-        ('<meta charset="iso-8859-1">\xe9', "iso8859-1")
+    assert decode_body('<meta charset="iso-8859-1">\xe9'.encode("latin-1"), None) == (
+        '<meta charset="iso-8859-1">\xe9',
+        "iso8859-1",
+    )
 
     t = time.monotonic()
     page = await fetcher.fetch(local_web.base + "/fault/huge")
@@ -385,6 +441,7 @@ async def test_jina_reader_when_a_key_is_set(local_web, monkeypatch):
 
 
 # --- the cache and the env ------------------------------------------------------------------
+
 
 def test_cache_keys_and_modes(tmp_path):
     assert normalise_query("  Who  WROTE\tX? ") == normalise_query("who wrote x?")
@@ -416,7 +473,9 @@ async def test_replay_only_never_calls_the_backend(tmp_path):
 def web_tasks(tmp_path, local_web) -> Path:
     _, doc = a_page(local_web)
     path = tmp_path / "tasks.jsonl"
-    path.write_text(json.dumps({"id": "web-1", "question": f"What is {doc['title']}?", "answers": [doc["title"]]}) + "\n")
+    path.write_text(
+        json.dumps({"id": "web-1", "question": f"What is {doc['title']}?", "answers": [doc["title"]]}) + "\n"
+    )
     return path
 
 
@@ -434,10 +493,19 @@ def test_webqa_episode_records_then_replays_exactly_with_the_server_stopped(tmp_
     site = LocalWeb(world_dir)
     link, doc = a_page(site)
     cache = tmp_path / "web.sqlite"
-    common = dict(tasks=web_tasks, allow=[f"127.0.0.1:{site.port}"], search_endpoint=site.base + "/search",
-                  fetch_options={"total_timeout": 5})
-    actions = [f"<search>{doc['title']}</search>", f"<access>{link}</access>", f"<access>{link}</access>",
-               f"<access>{site.base}/wiki/No_Such_Page</access>", f"<answer>{doc['title']}</answer>"]
+    common = dict(
+        tasks=web_tasks,
+        allow=[f"127.0.0.1:{site.port}"],
+        search_endpoint=site.base + "/search",
+        fetch_options={"total_timeout": 5},
+    )
+    actions = [
+        f"<search>{doc['title']}</search>",
+        f"<access>{link}</access>",
+        f"<access>{link}</access>",
+        f"<access>{site.base}/wiki/No_Such_Page</access>",
+        f"<answer>{doc['title']}</answer>",
+    ]
     env = gym.make("searchgym/WebQA-v0", search_api_key=KEY, cache=cache, **common)
     assert env.spec.nondeterministic
     recorded = play(env.unwrapped, actions)
@@ -466,10 +534,15 @@ def test_webqa_episode_records_then_replays_exactly_with_the_server_stopped(tmp_
 
 def test_webqa_faults_become_observations_and_counters(local_web, web_tasks):
     dead = free_port()
-    env = gym.make("searchgym/WebQA-v0", tasks=web_tasks, search_api_key=KEY, search_endpoint=local_web.base + "/search",
-                   allow=[f"127.0.0.1:{local_web.port}", f"127.0.0.1:{dead}"],
-                   fetch_options={"read_timeout": 1, "total_timeout": 1.5, "max_bytes": 200_000, "max_redirects": 3},
-                   search_options={"retries": 0}).unwrapped
+    env = gym.make(
+        "searchgym/WebQA-v0",
+        tasks=web_tasks,
+        search_api_key=KEY,
+        search_endpoint=local_web.base + "/search",
+        allow=[f"127.0.0.1:{local_web.port}", f"127.0.0.1:{dead}"],
+        fetch_options={"read_timeout": 1, "total_timeout": 1.5, "max_bytes": 200_000, "max_redirects": 3},
+        search_options={"retries": 0},
+    ).unwrapped
     env.reset(options={"index": 0})
     urls = [f"{local_web.base}/fault/{k}" for k in ("500", "slow", "loop", "binary")]
     urls += [f"http://127.0.0.1:{dead}/", "http://2130706433/", "http://localhost/", "http://[::1]/"]
@@ -482,7 +555,7 @@ def test_webqa_faults_become_observations_and_counters(local_web, web_tasks):
     fetch = info["backend"]["fetch"]
     assert fetch["http_5xx"] == fetch["timeout"] == fetch["too_many_redirects"] == fetch["binary"] == 1
     assert fetch["connect_error"] == 1 and fetch["refused_unsafe"] == 3
-    obs, *_ , info = env.step(f"<access>{local_web.base}/fault/huge</access>")
+    obs, *_, info = env.step(f"<access>{local_web.base}/fault/huge</access>")
     assert "page cut at 200000 bytes" in obs or info["page"]["chunks"] >= 1
     local_web.flaky = 1
     obs, *_, info = env.step("<search>anything</search>")
@@ -498,7 +571,11 @@ def test_webqa_check_env_and_clear_errors(web_tasks, tmp_path, monkeypatch):
         gym.make("searchgym/WebQA-v0", tasks=web_tasks)
     with pytest.raises(ValueError, match="cache=PATH"):
         gym.make("searchgym/WebQA-v0", tasks=web_tasks, search_api_key=KEY, cache_mode="read_write")
-    env = gym.make("searchgym/WebQA-v0", tasks=web_tasks, search_api_key=KEY,
-                   search_endpoint=f"http://127.0.0.1:{free_port()}/search")
+    env = gym.make(
+        "searchgym/WebQA-v0",
+        tasks=web_tasks,
+        search_api_key=KEY,
+        search_endpoint=f"http://127.0.0.1:{free_port()}/search",
+    )
     check_env(env.unwrapped)
     env.close()

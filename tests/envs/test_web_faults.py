@@ -1,5 +1,6 @@
 """Nothing a web page or a damaged cache holds crashes a fetch or an episode; the SSRF guard covers IANA's
 non-global ranges, and a recorded cache cannot bypass the current URL policy (issue 15, items 1, 6 and 7)."""
+
 import asyncio
 import codecs
 import ipaddress
@@ -24,6 +25,7 @@ from searchgym.testing.faults import DAMAGED_CACHE_ROWS as DAMAGED_ROWS
 
 # --- the SSRF guard ------------------------------------------------------------------------------------
 
+
 @given(st.sampled_from(NON_PUBLIC_NETWORKS), st.integers(min_value=0))
 def test_every_address_of_every_non_public_range_is_refused(network, offset):
     ip = network[offset % network.num_addresses]
@@ -33,8 +35,9 @@ def test_every_address_of_every_non_public_range_is_refused(network, offset):
             assert not is_public(ipaddress.ip_address(embedded)), embedded
 
 
-@pytest.mark.parametrize("host", ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "2001:4860:4860::8888",
-                                  "::ffff:8.8.8.8", "64:ff9b::8.8.8.8"])
+@pytest.mark.parametrize(
+    "host", ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "2001:4860:4860::8888", "::ffff:8.8.8.8", "64:ff9b::8.8.8.8"]
+)
 def test_public_addresses_stay_public(host):
     assert is_public(parse_numeric_host(host))
 
@@ -53,6 +56,7 @@ async def test_deprecated_and_special_ipv6_ranges_are_refused_as_literals_and_th
 
 
 # --- pages that lie about their encoding ---------------------------------------------------------------
+
 
 @given(st.binary(max_size=300), st.sampled_from(CODEC_NAMES + [None]), st.sampled_from(CODEC_NAMES + [None]))
 def test_any_declared_charset_decodes_or_falls_back(body, header, meta):
@@ -75,19 +79,29 @@ class RandomWeb:
         return web.Response(status=status, headers=headers, body=body)
 
 
-HEADER_VALUES = st.one_of(st.sampled_from([f"text/html; charset={c}" for c in CODEC_NAMES]),
-                          st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=60))
-BODIES = st.one_of(st.binary(max_size=2000),
-                   st.text(max_size=500).map(lambda t: f"<html><title>{t}</title><body><p>{t}</p></body>".encode(
-                       "utf-8", "surrogatepass")))
+HEADER_VALUES = st.one_of(
+    st.sampled_from([f"text/html; charset={c}" for c in CODEC_NAMES]),
+    st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=60),
+)
+BODIES = st.one_of(
+    st.binary(max_size=2000),
+    st.text(max_size=500).map(
+        lambda t: f"<html><title>{t}</title><body><p>{t}</p></body>".encode("utf-8", "surrogatepass")
+    ),
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(status=st.sampled_from([200, 200, 200, 203, 404, 410, 500, 503]), content_type=HEADER_VALUES,
-       extra=st.dictionaries(st.sampled_from(["Content-Encoding", "Content-Language", "Link", "Refresh"]),
-                             st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=40),
-                             max_size=2),
-       body=BODIES)
+@given(
+    status=st.sampled_from([200, 200, 200, 203, 404, 410, 500, 503]),
+    content_type=HEADER_VALUES,
+    extra=st.dictionaries(
+        st.sampled_from(["Content-Encoding", "Content-Language", "Link", "Refresh"]),
+        st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=40),
+        max_size=2,
+    ),
+    body=BODIES,
+)
 def test_random_pages_never_raise_from_fetch_or_step(status, content_type, extra, body):
     async def main():
         site = RandomWeb()
@@ -119,6 +133,7 @@ class _NoSearch:
 
 # --- damaged caches ------------------------------------------------------------------------------------
 
+
 class _Pages:
     """A page backend that records how often it was asked (a stand-in for the network)."""
 
@@ -129,8 +144,6 @@ class _Pages:
     async def fetch(self, url):
         self.calls += 1
         return Page(url=url, title="Fresh", text="fresh text")
-
-
 
 
 @pytest.mark.parametrize("row", DAMAGED_ROWS)

@@ -6,6 +6,7 @@ vary with the run's seed, and split the judges (EM says no to "ANSWER or so", a 
 `judge_app` is an OpenAI-compatible chat endpoint on loopback serving two judge "models" that both call an
 answer Correct when it contains a labelled answer; it records every request body it was sent.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,9 @@ JUDGE_MODELS = ("judge-a", "judge-b")
 class NoisyOracle(ChatWorkflow):
     """Answers each episode right (1/2), right plus extra words (1/4) or wrong (1/4), after 0-2 searches."""
 
-    async def arun_episode(self, env: SearchEnv, *, seed: int | None = None, options: dict[str, Any] | None = None,
-                           rid: str | None = None) -> Trajectory:
+    async def arun_episode(
+        self, env: SearchEnv, *, seed: int | None = None, options: dict[str, Any] | None = None, rid: str | None = None
+    ) -> Trajectory:
         rng = random.Random(seed)
         _, traj = await self.start_episode(env, seed, options)
         for _ in range(rng.randint(0, 2)):
@@ -45,8 +47,9 @@ def judge_app(requests: list[dict[str, Any]]) -> web.Application:
     """/v1/models lists JUDGE_MODELS; /v1/chat/completions answers ASearcher's verdict block (cover match)."""
 
     async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": m, "object": "model", "owned_by": "tests"}
-                                                             for m in JUDGE_MODELS]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "tests"} for m in JUDGE_MODELS]}
+        )
 
     async def chat(request: web.Request) -> web.Response:
         body = await request.json()
@@ -56,10 +59,17 @@ def judge_app(requests: list[dict[str, Any]]) -> web.Application:
         labels = re.search(r"^Labelled answer\(s\): (.*)$", prompt, re.MULTILINE).group(1).split(" | ")
         correct = any(normalize_answer(label) in normalize_answer(prediction) for label in labels)
         content = "Checked.\n" + json.dumps({"rationale": "stub", "judgement": "Correct" if correct else "Incorrect"})
-        return web.json_response({"id": "stub", "object": "chat.completion", "model": body["model"],
-                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                                               "finish_reason": "stop"}],
-                                  "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+        return web.json_response(
+            {
+                "id": "stub",
+                "object": "chat.completion",
+                "model": body["model"],
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        )
 
     app = web.Application()
     app.router.add_get("/v1/models", models)

@@ -1,4 +1,5 @@
 """Judge agreement: Cohen's kappa, the disagreeing samples of a run, and each judge against human labels."""
+
 import json
 import math
 
@@ -35,8 +36,10 @@ def test_kappa_matches_scikit_learn(pairs):
 
 
 def row(task, sample, prediction, em, f1, llm=None):
-    verdicts = {"em": {"score": em, "correct": em == 1.0, "error": None},
-                "f1": {"score": f1, "correct": em == 1.0, "error": None}}
+    verdicts = {
+        "em": {"score": em, "correct": em == 1.0, "error": None},
+        "f1": {"score": f1, "correct": em == 1.0, "error": None},
+    }
     if llm is not None:
         verdicts["llm"] = llm
     return {"task_id": task, "sample": sample, "prediction": prediction, "answers": ["Paris"], "verdicts": verdicts}
@@ -46,11 +49,11 @@ LLM_YES = {"score": 1.0, "correct": True, "error": None}
 LLM_NO = {"score": 0.0, "correct": False, "error": None}
 LLM_FAIL = {"score": 0.0, "correct": False, "error": "no verdict in the judge's output"}
 ROWS = [
-    row("q1", 0, "Paris", 1.0, 1.0, LLM_YES),            # all agree: correct
-    row("q1", 1, "Paris, France", 0.0, 0.8, LLM_YES),    # em no; f1>0.5 yes; llm yes
-    row("q2", 0, "Lyon", 0.0, 0.0, LLM_NO),              # all agree: wrong
+    row("q1", 0, "Paris", 1.0, 1.0, LLM_YES),  # all agree: correct
+    row("q1", 1, "Paris, France", 0.0, 0.8, LLM_YES),  # em no; f1>0.5 yes; llm yes
+    row("q2", 0, "Lyon", 0.0, 0.0, LLM_NO),  # all agree: wrong
     row("q2", 1, "the city of Paris", 0.0, 0.4, LLM_FAIL),  # llm failed: no call from it
-    row("q3", 0, None, 0.0, 0.0, LLM_NO),                # no answer: nothing to judge, left out
+    row("q3", 0, None, 0.0, 0.0, LLM_NO),  # no answer: nothing to judge, left out
 ]
 
 
@@ -70,17 +73,30 @@ def test_agreement_counts_pairs_on_answered_samples_and_lists_the_splits():
 
 def test_labels_from_csv_and_jsonl_score_each_judge(tmp_path):
     csv_path = tmp_path / "labels.csv"
-    csv_path.write_text("question_id,prediction,human_verdict\nq1,Paris,correct\nq1,\"Paris, France\",yes\n"
-                        "q2,Lyon,0\nq9,Rome,1\n")
+    csv_path.write_text(
+        'question_id,prediction,human_verdict\nq1,Paris,correct\nq1,"Paris, France",yes\nq2,Lyon,0\nq9,Rome,1\n'
+    )
     jsonl_path = tmp_path / "labels.jsonl"
-    jsonl_path.write_text("\n".join(json.dumps(x) for x in [
-        {"task_id": "q1", "prediction": "Paris", "verdict": True},
-        {"id": "q1", "prediction": " Paris, France ", "label": "correct"},
-        {"qid": "q2", "prediction": "Lyon", "correct": False},
-        {"question_id": "q9", "prediction": "Rome", "human": "yes"}]) + "\n")
+    jsonl_path.write_text(
+        "\n".join(
+            json.dumps(x)
+            for x in [
+                {"task_id": "q1", "prediction": "Paris", "verdict": True},
+                {"id": "q1", "prediction": " Paris, France ", "label": "correct"},
+                {"qid": "q2", "prediction": "Lyon", "correct": False},
+                {"question_id": "q9", "prediction": "Rome", "human": "yes"},
+            ]
+        )
+        + "\n"
+    )
     for path in (csv_path, jsonl_path):
         labels = load_labels(path)
-        assert [(lab.task_id, lab.correct) for lab in labels] == [("q1", True), ("q1", True), ("q2", False), ("q9", True)]
+        assert [(lab.task_id, lab.correct) for lab in labels] == [
+            ("q1", True),
+            ("q1", True),
+            ("q2", False),
+            ("q9", True),
+        ]
         result = label_accuracy(ROWS, labels, ["llm", "em", "f1"])
         assert result["labels"] == 4 and result["matched_labels"] == 3 and result["unmatched_labels"] == 1
         raters = result["raters"]
@@ -89,14 +105,17 @@ def test_labels_from_csv_and_jsonl_score_each_judge(tmp_path):
         assert raters["f1>0.5"]["accuracy"] == 1.0
 
 
-@pytest.mark.parametrize("name, text, message", [
-    ("a.csv", "question_id,prediction,human_verdict\nq1,Paris,maybe\n", r"a\.csv:2: human verdict 'maybe'"),
-    ("b.csv", "question,answer\nq1,Paris\n", r"b\.csv:2: needs a question id"),
-    ("c.jsonl", '{"task_id": "q1", "prediction": "x", "verdict": 1}\n{"task_id": \n', r"c\.jsonl:2: not JSON"),
-    ("d.jsonl", '["q1", "x", true]\n', r"d\.jsonl:1: expected an object"),
-    ("e.csv", "question_id,prediction,human_verdict\n", r"holds no labels"),
-    ("f.csv", "id,prediction,verdict\nq1,x,yes\nq1,x,no\n", r"conflicting human verdicts"),
-])
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("a.csv", "question_id,prediction,human_verdict\nq1,Paris,maybe\n", r"a\.csv:2: human verdict 'maybe'"),
+        ("b.csv", "question,answer\nq1,Paris\n", r"b\.csv:2: needs a question id"),
+        ("c.jsonl", '{"task_id": "q1", "prediction": "x", "verdict": 1}\n{"task_id": \n', r"c\.jsonl:2: not JSON"),
+        ("d.jsonl", '["q1", "x", true]\n', r"d\.jsonl:1: expected an object"),
+        ("e.csv", "question_id,prediction,human_verdict\n", r"holds no labels"),
+        ("f.csv", "id,prediction,verdict\nq1,x,yes\nq1,x,no\n", r"conflicting human verdicts"),
+    ],
+)
 def test_bad_label_files_are_one_clear_error(tmp_path, name, text, message):
     path = tmp_path / name
     path.write_text(text)

@@ -1,5 +1,6 @@
 """The protocol card: model fingerprints (weights, SGLang /model_info, OpenAI /models), question-set and tool-stack
 hashes, and a resume with other weights at the same path refused."""
+
 import hashlib
 import json
 import os
@@ -39,8 +40,11 @@ def test_the_weights_hash_names_the_weights_and_writes_nothing_beside_them(tiny_
     def no_reading(path):
         raise AssertionError(f"{path} was hashed again")
 
-    monkeypatch.setattr(fingerprint, "sha256", lambda p: no_reading(p) if p.suffix == ".safetensors"
-                        else hashlib.sha256(p.read_bytes()).hexdigest())
+    monkeypatch.setattr(
+        fingerprint,
+        "sha256",
+        lambda p: no_reading(p) if p.suffix == ".safetensors" else hashlib.sha256(p.read_bytes()).hexdigest(),
+    )
     assert weights_fingerprint(copy, cache_dir=cache)["sha256"] == a["sha256"]
     monkeypatch.undo()
 
@@ -86,9 +90,11 @@ def test_the_question_set_hash_covers_ids_questions_and_answers_not_order():
     tasks = [Task("a", "Who?", ("X",)), Task("b", "Where?", ("Y", "Z"))]
     base = question_set(tasks)
     assert base == question_set(tasks[::-1]) and base["questions"] == 2
-    for changed in ([Task("a", "Who?", ("X",)), Task("b", "Where?", ("Y",))],
-                    [Task("a", "Who?", ("X",)), Task("c", "Where?", ("Y", "Z"))],
-                    [Task("a", "Who is it?", ("X",)), Task("b", "Where?", ("Y", "Z"))]):
+    for changed in (
+        [Task("a", "Who?", ("X",)), Task("b", "Where?", ("Y",))],
+        [Task("a", "Who?", ("X",)), Task("c", "Where?", ("Y", "Z"))],
+        [Task("a", "Who is it?", ("X",)), Task("b", "Where?", ("Y", "Z"))],
+    ):
         assert question_set(changed)["sha256"] != base["sha256"]
 
 
@@ -117,23 +123,41 @@ def test_a_replayed_web_cache_is_part_of_the_protocol_a_recording_one_is_not(tmp
     cache = WebCache(path, "read_write")
     cache.put("page", "https://example.org/a", {"title": "A page", "text": "new text"})
     cache.close()
-    assert stack("replay_only")[0]["web_cache"]["sha256"] != replay["web_cache"]["sha256"]  # other pages, other protocol
+    assert (
+        stack("replay_only")[0]["web_cache"]["sha256"] != replay["web_cache"]["sha256"]
+    )  # other pages, other protocol
     assert stack("read_write", block=["answers.example"])[0] == recording
 
 
 def test_a_run_card_records_the_env_it_ran(tiny_model_dir, small_bundle, tmp_path):
     kwargs = {**SMALL, "top_k": 3, "doc_chars": 120, "max_turns": 5, "tool_format": "hermes"}
-    summary = run_eval(SYN, str(tiny_model_dir), tmp_path / "run", k=1, judge="f1,em", env_kwargs=kwargs, max_tasks=2,
-                       concurrency=2, max_new_tokens=6, max_context=300, temperature=0.7, progress=False,
-                       workflow=NOISY)
+    summary = run_eval(
+        SYN,
+        str(tiny_model_dir),
+        tmp_path / "run",
+        k=1,
+        judge="f1,em",
+        env_kwargs=kwargs,
+        max_tasks=2,
+        concurrency=2,
+        max_new_tokens=6,
+        max_context=300,
+        temperature=0.7,
+        progress=False,
+        workflow=NOISY,
+    )
     card = summary["card"]
     assert card["hash"] == canonical_sha256(card["protocol"])
     protocol = card["protocol"]
     assert protocol["suite"]["env"] == SYN and protocol["suite"]["questions"] == 2
     assert protocol["primary"] == "f1" and set(protocol["judges"]) == {"f1", "em"}
     assert protocol["k"] == 1 and protocol["sampling"]["temperature"] == 0.7
-    assert protocol["budgets"] == {"max_turns": 5, "max_new_tokens_per_turn": 6, "max_context_tokens": 300,
-                                   "max_obs_tokens": None}
+    assert protocol["budgets"] == {
+        "max_turns": 5,
+        "max_new_tokens_per_turn": 6,
+        "max_context_tokens": 300,
+        "max_obs_tokens": None,
+    }
     tools = protocol["tools"]
     assert (tools["top_k"], tools["doc_chars"], tools["format"]) == (3, 120, "hermes")
     manifest = json.loads((small_bundle / "index" / "index.json").read_text())
@@ -145,16 +169,37 @@ def test_a_run_card_records_the_env_it_ran(tiny_model_dir, small_bundle, tmp_pat
     text = (tmp_path / "run" / "summary.md").read_text()
     assert text.index("## Protocol card") < text.index("## Scores") and card["hash"] in text
 
-    again = run_eval(SYN, str(tiny_model_dir), tmp_path / "other", k=1, judge="f1,em",
-                     env_kwargs={**kwargs, "top_k": 4}, max_tasks=2, concurrency=2, max_new_tokens=6, max_context=300,
-                     temperature=0.7, progress=False, workflow=NOISY)
+    again = run_eval(
+        SYN,
+        str(tiny_model_dir),
+        tmp_path / "other",
+        k=1,
+        judge="f1,em",
+        env_kwargs={**kwargs, "top_k": 4},
+        max_tasks=2,
+        concurrency=2,
+        max_new_tokens=6,
+        max_context=300,
+        temperature=0.7,
+        progress=False,
+        workflow=NOISY,
+    )
     assert differences([card, again["card"]]) == {"protocol.tools.top_k": [3, 4]}
 
 
 def test_a_resume_with_other_weights_at_the_same_path_is_refused(tiny_model_dir, small_bundle, tmp_path):
     model = Path(shutil.copytree(tiny_model_dir, tmp_path / "model"))
-    args = dict(k=1, judge="em", env_kwargs=dict(SMALL), max_tasks=1, concurrency=1, max_new_tokens=4,
-                max_context=300, progress=False, workflow=NOISY)
+    args = dict(
+        k=1,
+        judge="em",
+        env_kwargs=dict(SMALL),
+        max_tasks=1,
+        concurrency=1,
+        max_new_tokens=4,
+        max_context=300,
+        progress=False,
+        workflow=NOISY,
+    )
     run_eval(SYN, str(model), tmp_path / "run", **args)
     run_eval(SYN, str(model), tmp_path / "run", **args)  # same weights: resumes
     flip_last_byte(model / "model.safetensors")
@@ -168,12 +213,34 @@ def test_secrets_in_env_kwargs_never_reach_the_card(small_pool, small_index):
     from searchgym.envs.search_env import SearchEnv
     from searchgym.eval.card import build_card
 
-    kwargs = {"search_api_key": "sk-1", "search_options": {"token": "t", "max_obs_tokens": 5}, "top_k": 3,
-              "servers": ["http://h"], "password": None}
+    kwargs = {
+        "search_api_key": "sk-1",
+        "search_options": {"token": "t", "max_obs_tokens": 5},
+        "top_k": 3,
+        "servers": ["http://h"],
+        "password": None,
+    }
     env = SearchEnv(small_pool, small_index)
-    card = build_card(env_id="searchgym/LocalQA-v0", env=env, tasks=small_pool.tasks[:2], judges={"em": ExactMatch()},
-                      primary="em", judge_model=None, k=1, sampling=SamplingParams(), max_context=100, engine="x",
-                      model=None, workflow=None, run={"env_kwargs": kwargs, "seed": 0})
+    card = build_card(
+        env_id="searchgym/LocalQA-v0",
+        env=env,
+        tasks=small_pool.tasks[:2],
+        judges={"em": ExactMatch()},
+        primary="em",
+        judge_model=None,
+        k=1,
+        sampling=SamplingParams(),
+        max_context=100,
+        engine="x",
+        model=None,
+        workflow=None,
+        run={"env_kwargs": kwargs, "seed": 0},
+    )
     assert "sk-1" not in json.dumps(card) and '"t"' not in json.dumps(card)
-    assert card["run"]["env_kwargs"] == {"search_api_key": "<redacted>", "search_options": {
-        "token": "<redacted>", "max_obs_tokens": 5}, "top_k": 3, "servers": ["http://h"], "password": None}
+    assert card["run"]["env_kwargs"] == {
+        "search_api_key": "<redacted>",
+        "search_options": {"token": "<redacted>", "max_obs_tokens": 5},
+        "top_k": 3,
+        "servers": ["http://h"],
+        "password": None,
+    }

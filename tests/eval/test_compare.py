@@ -1,5 +1,6 @@
 """`searchgym eval compare` on real runs: refused across protocols (fields named), paired intervals across seeds,
 judge agreement and human labels on the card, and the report and comparison pages in headless Chromium."""
+
 import json
 import shutil
 import subprocess
@@ -18,8 +19,17 @@ from tests.servers import ThreadServer
 
 SYN = "searchgym/SyntheticQA-v0"
 NOISY = f"{Path(__file__).parent / 'stubs.py'}:NoisyOracle"
-RUN = dict(k=2, env_kwargs=dict(SMALL), max_tasks=6, concurrency=6, max_new_tokens=8, max_context=320, progress=False,
-           workflow=NOISY, judge="llm,em,f1")
+RUN = dict(
+    k=2,
+    env_kwargs=dict(SMALL),
+    max_tasks=6,
+    concurrency=6,
+    max_new_tokens=8,
+    max_context=320,
+    progress=False,
+    workflow=NOISY,
+    judge="llm,em,f1",
+)
 CHROMIUM = shutil.which("chromium")
 
 
@@ -40,8 +50,12 @@ def runs(tmp_path_factory, tiny_model_dir, small_bundle, judge_server):
         run_eval(SYN, str(tiny_model_dir), root / name, **{**RUN, "judge_model": f"openai:{url}/v1:judge-a", **changes})
         return root / name
 
-    return {"seed0": run("seed0"), "seed1": run("seed1", seed=1),
-            "judge_b": run("judge_b", judge_model=f"openai:{url}/v1:judge-b"), "fewer": run("fewer", max_tasks=4)}
+    return {
+        "seed0": run("seed0"),
+        "seed1": run("seed1", seed=1),
+        "judge_b": run("judge_b", judge_model=f"openai:{url}/v1:judge-b"),
+        "fewer": run("fewer", max_tasks=4),
+    }
 
 
 def stored(run_dir):
@@ -61,13 +75,19 @@ def per_question_reward(run_dir):
 
 # --- refusals ------------------------------------------------------------------------------------------
 
+
 def test_another_judge_model_is_refused_with_the_field_named(runs, capsys):
     with pytest.raises(ProtocolMismatch) as refused:
         compare_runs([runs["seed0"], runs["judge_b"]])
     assert refused.value.differences == {"protocol.judges.llm.model": ["judge-a", "judge-b"]}
     assert main(["eval", "compare", str(runs["seed0"]), str(runs["judge_b"])]) == 2
     err = capsys.readouterr().err
-    assert "refusing to compare" in err and "protocol.judges.llm.model" in err and '"judge-a"' in err and '"judge-b"' in err
+    assert (
+        "refusing to compare" in err
+        and "protocol.judges.llm.model" in err
+        and '"judge-a"' in err
+        and '"judge-b"' in err
+    )
     assert "--allow-different" in err
 
 
@@ -82,13 +102,29 @@ def test_another_question_set_is_refused_with_the_fields_named(runs, capsys):
 
 def test_allow_different_compares_on_shared_questions_and_lists_every_differing_field(runs, tmp_path, capsys):
     out = tmp_path / "cmp"
-    assert main(["eval", "compare", str(runs["seed0"]), str(runs["judge_b"]), str(runs["fewer"]),
-                 "--allow-different", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "compare",
+                str(runs["seed0"]),
+                str(runs["judge_b"]),
+                str(runs["fewer"]),
+                "--allow-different",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert printed.startswith("## WARNING: the protocols differ")
     comparison = json.loads((out / "compare.json").read_text())
-    assert set(comparison["protocol_differences"]) == {"protocol.judges.llm.model", "protocol.suite.questions",
-                                                       "protocol.suite.sha256"}
+    assert set(comparison["protocol_differences"]) == {
+        "protocol.judges.llm.model",
+        "protocol.suite.questions",
+        "protocol.suite.sha256",
+    }
     assert comparison["protocol_differences"]["protocol.judges.llm.model"] == ["judge-a", "judge-b", "judge-a"]
     fewer = [d for d in comparison["deltas"] if d["run"] == "fewer"]
     assert {d["metric"] for d in fewer} == {"reward", "llm", "em", "f1"} and all(d["tasks"] == 4 for d in fewer)
@@ -98,6 +134,7 @@ def test_allow_different_compares_on_shared_questions_and_lists_every_differing_
 
 
 # --- a paired interval across seeds -------------------------------------------------------------------
+
 
 def test_two_seeds_of_one_protocol_compare_with_a_paired_interval(runs, tmp_path):
     a, b = summary_of(runs["seed0"]), summary_of(runs["seed1"])
@@ -122,6 +159,7 @@ def test_two_seeds_of_one_protocol_compare_with_a_paired_interval(runs, tmp_path
 
 # --- the card: judges, agreement, labels ------------------------------------------------------------------
 
+
 def test_the_card_records_what_the_llm_judge_was_sent(runs, judge_server):
     _, requests = judge_server
     llm = summary_of(runs["seed0"])["card"]["protocol"]["judges"]["llm"]
@@ -137,7 +175,9 @@ def test_judge_agreement_names_the_samples_where_judges_split(runs):
     assert hedged, "NoisyOracle gave no partly right answer in this run"
     # the stub LLM judge accepts an answer that contains the label; exact match does not
     assert agreement["disagreements"] == len(hedged)
-    assert {(d["task_id"], d["sample"]) for d in agreement["disagreeing"]} == {(r["task_id"], r["sample"]) for r in hedged}
+    assert {(d["task_id"], d["sample"]) for d in agreement["disagreeing"]} == {
+        (r["task_id"], r["sample"]) for r in hedged
+    }
     assert all(d["calls"]["llm"] and not d["calls"]["em"] for d in agreement["disagreeing"])
     pair = next(p for p in agreement["pairs"] if (p["a"], p["b"]) == ("llm", "em"))
     answered = sum(r["prediction"] is not None for r in stored(runs["seed0"]))
@@ -152,10 +192,15 @@ def test_labels_score_each_judge_without_replaying_a_sample(runs, tiny_model_dir
     before = (run_dir / "samples.jsonl").read_bytes()
     rows = [r for r in stored(run_dir) if r["prediction"] is not None]
     labels = tmp_path / "labels.csv"  # a human who accepts hedged answers, like the LLM judge
-    labels.write_text("question_id,prediction,human_verdict\n" + "".join(
-        f'{r["task_id"]},"{r["prediction"]}",{"no" if r["prediction"] == "nobody knows" else "yes"}\n' for r in rows))
-    summary = run_eval(SYN, str(tiny_model_dir), run_dir, **{**RUN, "judge_model": f"openai:{url}/v1:judge-a"},
-                       labels=labels)
+    labels.write_text(
+        "question_id,prediction,human_verdict\n"
+        + "".join(
+            f'{r["task_id"]},"{r["prediction"]}",{"no" if r["prediction"] == "nobody knows" else "yes"}\n' for r in rows
+        )
+    )
+    summary = run_eval(
+        SYN, str(tiny_model_dir), run_dir, **{**RUN, "judge_model": f"openai:{url}/v1:judge-a"}, labels=labels
+    )
     assert (run_dir / "samples.jsonl").read_bytes() == before
     raters = summary["labels"]["raters"]
     assert summary["labels"]["unmatched_labels"] == 0 and raters["llm"]["accuracy"] == 1.0
@@ -180,9 +225,15 @@ def test_a_run_without_a_card_is_one_clear_error_and_a_rerun_writes_it(runs, tin
 
 # --- in a browser ------------------------------------------------------------------------------------------
 
+
 def dom(url: str) -> str:
-    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", url],
-                          capture_output=True, text=True, timeout=120, check=True).stdout
+    return subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
 
 
 class Page(HTMLParser):
@@ -235,8 +286,11 @@ def test_the_comparison_page_renders_in_chromium(runs, tmp_path):
     deltas = page.cells["deltas"]
     assert len(deltas) == 4 * 10 and deltas[:3] == ["seed1", "seed0", "reward"]  # reward, llm, em, f1
     scores = page.cells["scores"]
-    assert scores[:3] == ["reward Avg@k", f"{summary_of(runs['seed0'])['metrics']['avg@2/reward']:.3f}",
-                          f"{summary_of(runs['seed1'])['metrics']['avg@2/reward']:.3f}"]
+    assert scores[:3] == [
+        "reward Avg@k",
+        f"{summary_of(runs['seed0'])['metrics']['avg@2/reward']:.3f}",
+        f"{summary_of(runs['seed1'])['metrics']['avg@2/reward']:.3f}",
+    ]
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium package is not installed")

@@ -1,4 +1,6 @@
-"""`searchgym eval`: metrics, suites, the resumable sample store, end to end with the tiny model, and the HTML report."""
+"""`searchgym eval`: metrics, suites, the resumable sample store, end to end with the tiny model, and the HTML
+report."""
+
 import asyncio
 import itertools
 import json
@@ -30,6 +32,7 @@ FAST = {"max_new_tokens": 8, "max_context": 320, "progress": False}
 
 # --- metrics ---------------------------------------------------------------------------------------
 
+
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 8).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))
 def test_pass_at_k_matches_brute_force_enumeration(nck):
@@ -52,8 +55,12 @@ def sample(task, i, em, llm=None):
 
 
 def test_avg_and_pass_at_k_on_hand_made_samples():
-    samples = [sample("a", 0, 1.0, verdict(1.0)), sample("a", 1, 0.0, verdict(0.0, error="no verdict")),
-               sample("b", 0, 0.0, verdict(0.0)), sample("b", 1, 0.0, verdict(0.0))]
+    samples = [
+        sample("a", 0, 1.0, verdict(1.0)),
+        sample("a", 1, 0.0, verdict(0.0, error="no verdict")),
+        sample("b", 0, 0.0, verdict(0.0)),
+        sample("b", 1, 0.0, verdict(0.0)),
+    ]
     m = summarize(samples, 2)
     assert m["avg@2/em"] == 0.25 and m["pass@2/em"] == 0.5  # a: 1 of 2 -> 1.0; b: 0 of 2 -> 0.0
     assert m["avg@2/correct"] == 0.25 and m["pass@2/correct"] == 0.5  # the keys quickstart reads
@@ -73,6 +80,7 @@ def test_openai_spec_parsing():
 
 
 # --- suites ----------------------------------------------------------------------------------------
+
 
 def test_every_suite_is_a_gym_id_and_missing_data_says_where_to_put_it(tmp_path, monkeypatch):
     for suite in SUITES.values():
@@ -107,9 +115,16 @@ def test_local_suite_reads_the_asearcher_layout(tmp_path, small_bundle, small_po
 
 # --- the sample store ------------------------------------------------------------------------------
 
+
 def stored_row(i, **extra):
-    return {"task_id": "t", "sample": i, "reward": 0.0, "verdicts": {}, "stats": dict.fromkeys(STATS_FIELDS, 0),
-            **extra}
+    return {
+        "task_id": "t",
+        "sample": i,
+        "reward": 0.0,
+        "verdicts": {},
+        "stats": dict.fromkeys(STATS_FIELDS, 0),
+        **extra,
+    }
 
 
 def test_store_drops_a_line_cut_by_a_kill_and_rewrites_the_file(tmp_path):
@@ -130,6 +145,7 @@ def test_store_drops_a_line_cut_by_a_kill_and_rewrites_the_file(tmp_path):
 
 
 # --- end to end ------------------------------------------------------------------------------------
+
 
 def keys(out):
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
@@ -159,8 +175,9 @@ def check_metrics_are_the_rows(m, rows, k):
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     for name in ("em", "f1"):
         assert m[f"avg@{k}/{name}"] == pytest.approx(mean([r["verdicts"][name]["score"] for r in rows]))
-        assert m[f"pass@{k}/{name}"] == pytest.approx(mean([
-            pass_at_k(len(g), sum(r["verdicts"][name]["correct"] for r in g), k) for g in by_task.values()]))
+        assert m[f"pass@{k}/{name}"] == pytest.approx(
+            mean([pass_at_k(len(g), sum(r["verdicts"][name]["correct"] for r in g), k) for g in by_task.values()])
+        )
     assert m[f"avg@{k}/reward"] == pytest.approx(mean([r["reward"] for r in rows]))
     assert m["answered"] == mean([r["prediction"] is not None for r in rows])
     assert m["searches"] == mean([sum(t["tool"] == "search" for t in r["trajectory"]["turns"]) for r in rows])
@@ -170,12 +187,28 @@ def check_metrics_are_the_rows(m, rows, k):
 def test_eval_end_to_end_with_torch_engine_then_kill_and_resume(tmp_path, answering_model_dir, one_torch_thread):
     """A warm-started policy that answers: the judges score its answers, and the tables are the stored samples."""
     out = tmp_path / "eval"
-    args = dict(k=2, judge="em,f1", env_kwargs=WARM_ENV, max_tasks=4, concurrency=8, temperature=0.0,
-                max_new_tokens=24, max_context=1024, progress=False)
+    args = dict(
+        k=2,
+        judge="em,f1",
+        env_kwargs=WARM_ENV,
+        max_tasks=4,
+        concurrency=8,
+        temperature=0.0,
+        max_new_tokens=24,
+        max_context=1024,
+        progress=False,
+    )
     summary = run_eval(SYN, str(answering_model_dir), out, **args)
     m = summary["metrics"]
     assert m["tasks"] == 4 and m["samples"] == 8 and m["failures/em"] == m["failures/f1"] == 0
-    for name in ("samples.jsonl", "summary.json", "summary.md", "report.html", "score_vs_turns.png", "turns_searches.png"):
+    for name in (
+        "samples.jsonl",
+        "summary.json",
+        "summary.md",
+        "report.html",
+        "score_vs_turns.png",
+        "turns_searches.png",
+    ):
         assert (out / name).exists(), name
     assert (out / "score_vs_turns.png").read_bytes()[:4] == b"\x89PNG"
     assert "| em |" in (out / "summary.md").read_text()
@@ -251,8 +284,9 @@ def answering_server(answering_model_dir):
     yield from serve_model(answering_model_dir)
 
 
-def test_eval_cli_through_the_model_server_on_a_local_knowledge_suite(tmp_path, answering_server, small_bundle, capsys,
-                                                                      one_torch_thread):
+def test_eval_cli_through_the_model_server_on_a_local_knowledge_suite(
+    tmp_path, answering_server, small_bundle, capsys, one_torch_thread
+):
     """`searchgym eval` on a suite in ASearcher's data layout over a local index, played through SGLang's API: the
     suite's default judges score the answers of a policy that gives them."""
     import types
@@ -263,9 +297,29 @@ def test_eval_cli_through_the_model_server_on_a_local_knowledge_suite(tmp_path, 
     out = tmp_path / "eval"
     play = {k: WARM_ENV[k] for k in ("instructions", "top_k", "doc_chars", "max_turns")}
     env_kwargs = {"data_root": str(root), "index": str(small_bundle / "index"), **play}
-    code = main(["eval", "--env", "searchgym/HotpotQA-v0", "--engine", f"sglang:{answering_server}", "--k", "2",
-                 "--out", str(out), "--env-kwargs", json.dumps(env_kwargs), "--concurrency", "4",
-                 "--max-new-tokens", "24", "--max-context", "1024", "--temperature", "0"])
+    code = main(
+        [
+            "eval",
+            "--env",
+            "searchgym/HotpotQA-v0",
+            "--engine",
+            f"sglang:{answering_server}",
+            "--k",
+            "2",
+            "--out",
+            str(out),
+            "--env-kwargs",
+            json.dumps(env_kwargs),
+            "--concurrency",
+            "4",
+            "--max-new-tokens",
+            "24",
+            "--max-context",
+            "1024",
+            "--temperature",
+            "0",
+        ]
+    )
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["judges"] == ["em", "f1"] and summary["metrics"]["samples"] == 4  # the suite's default judges
@@ -285,13 +339,32 @@ EVIL = '<script>document.title="pwned"</script><img src=x onerror=alert(1)> & "q
 
 
 def report_fixture(tmp_path):
-    turns = [{"action": f"<search>{EVIL}</search>", "tool": "search", "observation": f"<information>{EVIL}</information>"},
-             {"action": "<answer>Paris</answer>", "tool": "answer", "observation": "over"}]
-    rows = [{"task_id": f"q{t}", "sample": s, "question": f"Question {t} {EVIL}", "answers": ["Paris"], "prediction": "Paris",
-             "reward": 1.0, "verdicts": {"em": verdict(float(s == 0)), "llm": verdict(0.0, error="no verdict")},
-             "stats": {"turns": 2, "searches": 1, "accesses": 0, "generated_tokens": 9, "answered": True, "stop_reason": "answer"},
-             "trajectory": {"turns": turns, "messages": [{"role": "user", "content": "prompt"}]}}
-            for t in range(2) for s in range(2)]
+    turns = [
+        {"action": f"<search>{EVIL}</search>", "tool": "search", "observation": f"<information>{EVIL}</information>"},
+        {"action": "<answer>Paris</answer>", "tool": "answer", "observation": "over"},
+    ]
+    rows = [
+        {
+            "task_id": f"q{t}",
+            "sample": s,
+            "question": f"Question {t} {EVIL}",
+            "answers": ["Paris"],
+            "prediction": "Paris",
+            "reward": 1.0,
+            "verdicts": {"em": verdict(float(s == 0)), "llm": verdict(0.0, error="no verdict")},
+            "stats": {
+                "turns": 2,
+                "searches": 1,
+                "accesses": 0,
+                "generated_tokens": 9,
+                "answered": True,
+                "stop_reason": "answer",
+            },
+            "trajectory": {"turns": turns, "messages": [{"role": "user", "content": "prompt"}]},
+        }
+        for t in range(2)
+        for s in range(2)
+    ]
     from searchgym.eval.harness import summarize_rows
 
     summary = summarize_rows(rows, 2, env_id=SYN, engine="tiny", judges=["em", "llm"])
@@ -301,7 +374,8 @@ def report_fixture(tmp_path):
 
 
 class Structure(HTMLParser):
-    """Cells of the scores table, <pre> texts inside the trajectory viewer, script texts and event-handler attributes."""
+    """Cells of the scores table, <pre> texts inside the trajectory viewer, script texts and event-handler
+    attributes."""
 
     def __init__(self):
         super().__init__()
@@ -335,7 +409,9 @@ class Structure(HTMLParser):
 def check_structure(text):
     doc = Structure()
     doc.feed(text)
-    assert doc.handlers == 0 and doc.scripts == [SCRIPT], "untrusted text became markup (only the report's own script runs)"
+    assert doc.handlers == 0 and doc.scripts == [SCRIPT], (
+        "untrusted text became markup (only the report's own script runs)"
+    )
     assert doc.title == f"searchgym eval: {SYN}"
     assert doc.cells[:5] == ["em", "0.500", "0.500", "1.000", "0"] and doc.cells[5] == "llm" and doc.cells[-1] == "4"
     assert any(f"<search>{EVIL}</search>" in p for p in doc.pres)
@@ -349,8 +425,13 @@ def test_report_escapes_untrusted_text(tmp_path):
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium package is not installed")
 def test_report_renders_in_headless_chromium(tmp_path):
     path = report_fixture(tmp_path)
-    dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", path.as_uri()],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+    dom = subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", path.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     check_structure(dom)  # the browser's DOM: the table rendered, the trajectory is text, nothing ran
 
 
@@ -358,8 +439,19 @@ def test_eval_through_an_openai_compatible_endpoint(tmp_path, answering_server, 
     """Text in, text out: the endpoint drops the stop string, the workflow puts the call's close back, the env
     parses it, and the judges score the answers of a policy that gives them."""
     out = tmp_path / "eval"
-    summary = run_eval(SYN, f"openai:{answering_server}/v1", out, k=2, judge="em,f1", max_tasks=4, concurrency=8,
-                       env_kwargs=WARM_ENV, temperature=0.0, max_new_tokens=24, progress=False)
+    summary = run_eval(
+        SYN,
+        f"openai:{answering_server}/v1",
+        out,
+        k=2,
+        judge="em,f1",
+        max_tasks=4,
+        concurrency=8,
+        env_kwargs=WARM_ENV,
+        temperature=0.0,
+        max_new_tokens=24,
+        progress=False,
+    )
     m = summary["metrics"]
     assert m["samples"] == 8 and m["generated_tokens"] == 0  # text only: no token arrays
     done, rows = keys(out)

@@ -1,5 +1,6 @@
 """A Hermes-format env end to end: a policy warm-started on `<tool_call>` JSON demonstrations trains for two
 RL steps and is evaluated, with generation stopping at the format's own close and every call parsed."""
+
 import json
 
 from safetensors.torch import load_file
@@ -59,15 +60,23 @@ def test_a_hermes_format_env_trains_and_evaluates_end_to_end(tmp_path, hermes_mo
     learnt = {chat[0]["content"] for chat in demos}  # the prompt is the question itself
     tasks = [t.id for t in list(gym.make(SYN, **HERMES_ENV).unwrapped.tasks)[:WARM_TASKS] if t.question in learnt]
     config = TrainConfig(
-        steps=2, out_dir=str(tmp_path / "rl"), env=EnvConfig(kwargs=HERMES_ENV), tasks=tasks,
+        steps=2,
+        out_dir=str(tmp_path / "rl"),
+        env=EnvConfig(kwargs=HERMES_ENV),
+        tasks=tasks,
         model=ModelConfig(path=str(model_dir)),
-        rollout=RolloutConfig(group_size=2, batch_size=2, max_new_tokens=MAX_NEW_TOKENS, max_context=1024,
-                              temperature=0.5),  # a ~60-token JSON call sampled at 1.0 often breaks somewhere
-        learner=LearnerConfig(drop_no_spread=False, lr=1e-3, temperature=0.5))
+        rollout=RolloutConfig(
+            group_size=2, batch_size=2, max_new_tokens=MAX_NEW_TOKENS, max_context=1024, temperature=0.5
+        ),  # a ~60-token JSON call sampled at 1.0 often breaks somewhere
+        learner=LearnerConfig(drop_no_spread=False, lr=1e-3, temperature=0.5),
+    )
     history = train(config, progress=False)
     assert [h["step"] for h in history] == [1, 2]
-    trained = [json.loads(line) for path in sorted((tmp_path / "rl" / "trajectories").glob("version-*.jsonl"))
-               for line in path.read_text().splitlines()]
+    trained = [
+        json.loads(line)
+        for path in sorted((tmp_path / "rl" / "trajectories").glob("version-*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
     assert len(trained) == 2 * 2 * 2
     counts = check_calls_stop_at_their_close(trained, tokenizer)
     assert counts.get("search", 0) >= 4 and counts.get("answer", 0) >= 4, counts
@@ -76,8 +85,19 @@ def test_a_hermes_format_env_trains_and_evaluates_end_to_end(tmp_path, hermes_mo
     changed = any(not before[name].equal(after[name]) for name in before)
     assert changed == any(h["grad_norm"] > 0 for h in history)  # the checkpoint is the trained policy
 
-    summary = run_eval(SYN, str(checkpoint), tmp_path / "eval", k=2, judge="em,f1", env_kwargs=HERMES_ENV,
-                       max_tasks=4, temperature=0.0, max_new_tokens=MAX_NEW_TOKENS, max_context=1024, progress=False)
+    summary = run_eval(
+        SYN,
+        str(checkpoint),
+        tmp_path / "eval",
+        k=2,
+        judge="em,f1",
+        env_kwargs=HERMES_ENV,
+        max_tasks=4,
+        temperature=0.0,
+        max_new_tokens=MAX_NEW_TOKENS,
+        max_context=1024,
+        progress=False,
+    )
     rows = [json.loads(line) for line in (tmp_path / "eval" / "samples.jsonl").read_text().splitlines()]
     counts = check_calls_stop_at_their_close([r["trajectory"] for r in rows], tokenizer)
     m = summary["metrics"]

@@ -1,5 +1,6 @@
 """The harness judges each answer once: where an eval judge is the env's own reference judge, the env's verdict
 is used as it is, and the stored verdicts are the same as judging again would give."""
+
 import asyncio
 from unittest import mock
 
@@ -9,8 +10,9 @@ from hypothesis import strategies as st
 from searchgym.envs.judges import FormatGate, TokenF1, make_judge
 from searchgym.eval.harness import env_verdicts, eval_judge, judge_all
 
-words = st.lists(st.sampled_from(["the", "Paris", "paris", "France", "a", "city", "1889", "Eiffel", "!"]),
-                 max_size=6).map(" ".join)
+words = st.lists(
+    st.sampled_from(["the", "Paris", "paris", "France", "a", "city", "1889", "Eiffel", "!"]), max_size=6
+).map(" ".join)
 
 
 @settings(max_examples=60, deadline=None)

@@ -1,6 +1,7 @@
 """Evaluation through failing dependencies (issue 26): a judge endpoint whose replies are cut at max_tokens, an
 agent endpoint that is down, and a stored row that lacks fields. Nothing is scored from a failure, nothing is
 lost, failures are counted apart across resumed processes, and a rerun with the endpoints back completes them."""
+
 import json
 import socket
 
@@ -27,14 +28,28 @@ def fast_retries(monkeypatch):
 def answering_agent(fails=None):
     """TEST DOUBLE: an OpenAI-compatible agent endpoint that answers every question at once with 'Velmora';
     `fails(prompt)` true makes it refuse that request with a 503 (as an overloaded server does)."""
+
     async def chat(request):
         body = await request.json()
         if fails is not None and fails(body["messages"][-1]["content"]):
             return web.json_response({"error": {"message": "overloaded"}}, status=503, headers={"Retry-After": "0"})
-        return web.json_response({"id": "a", "object": "chat.completion", "created": 0, "model": "agent",
-                                  "choices": [{"index": 0, "finish_reason": "stop",
-                                               "message": {"role": "assistant", "content": "<answer>Velmora</answer>"}}],
-                                  "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+        return web.json_response(
+            {
+                "id": "a",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "agent",
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": "<answer>Velmora</answer>"},
+                    }
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        )
+
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
     return serve_in_thread(app)
@@ -47,9 +62,21 @@ def closed_port_url():
 
 
 def evaluate(agent_url, judge_url, out):
-    return run_eval(SYN, f"openai:{agent_url}/v1", out, k=2, judge="em,llm", judge_model=f"openai:{judge_url}",
-                    max_tasks=3, concurrency=4, env_kwargs=WARM_ENV, temperature=0.0, max_new_tokens=16,
-                    progress=False, report=False)
+    return run_eval(
+        SYN,
+        f"openai:{agent_url}/v1",
+        out,
+        k=2,
+        judge="em,llm",
+        judge_model=f"openai:{judge_url}",
+        max_tasks=3,
+        concurrency=4,
+        env_kwargs=WARM_ENV,
+        temperature=0.0,
+        max_new_tokens=16,
+        progress=False,
+        report=False,
+    )
 
 
 def rows(out):
@@ -119,8 +146,25 @@ def test_the_eval_command_exits_non_zero_naming_an_agent_outage_and_its_rerun_co
 
     out = tmp_path / "eval"
     first = gym.make(SYN, **WARM_ENV).unwrapped.tasks[0].question
-    args = ["eval", "--env", SYN, "--k", "2", "--judge", "em", "--max-tasks", "3", "--out", str(out),
-            "--env-kwargs", json.dumps(WARM_ENV), "--max-new-tokens", "16", "--temperature", "0"]
+    args = [
+        "eval",
+        "--env",
+        SYN,
+        "--k",
+        "2",
+        "--judge",
+        "em",
+        "--max-tasks",
+        "3",
+        "--out",
+        str(out),
+        "--env-kwargs",
+        json.dumps(WARM_ENV),
+        "--max-new-tokens",
+        "16",
+        "--temperature",
+        "0",
+    ]
     with answering_agent(fails=lambda prompt: first in prompt) as agent:
         assert cli_main([*args, "--engine", f"openai:{agent}/v1"]) == 1
         err = capsys.readouterr().err
@@ -138,13 +182,19 @@ def test_the_eval_command_exits_non_zero_naming_an_agent_outage_and_its_rerun_co
 
 
 def _complete_row(i):
-    return {"task_id": "t", "sample": i, "reward": 0.5, "verdicts": {"em": {"score": 0.0, "correct": False}},
-            "stats": dict.fromkeys(STATS_FIELDS, 0)}
+    return {
+        "task_id": "t",
+        "sample": i,
+        "reward": 0.5,
+        "verdicts": {"em": {"score": 0.0, "correct": False}},
+        "stats": dict.fromkeys(STATS_FIELDS, 0),
+    }
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.sampled_from([*ROW_FIELDS, *(f"stats.{k}" for k in STATS_FIELDS)]), min_size=1, max_size=4,
-                unique=True))
+@given(
+    st.lists(st.sampled_from([*ROW_FIELDS, *(f"stats.{k}" for k in STATS_FIELDS)]), min_size=1, max_size=4, unique=True)
+)
 def test_any_missing_field_is_named_and_the_other_rows_load(tmp_path_factory, gone):
     path = tmp_path_factory.mktemp("store") / "samples.jsonl"
     broken = _complete_row(1)

@@ -1,4 +1,5 @@
 """The report as a tool: the trajectory filters and sorts in headless Chromium, the turn table, per-hop breakdowns."""
+
 import json
 import shutil
 import subprocess
@@ -12,31 +13,51 @@ from searchgym.eval.report import html_report, markdown, write_report
 
 CHROMIUM = shutil.which("chromium")
 #            task, sample, prediction,      em,  f1,  turns, stop,          hops
-SAMPLES = [("q1", 0, "Paris",               1.0, 1.0, 2, "answer", 1),
-           ("q1", 1, "Paris in France",     0.0, 0.5, 3, "answer", 1),   # f1 > 0.5? no (0.5): judges agree
-           ("q1", 2, "the city of Paris",   0.0, 0.8, 4, "answer", 1),   # judges disagree
-           ("q2", 0, None,                  0.0, 0.0, 5, "turn budget", 2),
-           ("q2", 1, "Lyon",                0.0, 0.0, 1, "answer", 2),
-           ("q2", 2, None,                  0.0, 0.0, 5, "turn budget", 2),
-           ("q3", 0, "Rome or Paris",       0.0, 0.67, 2, "answer", 2),  # judges disagree
-           ("q3", 1, "Paris",               1.0, 1.0, 1, "answer", 2),
-           ("q3", 2, "Paris",               1.0, 1.0, 1, "answer", 2),
-           ("q4", 0, "Oslo",                0.0, 0.0, 3, "answer", 3),
-           ("q4", 1, None,                  0.0, 0.0, 5, "turn budget", 3),
-           ("q4", 2, "Paris, yes",          0.0, 0.67, 4, "answer", 3)]  # judges disagree
+SAMPLES = [
+    ("q1", 0, "Paris", 1.0, 1.0, 2, "answer", 1),
+    ("q1", 1, "Paris in France", 0.0, 0.5, 3, "answer", 1),  # f1 > 0.5? no (0.5): judges agree
+    ("q1", 2, "the city of Paris", 0.0, 0.8, 4, "answer", 1),  # judges disagree
+    ("q2", 0, None, 0.0, 0.0, 5, "turn budget", 2),
+    ("q2", 1, "Lyon", 0.0, 0.0, 1, "answer", 2),
+    ("q2", 2, None, 0.0, 0.0, 5, "turn budget", 2),
+    ("q3", 0, "Rome or Paris", 0.0, 0.67, 2, "answer", 2),  # judges disagree
+    ("q3", 1, "Paris", 1.0, 1.0, 1, "answer", 2),
+    ("q3", 2, "Paris", 1.0, 1.0, 1, "answer", 2),
+    ("q4", 0, "Oslo", 0.0, 0.0, 3, "answer", 3),
+    ("q4", 1, None, 0.0, 0.0, 5, "turn budget", 3),
+    ("q4", 2, "Paris, yes", 0.0, 0.67, 4, "answer", 3),
+]  # judges disagree
 
 
 def rows():
     out = []
     for task, sample, prediction, em, f1, turns, stop, hops in SAMPLES:
-        verdicts = {"em": {"score": em, "correct": em == 1.0, "error": None},
-                    "f1": {"score": f1, "correct": em == 1.0, "error": None}}
+        verdicts = {
+            "em": {"score": em, "correct": em == 1.0, "error": None},
+            "f1": {"score": f1, "correct": em == 1.0, "error": None},
+        }
         steps = [{"action": "<search>Paris</search>", "tool": "search", "observation": "<information>…</information>"}]
-        out.append({"task_id": task, "sample": sample, "question": f"Question {task}?", "answers": ["Paris"],
-                    "prediction": prediction, "reward": f1, "subset": {"hops": hops}, "verdicts": verdicts,
-                    "stats": {"turns": turns, "searches": turns - 1, "accesses": 0, "generated_tokens": 5,
-                              "answered": prediction is not None, "stop_reason": stop},
-                    "trajectory": {"turns": steps * turns, "messages": [{"role": "user", "content": "prompt"}]}})
+        out.append(
+            {
+                "task_id": task,
+                "sample": sample,
+                "question": f"Question {task}?",
+                "answers": ["Paris"],
+                "prediction": prediction,
+                "reward": f1,
+                "subset": {"hops": hops},
+                "verdicts": verdicts,
+                "stats": {
+                    "turns": turns,
+                    "searches": turns - 1,
+                    "accesses": 0,
+                    "generated_tokens": 5,
+                    "answered": prediction is not None,
+                    "stop_reason": stop,
+                },
+                "trajectory": {"turns": steps * turns, "messages": [{"role": "user", "content": "prompt"}]},
+            }
+        )
     return out
 
 
@@ -80,19 +101,30 @@ class Viewer(HTMLParser):
 
 def view(path, fragment=""):
     page = Viewer()
-    page.feed(subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
-                              path.as_uri() + fragment], capture_output=True, text=True, timeout=120, check=True).stdout)
+    page.feed(
+        subprocess.run(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", path.as_uri() + fragment],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+    )
     return page
 
 
 def visible(page):
-    return sorted((task, int(attrs["data-turns"]), attrs["data-outcome"]) for task, hidden, attrs in page.samples
-                  if not hidden)
+    return sorted(
+        (task, int(attrs["data-turns"]), attrs["data-outcome"]) for task, hidden, attrs in page.samples if not hidden
+    )
 
 
 def expected(keep):
-    return sorted((t, turns, "unanswered" if p is None else ("correct" if em == 1.0 else "wrong"))
-                  for t, _, p, em, f1, turns, stop, _ in SAMPLES if keep(p, em, f1, turns, stop))
+    return sorted(
+        (t, turns, "unanswered" if p is None else ("correct" if em == 1.0 else "wrong"))
+        for t, _, p, em, f1, turns, stop, _ in SAMPLES
+        if keep(p, em, f1, turns, stop)
+    )
 
 
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium package is not installed")
@@ -104,18 +136,26 @@ def test_the_unfiltered_viewer_shows_everything_by_question_id_with_the_turn_tab
     assert visible(page) == expected(lambda *_: True) and page.shown == "12 of 12 samples shown, in 4 of 4 questions"
     assert [task for task, _ in page.questions] == ["q1", "q2", "q3", "q4"]
     cells = page.turn_cells  # samples and mean score per number of turns, what the turns plot draws
-    assert [cells[i:i + 3] for i in range(0, len(cells), 3)] == [
-        ["turns", "samples", "mean em"], ["1", "3", "0.667"], ["2", "2", "0.500"], ["3", "2", "0.000"],
-        ["4", "2", "0.000"], ["5", "3", "0.000"]]
+    assert [cells[i : i + 3] for i in range(0, len(cells), 3)] == [
+        ["turns", "samples", "mean em"],
+        ["1", "3", "0.667"],
+        ["2", "2", "0.500"],
+        ["3", "2", "0.000"],
+        ["4", "2", "0.000"],
+        ["5", "3", "0.000"],
+    ]
 
 
 @needs_chromium
-@pytest.mark.parametrize("fragment, keep", [
-    ("#outcome=disagree", lambda p, em, f1, turns, stop: p is not None and em == 0.0 and f1 > 0.5),
-    ("#outcome=wrong&stop=" + quote("answer"), lambda p, em, f1, turns, stop: p is not None and em == 0.0),
-    ("#stop=" + quote("turn budget"), lambda p, em, f1, turns, stop: stop == "turn budget"),
-    ("#min_turns=2&max_turns=3", lambda p, em, f1, turns, stop: 2 <= turns <= 3),
-])
+@pytest.mark.parametrize(
+    "fragment, keep",
+    [
+        ("#outcome=disagree", lambda p, em, f1, turns, stop: p is not None and em == 0.0 and f1 > 0.5),
+        ("#outcome=wrong&stop=" + quote("answer"), lambda p, em, f1, turns, stop: p is not None and em == 0.0),
+        ("#stop=" + quote("turn budget"), lambda p, em, f1, turns, stop: stop == "turn budget"),
+        ("#min_turns=2&max_turns=3", lambda p, em, f1, turns, stop: 2 <= turns <= 3),
+    ],
+)
 def test_the_filters_show_exactly_the_matching_samples(report, fragment, keep):
     page = view(report[0] / "report.html", fragment)
     want = expected(keep)
@@ -126,10 +166,13 @@ def test_the_filters_show_exactly_the_matching_samples(report, fragment, keep):
 
 
 @needs_chromium
-@pytest.mark.parametrize("fragment, order", [
-    ("#sort=turns-desc", ["q4", "q2", "q1", "q3"]),                 # mean turns 4, 3.67, 3, 1.33
-    ("#sort=score-asc&outcome=correct", ["q2", "q4", "q1", "q3"]),  # mean em 0, 0 (ties by id; hidden), 1/3, 2/3
-])
+@pytest.mark.parametrize(
+    "fragment, order",
+    [
+        ("#sort=turns-desc", ["q4", "q2", "q1", "q3"]),  # mean turns 4, 3.67, 3, 1.33
+        ("#sort=score-asc&outcome=correct", ["q2", "q4", "q1", "q3"]),  # mean em 0, 0 (ties by id; hidden), 1/3, 2/3
+    ],
+)
 def test_the_viewer_sorts_questions(report, fragment, order):
     assert [task for task, _ in view(report[0] / "report.html", fragment).questions] == order
 

@@ -1,4 +1,5 @@
 """Shared by the integration tests: the small SyntheticQA env kwargs, one torch thread, the env served on loopback."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,5 +1,6 @@
 """GEM and SkyRL-gym run searchgym envs through their own APIs: gem.make with GEM's wrappers and vector env,
 skyrl_gym.make with SkyRL's init/step loop. The oracle wins (reward 1 at the end), and a judge failure raises."""
+
 from __future__ import annotations
 
 import pytest
@@ -29,8 +30,9 @@ def oracle_actions(searchgym_env):
 
 def test_gem_make_with_gems_wrappers_plays_an_oracle_episode_to_reward_one():
     assert GEM_ID in register_gem() and GEM_ID in register_gem()  # idempotent
-    env = ObservationWrapper(EpisodeTrackingWrapper(gem.make(GEM_ID, env_kwargs=KWARGS)),
-                             include_action=True, include_chat_template=False)
+    env = ObservationWrapper(
+        EpisodeTrackingWrapper(gem.make(GEM_ID, env_kwargs=KWARGS)), include_action=True, include_chat_template=False
+    )
     obs, info = env.reset(seed=3)
     inner = env.unwrapped._env
     assert inner.task.question in obs and info["step_counter"] == 0

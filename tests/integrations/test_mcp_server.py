@@ -1,4 +1,5 @@
 """`searchgym serve mcp` against the official MCP client (`mcp.ClientSession`) over streamable HTTP and stdio."""
+
 from __future__ import annotations
 
 import asyncio
@@ -61,9 +62,21 @@ async def http_session(url: str):
 
 def stdio_params() -> StdioServerParameters:
     """The CLI as a subprocess speaking MCP over its stdin/stdout."""
-    return StdioServerParameters(command=sys.executable, env=dict(os.environ),
-                                 args=["-m", "searchgym.cli", "serve", "mcp", ENV_ID, "--transport", "stdio",
-                                       "--env-kwargs", json.dumps(KWARGS)])
+    return StdioServerParameters(
+        command=sys.executable,
+        env=dict(os.environ),
+        args=[
+            "-m",
+            "searchgym.cli",
+            "serve",
+            "mcp",
+            ENV_ID,
+            "--transport",
+            "stdio",
+            "--env-kwargs",
+            json.dumps(KWARGS),
+        ],
+    )
 
 
 @contextlib.asynccontextmanager
@@ -131,15 +144,24 @@ async def test_an_oracle_episode_over_stdio(tasks):
 def test_a_stdio_server_whose_client_goes_mid_episode_exits_cleanly():
     """stdin closing mid-episode ends the one session and the server process with it: exit 0, no orphan env."""
     params = stdio_params()
-    server = subprocess.Popen([params.command, *params.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE)
+    server = subprocess.Popen(
+        [params.command, *params.args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     try:
-        for message in ({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                            "protocolVersion": "2025-06-18", "capabilities": {},
-                            "clientInfo": {"name": "test", "version": "0"}}},
-                        {"jsonrpc": "2.0", "method": "notifications/initialized"},
-                        {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                         "params": {"name": "start", "arguments": {"index": 0}}}):
+        for message in (
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "test", "version": "0"},
+                },
+            },
+            {"jsonrpc": "2.0", "method": "notifications/initialized"},
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "start", "arguments": {"index": 0}}},
+        ):
             server.stdin.write((json.dumps(message) + "\n").encode())
         server.stdin.flush()
         replies = [json.loads(server.stdout.readline()) for _ in range(2)]
@@ -317,9 +339,11 @@ async def test_a_cancelled_client_task_frees_its_env(served):
     await wait_for(lambda: server.open_envs() == 0, "the cancelled client's env to close")
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-                    | st.text(max_size=20), lambda inner: st.lists(inner, max_size=3)
-                    | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
 VALUES = JSON | st.just("x" * (MAX_ARGUMENT_CHARS + 1)) | st.just("y" * 2**20) | st.just("")
 KEYS = st.sampled_from(["query", "url", "answer", "seed", "task_id", "index"]) | st.text(max_size=8)
 
@@ -340,8 +364,10 @@ def test_junk_arguments_are_tool_errors_or_observations_and_the_server_stays_up(
     with anyio.from_thread.start_blocking_portal() as portal:
 
         @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-        @given(tool=st.sampled_from(["start", "search", "access", "answer"]),
-               arguments=st.dictionaries(KEYS, VALUES, max_size=3))
+        @given(
+            tool=st.sampled_from(["start", "search", "access", "answer"]),
+            arguments=st.dictionaries(KEYS, VALUES, max_size=3),
+        )
         def check(tool, arguments):
             result, follow = portal.call(call, tool, arguments)
             assert result.content and text(result).strip() and len(text(result)) < 2000
@@ -383,7 +409,10 @@ async def test_a_judge_failure_is_no_reward_not_a_zero(tasks):
     await server.call(episode, "start", {"task_id": tasks[0].id})
     content, result = await server.call(episode, "answer", {"answer": tasks[0].answers[0]})
     assert result["done"] and result["reward"] is None and result["judge_error"] == "judge endpoint timed out"
-    assert result["verdict"]["error"] == "judge endpoint timed out" and "No reward: the judge could not score" in content[-1].text
+    assert (
+        result["verdict"]["error"] == "judge endpoint timed out"
+        and "No reward: the judge could not score" in content[-1].text
+    )
     episode.close()
     episode.close()  # the session's end after an explicit close: nothing more to close
     assert server.open_envs() == 0
@@ -393,10 +422,18 @@ def test_serve_mcp_settings_are_checked_naming_them():
     from searchgym.cli import build_parser
 
     args = build_parser().parse_args(["serve", "mcp", ENV_ID])
-    assert (args.transport, args.host, args.max_sessions, args.session_idle_timeout) == ("streamable-http",
-                                                                                         "127.0.0.1", 64, 600.0)
-    for flag, value in (("--transport", "sse"), ("--session-idle-timeout", "0"), ("--max-sessions", "0"),
-                        ("--header-timeout", "nan")):
+    assert (args.transport, args.host, args.max_sessions, args.session_idle_timeout) == (
+        "streamable-http",
+        "127.0.0.1",
+        64,
+        600.0,
+    )
+    for flag, value in (
+        ("--transport", "sse"),
+        ("--session-idle-timeout", "0"),
+        ("--max-sessions", "0"),
+        ("--header-timeout", "nan"),
+    ):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", "mcp", ENV_ID, flag, value])
     with pytest.raises(ValueError, match="max_sessions"):

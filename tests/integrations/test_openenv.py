@@ -1,4 +1,5 @@
 """OpenEnv: our server on loopback against OpenEnv's own clients and its shipped conformance checks."""
+
 from __future__ import annotations
 
 import asyncio
@@ -71,21 +72,26 @@ def test_openenvs_generic_client_plays_an_episode(server_url, task_ids):
 
 def test_served_episode_equals_the_in_process_episode(server_url, task_ids):
     """Same seed, same actions: the server's episode is the in-process env's, reward included."""
-    actions = [SearchAction(tool="search", argument="capital"), SearchAction(text="<search> river </search>"),
-               SearchAction(tool="answer", argument="Kelveholm")]
+    actions = [
+        SearchAction(tool="search", argument="capital"),
+        SearchAction(text="<search> river </search>"),
+        SearchAction(tool="answer", argument="Kelveholm"),
+    ]
     local = gym.make(ENV_ID, **ENV_KWARGS)
     obs, info = local.reset(seed=7)
     expected = [(obs, None, False)]
     for action in actions:
-        text = action.text if action.text is not None else \
-            f'<tool_call>{json.dumps({"name": action.tool, "arguments": {"query" if action.tool == "search" else "answer": action.argument}})}</tool_call>'
+        key = "query" if action.tool == "search" else "answer"
+        call = json.dumps({"name": action.tool, "arguments": {key: action.argument}})
+        text = action.text if action.text is not None else f"<tool_call>{call}</tool_call>"
         obs, reward, terminated, truncated, info = local.step(text)
         expected.append((obs, reward, terminated or truncated))
     local.close()
 
     with SearchGymClient(base_url=server_url).sync() as client:
-        got = [(r.observation.text, r.reward, r.done) for r in
-               [client.reset(seed=7)] + [client.step(a) for a in actions]]
+        got = [
+            (r.observation.text, r.reward, r.done) for r in [client.reset(seed=7)] + [client.step(a) for a in actions]
+        ]
     assert got == expected
     assert got[-1][2] and got[-1][1] == expected[-1][1]  # the episode ends on the answer, with the judge's score
 
@@ -121,8 +127,13 @@ def test_a_killed_client_leaks_no_session(server_url, task_ids):
         "ws.send(json.dumps({'type': 'step', 'data': {'tool': 'search', 'argument': 'x'}})); ws.recv()\n"
         "print('ready', flush=True); sys.stdin.read()\n"
     )
-    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.getcwd()})
+    child = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=os.getcwd(),
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     try:
         assert child.stdout.readline().strip() == b"ready"
         assert open_sessions() == before + 1
@@ -137,9 +148,16 @@ def test_a_killed_client_leaks_no_session(server_url, task_ids):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(action=st.fixed_dictionaries({}, optional={
-    "tool": st.one_of(st.sampled_from(["search", "access", "answer"]), st.text(max_size=20)),
-    "argument": st.text(max_size=200), "text": st.text(max_size=200)}))
+@given(
+    action=st.fixed_dictionaries(
+        {},
+        optional={
+            "tool": st.one_of(st.sampled_from(["search", "access", "answer"]), st.text(max_size=20)),
+            "argument": st.text(max_size=200),
+            "text": st.text(max_size=200),
+        },
+    )
+)
 def test_bad_actions_are_observations_never_a_500(server_url, action):
     """Over the stateless HTTP route and a WebSocket session alike, any well-typed action gets an observation."""
     response = requests.post(f"{server_url}/step", json={"action": action}, timeout=30)
@@ -152,11 +170,13 @@ def test_bad_actions_are_observations_never_a_500(server_url, action):
     has_text, has_call = "text" in action, bool({"tool", "argument"} & set(action))
     if has_text == has_call:  # both forms, or neither: explained, and no turn is spent
         assert "either `text`" in result.observation.text and result.observation.turn == 0
-    elif has_call and (action.get("tool") not in ("search", "access", "answer")
-                       or not action.get("argument", "").strip()):
+    elif has_call and (
+        action.get("tool") not in ("search", "access", "answer") or not action.get("argument", "").strip()
+    ):
         # an unknown tool or a call without its argument: explained, and no turn is spent (as docs/integrations.md says)
         assert "Nothing was run" in result.observation.text and result.observation.turn == 0 and not result.done
-    else:  # one turn spent; only an answer call can end the episode (a valid one does: {"tool": "answer", "argument": "0"})
+    else:
+        # one turn spent; only an answer call can end the episode (a valid one does: tool answer, argument "0")
         assert result.observation.turn == 1
         assert not result.done or (has_call and action.get("tool") == "answer")
 
@@ -178,8 +198,9 @@ def test_judge_failure_ends_with_no_reward_and_the_error(task_ids):
 
 
 def test_process_rewards_are_paid_refined_at_the_end(task_ids):
-    env = SearchGymEnvironment(ENV_ID, {**ENV_KWARGS, "max_turns": 8}, process_reward="clip", process_weight=0.5,
-                               process_threshold=0.5)
+    env = SearchGymEnvironment(
+        ENV_ID, {**ENV_KWARGS, "max_turns": 8}, process_reward="clip", process_weight=0.5, process_threshold=0.5
+    )
     try:
         paid = []
         for repeats in (1, 4):
@@ -198,8 +219,11 @@ def test_process_rewards_are_paid_refined_at_the_end(task_ids):
 def test_searchgym_serve_env_serves_a_registered_id(task_ids, tmp_path):
     port = free_port()
     kwargs = json.dumps(ENV_KWARGS)
-    proc = subprocess.Popen([sys.executable, "-m", "searchgym.cli", "serve", "env", ENV_ID, "--env-kwargs", kwargs,
-                             "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "searchgym.cli", "serve", "env", ENV_ID, "--env-kwargs", kwargs, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
 
@@ -219,8 +243,12 @@ def test_searchgym_serve_env_serves_a_registered_id(task_ids, tmp_path):
 
 
 def test_serve_env_refuses_bad_kwargs_clearly():
-    bad = subprocess.run([sys.executable, "-m", "searchgym.cli", "serve", "env", ENV_ID, "--env-kwargs", "[1, 2]"],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "searchgym.cli", "serve", "env", ENV_ID, "--env-kwargs", "[1, 2]"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "expected a JSON object" in bad.stderr
     with pytest.raises(ValueError, match="unknown env id"):
         make_app("searchgym/Nope-v0")

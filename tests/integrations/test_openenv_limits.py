@@ -1,6 +1,7 @@
 """`serve env` holds under abuse: silent WebSocket sessions time out and free their slots, bodies over the cap are
 a 413 before they are read, every bad reset or step field is a 422 (an error frame over the WebSocket) naming it,
 and uvicorn's connections get a header timeout. Real clients: OpenEnv's own, websockets, requests, raw sockets."""
+
 from __future__ import annotations
 
 import contextlib
@@ -40,8 +41,9 @@ def n_tasks():
 @pytest.fixture(scope="module")
 def limited_url():
     """The env served as `serve env` serves it (our uvicorn options), with small limits, on 127.0.0.1."""
-    app = make_app(ENV_ID, ENV_KWARGS, max_sessions=4, max_body_bytes=MAX_BODY, session_idle_timeout=IDLE_S,
-                   body_timeout=1.0)
+    app = make_app(
+        ENV_ID, ENV_KWARGS, max_sessions=4, max_body_bytes=MAX_BODY, session_idle_timeout=IDLE_S, body_timeout=1.0
+    )
     limits = ServerLimits(header_timeout=1.0, idle_timeout=2.0, max_connections=CAP)
     with uvicorn_in_thread(app, **uvicorn_options(limits, MAX_BODY)) as url:
         yield url
@@ -76,8 +78,10 @@ def test_silent_sessions_time_out_and_a_fifth_client_gets_in(limited_url):
 def test_a_body_over_the_cap_is_refused_before_it_is_read(limited_url):
     """The issue's case: a 100 MB POST /step was read whole (peak 506 MB). The head alone gets the 413."""
     with socket.create_connection(("127.0.0.1", int(limited_url.rsplit(":", 1)[1])), timeout=10) as sock:
-        sock.sendall(b"POST /step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 100000000\r\n\r\n" + b"{" * 1000)  # 1 kB of the 100 MB promised
+        sock.sendall(
+            b"POST /step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100000000\r\n\r\n" + b"{" * 1000
+        )  # 1 kB of the 100 MB promised
         reply = sock.recv(65536)
         while b"max_body_bytes" not in reply and (chunk := sock.recv(65536)):  # head and body may come apart
             reply += chunk
@@ -87,8 +91,9 @@ def test_a_body_over_the_cap_is_refused_before_it_is_read(limited_url):
         for _ in range(200):
             yield b" " * 2**16
 
-    response = requests.post(f"{limited_url}/reset", data=chunks(), headers={"Content-Type": "application/json"},
-                             timeout=60)
+    response = requests.post(
+        f"{limited_url}/reset", data=chunks(), headers={"Content-Type": "application/json"}, timeout=60
+    )
     assert response.status_code == 413 and "max_body_bytes" in response.json()["detail"]
     ok = requests.post(f"{limited_url}/step", json={"action": {"text": "x" * (MAX_BODY // 2)}}, timeout=30)
     assert ok.status_code == 200  # under the cap: served as before
@@ -101,8 +106,10 @@ def test_a_body_over_the_cap_is_refused_before_it_is_read(limited_url):
 
 def test_a_body_that_stalls_after_its_head_is_a_408(limited_url):
     with socket.create_connection(("127.0.0.1", int(limited_url.rsplit(":", 1)[1])), timeout=15) as sock:
-        sock.sendall(b"POST /step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: 1000\r\n\r\n{\"action\": ")  # then nothing more
+        sock.sendall(
+            b"POST /step HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 1000\r\n\r\n{"action": '
+        )  # then nothing more
         started, reply = time.monotonic(), b""
         while b"body_timeout" not in reply and (chunk := sock.recv(65536)):
             reply += chunk
@@ -122,13 +129,26 @@ def test_reset_indices_at_the_edges(limited_url, n_tasks):
 
 JSON_FLOATS = st.floats(allow_nan=False, allow_infinity=False)  # what a JSON client can send
 BAD_RESET = {
-    "index": st.one_of(st.integers(max_value=-1), st.integers(min_value=10**6), JSON_FLOATS, st.text(max_size=4),
-                       st.booleans(), st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2), st.none())),
-    "seed": st.one_of(JSON_FLOATS, st.text(min_size=1, max_size=4), st.booleans(), st.lists(st.integers(), max_size=2),
-                      st.integers(max_value=-1)),
+    "index": st.one_of(
+        st.integers(max_value=-1),
+        st.integers(min_value=10**6),
+        JSON_FLOATS,
+        st.text(max_size=4),
+        st.booleans(),
+        st.lists(st.integers(), max_size=2),
+        st.dictionaries(st.text(max_size=2), st.none()),
+    ),
+    "seed": st.one_of(
+        JSON_FLOATS,
+        st.text(min_size=1, max_size=4),
+        st.booleans(),
+        st.lists(st.integers(), max_size=2),
+        st.integers(max_value=-1),
+    ),
     "task_id": st.one_of(st.integers(), JSON_FLOATS, st.booleans(), st.lists(st.text(max_size=3), max_size=2)),
-    "episode_id": st.one_of(st.integers(), st.lists(st.text(max_size=3), max_size=2),
-                            st.text(min_size=256, max_size=300)),
+    "episode_id": st.one_of(
+        st.integers(), st.lists(st.text(max_size=3), max_size=2), st.text(min_size=256, max_size=300)
+    ),
     "unknown": st.one_of(st.integers(), st.text(max_size=4), st.none()),
 }
 
@@ -195,8 +215,11 @@ def test_past_the_connection_cap_uvicorn_answers_503_until_held_sockets_time_out
     try:
         response = requests.get(f"{limited_url}/health", timeout=10)
         assert response.status_code == 503  # full: refused cleanly, not queued
-        wait_until(lambda: requests.get(f"{limited_url}/health", timeout=10).status_code == 200,
-                   "the held sockets' header timeout to free the server", limit=15)
+        wait_until(
+            lambda: requests.get(f"{limited_url}/health", timeout=10).status_code == 200,
+            "the held sockets' header timeout to free the server",
+            limit=15,
+        )
     finally:
         for sock in held:
             sock.close()
@@ -205,8 +228,11 @@ def test_past_the_connection_cap_uvicorn_answers_503_until_held_sockets_time_out
 def test_an_idle_http_mcp_session_is_reaped_too(limited_url):
     """OpenEnv's HTTP MCP sessions hold a slot as a WebSocket does; its reaper frees them after the idle timeout."""
     before = open_sessions()
-    created = requests.post(f"{limited_url}/mcp", json={"jsonrpc": "2.0", "method": "openenv/session/create",
-                                                        "params": {}, "id": 1}, timeout=30)
+    created = requests.post(
+        f"{limited_url}/mcp",
+        json={"jsonrpc": "2.0", "method": "openenv/session/create", "params": {}, "id": 1},
+        timeout=30,
+    )
     assert created.status_code == 200 and created.json()["result"]["session_id"]
     assert open_sessions() == before + 1
     wait_until(lambda: open_sessions() == before, "the idle MCP session to be reaped", limit=30)  # checked every 5 s
@@ -235,10 +261,19 @@ def test_serve_env_flags_are_checked():
     from searchgym.cli import build_parser
 
     args = build_parser().parse_args(["serve", "env", ENV_ID])
-    assert (args.session_idle_timeout, args.max_body_bytes, args.header_timeout, args.body_timeout) == (600.0, 2**20,
-                                                                                                      15.0, 60.0)
-    for flag, value in (("--session-idle-timeout", "0"), ("--max-body-bytes", "-5"), ("--max-sessions", "0"),
-                        ("--max-connections", "x"), ("--header-timeout", "nan")):
+    assert (args.session_idle_timeout, args.max_body_bytes, args.header_timeout, args.body_timeout) == (
+        600.0,
+        2**20,
+        15.0,
+        60.0,
+    )
+    for flag, value in (
+        ("--session-idle-timeout", "0"),
+        ("--max-body-bytes", "-5"),
+        ("--max-sessions", "0"),
+        ("--max-connections", "x"),
+        ("--header-timeout", "nan"),
+    ):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", "env", ENV_ID, flag, value])
     for key, value in (("max_sessions", 0), ("max_body_bytes", 1.5), ("session_idle_timeout", -1), ("body_timeout", 0)):

@@ -1,4 +1,5 @@
 """TRL: the environment class against the real env, and one real GRPOTrainer step on the tiny model."""
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,11 @@ def test_each_rollouts_transcript_is_public_and_logged_without_becoming_a_tool(t
 
     log = tmp_path / "rollouts.jsonl"
     env_class = SearchGymEnv.configured(ENV_ID, transcripts=log, **ENV_KWARGS)
-    tools = {name for name, _ in inspect.getmembers(env_class, predicate=inspect.isfunction)  # TRL's tool discovery
-             if name not in ("reset", "get_reward") and not name.startswith("_")}
+    tools = {
+        name
+        for name, _ in inspect.getmembers(env_class, predicate=inspect.isfunction)  # TRL's tool discovery
+        if name not in ("reset", "get_reward") and not name.startswith("_")
+    }
     assert tools == {"search", "access", "answer"}
     env = env_class()
     env.reset(task_id=task_ids[2])
@@ -68,7 +72,9 @@ def test_each_rollouts_transcript_is_public_and_logged_without_becoming_a_tool(t
     env.answer(gold(env))
     transcript = env.transcript
     assert transcript["task_id"] == task_ids[2] and transcript["done"]
-    assert [s["tool"] for s in transcript["steps"]] == ["search", "answer"] and transcript["steps"][0]["observation"] == seen
+    assert [s["tool"] for s in transcript["steps"]] == ["search", "answer"] and transcript["steps"][0][
+        "observation"
+    ] == seen
     assert env.get_reward() == 1.0
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["reward"] == 1.0 and rows[0]["steps"][1]["argument"] == gold(env)
@@ -79,8 +85,11 @@ def test_env_and_dataset_from_the_same_kwargs_and_a_mismatch_explained():
     for task_id in dataset["task_id"]:
         assert env_class().reset(task_id=task_id)
     other = SearchGymEnv.configured(ENV_ID, **{**ENV_KWARGS, "n_tasks": 20})
-    missing = next(t for t in task_dataset(ENV_ID, **ENV_KWARGS)["task_id"]
-                   if t not in {x.id for x in other()._env.unwrapped.tasks})
+    missing = next(
+        t
+        for t in task_dataset(ENV_ID, **ENV_KWARGS)["task_id"]
+        if t not in {x.id for x in other()._env.unwrapped.tasks}
+    )
     with pytest.raises(ValueError, match="same kwargs"):
         other().reset(task_id=missing)
 
@@ -118,8 +127,7 @@ def test_a_judge_failure_is_unscorable_not_zero(task_ids):
 def test_repeating_a_rewarded_search_cannot_raise_the_reward(mode, task_ids):
     """Process rewards (a search that finds the answer page) cross only refined: repetition never pays."""
     kwargs = {**ENV_KWARGS, "max_turns": 8}
-    env = SearchGymEnv.configured(ENV_ID, process_reward=mode, process_weight=0.5, process_threshold=0.5,
-                                  **kwargs)()
+    env = SearchGymEnv.configured(ENV_ID, process_reward=mode, process_weight=0.5, process_threshold=0.5, **kwargs)()
     rewards = []
     for repeats in (1, 3, 6):
         env.reset(task_id=task_ids[0])
@@ -182,12 +190,14 @@ def test_demonstrations_are_solved_episodes_in_trls_tool_format(env_class, task_
 
 def test_tokenizer_gets_a_hermes_response_parser(tiny_model_dir):
     tokenizer = tool_calling_tokenizer(str(tiny_model_dir))
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "q"}], add_generation_prompt=True,
-                                           tokenize=False)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "q"}], add_generation_prompt=True, tokenize=False
+    )
     reply = '<tool_call>\n{"name": "search", "arguments": {"query": "Aldra"}}\n</tool_call><|im_end|>'
     parsed = tokenizer.parse_response(reply, prefix=prompt)
-    assert parsed["tool_calls"] == [{"type": "function", "function": {"name": "search",
-                                                                       "arguments": {"query": "Aldra"}}}]
+    assert parsed["tool_calls"] == [
+        {"type": "function", "function": {"name": "search", "arguments": {"query": "Aldra"}}}
+    ]
 
 
 def warm_start(model_dir, out_dir, env_class, task_ids, steps: int = 100):
@@ -202,11 +212,15 @@ def warm_start(model_dir, out_dir, env_class, task_ids, steps: int = 100):
     for task_id in task_ids:
         chat = [{"role": "user", "content": env.reset(task_id=task_id)}]
         call = {"type": "function", "function": {"name": "answer", "arguments": {"answer": gold(env)}}}
-        prompt = tokenizer.apply_chat_template(chat, tools=tool_schemas(env), add_generation_prompt=True,
-                                               return_dict=False)
-        full = tokenizer.apply_chat_template(chat + [{"role": "assistant", "content": "", "tool_calls": [call]}],
-                                             tools=tool_schemas(env), return_dict=False)
-        assert full[:len(prompt)] == prompt
+        prompt = tokenizer.apply_chat_template(
+            chat, tools=tool_schemas(env), add_generation_prompt=True, return_dict=False
+        )
+        full = tokenizer.apply_chat_template(
+            chat + [{"role": "assistant", "content": "", "tool_calls": [call]}],
+            tools=tool_schemas(env),
+            return_dict=False,
+        )
+        assert full[: len(prompt)] == prompt
         examples.append((list(full), len(prompt)))
     torch.manual_seed(0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
@@ -225,19 +239,38 @@ def warm_start(model_dir, out_dir, env_class, task_ids, steps: int = 100):
 
 
 def test_one_grpo_step_calls_the_tools_pays_the_judges_verdict_and_trains(
-        tiny_model_dir, tmp_path, env_class, task_ids, one_torch_thread, monkeypatch):
+    tiny_model_dir, tmp_path, env_class, task_ids, one_torch_thread, monkeypatch
+):
     import torch
     from trl import GRPOConfig, GRPOTrainer
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     ids = task_ids[:2]
     model_dir = warm_start(tiny_model_dir, tmp_path / "warm", env_class, ids)
-    args = GRPOConfig(output_dir=str(tmp_path / "grpo"), max_steps=1, per_device_train_batch_size=8,
-                      num_generations=4, max_completion_length=96, max_tool_calling_iterations=3,
-                      learning_rate=1e-3, bf16=False, use_cpu=True, activation_checkpointing=False,
-                      report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, seed=0)
-    trainer = GRPOTrainer(model=str(model_dir), args=args, train_dataset=task_dataset(ENV_ID, task_ids=ids, **ENV_KWARGS),
-                          processing_class=tool_calling_tokenizer(str(model_dir)), environment_factory=env_class)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "grpo"),
+        max_steps=1,
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=96,
+        max_tool_calling_iterations=3,
+        learning_rate=1e-3,
+        bf16=False,
+        use_cpu=True,
+        activation_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=0,
+    )
+    trainer = GRPOTrainer(
+        model=str(model_dir),
+        args=args,
+        train_dataset=task_dataset(ENV_ID, task_ids=ids, **ENV_KWARGS),
+        processing_class=tool_calling_tokenizer(str(model_dir)),
+        environment_factory=env_class,
+    )
     before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
     trainer.train()
 
@@ -248,8 +281,10 @@ def test_one_grpo_step_calls_the_tools_pays_the_judges_verdict_and_trains(
     logs = trainer.state.log_history[0]
     assert logs["tools/call_frequency"] > 0
     rewards = [e.get_reward() for e in envs]
-    assert all(r == (e.steps[-1]["info"]["verdict"]["score"] if e.steps and e.steps[-1]["tool"] == "answer" else 0.0)
-               for r, e in zip(rewards, envs))
+    assert all(
+        r == (e.steps[-1]["info"]["verdict"]["score"] if e.steps and e.steps[-1]["tool"] == "answer" else 0.0)
+        for r, e in zip(rewards, envs)
+    )
     assert math.isclose(logs["rewards/SearchGymEnv/mean"], sum(rewards) / len(rewards), abs_tol=1e-6)
     assert logs["reward_std"] > 0  # the judge told the rollouts apart, so there was something to learn
     changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p)]
@@ -263,15 +298,30 @@ def test_the_example_script_trains_with_trl(tiny_model_dir, tmp_path, one_torch_
 
     script = Path(__file__).resolve().parents[2] / "examples" / "train_with_trl.py"
     rows = runpy.run_path(str(script))["main"](
-        ["--model", str(tiny_model_dir), "--sft-steps", "2", "--steps", "1", "--tasks", "2",
-         "--num-generations", "2", "--out", str(tmp_path / "out")])
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--sft-steps",
+            "2",
+            "--steps",
+            "1",
+            "--tasks",
+            "2",
+            "--num-generations",
+            "2",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert [r["step"] for r in rows] == [1]
     assert (tmp_path / "out" / "model.safetensors").exists()
 
 
-def test_the_served_env_is_the_same_environment_for_trl(server_url, env_class, task_ids, tiny_model_dir, tmp_path,
-                                                        monkeypatch):
-    """`SearchGymEnv.served(url)` plays through OpenEnv what `configured` plays in process, and TRL sees the same tools."""
+def test_the_served_env_is_the_same_environment_for_trl(
+    server_url, env_class, task_ids, tiny_model_dir, tmp_path, monkeypatch
+):
+    """`SearchGymEnv.served(url)` plays through OpenEnv what `configured` plays in process, and TRL sees the same
+    tools."""
     from trl import GRPOConfig, GRPOTrainer
 
     served = SearchGymEnv.served(server_url)
@@ -289,12 +339,24 @@ def test_the_served_env_is_the_same_environment_for_trl(server_url, env_class, t
         remote.reset(task_id="no-such-task")
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, num_generations=2,
-                      bf16=False, use_cpu=True, activation_checkpointing=False, report_to="none")
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        bf16=False,
+        use_cpu=True,
+        activation_checkpointing=False,
+        report_to="none",
+    )
     tools = {}
     for cls in (env_class, served):
-        trainer = GRPOTrainer(model=str(tiny_model_dir), args=args, environment_factory=cls,
-                              train_dataset=task_dataset(ENV_ID, task_ids=task_ids[:1], **ENV_KWARGS),
-                              processing_class=tool_calling_tokenizer(str(tiny_model_dir)))
+        trainer = GRPOTrainer(
+            model=str(tiny_model_dir),
+            args=args,
+            environment_factory=cls,
+            train_dataset=task_dataset(ENV_ID, task_ids=task_ids[:1], **ENV_KWARGS),
+            processing_class=tool_calling_tokenizer(str(tiny_model_dir)),
+        )
         tools[cls] = sorted(t.__name__ for t in trainer._env_tools[None])
     assert tools[env_class] == tools[served] == ["access", "answer", "search"]

@@ -3,6 +3,7 @@
 verifiers 0.4 needs mcp 2 and OpenEnv mcp<2, so these tests run only in a venv of their own (`.ci/run` makes
 one); elsewhere they are skipped. The end-to-end test runs verifiers' own CLI, offline, on loopback.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -39,13 +40,16 @@ TASKSET = "searchgym_verifiers"  # the plugin id vf-eval resolves (a top-level m
 
 # --- the env's episode loop, with a scripted agent (no model) --------------------------------------------------
 
+
 class ScriptedInteraction:
     """verifiers' `Interaction` surface with canned replies: each turn answers the next reply; a real `Trace`."""
 
     def __init__(self, task, replies: list[str]) -> None:
         self.replies, self.seen = list(replies), []
-        self.trace = Trace(task=TraceTask(type=type(task).__name__, data=task.data, key=task.key),
-                           agent=AgentInfo(config=vf.AgentConfig()))
+        self.trace = Trace(
+            task=TraceTask(type=type(task).__name__, data=task.data, key=task.key),
+            agent=AgentInfo(config=vf.AgentConfig()),
+        )
 
     async def turn(self, message: str | None = None) -> Segment:
         self.seen.append(message)
@@ -131,14 +135,32 @@ def test_the_plugin_id_resolves_to_the_adapters_taskset_env_and_harness():
 
 # --- vf-eval against `searchgym serve model`, on loopback ----------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def served_model(answering_model_dir):
     """`searchgym serve model` over the warm-started tiny model (it searches, then answers), on 127.0.0.1."""
     port = free_port()
     log = open(answering_model_dir / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "searchgym.cli", "serve", "model", "--model", str(answering_model_dir),
-                             "--host", "127.0.0.1", "--port", str(port), "--max-reply-tokens", "48"],
-                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "searchgym.cli",
+            "serve",
+            "model",
+            "--model",
+            str(answering_model_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-reply-tokens",
+            "48",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
     def up() -> bool:
         assert proc.poll() is None, (answering_model_dir / "serve.log").read_text()[-3000:]
@@ -174,13 +196,37 @@ def test_vf_eval_completes_rollouts_against_serve_model_with_the_judges_rewards(
     base_url, model = served_model
     env_kwargs = {**WARM_ENV, "tool_format": "tags"}  # the tasks the model was warm-started on
     out = tmp_path / "vf-out"
-    command = [str(Path(sys.executable).parent / "vf-eval"), TASKSET, "-m", model, "--client.base-url", base_url,
-               "--client.api-key-var", "SEARCHGYM_VF_KEY", "--no-push", "-o", str(out), "-n", str(WARM_TASKS), "-r", "1",
-               "-c", "4", "--sampling.temperature", "0", "--sampling.max-tokens", "24",
-               "--env.agent.runtime.type", "subprocess", "--env.taskset.env-kwargs", json.dumps(env_kwargs)]
+    command = [
+        str(Path(sys.executable).parent / "vf-eval"),
+        TASKSET,
+        "-m",
+        model,
+        "--client.base-url",
+        base_url,
+        "--client.api-key-var",
+        "SEARCHGYM_VF_KEY",
+        "--no-push",
+        "-o",
+        str(out),
+        "-n",
+        str(WARM_TASKS),
+        "-r",
+        "1",
+        "-c",
+        "4",
+        "--sampling.temperature",
+        "0",
+        "--sampling.max-tokens",
+        "24",
+        "--env.agent.runtime.type",
+        "subprocess",
+        "--env.taskset.env-kwargs",
+        json.dumps(env_kwargs),
+    ]
     offline = {"HF_HUB_OFFLINE": "1", "NO_PROXY": "127.0.0.1,localhost", "SEARCHGYM_VF_KEY": "unused"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                            env={**os.environ, **offline})
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, **offline}
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     [traces_file] = out.glob("*/traces.jsonl")
     episodes = [json.loads(line) for line in traces_file.read_text().splitlines()]

@@ -1,5 +1,6 @@
 """Synthesis through LLM outages (issue 26): an endpoint that is down, fails intermittently or cuts its replies
 at max_tokens burns no seed; the command says why it failed, and a rerun with the endpoint back finishes them."""
+
 import json
 import socket
 
@@ -24,17 +25,35 @@ def closed_port_url():
 
 
 def synth(small_bundle, url, out, n, seeds, *extra):
-    return cli_main(["synthesize", "--corpus", str(small_bundle / "index"), "--engine", f"openai:{url}:stand-in",
-                     "--n", str(n), "--out", str(out), "--max-seeds", str(seeds), "--concurrency", "4", "--k", "2",
-                     *extra])
+    return cli_main(
+        [
+            "synthesize",
+            "--corpus",
+            str(small_bundle / "index"),
+            "--engine",
+            f"openai:{url}:stand-in",
+            "--n",
+            str(n),
+            "--out",
+            str(out),
+            "--max-seeds",
+            str(seeds),
+            "--concurrency",
+            "4",
+            "--k",
+            "2",
+            *extra,
+        ]
+    )
 
 
 def progress_rows(out):
     return [json.loads(line) for line in out.with_name(out.name + ".progress.jsonl").read_text().splitlines()]
 
 
-def test_an_endpoint_that_is_down_burns_no_seed_and_the_rerun_finishes_them(small_bundle, tmp_path, fast_retries,
-                                                                            capsys):
+def test_an_endpoint_that_is_down_burns_no_seed_and_the_rerun_finishes_them(
+    small_bundle, tmp_path, fast_retries, capsys
+):
     out = tmp_path / "pool.jsonl"
     down = closed_port_url()
     assert synth(small_bundle, down, out, 3, 12) == 1
@@ -67,6 +86,7 @@ def test_a_long_outage_stops_the_run_instead_of_trying_every_seed(small_bundle, 
 def test_intermittent_failures_and_cut_replies_lose_nothing(small_bundle, tmp_path, fast_retries, capsys):
     """Every 5th request is a 503 or 429 (the client retries it) and every read of a seed whose title has an 'a'
     in second place is cut at max_tokens: those seeds are failures, the rest finish, the rerun finishes them."""
+
     def faults(n, prompt):
         if prompt.startswith("## Task: read a page") and "\nTitle: " in prompt:
             title = prompt.split("\nTitle: ", 1)[1].split("\n", 1)[0]

@@ -2,6 +2,7 @@
 OpenAIEngine against a rule-based stand-in LLM (searchgym.testing.stand_in_llm: a test double speaking the
 OpenAI chat completions wire format on loopback, shared with the reliability bench), plus the real tiny
 model through our model server, the CLI, resuming, and loading a synthesized pool into LocalQA-v0."""
+
 import asyncio
 import json
 import re
@@ -31,14 +32,15 @@ def seed_docs(small_index):
 
 def _run(index, url, urls, out, n, *, concurrency=3, config=None):
     async def go():
-        model = OpenAIEngine(url, "stand-in", api_key_env="SEARCHGYM_TEST_NO_SUCH_KEY", backoff_base=0.001,
-                             max_retries=2)
-        agent = QASynthesisAgent(index, index, model, model,
-                                 config or QAConfig(max_turns=3, k=3, retry_backoff=0.001))
+        model = OpenAIEngine(
+            url, "stand-in", api_key_env="SEARCHGYM_TEST_NO_SUCH_KEY", backoff_base=0.001, max_retries=2
+        )
+        agent = QASynthesisAgent(index, index, model, model, config or QAConfig(max_turns=3, k=3, retry_backoff=0.001))
         try:
             return await asynthesize(agent, urls, out, n, concurrency=concurrency)
         finally:
             await model.close()
+
     return asyncio.run(go())
 
 
@@ -46,10 +48,15 @@ def test_parse_json_object_defensive():
     req = {"question": str, "answer": str}
     assert parse_json_object('blah {"x": 1} then {"question": "q?", "answer": "a"} bye', req, "s")["answer"] == "a"
     assert parse_json_object('{"question": "new", "answer": "b"} {"other": 1}', req, "s")["question"] == "new"
-    for text, reason in [("no json here", "s: malformed JSON"), ('{"question": "q"', "s: malformed JSON"),
-                         (None, "s: malformed JSON"), ('{"question": "q"}', "s: missing fields"),
-                         ('{"question": "q", "answer": 3}', "s: missing fields"),
-                         ('{"question": "q", "answer": "  "}', "s: missing fields"), ("[1, 2]", "s: malformed JSON")]:
+    for text, reason in [
+        ("no json here", "s: malformed JSON"),
+        ('{"question": "q"', "s: malformed JSON"),
+        (None, "s: malformed JSON"),
+        ('{"question": "q"}', "s: missing fields"),
+        ('{"question": "q", "answer": 3}', "s: missing fields"),
+        ('{"question": "q", "answer": "  "}', "s: missing fields"),
+        ("[1, 2]", "s: malformed JSON"),
+    ]:
         with pytest.raises(Rejected) as e:
             parse_json_object(text, req, "s")
         assert e.value.reason == reason
@@ -83,10 +90,17 @@ def test_every_path_with_the_stand_in(small_index, seed_docs, tmp_path):
         report = _run(small_index, url, [d.url for d in seed_docs], out, n=10)
     # malformed and missing-field replies are asked 3 times, then failures of that call: not finished seeds
     assert report["accepted"] == 1 and report["seeds_finished"] == len(SCENARIOS) - 2
-    assert report["rejections"] == {"quality: failed": 1, "difficulty: too easy": 1,
-                                    "uniqueness: another answer fits": 1, "fuzz: answer changed": 1}
-    assert report["failed_calls"] == {"seeds_pending": 2, "tries_failed": 2,
-                                      "by_reason": {"propose: unparseable": 1, "read: unparseable": 1}}
+    assert report["rejections"] == {
+        "quality: failed": 1,
+        "difficulty: too easy": 1,
+        "uniqueness: another answer fits": 1,
+        "fuzz: answer changed": 1,
+    }
+    assert report["failed_calls"] == {
+        "seeds_pending": 2,
+        "tries_failed": 2,
+        "by_reason": {"propose: unparseable": 1, "read: unparseable": 1},
+    }
     assert json.loads(summary_path(out).read_text())["accepted"] == 1
     (task,) = TaskPool.from_jsonl(out)
     meta = task.metadata
@@ -132,7 +146,7 @@ def test_a_kill_mid_write_and_a_damaged_line_are_repaired_on_resume(small_index,
         out.write_bytes(pool[: len(pool) - 15])  # killed while writing the third task row
         progress = out.with_name(out.name + ".progress.jsonl")
         lines = progress.read_text().splitlines()
-        progress.write_text("\n".join([lines[0], "{\"url\": \"glued", *lines[1:]]) + "\n")
+        progress.write_text("\n".join([lines[0], '{"url": "glued', *lines[1:]]) + "\n")
         with pytest.warns(UserWarning, match="set aside 1 unusable"):
             again = _run(small_index, url, urls, out, n=3, concurrency=1)
     assert again["accepted"] == 3 and again["this_run"]["seeds_tried"] == 1  # only the lost seed again
@@ -145,9 +159,27 @@ def test_a_kill_mid_write_and_a_damaged_line_are_repaired_on_resume(small_index,
 def test_cli_pool_loads_into_localqa(small_bundle, tmp_path):
     out = tmp_path / "agent.jsonl"
     with stand_in_server(StandInLLM()) as url:
-        code = cli_main(["synthesize", "--corpus", str(small_bundle / "index"), "--engine", f"openai:{url}:stand-in",
-                         "--judge-engine", f"openai:{url}", "--n", "3", "--out", str(out), "--max-seeds", "30",
-                         "--concurrency", "4", "--k", "2"])
+        code = cli_main(
+            [
+                "synthesize",
+                "--corpus",
+                str(small_bundle / "index"),
+                "--engine",
+                f"openai:{url}:stand-in",
+                "--judge-engine",
+                f"openai:{url}",
+                "--n",
+                "3",
+                "--out",
+                str(out),
+                "--max-seeds",
+                "30",
+                "--concurrency",
+                "4",
+                "--k",
+                "2",
+            ]
+        )
     assert code == 0
     pool = TaskPool.from_jsonl(out)
     assert len(pool) == 3 and all(t.metadata["source"] == "qa_agent" for t in pool)
@@ -164,15 +196,34 @@ def test_cli_pool_loads_into_localqa(small_bundle, tmp_path):
 
 def test_cli_kbwalk_method(small_bundle, tmp_path):
     out = tmp_path / "kb.jsonl"
-    assert cli_main(["synthesize", "--method", "kbwalk", "--corpus", str(small_bundle), "--n", "5",
-                     "--out", str(out)]) == 0
+    assert (
+        cli_main(["synthesize", "--method", "kbwalk", "--corpus", str(small_bundle), "--n", "5", "--out", str(out)])
+        == 0
+    )
     assert len(TaskPool.from_jsonl(out)) == 5 and (tmp_path / "kb.summary.json").exists()
     before = out.read_bytes()  # a second run onto the pool must not replace it unasked
-    assert cli_main(["synthesize", "--method", "kbwalk", "--corpus", str(small_bundle), "--n", "2",
-                     "--out", str(out)]) != 0
+    assert (
+        cli_main(["synthesize", "--method", "kbwalk", "--corpus", str(small_bundle), "--n", "2", "--out", str(out)])
+        != 0
+    )
     assert out.read_bytes() == before
-    assert cli_main(["synthesize", "--method", "kbwalk", "--corpus", str(small_bundle), "--n", "2",
-                     "--out", str(out), "--overwrite"]) == 0
+    assert (
+        cli_main(
+            [
+                "synthesize",
+                "--method",
+                "kbwalk",
+                "--corpus",
+                str(small_bundle),
+                "--n",
+                "2",
+                "--out",
+                str(out),
+                "--overwrite",
+            ]
+        )
+        == 0
+    )
     assert len(TaskPool.from_jsonl(out)) == 2
 
 
@@ -182,16 +233,25 @@ def test_tiny_model_never_crashes(small_bundle, tiny_model_dir, tmp_path):
     out = tmp_path / "tiny.jsonl"
     fast = {"max_tokens": 24, "k": 2, "max_turns": 2, "retry_backoff": 0.001}
     with pytest.raises(DependencyFailed, match=r"all 3 seeds tried failed .* read: cut off: .*max_tokens=24"):
-        synthesize(small_bundle / "index", str(tiny_model_dir), 2, out, concurrency=2, max_seeds=3,
-                   config=QAConfig(**fast))
+        synthesize(
+            small_bundle / "index", str(tiny_model_dir), 2, out, concurrency=2, max_seeds=3, config=QAConfig(**fast)
+        )
     report = json.loads(summary_path(out).read_text())
     assert report["seeds_finished"] == 0 and report["rejections"] == {} and report["accepted"] == 0
     assert report["failed_calls"]["seeds_pending"] == 3 and report["this_run"]["llm_calls"]["read"] == 9
     # the stand-in reasons, the tiny model judges: its verdicts are cut off, so the seeds stay unfinished
     with stand_in_server(StandInLLM()) as url:
         with pytest.raises(DependencyFailed, match="quality: cut off"):
-            synthesize(small_bundle / "index", f"openai:{url}", 1, tmp_path / "mixed.jsonl",
-                       judge_engine=str(tiny_model_dir), concurrency=2, max_seeds=2, config=QAConfig(**fast))
+            synthesize(
+                small_bundle / "index",
+                f"openai:{url}",
+                1,
+                tmp_path / "mixed.jsonl",
+                judge_engine=str(tiny_model_dir),
+                concurrency=2,
+                max_seeds=2,
+                config=QAConfig(**fast),
+            )
     mixed = json.loads(summary_path(tmp_path / "mixed.jsonl").read_text())
     assert mixed["accepted"] == 0 and mixed["rejections"] == {}
     assert mixed["failed_calls"]["by_reason"] == {"quality: cut off": 2}

@@ -7,6 +7,7 @@ resume (bool), die_after (a step after whose checkpoint rank 0 exits abruptly, a
 (bool: rank 0 runs the loop with lead(), the others follow(); else every rank runs it).
 After each step rank 0 writes the consolidated weights to run_dir/weights-<step>.pt.
 """
+
 import json
 import os
 import sys

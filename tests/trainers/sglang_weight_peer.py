@@ -14,6 +14,7 @@ The SGLang definitions are read out of the installed wheel (tests/agents/sglang_
 processes, and SGLang's calls wait up to 30 minutes: `Peer` runs each in a spawned child, writes its error
 to a file, and kills it when a bound passes, so a broken pairing fails fast instead of hanging.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,40 +46,65 @@ def sglang_functions() -> dict[str, Any]:
 
     module = sys.modules.setdefault("sglang_from_wheel", ModuleType("sglang_from_wheel"))  # dataclass looks it up
     namespace = module.__dict__
-    namespace.update({
-        "torch": torch, "pkg_version": pkg_version, "logging": logging,
-        "logger": logging.getLogger("sglang_from_wheel"), "ipaddress": ipaddress, "socket": socket,
-        "dataclass": dataclasses.dataclass, **{name: getattr(typing, name) for name in typing.__all__}})
+    namespace.update(
+        {
+            "torch": torch,
+            "pkg_version": pkg_version,
+            "logging": logging,
+            "logger": logging.getLogger("sglang_from_wheel"),
+            "ipaddress": ipaddress,
+            "socket": socket,
+            "dataclass": dataclasses.dataclass,
+            **{name: getattr(typing, name) for name in typing.__all__},
+        }
+    )
     load("srt/utils/common.py", ["torch_release", "init_custom_process_group"], namespace)
     load("srt/utils/network.py", ["_is_ipv6", "_wrap", "NetworkAddress"], namespace)
-    return load(UPDATER, ["WeightUpdater.init_weights_update_group",
-                          "WeightUpdater.receive_weights_from_distributed"], namespace)
+    return load(
+        UPDATER,
+        ["WeightUpdater.init_weights_update_group", "WeightUpdater.receive_weights_from_distributed"],
+        namespace,
+    )
 
 
 def sglang_trainer(host: str, port: int, world_size: int, group_name: str, tensors_path: str) -> None:
     """Rank 0 by SGLang's function (as AReaL's trainer calls it), then broadcast the saved tensors in order."""
     sglang = sglang_functions()
-    group = sglang["init_custom_process_group"](backend="gloo", init_method=f"tcp://{host}:{port}",
-                                                world_size=world_size, rank=0, group_name=group_name,
-                                                timeout=timedelta(seconds=120))
+    group = sglang["init_custom_process_group"](
+        backend="gloo",
+        init_method=f"tcp://{host}:{port}",
+        world_size=world_size,
+        rank=0,
+        group_name=group_name,
+        timeout=timedelta(seconds=120),
+    )
     for tensor in torch.load(tensors_path).values():
         dist.broadcast(tensor.contiguous(), src=0, group=group)
 
 
-def sglang_receiver(host: str, port: int, rank_offset: int, world_size: int, group_name: str,
-                    specs: list[tuple[str, str, list[int]]], out_path: str) -> None:
+def sglang_receiver(
+    host: str,
+    port: int,
+    rank_offset: int,
+    world_size: int,
+    group_name: str,
+    specs: list[tuple[str, str, list[int]]],
+    out_path: str,
+) -> None:
     """A server rank by SGLang's own WeightUpdater methods; saves what it received to `out_path`."""
     sglang = sglang_functions()
     # SGLang's scheduler has its default group (its TP world) before any weight-update group, and asserts it
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     updater = SimpleNamespace(tp_rank=0, device="cpu", _model_update_group={})
-    ok, message = sglang["init_weights_update_group"](updater, host, port, rank_offset, world_size, group_name,
-                                                      backend="gloo")
+    ok, message = sglang["init_weights_update_group"](
+        updater, host, port, rank_offset, world_size, group_name, backend="gloo"
+    )
     if not ok:
         raise RuntimeError(message)
     names, dtypes, shapes = (list(column) for column in zip(*specs))
-    received = sglang["receive_weights_from_distributed"](updater, names=names, dtypes=dtypes, shapes=shapes,
-                                                          group_name=group_name)
+    received = sglang["receive_weights_from_distributed"](
+        updater, names=names, dtypes=dtypes, shapes=shapes, group_name=group_name
+    )
     torch.save(dict(received), out_path)
 
 
@@ -98,8 +124,9 @@ class Peer:
 
     def __init__(self, target: Callable[..., None], *args: Any, tmp: Path):
         self.error_path = tmp / f"{target.__name__}-{id(self)}.err"
-        self.process = mp.get_context("spawn").Process(target=_run, args=(target, args, str(self.error_path)),
-                                                       daemon=True)
+        self.process = mp.get_context("spawn").Process(
+            target=_run, args=(target, args, str(self.error_path)), daemon=True
+        )
         self.process.start()
 
     def join(self, timeout_s: float) -> None:

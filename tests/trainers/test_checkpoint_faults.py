@@ -1,4 +1,5 @@
 """Checkpoint writes the disk refuses, and partial directories a failed or killed writer leaves behind."""
+
 import errno
 import os
 import re
@@ -83,8 +84,10 @@ def test_a_full_disk_under_safetensors_names_the_weights_file(tmp_path, model_an
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
     monkeypatch.setattr(model, "save_pretrained", cut)
-    named = (r"disk full while writing step-00002's model \(config and safetensors weights\) "
-             r"to \S+/\.partial-step-00002-\d+: ")
+    named = (
+        r"disk full while writing step-00002's model \(config and safetensors weights\) "
+        r"to \S+/\.partial-step-00002-\d+: "
+    )
     with pytest.raises(DiskWriteError, match=named):
         save_checkpoint(tmp_path, 2, model=model, tokenizer=tokenizer, state={"x": 2})
     _assert_last_whole_checkpoint_kept(tmp_path, first)
@@ -200,8 +203,12 @@ _WRITER = textwrap.dedent("""
 def test_a_partial_being_written_is_kept_until_its_writer_is_killed(tmp_path):
     root = checkpoint_root(tmp_path)
     root.mkdir(parents=True)
-    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(root)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(root)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     try:
         partial = Path(writer.stdout.readline().strip())
         assert partial.parent == root and partial.is_dir()
@@ -223,8 +230,9 @@ def test_a_fresh_run_refused_in_a_used_directory_changes_nothing(tmp_path, model
     assert dead.is_dir()
 
 
-def test_a_training_run_on_a_full_disk_stops_naming_it_and_resumes_after(tmp_path, small_bundle, tiny_model_dir,
-                                                                         monkeypatch):
+def test_a_training_run_on_a_full_disk_stops_naming_it_and_resumes_after(
+    tmp_path, small_bundle, tiny_model_dir, monkeypatch
+):
     import torch
 
     from searchgym.trainers.config import load_config
@@ -232,10 +240,19 @@ def test_a_training_run_on_a_full_disk_stops_naming_it_and_resumes_after(tmp_pat
     from searchgym.trainers.run import checkpoint
     from tests.conftest import SMALL
 
-    overrides = [f"out_dir={tmp_path}", f"model.path={tiny_model_dir}", "steps=3", "save_every=1",
-                 f"env.kwargs.size={SMALL['size']}", f"env.kwargs.n_tasks={SMALL['n_tasks']}", "env.kwargs.max_turns=2",
-                 "rollout.group_size=2", "rollout.batch_size=2", "rollout.max_new_tokens=12",
-                 "learner.drop_no_spread=false"]
+    overrides = [
+        f"out_dir={tmp_path}",
+        f"model.path={tiny_model_dir}",
+        "steps=3",
+        "save_every=1",
+        f"env.kwargs.size={SMALL['size']}",
+        f"env.kwargs.n_tasks={SMALL['n_tasks']}",
+        "env.kwargs.max_turns=2",
+        "rollout.group_size=2",
+        "rollout.batch_size=2",
+        "rollout.max_new_tokens=12",
+        "learner.drop_no_spread=false",
+    ]
     real_save = torch.save
 
     def fills_at_step_2(obj, f, *args, **kwargs):  # the disk fills while step 2's trainer.pt is half written

@@ -1,5 +1,6 @@
 """Training configs: every shipped YAML loads and is accepted by its launcher, overrides apply with their types,
 and wrong keys, types, choices and ranges are refused with an error that names the key."""
+
 import json
 from pathlib import Path
 
@@ -44,8 +45,17 @@ def test_the_asearcher_configs_reward_with_asearchers_f1(path):
 def test_the_file_overrides_the_defaults_and_overrides_override_the_file(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("steps: 7\nlearner:\n  lr: 0.001\nrollout:\n  group_size: 8\n  max_concurrent_rollouts: 64\n")
-    config = load_config(path, ["learner.lr=1e-6", "rollout.max_staleness=4", "tasks=[a,b]",
-                                "rollout.sglang_addresses=[h:1,h:2]", "model.path=/models/x", "ray.address=auto"])
+    config = load_config(
+        path,
+        [
+            "learner.lr=1e-6",
+            "rollout.max_staleness=4",
+            "tasks=[a,b]",
+            "rollout.sglang_addresses=[h:1,h:2]",
+            "model.path=/models/x",
+            "ray.address=auto",
+        ],
+    )
     assert (config.steps, config.rollout.group_size) == (7, 8)  # from the file
     assert config.learner.lr == 1e-6 and isinstance(config.learner.lr, float)  # the override wins, typed
     assert config.rollout.max_staleness == 4 and config.tasks == ["a", "b"]
@@ -54,27 +64,30 @@ def test_the_file_overrides_the_defaults_and_overrides_override_the_file(tmp_pat
     assert load_config(None, ["env.kwargs.max_turns=9"]).env.kwargs["max_turns"] == 9  # env kwargs are free-form
 
 
-@pytest.mark.parametrize(("override", "named"), [
-    ("learner.nope=1", "learner.nope"),  # unknown keys
-    ("nope=1", "nope"),
-    ("rollout.batch_sise=3", "rollout.batch_sise"),
-    ("steps=many", "steps"),  # wrong types
-    ("rollout.batch_size=1.5", "rollout.batch_size"),
-    ("tasks=3", "tasks"),
-    ("learner.betas=[0.9]", "learner.betas"),
-    ("rollout=3", "rollout"),
-    ("mode=fast", "mode"),  # outside the choices
-    ("launcher=slurm", "launcher"),
-    ("rollout.engine=vllm", "rollout.engine"),
-    ("rollout.observation_role=system", "rollout.observation_role"),
-    ("learner.process_reward=sum", "learner.process_reward"),
-    ("ray.weight_sync=nccl", "ray.weight_sync"),
-    ("ray.sglang_server=vllm", "ray.sglang_server"),
-    ("save_every=0", "save_every"),  # outside the range
-    ("rollout.max_staleness=-1", "rollout.max_staleness"),
-    ("rollout.max_concurrent_rollouts=2", "rollout.max_concurrent_rollouts"),  # less than one group of 4
-    ("learner.minibatches=0", "learner.minibatches"),
-])
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("learner.nope=1", "learner.nope"),  # unknown keys
+        ("nope=1", "nope"),
+        ("rollout.batch_sise=3", "rollout.batch_sise"),
+        ("steps=many", "steps"),  # wrong types
+        ("rollout.batch_size=1.5", "rollout.batch_size"),
+        ("tasks=3", "tasks"),
+        ("learner.betas=[0.9]", "learner.betas"),
+        ("rollout=3", "rollout"),
+        ("mode=fast", "mode"),  # outside the choices
+        ("launcher=slurm", "launcher"),
+        ("rollout.engine=vllm", "rollout.engine"),
+        ("rollout.observation_role=system", "rollout.observation_role"),
+        ("learner.process_reward=sum", "learner.process_reward"),
+        ("ray.weight_sync=nccl", "ray.weight_sync"),
+        ("ray.sglang_server=vllm", "ray.sglang_server"),
+        ("save_every=0", "save_every"),  # outside the range
+        ("rollout.max_staleness=-1", "rollout.max_staleness"),
+        ("rollout.max_concurrent_rollouts=2", "rollout.max_concurrent_rollouts"),  # less than one group of 4
+        ("learner.minibatches=0", "learner.minibatches"),
+    ],
+)
 def test_a_wrong_setting_is_refused_naming_the_key(override, named):
     with pytest.raises(ValueError) as refused:
         load_config(None, [override])

@@ -1,4 +1,5 @@
 """Copy pretraining: the sequences teach nothing but copying, and training runs on the real tiny model."""
+
 import random
 
 from hypothesis import given, settings
@@ -19,8 +20,8 @@ def test_the_loss_is_exactly_on_the_predictable_part_of_the_repeat(seed, lo, ext
         assert attention[row, :length].all() and not attention[row, length:].any()  # right padding
         sequence, learned = ids[row, :length].tolist(), mask[row, :length].tolist()
         n = sum(learned) + 1  # the segment: the learned tokens plus the repeat's first token
-        assert lo <= n <= lo + extra and learned[-(n - 1):] == [1] * (n - 1) and sum(learned[: length - n + 1]) == 0
-        assert sequence[-n:] in [sequence[i:i + n] for i in range(length - 2 * n + 1)]  # it did appear before
+        assert lo <= n <= lo + extra and learned[-(n - 1) :] == [1] * (n - 1) and sum(learned[: length - n + 1]) == 0
+        assert sequence[-n:] in [sequence[i : i + n] for i in range(length - 2 * n + 1)]  # it did appear before
         assert len(sequence) - 2 * n <= 2 * gap and set(sequence) <= set(vocabulary)
         assert not mask[row, length:].any()
 

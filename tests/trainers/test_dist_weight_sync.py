@@ -1,6 +1,7 @@
 """SGLang's distributed weight update against a real `serve model` on loopback (gloo on CPU): after the broadcast
 the server's weights equal the trainer's bit for bit, its log-probs are the pushed model's, it serves the new
 version, and a request in flight finishes. Pairings with SGLang's own code: test_weight_group_pairings.py."""
+
 import asyncio
 import json
 import socket
@@ -33,9 +34,16 @@ def test_buckets_keep_order_and_respect_the_size():
 
 async def assert_serves_logprobs_of(http, url, pushed, original):
     """The server's log-probs for a sampled continuation are the pushed model's (and not the original's)."""
-    status, out = await post(http, url, "/generate", {
-        "input_ids": PROMPT, "return_logprob": True,
-        "sampling_params": {"max_new_tokens": 8, "temperature": 1.0, "ignore_eos": True, "sampling_seed": 3}})
+    status, out = await post(
+        http,
+        url,
+        "/generate",
+        {
+            "input_ids": PROMPT,
+            "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 8, "temperature": 1.0, "ignore_eos": True, "sampling_seed": 3},
+        },
+    )
     assert status == 200, out
     served = [row[0] for row in out["meta_info"]["output_token_logprobs"]]
     expected = teacher_forced(pushed, PROMPT, out["output_ids"])
@@ -55,8 +63,17 @@ async def test_distributed_update_reaches_serve_model_bit_for_bit(tiny_model_dir
     async with model_server(tiny_model_dir) as (url, engine), aiohttp.ClientSession() as http:
         assert not torch.equal(engine.model.state_dict()["lm_head.weight"], trained.state_dict()["lm_head.weight"])
         # a long generation in flight across the update
-        long = asyncio.create_task(post(http, url, "/generate", {
-            "input_ids": PROMPT, "sampling_params": {"max_new_tokens": 60, "temperature": 0.0, "ignore_eos": True}}))
+        long = asyncio.create_task(
+            post(
+                http,
+                url,
+                "/generate",
+                {
+                    "input_ids": PROMPT,
+                    "sampling_params": {"max_new_tokens": 60, "temperature": 0.0, "ignore_eos": True},
+                },
+            )
+        )
         await asyncio.sleep(0.2)
         bucket_bytes = 64 << 10
         assert len(list(buckets(trained.state_dict().items(), bucket_bytes))) > 1  # several buckets
@@ -69,28 +86,42 @@ async def test_distributed_update_reaches_serve_model_bit_for_bit(tiny_model_dir
         served = engine.model.state_dict()
         for name, tensor in trained.state_dict().items():
             assert torch.equal(served[name], tensor), name
-        status, info = await post(http, url, "/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}})
+        status, info = await post(
+            http, url, "/generate", {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2}}
+        )
         assert status == 200 and info["meta_info"]["weight_version"] == "7"
         status, body = await long
         assert status == 200 and len(body["output_ids"]) == 60
         await assert_serves_logprobs_of(http, url, trained, original)
 
         # a bucket for a group the server never joined is refused (before any broadcast), a clear 400
-        status, answer = await post(http, url, "/update_weights_from_distributed", {
-            "names": ["x"], "dtypes": ["float32"], "shapes": [[2]], "group_name": "no-such-group"})
+        status, answer = await post(
+            http,
+            url,
+            "/update_weights_from_distributed",
+            {"names": ["x"], "dtypes": ["float32"], "shapes": [[2]], "group_name": "no-such-group"},
+        )
         assert status == 400 and "no weight-update group" in str(answer)
 
 
 _JSON = JSON_VALUES
 # valid-looking bodies that can never form a group (world_size 1, no group joined), and the fields junk replaces
 _BASES = {
-    "/init_weights_update_group": ({"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1,
-                                    "world_size": 1, "group_name": "g", "backend": "gloo"},
-                                   ["master_address", "master_port", "rank_offset", "group_name", "backend"]),
-    "/update_weights_from_distributed": ({"names": ["lm_head.weight"], "dtypes": ["float32"], "shapes": [[2]],
-                                          "group_name": "g"},
-                                         ["names", "dtypes", "shapes", "group_name", "flush_cache",
-                                          "abort_all_requests", "weight_version"]),
+    "/init_weights_update_group": (
+        {
+            "master_address": "127.0.0.1",
+            "master_port": 1,
+            "rank_offset": 1,
+            "world_size": 1,
+            "group_name": "g",
+            "backend": "gloo",
+        },
+        ["master_address", "master_port", "rank_offset", "group_name", "backend"],
+    ),
+    "/update_weights_from_distributed": (
+        {"names": ["lm_head.weight"], "dtypes": ["float32"], "shapes": [[2]], "group_name": "g"},
+        ["names", "dtypes", "shapes", "group_name", "flush_cache", "abort_all_requests", "weight_version"],
+    ),
 }
 
 

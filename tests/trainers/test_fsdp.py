@@ -1,6 +1,8 @@
 """The sharded learner (FSDP2, 2 gloo ranks under torchrun on 127.0.0.1) against the single-rank learner:
 the same fixed batches give the same weights after every step, and a run killed after a checkpoint resumes
-sharded (rank 0 leading, rank 1 following) to the same weights; the checkpoint's consolidated model directory loads as an ordinary model."""
+sharded (rank 0 leading, rank 1 following) to the same weights; the checkpoint's consolidated model directory loads
+as an ordinary model."""
+
 import json
 import socket
 import subprocess
@@ -25,12 +27,18 @@ STEPS = 3
 def trajectory(gen: torch.Generator, vocab: int, reward: float) -> Trajectory:
     """A random token episode: a prompt, then 1-3 generated runs separated by observations, with behaviour log-probs."""
     traj = Trajectory(task_id="t", reward=reward)
-    traj.extend(torch.randint(3, vocab, (int(torch.randint(3, 8, (1,), generator=gen)),), generator=gen).tolist(),
-                generated=False)
+    traj.extend(
+        torch.randint(3, vocab, (int(torch.randint(3, 8, (1,), generator=gen)),), generator=gen).tolist(),
+        generated=False,
+    )
     for _ in range(int(torch.randint(1, 4, (1,), generator=gen))):
         n = int(torch.randint(2, 9, (1,), generator=gen))
-        traj.extend(torch.randint(3, vocab, (n,), generator=gen).tolist(), generated=True,
-                    logprobs=(-torch.rand(n, generator=gen) * 6 - 2).tolist(), versions=[0] * n)
+        traj.extend(
+            torch.randint(3, vocab, (n,), generator=gen).tolist(),
+            generated=True,
+            logprobs=(-torch.rand(n, generator=gen) * 6 - 2).tolist(),
+            versions=[0] * n,
+        )
         traj.turns.append(Turn(action="", tool="search", observation="", generated_tokens=n))
         traj.extend(torch.randint(3, vocab, (3,), generator=gen).tolist(), generated=False)
     return traj
@@ -51,10 +59,27 @@ def free_port() -> int:
 def torchrun(tmp_path: Path, **spec) -> subprocess.CompletedProcess:
     spec_path = tmp_path / f"spec-{spec['resume']}.json"
     spec_path.write_text(json.dumps(spec))
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-               "--master-port", str(free_port()), str(WORKER), str(spec_path)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=Path(__file__).parents[2],
-                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        str(WORKER),
+        str(spec_path),
+    ]
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=Path(__file__).parents[2],
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +110,13 @@ def test_two_fsdp_ranks_train_like_one_and_resume_sharded(tiny_model_dir, single
     assert max((want[0][k] - initial[k]).abs().max().item() for k in initial) > 1e-4  # the steps move the weights
     torch.save(batches, tmp_path / "batches.pt")
     run_dir = tmp_path / "run"
-    spec = dict(model_dir=str(tiny_model_dir), batches=str(tmp_path / "batches.pt"), run_dir=str(run_dir),
-                steps=STEPS, config=CONFIG)
+    spec = dict(
+        model_dir=str(tiny_model_dir),
+        batches=str(tmp_path / "batches.pt"),
+        run_dir=str(run_dir),
+        steps=STEPS,
+        config=CONFIG,
+    )
 
     killed = torchrun(tmp_path, resume=False, die_after=2, **spec)
     assert killed.returncode != 0, killed.stderr[-3000:]

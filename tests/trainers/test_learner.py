@@ -1,4 +1,5 @@
 """The learner on real trajectories from the real tiny model: consistent log-probs, exact micro-batching."""
+
 import asyncio
 import copy
 
@@ -25,8 +26,11 @@ def groups(tiny_model_dir, small_pool, small_index):
             task = small_pool[g]
             envs = [SearchEnv(small_pool, small_index, max_turns=3) for _ in range(4)]
             workflow = TokenWorkflow(engine, engine.tokenizer, WorkflowSettings(SamplingParams(max_new_tokens=32)))
-            out.append(await asyncio.gather(*(workflow.arun_episode(env, options={"task_id": task.id}, seed=i)
-                                              for i, env in enumerate(envs))))
+            out.append(
+                await asyncio.gather(
+                    *(workflow.arun_episode(env, options={"task_id": task.id}, seed=i) for i, env in enumerate(envs))
+                )
+            )
         return out
 
     result = asyncio.run(collect())
@@ -63,7 +67,10 @@ def test_first_step_behaviour_equals_proximal_policy(tiny_model_dir, groups):
 
 
 def test_micro_batching_does_not_change_the_update(tiny_model_dir, groups):
-    small, large = fresh_learner(tiny_model_dir, micro_batch_tokens=64), fresh_learner(tiny_model_dir, micro_batch_tokens=10**6)
+    small, large = (
+        fresh_learner(tiny_model_dir, micro_batch_tokens=64),
+        fresh_learner(tiny_model_dir, micro_batch_tokens=10**6),
+    )
     small.step(groups)
     large.step(groups)
     for (name, a), b in zip(small.model.state_dict().items(), large.model.state_dict().values()):
@@ -117,6 +124,7 @@ def test_logits_only_at_trained_positions_match_the_full_forward_pass(tiny_model
 
 # --- minibatches: sequential updates from proximal log-probs fixed at the start of the step ---------------------
 
+
 def reference_step(model, groups, *, minibatches, lr, eps_clip, grad_clip, behav_weight_cap, fixed_prox=True):
     """The learner's step as the math says, trajectory by trajectory: group-baseline advantages, proximal log-probs
     of the pre-update weights (recomputed before each minibatch when not `fixed_prox`), then for minibatch i (the
@@ -125,8 +133,14 @@ def reference_step(model, groups, *, minibatches, lr, eps_clip, grad_clip, behav
     trajs = [t for group in groups for t in group]
     rewards = torch.tensor([[t.reward for t in group] for group in groups], dtype=torch.float64)
     advantages = (rewards - rewards.mean(dim=1, keepdim=True)).flatten().tolist()
-    tensors = [(torch.tensor([t.input_ids]), torch.tensor([t.loss_mask[1:]], dtype=torch.float32),
-                torch.tensor([t.logprobs[1:]], dtype=torch.float32)) for t in trajs]
+    tensors = [
+        (
+            torch.tensor([t.input_ids]),
+            torch.tensor([t.loss_mask[1:]], dtype=torch.float32),
+            torch.tensor([t.logprobs[1:]], dtype=torch.float32),
+        )
+        for t in trajs
+    ]
 
     def logprobs(ids):
         return token_logprobs(model(ids).logits[:, :-1], ids[:, 1:])
@@ -147,8 +161,16 @@ def reference_step(model, groups, *, minibatches, lr, eps_clip, grad_clip, behav
         optimizer.zero_grad()
         for k in part:
             ids, mask, behav = tensors[k]
-            loss, _ = decoupled_ppo_loss(logprobs(ids), prox[k], behav, torch.full_like(mask, advantages[k]), mask,
-                                         eps_clip=eps_clip, behav_weight_cap=behav_weight_cap, normalizer=normalizer)
+            loss, _ = decoupled_ppo_loss(
+                logprobs(ids),
+                prox[k],
+                behav,
+                torch.full_like(mask, advantages[k]),
+                mask,
+                eps_clip=eps_clip,
+                behav_weight_cap=behav_weight_cap,
+                normalizer=normalizer,
+            )
             loss.backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)))
         optimizer.step()
@@ -211,8 +233,15 @@ def test_a_model_with_dropout_gets_a_separate_eval_mode_proximal_pass(tiny_model
     assert len(calls) == 2
 
 
-@pytest.mark.parametrize("setting", [{"attention_dropout": 0.1}, {"router_jitter_noise": 0.01}, {"layerdrop": 0.1},
-                                     {"text_config": {"hidden_dropout": 0.1}}])
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"attention_dropout": 0.1},
+        {"router_jitter_noise": 0.01},
+        {"layerdrop": 0.1},
+        {"text_config": {"hidden_dropout": 0.1}},
+    ],
+)
 def test_train_mode_noise_is_found_wherever_the_config_keeps_it(tiny_model_dir, setting):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     assert not has_train_mode_noise(model)
@@ -223,22 +252,27 @@ def test_train_mode_noise_is_found_wherever_the_config_keeps_it(tiny_model_dir, 
 
 def distance(a, b):
     """Euclidean distance between two models' weights, all parameters together."""
-    return float(torch.cat([(x - y).flatten() for x, y in zip(a.state_dict().values(), b.state_dict().values())]).norm())
+    return float(
+        torch.cat([(x - y).flatten() for x, y in zip(a.state_dict().values(), b.state_dict().values())]).norm()
+    )
 
 
 def test_reported_gradient_norm_is_the_norm_of_the_loss_gradient(tiny_model_dir, groups):
     settings = dict(lr=1e-3, eps_clip=0.2, grad_clip=1.0, behav_weight_cap=5.0)
     learner = fresh_learner(tiny_model_dir, **settings)
     stats = learner.step(groups)
-    [norm] = reference_step(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), groups,
-                            minibatches=1, **settings)
+    [norm] = reference_step(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), groups, minibatches=1, **settings
+    )
     assert norm > 0 and stats["grad_norm"] == pytest.approx(norm, rel=1e-4)
 
 
 # --- process rewards: credit for the turn whose search found the answer page --------------------------------------
 
+
 class SearchFirst(TokenWorkflow):
-    """The model's own tokens, but the first turn's action is a search: for the answer page's name, or for nothing useful.
+    """The model's own tokens, but the first turn's action is a search: for the answer page's name, or for nothing
+    useful.
 
     So the real env judges the search and writes its evidence (the answer page's rank) into the turn's info.
     """
@@ -263,9 +297,16 @@ def searched_groups(tiny_model_dir, small_pool, small_index):
         out = []
         for task in small_pool[:2]:
             workflows = [SearchFirst(engine, engine.tokenizer, settings, finds=i == 0) for i in range(4)]
-            out.append(await asyncio.gather(*(
-                workflow.arun_episode(SearchEnv(small_pool, small_index, max_turns=3), options={"task_id": task.id},
-                                      seed=i) for i, workflow in enumerate(workflows))))
+            out.append(
+                await asyncio.gather(
+                    *(
+                        workflow.arun_episode(
+                            SearchEnv(small_pool, small_index, max_turns=3), options={"task_id": task.id}, seed=i
+                        )
+                        for i, workflow in enumerate(workflows)
+                    )
+                )
+            )
         return out
 
     result = asyncio.run(collect())
@@ -300,12 +341,18 @@ def test_process_rewards_credit_the_turn_whose_search_found_the_answer_page(tiny
 
     learner = fresh_learner(tiny_model_dir, lr=3e-3, grad_clip=100.0, process_reward_weight=1.0, process_reward="none")
     finder, other = searched_groups[0][0], searched_groups[0][1]
-    before = {(t, k): turn_logprob(learner.model, traj, k) for t, traj in (("finder", finder), ("other", other))
-              for k in range(3)}
+    before = {
+        (t, k): turn_logprob(learner.model, traj, k)
+        for t, traj in (("finder", finder), ("other", other))
+        for k in range(3)
+    }
     stats = learner.step(searched_groups)
     assert stats["updated"] == 1.0 and stats["dropped_groups"] == 0
-    after = {(t, k): turn_logprob(learner.model, traj, k) for t, traj in (("finder", finder), ("other", other))
-             for k in range(3)}
+    after = {
+        (t, k): turn_logprob(learner.model, traj, k)
+        for t, traj in (("finder", finder), ("other", other))
+        for k in range(3)
+    }
     # returns-to-go: the finder's first turn earns 1 (advantage +3/4 against the group), every later turn and every
     # turn of the others earns nothing (advantage -1/4): only the searching turn that found the page is reinforced
     assert after["finder", 0] > before["finder", 0]
@@ -346,9 +393,11 @@ def test_packed_rows_give_the_log_probs_of_padded_ones_and_train_alike(tiny_mode
         for (row, start), sample in zip(layout.spans, batches[0]):
             alone, _, _ = padded._logprobs(padded._layout([sample]))
             n = len(sample.ids) - 1
-            torch.testing.assert_close(logp[row, start:start + n], alone[0, :n], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(logp[row, start : start + n], alone[0, :n], atol=1e-5, rtol=1e-5)
             if start + n < layout.mask.shape[1]:
-                assert layout.mask[row, start + n] == 0  # the position ending a sample (before the next) is never trained
+                assert (
+                    layout.mask[row, start + n] == 0
+                )  # the position ending a sample (before the next) is never trained
     a, b = packed.step(groups), padded.step(groups)
     assert a["loss"] == pytest.approx(b["loss"], rel=1e-4, abs=1e-6)
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)

@@ -1,4 +1,5 @@
 """The chunked LM head equals the whole-logits computation it replaces, in values and in gradients."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,17 +32,27 @@ def _grads(logp, upstream, *tensors):
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**16), n=st.integers(1, 70), hidden_size=st.integers(1, 24), vocab=st.integers(2, 300),
-       chunk=st.integers(1, 80), temperature=st.sampled_from([0.3, 0.7, 1.0, 1.6]), with_bias=st.booleans())
-def test_chunked_logprobs_equal_whole_logits_in_values_and_gradients(seed, n, hidden_size, vocab, chunk, temperature,
-                                                                     with_bias):
+@given(
+    seed=st.integers(0, 2**16),
+    n=st.integers(1, 70),
+    hidden_size=st.integers(1, 24),
+    vocab=st.integers(2, 300),
+    chunk=st.integers(1, 80),
+    temperature=st.sampled_from([0.3, 0.7, 1.0, 1.6]),
+    with_bias=st.booleans(),
+)
+def test_chunked_logprobs_equal_whole_logits_in_values_and_gradients(
+    seed, n, hidden_size, vocab, chunk, temperature, with_bias
+):
     hidden, weight, bias, labels, upstream = _inputs(seed, n, hidden_size, vocab, with_bias)
     logp, entropy = chunked_logprobs(hidden, weight, labels, temperature, bias=bias, chunk_tokens=chunk)
     ref_logp, ref_entropy = _reference(hidden, weight, bias, labels, temperature)
     assert logp.dtype == torch.float32 and logp.shape == (n,)
     torch.testing.assert_close(logp, ref_logp, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(entropy, ref_entropy, atol=1e-5, rtol=1e-5)
-    for got, want in zip(_grads(logp, upstream, hidden, weight, bias), _grads(ref_logp, upstream, hidden, weight, bias)):
+    for got, want in zip(
+        _grads(logp, upstream, hidden, weight, bias), _grads(ref_logp, upstream, hidden, weight, bias)
+    ):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
@@ -52,10 +63,16 @@ def test_float64_agrees_to_1e_12_so_the_math_is_exact_not_approximately_right():
     ref = torch.log_softmax(logits, -1).gather(-1, labels[:, None]).squeeze(-1)
     # the chunked head computes in fp32; compare with fp64 reference loosely, and gradients by gradcheck in fp64
     torch.testing.assert_close(logp.double(), ref, atol=1e-5, rtol=0)
-    small = [t.detach()[:4, :3].clone().requires_grad_() for t in (hidden,)] + [weight.detach()[:6, :3].clone()
-                                                                               .requires_grad_()]
-    assert torch.autograd.gradcheck(lambda h, w: chunked_logprobs(h, w, labels[:4] % 6, 0.8, chunk_tokens=3)[0],
-                                    small, eps=1e-3, atol=1e-2, rtol=1e-2)
+    small = [t.detach()[:4, :3].clone().requires_grad_() for t in (hidden,)] + [
+        weight.detach()[:6, :3].clone().requires_grad_()
+    ]
+    assert torch.autograd.gradcheck(
+        lambda h, w: chunked_logprobs(h, w, labels[:4] % 6, 0.8, chunk_tokens=3)[0],
+        small,
+        eps=1e-3,
+        atol=1e-2,
+        rtol=1e-2,
+    )
 
 
 def test_tied_weights_get_both_gradients_and_bf16_stays_within_bf16_rounding():
@@ -74,8 +91,9 @@ def test_untrained_positions_get_exactly_zero_gradient():
     hidden, weight, _, labels, _ = _inputs(1, 12, 4, 10, False)
     upstream = torch.zeros(12)
     upstream[3] = 1.0
-    grad_hidden, = torch.autograd.grad((chunked_logprobs(hidden, weight, labels, chunk_tokens=4)[0] * upstream).sum(),
-                                       [hidden])
+    (grad_hidden,) = torch.autograd.grad(
+        (chunked_logprobs(hidden, weight, labels, chunk_tokens=4)[0] * upstream).sum(), [hidden]
+    )
     assert grad_hidden[3].abs().sum() > 0
     assert torch.count_nonzero(grad_hidden[torch.arange(12) != 3]) == 0
 

@@ -1,4 +1,5 @@
 """The local launcher end to end on CPU: real env, real tiny model, real learner, async and sync."""
+
 import json
 import math
 
@@ -14,13 +15,24 @@ MAX_EPISODES = 4  # 2 groups of 2 in flight at most
 
 @pytest.mark.parametrize("mode", ["async", "sync"])
 def test_training_steps_move_versions_within_the_staleness_bound(tmp_path, small_bundle, mode):
-    config = load_config(None, [
-        f"out_dir={tmp_path}", "steps=3", f"mode={mode}",
-        f"env.kwargs.size={SMALL['size']}", f"env.kwargs.n_tasks={SMALL['n_tasks']}", "env.kwargs.max_turns=2",
-        "rollout.group_size=2", "rollout.batch_size=2", "rollout.max_new_tokens=16",
-        f"rollout.max_staleness={MAX_STALENESS}", "learner.drop_no_spread=false", "learner.lr=1e-3",
-        f"rollout.max_concurrent_rollouts={MAX_EPISODES}",  # one batch's groups: the limit binds while they play
-    ])
+    config = load_config(
+        None,
+        [
+            f"out_dir={tmp_path}",
+            "steps=3",
+            f"mode={mode}",
+            f"env.kwargs.size={SMALL['size']}",
+            f"env.kwargs.n_tasks={SMALL['n_tasks']}",
+            "env.kwargs.max_turns=2",
+            "rollout.group_size=2",
+            "rollout.batch_size=2",
+            "rollout.max_new_tokens=16",
+            f"rollout.max_staleness={MAX_STALENESS}",
+            "learner.drop_no_spread=false",
+            "learner.lr=1e-3",
+            f"rollout.max_concurrent_rollouts={MAX_EPISODES}",  # one batch's groups: the limit binds while they play
+        ],
+    )
     history = train(config, progress=False)
     assert [h["version"] for h in history] == [1.0, 2.0, 3.0]
     bound = 0 if mode == "sync" else MAX_STALENESS
@@ -32,8 +44,12 @@ def test_training_steps_move_versions_within_the_staleness_bound(tmp_path, small
     dumped = (tmp_path / "trajectories" / "version-00000.jsonl").read_text().splitlines()
     assert len(dumped) == 2 * 2 and all(json.loads(row)["input_ids"] for row in dumped)
     for h in history:  # each step trained on what it recorded: a gradient exactly where a group's rewards differ
-        rows = [json.loads(line) for line in (tmp_path / "trajectories" / f"version-{int(h['version']) - 1:05d}.jsonl")
-                .read_text().splitlines()]
+        rows = [
+            json.loads(line)
+            for line in (tmp_path / "trajectories" / f"version-{int(h['version']) - 1:05d}.jsonl")
+            .read_text()
+            .splitlines()
+        ]
         spread = any(len({r["reward"] for r in rows if r["group"] == g}) > 1 for g in {r["group"] for r in rows})
         assert math.isfinite(h["grad_norm"]) and (h["grad_norm"] > 0) == spread, (h["grad_norm"], spread)
         assert h["reward_mean"] == pytest.approx(sum(r["reward"] for r in rows) / len(rows))
@@ -60,5 +76,7 @@ def _assert_throughput_limits(rows, mode):
         assert row["engine/generated_tokens"] >= trained and row["engine/prefill_tokens"] > 0
         assert row["engine/decode_steps"] > 0 and row["engine/reused_tokens"] >= 0 and row["engine/busy_s"] > 0
         if before is not None:
-            assert all(row[f"engine/{k}"] >= before[f"engine/{k}"] for k in (
-                "decode_steps", "prefill_tokens", "reused_tokens", "generated_tokens", "busy_s"))
+            assert all(
+                row[f"engine/{k}"] >= before[f"engine/{k}"]
+                for k in ("decode_steps", "prefill_tokens", "reused_tokens", "generated_tokens", "busy_s")
+            )

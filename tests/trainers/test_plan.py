@@ -4,6 +4,7 @@ Parameter counts are the real model's; the byte terms are hand-computed; the act
 the bytes autograd really saves for real Qwen2 models; the 7B configs plan as they intend; what cannot fit is
 refused with the biggest term named and remedies that, applied, do fit; and a dry run starts and writes nothing.
 """
+
 import dataclasses
 import functools
 import json
@@ -53,6 +54,7 @@ def dry_run(capsys, *args: str) -> tuple[int, str, str]:
 
 # ---- parameters and bytes per term ------------------------------------------------------------------------------
 
+
 def test_the_parameter_count_is_the_real_models(tiny_model_dir):
     shape = model_shape(str(tiny_model_dir))
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -96,24 +98,41 @@ def test_bytes_per_term_are_the_hand_computed_ones(tiny_model_dir):
     assert all(t.where == "gpu" for t in terms.values())
 
     # checkpointing: each layer keeps its input (2*64 B a token), one layer recomputed (and its gradients)
-    ckpt = {t.name: t.bytes for t in learner_terms(shape, LearnerConfig(ranks=2, micro_batch_tokens=1000,
-                                                                        activation_checkpointing=True),
-                                                   dtype="float32", on_gpu=True)}
+    ckpt = {
+        t.name: t.bytes
+        for t in learner_terms(
+            shape,
+            LearnerConfig(ranks=2, micro_batch_tokens=1000, activation_checkpointing=True),
+            dtype="float32",
+            on_gpu=True,
+        )
+    }
     assert ckpt["activations"] == 1000 * (2 * 128 + (2 + 4) * 64 + 12) + 2 * 1000 * 2832
     # offload: parameters, gradients and optimizer state move to the host, the rest stays on the GPU
-    offload = learner_terms(shape, LearnerConfig(ranks=2, micro_batch_tokens=1000, cpu_offload=True),
-                            dtype="float32", on_gpu=True)
+    offload = learner_terms(
+        shape, LearnerConfig(ranks=2, micro_batch_tokens=1000, cpu_offload=True), dtype="float32", on_gpu=True
+    )
     assert {t.name for t in offload if t.where == "host"} == {"parameters", "gradients", "optimizer state"}
     assert gpu_bytes(offload) == 632_960 + 8_956_000 + terms["loss head"].bytes
 
     # one rank is the plain Learner: whole terms, no FSDP buffers, fp32 compute, and it ignores checkpointing
-    one = {t.name: t.bytes for t in learner_terms(shape, LearnerConfig(ranks=1, micro_batch_tokens=1000,
-                                                                       activation_checkpointing=True),
-                                                  dtype="float32", on_gpu=True)}
+    one = {
+        t.name: t.bytes
+        for t in learner_terms(
+            shape,
+            LearnerConfig(ranks=1, micro_batch_tokens=1000, activation_checkpointing=True),
+            dtype="float32",
+            on_gpu=True,
+        )
+    }
     layer = (6 * 4 + 8) * 64 + 4 * 4 * 176 + 2 * 4 * 32 + 4 * 4  # 5136 per token and layer in fp32
-    assert one == {"parameters": 895_232, "gradients": 895_232, "optimizer state": 1_790_464,
-                   "activations": 1000 * (2 * layer + 8 * 64 + 8 * 16 + 12) + 1000 * layer,
-                   "loss head": 512 * 2048 * 8 + 12 * 1000}  # fp32: no separate gradient accumulator
+    assert one == {
+        "parameters": 895_232,
+        "gradients": 895_232,
+        "optimizer state": 1_790_464,
+        "activations": 1000 * (2 * layer + 8 * 64 + 8 * 16 + 12) + 1000 * layer,
+        "loss head": 512 * 2048 * 8 + 12 * 1000,
+    }  # fp32: no separate gradient accumulator
 
 
 def _saved_bytes(model: torch.nn.Module, tokens: int) -> int:
@@ -134,11 +153,17 @@ def _saved_bytes(model: torch.nn.Module, tokens: int) -> int:
 
 
 @pytest.mark.parametrize("checkpointing", [False, True], ids=["stored", "checkpointed"])
-@pytest.mark.parametrize(("dims", "dtype"), [
-    ({"hidden_size": 128, "intermediate_size": 352, "num_attention_heads": 4, "num_key_value_heads": 2}, "bfloat16"),
-    ({"hidden_size": 96, "intermediate_size": 250, "num_attention_heads": 6, "num_key_value_heads": 6}, "bfloat16"),
-    ({"hidden_size": 128, "intermediate_size": 352, "num_attention_heads": 8, "num_key_value_heads": 2}, "float32"),
-])
+@pytest.mark.parametrize(
+    ("dims", "dtype"),
+    [
+        (
+            {"hidden_size": 128, "intermediate_size": 352, "num_attention_heads": 4, "num_key_value_heads": 2},
+            "bfloat16",
+        ),
+        ({"hidden_size": 96, "intermediate_size": 250, "num_attention_heads": 6, "num_key_value_heads": 6}, "bfloat16"),
+        ({"hidden_size": 128, "intermediate_size": 352, "num_attention_heads": 8, "num_key_value_heads": 2}, "float32"),
+    ],
+)
 def test_the_activation_formula_is_what_autograd_saves(tmp_path, dims, dtype, checkpointing):
     """Korthikanti et al.'s count applied to Qwen2, against a real model's saved tensors (CPU, SDPA attention)."""
     config = Qwen2Config(num_hidden_layers=3, vocab_size=512, tie_word_embeddings=False, **dims)
@@ -154,11 +179,15 @@ def test_the_activation_formula_is_what_autograd_saves(tmp_path, dims, dtype, ch
     assert predicted == pytest.approx(measured, rel=0.01), (predicted, measured)
 
 
-@pytest.mark.parametrize(("dims", "tokens", "dtype"), [
-    ({"hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2, "vocab_size": 4096}, 512, "float32"),
-    ({"hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 4, "vocab_size": 512}, 256, "float32"),
-    ({"hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2, "vocab_size": 2048}, 128, "bfloat16"),
-], ids=["loss-head-heavy-fp32", "layer-heavy-fp32", "bf16"])
+@pytest.mark.parametrize(
+    ("dims", "tokens", "dtype"),
+    [
+        ({"hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2, "vocab_size": 4096}, 512, "float32"),
+        ({"hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 4, "vocab_size": 512}, 256, "float32"),
+        ({"hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2, "vocab_size": 2048}, 128, "bfloat16"),
+    ],
+    ids=["loss-head-heavy-fp32", "layer-heavy-fp32", "bf16"],
+)
 def test_the_estimate_bounds_a_real_learner_steps_peak(tmp_path, dims, tokens, dtype):
     """One real Learner update (CPU, one full micro-batch, steady state: AdamW state exists), its peak measured by
     PyTorch's MemTracker: the estimate is above it, by at most 30% (measured: 10% to 25%)."""
@@ -173,8 +202,14 @@ def test_the_estimate_bounds_a_real_learner_steps_peak(tmp_path, dims, tokens, d
     settings = LearnerConfig(micro_batch_tokens=tokens)
     learner = Learner(model, settings)
     n = tokens - 1  # every position trained: the loss head's worst case, as the estimate assumes
-    sample = _Sample(ids=torch.randint(0, config.vocab_size, (tokens,)), mask=torch.ones(n), behav=torch.full((n,), -7.0),
-                     advantages=torch.ones(n), versions=torch.zeros(n, dtype=torch.long), prox=torch.full((n,), -7.0))
+    sample = _Sample(
+        ids=torch.randint(0, config.vocab_size, (tokens,)),
+        mask=torch.ones(n),
+        behav=torch.full((n,), -7.0),
+        advantages=torch.ones(n),
+        versions=torch.zeros(n, dtype=torch.long),
+        prox=torch.full((n,), -7.0),
+    )
     learner._update([sample])  # the optimizer's state exists from now on
     tracker = MemTracker()
     tracker.track_external(model, learner.optimizer)
@@ -186,6 +221,7 @@ def test_the_estimate_bounds_a_real_learner_steps_peak(tmp_path, dims, tokens, d
 
 
 # ---- the shipped 7B configs ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("path", ASEARCHER, ids=lambda p: p.name)
 def test_the_asearcher_configs_plan_what_they_intend(path, capsys, tmp_path):
@@ -214,8 +250,11 @@ def test_the_asearcher_configs_plan_what_they_intend(path, capsys, tmp_path):
     assert plan["learner_gpu_bytes"] <= 80 * GIB == plan["gpu_memory_bytes"]
     servers = plan["servers"]
     assert servers["weights_per_gpu_bytes"] == math.ceil(QWEN_7B * 2 / config.ray.sglang_gpus_per_server)
-    assert servers["weights_per_gpu_bytes"] < servers["static_pool_bytes"] == int(config.ray.sglang_mem_fraction_static
-                                                                                   * 80 * GIB)
+    assert (
+        servers["weights_per_gpu_bytes"]
+        < servers["static_pool_bytes"]
+        == int(config.ray.sglang_mem_fraction_static * 80 * GIB)
+    )
     assert servers["kv_cache_tokens"] > config.rollout.max_context
     assert not out_dir.exists()  # nothing written
 
@@ -223,11 +262,19 @@ def test_the_asearcher_configs_plan_what_they_intend(path, capsys, tmp_path):
 def test_a_dry_run_starts_nothing_and_writes_nothing(capsys, tmp_path, tiny_model_dir):
     out_dir = tmp_path / "run"
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    code, out, _ = dry_run(capsys, "--config", str(CONFIGS / "train-cpu.yaml"), f"model.path={tiny_model_dir}",
-                           f"out_dir={out_dir}", "learner.ranks=2")
+    code, out, _ = dry_run(
+        capsys,
+        "--config",
+        str(CONFIGS / "train-cpu.yaml"),
+        f"model.path={tiny_model_dir}",
+        f"out_dir={out_dir}",
+        "learner.ranks=2",
+    )
     assert code == 0 and "nothing started, nothing written" in out and "follower ranks" in out
     assert not out_dir.exists()
-    assert {p.pid for p in psutil.Process().children(recursive=True)} == before and not multiprocessing.active_children()
+    assert {
+        p.pid for p in psutil.Process().children(recursive=True)
+    } == before and not multiprocessing.active_children()
     import ray
 
     assert not ray.is_initialized()
@@ -248,6 +295,7 @@ def test_a_one_rank_learner_on_several_gpus_is_pointed_at_fsdp():
 
 # ---- refusals ------------------------------------------------------------------------------------------------
 
+
 def _remedies(message: str) -> list[list[str]]:
     """The overrides a refusal proposes: 'learner.ranks=2 and learner.cpu_offload=true (...)' -> [[...], ...]."""
     fixes = message.split("It would fit with ", 1)[1]
@@ -256,8 +304,16 @@ def _remedies(message: str) -> list[list[str]]:
 
 def test_a_7b_single_rank_plan_is_refused_naming_the_optimizer_state(capsys):
     asearcher = str(CONFIGS / "asearcher-7b-local.yaml")
-    code, out, err = dry_run(capsys, "--config", asearcher, "learner.ranks=1", "ray.learner_gpus=1",
-                             "learner.cpu_offload=false", "--gpu-memory-gib", "80")
+    code, out, err = dry_run(
+        capsys,
+        "--config",
+        asearcher,
+        "learner.ranks=1",
+        "ray.learner_gpus=1",
+        "learner.cpu_offload=false",
+        "--gpu-memory-gib",
+        "80",
+    )
     assert code == 2 and "fits: NO" in out
     message = err.strip()
     assert message.count("\n") == 0 and message.startswith("searchgym: error: this plan does not fit")
@@ -265,9 +321,12 @@ def test_a_7b_single_rank_plan_is_refused_naming_the_optimizer_state(capsys):
     assert f"optimizer state {optimizer:.1f} GiB" in message
     # each proposed remedy, applied, fits: computed by the estimate, not guessed
     fixes = _remedies(message)
-    assert {key.split("=")[0] for fix in fixes for key in fix} >= {"learner.ranks", "learner.cpu_offload",
-                                                                   "learner.activation_checkpointing",
-                                                                   "learner.micro_batch_tokens"}
+    assert {key.split("=")[0] for fix in fixes for key in fix} >= {
+        "learner.ranks",
+        "learner.cpu_offload",
+        "learner.activation_checkpointing",
+        "learner.micro_batch_tokens",
+    }
     for fix in fixes:
         config = load_config(asearcher, ["learner.ranks=1", "ray.learner_gpus=1", *fix])
         assert make_plan(config).refusal is None, fix
@@ -276,41 +335,72 @@ def test_a_7b_single_rank_plan_is_refused_naming_the_optimizer_state(capsys):
 
 
 def test_fp32_full_parameter_training_names_the_optimizer_state_as_the_biggest_term(capsys):
-    code, _, err = dry_run(capsys, "--config", str(CONFIGS / "asearcher-7b-local.yaml"), "learner.ranks=1",
-                           "ray.learner_gpus=1", "model.dtype=float32", "learner.micro_batch_tokens=1024")
+    code, _, err = dry_run(
+        capsys,
+        "--config",
+        str(CONFIGS / "asearcher-7b-local.yaml"),
+        "learner.ranks=1",
+        "ray.learner_gpus=1",
+        "model.dtype=float32",
+        "learner.micro_batch_tokens=1024",
+    )
     assert code == 2
     assert f"the biggest term is optimizer state ({2 * QWEN_7B * 4 / GIB:.1f} GiB" in err
 
 
 def test_sglang_weights_that_overflow_the_static_pool_are_refused():
-    config = load_config(CONFIGS / "asearcher-7b-local.yaml", ["learner.ranks=4", "ray.learner_gpus=1",
-                                                               "learner.activation_checkpointing=true",
-                                                               "ray.sglang_mem_fraction_static=0.1"])
+    config = load_config(
+        CONFIGS / "asearcher-7b-local.yaml",
+        [
+            "learner.ranks=4",
+            "ray.learner_gpus=1",
+            "learner.activation_checkpointing=true",
+            "ray.sglang_mem_fraction_static=0.1",
+        ],
+    )
     refusal = make_plan(config).refusal
     assert refusal and "ray.sglang_mem_fraction_static above 0.18" in refusal  # 14.2 GiB of 80
     assert "ray.sglang_gpus_per_server=2" in refusal  # 7.1 GiB per GPU < 8 GiB
-    fixed = load_config(CONFIGS / "asearcher-7b-local.yaml", ["learner.ranks=4", "ray.learner_gpus=1",
-                                                              "learner.activation_checkpointing=true",
-                                                              "ray.sglang_mem_fraction_static=0.1",
-                                                              "ray.sglang_servers=6", "ray.sglang_gpus_per_server=2"])
+    fixed = load_config(
+        CONFIGS / "asearcher-7b-local.yaml",
+        [
+            "learner.ranks=4",
+            "ray.learner_gpus=1",
+            "learner.activation_checkpointing=true",
+            "ray.sglang_mem_fraction_static=0.1",
+            "ray.sglang_servers=6",
+            "ray.sglang_gpus_per_server=2",
+        ],
+    )
     assert make_plan(fixed).refusal is None
 
 
 def test_the_local_launcher_counts_the_engine_on_rank_0s_gpu(tiny_model_dir):
-    config = load_config(CONFIGS / "train-cpu.yaml", [f"model.path={tiny_model_dir}", "model.device=cuda",
-                                                           "learner.ranks=2"])
+    config = load_config(
+        CONFIGS / "train-cpu.yaml", [f"model.path={tiny_model_dir}", "model.device=cuda", "learner.ranks=2"]
+    )
     plan = make_plan(config, gpu_memory_gib=1)
     names = [g.name for g in plan.groups]
     assert names == ["this process", "follower ranks"] and plan.total == {"CPU": 2.0, "GPU": 2.0}
     assert any(t.name == "rollout engine weights" and t.bytes == 223_808 * 4 for t in plan.learner)
     assert make_plan(config, gpu_memory_gib=0.001).refusal  # a GPU smaller than the terms: refused
-    assert make_plan(load_config(CONFIGS / "train-cpu.yaml", [f"model.path={tiny_model_dir}"]),
-                     gpu_memory_gib=0.001).refusal is None  # on CPU there is no GPU to overflow
+    assert (
+        make_plan(
+            load_config(CONFIGS / "train-cpu.yaml", [f"model.path={tiny_model_dir}"]), gpu_memory_gib=0.001
+        ).refusal
+        is None
+    )  # on CPU there is no GPU to overflow
 
 
 @settings(max_examples=60, deadline=None)
-@given(ranks=st.integers(1, 16), tokens=st.integers(256, 65_536), ckpt=st.booleans(), offload=st.booleans(),
-       dtype=st.sampled_from(["bfloat16", "float32"]), gib=st.sampled_from([24, 40, 80, 141]))
+@given(
+    ranks=st.integers(1, 16),
+    tokens=st.integers(256, 65_536),
+    ckpt=st.booleans(),
+    offload=st.booleans(),
+    dtype=st.sampled_from(["bfloat16", "float32"]),
+    gib=st.sampled_from([24, 40, 80, 141]),
+)
 def test_every_proposed_remedy_fits(ranks, tokens, ckpt, offload, dtype, gib):
     """Whatever the settings, each remedy a refusal would propose, applied to those settings, fits the GPU."""
     learner = LearnerConfig(ranks=ranks, micro_batch_tokens=tokens, activation_checkpointing=ckpt, cpu_offload=offload)
@@ -320,8 +410,10 @@ def test_every_proposed_remedy_fits(ranks, tokens, ckpt, offload, dtype, gib):
     fixes = remedies(config, seven_b(), gib * GIB)
     assert fixes
     for fix in fixes:
-        changes = {key.removeprefix("learner."): json.loads(value)
-                   for key, value in (kv.split("=") for kv in re.findall(r"learner\.\w+=\w+", fix))}
+        changes = {
+            key.removeprefix("learner."): json.loads(value)
+            for key, value in (kv.split("=") for kv in re.findall(r"learner\.\w+=\w+", fix))
+        }
         if not changes:
             assert fix.startswith("no number of ranks"), fix
             continue
@@ -335,5 +427,7 @@ def test_a_65k_token_trajectory_trained_alone_fits_an_80_gib_gpu_in_the_7b_confi
     in its micro-batch. With whole logits it needed 189 GiB; the chunked loss head keeps it under 80."""
     code, out, err = dry_run(capsys, "--config", str(path), "rollout.max_context=65536")
     assert code == 0, err
-    need = float(re.search(r"rollout\.max_context \(65,536\) tokens, all trained, would need ([0-9.]+) GiB", out).group(1))
+    need = float(
+        re.search(r"rollout\.max_context \(65,536\) tokens, all trained, would need ([0-9.]+) GiB", out).group(1)
+    )
     assert need < 80

@@ -1,4 +1,5 @@
 """The learner's math against obviously-correct references: the decoupled PPO loss, advantages, returns, logprobs."""
+
 import math
 
 import pytest
@@ -20,6 +21,7 @@ from searchgym.trainers.algorithm.ppo import (
 # ---------------------------------------------------------------------------------------------------------------
 # A direct per-token reference of the decoupled PPO loss, and random batches to compare it on
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def reference_loss(logp, prox, behav, adv, mask, eps, eps_high, cap):
     """Loss, d loss / d logp and statistics, one token at a time in Python floats, straight from the formula."""
@@ -51,17 +53,26 @@ def reference_loss(logp, prox, behav, adv, mask, eps, eps_high, cap):
             ratios.append(r)
             weights.append(w)
     n, d = max(valid, 1), max(masked_in, 1)  # statistics over kept tokens; the loss over all trained ones
-    stats = {"clip_fraction": clipped / n, "approx_kl": kl / n, "valid_tokens": valid, "normalizer_tokens": masked_in,
-             "dual_clip_fraction": 0.0,
-             "importance_weight_mean": sum(ratios) / n, "importance_weight_max": max(ratios, default=0.0),
-             "importance_weight_min": min(ratios, default=0.0), "behav_weight_mean": sum(weights) / n,
-             "behav_weight_max": max(weights, default=0.0), "behav_capped_fraction": capped / max(masked_in, 1),
-             "loss": total / d}
+    stats = {
+        "clip_fraction": clipped / n,
+        "approx_kl": kl / n,
+        "valid_tokens": valid,
+        "normalizer_tokens": masked_in,
+        "dual_clip_fraction": 0.0,
+        "importance_weight_mean": sum(ratios) / n,
+        "importance_weight_max": max(ratios, default=0.0),
+        "importance_weight_min": min(ratios, default=0.0),
+        "behav_weight_mean": sum(weights) / n,
+        "behav_weight_max": max(weights, default=0.0),
+        "behav_capped_fraction": capped / max(masked_in, 1),
+        "loss": total / d,
+    }
     return total / d, [[g / d for g in row] for row in grad], stats
 
 
 def random_batch(seed, rows, cols, *, ratio_scale=0.5, staleness_scale=1.0, float_mask=False):
-    """float64 logp/prox/behav/advantages and a mask of unequal lengths with holes (tool outputs), garbage outside it."""
+    """float64 logp/prox/behav/advantages and a mask of unequal lengths with holes (tool outputs), garbage outside
+    it."""
     gen = torch.Generator().manual_seed(seed)
     prox = -torch.rand(rows, cols, generator=gen, dtype=torch.float64) * 5
     logp = prox + torch.randn(rows, cols, generator=gen, dtype=torch.float64) * ratio_scale
@@ -73,10 +84,18 @@ def random_batch(seed, rows, cols, *, ratio_scale=0.5, staleness_scale=1.0, floa
     return logp, prox, behav, adv, (mask.double() if float_mask else mask)
 
 
-batches = st.fixed_dictionaries({
-    "seed": st.integers(0, 2**31 - 1), "rows": st.integers(1, 5), "cols": st.integers(1, 12),
-    "ratio_scale": st.sampled_from([0.05, 0.3, 1.0]), "float_mask": st.booleans()})
-clips = st.tuples(st.floats(0.05, 0.5), st.one_of(st.none(), st.floats(0.0, 0.5)), st.sampled_from([None, 1.2, 2.0, 5.0]))
+batches = st.fixed_dictionaries(
+    {
+        "seed": st.integers(0, 2**31 - 1),
+        "rows": st.integers(1, 5),
+        "cols": st.integers(1, 12),
+        "ratio_scale": st.sampled_from([0.05, 0.3, 1.0]),
+        "float_mask": st.booleans(),
+    }
+)
+clips = st.tuples(
+    st.floats(0.05, 0.5), st.one_of(st.none(), st.floats(0.0, 0.5)), st.sampled_from([None, 1.2, 2.0, 5.0])
+)
 
 
 @given(batches, clips)
@@ -86,11 +105,20 @@ def test_loss_gradient_and_stats_match_a_per_token_loop(batch, clip):
     eps_high = None if extra_high is None else eps + extra_high  # clip-higher: eps_high >= eps
     logp, prox, behav, adv, mask = random_batch(**batch)
     logp.requires_grad_(True)
-    loss, stats = decoupled_ppo_loss(logp, prox, behav, adv, mask, eps_clip=eps, eps_clip_high=eps_high,
-                                     behav_weight_cap=cap)
+    loss, stats = decoupled_ppo_loss(
+        logp, prox, behav, adv, mask, eps_clip=eps, eps_clip_high=eps_high, behav_weight_cap=cap
+    )
     loss.backward()
-    want, want_grad, want_stats = reference_loss(logp.tolist(), prox.tolist(), behav.tolist(), adv.tolist(),
-                                                 mask.bool().tolist(), eps, eps if eps_high is None else eps_high, cap)
+    want, want_grad, want_stats = reference_loss(
+        logp.tolist(),
+        prox.tolist(),
+        behav.tolist(),
+        adv.tolist(),
+        mask.bool().tolist(),
+        eps,
+        eps if eps_high is None else eps_high,
+        cap,
+    )
     assert loss.item() == pytest.approx(want, rel=1e-9, abs=1e-12)
     torch.testing.assert_close(logp.grad, torch.tensor(want_grad, dtype=torch.float64), rtol=1e-9, atol=1e-12)
     assert set(stats) == set(want_stats)
@@ -103,19 +131,29 @@ def one_token_loss(log_ratio, advantage, *, eps=0.2, eps_high=None, log_behav_we
     """Loss and d loss / d logp of a single valid token."""
     logp = torch.tensor([[log_ratio]], dtype=torch.float64, requires_grad=True)
     zero = torch.zeros(1, 1, dtype=torch.float64)
-    loss, stats = decoupled_ppo_loss(logp, zero, zero - log_behav_weight, torch.tensor([[advantage]], dtype=torch.float64),
-                                     torch.ones(1, 1, dtype=torch.bool), eps_clip=eps, eps_clip_high=eps_high)
+    loss, stats = decoupled_ppo_loss(
+        logp,
+        zero,
+        zero - log_behav_weight,
+        torch.tensor([[advantage]], dtype=torch.float64),
+        torch.ones(1, 1, dtype=torch.bool),
+        eps_clip=eps,
+        eps_clip_high=eps_high,
+    )
     loss.backward()
     return loss.item(), logp.grad.item(), stats
 
 
-@pytest.mark.parametrize("ratio, advantage, clipped", [
-    (1.5, 1.0, True),    # A > 0, r above 1 + eps: no incentive to push r higher
-    (0.5, -1.0, True),   # A < 0, r below 1 - eps: no incentive to push r lower
-    (0.5, 1.0, False),   # A > 0, r low: the pessimistic min keeps the unclipped term, gradient pulls r up
-    (1.5, -1.0, False),  # A < 0, r high: unclipped, gradient pulls r down
-    (1.1, 1.0, False),   # inside the trust region
-])
+@pytest.mark.parametrize(
+    "ratio, advantage, clipped",
+    [
+        (1.5, 1.0, True),  # A > 0, r above 1 + eps: no incentive to push r higher
+        (0.5, -1.0, True),  # A < 0, r below 1 - eps: no incentive to push r lower
+        (0.5, 1.0, False),  # A > 0, r low: the pessimistic min keeps the unclipped term, gradient pulls r up
+        (1.5, -1.0, False),  # A < 0, r high: unclipped, gradient pulls r down
+        (1.1, 1.0, False),  # inside the trust region
+    ],
+)
 def test_clipping_on_both_sides(ratio, advantage, clipped):
     loss, grad, stats = one_token_loss(math.log(ratio), advantage)
     bound = min(max(ratio, 0.8), 1.2)
@@ -168,6 +206,7 @@ def test_token_mean_over_the_whole_batch_weighs_every_token_equally():
 # Micro-batches, gradcheck, the on-policy limit, degenerate batches
 # ---------------------------------------------------------------------------------------------------------------
 
+
 @given(batches, st.integers(1, 5), st.sampled_from([None, 2.0]))
 @settings(max_examples=60, deadline=None)
 def test_micro_batches_with_the_whole_batch_normalizer_reproduce_the_full_batch(batch, chunks, cap):
@@ -182,7 +221,9 @@ def test_micro_batches_with_the_whole_batch_normalizer_reproduce_the_full_batch(
     for rows in torch.arange(logp.shape[0]).tensor_split(chunks):
         used = mask[rows].bool().any(0).nonzero()
         width = int(used.max()) + 1 if len(used) else 1
-        part = [x[rows, :width] for x in (micro_logp, prox, behav, adv, mask)]  # trimmed padding, as in dynamic batching
+        part = [
+            x[rows, :width] for x in (micro_logp, prox, behav, adv, mask)
+        ]  # trimmed padding, as in dynamic batching
         loss, _ = decoupled_ppo_loss(*part, behav_weight_cap=cap, normalizer=normalizer)
         loss.backward()
         total += loss.item()
@@ -203,7 +244,8 @@ def test_gradcheck_away_from_the_clip_kinks(eps_high):
     logp = (prox + log_ratio).requires_grad_(True)
     assert torch.autograd.gradcheck(
         lambda lp: decoupled_ppo_loss(lp, prox, behav, adv, mask, eps_clip_high=eps_high, behav_weight_cap=1.5)[0],
-        (logp,))
+        (logp,),
+    )
 
 
 def test_on_policy_limit_is_the_policy_gradient():
@@ -242,8 +284,14 @@ def test_no_valid_tokens_gives_zero_loss_with_a_gradient_and_no_nan(mask):
 def test_extreme_and_infinite_log_ratios_stay_finite():
     logp = torch.tensor([[80.0, -80.0, float("-inf"), 0.0]], requires_grad=True)
     mask = torch.tensor([[1, 1, 0, 1]], dtype=torch.bool)
-    loss, stats = decoupled_ppo_loss(logp, torch.zeros(1, 4), torch.tensor([[0.0, 0.0, 0.0, 90.0]]),
-                                     torch.tensor([[-1.0, 1.0, 1.0, 1.0]]), mask, behav_weight_cap=None)
+    loss, stats = decoupled_ppo_loss(
+        logp,
+        torch.zeros(1, 4),
+        torch.tensor([[0.0, 0.0, 0.0, 90.0]]),
+        torch.tensor([[-1.0, 1.0, 1.0, 1.0]]),
+        mask,
+        behav_weight_cap=None,
+    )
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
     assert all(torch.isfinite(v) for v in stats.values())
@@ -253,10 +301,15 @@ def test_extreme_and_infinite_log_ratios_stay_finite():
 # Group advantages
 # ---------------------------------------------------------------------------------------------------------------
 
-groups = st.integers(1, 6).flatmap(lambda size: st.lists(
-    st.one_of(st.lists(st.floats(-5, 5), min_size=size, max_size=size),
-              st.floats(-5, 5).map(lambda v: [v] * size)),  # some groups without spread
-    min_size=1, max_size=5))
+groups = st.integers(1, 6).flatmap(
+    lambda size: st.lists(
+        st.one_of(
+            st.lists(st.floats(-5, 5), min_size=size, max_size=size), st.floats(-5, 5).map(lambda v: [v] * size)
+        ),  # some groups without spread
+        min_size=1,
+        max_size=5,
+    )
+)
 
 
 @given(groups, st.booleans())
@@ -288,6 +341,7 @@ def test_group_advantages_by_hand():
 # Rewards: refinement and returns
 # ---------------------------------------------------------------------------------------------------------------
 
+
 def test_returns_to_go_by_hand():
     assert returns_to_go(1.0, [0.0, 0.0, 0.0]) == [1.0, 1.0, 1.0]
     assert returns_to_go(1.0, [0.5, -0.25, 0.0]) == [1.25, 0.75, 1.0]
@@ -306,11 +360,18 @@ def test_refinement_by_hand():
 step_rewards = st.lists(st.floats(-1, 1), max_size=5)
 
 
-@given(prefix=step_rewards, suffix=step_rewards, reward=st.floats(0.01, 1), repeats=st.integers(2, 50),
-       threshold=st.floats(0, 1), outcome=st.floats(0, 1))
+@given(
+    prefix=step_rewards,
+    suffix=step_rewards,
+    reward=st.floats(0.01, 1),
+    repeats=st.integers(2, 50),
+    threshold=st.floats(0, 1),
+    outcome=st.floats(0, 1),
+)
 @settings(max_examples=200, deadline=None)
 def test_repeating_a_rewarded_search_cannot_raise_the_return(prefix, suffix, reward, repeats, threshold, outcome):
-    """The hack refinement exists for: unrefined, N repeats of a rewarded search pay N times; refined, they never pay more."""
+    """The hack refinement exists for: unrefined, N repeats of a rewarded search pay N times; refined, they never pay
+    more."""
     once, many = prefix + [reward] + suffix, prefix + [reward] * repeats + suffix
 
     def ret(steps, mode):
@@ -334,6 +395,7 @@ def test_clip_bounds_and_delta_telescopes(steps, outcome, threshold):
 # ---------------------------------------------------------------------------------------------------------------
 # Log-probabilities and entropy
 # ---------------------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,5 +1,6 @@
 """The Ray launcher for real on a local CPU cluster: learner actors (one, or two FSDP ranks), rollout actors with
 TorchEngines, and server actors running our model server as the SGLang stand-in (weights by disk or broadcast)."""
+
 import asyncio
 import json
 import time
@@ -33,29 +34,41 @@ NAME = "model.embed_tokens.weight"
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A small local CPU cluster; workers inherit SEARCHGYM_CACHE, which conftest set before this starts."""
-    ray.init(num_cpus=6, include_dashboard=False, object_store_memory=200 * 1024 ** 2, log_to_driver=False)
+    ray.init(num_cpus=6, include_dashboard=False, object_store_memory=200 * 1024**2, log_to_driver=False)
     yield
     ray.shutdown()
 
 
 def _overrides(run_dir: Path, model_dir: Path, steps: int) -> list[str]:
     return [
-        f"out_dir={run_dir}", f"steps={steps}", "save_every=1", "launcher=ray", f"model.path={model_dir}",
-        f"env.kwargs.size={SMALL['size']}", f"env.kwargs.n_tasks={SMALL['n_tasks']}", "env.kwargs.max_turns=2",
-        "rollout.group_size=2", "rollout.batch_size=2", "rollout.max_new_tokens=12", "rollout.max_staleness=1",
-        "learner.drop_no_spread=false", "learner.lr=1e-3", f"ray.num_rollout_actors={ACTORS}",
+        f"out_dir={run_dir}",
+        f"steps={steps}",
+        "save_every=1",
+        "launcher=ray",
+        f"model.path={model_dir}",
+        f"env.kwargs.size={SMALL['size']}",
+        f"env.kwargs.n_tasks={SMALL['n_tasks']}",
+        "env.kwargs.max_turns=2",
+        "rollout.group_size=2",
+        "rollout.batch_size=2",
+        "rollout.max_new_tokens=12",
+        "rollout.max_staleness=1",
+        "learner.drop_no_spread=false",
+        "learner.lr=1e-3",
+        f"ray.num_rollout_actors={ACTORS}",
         "learner.weight_decay=0.1",  # a fresh model earns no reward spread: decay makes every step move the weights
     ]
 
 
 def _groups_by_version(run_dir: Path) -> list[list[int]]:
     """The run-wide group positions each step trained on (one list per trajectories file, in version order)."""
-    return [sorted({json.loads(line)["group"] for line in path.read_text().splitlines()})
-            for path in sorted((run_dir / "trajectories").glob("version-*.jsonl"))]
+    return [
+        sorted({json.loads(line)["group"] for line in path.read_text().splitlines()})
+        for path in sorted((run_dir / "trajectories").glob("version-*.jsonl"))
+    ]
 
 
-def test_two_rollout_actors_feed_each_step_and_get_the_new_weights(tmp_path, small_bundle, tiny_model_dir,
-                                                                   ray_cluster):
+def test_two_rollout_actors_feed_each_step_and_get_the_new_weights(tmp_path, small_bundle, tiny_model_dir, ray_cluster):
     run_dir = tmp_path / "run"
     with RayTrainer(load_config(None, _overrides(run_dir, tiny_model_dir, steps=2)), progress=False) as trainer:
         history = trainer.train()
@@ -99,10 +112,14 @@ def test_two_rollout_actors_feed_each_step_and_get_the_new_weights(tmp_path, sma
 
 def _greedy(address: str, prompt: list[int], tokens: int) -> tuple[list[int], list[float], str]:
     """A server's greedy continuation of `prompt` through SGLang's /generate: ids, their logprobs, weight version."""
-    body = {"input_ids": prompt, "return_logprob": True,
-            "sampling_params": {"temperature": 0.0, "max_new_tokens": tokens, "ignore_eos": True}}
-    request = urllib.request.Request(f"http://{address}/generate", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
+    body = {
+        "input_ids": prompt,
+        "return_logprob": True,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": tokens, "ignore_eos": True},
+    }
+    request = urllib.request.Request(
+        f"http://{address}/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=60) as response:
         out = json.load(response)
     meta = out["meta_info"]
@@ -113,24 +130,36 @@ def _logprobs(model_dir: Path, ids: list[int], start: int) -> torch.Tensor:
     """Log-probs a model directory's weights give tokens ids[start:] after ids[:start]."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0, start - 1:-1]
+        logits = model(torch.tensor([ids])).logits[0, start - 1 : -1]
     return torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(ids[start:]).unsqueeze(1)).squeeze(1)
 
 
 def test_disk_weight_sync_reaches_model_server_actors(tmp_path, small_bundle, tiny_model_dir, ray_cluster):
     """rollout.engine=sglang with two server actors running our CPU model server as the SGLang stand-in."""
     run_dir = tmp_path / "run"
-    config = load_config(None, [*_overrides(run_dir, tiny_model_dir, steps=2), "rollout.engine=sglang",
-                                "ray.num_rollout_actors=1", "ray.sglang_server=searchgym", "ray.sglang_servers=2",
-                                "ray.weight_sync=disk",
-                                "ray.sglang_gpus_per_server=0", "ray.sglang_start_timeout_s=120"])
+    config = load_config(
+        None,
+        [
+            *_overrides(run_dir, tiny_model_dir, steps=2),
+            "rollout.engine=sglang",
+            "ray.num_rollout_actors=1",
+            "ray.sglang_server=searchgym",
+            "ray.sglang_servers=2",
+            "ray.weight_sync=disk",
+            "ray.sglang_gpus_per_server=0",
+            "ray.sglang_start_timeout_s=120",
+        ],
+    )
     prompt = list(range(5, 25))
     with RayTrainer(config, progress=False) as trainer:
         servers = trainer.server_addresses
         for address in servers:  # a local cluster's servers listen on loopback only (ray.local_host)
             port = int(address.rpartition(":")[2])
-            assert {c.laddr.ip for c in psutil.net_connections(kind="inet")
-                    if c.status == psutil.CONN_LISTEN and c.laddr.port == port} == {"127.0.0.1"}
+            assert {
+                c.laddr.ip
+                for c in psutil.net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+            } == {"127.0.0.1"}
         before = [_greedy(address, prompt, 4) for address in servers]
         history = trainer.train()
         after = [_greedy(address, prompt, 4) for address in servers]
@@ -144,15 +173,20 @@ def test_disk_weight_sync_reaches_model_server_actors(tmp_path, small_bundle, ti
     for ids, logprobs, _ in after:
         expected = _logprobs(checkpoint, prompt + ids, len(prompt))
         torch.testing.assert_close(torch.tensor(logprobs), expected, atol=1e-4, rtol=1e-4)
-        assert not torch.allclose(torch.tensor(logprobs), _logprobs(tiny_model_dir, prompt + ids, len(prompt)),
-                                  atol=1e-3)
+        assert not torch.allclose(
+            torch.tensor(logprobs), _logprobs(tiny_model_dir, prompt + ids, len(prompt)), atol=1e-3
+        )
     # they loaded them from disk: the last versions the learner wrote, equal to the checkpoint
     assert sorted(p.name for p in (run_dir / "weights").iterdir()) == ["version-00001", "version-00002"]
     pushed = load_file(run_dir / "weights" / "version-00002" / "model.safetensors")[NAME]
     assert torch.equal(pushed, load_file(checkpoint / "model.safetensors")[NAME])
     # and the rollouts' tokens carry the servers' weight versions: the step from version 1 trained on tokens of 0 and 1
-    versions = {v for line in (run_dir / "trajectories" / "version-00001.jsonl").read_text().splitlines()
-                for v in json.loads(line)["versions"] if v >= 0}
+    versions = {
+        v
+        for line in (run_dir / "trajectories" / "version-00001.jsonl").read_text().splitlines()
+        for v in json.loads(line)["versions"]
+        if v >= 0
+    }
     assert versions and versions <= {0, 1}
 
 
@@ -160,8 +194,9 @@ def _wait_idle(address: str) -> None:
     """Until the server runs no request (its /flush_cache answers 400 while any runs, as SGLang's does)."""
     for _ in range(600):
         try:
-            with urllib.request.urlopen(urllib.request.Request(f"http://{address}/flush_cache", b"", method="POST"),
-                                        timeout=60):
+            with urllib.request.urlopen(
+                urllib.request.Request(f"http://{address}/flush_cache", b"", method="POST"), timeout=60
+            ):
                 return
         except urllib.error.HTTPError:
             time.sleep(0.1)
@@ -173,15 +208,25 @@ def _model_info(address: str) -> dict:
         return json.load(response)
 
 
-def test_two_learner_ranks_broadcast_weights_to_model_server_actors(tmp_path, small_bundle, tiny_model_dir,
-                                                                    ray_cluster, one_torch_thread):
+def test_two_learner_ranks_broadcast_weights_to_model_server_actors(
+    tmp_path, small_bundle, tiny_model_dir, ray_cluster, one_torch_thread
+):
     """learner.ranks=2 (FSDP2 on gloo, two learner actors) and ray.weight_sync=distributed: rank 0 broadcasts the
     consolidated weights to two `serve model` servers (SGLang's protocol), one per rollout actor."""
     run_dir = tmp_path / "run"
-    config = load_config(None, [*_overrides(run_dir, tiny_model_dir, steps=2), "learner.ranks=2",
-                                "rollout.engine=sglang", "ray.sglang_server=searchgym", "ray.sglang_servers=2",
-                                "ray.weight_sync=distributed", "ray.sglang_gpus_per_server=0",
-                                "ray.sglang_start_timeout_s=120"])
+    config = load_config(
+        None,
+        [
+            *_overrides(run_dir, tiny_model_dir, steps=2),
+            "learner.ranks=2",
+            "rollout.engine=sglang",
+            "ray.sglang_server=searchgym",
+            "ray.sglang_servers=2",
+            "ray.weight_sync=distributed",
+            "ray.sglang_gpus_per_server=0",
+            "ray.sglang_start_timeout_s=120",
+        ],
+    )
     prompt = list(range(5, 25))
     with RayTrainer(config, progress=False) as trainer:
         servers = trainer.server_addresses
@@ -206,8 +251,11 @@ def test_two_learner_ranks_broadcast_weights_to_model_server_actors(tmp_path, sm
 
     async def reference() -> tuple[list[int], list[float]]:
         async with model_server(checkpoint) as (url, _), aiohttp.ClientSession() as http:
-            body = {"input_ids": prompt, "return_logprob": True,
-                    "sampling_params": {"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True}}
+            body = {
+                "input_ids": prompt,
+                "return_logprob": True,
+                "sampling_params": {"temperature": 0.0, "max_new_tokens": 4, "ignore_eos": True},
+            }
             async with http.post(url + "/generate", json=body) as response:
                 out = await response.json()
         return out["output_ids"], [lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]]
@@ -215,11 +263,16 @@ def test_two_learner_ranks_broadcast_weights_to_model_server_actors(tmp_path, sm
     want_ids, want_logprobs = asyncio.run(reference())
     for ids, logprobs, _ in after:
         assert (ids, logprobs) == (want_ids, want_logprobs)
-    assert not torch.allclose(torch.tensor(want_logprobs),
-                              _logprobs(tiny_model_dir, prompt + want_ids, len(prompt)), atol=1e-3)
+    assert not torch.allclose(
+        torch.tensor(want_logprobs), _logprobs(tiny_model_dir, prompt + want_ids, len(prompt)), atol=1e-3
+    )
     # the rollouts' tokens carry the versions the broadcasts set: the step from version 1 trained on tokens of 0 and 1
-    versions = {v for line in (run_dir / "trajectories" / "version-00001.jsonl").read_text().splitlines()
-                for v in json.loads(line)["versions"] if v >= 0}
+    versions = {
+        v
+        for line in (run_dir / "trajectories" / "version-00001.jsonl").read_text().splitlines()
+        for v in json.loads(line)["versions"]
+        if v >= 0
+    }
     assert versions and versions <= {0, 1}
 
 
@@ -258,10 +311,27 @@ def test_topology_errors_name_the_setting(tmp_path, tiny_model_dir):
     with pytest.raises(ValueError, match="weight_sync=distributed broadcasts to SGLang servers"):
         check("ray.weight_sync=distributed")
     # by default servers launched here get the broadcast, servers given by address the disk route
-    assert weight_route(load_config(None, [*_overrides(tmp_path, tiny_model_dir, 1), "rollout.engine=sglang",
-                                           "ray.sglang_servers=2"])) == "distributed"
-    assert weight_route(load_config(None, [*_overrides(tmp_path, tiny_model_dir, 1), "rollout.engine=sglang",
-                                           "rollout.sglang_addresses=[h:1,h:2]"])) == "disk"
+    assert (
+        weight_route(
+            load_config(
+                None, [*_overrides(tmp_path, tiny_model_dir, 1), "rollout.engine=sglang", "ray.sglang_servers=2"]
+            )
+        )
+        == "distributed"
+    )
+    assert (
+        weight_route(
+            load_config(
+                None,
+                [
+                    *_overrides(tmp_path, tiny_model_dir, 1),
+                    "rollout.engine=sglang",
+                    "rollout.sglang_addresses=[h:1,h:2]",
+                ],
+            )
+        )
+        == "disk"
+    )
     config = load_config(None, [*_overrides(tmp_path, tiny_model_dir, 1), "ray.learner_gpus=1"])
     assert required_resources(config) == {"CPU": 3.0, "GPU": 1.0}
     sharded = load_config(None, [*_overrides(tmp_path, tiny_model_dir, 1), "ray.learner_gpus=1", "learner.ranks=4"])

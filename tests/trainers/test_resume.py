@@ -1,4 +1,6 @@
-"""Checkpoints and --resume: a run killed with SIGKILL continues with the same versions, losing and repeating no group."""
+"""Checkpoints and --resume: a run killed with SIGKILL continues with the same versions, losing and repeating no
+group."""
+
 import json
 import os
 import signal
@@ -20,10 +22,19 @@ STEPS = 5
 
 def _overrides(run_dir: Path) -> list[str]:
     return [
-        f"out_dir={run_dir}", f"steps={STEPS}", "save_every=1", "keep_checkpoints=2",
-        f"env.kwargs.size={SMALL['size']}", f"env.kwargs.n_tasks={SMALL['n_tasks']}", "env.kwargs.max_turns=2",
-        "rollout.group_size=2", "rollout.batch_size=2", "rollout.max_new_tokens=12", "rollout.max_staleness=1",
-        "learner.drop_no_spread=false", "learner.lr=1e-3",
+        f"out_dir={run_dir}",
+        f"steps={STEPS}",
+        "save_every=1",
+        "keep_checkpoints=2",
+        f"env.kwargs.size={SMALL['size']}",
+        f"env.kwargs.n_tasks={SMALL['n_tasks']}",
+        "env.kwargs.max_turns=2",
+        "rollout.group_size=2",
+        "rollout.batch_size=2",
+        "rollout.max_new_tokens=12",
+        "rollout.max_staleness=1",
+        "learner.drop_no_spread=false",
+        "learner.lr=1e-3",
     ]
 
 
@@ -40,9 +51,13 @@ def test_sigkill_then_resume_loses_no_group_and_repeats_none(tmp_path, small_bun
     run_dir = tmp_path / "run"
     overrides = _overrides(run_dir) + [f"model.path={tiny_model_dir}"]
     # The first run is a real process, killed without warning once it has written its second checkpoint.
-    proc = subprocess.Popen([sys.executable, "-m", "searchgym.cli", "train", *overrides],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "searchgym.cli", "train", *overrides],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
         checkpoint = latest_checkpoint(run_dir) if (run_dir / "checkpoints" / "latest").exists() else None

@@ -1,4 +1,5 @@
 """The rollout controller with the real tiny model (TorchEngine) and real SearchEnvs, next to a fake learner."""
+
 import asyncio
 
 import pytest
@@ -25,8 +26,18 @@ async def engine(tiny_model_dir):
 def make_controller(engine, pool, index, *, max_staleness, make_env=None, **kwargs):
     make_env = make_env or (lambda: SearchEnv(pool, index, max_turns=3))
     workflow = TokenWorkflow(engine, engine.tokenizer, WorkflowSettings(SAMPLING, max_context=2048))
-    return RolloutController(make_env, workflow, pool, engine=engine, group_size=GROUP, batch_size=BATCH,
-                             max_staleness=max_staleness, max_concurrent_rollouts=MAX_CONCURRENT, seed=1, **kwargs)
+    return RolloutController(
+        make_env,
+        workflow,
+        pool,
+        engine=engine,
+        group_size=GROUP,
+        batch_size=BATCH,
+        max_staleness=max_staleness,
+        max_concurrent_rollouts=MAX_CONCURRENT,
+        seed=1,
+        **kwargs,
+    )
 
 
 async def train(controller, engine, steps):
@@ -103,8 +114,9 @@ class SlowEnv(SearchEnv):
 
 
 async def test_async_rollouts_stay_within_the_staleness_bound(engine, small_pool, small_index):
-    controller = make_controller(engine, small_pool, small_index, max_staleness=1,
-                                 make_env=lambda: SlowEnv(small_pool, small_index, max_turns=3))
+    controller = make_controller(
+        engine, small_pool, small_index, max_staleness=1, make_env=lambda: SlowEnv(small_pool, small_index, max_turns=3)
+    )
     SlowEnv.slow_task = controller.task_at(0)
     batches, admissions = await train(controller, engine, steps=4)
     ages = check_run(controller, batches, admissions, max_staleness=1)
@@ -136,15 +148,24 @@ async def test_rejected_and_failed_groups_give_their_slot_back(engine, small_poo
             raise RuntimeError("env construction failed")
         return SearchEnv(small_pool, small_index, max_turns=3)
 
-    controller = make_controller(engine, small_pool, small_index, max_staleness=1, make_env=flaky_env,
-                                 filter_group=lambda group: group[0].task_id not in turned_down)
+    controller = make_controller(
+        engine,
+        small_pool,
+        small_index,
+        max_staleness=1,
+        make_env=flaky_env,
+        filter_group=lambda group: group[0].task_id not in turned_down,
+    )
     batches, admissions = await train(controller, engine, steps=3)
     check_run(controller, batches, admissions, max_staleness=1)
     stats, ledger = controller.stats(), controller.ledger
     assert stats.rejected_groups > 0 and stats.failed_groups > 0
     assert "env construction failed" in caplog.text  # each failure is logged, and the loop went on
-    assert (ledger.rejected, ledger.failed, ledger.cancelled) == \
-        (stats.rejected_groups, stats.failed_groups, stats.cancelled_groups)
+    assert (ledger.rejected, ledger.failed, ledger.cancelled) == (
+        stats.rejected_groups,
+        stats.failed_groups,
+        stats.cancelled_groups,
+    )
     assert ledger.accepted == stats.groups
     # rejected and failed groups are not replayed; the groups stop() cut short are
     assert len(ledger.owed()) == ledger.cancelled + ledger.buffered
@@ -160,8 +181,9 @@ async def test_resume_continues_the_data_order(engine, small_pool, small_index):
     resumed = make_controller(engine, small_pool, small_index, max_staleness=1)
     resumed.load_state_dict(state)
     assert resumed.position == controller.position
-    assert [resumed.task_at(controller.position + i) for i in range(5)] == \
-        [controller.task_at(controller.position + i) for i in range(5)]
+    assert [resumed.task_at(controller.position + i) for i in range(5)] == [
+        controller.task_at(controller.position + i) for i in range(5)
+    ]
     # groups left in the buffer are not saved: the resumed run counts only what the learner consumed,
     # and replays every group that was not trained (buffered, or cut short by stop) before new ones
     assert resumed.ledger.accepted == BATCH and resumed.ledger.running == 0
@@ -173,13 +195,19 @@ async def test_resume_continues_the_data_order(engine, small_pool, small_index):
 def test_the_occupancy_window_takes_each_rows_share_of_the_controllers_totals():
     """Per row: episodes in flight summed over controllers (Ray has several), blocked time averaged, engines summed."""
     window = OccupancyWindow()
-    first = [RolloutStats(in_flight_episode_s=8.0, below_limit_s=1.0, occupancy_s=2.0, engine={"decode_steps": 5.0}),
-             RolloutStats(in_flight_episode_s=2.0, below_limit_s=2.0, occupancy_s=2.0, engine={"decode_steps": 1.0})]
-    assert window.read(first) == {"rollout/episodes_in_flight_mean": 4.0 + 1.0,
-                                  "rollout/admission_blocked_share": 3.0 / 4.0}
+    first = [
+        RolloutStats(in_flight_episode_s=8.0, below_limit_s=1.0, occupancy_s=2.0, engine={"decode_steps": 5.0}),
+        RolloutStats(in_flight_episode_s=2.0, below_limit_s=2.0, occupancy_s=2.0, engine={"decode_steps": 1.0}),
+    ]
+    assert window.read(first) == {
+        "rollout/episodes_in_flight_mean": 4.0 + 1.0,
+        "rollout/admission_blocked_share": 3.0 / 4.0,
+    }
     assert engine_metrics(first) == {"engine/decode_steps": 6.0}
-    later = [RolloutStats(in_flight_episode_s=14.0, below_limit_s=1.0, occupancy_s=4.0),  # 3 in flight, never blocked
-             RolloutStats(in_flight_episode_s=2.0, below_limit_s=2.0, occupancy_s=2.0)]  # no time since: left out
+    later = [
+        RolloutStats(in_flight_episode_s=14.0, below_limit_s=1.0, occupancy_s=4.0),  # 3 in flight, never blocked
+        RolloutStats(in_flight_episode_s=2.0, below_limit_s=2.0, occupancy_s=2.0),
+    ]  # no time since: left out
     assert window.read(later) == {"rollout/episodes_in_flight_mean": 3.0, "rollout/admission_blocked_share": 0.0}
     assert window.read(later) == {} and engine_metrics(later) == {}  # no time passed; an engine counting nothing
 
@@ -204,8 +232,9 @@ class _AnsweringEnv(SearchEnv):
         return await super().astep("<answer>the answer</answer>")
 
 
-async def test_a_judge_failure_is_never_trained_as_a_reward_and_its_group_plays_again(engine, small_pool,
-                                                                                         small_index, caplog):
+async def test_a_judge_failure_is_never_trained_as_a_reward_and_its_group_plays_again(
+    engine, small_pool, small_index, caplog
+):
     """Issue 26: a judge outage on a group's answers is no reward of 0: the group is not trained, counted apart,
     and its position is owed again, so the trained batches hold only verdicts the judge really gave."""
     from searchgym.envs.llm_judge import LLMJudge
@@ -213,8 +242,13 @@ async def test_a_judge_failure_is_never_trained_as_a_reward_and_its_group_plays_
 
     judge_model = _JudgeModel(down=2 * GROUP)
     judge = LLMJudge(judge_model)
-    controller = make_controller(engine, small_pool, small_index, max_staleness=1,
-                                 make_env=lambda: _AnsweringEnv(small_pool, small_index, max_turns=3, judge=judge))
+    controller = make_controller(
+        engine,
+        small_pool,
+        small_index,
+        max_staleness=1,
+        make_env=lambda: _AnsweringEnv(small_pool, small_index, max_turns=3, judge=judge),
+    )
     failed_positions = []
     judge_fail = controller.ledger.judge_fail
 

@@ -1,5 +1,6 @@
 """trainers/ keeps its rooms: launchers do not import each other, learner kinds differ by method (no
 isinstance on them), and nothing reaches into a workflow for its engine (the caller owns it)."""
+
 from __future__ import annotations
 
 import ast
@@ -49,8 +50,11 @@ def test_no_isinstance_on_learner_kinds_and_no_engine_reach_in():
             kinds = target.elts if isinstance(target, ast.Tuple) else [target]
             if node.func.id == "isinstance" and any(isinstance(k, ast.Name) and k.id in LEARNER_KINDS for k in kinds):
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} isinstance on a learner kind")
-            if (node.func.id in ("getattr", "hasattr") and isinstance(target, ast.Constant)
-                    and target.value in ("engine", "handle")):
+            if (
+                node.func.id in ("getattr", "hasattr")
+                and isinstance(target, ast.Constant)
+                and target.value in ("engine", "handle")
+            ):
                 found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} reaches for .{target.value}")
     assert not found, found
 

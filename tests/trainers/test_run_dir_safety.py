@@ -12,8 +12,14 @@ def run_dir(tmp_path, tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     for step in (39, 40):
-        save_checkpoint(tmp_path, step, model=model, tokenizer=tokenizer, keep=2,
-                        state={"step": step, "learner": {"version": step}, "rollouts": [{}]})
+        save_checkpoint(
+            tmp_path,
+            step,
+            model=model,
+            tokenizer=tokenizer,
+            keep=2,
+            state={"step": step, "learner": {"version": step}, "rollouts": [{}]},
+        )
     return tmp_path
 
 
@@ -23,8 +29,11 @@ def snapshot(root):
 
 def test_a_fresh_run_refuses_a_directory_holding_another_run(run_dir, tiny_model_dir):
     before = snapshot(run_dir)
-    with pytest.raises(ValueError, match=r"already holds a training run \(checkpoints step-00039\.\.step-00040\); "
-                                         r"pass --resume"):
+    with pytest.raises(
+        ValueError,
+        match=r"already holds a training run \(checkpoints step-00039\.\.step-00040\); "
+        r"pass --resume",
+    ):
         start_run(run_dir, str(tiny_model_dir), seed=0, resume=False)
     assert snapshot(run_dir) == before  # nothing pruned, nothing overwritten
     resumed = start_run(run_dir, str(tiny_model_dir), seed=0, resume=True)

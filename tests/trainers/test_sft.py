@@ -1,4 +1,5 @@
 """Supervised warm start on the oracle's demonstrations: exact token layout, and a model that learns them."""
+
 import asyncio
 import json
 
@@ -41,8 +42,13 @@ def test_demonstrations_are_laid_out_as_the_runner_plays(demos, tiny_model_dir):
 
 def test_sft_learns_the_demonstrated_actions(demos, tiny_model_dir, tmp_path):
     train, held_out = demos[:-8], demos[-8:]
-    history = sft(tiny_model_dir, train, tmp_path / "sft", SFTConfig(epochs=6, lr=3e-3, batch_tokens=4096, warmup_steps=3),
-                  progress=False)
+    history = sft(
+        tiny_model_dir,
+        train,
+        tmp_path / "sft",
+        SFTConfig(epochs=6, lr=3e-3, batch_tokens=4096, warmup_steps=3),
+        progress=False,
+    )
     assert history[-1]["loss"] < 0.5 * history[0]["loss"]
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "sft")
 
@@ -58,8 +64,9 @@ def test_sft_learns_the_demonstrated_actions(demos, tiny_model_dir, tmp_path):
         return total / count
 
     assert held_out_nll(tmp_path / "sft") < 0.6 * held_out_nll(tiny_model_dir)
-    assert [json.loads(line)["step"] for line in (tmp_path / "sft" / "sft_history.jsonl").read_text().splitlines()] \
-        == list(range(1, len(history) + 1))
+    assert [
+        json.loads(line)["step"] for line in (tmp_path / "sft" / "sft_history.jsonl").read_text().splitlines()
+    ] == list(range(1, len(history) + 1))
 
 
 def test_demonstration_files_name_the_bad_line(tmp_path, demos):
@@ -73,9 +80,16 @@ def test_demonstration_files_name_the_bad_line(tmp_path, demos):
 
 def test_observation_weight_also_models_the_tool_results(demos, tiny_model_dir, tmp_path):
     """Weight 0 trains on the actions alone; a positive weight adds the prompt and tool results to the loss."""
-    actions_only = sft(tiny_model_dir, demos[:2], tmp_path / "a", SFTConfig(epochs=1, batch_tokens=100_000), progress=False)
-    everything = sft(tiny_model_dir, demos[:2], tmp_path / "b", SFTConfig(epochs=1, batch_tokens=100_000,
-                                                                          observation_weight=1.0), progress=False)
+    actions_only = sft(
+        tiny_model_dir, demos[:2], tmp_path / "a", SFTConfig(epochs=1, batch_tokens=100_000), progress=False
+    )
+    everything = sft(
+        tiny_model_dir,
+        demos[:2],
+        tmp_path / "b",
+        SFTConfig(epochs=1, batch_tokens=100_000, observation_weight=1.0),
+        progress=False,
+    )
     assert len(actions_only) == len(everything) == 1
     assert actions_only[0]["loss"] != pytest.approx(everything[0]["loss"], rel=1e-3)
     assert actions_only[0]["token_accuracy"] == everything[0]["token_accuracy"]  # accuracy is over actions either way

@@ -1,6 +1,7 @@
 """`searchgym train` with a sharded learner (learner.ranks=2: FSDP2 on gloo, rank 0 the training process, rank 1 a
 follower it spawns): each step's weights equal the single-rank learner's on the same batches, a leader killed with
 SIGKILL takes its follower with it and the run resumes sharded, and a dead follower fails the run with its name."""
+
 import json
 import multiprocessing
 import os
@@ -30,33 +31,54 @@ REPO = Path(__file__).parents[2]
 
 def _overrides(run_dir: Path, model_dir: Path, steps: int = STEPS) -> list[str]:
     return [
-        f"out_dir={run_dir}", f"steps={steps}", "mode=sync", "seed=3", "save_every=1", f"keep_checkpoints={STEPS}",
-        f"model.path={model_dir}", f"env.id={SHAPED_ID}", f"env.kwargs.size={SMALL['size']}", f"env.kwargs.n_tasks={SMALL['n_tasks']}",
-        "env.kwargs.max_turns=2", "rollout.group_size=2", "rollout.batch_size=2", "rollout.max_new_tokens=12",
-        "learner.drop_no_spread=false", "learner.lr=1e-3", "learner.ranks=2",
+        f"out_dir={run_dir}",
+        f"steps={steps}",
+        "mode=sync",
+        "seed=3",
+        "save_every=1",
+        f"keep_checkpoints={STEPS}",
+        f"model.path={model_dir}",
+        f"env.id={SHAPED_ID}",
+        f"env.kwargs.size={SMALL['size']}",
+        f"env.kwargs.n_tasks={SMALL['n_tasks']}",
+        "env.kwargs.max_turns=2",
+        "rollout.group_size=2",
+        "rollout.batch_size=2",
+        "rollout.max_new_tokens=12",
+        "learner.drop_no_spread=false",
+        "learner.lr=1e-3",
+        "learner.ranks=2",
     ]
 
 
 def _train_process(overrides: list[str]) -> subprocess.Popen:
     """`searchgym train` as its own process, the shaped env registered (one torch thread per rank: two cores here)."""
-    return subprocess.Popen([sys.executable, "-m", "tests.trainers.test_sharded_train", "train", *overrides],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"})
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.trainers.test_sharded_train", "train", *overrides],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+    )
 
 
 def _wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path, step: int) -> None:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
-        if (run_dir / "checkpoints" / "latest").exists() and load_trainer_state(latest_checkpoint(run_dir))["step"] >= step:
+        if (run_dir / "checkpoints" / "latest").exists() and load_trainer_state(latest_checkpoint(run_dir))[
+            "step"
+        ] >= step:
             return
         time.sleep(0.05)
-    raise AssertionError(f"no checkpoint of step {step}: {proc.stderr.read()[-3000:] if proc.poll() is not None else ''}")
+    raise AssertionError(
+        f"no checkpoint of step {step}: {proc.stderr.read()[-3000:] if proc.poll() is not None else ''}"
+    )
 
 
 def _followers(pid: int) -> list[int]:
     """The learner ranks a training process spawned (its multiprocessing-spawn children)."""
-    children = [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
-                for c in (task / "children").read_text().split()]
+    children = [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
     return [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
 
 
@@ -85,8 +107,9 @@ def _batch(run_dir: Path, version: int) -> list[list[Trajectory]]:
     return list(groups.values())
 
 
-def test_two_learner_ranks_train_like_one_and_a_killed_leader_resumes_sharded(tmp_path, small_bundle, tiny_model_dir,
-                                                                               one_torch_thread):
+def test_two_learner_ranks_train_like_one_and_a_killed_leader_resumes_sharded(
+    tmp_path, small_bundle, tiny_model_dir, one_torch_thread
+):
     run_dir = tmp_path / "run"
     overrides = _overrides(run_dir, tiny_model_dir)
     proc = _train_process(overrides)
@@ -110,8 +133,9 @@ def test_two_learner_ranks_train_like_one_and_a_killed_leader_resumes_sharded(tm
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     for version in range(STEPS):
         learner.step(_batch(run_dir, version))
-        saved = AutoModelForCausalLM.from_pretrained(run_dir / "checkpoints" / f"step-{version + 1:05d}",
-                                                     dtype=torch.float32).state_dict()
+        saved = AutoModelForCausalLM.from_pretrained(
+            run_dir / "checkpoints" / f"step-{version + 1:05d}", dtype=torch.float32
+        ).state_dict()
         want = model.state_dict()
         for name in want:
             torch.testing.assert_close(saved[name], want[name], msg=name)  # fp32 tolerance: summation order only
@@ -146,8 +170,13 @@ def test_a_checkpoint_resumes_only_with_its_kind_of_learner(tmp_path, tiny_model
         check_resume(sharded, 1)
     config = load_config(None, _overrides(tmp_path, tiny_model_dir))
     with pytest.raises(ValueError, match="learner.ranks=2"):
-        load_learner(config.model, config.learner, tiny_model_dir, pad_id=0,
-                     state={"learner": {"sharded_ranks": 2, "version": 2, "scheduler": {}}})
+        load_learner(
+            config.model,
+            config.learner,
+            tiny_model_dir,
+            pad_id=0,
+            state={"learner": {"sharded_ranks": 2, "version": 2, "scheduler": {}}},
+        )
 
 
 if __name__ == "__main__":  # the training process of the tests above: the CLI, with the shaped env registered

@@ -6,6 +6,7 @@ The reference is AReaL's StalenessManager (inclusionAI/AReaL, areal/infra/stalen
 (max_staleness + version + 1) * batch_size - (accepted + running)). Our concurrency counts groups of
 `group_size` episodes, so its max_concurrent is max_concurrent_rollouts // group_size.
 """
+
 import asyncio
 import json
 
@@ -26,15 +27,21 @@ class AReaLCounters:
         self.running = self.accepted = self.rejected = 0
 
     def capacity(self, version: int) -> int:
-        return min(self.max_concurrent - self.running,
-                   (self.max_staleness + version + 1) * self.batch_size - (self.accepted + self.running))
+        return min(
+            self.max_concurrent - self.running,
+            (self.max_staleness + version + 1) * self.batch_size - (self.accepted + self.running),
+        )
 
 
 class StalenessMachine(RuleBasedStateMachine):
     """A model of the rollout loop and the learner around a real ledger, decisions checked against AReaL's."""
 
-    @initialize(batch_size=st.integers(1, 3), max_staleness=st.integers(0, 3), group_size=st.integers(1, 3),
-                extra=st.integers(0, 6))
+    @initialize(
+        batch_size=st.integers(1, 3),
+        max_staleness=st.integers(0, 3),
+        group_size=st.integers(1, 3),
+        extra=st.integers(0, 6),
+    )
     def setup(self, batch_size, max_staleness, group_size, extra):
         self.B, self.eta, self.G = batch_size, max_staleness, group_size
         self.C = group_size + extra  # episodes
@@ -78,8 +85,11 @@ class StalenessMachine(RuleBasedStateMachine):
             self.admitted.append(group.position)
 
     @precondition(lambda self: self.running)
-    @rule(data=st.data(), outcome=st.sampled_from(["accepted", "accepted", "rejected", "failed", "cancelled"]),
-          eager=st.booleans())
+    @rule(
+        data=st.data(),
+        outcome=st.sampled_from(["accepted", "accepted", "rejected", "failed", "cancelled"]),
+        eager=st.booleans(),
+    )
     def finish(self, data, outcome, eager):
         """End a running group, the newest most often, so that young groups overtake old ones (stragglers)."""
         position, started = self.running.pop(len(self.running) - 1 - data.draw(st.integers(0, len(self.running) - 1)))
@@ -91,7 +101,8 @@ class StalenessMachine(RuleBasedStateMachine):
             self.arrived += 1
         else:
             {"rejected": self.ledger.reject, "failed": self.ledger.fail, "cancelled": self.ledger.cancel}[outcome](
-                position)
+                position
+            )
             self.areal.rejected += 1
             (self.owed if outcome == "cancelled" else self.dropped).append(position)
             self.admitted.remove(position)
@@ -107,7 +118,7 @@ class StalenessMachine(RuleBasedStateMachine):
         assert all(len(g) == self.G for g in batch)
         for started, _, _ in expected:
             assert started >= self.version - self.eta  # tokens at most eta versions behind the trained weights
-        self.arrivals = sorted(self.arrivals)[self.B:]
+        self.arrivals = sorted(self.arrivals)[self.B :]
         self.trained += [p for _, _, p in expected]
         self.admitted = [p for p in self.admitted if p not in self.trained]
         self.version += 1
@@ -132,7 +143,7 @@ class StalenessMachine(RuleBasedStateMachine):
         while (group := fresh.admit(self.version + len(replay))) is not None and len(admitted) <= len(replay):
             admitted.append(group.position)
         assert admitted[: len(replay)] == replay[: len(admitted)]
-        assert admitted[len(replay):] == list(range(self.next_new, self.next_new + len(admitted) - len(replay)))
+        assert admitted[len(replay) :] == list(range(self.next_new, self.next_new + len(admitted) - len(replay)))
 
     @invariant()
     def counters_agree(self):
@@ -231,8 +242,9 @@ def test_unbalanced_calls_raise():
 
 def test_the_ledger_records_groups_in_flight_over_time_and_time_below_the_limit():
     now = [0.0]
-    ledger = GroupLedger(batch_size=2, max_staleness=0, max_concurrent_rollouts=4, group_size=2,
-                         clock=lambda: now[0])  # 2 groups at once
+    ledger = GroupLedger(
+        batch_size=2, max_staleness=0, max_concurrent_rollouts=4, group_size=2, clock=lambda: now[0]
+    )  # 2 groups at once
     assert ledger.occupancy.totals().span_s == 0.0  # nothing counted before the first admission
     now[0] = 10.0
     first = ledger.admit(0).position  # 1 running from t=10: below the limit

@@ -1,4 +1,5 @@
 """SIGTERM/SIGINT during training: the loop stops at a step boundary with `latest` at a whole checkpoint."""
+
 import asyncio
 import json
 import os
@@ -91,8 +92,9 @@ class FakeLog:
 async def _run(rollouts, learner, log, act) -> TrainingStopped:
     """Train 10 steps (checkpoint every 10), `act(stop)` meanwhile; the TrainingStopped the run ends with."""
     with StopRequest().installed() as stop:
-        loop = asyncio.ensure_future(train_loop(rollouts, learner, log, Schedule(1, 10, 0, 10), progress=False,
-                                                stop=stop))
+        loop = asyncio.ensure_future(
+            train_loop(rollouts, learner, log, Schedule(1, 10, 0, 10), progress=False, stop=stop)
+        )
         await act(stop)
         with pytest.raises(TrainingStopped) as caught:
             await loop
@@ -147,10 +149,20 @@ STEPS = 8
 
 def _overrides(run_dir: Path, model: Path) -> list[str]:
     return [
-        f"out_dir={run_dir}", f"model.path={model}", f"steps={STEPS}", "save_every=6", "keep_checkpoints=2",
-        f"env.kwargs.size={SMALL['size']}", f"env.kwargs.n_tasks={SMALL['n_tasks']}", "env.kwargs.max_turns=2",
-        "rollout.group_size=2", "rollout.batch_size=2", "rollout.max_new_tokens=12", "rollout.max_staleness=1",
-        "learner.drop_no_spread=false", "learner.lr=1e-3",
+        f"out_dir={run_dir}",
+        f"model.path={model}",
+        f"steps={STEPS}",
+        "save_every=6",
+        "keep_checkpoints=2",
+        f"env.kwargs.size={SMALL['size']}",
+        f"env.kwargs.n_tasks={SMALL['n_tasks']}",
+        "env.kwargs.max_turns=2",
+        "rollout.group_size=2",
+        "rollout.batch_size=2",
+        "rollout.max_new_tokens=12",
+        "rollout.max_staleness=1",
+        "learner.drop_no_spread=false",
+        "learner.lr=1e-3",
     ]
 
 
@@ -162,9 +174,13 @@ def _metric_steps(run_dir: Path) -> list[int]:
 def test_sigterm_stops_searchgym_train_cleanly_and_resume_goes_on(tmp_path, small_bundle, tiny_model_dir):
     run_dir = tmp_path / "run"
     overrides = _overrides(run_dir, tiny_model_dir)
-    proc = subprocess.Popen([sys.executable, "-m", "searchgym.cli", "train", *overrides],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "searchgym.cli", "train", *overrides],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None and len(_metric_steps(run_dir)) < 1:
         time.sleep(0.05)
@@ -198,6 +214,7 @@ def test_the_handlers_a_caller_had_are_back_after_training():
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     signal.signal(signal.SIGTERM, callers)
     try:
+
         async def main():
             with StopRequest().installed() as stop:
                 os.kill(os.getpid(), signal.SIGTERM)

@@ -1,4 +1,5 @@
 """The collapse watchdog: each rule on hand-made statistics, and a real run that collapses on purpose and recovers."""
+
 import json
 import math
 
@@ -31,9 +32,17 @@ CONFIG = WatchdogConfig()
 
 def healthy(step: int, **overrides: float) -> dict[str, float]:
     """A step's metrics as a healthy run has them."""
-    return {"step": step, "loss": 0.01, "grad_norm": 1.0 + 0.1 * (step % 3), "entropy": 2.0,
-            "importance_weight_max": 1.5, "clip_fraction": 0.05, "behav_capped_fraction": 0.0,
-            "episode/reward": 0.5, **overrides}
+    return {
+        "step": step,
+        "loss": 0.01,
+        "grad_norm": 1.0 + 0.1 * (step % 3),
+        "entropy": 2.0,
+        "importance_weight_max": 1.5,
+        "clip_fraction": 0.05,
+        "behav_capped_fraction": 0.0,
+        "episode/reward": 0.5,
+        **overrides,
+    }
 
 
 def rule(metrics: dict[str, float], history: list[dict[str, float]], config: WatchdogConfig = CONFIG) -> str | None:
@@ -45,6 +54,7 @@ HISTORY = [healthy(s) for s in range(1, 11)]
 
 
 # ---- each rule -------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("key", ["loss", "grad_norm", "entropy"])
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
@@ -77,9 +87,14 @@ def test_entropy_explosion():
     assert rule(healthy(3, entropy=25.0), HISTORY[:2]) is None
 
 
-@pytest.mark.parametrize("key, value, name", [("importance_weight_max", 500.0, "ratio_blowup"),
-                                               ("clip_fraction", 0.9, "clip_blowup"),
-                                               ("behav_capped_fraction", 0.7, "behav_capped")])
+@pytest.mark.parametrize(
+    "key, value, name",
+    [
+        ("importance_weight_max", 500.0, "ratio_blowup"),
+        ("clip_fraction", 0.9, "clip_blowup"),
+        ("behav_capped_fraction", 0.7, "behav_capped"),
+    ],
+)
 def test_importance_ratio_and_clipping_blowups(key, value, name):
     assert rule(healthy(11, **{key: value}), HISTORY) == name
     assert rule(healthy(11, **{key: value / 10}), HISTORY) is None
@@ -100,9 +115,21 @@ def test_a_step_without_an_update_has_nothing_to_judge():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.floats(0.0, 10.0), st.floats(1.0, 6.0), st.floats(0.8, 3.0), st.floats(0.0, 0.3),
-                          st.floats(0.2, 1.0), st.booleans()), min_size=1, max_size=60),
-       st.floats(0.01, 100.0))
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.0, 10.0),
+            st.floats(1.0, 6.0),
+            st.floats(0.8, 3.0),
+            st.floats(0.0, 0.3),
+            st.floats(0.2, 1.0),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+    st.floats(0.01, 100.0),
+)
 def test_healthy_sequences_never_trigger(rows, scale):
     """Finite statistics that stay within a band (grad norms within 20x, entropies within 10x, ratios, clipping and
     rewards as a healthy run has them, steps without a gradient mixed in) never trigger, at any grad-norm scale."""
@@ -110,12 +137,18 @@ def test_healthy_sequences_never_trigger(rows, scale):
     for step, (grad, entropy, ratio, clip, reward, updated) in enumerate(rows, start=1):
         metrics = {"updated": float(updated), "episode/reward": reward}
         if updated:
-            metrics |= {"loss": 0.1, "grad_norm": scale * (0.5 + grad / 2), "entropy": entropy,
-                        "importance_weight_max": ratio, "clip_fraction": clip}
+            metrics |= {
+                "loss": 0.1,
+                "grad_norm": scale * (0.5 + grad / 2),
+                "entropy": entropy,
+                "importance_weight_max": ratio,
+                "clip_fraction": clip,
+            }
         assert watchdog.check(step, metrics) is None, (step, metrics)
 
 
 # ---- which state is healthy, and pruning keeps it ----------------------------------------------------------------
+
 
 def _save(run_dir, step, model, tokenizer, keep=1):
     save_checkpoint(run_dir, step, model=model, tokenizer=tokenizer, state={"learner": {}}, keep=keep)
@@ -124,7 +157,10 @@ def _save(run_dir, step, model, tokenizer, keep=1):
 def test_the_healthy_checkpoint_predates_the_blamed_weights_and_survives_pruning(tmp_path, tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model, tokenizer = AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+    model, tokenizer = (
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        AutoTokenizer.from_pretrained(tiny_model_dir),
+    )
     watchdog = Watchdog.for_run(WatchdogConfig(reward_drop=None), tmp_path, tiny_model_dir, start_step=0)
     for step in (1, 2, 3):  # healthy steps, a checkpoint after each, keep_checkpoints=1
         assert watchdog.check(step, healthy(step)) is None
@@ -134,7 +170,9 @@ def test_the_healthy_checkpoint_predates_the_blamed_weights_and_survives_pruning
     # step 3's statistics measured step 2's weights, so checkpoint 2 is the one a trigger at step 4 may restore
     assert (tmp_path / "checkpoints" / HEALTHY).read_text().strip() == "step-00002"
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step-*")) == ["step-00002", "step-00003"]
-    alarm = watchdog.check(4, healthy(4, loss=math.nan))  # step 4 measured step 3's weights: checkpoint 3 is not healthy
+    alarm = watchdog.check(
+        4, healthy(4, loss=math.nan)
+    )  # step 4 measured step 3's weights: checkpoint 3 is not healthy
     assert alarm is not None and watchdog.healthy(alarm).path == checkpoint_dir(tmp_path, 2)
 
     state = watchdog.healthy(alarm)
@@ -176,8 +214,13 @@ def test_restoring_a_checkpoint_is_bit_for_bit_and_scales_its_own_learning_rate(
     learner = Learner(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LearnerConfig(lr=1e-3), version=7)
     fresh = initial_state(learner)
     saved = {k: v.clone() for k, v in learner.model.state_dict().items()}
-    save_checkpoint(tmp_path, 3, model=learner.model, tokenizer=tokenizer,
-                    state={"learner": learner.trainer_state(), "watchdog": {"lr_scale": 0.5}})
+    save_checkpoint(
+        tmp_path,
+        3,
+        model=learner.model,
+        tokenizer=tokenizer,
+        state={"learner": learner.trainer_state(), "watchdog": {"lr_scale": 0.5}},
+    )
     with torch.no_grad():
         for p in learner.model.parameters():
             p.add_(1.0)
@@ -216,18 +259,33 @@ if LETTERS not in gym.registry:
 
 
 def _overrides(run_dir, model_dir, lr, steps, *extra):
-    return [f"out_dir={run_dir}", f"model.path={model_dir}", f"steps={steps}", "save_every=1", "keep_checkpoints=1",
-            f"env.id={LETTERS}", f"env.kwargs.size={SMALL['size']}", f"env.kwargs.n_tasks={SMALL['n_tasks']}",
-            "env.kwargs.max_turns=1", "rollout.group_size=2", "rollout.batch_size=2", "rollout.max_new_tokens=8",
-            "rollout.max_staleness=1", "learner.drop_no_spread=false", f"learner.lr={lr}", *extra]
+    return [
+        f"out_dir={run_dir}",
+        f"model.path={model_dir}",
+        f"steps={steps}",
+        "save_every=1",
+        "keep_checkpoints=1",
+        f"env.id={LETTERS}",
+        f"env.kwargs.size={SMALL['size']}",
+        f"env.kwargs.n_tasks={SMALL['n_tasks']}",
+        "env.kwargs.max_turns=1",
+        "rollout.group_size=2",
+        "rollout.batch_size=2",
+        "rollout.max_new_tokens=8",
+        "rollout.max_staleness=1",
+        "learner.drop_no_spread=false",
+        f"learner.lr={lr}",
+        *extra,
+    ]
 
 
 def _rows(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_an_absurd_learning_rate_collapses_and_the_watchdog_recovers(tmp_path, small_bundle, tiny_model_dir, capfd,
-                                                                     one_torch_thread):
+def test_an_absurd_learning_rate_collapses_and_the_watchdog_recovers(
+    tmp_path, small_bundle, tiny_model_dir, capfd, one_torch_thread
+):
     run_dir = tmp_path / "run"
     keep = "keep_checkpoints=5"  # so the checkpoint written at the restore is still there to compare
     config = load_config(None, _overrides(run_dir, tiny_model_dir, 1e2, 4, "watchdog.lr_factor=1e-5", keep))
@@ -257,8 +315,11 @@ def test_an_absurd_learning_rate_collapses_and_the_watchdog_recovers(tmp_path, s
         versions = {v for row in map(json.loads, rows) for v, m in zip(row["versions"], row["loss_mask"]) if m}
         assert versions and versions <= allowed, (trained_version, versions)
     # the groups the collapse dropped were played again: no data position lost, none trained twice
-    trained = [group for path in sorted((run_dir / "trajectories").glob("version-*.jsonl"))
-               for group in sorted({json.loads(line)["group"] for line in path.read_text().splitlines()})]
+    trained = [
+        group
+        for path in sorted((run_dir / "trajectories").glob("version-*.jsonl"))
+        for group in sorted({json.loads(line)["group"] for line in path.read_text().splitlines()})
+    ]
     [rollout] = final["rollouts"]
     assert len(set(trained)) == len(trained) == 4 * 2 and not set(trained) & set(rollout["replay"])
     assert sorted(set(trained) | set(rollout["replay"])) == list(range(rollout["position"]))
@@ -267,14 +328,18 @@ def test_an_absurd_learning_rate_collapses_and_the_watchdog_recovers(tmp_path, s
     assert all(h["grad_norm"] > 0 for h in after)
 
     # --resume keeps the lowered learning rate and the restore count
-    resumed = train(load_config(None, _overrides(run_dir, tiny_model_dir, 1e2, 5, "watchdog.lr_factor=1e-5", keep)),
-                    resume=True, progress=False)
+    resumed = train(
+        load_config(None, _overrides(run_dir, tiny_model_dir, 1e2, 5, "watchdog.lr_factor=1e-5", keep)),
+        resume=True,
+        progress=False,
+    )
     assert resumed[-1]["step"] == 5 and resumed[-1]["lr"] == pytest.approx(1e-3)
     assert load_trainer_state(latest_checkpoint(run_dir))["watchdog"]["restores"] == 1
 
 
-def test_a_run_that_keeps_collapsing_stops_after_max_restores(tmp_path, small_bundle, tiny_model_dir, capsys,
-                                                              one_torch_thread):
+def test_a_run_that_keeps_collapsing_stops_after_max_restores(
+    tmp_path, small_bundle, tiny_model_dir, capsys, one_torch_thread
+):
     run_dir = tmp_path / "run"
     code = main(["train", *_overrides(run_dir, tiny_model_dir, 1e2, 8, "watchdog.max_restores=1")])
     err = capsys.readouterr().err
@@ -289,7 +354,8 @@ def test_a_run_that_keeps_collapsing_stops_after_max_restores(tmp_path, small_bu
 
 
 def test_with_no_restores_a_collapse_stops_and_latest_no_longer_names_collapsed_weights(
-        tmp_path, small_bundle, tiny_model_dir, capsys, one_torch_thread):
+    tmp_path, small_bundle, tiny_model_dir, capsys, one_torch_thread
+):
     """max_restores=0 (what a sharded learner runs with): the first trigger stops the run. Its healthy state is the
     initial weights, so step 1's checkpoint (the weights step 2 blamed) must not stay `latest` for --resume."""
     run_dir = tmp_path / "run"

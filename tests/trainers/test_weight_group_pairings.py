@@ -9,6 +9,7 @@ SGLang's side runs in a child process with the functions read out of the install
 forms its group with the same `init_custom_process_group`). Every wait is bounded: a pairing whose store keys
 do not meet fails in seconds (the control at the end shows the layout searchgym used before does exactly that).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -66,15 +67,40 @@ async def test_sglangs_trainer_to_serve_model(tiny_model_dir, trained, tmp_path)
         trainer = Peer(sglang_trainer, HOST, port, 2, group, str(tmp_path / "pushed.pt"), tmp=tmp_path)
         try:
             # AReaL's SGLangBackend.build_init_weights_group_request (inclusionAI/AReaL 4aef98d8, sglang_remote.py)
-            status, answer = await asyncio.wait_for(post(http, url, "/init_weights_update_group", {
-                "master_address": HOST, "master_port": str(port), "rank_offset": 1, "world_size": 2,
-                "backend": "gloo", "group_name": group}), JOIN_S)
+            status, answer = await asyncio.wait_for(
+                post(
+                    http,
+                    url,
+                    "/init_weights_update_group",
+                    {
+                        "master_address": HOST,
+                        "master_port": str(port),
+                        "rank_offset": 1,
+                        "world_size": 2,
+                        "backend": "gloo",
+                        "group_name": group,
+                    },
+                ),
+                JOIN_S,
+            )
             assert status == 200 and answer["success"] is True, answer
             # ... build_distributed_weight_update_requests: one bucket, abort_all_requests true
             names, dtypes, shapes = (list(c) for c in zip(*specs(state)))
-            status, answer = await asyncio.wait_for(post(http, url, "/update_weights_from_distributed", {
-                "names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group,
-                "abort_all_requests": True}), JOIN_S)
+            status, answer = await asyncio.wait_for(
+                post(
+                    http,
+                    url,
+                    "/update_weights_from_distributed",
+                    {
+                        "names": names,
+                        "dtypes": dtypes,
+                        "shapes": shapes,
+                        "group_name": group,
+                        "abort_all_requests": True,
+                    },
+                ),
+                JOIN_S,
+            )
             assert status == 200 and answer["success"] is True, answer
             await asyncio.to_thread(trainer.join, JOIN_S)
         finally:
@@ -90,8 +116,7 @@ def test_our_trainer_end_to_sglangs_receiver(trained, tmp_path):
     _, pushed = trained
     state = pushed.state_dict()
     port, group_name = free_port(), "searchgym_to_sglang"
-    receiver = Peer(sglang_receiver, HOST, port, 1, 2, group_name, specs(state), str(tmp_path / "got.pt"),
-                    tmp=tmp_path)
+    receiver = Peer(sglang_receiver, HOST, port, 1, 2, group_name, specs(state), str(tmp_path / "got.pt"), tmp=tmp_path)
     try:
         group = open_group(HOST, port, 0, 2, group_name, timeout_s=JOIN_S)
         try:
@@ -114,8 +139,7 @@ def test_sglangs_trainer_to_sglangs_receiver(trained, tmp_path):
     torch.save(state, tmp_path / "pushed.pt")
     port, group_name = free_port(), "sglang_to_sglang"
     trainer = Peer(sglang_trainer, HOST, port, 2, group_name, str(tmp_path / "pushed.pt"), tmp=tmp_path)
-    receiver = Peer(sglang_receiver, HOST, port, 1, 2, group_name, specs(state), str(tmp_path / "got.pt"),
-                    tmp=tmp_path)
+    receiver = Peer(sglang_receiver, HOST, port, 1, 2, group_name, specs(state), str(tmp_path / "got.pt"), tmp=tmp_path)
     try:
         trainer.join(JOIN_S)
         receiver.join(JOIN_S)
@@ -130,8 +154,9 @@ def test_the_old_layout_never_meets_sglang_and_fails_fast(tmp_path):
     """TCPStore -> PrefixStore(name) -> ProcessGroupGloo (searchgym before) waits on keys SGLang never writes."""
     require_sglang()
     port, group_name = free_port(), "old_layout"
-    receiver = Peer(sglang_receiver, HOST, port, 1, 2, group_name, [("w", "float32", [2])],
-                    str(tmp_path / "got.pt"), tmp=tmp_path)
+    receiver = Peer(
+        sglang_receiver, HOST, port, 1, 2, group_name, [("w", "float32", [2])], str(tmp_path / "got.pt"), tmp=tmp_path
+    )
     try:
         timeout = timedelta(seconds=5)
         store = dist.TCPStore(HOST, port, 2, is_master=True, timeout=timedelta(seconds=JOIN_S))

@@ -1,4 +1,5 @@
 """Weight sync routes: in-process and disk, and the local launcher training against a real SGLang-API server."""
+
 import asyncio
 import contextlib
 import json
@@ -94,13 +95,25 @@ def model_server_thread(model_dir):
 
 def test_local_launcher_with_sglang_engine_syncs_weights_through_disk(tmp_path, small_bundle, tiny_model_dir):
     with model_server_thread(tiny_model_dir) as address:
-        config = load_config(None, [
-            f"out_dir={tmp_path}", "steps=2", f"model.path={tiny_model_dir}", "rollout.engine=sglang",
-            f"rollout.sglang_addresses=[{address}]",
-            f"env.kwargs.size={SMALL['size']}", f"env.kwargs.n_tasks={SMALL['n_tasks']}", "env.kwargs.max_turns=2",
-            "rollout.group_size=2", "rollout.batch_size=2", "rollout.max_new_tokens=12", "rollout.max_staleness=1",
-            "learner.drop_no_spread=false", "learner.lr=1e-3",
-        ])
+        config = load_config(
+            None,
+            [
+                f"out_dir={tmp_path}",
+                "steps=2",
+                f"model.path={tiny_model_dir}",
+                "rollout.engine=sglang",
+                f"rollout.sglang_addresses=[{address}]",
+                f"env.kwargs.size={SMALL['size']}",
+                f"env.kwargs.n_tasks={SMALL['n_tasks']}",
+                "env.kwargs.max_turns=2",
+                "rollout.group_size=2",
+                "rollout.batch_size=2",
+                "rollout.max_new_tokens=12",
+                "rollout.max_staleness=1",
+                "learner.drop_no_spread=false",
+                "learner.lr=1e-3",
+            ],
+        )
         history = train(config, progress=False)
         with urllib.request.urlopen(f"http://{address}/get_model_info", timeout=10) as resp:
             info = json.load(resp)
@@ -110,8 +123,12 @@ def test_local_launcher_with_sglang_engine_syncs_weights_through_disk(tmp_path, 
     trained = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoints" / "step-00002").get_parameter(NAME)
     pushed = AutoModelForCausalLM.from_pretrained(tmp_path / "weights" / "version-00002").get_parameter(NAME)
     assert torch.equal(trained, pushed)
-    versions = {v for line in (tmp_path / "trajectories" / "version-00001.jsonl").read_text().splitlines()
-                for v in json.loads(line)["versions"] if v >= 0}
+    versions = {
+        v
+        for line in (tmp_path / "trajectories" / "version-00001.jsonl").read_text().splitlines()
+        for v in json.loads(line)["versions"]
+        if v >= 0
+    }
     assert versions and versions <= {0, 1}  # tokens carry the server's weight versions
 
 

@@ -1,4 +1,5 @@
 """KB-walk questions are right by the KB, unambiguous, and reachable through the env's own tools."""
+
 import asyncio
 import json
 from collections import Counter
@@ -37,7 +38,9 @@ def walk_answer(world: World, task: Task) -> str:
 def test_every_task_is_right_by_the_kb(world, small_pool):
     for task in small_pool:
         meta = task.metadata
-        assert meta["path"][-1 if meta["kind"] == "chain" else 0]["url"].startswith("https://world.searchgym.test/wiki/")
+        assert meta["path"][-1 if meta["kind"] == "chain" else 0]["url"].startswith(
+            "https://world.searchgym.test/wiki/"
+        )
         assert 1 <= meta["hops"] <= 4 and meta["split"] in ("train", "test")
         if meta["kind"] == "chain":
             assert len(meta["relations"]) == meta["hops"] == len(meta["path"])

@@ -1,4 +1,5 @@
 """Questions that need many tool calls: the proven minimum holds, no shorter play exists, and the oracle solves them."""
+
 import asyncio
 import hashlib
 import re
@@ -78,12 +79,16 @@ def brute_force_min(prover: MinCallsProver, task: Task, depth: int) -> int | Non
     meta = task.metadata
     answer_entity_url = page_url(task.answers[0]) if meta["answer_type"] == "entity" else None
     q_names = prover.names.find(task.question)
-    keywords = " ".join(w for w in re.findall(r"[^\s,.;:?!()\"]+", task.question)
-                        if w.lower() not in _STOP and not any(w in n.split() for n in q_names))
+    keywords = " ".join(
+        w
+        for w in re.findall(r"[^\s,.;:?!()\"]+", task.question)
+        if w.lower() not in _STOP and not any(w in n.split() for n in q_names)
+    )
 
     def goal(url: str, text: str) -> bool:
         return (url == meta["answer_page"] and meta["answer_on_page"] in text) or (
-            url == answer_entity_url and meta["path"][-1]["name"] in text)
+            url == answer_entity_url and meta["path"][-1]["name"] in text
+        )
 
     def actions(names: frozenset, urls: frozenset) -> list[tuple[str, str]]:
         queries = {task.question, meta["start_query"], *task.answers}

@@ -1,4 +1,5 @@
 """The synthetic world: determinism, unique names, well-formed plausible facts, and pages that state them."""
+
 from __future__ import annotations
 
 import hashlib
@@ -71,10 +72,17 @@ def test_same_seed_writes_byte_identical_files(tmp_path: Path) -> None:
 
 def test_fresh_process_with_other_hash_seed_writes_the_same_files(tmp_path: Path) -> None:
     here = World(1_500, seed=3).write(tmp_path / "here")
-    code = "import json, sys; from searchgym.world.world import World; print(json.dumps(World(1500, 3).write(sys.argv[1])))"
+    code = "import json, sys; from searchgym.world.world import World; "
+    "print(json.dumps(World(1500, 3).write(sys.argv[1])))"
     hash_seed = "1" if os.environ.get("PYTHONHASHSEED") != "1" else "2"
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "there")], cwd=REPO, capture_output=True,
-                          text=True, check=True, env={**os.environ, "PYTHONHASHSEED": hash_seed})
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "there")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": hash_seed},
+    )
     assert json.loads(done.stdout) == here
     assert (tmp_path / "here" / "corpus.jsonl").read_bytes() == (tmp_path / "there" / "corpus.jsonl").read_bytes()
 
@@ -143,9 +151,12 @@ _SHAPES = {
     "university": rf"University of {_W}|{_W} University|{_W} College|{_W} Institute of Technology",
     "river": rf"{_W} River",
     "mountain": rf"Mount {_W}|{_W} Peak",
-    "film": (rf"The {_any(names.FILM_ADJECTIVES)} {_any(names.FILM_NOUNS)} of {_W}|The {_W} {_any(names.FILM_NOUNS)}"
-             rf"|{_any(names.FILM_ADJECTIVES)} {_any(names.FILM_NOUNS)} over {_W}"),
-    "book": rf"{_any(names.BOOK_PLURALS)} of {_W}|The {_W} {_any(names.BOOK_PLURALS)}|A {_any(names.BOOK_NOUNS)} in {_W}",
+    "film": (
+        rf"The {_any(names.FILM_ADJECTIVES)} {_any(names.FILM_NOUNS)} of {_W}|The {_W} {_any(names.FILM_NOUNS)}"
+        rf"|{_any(names.FILM_ADJECTIVES)} {_any(names.FILM_NOUNS)} over {_W}"
+    ),
+    "book": rf"{_any(names.BOOK_PLURALS)} of {_W}|The {_W} {_any(names.BOOK_PLURALS)}"
+    rf"|A {_any(names.BOOK_NOUNS)} in {_W}",
     "event": rf"{_W} {_any(('Festival', 'Summit', 'Fair', 'Marathon'))}|Congress of {_W}",
 }
 
@@ -353,8 +364,14 @@ def test_written_rows(tmp_path: Path) -> None:
     for eid in (0, 150, 299):
         e = w.entity(eid)
         assert corpus[eid] == w.page_row(e)
-        assert kb[eid] == {"id": e.doc_id, "type": e.type, "name": e.name, "url": e.url, "attrs": e.attrs,
-                           "rels": e.rels}
+        assert kb[eid] == {
+            "id": e.doc_id,
+            "type": e.type,
+            "name": e.name,
+            "url": e.url,
+            "attrs": e.attrs,
+            "rels": e.rels,
+        }
         assert list(kb[eid]) == ["id", "type", "name", "url", "attrs", "rels"]
         assert pages[eid] == {"url": e.url, "html": w.render_html(e)}
 

@@ -1,4 +1,5 @@
 """Inference engines behind one token-level contract (see types.py)."""
+
 from searchgym.agents.engines.types import (
     FinishReason,
     GenerateRequest,

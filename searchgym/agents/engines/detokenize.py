@@ -5,6 +5,7 @@ kept when `no_stop_trim`); special tokens are skipped unless asked otherwise. Th
 themselves are never changed: only the text is. `StopStrings` finds stop strings while tokens
 arrive, decoding each token once.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -12,14 +13,22 @@ from typing import Any
 from searchgym.agents.engines.types import FinishReason
 
 
-def output_text(tokenizer: Any, ids: list[int], finish: FinishReason, *, skip_special_tokens: bool = True,
-                no_stop_trim: bool = False, spaces_between_special_tokens: bool = True) -> str:
+def output_text(
+    tokenizer: Any,
+    ids: list[int],
+    finish: FinishReason,
+    *,
+    skip_special_tokens: bool = True,
+    no_stop_trim: bool = False,
+    spaces_between_special_tokens: bool = True,
+) -> str:
     """The text SGLang returns for `ids` that ended with `finish`."""
     matched = finish.matched if finish.type == "stop" else None
     if isinstance(matched, int) and not no_stop_trim and ids:
         ids = ids[:-1]
-    text = tokenizer.decode(ids, skip_special_tokens=skip_special_tokens,
-                            spaces_between_special_tokens=spaces_between_special_tokens)
+    text = tokenizer.decode(
+        ids, skip_special_tokens=skip_special_tokens, spaces_between_special_tokens=spaces_between_special_tokens
+    )
     if isinstance(matched, str) and (pos := text.find(matched)) >= 0:
         text = text[: pos + len(matched)] if no_stop_trim else text[:pos]
     return text
@@ -50,13 +59,13 @@ class StopStrings:
     def push(self, token: int) -> str | None:
         """Add the next generated token; the stop string (first in `stops` order) it completes, or None."""
         self._ids.append(token)
-        body = self._decode(self._ids)[len(self._context_text):]
+        body = self._decode(self._ids)[len(self._context_text) :]
         pending = body.endswith("\ufffd") and len(self._ids) - self._context < self.PENDING_LIMIT
         window = self._tail + body
         match = next((stop for stop in self.stops if stop in window), None)
         if (not pending and body) or len(self._ids) - self._context >= self.PENDING_LIMIT:  # bounded work per token
-            self._tail = window[-self._keep:] if self._keep else ""
-            self._ids = self._ids[self._context:][-1:]
+            self._tail = window[-self._keep :] if self._keep else ""
+            self._ids = self._ids[self._context :][-1:]
             self._context, self._context_text = 1, self._decode(self._ids)
         return match
 

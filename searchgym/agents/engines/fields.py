@@ -4,6 +4,7 @@ Both wire dialects the model server speaks (SGLang's native API and OpenAI's) an
 adapter read sampling options through these, so a bad value gets the same message everywhere: a 400
 from a server, a `ValueError` in Python. JSON null means "the default", as SGLang and OpenAI treat it.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,8 +40,9 @@ def integer(value: Any, name: str) -> int:
 
 def number(value: Any, name: str) -> float:
     """A finite JSON number."""
-    require(isinstance(value, (int, float)) and not isinstance(value, bool),
-            f"{name} must be a number, got {show(value)}")
+    require(
+        isinstance(value, (int, float)) and not isinstance(value, bool), f"{name} must be a number, got {show(value)}"
+    )
     try:
         result = float(value)
     except OverflowError:
@@ -66,8 +68,10 @@ def stop_strings(value: Any, name: str = "stop") -> tuple[str, ...]:
     if value is None:
         return ()
     strings = [value] if isinstance(value, str) else value
-    require(isinstance(strings, list) and all(isinstance(s, str) and s for s in strings),
-            f"{name} must be a non-empty string or a list of them, got {show(value)}")
+    require(
+        isinstance(strings, list) and all(isinstance(s, str) and s for s in strings),
+        f"{name} must be a non-empty string or a list of them, got {show(value)}",
+    )
     return tuple(strings)
 
 
@@ -76,8 +80,10 @@ def token_ids(value: Any, name: str, vocab_size: int) -> tuple[int, ...]:
     ids = or_default(value, [])
     require(isinstance(ids, list), f"{name} must be a list of token ids, got {show(value)}")
     for token in ids:
-        require(isinstance(token, int) and not isinstance(token, bool) and 0 <= token < vocab_size,
-                f"{name} must hold token ids in [0, {vocab_size}), got {show(token)}")
+        require(
+            isinstance(token, int) and not isinstance(token, bool) and 0 <= token < vocab_size,
+            f"{name} must hold token ids in [0, {vocab_size}), got {show(token)}",
+        )
     return tuple(ids)
 
 
@@ -88,8 +94,10 @@ def logit_bias(value: Any, name: str, vocab_size: int, limit: float = math.inf) 
     pairs = []
     for key, bias in raw.items():
         token: Any = int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else None
-        require(token is not None and 0 <= token < vocab_size,
-                f"{name} keys must be token ids in [0, {vocab_size}), got {show(key)}")
+        require(
+            token is not None and 0 <= token < vocab_size,
+            f"{name} keys must be token ids in [0, {vocab_size}), got {show(key)}",
+        )
         value = number(bias, f"{name}[{key}]")
         require(abs(value) <= limit, f"{name}[{key}] must be in [-{limit:g}, {limit:g}], got {value:g}")
         pairs.append((token, value))
@@ -99,8 +107,9 @@ def logit_bias(value: Any, name: str, vocab_size: int, limit: float = math.inf) 
 def neutral(body: Mapping[str, Any], name: str, neutrals: tuple[Any, ...], why: str = "") -> None:
     """Accept body[name] only at a value that changes nothing (null, false, empty, ...), else refuse naming it."""
     value = body.get(name)
-    ok = any(value == n and type(value) is type(n) or (isinstance(n, float) and _same_number(value, n))
-             for n in neutrals)
+    ok = any(
+        value == n and type(value) is type(n) or (isinstance(n, float) and _same_number(value, n)) for n in neutrals
+    )
     shown = ", ".join(["null", *(repr(n) for n in neutrals)])
     require(value is None or ok, f"{name}={show(value)} is not supported by this server (only {shown}){why}")
 

@@ -6,6 +6,7 @@ tokens (TorchEngine in process, SGLang servers), and always a chat model (the Op
 engines only here; whoever opens one keeps the handle (weight updates, closing) and builds workflows on it
 (`agents/workflow.build_workflow`).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -55,7 +56,7 @@ class EngineHandle:
 
 
 def engine_kind(spec: str) -> str:
-    """"openai", "sglang" or "local" (a model directory); a clear error for anything else."""
+    """ "openai", "sglang" or "local" (a model directory); a clear error for anything else."""
     if spec.startswith("openai:"):
         return "openai"
     if spec.startswith("sglang:"):
@@ -65,8 +66,15 @@ def engine_kind(spec: str) -> str:
     raise ValueError(f"engine {spec!r}: expected {SPEC_HELP}")
 
 
-async def open_engine(spec: str, *, device: str = "cpu", seed: int = 0, version: int = 0,
-                      tokenizer: str | None = None, start_timeout: float = 600) -> EngineHandle:
+async def open_engine(
+    spec: str,
+    *,
+    device: str = "cpu",
+    seed: int = 0,
+    version: int = 0,
+    tokenizer: str | None = None,
+    start_timeout: float = 600,
+) -> EngineHandle:
     """Open the engine `spec` names (SGLang servers are waited for, up to `start_timeout` seconds)."""
     kind = engine_kind(spec)
     if kind == "openai":

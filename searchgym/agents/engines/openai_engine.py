@@ -4,9 +4,11 @@ For evaluation, LLM judges (it satisfies `searchgym.envs.verdicts.ChatModel`) an
 retries what is worth retrying (429, 408, 409, 5xx, connection errors, timeouts) with exponential
 backoff and jitter, honouring the server's Retry-After (a 200 whose body is not a chat completion is
 retried too), and fails fast with the server's message on any other 4xx. Retries and backoff default to
-$SEARCHGYM_LLM_RETRIES (5) and $SEARCHGYM_LLM_BACKOFF (0.5 s). Without an API key in the environment it sends no Authorization header, as local
+$SEARCHGYM_LLM_RETRIES (5) and $SEARCHGYM_LLM_BACKOFF (0.5 s). Without an API key in the environment it sends no
+Authorization header, as local
 servers (SGLang, vLLM, `searchgym serve model`) need none.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,7 +44,8 @@ class _Retryable(Exception):
 
 
 def parse_openai_spec(spec: str) -> tuple[str, str]:
-    """'openai:http://host:8000/v1:qwen/QwQ-32B' -> ('http://host:8000/v1', 'qwen/QwQ-32B'); model defaults to 'default'.
+    """'openai:http://host:8000/v1:qwen/QwQ-32B' -> ('http://host:8000/v1', 'qwen/QwQ-32B'); model defaults to
+    'default'.
 
     The model is whatever follows the first ':' after the URL's path begins, so ports, slashes and
     colons in model names ('llama3:8b') all parse. The path (usually /v1) is required: the API's routes
@@ -74,16 +77,30 @@ def _parse_completion(text: str) -> dict[str, Any]:
         content = choice["message"].get("content")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
         raise OpenAIError(f"malformed chat completion ({type(e).__name__}: {e}): {text[:300]}") from None
-    return {"content": content or "", "finish_reason": choice.get("finish_reason"), "usage": body.get("usage") or {},
-            "model": body.get("model"), "id": body.get("id")}
+    return {
+        "content": content or "",
+        "finish_reason": choice.get("finish_reason"),
+        "usage": body.get("usage") or {},
+        "model": body.get("model"),
+        "id": body.get("id"),
+    }
 
 
 class OpenAIEngine:
     """Chat completions from an OpenAI-compatible server, with bounded concurrency and patient retries."""
 
-    def __init__(self, base_url: str, model: str, *, api_key_env: str = "OPENAI_API_KEY", max_concurrency: int = 16,
-                 max_retries: int | None = None, timeout: float = 600, backoff_base: float | None = None,
-                 backoff_max: float = 30.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key_env: str = "OPENAI_API_KEY",
+        max_concurrency: int = 16,
+        max_retries: int | None = None,
+        timeout: float = 600,
+        backoff_base: float | None = None,
+        backoff_max: float = 30.0,
+    ) -> None:
         self.url = base_url.rstrip("/") + "/chat/completions"  # base_url ends in /v1, as with the OpenAI SDK
         self.model = model
         self.max_concurrency = max_concurrency
@@ -118,8 +135,9 @@ class OpenAIEngine:
                     return await self._attempt(http, body)
                 except _Retryable as retry:
                     if attempt >= self.max_retries:
-                        raise OpenAIError(f"{self.url}: gave up after {attempt + 1} attempts: {retry.error}",
-                                          retry.error.status) from None
+                        raise OpenAIError(
+                            f"{self.url}: gave up after {attempt + 1} attempts: {retry.error}", retry.error.status
+                        ) from None
                     await asyncio.sleep(self._delay(attempt, retry.wait))
                 attempt += 1
 

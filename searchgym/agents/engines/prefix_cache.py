@@ -6,6 +6,7 @@ batch), keeps its longest common token prefix with the new prompt, and the engin
 rest. Entries are stored compactly (one sequence, no padding) and evicted least recently used first;
 the cache never holds more than its budget.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -47,8 +48,9 @@ class PrefixCache:
             return False
         while self.nbytes + nbytes > self.budget_bytes:
             self.discard(next(iter(self._entries)))
-        self._entries[rid] = _Entry(list(tokens), [(k.contiguous().clone(), v.contiguous().clone()) for k, v in kv],
-                                    nbytes)
+        self._entries[rid] = _Entry(
+            list(tokens), [(k.contiguous().clone(), v.contiguous().clone()) for k, v in kv], nbytes
+        )
         self.nbytes += nbytes
         return True
 

@@ -9,6 +9,7 @@ weight update costs no generated work and every token keeps the version that pro
 
 `SGLangServer` launches `python -m sglang.launch_server ...` as a subprocess and waits for it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -57,8 +58,9 @@ def _parse_version(label: Any) -> int:
     try:
         return int(label)
     except (TypeError, ValueError):
-        raise SGLangError(f"weight_version {label!r} is not an integer; SGLangEngine labels versions with "
-                          "integers") from None
+        raise SGLangError(
+            f"weight_version {label!r} is not an integer; SGLangEngine labels versions with integers"
+        ) from None
 
 
 def _finish_reason(raw: Any) -> FinishReason:
@@ -87,8 +89,13 @@ def _parse_generate(data: Any) -> tuple[list[int], list[float], int, FinishReaso
     return ids, logprobs, _parse_version(meta.get("weight_version")), _finish_reason(meta.get("finish_reason"))
 
 
-async def wait_until_ready(session: aiohttp.ClientSession, url: str, timeout: float,
-                        alive: Callable[[], None] = lambda: None, interval: float = 0.5) -> None:
+async def wait_until_ready(
+    session: aiohttp.ClientSession,
+    url: str,
+    timeout: float,
+    alive: Callable[[], None] = lambda: None,
+    interval: float = 0.5,
+) -> None:
     """Poll GET url/health_generate until it answers 200; `alive` raises if the server is known to be dead."""
     deadline = time.monotonic() + timeout
     last = "no answer yet"
@@ -108,9 +115,17 @@ async def wait_until_ready(session: aiohttp.ClientSession, url: str, timeout: fl
 class SGLangEngine:
     """InferenceEngine over SGLang servers: sticky routing by rid, least-loaded placement, abort-and-resume."""
 
-    def __init__(self, addresses: Sequence[str], *, request_timeout: float = 3600, max_connections: int = 1024,
-                 max_retries: int = 3, retry_backoff: float = 0.5, resume_poll_interval: float = 0.1,
-                 sticky_capacity: int = 100_000) -> None:
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        *,
+        request_timeout: float = 3600,
+        max_connections: int = 1024,
+        max_retries: int = 3,
+        retry_backoff: float = 0.5,
+        resume_poll_interval: float = 0.1,
+        sticky_capacity: int = 100_000,
+    ) -> None:
         if not addresses:
             raise ValueError("SGLangEngine needs at least one server address")
         self.urls = [_base_url(a) for a in addresses]
@@ -126,9 +141,12 @@ class SGLangEngine:
         self._turn = 0
         self._version = 0
         self._paused = False
-        self._sessions = LoopSession(lambda: aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self.max_connections),
-            timeout=aiohttp.ClientTimeout(total=self.request_timeout)))
+        self._sessions = LoopSession(
+            lambda: aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.max_connections),
+                timeout=aiohttp.ClientTimeout(total=self.request_timeout),
+            )
+        )
 
     @property
     def version(self) -> int:
@@ -251,8 +269,9 @@ class SGLangEngine:
         versions: list[int] = []
         server = self._route(request.rid)
         while True:
-            payload = _payload(request.input_ids + ids, replace(request.sampling, max_new_tokens=budget - len(ids)),
-                               request.rid)
+            payload = _payload(
+                request.input_ids + ids, replace(request.sampling, max_new_tokens=budget - len(ids)), request.rid
+            )
             data, server = await self._post_generate(server, payload, request.rid)
             new_ids, new_logprobs, version, finish = _parse_generate(data)
             ids += new_ids
@@ -294,18 +313,30 @@ class SGLangEngine:
         Raises SGLangError if any server reports failure (those servers keep their old weights and label).
         """
         if isinstance(source, Mapping):
-            raise TypeError("SGLangEngine updates weights from disk: save the state dict with save_pretrained "
-                            "and pass the directory")
+            raise TypeError(
+                "SGLangEngine updates weights from disk: save the state dict with save_pretrained "
+                "and pass the directory"
+            )
         was_paused = self._paused
         if not was_paused:
             await self.pause()
         try:
-            payload = {"model_path": os.fspath(source), "load_format": None, "abort_all_requests": False,
-                       "weight_version": str(version), "flush_cache": False}
-            results = await asyncio.gather(*(self._request(i, "POST", "/update_weights_from_disk", payload)
-                                             for i in range(len(self.urls))), return_exceptions=True)
-            failures = [f"{url}: {reason}" for url, result in zip(self.urls, results, strict=True)
-                        if (reason := _update_failure(result))]
+            payload = {
+                "model_path": os.fspath(source),
+                "load_format": None,
+                "abort_all_requests": False,
+                "weight_version": str(version),
+                "flush_cache": False,
+            }
+            results = await asyncio.gather(
+                *(self._request(i, "POST", "/update_weights_from_disk", payload) for i in range(len(self.urls))),
+                return_exceptions=True,
+            )
+            failures = [
+                f"{url}: {reason}"
+                for url, result in zip(self.urls, results, strict=True)
+                if (reason := _update_failure(result))
+            ]
             await asyncio.gather(*(self._flush(i) for i in range(len(self.urls))))
             if not failures:
                 self._version = version
@@ -330,8 +361,13 @@ class SGLangEngine:
 
     def stats(self) -> dict[str, Any]:
         """Load and event counts: requests in flight per server, pinned rids, retries, resubmissions."""
-        return {"in_flight": dict(zip(self.urls, self.in_flight, strict=True)), "pinned_rids": len(self._sticky),
-                "version": self._version, "paused": self._paused, **self.counters}
+        return {
+            "in_flight": dict(zip(self.urls, self.in_flight, strict=True)),
+            "pinned_rids": len(self._sticky),
+            "version": self._version,
+            "paused": self._paused,
+            **self.counters,
+        }
 
     async def close(self) -> None:
         """Close the HTTP session (the servers keep running)."""
@@ -340,8 +376,12 @@ class SGLangEngine:
 
 def _payload(input_ids: list[int], sampling: SamplingParams, rid: str) -> dict[str, Any]:
     """A /generate body with every sampling field explicit (SGLang >= 0.5.5 defaults unset ones from the model)."""
-    body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": sampling.to_sglang(), "return_logprob": True,
-                            "logprob_start_len": -1}
+    body: dict[str, Any] = {
+        "input_ids": input_ids,
+        "sampling_params": sampling.to_sglang(),
+        "return_logprob": True,
+        "logprob_start_len": -1,
+    }
     if rid:
         body["rid"] = rid
     return body
@@ -360,12 +400,32 @@ def _update_failure(result: Any) -> str | None:
 # ---- launching SGLang ------------------------------------------------------------------------------------
 
 
-def sglang_launch_command(model_path: str | os.PathLike, *, host: str = "127.0.0.1", port: int = 30000,
-                          tp_size: int = 1, mem_fraction_static: float = 0.8, dtype: str | None = None,
-                          extra_args: Sequence[str] = ()) -> list[str]:
+def sglang_launch_command(
+    model_path: str | os.PathLike,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    tp_size: int = 1,
+    mem_fraction_static: float = 0.8,
+    dtype: str | None = None,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
     """The argv of `python -m sglang.launch_server` for one server (run with this interpreter)."""
-    command = [sys.executable, "-m", "sglang.launch_server", "--model-path", os.fspath(model_path), "--host", host,
-               "--port", str(port), "--tp-size", str(tp_size), "--mem-fraction-static", str(mem_fraction_static)]
+    command = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        os.fspath(model_path),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--tp-size",
+        str(tp_size),
+        "--mem-fraction-static",
+        str(mem_fraction_static),
+    ]
     if dtype is not None:
         command += ["--dtype", dtype]
     return command + list(extra_args)
@@ -374,8 +434,14 @@ def sglang_launch_command(model_path: str | os.PathLike, *, host: str = "127.0.0
 class SGLangServer:
     """One server process started from a command line (SGLang's by default), polled until ready, then stopped."""
 
-    def __init__(self, command: Sequence[str], url: str, *, gpu_ids: Sequence[int] | None = None,
-                 log_path: str | os.PathLike | None = None) -> None:
+    def __init__(
+        self,
+        command: Sequence[str],
+        url: str,
+        *,
+        gpu_ids: Sequence[int] | None = None,
+        log_path: str | os.PathLike | None = None,
+    ) -> None:
         self.command = list(command)
         self.url = _base_url(url)
         self.gpu_ids = None if gpu_ids is None else list(gpu_ids)
@@ -383,9 +449,16 @@ class SGLangServer:
         self.process: subprocess.Popen | None = None
 
     @classmethod
-    def for_model(cls, model_path: str | os.PathLike, *, host: str = "127.0.0.1", port: int = 30000,
-                  gpu_ids: Sequence[int] | None = None, log_path: str | os.PathLike | None = None,
-                  **launch_kwargs: Any) -> SGLangServer:
+    def for_model(
+        cls,
+        model_path: str | os.PathLike,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 30000,
+        gpu_ids: Sequence[int] | None = None,
+        log_path: str | os.PathLike | None = None,
+        **launch_kwargs: Any,
+    ) -> SGLangServer:
         """An SGLang server for `model_path` on host:port (see sglang_launch_command for launch_kwargs)."""
         command = sglang_launch_command(model_path, host=host, port=port, **launch_kwargs)
         return cls(command, f"{host}:{port}", gpu_ids=gpu_ids, log_path=log_path)
@@ -399,8 +472,9 @@ class SGLangServer:
             self.log_path = Path(tempfile.mkdtemp(prefix="sglang-server-")) / "server.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         return self
 
     def log_tail(self, chars: int = LOG_TAIL_CHARS) -> str:
@@ -416,8 +490,9 @@ class SGLangServer:
             raise RuntimeError("SGLangServer.start() was not called")
         code = self.process.poll()
         if code is not None:
-            raise RuntimeError(f"server process exited with code {code} before becoming ready; log tail:\n"
-                               f"{self.log_tail()}")
+            raise RuntimeError(
+                f"server process exited with code {code} before becoming ready; log tail:\n{self.log_tail()}"
+            )
 
     async def wait_ready(self, timeout: float = 600) -> None:
         """Poll /health_generate until 200; raise with the log tail if the process dies or time runs out."""
@@ -440,4 +515,3 @@ class SGLangServer:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.process.pid, signal.SIGKILL)
         return self.process.wait()
-

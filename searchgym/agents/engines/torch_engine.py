@@ -13,7 +13,8 @@ last sampled token, which was never fed) go into a `PrefixCache` under its rid, 
 `prefix_cache_bytes` (0 turns reuse off); a request without a rid, or sent with `keep_prefix=False` (a
 rid a server made up, which no next turn can name), keeps nothing, so it never evicts a conversation. A
 request whose rid has an entry takes it, keeps the longest common token prefix with its prompt and
-prefills only the rest on top of it, at exact positions, so the result is that of a full prefill. Keyed by rid, not by a search over every cached prefix: the episode
+prefills only the rest on top of it, at exact positions, so the result is that of a full prefill. Keyed by rid, not
+by a search over every cached prefix: the episode
 runners send one rid per episode and each turn's prompt extends the last turn's tokens exactly, so a
 rid lookup and one list comparison find the whole reusable prefix; what a token-prefix index would add
 is sharing a system prompt and question (~100 tokens of thousands) between episodes, which would need
@@ -30,6 +31,7 @@ next turn of every episode therefore prefills in full once after an update.
 
 Stop strings are matched incrementally (`detokenize.StopStrings`): each new token is decoded once.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -102,9 +104,18 @@ class TorchEngine:
     `prefix_cache_bytes` bounds the keys and values kept between an episode's turns (0: no reuse).
     """
 
-    def __init__(self, model: str | os.PathLike | PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None = None,
-                 *, device: str = "cpu", dtype: torch.dtype = torch.float32, max_batch_size: int = 64, seed: int = 0,
-                 version: int = 0, prefix_cache_bytes: int = PREFIX_CACHE_BYTES):
+    def __init__(
+        self,
+        model: str | os.PathLike | PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        *,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_batch_size: int = 64,
+        seed: int = 0,
+        version: int = 0,
+        prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
+    ):
         if not isinstance(model, PreTrainedModel):
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
             model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
@@ -121,8 +132,13 @@ class TorchEngine:
         self._cache: DynamicCache | None = None
         self._mask: torch.Tensor | None = None  # (rows, length): 1 for real tokens, 0 for left padding
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
-        self._counts = {"generated_tokens": 0, "prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0,
-                        "busy_s": 0.0}
+        self._counts = {
+            "generated_tokens": 0,
+            "prefill_tokens": 0,
+            "reused_tokens": 0,
+            "decode_steps": 0,
+            "busy_s": 0.0,
+        }
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-engine")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
@@ -134,8 +150,9 @@ class TorchEngine:
 
     # ---- public API -------------------------------------------------------------------------------------------------
 
-    async def agenerate(self, request: GenerateRequest, *, progress: Progress | None = None,
-                        keep_prefix: bool = True) -> GenerateResponse:
+    async def agenerate(
+        self, request: GenerateRequest, *, progress: Progress | None = None, keep_prefix: bool = True
+    ) -> GenerateResponse:
         """Queue a request, wait for the batch loop to finish it, and return tokens, logprobs and versions.
 
         A prompt that leaves no room in the model's context returns at once: no tokens, finish "length".
@@ -212,10 +229,15 @@ class TorchEngine:
 
     def stats(self) -> dict:
         """Load and work counters; busy_s is time spent inside steps, for an idle fraction over a window."""
-        return {"running": sum(s.live for s in self._running), "waiting": len(self._waiting),
-                "version": self._version, "paused": self._task is not None and not self._unpaused.is_set(),
-                "prefix_cache_entries": len(self.prefix_cache), "prefix_cache_bytes": self.prefix_cache.nbytes,
-                **self._counts}
+        return {
+            "running": sum(s.live for s in self._running),
+            "waiting": len(self._waiting),
+            "version": self._version,
+            "paused": self._task is not None and not self._unpaused.is_set(),
+            "prefix_cache_entries": len(self.prefix_cache),
+            "prefix_cache_bytes": self.prefix_cache.nbytes,
+            **self._counts,
+        }
 
     async def close(self) -> None:
         """Abort everything in flight and stop the batch loop and its thread; later requests raise."""
@@ -340,7 +362,7 @@ class TorchEngine:
             for seq in admitted:
                 seq.cached, seq.past = self.prefix_cache.take(seq.request.rid, seq.prompt)
             try:
-                kv, mask, logits = self._prefill([(s.prompt[s.cached:], s.past) for s in admitted])
+                kv, mask, logits = self._prefill([(s.prompt[s.cached :], s.past) for s in admitted])
             finally:
                 for seq in admitted:
                     seq.past = None
@@ -370,8 +392,13 @@ class TorchEngine:
             cached = [_length(past) for _, past in group]
             past_width, width = max(cached), max(len(new) for new, _ in group)
             ids = torch.tensor([[0] * (width - len(new)) + new for new, _ in group], device=self.device)  # pad: masked
-            mask = torch.tensor([[0] * (past_width - c) + [1] * c + [0] * (width - len(new)) + [1] * len(new)
-                                 for c, (new, _) in zip(cached, group, strict=True)], device=self.device)
+            mask = torch.tensor(
+                [
+                    [0] * (past_width - c) + [1] * c + [0] * (width - len(new)) + [1] * len(new)
+                    for c, (new, _) in zip(cached, group, strict=True)
+                ],
+                device=self.device,
+            )
             positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, past_width:]
             cache = DynamicCache(_stack_past(group, past_width)) if past_width else DynamicCache()
             logits.append(self._forward(ids, mask, positions, cache))
@@ -382,11 +409,18 @@ class TorchEngine:
         kv, mask = _merge(parts)
         return kv, mask, torch.cat(logits)
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
-                 cache: DynamicCache) -> torch.Tensor:
+    def _forward(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
         """The model's own forward on new tokens, extending the cache; fp32 logits at each row's last position."""
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                         use_cache=True, logits_to_keep=1)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         return out.logits[:, -1].float()
 
     def _sample(self, seqs: list[_Sequence], logits: torch.Tensor) -> None:
@@ -439,8 +473,9 @@ class TorchEngine:
         length = int(self._mask[row].sum())
         tokens = seq.prompt + seq.output_ids[:-1]
         if seq.request.rid and seq.keep_prefix and self.prefix_cache.budget_bytes and len(tokens) == length:
-            self.prefix_cache.put(seq.request.rid, tokens, [(k[row, :, -length:], v[row, :, -length:])
-                                                            for k, v in _layers(self._cache)])
+            self.prefix_cache.put(
+                seq.request.rid, tokens, [(k[row, :, -length:], v[row, :, -length:]) for k, v in _layers(self._cache)]
+            )
 
     def _load_weights(self, source: str | os.PathLike | Mapping[str, torch.Tensor]) -> None:
         """Copy new weights into the model's own tensors, after checking them all."""
@@ -459,6 +494,7 @@ class TorchEngine:
 
 
 # ---- helpers --------------------------------------------------------------------------------------------------------
+
 
 def _as_ids(value: int | list[int] | None) -> list[int]:
     """An eos id setting (None, one id or several) as a list."""
@@ -495,8 +531,15 @@ def _add_logit_bias(logits: torch.Tensor, params: list[SamplingParams]) -> torch
 
 
 def _response(seq: _Sequence, finish: FinishReason, text: str) -> GenerateResponse:
-    return GenerateResponse(output_ids=list(seq.output_ids), logprobs=list(seq.logprobs), versions=list(seq.versions),
-                            finish_reason=finish, prompt_tokens=len(seq.prompt), text=text, rid=seq.request.rid)
+    return GenerateResponse(
+        output_ids=list(seq.output_ids),
+        logprobs=list(seq.logprobs),
+        versions=list(seq.versions),
+        finish_reason=finish,
+        prompt_tokens=len(seq.prompt),
+        text=text,
+        rid=seq.request.rid,
+    )
 
 
 def _groups(rows: list[tuple[list[int], KV | None]], budget: int) -> list[list[tuple[list[int], KV | None]]]:
@@ -540,8 +583,13 @@ def _compact(kv: KV, mask: torch.Tensor) -> tuple[KV, torch.Tensor]:
     start = mask.shape[1] - int(mask.sum(1).max())
     order = order[:, start:]
     index = order[:, None, :, None]
-    kv = [(k.gather(2, index.expand(-1, k.shape[1], -1, k.shape[3])),
-           v.gather(2, index.expand(-1, v.shape[1], -1, v.shape[3]))) for k, v in kv]
+    kv = [
+        (
+            k.gather(2, index.expand(-1, k.shape[1], -1, k.shape[3])),
+            v.gather(2, index.expand(-1, v.shape[1], -1, v.shape[3])),
+        )
+        for k, v in kv
+    ]
     return kv, mask.gather(1, order)
 
 
@@ -623,5 +671,4 @@ def _check_state_dict(model: PreTrainedModel, state: Mapping[str, torch.Tensor])
 
 def _nonfinite(named: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
     """The names of floating-point tensors holding a NaN or an infinity."""
-    return [name for name, tensor in named
-            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    return [name for name, tensor in named if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]

@@ -6,6 +6,7 @@ SGLang: log softmax(logits / temperature) of the sampled token, before top-k / t
 truncation (training samples with those off, so this is then the exact sampling distribution, and
 the learner recomputes the same quantity). Temperature below 1e-6 means greedy.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -32,10 +33,16 @@ class SamplingParams:
     def to_sglang(self) -> dict[str, Any]:
         """SGLang's `sampling_params` object with every field set (seed and logit_bias when used)."""
         out: dict[str, Any] = {
-            "max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "top_p": self.top_p,
-            "top_k": self.top_k, "min_p": self.min_p, "stop": list(self.stop),
-            "stop_token_ids": list(self.stop_token_ids), "ignore_eos": self.ignore_eos,
-            "skip_special_tokens": False, "no_stop_trim": True,
+            "max_new_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "stop": list(self.stop),
+            "stop_token_ids": list(self.stop_token_ids),
+            "ignore_eos": self.ignore_eos,
+            "skip_special_tokens": False,
+            "no_stop_trim": True,
         }
         if self.seed is not None:
             out["sampling_seed"] = self.seed

@@ -5,6 +5,7 @@ request ids in flight, weight-version labels); `sglang_api.py` the native routes
 the OpenAI routes (chat through `searchgym.agents.chat.EngineChat`); `app.py` the application,
 its lifecycle and the command line (`python -m searchgym.agents.server --model-path DIR`).
 """
+
 from searchgym.agents.server.app import create_app, main, run_server, serving
 
 __all__ = ["create_app", "main", "run_server", "serving"]

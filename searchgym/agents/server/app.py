@@ -5,6 +5,7 @@ Every client path written for SGLang (SGLangEngine, AReaL, slime, verl, curl scr
 `openai` client) runs for real against it on a CPU machine and in CI. Bad input is always a 400 with a
 message, never a 500; unknown routes and wrong methods get a JSON body in the caller's dialect too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,18 +42,32 @@ def error_response(request: web.Request, status: int, message: str) -> web.Respo
     return json_response({"error": {"message": message, "code": status}}, status=status)
 
 
-def create_app(engine: TorchEngine, *, model_path: str, served_model_name: str | None = None,
-               context_length: int | None = None, max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS,
-               weight_version: str | None = None, client_max_size: int = MAX_REQUEST_BYTES,
-               max_prompt_chars: int | None = None, max_reply_tokens: int | None = None) -> web.Application:
+def create_app(
+    engine: TorchEngine,
+    *,
+    model_path: str,
+    served_model_name: str | None = None,
+    context_length: int | None = None,
+    max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS,
+    weight_version: str | None = None,
+    client_max_size: int = MAX_REQUEST_BYTES,
+    max_prompt_chars: int | None = None,
+    max_reply_tokens: int | None = None,
+) -> web.Application:
     """The aiohttp app serving `engine` (a TorchEngine) with SGLang's and OpenAI's routes; warms up on startup.
 
     Per-request limits (core.Limits; None: the defaults) are checked here, a bad one a ValueError naming it.
     """
-    model = ServedModel(engine, model_path=model_path, served_model_name=served_model_name,
-                        context_length=context_length, max_running_requests=max_running_requests,
-                        weight_version=weight_version, max_prompt_chars=max_prompt_chars,
-                        max_reply_tokens=max_reply_tokens)
+    model = ServedModel(
+        engine,
+        model_path=model_path,
+        served_model_name=served_model_name,
+        context_length=context_length,
+        max_running_requests=max_running_requests,
+        weight_version=weight_version,
+        max_prompt_chars=max_prompt_chars,
+        max_reply_tokens=max_reply_tokens,
+    )
     app = web.Application(client_max_size=client_max_size, middlewares=[error_middleware(error_response)])
     app[_MODEL] = model
     SGLangAPI(model).add_routes(app)
@@ -81,32 +96,55 @@ async def _stop_threads(app: web.Application) -> None:
 
 
 @contextlib.asynccontextmanager
-async def serving(engine: TorchEngine, *, model_path: str, host: str = "127.0.0.1", port: int = 0,
-                  limits: ServerLimits | None = None, **app_kwargs: Any) -> AsyncIterator[str]:
+async def serving(
+    engine: TorchEngine,
+    *,
+    model_path: str,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    limits: ServerLimits | None = None,
+    **app_kwargs: Any,
+) -> AsyncIterator[str]:
     """Serve `engine` (see create_app) on host:port for the duration of the block, its connections under `limits`
     (header and idle timeouts, a connection cap); yields the base URL."""
     async with serve_app(create_app(engine, model_path=model_path, **app_kwargs), host, port, limits=limits) as url:
         yield url
 
 
-def run_server(model_dir: str | os.PathLike, host: str = "127.0.0.1", port: int = 30000, *,
-               served_model_name: str | None = None, context_length: int | None = None,
-               max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS, weight_version: str | None = None,
-               max_prompt_chars: int | None = None, max_reply_tokens: int | None = None,
-               limits: ServerLimits | None = None, **engine_kwargs: Any) -> None:
+def run_server(
+    model_dir: str | os.PathLike,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    *,
+    served_model_name: str | None = None,
+    context_length: int | None = None,
+    max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS,
+    weight_version: str | None = None,
+    max_prompt_chars: int | None = None,
+    max_reply_tokens: int | None = None,
+    limits: ServerLimits | None = None,
+    **engine_kwargs: Any,
+) -> None:
     """Load `model_dir` into a TorchEngine and serve it until SIGINT or SIGTERM (blocking); then shut down cleanly.
 
     Weights holding NaN or infinite values are refused (ValueError) before the server starts.
     """
     Limits.check(context_length, max_prompt_chars, max_reply_tokens)  # before the minutes a model takes to load
-    app_kwargs = {"served_model_name": served_model_name, "context_length": context_length,
-                  "max_running_requests": max_running_requests, "weight_version": weight_version,
-                  "max_prompt_chars": max_prompt_chars, "max_reply_tokens": max_reply_tokens, "limits": limits}
+    app_kwargs = {
+        "served_model_name": served_model_name,
+        "context_length": context_length,
+        "max_running_requests": max_running_requests,
+        "weight_version": weight_version,
+        "max_prompt_chars": max_prompt_chars,
+        "max_reply_tokens": max_reply_tokens,
+        "limits": limits,
+    }
     asyncio.run(_serve_until_signal(model_dir, host, port, engine_kwargs, app_kwargs))
 
 
-async def _serve_until_signal(model_dir: str | os.PathLike, host: str, port: int, engine_kwargs: dict,
-                              app_kwargs: dict) -> None:
+async def _serve_until_signal(
+    model_dir: str | os.PathLike, host: str, port: int, engine_kwargs: dict, app_kwargs: dict
+) -> None:
     """The body of run_server: engine, serve until a signal, close."""
     engine = TorchEngine(model_dir, **engine_kwargs)
     bad = engine.nonfinite_weights()
@@ -124,9 +162,10 @@ async def _serve_until_signal(model_dir: str | os.PathLike, host: str, port: int
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line flags, named like sglang.launch_server's where they mean the same."""
-    parser = argparse.ArgumentParser(prog="python -m searchgym.agents.server",
-                                     description="Serve a Hugging Face causal LM with SGLang's native HTTP API and "
-                                                 "OpenAI's (CPU or one GPU).")
+    parser = argparse.ArgumentParser(
+        prog="python -m searchgym.agents.server",
+        description="Serve a Hugging Face causal LM with SGLang's native HTTP API and OpenAI's (CPU or one GPU).",
+    )
     parser.add_argument("--model-path", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
@@ -145,8 +184,17 @@ def main(argv: list[str] | None = None) -> None:
     """`python -m searchgym.agents.server --model-path DIR --port N`."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_server(args.model_path, args.host, args.port, served_model_name=args.served_model_name,
-               context_length=args.context_length, max_running_requests=args.max_running_requests,
-               weight_version=args.weight_version, max_prompt_chars=args.max_prompt_chars,
-               max_reply_tokens=args.max_reply_tokens, device=args.device, seed=args.random_seed,
-               limits=limits_from_args(args))
+    run_server(
+        args.model_path,
+        args.host,
+        args.port,
+        served_model_name=args.served_model_name,
+        context_length=args.context_length,
+        max_running_requests=args.max_running_requests,
+        weight_version=args.weight_version,
+        max_prompt_chars=args.max_prompt_chars,
+        max_reply_tokens=args.max_reply_tokens,
+        device=args.device,
+        seed=args.random_seed,
+        limits=limits_from_args(args),
+    )

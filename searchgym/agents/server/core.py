@@ -10,6 +10,7 @@ string labels ("v2-step7" is as valid as "3") over the engine's integer versions
 becomes that integer (so in-process observers and our own clients read versions as numbers), any other
 label the next free one.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -56,19 +57,25 @@ class Limits:
     @staticmethod
     def check(context_length: Any = None, max_prompt_chars: Any = None, max_reply_tokens: Any = None) -> None:
         """Check the settings given (None: unset), each error a ValueError naming its key and flag."""
-        for value, name, least in ((context_length, "context_length (--context-length)", 2),
-                                   (max_prompt_chars, "max_prompt_chars (--max-prompt-chars)", 1),
-                                   (max_reply_tokens, "max_reply_tokens (--max-reply-tokens)", 1)):
+        for value, name, least in (
+            (context_length, "context_length (--context-length)", 2),
+            (max_prompt_chars, "max_prompt_chars (--max-prompt-chars)", 1),
+            (max_reply_tokens, "max_reply_tokens (--max-reply-tokens)", 1),
+        ):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
                 raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
 
     @classmethod
-    def of(cls, context_length: int, max_prompt_chars: int | None = None,
-           max_reply_tokens: int | None = None) -> Limits:
+    def of(
+        cls, context_length: int, max_prompt_chars: int | None = None, max_reply_tokens: int | None = None
+    ) -> Limits:
         """The limits for these settings (None: the default), checked."""
         cls.check(context_length, max_prompt_chars, max_reply_tokens)
-        return cls(context_length, PROMPT_CHARS_PER_TOKEN * context_length if max_prompt_chars is None
-                   else max_prompt_chars, context_length - 1 if max_reply_tokens is None else max_reply_tokens)
+        return cls(
+            context_length,
+            PROMPT_CHARS_PER_TOKEN * context_length if max_prompt_chars is None else max_prompt_chars,
+            context_length - 1 if max_reply_tokens is None else max_reply_tokens,
+        )
 
 
 _NUMERIC = re.compile(r"-?[0-9]{1,18}")  # longer digit strings are plain labels (int() refuses > 4300 digits)
@@ -114,16 +121,29 @@ class WeightLabels:
 class ServedModel:
     """The engine behind the server, gated by pause and bounded slots; `chat` is in-process chat through the gate."""
 
-    def __init__(self, engine: TorchEngine, *, model_path: str, served_model_name: str | None = None,
-                 context_length: int | None = None, max_running_requests: int = 256,
-                 weight_version: str | None = None, max_prompt_chars: int | None = None,
-                 max_reply_tokens: int | None = None) -> None:
-        if not isinstance(max_running_requests, int) or isinstance(max_running_requests, bool) \
-                or max_running_requests < 1:
-            raise ValueError(f"max_running_requests (--max-running-requests) must be an integer >= 1, "
-                             f"got {max_running_requests!r}")
-        self.limits = Limits.of(engine.max_context if context_length is None else context_length,
-                                max_prompt_chars, max_reply_tokens)
+    def __init__(
+        self,
+        engine: TorchEngine,
+        *,
+        model_path: str,
+        served_model_name: str | None = None,
+        context_length: int | None = None,
+        max_running_requests: int = 256,
+        weight_version: str | None = None,
+        max_prompt_chars: int | None = None,
+        max_reply_tokens: int | None = None,
+    ) -> None:
+        if (
+            not isinstance(max_running_requests, int)
+            or isinstance(max_running_requests, bool)
+            or max_running_requests < 1
+        ):
+            raise ValueError(
+                f"max_running_requests (--max-running-requests) must be an integer >= 1, got {max_running_requests!r}"
+            )
+        self.limits = Limits.of(
+            engine.max_context if context_length is None else context_length, max_prompt_chars, max_reply_tokens
+        )
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_path = model_path
@@ -159,8 +179,9 @@ class ServedModel:
         """One request through the gate (its rid must not be in flight)."""
         return (await self.run([request], keep_prefix=keep_prefix))[0]
 
-    def start(self, request: GenerateRequest, progress: Progress | None = None, *,
-              keep_prefix: bool = True) -> asyncio.Task:
+    def start(
+        self, request: GenerateRequest, progress: Progress | None = None, *, keep_prefix: bool = True
+    ) -> asyncio.Task:
         """Claim the request's rid now (a duplicate is a 400 before anything starts) and generate it in a task.
 
         `progress` gets the new tokens after each engine step (streaming). Cancelling the task drops the
@@ -196,8 +217,9 @@ class ServedModel:
             seen.add(rid)
         self.in_flight.update(named)
 
-    async def _generate(self, request: GenerateRequest, progress: Progress | None = None,
-                        keep_prefix: bool = True) -> GenerateResponse:
+    async def _generate(
+        self, request: GenerateRequest, progress: Progress | None = None, keep_prefix: bool = True
+    ) -> GenerateResponse:
         """Wait while paused or released, then hold one of the bounded slots while the engine generates."""
         self.waiting += 1
         try:
@@ -216,20 +238,30 @@ class ServedModel:
 
     def prompt_ids(self, ids: Any, field: str = "input_ids") -> list[int]:
         """Validate one prompt of token ids against the context length (first: it is cheap) and the vocabulary."""
-        require(isinstance(ids, list) and len(ids) > 0,
-                f"{field}: a prompt must be a non-empty list of token ids, got {show(ids)}")
-        require(len(ids) < self.context_length, f"{field}: The input ({len(ids)} tokens) is longer than the model's "
-                                                f"context length ({self.context_length} tokens).")
+        require(
+            isinstance(ids, list) and len(ids) > 0,
+            f"{field}: a prompt must be a non-empty list of token ids, got {show(ids)}",
+        )
+        require(
+            len(ids) < self.context_length,
+            f"{field}: The input ({len(ids)} tokens) is longer than the model's "
+            f"context length ({self.context_length} tokens).",
+        )
         for token in ids:
-            require(isinstance(token, int) and not isinstance(token, bool) and 0 <= token < self.vocab_size,
-                    f"{field}: token ids must be integers in [0, {self.vocab_size}), got {show(token)}")
+            require(
+                isinstance(token, int) and not isinstance(token, bool) and 0 <= token < self.vocab_size,
+                f"{field}: token ids must be integers in [0, {self.vocab_size}), got {show(token)}",
+            )
         return ids
 
     def check_chars(self, chars: int, field: str) -> None:
         """Refuse a text prompt of more characters than --max-prompt-chars, before tokenizing it."""
         limit = self.limits.max_prompt_chars
-        require(chars <= limit, f"{field}: the prompt holds {chars} characters; this server takes at most {limit} "
-                                f"per prompt (--max-prompt-chars)")
+        require(
+            chars <= limit,
+            f"{field}: the prompt holds {chars} characters; this server takes at most {limit} "
+            f"per prompt (--max-prompt-chars)",
+        )
 
     def encode(self, text: str, field: str) -> list[int]:
         """A text prompt's token ids, as SGLang tokenizes it, within the character and context limits.
@@ -248,11 +280,15 @@ class ServedModel:
         scheduler does when max_new_tokens is unset."""
         if not explicit:
             return max(0, min(max_new_tokens, self.limits.max_reply_tokens, self.context_length - 1 - prompt_len))
-        require(prompt_len + max_new_tokens < self.context_length,
-                context_overflow(self.context_length, prompt_len, max_new_tokens) + f" (field: {field})")
+        require(
+            prompt_len + max_new_tokens < self.context_length,
+            context_overflow(self.context_length, prompt_len, max_new_tokens) + f" (field: {field})",
+        )
         limit = self.limits.max_reply_tokens
-        require(max_new_tokens <= limit, f"{field}={max_new_tokens} is above this server's limit of {limit} tokens "
-                                         f"per reply (--max-reply-tokens)")
+        require(
+            max_new_tokens <= limit,
+            f"{field}={max_new_tokens} is above this server's limit of {limit} tokens per reply (--max-reply-tokens)",
+        )
         return max_new_tokens
 
     async def offload(self, fn: Callable[..., T], *args: Any, heavy: bool = True) -> T:
@@ -318,18 +354,25 @@ class ServedModel:
 
     def stats(self) -> dict[str, Any]:
         """Load and settings for /server_info."""
-        return {"paused": not self.resumed.is_set(), "pause_mode": self.pause_mode, "running_requests": self.running,
-                "waiting_requests": self.waiting, "released_memory": self.memory.released_tags(),
-                "internal_states": [self.engine.stats()]}
+        return {
+            "paused": not self.resumed.is_set(),
+            "pause_mode": self.pause_mode,
+            "running_requests": self.running,
+            "waiting_requests": self.waiting,
+            "released_memory": self.memory.released_tags(),
+            "internal_states": [self.engine.stats()],
+        }
 
     # ---- memory occupation ------------------------------------------------------------------------------
 
     async def release_memory(self, tags: list[str] | None) -> None:
         """SGLang's /release_memory_occupation: only when idle (requests held by a pause may wait); new ones wait."""
         tags = memory_tags(tags)
-        require(self.running == 0 and (self.waiting == 0 or not self.resumed.is_set()),
-                f"release_memory_occupation should be called only when server is idle "
-                f"({self.running} running, {self.waiting} waiting requests)")
+        require(
+            self.running == 0 and (self.waiting == 0 or not self.resumed.is_set()),
+            f"release_memory_occupation should be called only when server is idle "
+            f"({self.running} running, {self.waiting} waiting requests)",
+        )
         await self.memory.release(tags)
 
     async def resume_memory(self, tags: list[str] | None) -> None:
@@ -347,8 +390,10 @@ class ServedModel:
             logger.error("warm-up refused: %s", self.warmup_error.strip())
             return
         try:
-            await self.agenerate(GenerateRequest([0], SamplingParams(max_new_tokens=1, temperature=0.0),
-                                                 f"HEALTH_CHECK_{time.time()}"), keep_prefix=False)
+            await self.agenerate(
+                GenerateRequest([0], SamplingParams(max_new_tokens=1, temperature=0.0), f"HEALTH_CHECK_{time.time()}"),
+                keep_prefix=False,
+            )
         except Exception as e:  # reported by /health_generate, which stays 503
             logger.exception("warm-up generation failed")
             self.warmup_error = f"warm-up generation failed: {type(e).__name__}: {e}\n"

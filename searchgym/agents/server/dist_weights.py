@@ -17,6 +17,7 @@ Both calls block until every member joins or sends: servers run them in a worker
 ends concurrently. A process holds at most one open group per name (torch's registry is by name, as in
 SGLang); `close_group` frees the name.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -33,8 +34,15 @@ def _host(address: str) -> str:
     return address[1:-1] if address.startswith("[") and address.endswith("]") else address
 
 
-def open_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
-               backend: str = "gloo", timeout_s: float = 300.0) -> dist.ProcessGroup:
+def open_group(
+    master_address: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    group_name: str,
+    backend: str = "gloo",
+    timeout_s: float = 300.0,
+) -> dist.ProcessGroup:
     """Join (rank 0: host) the weight-update group `group_name` of `world_size` members; blocks until all join.
 
     Same store keys and handshake as SGLang's and AReaL's `init_custom_process_group`, so either can be the
@@ -51,13 +59,21 @@ def open_group(master_address: str, master_port: int, rank: int, world_size: int
         raise ValueError(f"a weight-update group named {group_name!r} is already open in this process")
     timeout = timedelta(seconds=timeout_s)
     # what torch's tcp:// rendezvous builds for `init_method="tcp://host:port"`: rank 0 hosts, the rest connect
-    store: dist.Store = dist.TCPStore(_host(master_address), int(master_port), world_size, is_master=rank == 0,
-                          timeout=timeout, multi_tenant=True)
+    store: dist.Store = dist.TCPStore(
+        _host(master_address), int(master_port), world_size, is_master=rank == 0, timeout=timeout, multi_tenant=True
+    )
     store = dist.PrefixStore(group_name, store)  # the caller's prefix, as SGLang and AReaL add it
     # torch's group factory: "<group_name>/" and "<device>/" prefixes, the backend and its sequence handshake;
     # `[]` ranks = a group of its own, not a subgroup of any default group
-    group, _ = c10d._new_process_group_helper(world_size, rank, [], dist.Backend(backend), store,
-                                              group_name=group_name, timeout=timeout)  # type: ignore[arg-type]  # GroupName: a NewType of str
+    group, _ = c10d._new_process_group_helper(  # GroupName: a NewType of str
+        world_size,
+        rank,
+        [],
+        dist.Backend(backend),
+        store,
+        group_name=group_name,  # type: ignore[arg-type]
+        timeout=timeout,
+    )
     c10d._world.pg_group_ranks[group] = {i: i for i in range(world_size)}  # so dist.broadcast(group=...) works too
     return group
 
@@ -69,21 +85,28 @@ def close_group(group: dist.ProcessGroup) -> None:
 
 
 def parse_dtype(name: str) -> torch.dtype:
-    """"bfloat16" or "torch.bfloat16" -> torch.bfloat16 (SGLang's callers send either)."""
+    """ "bfloat16" or "torch.bfloat16" -> torch.bfloat16 (SGLang's callers send either)."""
     dtype = DTYPES.get(str(name).removeprefix("torch."))
     if dtype is None:
         raise ValueError(f"unsupported dtype {name!r}: expected one of {sorted(DTYPES)}")
     return dtype
 
 
-def receive(group: dist.ProcessGroup, names: list[str], dtypes: list[str], shapes: list[list[int]],
-            device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+def receive(
+    group: dist.ProcessGroup,
+    names: list[str],
+    dtypes: list[str],
+    shapes: list[list[int]],
+    device: torch.device | str = "cpu",
+) -> dict[str, torch.Tensor]:
     """One bucket broadcast from rank 0, tensor by tensor in `names` order (blocks until it has arrived)."""
     if not len(names) == len(dtypes) == len(shapes):
         raise ValueError(f"names, dtypes and shapes differ in length: {len(names)}, {len(dtypes)}, {len(shapes)}")
     # every tensor is allocated before the first broadcast: a bad dtype or shape fails here, not mid-bucket
-    out = {name: torch.empty([int(s) for s in shape], dtype=parse_dtype(dtype), device=device)
-           for name, dtype, shape in zip(names, dtypes, shapes, strict=True)}
+    out = {
+        name: torch.empty([int(s) for s in shape], dtype=parse_dtype(dtype), device=device)
+        for name, dtype, shape in zip(names, dtypes, shapes, strict=True)
+    }
     for tensor in out.values():
         group.broadcast(tensor, 0).wait()
     return out

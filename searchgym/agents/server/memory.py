@@ -13,6 +13,7 @@ to the trainer between rollouts, then to take it back. SGLang's tags name what t
 While `kv_cache` or `weights` is released, new requests wait at this gate (SGLang gives no answer there; a
 request run on released memory would compute garbage), and go on once both are resumed.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,8 +32,10 @@ def memory_tags(value: Any) -> list[str]:
     """A request's `tags`: null or empty means all of TAGS; else a list of known tag names."""
     if value is None or value == []:
         return list(TAGS)
-    require(isinstance(value, list) and all(isinstance(t, str) for t in value),
-            f"tags must be null or a list of strings, got {show(value)}")
+    require(
+        isinstance(value, list) and all(isinstance(t, str) for t in value),
+        f"tags must be null or a list of strings, got {show(value)}",
+    )
     unknown = [t for t in value if t not in TAGS]
     require(not unknown, f"tags: unknown memory type(s) {unknown}; SGLang's are {list(TAGS)}")
     return list(dict.fromkeys(value))

@@ -6,6 +6,7 @@ documented request field is honoured, inert (identifiers and tags that change no
 with a 400 in OpenAI's error envelope; an unknown field is refused as OpenAI refuses it. Nothing is
 silently ignored. `stream: true` is answered by `openai_stream`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,8 +32,10 @@ OFFLOAD_TOKENS = 4096  # replies longer than this are detokenized in a request t
 
 
 def _string_map(value: Any, name: str) -> None:
-    require(isinstance(value, dict) and all(isinstance(v, str) for v in value.values()),
-            f"{name} must map keys to strings, got {show(value)}")
+    require(
+        isinstance(value, dict) and all(isinstance(v, str) for v in value.values()),
+        f"{name} must map keys to strings, got {show(value)}",
+    )
 
 
 def _object(value: Any, name: str) -> None:
@@ -41,22 +44,60 @@ def _object(value: Any, name: str) -> None:
 
 # identifiers, tags and prompt-cache hints (there is no prompt cache): checked for type, and they change no output
 INERT: dict[str, Callable[[Any, str], Any]] = {
-    "model": f.string, "user": f.string, "safety_identifier": f.string, "prompt_cache_key": f.string,
-    "metadata": _string_map, "prompt_cache_options": _object, "prompt_cache_retention": f.string}
+    "model": f.string,
+    "user": f.string,
+    "safety_identifier": f.string,
+    "prompt_cache_key": f.string,
+    "metadata": _string_map,
+    "prompt_cache_options": _object,
+    "prompt_cache_retention": f.string,
+}
 # accepted only at values that ask for nothing this server cannot do (null is always accepted)
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "logprobs": (False,), "top_logprobs": (0,),
-    "response_format": ({"type": "text"},), "store": (False,), "service_tier": ("auto", "default"),
-    "modalities": (["text"],), "audio": (), "prediction": (), "reasoning_effort": ("none",),
-    "verbosity": ("medium",), "web_search_options": (), "functions": (), "function_call": (), "moderation": ()}
-WHY = {"logprobs": "; /generate returns per-token logprobs",
-       "response_format": ": structured output needs constrained decoding",
-       "functions": "; use tools", "function_call": "; use tool_choice"}
-CHAT_FIELDS = {"messages", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "stream",
-               "stream_options", *INERT, *NEUTRAL, *SAMPLING_OPTIONS}
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "response_format": ({"type": "text"},),
+    "store": (False,),
+    "service_tier": ("auto", "default"),
+    "modalities": (["text"],),
+    "audio": (),
+    "prediction": (),
+    "reasoning_effort": ("none",),
+    "verbosity": ("medium",),
+    "web_search_options": (),
+    "functions": (),
+    "function_call": (),
+    "moderation": (),
+}
+WHY = {
+    "logprobs": "; /generate returns per-token logprobs",
+    "response_format": ": structured output needs constrained decoding",
+    "functions": "; use tools",
+    "function_call": "; use tool_choice",
+}
+CHAT_FIELDS = {
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "chat_template_kwargs",
+    "stream",
+    "stream_options",
+    *INERT,
+    *NEUTRAL,
+    *SAMPLING_OPTIONS,
+}
 COMPLETION_NEUTRAL: dict[str, tuple[Any, ...]] = {"logprobs": (0,), "suffix": ("",), "best_of": (1,)}
-COMPLETION_FIELDS = {"prompt", "echo", "model", "user", "stream", "stream_options", *COMPLETION_NEUTRAL,
-                     *SAMPLING_OPTIONS}
+COMPLETION_FIELDS = {
+    "prompt",
+    "echo",
+    "model",
+    "user",
+    "stream",
+    "stream_options",
+    *COMPLETION_NEUTRAL,
+    *SAMPLING_OPTIONS,
+}
 
 
 def error_body(status: int, message: str, code: str | None = None) -> dict[str, Any]:
@@ -84,9 +125,11 @@ def _tools_for(body: Mapping[str, Any]) -> list[dict[str, Any]] | None:
     """The tools to render and parse: none when tool_choice is "none"; forced choices are refused."""
     tools = chat_tools(body.get("tools"))
     choice = f.or_default(body.get("tool_choice"), "auto")
-    require(choice in ("auto", "none"),
-            f"tool_choice={show(choice)} is not supported by this server (only 'auto' or 'none'): forcing a call "
-            f"needs constrained decoding")
+    require(
+        choice in ("auto", "none"),
+        f"tool_choice={show(choice)} is not supported by this server (only 'auto' or 'none'): forcing a call "
+        f"needs constrained decoding",
+    )
     return None if choice == "none" else tools
 
 
@@ -106,8 +149,9 @@ class OpenAIAPI:
     def _reply_budget(self, body: Mapping[str, Any], prompt_len: int, sampling: SamplingParams) -> SamplingParams:
         """The reply's max tokens within --max-reply-tokens and the context (unset: the most that fits)."""
         limit_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-        budget = self.model.fit_reply(prompt_len, sampling.max_new_tokens, limit_name,
-                                      explicit=body.get(limit_name) is not None)
+        budget = self.model.fit_reply(
+            prompt_len, sampling.max_new_tokens, limit_name, explicit=body.get(limit_name) is not None
+        )
         return dataclasses.replace(sampling, max_new_tokens=budget)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -129,21 +173,40 @@ class OpenAIAPI:
         sampling = self._reply_budget(body, len(prompt), chat.sampling(len(prompt), **_sampling_options(body)))
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         if streamed is not None:
-            return await stream_chat(self.model, request, GenerateRequest(prompt, sampling, rid),
-                                     model_name=self._model_name(body), tools=tools, parallel_tool_calls=parallel,
-                                     settings=streamed)
+            return await stream_chat(
+                self.model,
+                request,
+                GenerateRequest(prompt, sampling, rid),
+                model_name=self._model_name(body),
+                tools=tools,
+                parallel_tool_calls=parallel,
+                settings=streamed,
+            )
         # the rid is made up here, so no next turn can name it: keep no prefix for it
         response = await self.model.agenerate(GenerateRequest(prompt, sampling, rid), keep_prefix=False)
-        result = await self.model.offload(functools.partial(chat.result, parallel_tool_calls=parallel), prompt,
-                                          response, tools, heavy=len(response.output_ids) > OFFLOAD_TOKENS)
+        result = await self.model.offload(
+            functools.partial(chat.result, parallel_tool_calls=parallel),
+            prompt,
+            response,
+            tools,
+            heavy=len(response.output_ids) > OFFLOAD_TOKENS,
+        )
         if result.finish_reason == "abort":
             return self._aborted(result.response)
-        return json_response({
-            "id": rid, "object": "chat.completion", "created": int(time.time()), "model": self._model_name(body),
-            "choices": [{"index": 0, "message": _message(result), "logprobs": None,
-                         "finish_reason": result.finish_reason}],
-            "usage": self._usage(len(prompt), result.response), "system_fingerprint": None,
-            "metadata": {"weight_version": self.model.weight_version(result.response)}})
+        return json_response(
+            {
+                "id": rid,
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": self._model_name(body),
+                "choices": [
+                    {"index": 0, "message": _message(result), "logprobs": None, "finish_reason": result.finish_reason}
+                ],
+                "usage": self._usage(len(prompt), result.response),
+                "system_fingerprint": None,
+                "metadata": {"weight_version": self.model.weight_version(result.response)},
+            }
+        )
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """POST /v1/completions: text (or token ids) in, text out; no chat template; streamed on request."""
@@ -161,18 +224,36 @@ class OpenAIAPI:
         sampling = self._reply_budget(body, len(prompt), self.model.chat.sampling(len(prompt), **options))
         rid = f"cmpl-{uuid.uuid4().hex}"
         if streamed is not None:
-            return await stream_completion(self.model, request, GenerateRequest(prompt, sampling, rid),
-                                           model_name=self._model_name(body), echo=echo, settings=streamed)
+            return await stream_completion(
+                self.model,
+                request,
+                GenerateRequest(prompt, sampling, rid),
+                model_name=self._model_name(body),
+                echo=echo,
+                settings=streamed,
+            )
         response = await self.model.agenerate(GenerateRequest(prompt, sampling, rid), keep_prefix=False)
         if response.finish_reason.type == "abort":
             return self._aborted(response)
-        text = await self.model.offload(self._completion_text, prompt, response, echo,
-                                        heavy=len(response.output_ids) + echo * len(prompt) > OFFLOAD_TOKENS)
-        return json_response({
-            "id": rid, "object": "text_completion", "created": int(time.time()), "model": self._model_name(body),
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": response.finish_reason.type}],
-            "usage": self._usage(len(prompt), response), "system_fingerprint": None,
-            "metadata": {"weight_version": self.model.weight_version(response)}})
+        text = await self.model.offload(
+            self._completion_text,
+            prompt,
+            response,
+            echo,
+            heavy=len(response.output_ids) + echo * len(prompt) > OFFLOAD_TOKENS,
+        )
+        return json_response(
+            {
+                "id": rid,
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": self._model_name(body),
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": response.finish_reason.type}],
+                "usage": self._usage(len(prompt), response),
+                "system_fingerprint": None,
+                "metadata": {"weight_version": self.model.weight_version(response)},
+            }
+        )
 
     def _completion_text(self, prompt: list[int], response: GenerateResponse, echo: bool) -> str:
         """A completion's text (after the prompt's, with echo)."""
@@ -188,8 +269,10 @@ class OpenAIAPI:
         if isinstance(prompt, str):
             require(prompt != "", "prompt must not be empty")
             return self.model.encode(prompt, "prompt")
-        require(isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt),
-                f"prompt must be a string or a list of token ids (one prompt per request), got {show(prompt)}")
+        require(
+            isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt),
+            f"prompt must be a string or a list of token ids (one prompt per request), got {show(prompt)}",
+        )
         return self.model.prompt_ids(prompt, "prompt")
 
     def _aborted(self, response: GenerateResponse) -> web.Response:
@@ -205,14 +288,20 @@ class OpenAIAPI:
         """GET /v1/models/{model}: the served model's card, or OpenAI's 404."""
         name = request.match_info["model"]
         if name != self.model.served_model_name:
-            return json_response(error_body(404, f"The model '{name}' does not exist", "model_not_found"),
-                                     status=404)
+            return json_response(error_body(404, f"The model '{name}' does not exist", "model_not_found"), status=404)
         return json_response(self._card())
 
     def _card(self) -> dict[str, Any]:
         name = self.model.served_model_name
-        return {"id": name, "object": "model", "created": self.model.created, "owned_by": "searchgym", "root": name,
-                "parent": None, "max_model_len": self.model.context_length}
+        return {
+            "id": name,
+            "object": "model",
+            "created": self.model.created,
+            "owned_by": "searchgym",
+            "root": name,
+            "parent": None,
+            "max_model_len": self.model.context_length,
+        }
 
     def add_routes(self, app: web.Application) -> None:
         """Register the OpenAI routes."""

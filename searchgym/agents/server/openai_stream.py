@@ -10,6 +10,7 @@ final chunk with no choices and the usage; SGLang's `continuous_usage_stats` giv
 so far. Then `data: [DONE]`. A generation aborted by a pause (a 503 when not streamed) or a failure
 after the answer has begun is an `{"error": {...}}` event, which the `openai` client raises.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -52,23 +53,40 @@ def stream_settings(body: Mapping[str, Any]) -> StreamSettings | None:
     f.neutral(options, "include_obfuscation", (False,), " (this server pads no chunks)")
     return StreamSettings(
         include_usage=f.boolean(f.or_default(options.get("include_usage"), False), "stream_options.include_usage"),
-        continuous_usage=f.boolean(f.or_default(options.get("continuous_usage_stats"), False),
-                                   "stream_options.continuous_usage_stats"))
+        continuous_usage=f.boolean(
+            f.or_default(options.get("continuous_usage_stats"), False), "stream_options.continuous_usage_stats"
+        ),
+    )
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 class Chunks:
     """Writes one streamed completion's chunks (id, object, created and model fixed; usage as asked)."""
 
-    def __init__(self, response: web.StreamResponse, rid: str, kind: str, model_name: str, prompt_tokens: int,
-                 settings: StreamSettings) -> None:
+    def __init__(
+        self,
+        response: web.StreamResponse,
+        rid: str,
+        kind: str,
+        model_name: str,
+        prompt_tokens: int,
+        settings: StreamSettings,
+    ) -> None:
         self.response, self.settings, self.prompt_tokens = response, settings, prompt_tokens
-        self.head = {"id": rid, "object": kind, "created": int(time.time()), "model": model_name,
-                     "system_fingerprint": None}
+        self.head = {
+            "id": rid,
+            "object": kind,
+            "created": int(time.time()),
+            "model": model_name,
+            "system_fingerprint": None,
+        }
 
     async def choice(self, fields: dict[str, Any], completion_tokens: int) -> None:
         """A chunk with one choice (index 0) made of `fields` and finish_reason null unless given."""
@@ -84,8 +102,9 @@ class Chunks:
     async def usage(self, completion_tokens: int) -> None:
         """The last chunk of an `include_usage` stream: no choices, the usage."""
         if self.settings.include_usage:
-            await send(self.response, {**self.head, "choices": [], "usage": usage(self.prompt_tokens,
-                                                                                  completion_tokens)})
+            await send(
+                self.response, {**self.head, "choices": [], "usage": usage(self.prompt_tokens, completion_tokens)}
+            )
 
     async def error(self, status: int, message: str) -> None:
         kind = "invalid_request_error" if 400 <= status < 500 else "server_error"
@@ -101,9 +120,16 @@ def _tool_call_deltas(result: ChatResult) -> list[dict[str, Any]]:
     return [{"index": i, **call.to_openai()} for i, call in enumerate(result.tool_calls)]
 
 
-async def stream_chat(model: ServedModel, http: web.Request, request: GenerateRequest, *, model_name: str,
-                      tools: list[dict[str, Any]] | None, parallel_tool_calls: bool,
-                      settings: StreamSettings) -> web.StreamResponse:
+async def stream_chat(
+    model: ServedModel,
+    http: web.Request,
+    request: GenerateRequest,
+    *,
+    model_name: str,
+    tools: list[dict[str, Any]] | None,
+    parallel_tool_calls: bool,
+    settings: StreamSettings,
+) -> web.StreamResponse:
     """A validated chat completion, streamed."""
     prompt = list(request.input_ids)
     async with Stream(model, request, keep_prefix=False) as stream:  # no rid to continue
@@ -136,8 +162,15 @@ async def stream_chat(model: ServedModel, http: web.Request, request: GenerateRe
     return response
 
 
-async def stream_completion(model: ServedModel, http: web.Request, request: GenerateRequest, *, model_name: str,
-                            echo: bool, settings: StreamSettings) -> web.StreamResponse:
+async def stream_completion(
+    model: ServedModel,
+    http: web.Request,
+    request: GenerateRequest,
+    *,
+    model_name: str,
+    echo: bool,
+    settings: StreamSettings,
+) -> web.StreamResponse:
     """A validated text completion, streamed."""
     prompt = list(request.input_ids)
     async with Stream(model, request, keep_prefix=False) as stream:  # no rid to continue

@@ -7,6 +7,7 @@ scheduling, cache and metrics hints, on one engine without a prefix cache), or i
 its neutral value (null, false, empty) and refused with a 400 naming it otherwise. Routes, bodies and
 status codes follow SGLang's `http_server.py`; the `/get_*` names are its deprecated aliases.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,23 +37,42 @@ LOAD_FORMATS = (None, "auto", "safetensors", "pt")  # what from_pretrained detec
 
 # ---- /generate fields --------------------------------------------------------------------------------------
 
-HONOURED = ("text", "input_ids", "sampling_params", "rid", "return_logprob", "logprob_start_len",
-            "top_logprobs_num", "return_text_in_logprobs", "stream", "return_prompt_token_ids")
+HONOURED = (
+    "text",
+    "input_ids",
+    "sampling_params",
+    "rid",
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+    "stream",
+    "return_prompt_token_ids",
+)
 
 
 def _str_or_list(value: Any, name: str) -> None:
-    require(isinstance(value, str) or isinstance(value, list) and all(isinstance(v, str) for v in value),
-            f"{name} must be a string or a list of strings, got {show(value)}")
+    require(
+        isinstance(value, str) or isinstance(value, list) and all(isinstance(v, str) for v in value),
+        f"{name} must be a string or a list of strings, got {show(value)}",
+    )
 
 
 def _labels(value: Any, name: str) -> None:
-    require(isinstance(value, dict) and all(isinstance(v, str) for v in value.values()),
-            f"{name} must map names to strings, got {show(value)}")
+    require(
+        isinstance(value, dict) and all(isinstance(v, str) for v in value.values()),
+        f"{name} must map names to strings, got {show(value)}",
+    )
 
 
 # hints that change nothing on one engine without a prefix cache: their type is checked, then they are accepted
-INERT = {"priority": f.integer, "routing_key": f.string, "extra_key": _str_or_list, "cache_salt": _str_or_list,
-         "custom_labels": _labels}
+INERT = {
+    "priority": f.integer,
+    "routing_key": f.string,
+    "extra_key": _str_or_list,
+    "cache_salt": _str_or_list,
+    "custom_labels": _labels,
+}
 
 
 def _null(value: Any) -> bool:
@@ -81,25 +101,64 @@ def _zero(value: Any) -> bool:
 
 # fields this server cannot honour: accepted only at a value that asks for nothing (of the contract's type)
 NEUTRAL: dict[str, Callable[[Any], bool]] = {
-    "token_ids_logprob": _empty, "return_hidden_states": _falses, "bootstrap_host": _nulls, "bootstrap_port": _nulls,
-    "bootstrap_room": _nulls, "bootstrap_pair_key": _nulls, "decode_tp_size": _nulls,
-    "routed_dp_rank": lambda v: v is None or _zero(v), "disagg_prefill_dp_rank": _null, "image_data": _nulls,
-    "mm_hashes": _empty, "video_data": _nulls, "audio_data": _nulls,
+    "token_ids_logprob": _empty,
+    "return_hidden_states": _falses,
+    "bootstrap_host": _nulls,
+    "bootstrap_port": _nulls,
+    "bootstrap_room": _nulls,
+    "bootstrap_pair_key": _nulls,
+    "decode_tp_size": _nulls,
+    "routed_dp_rank": lambda v: v is None or _zero(v),
+    "disagg_prefill_dp_rank": _null,
+    "image_data": _nulls,
+    "mm_hashes": _empty,
+    "video_data": _nulls,
+    "audio_data": _nulls,
     "require_reasoning": lambda v: v is None or v is False,
-    "lora_path": _nulls, "session_params": _null, "kv_hints": _nulls, "max_thinking_tokens": _null,
-    "session_id": _null, "custom_logit_processor": _nulls, "images_config": _null,
+    "lora_path": _nulls,
+    "session_params": _null,
+    "kv_hints": _nulls,
+    "max_thinking_tokens": _null,
+    "session_id": _null,
+    "custom_logit_processor": _nulls,
+    "images_config": _null,
     "routed_experts_start_len": _zero,  # the contract has no null for it
-    "return_sampling_mask": _falses, "modalities": _nulls}
+    "return_sampling_mask": _falses,
+    "modalities": _nulls,
+}
 
-SAMPLING_HONOURED = ("max_new_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k", "min_p",
-                     "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
-                     "logit_bias", "sampling_seed",
-                     "stream_interval",  # read by sglang_stream
-                     "custom_params")  # read only by a custom logit processor, and none is allowed: no effect
+SAMPLING_HONOURED = (
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "logit_bias",
+    "sampling_seed",
+    "stream_interval",  # read by sglang_stream
+    "custom_params",
+)  # read only by a custom logit processor, and none is allowed: no effect
 SAMPLING_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "stop_regex": ("", []), "frequency_penalty": (0.0,), "presence_penalty": (0.0,), "repetition_penalty": (1.0,),
-    "min_new_tokens": (0,), "n": (1,), "json_schema": (), "regex": (), "ebnf": (), "structural_tag": (),
-    "beam_width": (), "watermark": ({"enabled": False},), "choice": ([],)}
+    "stop_regex": ("", []),
+    "frequency_penalty": (0.0,),
+    "presence_penalty": (0.0,),
+    "repetition_penalty": (1.0,),
+    "min_new_tokens": (0,),
+    "n": (1,),
+    "json_schema": (),
+    "regex": (),
+    "ebnf": (),
+    "structural_tag": (),
+    "beam_width": (),
+    "watermark": ({"enabled": False},),
+    "choice": ([],),
+}
 SAMPLING_FIELDS = (*SAMPLING_HONOURED, *SAMPLING_NEUTRAL)
 
 
@@ -120,8 +179,10 @@ def check_fields(body: dict) -> None:
     """Refuse non-neutral values of fields this server cannot honour, and ill-typed hints."""
     for name, is_neutral in NEUTRAL.items():
         if name in body:
-            require(is_neutral(body[name]),
-                    f"{name}={show(body[name])} is not supported by this server (send null or leave it out)")
+            require(
+                is_neutral(body[name]),
+                f"{name}={show(body[name])} is not supported by this server (send null or leave it out)",
+            )
     for name, check in INERT.items():
         if body.get(name) is not None:
             check(body[name], name)
@@ -151,15 +212,23 @@ def sampling(raw: Any, vocab_size: int) -> tuple[SamplingParams, bool, bool, boo
         f.integer(raw["stream_interval"], "stream_interval")
     seed = raw.get("sampling_seed")
     params = SamplingParams(
-        max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
         stop=f.stop_strings(raw.get("stop")),
         stop_token_ids=f.token_ids(raw.get("stop_token_ids"), "stop_token_ids", vocab_size),
         ignore_eos=f.boolean(f.or_default(raw.get("ignore_eos"), False), "ignore_eos"),
         seed=None if seed is None else f.integer(seed, "sampling_seed"),
-        logit_bias=f.logit_bias(raw.get("logit_bias"), "logit_bias", vocab_size))
-    return (params, f.boolean(f.or_default(raw.get("skip_special_tokens"), True), "skip_special_tokens"),
-            f.boolean(f.or_default(raw.get("no_stop_trim"), False), "no_stop_trim"),
-            f.boolean(f.or_default(raw.get("spaces_between_special_tokens"), True), "spaces_between_special_tokens"))
+        logit_bias=f.logit_bias(raw.get("logit_bias"), "logit_bias", vocab_size),
+    )
+    return (
+        params,
+        f.boolean(f.or_default(raw.get("skip_special_tokens"), True), "skip_special_tokens"),
+        f.boolean(f.or_default(raw.get("no_stop_trim"), False), "no_stop_trim"),
+        f.boolean(f.or_default(raw.get("spaces_between_special_tokens"), True), "spaces_between_special_tokens"),
+    )
 
 
 def _per_item(body: dict, key: str, n: int, batch: bool) -> list[Any]:
@@ -176,8 +245,10 @@ def _rids(value: Any, n: int, batch: bool) -> list[str]:
     if value is None:
         return [uuid.uuid4().hex for _ in range(n)]
     rids = value if batch else [value]
-    require(isinstance(rids, list) and len(rids) == n and all(isinstance(r, str) and r for r in rids),
-            f"rid must be a non-empty string (a list of {n} for a batch), got {show(value)}")
+    require(
+        isinstance(rids, list) and len(rids) == n and all(isinstance(r, str) and r for r in rids),
+        f"rid must be a non-empty string (a list of {n} for a batch), got {show(value)}",
+    )
     return rids
 
 
@@ -200,8 +271,10 @@ class SGLangAPI:
             text = body["text"]
             if isinstance(text, str):
                 return [model.encode(text, "text")], False
-            require(isinstance(text, list) and len(text) > 0 and all(isinstance(t, str) for t in text),
-                    f"text must be a string or a non-empty list of strings, got {show(text)}")
+            require(
+                isinstance(text, list) and len(text) > 0 and all(isinstance(t, str) for t in text),
+                f"text must be a string or a non-empty list of strings, got {show(text)}",
+            )
             for i, t in enumerate(text):
                 model.check_chars(len(t), f"text[{i}]")
             return [model.encode(t, f"text[{i}]") for i, t in enumerate(text)], True
@@ -216,27 +289,48 @@ class SGLangAPI:
         f.boolean(f.or_default(body.get("stream"), False), "stream")
         prompts, batch = self.prompts(body)
         n = len(prompts)
-        per_item = {key: _per_item(body, key, n, batch) for key in
-                    ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num")}
-        text_in_logprobs = f.boolean(f.or_default(body.get("return_text_in_logprobs"), False),
-                                     "return_text_in_logprobs")
+        per_item = {
+            key: _per_item(body, key, n, batch)
+            for key in ("sampling_params", "return_logprob", "logprob_start_len", "top_logprobs_num")
+        }
+        text_in_logprobs = f.boolean(
+            f.or_default(body.get("return_text_in_logprobs"), False), "return_text_in_logprobs"
+        )
         prompt_ids_out = f.boolean(f.or_default(body.get("return_prompt_token_ids"), False), "return_prompt_token_ids")
         items = []
         for i, (ids, rid) in enumerate(zip(prompts, _rids(body.get("rid"), n, batch), strict=True)):
             params, skip_special, no_trim, spaces = sampling(per_item["sampling_params"][i], self.model.vocab_size)
             given = per_item["sampling_params"][i]
             explicit = isinstance(given, dict) and given.get("max_new_tokens") is not None
-            params = dataclasses.replace(params, max_new_tokens=self.model.fit_reply(
-                len(ids), params.max_new_tokens, "sampling_params.max_new_tokens", explicit=explicit))
+            params = dataclasses.replace(
+                params,
+                max_new_tokens=self.model.fit_reply(
+                    len(ids), params.max_new_tokens, "sampling_params.max_new_tokens", explicit=explicit
+                ),
+            )
             return_logprob = f.boolean(f.or_default(per_item["return_logprob"][i], False), "return_logprob")
             start = f.integer(f.or_default(per_item["logprob_start_len"][i], -1), "logprob_start_len")
-            require(not return_logprob or start == -1 or start >= len(ids),
-                    "input token logprobs are not supported by this server: send logprob_start_len -1 (output only)")
+            require(
+                not return_logprob or start == -1 or start >= len(ids),
+                "input token logprobs are not supported by this server: send logprob_start_len -1 (output only)",
+            )
             top = f.integer(f.or_default(per_item["top_logprobs_num"][i], 0), "top_logprobs_num")
-            require(top == 0, "top_logprobs_num > 0 is not supported by this server: the engine returns only the "
-                              "sampled token's logprob")
-            items.append(Item(GenerateRequest(ids, params, rid), return_logprob, text_in_logprobs, prompt_ids_out,
-                              skip_special, no_trim, spaces))
+            require(
+                top == 0,
+                "top_logprobs_num > 0 is not supported by this server: the engine returns only the "
+                "sampled token's logprob",
+            )
+            items.append(
+                Item(
+                    GenerateRequest(ids, params, rid),
+                    return_logprob,
+                    text_in_logprobs,
+                    prompt_ids_out,
+                    skip_special,
+                    no_trim,
+                    spaces,
+                )
+            )
         return items, batch
 
     def output(self, item: Item, response: GenerateResponse, started: float) -> dict[str, Any]:
@@ -244,16 +338,26 @@ class SGLangAPI:
         ids = list(response.output_ids)
         model = self.model
         meta: dict[str, Any] = {
-            "id": item.request.rid, "finish_reason": response.finish_reason.to_sglang(),
-            "prompt_tokens": len(item.request.input_ids), "completion_tokens": len(ids), "cached_tokens": 0,
-            "weight_version": model.weight_version(response), "weight_versions": model.weight_versions(response),
-            "e2e_latency": time.perf_counter() - started}
+            "id": item.request.rid,
+            "finish_reason": response.finish_reason.to_sglang(),
+            "prompt_tokens": len(item.request.input_ids),
+            "completion_tokens": len(ids),
+            "cached_tokens": 0,
+            "weight_version": model.weight_version(response),
+            "weight_versions": model.weight_versions(response),
+            "e2e_latency": time.perf_counter() - started,
+        }
         if item.return_logprob:
-            texts = (model.tokenizer.batch_decode([[t] for t in ids]) if item.text_in_logprobs else [None] * len(ids))
+            texts = model.tokenizer.batch_decode([[t] for t in ids]) if item.text_in_logprobs else [None] * len(ids)
             meta["output_token_logprobs"] = [[lp, t, s] for lp, t, s in zip(response.logprobs, ids, texts, strict=True)]
-        text = output_text(model.tokenizer, ids, response.finish_reason, skip_special_tokens=item.skip_special_tokens,
-                           no_stop_trim=item.no_stop_trim,
-                           spaces_between_special_tokens=item.spaces_between_special_tokens)
+        text = output_text(
+            model.tokenizer,
+            ids,
+            response.finish_reason,
+            skip_special_tokens=item.skip_special_tokens,
+            no_stop_trim=item.no_stop_trim,
+            spaces_between_special_tokens=item.spaces_between_special_tokens,
+        )
         out = {"text": text, "output_ids": ids, "meta_info": meta}
         if item.return_prompt_ids:
             out["prompt_token_ids"] = list(item.request.input_ids)
@@ -270,8 +374,7 @@ class SGLangAPI:
             return await stream_generate(self, body, items, batch, request, started, keep_prefix=keep_prefix)
         responses = await self.model.run([item.request for item in items], keep_prefix=keep_prefix)
         tokens = sum(len(r.output_ids) for r in responses)
-        answer = await self.model.offload(self._answer, items, responses, batch, started,
-                                          heavy=tokens > OFFLOAD_TOKENS)
+        answer = await self.model.offload(self._answer, items, responses, batch, started, heavy=tokens > OFFLOAD_TOKENS)
         return raw_json_response(answer)
 
     def _answer(self, items: list[Item], responses: list[GenerateResponse], batch: bool, started: float) -> bytes:
@@ -308,8 +411,10 @@ class SGLangAPI:
         body, _ = await self.model.json_body(request)
         path: Any = body.get("model_path")
         require(isinstance(path, str) and path != "", f"model_path must be a non-empty string, got {show(path)}")
-        require(body.get("load_format") in LOAD_FORMATS,
-                f"load_format must be one of {list(LOAD_FORMATS)}, got {show(body.get('load_format'))}")
+        require(
+            body.get("load_format") in LOAD_FORMATS,
+            f"load_format must be one of {list(LOAD_FORMATS)}, got {show(body.get('load_format'))}",
+        )
         abort_all = lax_boolean(f.or_default(body.get("abort_all_requests"), False), "abort_all_requests")
         keep_pause = lax_boolean(f.or_default(body.get("keep_pause"), False), "keep_pause")
         for name in ("is_async", "torch_empty_cache", "recapture_cuda_graph", "flush_cache"):  # no effect here
@@ -322,10 +427,11 @@ class SGLangAPI:
         try:
             await model.update_weights(path, label)
         except Exception as e:  # a bad checkpoint of any kind is the caller's problem, reported, not a crash
-            message = (f"Failed to update weights: {type(e).__name__}: {e}. "
-                       f"The server keeps serving weight version {model.weight_version()}.")
-            return json_response({"success": False, "message": message, "num_paused_requests": aborted},
-                                     status=400)
+            message = (
+                f"Failed to update weights: {type(e).__name__}: {e}. "
+                f"The server keeps serving weight version {model.weight_version()}."
+            )
+            return json_response({"success": False, "message": message, "num_paused_requests": aborted}, status=400)
         if keep_pause:
             await model.pause("in_place")
         message = "Succeeded to update model weights."
@@ -345,15 +451,18 @@ class SGLangAPI:
         name = f.string(f.or_default(body.get("group_name"), "weight_update_group"), "group_name")
         backend = f.string(f.or_default(body.get("backend"), "nccl"), "backend")
         require(backend in ("gloo", "nccl"), f"backend must be 'gloo' or 'nccl', got {show(backend)}")
-        require(1 <= port <= 65535 and world >= 2 and 1 <= rank < world,
-                f"need 1 <= master_port <= 65535 and 1 <= rank_offset < world_size (>= 2), got {port}, {rank}, {world}")
+        require(
+            1 <= port <= 65535 and world >= 2 and 1 <= rank < world,
+            f"need 1 <= master_port <= 65535 and 1 <= rank_offset < world_size (>= 2), got {port}, {rank}, {world}",
+        )
         if name in self.weight_groups:  # the trainer formed the group again (it restarted): leave the old one
             await asyncio.to_thread(close_group, self.weight_groups.pop(name)[0])
         try:
             group = await asyncio.to_thread(open_group, address, port, rank, world, name, backend)
         except Exception as e:  # unreachable master, NCCL on a CPU box: reported, the server serves on
-            return json_response({"success": False, "message": f"Failed to init group: {type(e).__name__}: {e}"},
-                                     status=400)
+            return json_response(
+                {"success": False, "message": f"Failed to init group: {type(e).__name__}: {e}"}, status=400
+            )
         self.weight_groups[name] = (group, backend)
         return json_response({"success": True, "message": "Succeeded to initialize custom process group."})
 
@@ -364,13 +473,17 @@ class SGLangAPI:
         body, _ = await self.model.json_body(request)
         names, dtypes = strings(body.get("names"), "names"), strings(body.get("dtypes"), "dtypes")
         sizes = shapes(body.get("shapes"), "shapes")
-        require(len(names) == len(dtypes) == len(sizes) > 0,
-                "names, dtypes and shapes must be non-empty lists of one length")
+        require(
+            len(names) == len(dtypes) == len(sizes) > 0,
+            "names, dtypes and shapes must be non-empty lists of one length",
+        )
         for dtype in dtypes:
             require(dtype.removeprefix("torch.") in DTYPES, f"dtypes: unsupported dtype {show(dtype)}")
-        require(body.get("load_format") is None,  # SGLang's "flattened_bucket" sends one flat tensor per bucket
-                f"load_format={show(body.get('load_format'))} is not supported by this server: send null "
-                "(tensor by tensor)")
+        require(
+            body.get("load_format") is None,  # SGLang's "flattened_bucket" sends one flat tensor per bucket
+            f"load_format={show(body.get('load_format'))} is not supported by this server: send null "
+            "(tensor by tensor)",
+        )
         name = f.string(f.or_default(body.get("group_name"), "weight_update_group"), "group_name")
         require(name in self.weight_groups, f"no weight-update group {show(name)}: call /init_weights_update_group")
         abort_all = lax_boolean(f.or_default(body.get("abort_all_requests"), False), "abort_all_requests")
@@ -385,12 +498,14 @@ class SGLangAPI:
             tensors = await asyncio.to_thread(receive, group, names, dtypes, sizes, device)
             await model.update_weights({**model.engine.model.state_dict(), **tensors}, label)
         except Exception as e:  # wrong names or shapes: the old weights keep serving
-            message = (f"Failed to update weights: {type(e).__name__}: {e}. "
-                       f"The server keeps serving weight version {model.weight_version()}.")
-            return json_response({"success": False, "message": message, "num_paused_requests": aborted},
-                                     status=400)
-        return json_response({"success": True, "message": "Succeeded to update parameter online.",
-                                  "num_paused_requests": aborted})
+            message = (
+                f"Failed to update weights: {type(e).__name__}: {e}. "
+                f"The server keeps serving weight version {model.weight_version()}."
+            )
+            return json_response({"success": False, "message": message, "num_paused_requests": aborted}, status=400)
+        return json_response(
+            {"success": True, "message": "Succeeded to update parameter online.", "num_paused_requests": aborted}
+        )
 
     async def update_weight_version(self, request: web.Request) -> web.Response:
         """POST /update_weight_version {new_version, abort_all_requests}: relabel the current weights."""
@@ -400,8 +515,7 @@ class SGLangAPI:
         if lax_boolean(f.or_default(body.get("abort_all_requests"), True), "abort_all_requests"):
             await self.model.engine.abort(None)
         await self.model.set_label(label)
-        return json_response({"success": True, "message": f"Weight version updated to {label}",
-                                  "new_version": label})
+        return json_response({"success": True, "message": f"Weight version updated to {label}", "new_version": label})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         """/flush_cache: 400 while requests are running (unless retracted by a pause), like SGLang."""
@@ -424,20 +538,36 @@ class SGLangAPI:
     async def model_info(self, request: web.Request) -> web.Response:
         """GET /model_info (and the deprecated /get_model_info)."""
         model = self.model
-        return json_response({
-            "model_path": model.model_path, "served_model_name": model.served_model_name,
-            "tokenizer_path": model.model_path, "is_generation": True, "preferred_sampling_params": None,
-            "weight_version": model.weight_version(), "load_format": None, "reasoning_parser": None,
-            "tool_call_parser": "qwen25", "model_type": getattr(model.engine.model.config, "model_type", None)})
+        return json_response(
+            {
+                "model_path": model.model_path,
+                "served_model_name": model.served_model_name,
+                "tokenizer_path": model.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": model.weight_version(),
+                "load_format": None,
+                "reasoning_parser": None,
+                "tool_call_parser": "qwen25",
+                "model_type": getattr(model.engine.model.config, "model_type", None),
+            }
+        )
 
     async def server_info(self, request: web.Request) -> web.Response:
         """GET /server_info (and the deprecated /get_server_info): settings, load and the engine's own stats."""
         model = self.model
-        return json_response({
-            "model_path": model.model_path, "tokenizer_path": model.model_path,
-            "served_model_name": model.served_model_name, "context_length": model.context_length,
-            "max_context_length": model.context_length, "max_running_requests": model.max_running_requests,
-            "weight_version": model.weight_version(), **model.stats()})
+        return json_response(
+            {
+                "model_path": model.model_path,
+                "tokenizer_path": model.model_path,
+                "served_model_name": model.served_model_name,
+                "context_length": model.context_length,
+                "max_context_length": model.context_length,
+                "max_running_requests": model.max_running_requests,
+                "weight_version": model.weight_version(),
+                **model.stats(),
+            }
+        )
 
     async def close_weight_groups(self, _app: web.Application) -> None:
         """Leave every weight-update group on shutdown, so a later server in this process can form one by that name."""
@@ -477,6 +607,8 @@ def _label(value: Any, name: str) -> str | None:
     """A weight version label: SGLang's string (an integer is taken as its decimal string)."""
     if value is None:
         return None
-    require(isinstance(value, str) and value != "" or isinstance(value, int) and not isinstance(value, bool),
-            f"{name} must be a non-empty string, got {show(value)}")
+    require(
+        isinstance(value, str) and value != "" or isinstance(value, int) and not isinstance(value, bool),
+        f"{name} must be a non-empty string, got {show(value)}",
+    )
     return str(value)

@@ -12,6 +12,7 @@
   exactly when nothing is in flight. Query `include` (core, memory, spec, lora, disagg, queues, all),
   `dp_rank` (another rank: no loads) and `format=prometheus` as SGLang's.
 """
+
 from __future__ import annotations
 
 import time
@@ -54,8 +55,13 @@ class ControlAPI:
         query = request.query
         include = {s.strip() for s in query["include"].split(",")} if query.get("include") else None
         if include is not None and not include <= LOAD_SECTIONS:
-            return json_response({"detail": f"Invalid include sections: {sorted(include - LOAD_SECTIONS)}. "
-                                                f"Valid options: {sorted(LOAD_SECTIONS)}"}, status=400)
+            return json_response(
+                {
+                    "detail": f"Invalid include sections: {sorted(include - LOAD_SECTIONS)}. "
+                    f"Valid options: {sorted(LOAD_SECTIONS)}"
+                },
+                status=400,
+            )
         raw_rank, dp_rank = query.get("dp_rank"), None
         if raw_rank is not None:
             try:
@@ -64,11 +70,18 @@ class ControlAPI:
                 return json_response({"detail": f"dp_rank must be an integer, got {show(raw_rank)}"}, status=422)
         loads = [self.load(include)] if dp_rank in (None, 0) else []
         if query.get("format") == "prometheus":
-            return web.Response(body=prometheus(loads).encode(),
-                                headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
-        return json_response({"timestamp": datetime.now(UTC).isoformat(), "version": SGLANG_VERSION,
-                                  "accelerator": accelerator_name(self.model.engine.device),
-                                  "num_accelerators": 1, "loads": loads})
+            return web.Response(
+                body=prometheus(loads).encode(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+            )
+        return json_response(
+            {
+                "timestamp": datetime.now(UTC).isoformat(),
+                "version": SGLANG_VERSION,
+                "accelerator": accelerator_name(self.model.engine.device),
+                "num_accelerators": 1,
+                "loads": loads,
+            }
+        )
 
     def load(self, include: set[str] | None) -> dict[str, Any]:
         """One rank's load: SGLang's core keys (0 for what a dense-batch engine does not have), then sections."""
@@ -77,18 +90,33 @@ class ControlAPI:
         paused = not model.resumed.is_set() or not model.memory.resumed.is_set()
         prefilled = stats["prefill_tokens"] + stats["reused_tokens"]
         load: dict[str, Any] = {
-            "timestamp": time.time(), "dp_rank": 0, "num_running_reqs": model.running,
-            "num_waiting_reqs": model.waiting, "num_waiting_uncached_tokens": 0, "num_used_tokens": 0,
-            "num_total_tokens": 0, "num_active_tokens": 0, "num_prealloc_ready_tokens": 0,
+            "timestamp": time.time(),
+            "dp_rank": 0,
+            "num_running_reqs": model.running,
+            "num_waiting_reqs": model.waiting,
+            "num_waiting_uncached_tokens": 0,
+            "num_used_tokens": 0,
+            "num_total_tokens": 0,
+            "num_active_tokens": 0,
+            "num_prealloc_ready_tokens": 0,
             "max_total_num_tokens": model.context_length * model.engine.max_batch_size,
-            "max_running_requests": model.max_running_requests, "token_usage": 0.0, "gen_throughput": 0.0,
+            "max_running_requests": model.max_running_requests,
+            "token_usage": 0.0,
+            "gen_throughput": 0.0,
             "cache_hit_rate": stats["reused_tokens"] / prefilled if prefilled else 0.0,
             "utilization": model.running / model.max_running_requests,
-            "total_prefill_uncached_tokens": stats["prefill_tokens"], "total_prefill_busy_us": 0,
-            "decode_moments": None}
+            "total_prefill_uncached_tokens": stats["prefill_tokens"],
+            "total_prefill_busy_us": 0,
+            "decode_moments": None,
+        }
         if include is None or "all" in include or "queues" in include:
-            load["queues"] = {"waiting": model.waiting, "grammar": 0, "paused": model.waiting if paused else 0,
-                              "retracted": model.running if model.pause_mode == "retract" else 0, "prealloc_ready": 0}
+            load["queues"] = {
+                "waiting": model.waiting,
+                "grammar": 0,
+                "paused": model.waiting if paused else 0,
+                "retracted": model.running if model.pause_mode == "retract" else 0,
+                "prealloc_ready": 0,
+            }
         return load
 
     def add_routes(self, app: web.Application) -> None:
@@ -125,4 +153,3 @@ def prometheus(loads: list[dict[str, Any]]) -> str:
         lines.append(f"# TYPE {name} gauge")
         lines += [f'{name}{{dp_rank="{rank}"}} {value}' for rank, value in values]
     return "\n".join(lines) + "\n"
-

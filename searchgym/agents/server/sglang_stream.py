@@ -8,6 +8,7 @@ default 1) is honoured. The stream ends with `data: [DONE]`; a failure after the
 event `{"error": {message, type, code, retryable}}` before it. A streamed batch is refused: one prompt
 per streamed request. The client leaving cancels the generation (streaming.Stream).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -48,8 +49,16 @@ def stream_interval(body: dict) -> int:
     return max(1, f.integer(f.or_default(value, 1), "stream_interval"))
 
 
-async def stream_generate(api: NativeOutput, body: dict, items: list[Any], batch: bool, request: web.Request,
-                          started: float, *, keep_prefix: bool = True) -> web.StreamResponse:
+async def stream_generate(
+    api: NativeOutput,
+    body: dict,
+    items: list[Any],
+    batch: bool,
+    request: web.Request,
+    started: float,
+    *,
+    keep_prefix: bool = True,
+) -> web.StreamResponse:
     """Answer a validated `/generate` body with `stream: true` as server-sent events (`keep_prefix`: as
     ServedModel.run)."""
     require(not batch, "stream: true takes one prompt per request on this server; send a batch without stream")
@@ -71,9 +80,16 @@ async def stream_generate(api: NativeOutput, body: dict, items: list[Any], batch
         except Exception as e:  # noqa: BLE001 -- the status line is gone: report in the stream, as SGLang does
             bad_request = isinstance(e, InvalidRequest)  # else the server failed: a client may retry
             with contextlib.suppress(ConnectionError):
-                await send(response, {"error": {"message": f"{type(e).__name__}: {e}",
-                                                "type": "invalid_request_error" if bad_request else "server_error",
-                                                "code": 400 if bad_request else 500, "retryable": not bad_request}})
+                await send(
+                    response,
+                    {
+                        "error": {
+                            "message": f"{type(e).__name__}: {e}",
+                            "type": "invalid_request_error" if bad_request else "server_error",
+                            "code": 400 if bad_request else 500,
+                            "retryable": not bad_request,
+                        }
+                    },
+                )
                 await send_done(response)
     return response
-

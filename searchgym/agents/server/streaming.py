@@ -7,6 +7,7 @@ disconnect never leaks a request. `TextDeltas` turns growing token ids into text
 taking back (OpenAI's deltas concatenate to the final content): text that might still become a stop
 string, or the start of a `<tool_call>` block, is held until the end.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -41,11 +42,13 @@ def client_gone(request: web.Request) -> bool:
 
 def progress_callback(partial: Partial, changed: asyncio.Event) -> Callable[[list[int], list[float], list[int]], None]:
     """The engine's progress callback that appends new tokens to `partial` and sets `changed`."""
+
     def progress(ids: list[int], logprobs: list[float], versions: list[int]) -> None:
         partial.output_ids += ids
         partial.logprobs += logprobs
         partial.versions += versions
         changed.set()
+
     return progress
 
 
@@ -71,8 +74,7 @@ class Stream:
         while True:
             waiter = asyncio.ensure_future(self._changed.wait())
             try:
-                await asyncio.wait({self.task, waiter}, timeout=DISCONNECT_POLL_S,
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({self.task, waiter}, timeout=DISCONNECT_POLL_S, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 waiter.cancel()
             if self.task.done():
@@ -88,6 +90,7 @@ class Stream:
 
 
 # ---- server-sent events -----------------------------------------------------------------------------------------
+
 
 async def open_sse(request: web.Request) -> web.StreamResponse:
     """Start a `text/event-stream` answer (status 200; headers go out now)."""
@@ -108,6 +111,7 @@ async def send_done(response: web.StreamResponse) -> None:
 
 
 # ---- text deltas ------------------------------------------------------------------------------------------------
+
 
 class TextDeltas:
     """Text pieces of a growing generation that concatenate to its final text, never taking anything back.
@@ -143,14 +147,14 @@ class TextDeltas:
                 safe -= 1
         if safe <= len(self.sent) or not text.startswith(self.sent):
             return ""
-        piece, self.sent = text[len(self.sent):safe], text[:safe]
+        piece, self.sent = text[len(self.sent) : safe], text[:safe]
         return piece
 
     def finish(self, final: str | None) -> str:
         """The rest of the final text (content) after what was sent."""
         final = final or ""
         if final.startswith(self.sent):
-            return final[len(self.sent):]
+            return final[len(self.sent) :]
         common = len(self.sent)  # a decode that changed earlier text: cannot happen with byte-level BPE
         while common and not final.startswith(self.sent[:common]):
             common -= 1

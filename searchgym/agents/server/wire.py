@@ -6,6 +6,7 @@ client's `/health`. Answers are written with `allow_nan=False`: a non-finite flo
 weights, an infinite one from a token of probability 0) is written as `null`, as SGLang's orjson writes it,
 never as the bare `NaN` or `Infinity` that strict JSON parsers reject.
 """
+
 from __future__ import annotations
 
 import functools

@@ -1,4 +1,5 @@
 """The search and page-access contracts every backend satisfies: local index, retrieval server, web."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

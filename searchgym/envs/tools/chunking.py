@@ -1,4 +1,5 @@
 """Split page text into bounded chunks at natural breaks, losing and adding nothing."""
+
 from __future__ import annotations
 
 import re

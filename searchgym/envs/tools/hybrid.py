@@ -1,4 +1,5 @@
 """Hybrid search: BM25 and dense results fused by reciprocal rank fusion (RRF)."""
+
 from __future__ import annotations
 
 import asyncio

@@ -4,6 +4,7 @@ An index directory is complete when its manifest (`index.json`) exists: builders
 into a temporary directory beside the target, write the manifest last and rename the directory into
 place, so a crashed or failed build never leaves a half-index where a good one was.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,13 +32,17 @@ def has_manifest(index_dir: str | os.PathLike) -> bool:
 
 
 def manifest_kind(manifest: dict[str, Any]) -> str:
-    """"bm25" or "dense" (manifests written before `kind` existed tell by their encoder)."""
+    """ "bm25" or "dense" (manifests written before `kind` existed tell by their encoder)."""
     return str(manifest.get("kind") or ("dense" if "encoder" in manifest else "bm25"))
 
 
 def corpus_fields(corpus: Path) -> dict[str, Any]:
     """The manifest fields that identify the corpus an index was built from."""
-    return {"corpus_path": str(corpus.absolute()), "corpus_bytes": corpus.stat().st_size, "corpus_sha256": sha256(corpus)}
+    return {
+        "corpus_path": str(corpus.absolute()),
+        "corpus_bytes": corpus.stat().st_size,
+        "corpus_sha256": sha256(corpus),
+    }
 
 
 def write_manifest(index_dir: Path, kind: str, doc_count: int, **fields: Any) -> None:
@@ -51,18 +56,25 @@ def read_manifest(index_dir: Path, kind: str, builder: str, *, required: tuple[s
     path = index_dir / MANIFEST
     what = "dense index" if kind == "dense" else "index"
     if not path.is_file():
-        raise FileNotFoundError(f"no complete {what} at {index_dir} (missing {MANIFEST}); build one with {builder}(corpus, out_dir)")
+        raise FileNotFoundError(
+            f"no complete {what} at {index_dir} (missing {MANIFEST}); build one with {builder}(corpus, out_dir)"
+        )
     manifest = json.loads(path.read_text())
     if manifest.get("format_version") != FORMAT_VERSION or any(key not in manifest for key in required):
-        raise ValueError(f"{what} at {index_dir} has format {manifest.get('format_version')}, expected {FORMAT_VERSION}; rebuild it")
+        raise ValueError(
+            f"{what} at {index_dir} has format {manifest.get('format_version')}, expected {FORMAT_VERSION}; rebuild it"
+        )
     if manifest_kind(manifest) != kind:
-        raise ValueError(f"{index_dir} holds a {manifest_kind(manifest)} index, not a {kind} one; open it with open_index")
+        raise ValueError(
+            f"{index_dir} holds a {manifest_kind(manifest)} index, not a {kind} one; open it with open_index"
+        )
     return manifest
 
 
 @contextlib.contextmanager
 def atomic_build(out_dir: str | os.PathLike) -> Iterator[Path]:
-    """A temporary directory beside out_dir to build into; renamed to out_dir when the block succeeds, removed if not."""
+    """A temporary directory beside out_dir to build into; renamed to out_dir when the block succeeds, removed if
+    not."""
     out = Path(out_dir).absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
@@ -119,7 +131,9 @@ class PagesByUrl:
         key = url_or_id.strip()
         doc = (self._lookup("url", key) or self._lookup("id", key)) if key else None
         if doc is None:
-            raise PageNotFound(f"unknown url {url_or_id!r}: there is no such page; access a url taken from search results")
+            raise PageNotFound(
+                f"unknown url {url_or_id!r}: there is no such page; access a url taken from search results"
+            )
         return Page(url=doc.url, title=doc.title, text=doc.text, links=doc.links, doc_id=doc.id)
 
     async def fetch(self, url: str) -> Page:

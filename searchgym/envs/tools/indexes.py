@@ -5,6 +5,7 @@ the same paths: an index directory, a directory holding `index/` (a SyntheticQA 
 `searchgym world build`), or a corpus JSONL. Parallel processes (async vector env workers) build a
 missing index once: the build holds a file lock beside it.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,13 +36,17 @@ def open_index(path: str | os.PathLike, *, dense: bool | str | Any = None, progr
     if path.is_dir():
         target, corpus = path / ("dense-index" if want_dense else "index"), path / CORPUS
         if not has_manifest(target) and not corpus.is_file():
-            raise FileNotFoundError(f"{path}: neither an index directory (no {MANIFEST}) nor a directory holding "
-                                    f"{target.name}/ or {CORPUS}; build one with `searchgym index build`")
+            raise FileNotFoundError(
+                f"{path}: neither an index directory (no {MANIFEST}) nor a directory holding "
+                f"{target.name}/ or {CORPUS}; build one with `searchgym index build`"
+            )
     elif path.is_file():
         target, corpus = path.with_name(path.name + (".dense-index" if want_dense else ".index")), path
     else:
-        raise FileNotFoundError(f"{path} does not exist: give an index directory (from `searchgym index build`), "
-                                "a directory holding index/, or a corpus JSONL")
+        raise FileNotFoundError(
+            f"{path} does not exist: give an index directory (from `searchgym index build`), "
+            "a directory holding index/, or a corpus JSONL"
+        )
     if not has_manifest(target):
         with file_lock(target.with_name(target.name + ".lock")):
             if not has_manifest(target):  # another process may have built it while we waited
@@ -74,4 +79,3 @@ def _build(corpus: Path, target: Path, dense: Any, progress: bool) -> None:
     from searchgym.envs.tools.dense_index import DenseIndex
 
     DenseIndex.build(corpus, target, encoder="minilm" if dense is True else dense, progress=progress).close()
-

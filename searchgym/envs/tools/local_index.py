@@ -5,7 +5,8 @@ words appear in a title in order. Stopwords (Lucene's English list, bm25s's "en"
 of the bag of words but kept in the title phrase; a word in the text of more than 5% of pages (and of
 over 1,000; "year", "city" in the synthetic world) is scored in titles only, unless the query has no
 rarer word. tantivy-py collects every search with a MultiCollector, which scores every page matching
-any clause (no block-max pruning), so the clauses left out are the work saved. The top k come from one search of exactly k: ties at equal score
+any clause (no block-max pruning), so the clauses left out are the work saved. The top k come from one search of
+exactly k: ties at equal score
 go by index order (tantivy's tie-break), which is corpus order for an index built by one thread (one
 segment), so no page beyond the k-th is read.
 
@@ -20,6 +21,7 @@ Fork safety: a child forked after the pool exists inherits it without its thread
 table's locks perhaps held, so a fork hook drops the pool and renews both locks in the child (the index itself is
 a read-only searcher over files and answers in the child as in the parent).
 """
+
 from __future__ import annotations
 
 import json
@@ -65,8 +67,10 @@ TITLE_PHRASE_BOOST = 2.0  # extra credit when the query's words appear in a titl
 MAX_QUERY_CHARS = 8192  # only the head of a huge query is analysed
 MAX_QUERY_TERMS = 64
 # Lucene's English stop set (EnglishAnalyzer.ENGLISH_STOP_WORDS_SET; bm25s's stopwords="en" is the same list).
-STOPWORDS = frozenset("a an and are as at be but by for if in into is it no not of on or such that the their then "
-                      "there these they this to was will with".split())
+STOPWORDS = frozenset(
+    "a an and are as at be but by for if in into is it no not of on or such that the their then "
+    "there these they this to was will with".split()
+)
 COMMON_TEXT_FRACTION = 0.05  # a word in the text of more pages than this share (and ...) is scored in titles only
 COMMON_TEXT_MIN_PAGES = 1000  # (... than this many pages) once the query has rarer words
 _TERM_CACHE_MAX = 100_000
@@ -101,7 +105,8 @@ def _analyzer() -> tantivy.TextAnalyzer:
     analyzer = getattr(_per_thread, "analyzer", None)
     if analyzer is None:
         analyzer = _per_thread.analyzer = (
-            TextAnalyzerBuilder(Tokenizer.simple()).filter(Filter.remove_long(40)).filter(Filter.lowercase()).build())
+            TextAnalyzerBuilder(Tokenizer.simple()).filter(Filter.remove_long(40)).filter(Filter.lowercase()).build()
+        )
     return analyzer
 
 
@@ -173,13 +178,23 @@ class LocalIndex(PagesByUrl):
             return []
         searcher = self._searcher
         if whole_text:
-            return [SearchHit(doc.get_first("id"), doc.get_first("title"), doc.get_first("url"), doc.get_first("text"),
-                              float(score)) for score, doc in ((score, searcher.doc(address)) for score, address in hits)]
+            return [
+                SearchHit(
+                    doc.get_first("id"),
+                    doc.get_first("title"),
+                    doc.get_first("url"),
+                    doc.get_first("text"),
+                    float(score),
+                )
+                for score, doc in ((score, searcher.doc(address)) for score, address in hits)
+            ]
         snippets = SnippetGenerator.create(searcher, plan.words(), self._schema, "text")  # type: ignore[union-attr]
         snippets.set_max_num_chars(self.snippet_chars)
         snippet_from_doc, hit = snippets.snippet_from_doc, self._hit
-        return [hit(score, doc, snippet_from_doc(doc).fragment()) for score, doc in
-                ((score, searcher.doc(address)) for score, address in hits)]
+        return [
+            hit(score, doc, snippet_from_doc(doc).fragment())
+            for score, doc in ((score, searcher.doc(address)) for score, address in hits)
+        ]
 
     def rank_sync(self, query: str, k: int = 5) -> list[tuple[str, float]]:
         """(doc id, score) of the top-k pages: search_sync's ranking, order and scores without reading the pages or
@@ -190,7 +205,9 @@ class LocalIndex(PagesByUrl):
         ids = self._ids or self._load_ids()  # a list lookup: reading the `ord` fast field is 5x slower a call
         return [(ids[address.segment_ord][address.doc], float(score)) for score, address in hits]
 
-    def search_many_sync(self, queries: Sequence[str], k: int = 5, *, whole_text: bool = False) -> list[list[SearchHit]]:
+    def search_many_sync(
+        self, queries: Sequence[str], k: int = 5, *, whole_text: bool = False
+    ) -> list[list[SearchHit]]:
         """search_sync of each query, in order, the batch spread over a thread pool (tantivy searches without the
         GIL); the same hits as one call per query."""
         return _in_slices(lambda part: [self.search_sync(q, k, whole_text=whole_text) for q in part], queries)
@@ -275,9 +292,12 @@ class LocalIndex(PagesByUrl):
                 self._terms.clear()
             title = Query.boost_query(Query.term_query(self._schema, "title", term, index_option="freq"), TITLE_BOOST)
             text = Query.term_query(self._schema, "text", term, index_option="freq")
-            info = self._terms[term] = _Term(self._searcher.doc_freq("text", term),
-                                             self._searcher.doc_freq("title", term) > 0,
-                                             (Occur.Should, title), (Occur.Should, text))
+            info = self._terms[term] = _Term(
+                self._searcher.doc_freq("text", term),
+                self._searcher.doc_freq("title", term) > 0,
+                (Occur.Should, title),
+                (Occur.Should, text),
+            )
         return info
 
     def _plan(self, terms: list[str]) -> _Plan:
@@ -301,14 +321,21 @@ class LocalIndex(PagesByUrl):
         reading just the fragment skips building the highlight ranges as Python objects)."""
         n = self.snippet_chars
         text = fragment or doc.get_first("text")
-        return SearchHit(doc.get_first("id"), doc.get_first("title"), doc.get_first("url"),
-                         " ".join(text[: 4 * n].split())[:n], float(score))  # one_line, inlined: it runs k times a query
+        return SearchHit(
+            doc.get_first("id"),
+            doc.get_first("title"),
+            doc.get_first("url"),
+            " ".join(text[: 4 * n].split())[:n],
+            float(score),
+        )  # one_line, inlined: it runs k times a query
 
     def _lookup(self, field: str, value: str) -> CorpusDoc | None:
         """The doc whose raw field equals value exactly, or None (no stored url or id holds a lone surrogate)."""
         if not value or not isinstance(value, str) or _SURROGATE.search(value):
             return None
-        hits = self._searcher.search(Query.term_query(self._schema, field, value, index_option="basic"), 1, count=False).hits
+        hits = self._searcher.search(
+            Query.term_query(self._schema, field, value, index_option="basic"), 1, count=False
+        ).hits
         return _corpus_doc(self._searcher.doc(hits[0][1])) if hits else None
 
 
@@ -346,7 +373,7 @@ def _in_slices(answer: Callable[[Sequence[str]], list[Any]], queries: Sequence[s
     if threads == 1 or size < 2:  # one core, or too few queries to be worth a thread hop
         return answer(queries)
     pool = _shared_pool()
-    slices = [queries[i:i + size] for i in range(0, len(queries), size)]
+    slices = [queries[i : i + size] for i in range(0, len(queries), size)]
     futures = [pool.submit(answer, part) for part in slices[1:]]
     out = answer(slices[0])
     for future in futures:
@@ -356,8 +383,12 @@ def _in_slices(answer: Callable[[Sequence[str]], list[Any]], queries: Sequence[s
 
 def _distrust(path: Path, why: str) -> None:
     """Warn that an id file is not used (the ids come from the stored pages instead); None, for the caller to return."""
-    warnings.warn(f"{path} {why}; reading ids from the stored pages instead (slower to open; rebuild the index to "
-                  "restore the file)", RuntimeWarning, stacklevel=5)
+    warnings.warn(
+        f"{path} {why}; reading ids from the stored pages instead (slower to open; rebuild the index to "
+        "restore the file)",
+        RuntimeWarning,
+        stacklevel=5,
+    )
     return None
 
 
@@ -386,7 +417,6 @@ def query_terms(query: str) -> list[str]:
     if _SURROGATE.search(head):
         head = _SURROGATE.sub("\ufffd", head)
     return _analyzer().analyze(head)[:MAX_QUERY_TERMS]
-
 
 
 def one_line(text: str, max_chars: int) -> str:

@@ -1,4 +1,5 @@
 """A free TCP port, for servers and process groups a run starts itself (learner ranks, weight-update groups)."""
+
 from __future__ import annotations
 
 import socket

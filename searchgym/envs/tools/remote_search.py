@@ -15,6 +15,7 @@ of the event loop (plus `batch_window` seconds, 0 by default) go out as one /ret
 request, so 32 envs stepping together pay for one HTTP exchange instead of 32. A lone env waits for
 nothing: its query leaves on the loop's next turn.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -46,10 +47,21 @@ class _Retryable(Exception):
 class RemoteSearch:
     """Search and page access against one or more retrieval servers, with retries and failover."""
 
-    def __init__(self, servers: str | Sequence[str], *, timeout: float = 10.0, connect_timeout: float | None = None,
-                 retries: int = 2, backoff: float = 0.1, max_backoff: float = 2.0, dead_s: float = 10.0,
-                 max_connections: int = 256, check: bool = False, max_batch: int = 64,
-                 batch_window: float = 0.0) -> None:
+    def __init__(
+        self,
+        servers: str | Sequence[str],
+        *,
+        timeout: float = 10.0,
+        connect_timeout: float | None = None,
+        retries: int = 2,
+        backoff: float = 0.1,
+        max_backoff: float = 2.0,
+        dead_s: float = 10.0,
+        max_connections: int = 256,
+        check: bool = False,
+        max_batch: int = 64,
+        batch_window: float = 0.0,
+    ) -> None:
         """`servers`: base URLs (http://host:port) or /retrieve URLs; `check=True` asks each one query now (see check);
         concurrent searches are sent together, up to `max_batch` a request (1: one request each), waiting
         `batch_window` seconds for company after the loop's current turn."""
@@ -110,8 +122,11 @@ class RemoteSearch:
         if len(self._waiting) >= self.max_batch:
             self._send_waiting()
         elif self._flush is None:
-            self._flush = (loop.call_later(self.batch_window, self._send_waiting) if self.batch_window
-                           else loop.call_soon(self._send_waiting))
+            self._flush = (
+                loop.call_later(self.batch_window, self._send_waiting)
+                if self.batch_window
+                else loop.call_soon(self._send_waiting)
+            )
         return await answer
 
     def _send_waiting(self) -> None:
@@ -146,8 +161,9 @@ class RemoteSearch:
             if answer.done():
                 continue
             if result is None:
-                answer.set_exception(PageNotFound(f"unknown url {item!r}: there is no such page; access a url taken "
-                                                  "from search results"))
+                answer.set_exception(
+                    PageNotFound(f"unknown url {item!r}: there is no such page; access a url taken from search results")
+                )
             else:
                 answer.set_result(result)
 
@@ -156,7 +172,9 @@ class RemoteSearch:
         if not queries:
             return []
         self._stats["queries"] += len(queries)
-        body = await self._post("/retrieve", {"queries": list(queries), "topk": k, "return_scores": True, "snippet": True})
+        body = await self._post(
+            "/retrieve", {"queries": list(queries), "topk": k, "return_scores": True, "snippet": True}
+        )
         result = body.get("result") if isinstance(body, dict) else None
         if not isinstance(result, list) or len(result) != len(queries):
             raise BackendError(f"retrieval server sent a malformed /retrieve response: {str(body)[:200]}")
@@ -168,7 +186,9 @@ class RemoteSearch:
         if self.max_batch == 1:
             page = (await self.fetch_batch([url]))[0]
             if page is None:
-                raise PageNotFound(f"unknown url {url!r}: there is no such page; access a url taken from search results")
+                raise PageNotFound(
+                    f"unknown url {url!r}: there is no such page; access a url taken from search results"
+                )
             return page
         return await self._join(("/access", 0), url)
 
@@ -210,8 +230,10 @@ class RemoteSearch:
             except OSError as e:
                 unreachable.append(f"{server}: {e}")
         if len(unreachable) == len(self.servers):
-            raise ConnectionError(f"no retrieval server answered ({'; '.join(unreachable)}); start one with "
-                                  "`searchgym serve search --index DIR` or check the URL")
+            raise ConnectionError(
+                f"no retrieval server answered ({'; '.join(unreachable)}); start one with "
+                "`searchgym serve search --index DIR` or check the URL"
+            )
 
     def _new_session(self) -> aiohttp.ClientSession:
         """A pooled session for the running loop (LoopSession makes one per loop)."""
@@ -275,8 +297,10 @@ class RemoteSearch:
             raise _Retryable(f"HTTP {status}: {_error_text(raw)}", dead=status != 429)
         if status == 404 and url.endswith("/access"):
             self._stats["errors"] += 1
-            raise BackendError("page access unsupported: this retrieval server has no /access endpoint "
-                               "(a Search-R1 server only retrieves); use the search results' text instead")
+            raise BackendError(
+                "page access unsupported: this retrieval server has no /access endpoint "
+                "(a Search-R1 server only retrieves); use the search results' text instead"
+            )
         if status >= 400:
             self._stats["errors"] += 1
             raise BackendError(f"retrieval server refused the request: HTTP {status}: {_error_text(raw)}")
@@ -295,8 +319,9 @@ def probe(server: str, timeout: float) -> None:
     """POST one query to server's /retrieve (blocking): ValueError if the answer is not Search-R1's shape,
     OSError if the server cannot be reached or fails (5xx)."""
     body = json.dumps({"queries": ["searchgym probe"], "topk": 1, "return_scores": True}).encode()
-    request = urllib.request.Request(server + "/retrieve", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        server + "/retrieve", data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
     hint = "give a retrieval server's base URL (http://host:port) or its /retrieve URL"
     try:
         with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=timeout) as resp:
@@ -304,19 +329,25 @@ def probe(server: str, timeout: float) -> None:
     except urllib.error.HTTPError as e:
         if e.code >= 500:
             raise OSError(f"HTTP {e.code}: {_error_text(e.read())}") from None
-        raise ValueError(f"{server} is not a retrieval server: POST {server}/retrieve answered HTTP {e.code} "
-                         f"({_error_text(e.read())}); {hint}") from None
+        raise ValueError(
+            f"{server} is not a retrieval server: POST {server}/retrieve answered HTTP {e.code} "
+            f"({_error_text(e.read())}); {hint}"
+        ) from None
     except urllib.error.URLError as e:
         raise OSError(str(e.reason)) from None
     try:
         answer = json.loads(raw)
     except (ValueError, RecursionError):
-        raise ValueError(f"{server} is not a retrieval server: POST {server}/retrieve answered {len(raw)} bytes "
-                         f"that are not JSON; {hint}") from None
+        raise ValueError(
+            f"{server} is not a retrieval server: POST {server}/retrieve answered {len(raw)} bytes "
+            f"that are not JSON; {hint}"
+        ) from None
     result = answer.get("result") if isinstance(answer, dict) else None
     if not (isinstance(result, list) and len(result) == 1 and isinstance(result[0], list)):
-        raise ValueError(f"{server} is not a retrieval server: POST {server}/retrieve answered {str(answer)[:200]}, "
-                         f'not {{"result": [[...]]}}; {hint}')
+        raise ValueError(
+            f"{server} is not a retrieval server: POST {server}/retrieve answered {str(answer)[:200]}, "
+            f'not {{"result": [[...]]}}; {hint}'
+        )
 
 
 def _error_text(raw: bytes) -> str:
@@ -341,11 +372,17 @@ def _hit(item: Any, rank: int) -> SearchHit:
         raise BackendError(f"retrieval server sent a malformed document: {str(doc)[:200]}")
     title, text = split_contents(str(doc.get("contents") or ""))
     title = str(doc.get("title") or title)
-    doc_id = str(doc["id"]) if doc.get("id") is not None else str(doc.get("url") or title)  # Search-R1's BM25 rows have no id
+    doc_id = (
+        str(doc["id"]) if doc.get("id") is not None else str(doc.get("url") or title)
+    )  # Search-R1's BM25 rows have no id
     score = item.get("score")
-    return SearchHit(doc_id=doc_id, title=title, url=str(doc.get("url") or doc_id),
-                     snippet=" ".join(str(doc.get("text") or text).split()),
-                     score=float(score) if isinstance(score, (int, float)) else -float(rank))
+    return SearchHit(
+        doc_id=doc_id,
+        title=title,
+        url=str(doc.get("url") or doc_id),
+        snippet=" ".join(str(doc.get("text") or text).split()),
+        score=float(score) if isinstance(score, (int, float)) else -float(rank),
+    )
 
 
 def _page(row: dict, requested: str) -> Page:
@@ -356,6 +393,10 @@ def _page(row: dict, requested: str) -> Page:
         title, contents = split_contents(contents)
     links = row.get("links") or ()
     doc_id = row.get("id")
-    return Page(url=str(row.get("url") or requested), title=str(title), text=contents,
-                links=tuple(str(link) for link in links) if isinstance(links, list) else (),
-                doc_id=None if doc_id is None else str(doc_id))
+    return Page(
+        url=str(row.get("url") or requested),
+        title=str(title),
+        text=contents,
+        links=tuple(str(link) for link in links) if isinstance(links, list) else (),
+        doc_id=None if doc_id is None else str(doc_id),
+    )

@@ -23,8 +23,10 @@ JSON, bytes that are not UTF-8, strings holding lone surrogates, wrong types, mo
 is a 400 with a JSON {"error": message}, never a 500; bodies over `client_max_size` (16 MiB by
 default) are a 413. A reply is bounded too: more than `max_docs` documents (queries x topk, 16,384 by default) is
 a 400 before any search, and an encoded reply over `max_reply_bytes` (64 MiB) a 400 naming what to shrink.
-Connections obey ServerLimits (header and idle timeouts, a connection cap; see server_limits.py). Unknown request fields are ignored, as Search-R1's server (pydantic) ignores them.
+Connections obey ServerLimits (header and idle timeouts, a connection cap; see server_limits.py). Unknown request
+fields are ignored, as Search-R1's server (pydantic) ignores them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +67,13 @@ T = TypeVar("T")
 def doc_row(hit: SearchHit, text: str) -> dict[str, str]:
     """A hit with its text as a Search-R1 corpus row (`contents`: quoted title, newline, text) plus `text`,
     ASearcher's `url` and the title on its own."""
-    return {"id": hit.doc_id, "contents": join_contents(hit.title, text), "title": hit.title, "text": text,
-            "url": hit.url}
+    return {
+        "id": hit.doc_id,
+        "contents": join_contents(hit.title, text),
+        "title": hit.title,
+        "text": text,
+        "url": hit.url,
+    }
 
 
 def page_row(page: Page) -> dict[str, Any]:
@@ -89,14 +96,18 @@ def _strings(body: dict, key: str, cap: int, raise_cap: str = "") -> list[str]:
     """body[key] as a list of at most cap strings of valid Unicode (JSON's \\ud800 escapes can make lone surrogates,
     which no UTF-8 text holds); `raise_cap` tells the client how the server's cap is raised, when it can be."""
     value: Any = body.get(key)
-    check(isinstance(value, list) and all(isinstance(v, str) for v in value),
-           f"{key} must be a list of strings, got {_show(value)}")
+    check(
+        isinstance(value, list) and all(isinstance(v, str) for v in value),
+        f"{key} must be a list of strings, got {_show(value)}",
+    )
     check(len(value) <= cap, f"at most {cap} {key} per request, got {len(value)}; split the batch{raise_cap}")
     for i, text in enumerate(value):
         bad = _SURROGATE.search(text)
         if bad is not None:
-            raise BadRequest(f"{key}[{i}] is not valid Unicode: a lone surrogate U+{ord(bad.group()):04X} at character "
-                             f"{bad.start()}; send text that encodes as UTF-8")
+            raise BadRequest(
+                f"{key}[{i}] is not valid Unicode: a lone surrogate U+{ord(bad.group()):04X} at character "
+                f"{bad.start()}; send text that encodes as UTF-8"
+            )
     return value
 
 
@@ -122,13 +133,29 @@ def _error(request: web.Request, status: int, message: str) -> web.Response:
 class _RetrievalServer:
     """The handlers and what they share: the backend, its thread pool and the request caps."""
 
-    def __init__(self, backend: SearchBackend, pages: PageBackend | None, *, threads: int, max_queries: int,
-                 max_urls: int, max_topk: int, default_topk: int, snippets: bool, max_docs: int,
-                 max_reply_bytes: int) -> None:
+    def __init__(
+        self,
+        backend: SearchBackend,
+        pages: PageBackend | None,
+        *,
+        threads: int,
+        max_queries: int,
+        max_urls: int,
+        max_topk: int,
+        default_topk: int,
+        snippets: bool,
+        max_docs: int,
+        max_reply_bytes: int,
+    ) -> None:
         self.backend, self.pages = backend, pages
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="retrieval")
         self.threads = threads
-        self.max_queries, self.max_urls, self.max_topk, self.default_topk = max_queries, max_urls, max_topk, default_topk
+        self.max_queries, self.max_urls, self.max_topk, self.default_topk = (
+            max_queries,
+            max_urls,
+            max_topk,
+            default_topk,
+        )
         self.snippets = snippets
         self.max_docs, self.max_reply_bytes = max_docs, max_reply_bytes
 
@@ -156,13 +183,17 @@ class _RetrievalServer:
         full = not snippet and self.pages is not None
         many = getattr(self.backend, "search_many_sync", None)
         if callable(many) and (not full or self.pages is self.backend):  # whole texts from the backend's own pages
-            return await self._off_loop(lambda: [[(doc_row(h, h.snippet), h.score) for h in hits]
-                                                 for hits in many(queries, k, whole_text=full)])
-        if callable(getattr(self.backend, "search_sync", None)) and (not full or callable(getattr(self.pages, "get_page", None))):
+            return await self._off_loop(
+                lambda: [[(doc_row(h, h.snippet), h.score) for h in hits] for hits in many(queries, k, whole_text=full)]
+            )
+        if callable(getattr(self.backend, "search_sync", None)) and (
+            not full or callable(getattr(self.pages, "get_page", None))
+        ):
             size = -(-len(queries) // self.threads) or 1
-            slices = [queries[i:i + size] for i in range(0, len(queries), size)]
-            done = await asyncio.gather(*(self._off_loop(lambda part=part: [self._docs_sync(q, k, full) for q in part])
-                                          for part in slices))
+            slices = [queries[i : i + size] for i in range(0, len(queries), size)]
+            done = await asyncio.gather(
+                *(self._off_loop(lambda part=part: [self._docs_sync(q, k, full) for q in part]) for part in slices)
+            )
             return [docs for part in done for docs in part]
         return list(await asyncio.gather(*(self.docs_one(q, k, full) for q in queries)))
 
@@ -186,17 +217,22 @@ class _RetrievalServer:
     def _retrieve_args(self, raw: bytes) -> tuple[list[str], int, bool, bool]:
         """(queries, topk, return_scores, snippet) of a /retrieve body, checked (on a pool thread)."""
         body = parse_body(raw)
-        queries = _strings(body, "queries", self.max_queries,
-                           " or start the server with a higher --max-queries (max_queries=)")
+        queries = _strings(
+            body, "queries", self.max_queries, " or start the server with a higher --max-queries (max_queries=)"
+        )
         topk = body.get("topk")
-        check(topk is None or (isinstance(topk, int) and not isinstance(topk, bool) and 0 <= topk <= self.max_topk),
-              f"topk must be an integer in [1, {self.max_topk}], or 0 or null for the default ({self.default_topk}), "
-              f"got {_show(topk)}")
+        check(
+            topk is None or (isinstance(topk, int) and not isinstance(topk, bool) and 0 <= topk <= self.max_topk),
+            f"topk must be an integer in [1, {self.max_topk}], or 0 or null for the default ({self.default_topk}), "
+            f"got {_show(topk)}",
+        )
         k = topk or self.default_topk
-        check(len(queries) * k <= self.max_docs,
-              f"{len(queries)} queries x topk {k} asks for {len(queries) * k} documents, more than the {self.max_docs} "
-              "one reply may hold (max_docs): send fewer queries or a smaller topk, or start the server with a higher "
-              "--max-docs")
+        check(
+            len(queries) * k <= self.max_docs,
+            f"{len(queries)} queries x topk {k} asks for {len(queries) * k} documents, more than the {self.max_docs} "
+            "one reply may hold (max_docs): send fewer queries or a smaller topk, or start the server with a higher "
+            "--max-docs",
+        )
         return queries, k, lax_bool(body, "return_scores", False), lax_bool(body, "snippet", self.snippets)
 
     async def handle_retrieve(self, request: web.Request) -> web.Response:
@@ -204,10 +240,12 @@ class _RetrievalServer:
         queries, topk, scores, snippet = await self._off_loop(self._retrieve_args, await read_body(request))
         results = await self.docs_all(queries, topk, snippet)
         at_least = sum(len(doc["contents"]) + len(doc["text"]) for docs in results for doc, _ in docs)
-        advice = "send fewer queries, a smaller topk or \"snippet\": true"
-        check(at_least <= self.max_reply_bytes,  # refused before encoding: no second copy of an oversized reply
-              f"the reply would be more than {at_least:,} bytes, more than the {self.max_reply_bytes:,} one reply "
-              f"may hold (max_reply_bytes): {advice}, or start the server with a higher --max-reply-bytes")
+        advice = 'send fewer queries, a smaller topk or "snippet": true'
+        check(
+            at_least <= self.max_reply_bytes,  # refused before encoding: no second copy of an oversized reply
+            f"the reply would be more than {at_least:,} bytes, more than the {self.max_reply_bytes:,} one reply "
+            f"may hold (max_reply_bytes): {advice}, or start the server with a higher --max-reply-bytes",
+        )
         if scores:
             rows: list[list[Any]] = [[{"document": doc, "score": s} for doc, s in docs] for docs in results]
         else:
@@ -217,9 +255,11 @@ class _RetrievalServer:
     def _reply(self, payload: Any, advice: str) -> web.Response:
         """The JSON response (encoded on a pool thread), or a 400 when it is longer than max_reply_bytes."""
         body = json.dumps(payload).encode()
-        check(len(body) <= self.max_reply_bytes,
-              f"the reply would be {len(body):,} bytes, more than the {self.max_reply_bytes:,} one reply may hold "
-              f"(max_reply_bytes): {advice}, or start the server with a higher --max-reply-bytes")
+        check(
+            len(body) <= self.max_reply_bytes,
+            f"the reply would be {len(body):,} bytes, more than the {self.max_reply_bytes:,} one reply may hold "
+            f"(max_reply_bytes): {advice}, or start the server with a higher --max-reply-bytes",
+        )
         return web.Response(body=body, content_type="application/json")
 
     async def handle_access(self, request: web.Request) -> web.Response:
@@ -229,7 +269,9 @@ class _RetrievalServer:
         raw = await read_body(request)
         urls = await self._off_loop(lambda: _strings(parse_body(raw), "urls", self.max_urls))
         if callable(getattr(self.pages, "get_page", None)):  # blocking lookups: the whole batch in one pool call
-            rows = await self._off_loop(lambda: [None if p is None else page_row(p) for p in map(self._page_sync, urls)])
+            rows = await self._off_loop(
+                lambda: [None if p is None else page_row(p) for p in map(self._page_sync, urls)]
+            )
         else:
             rows = [None if p is None else page_row(p) for p in await asyncio.gather(*map(self.page_one, urls))]
         return await self._off_loop(self._reply, {"result": rows}, "ask for fewer urls")
@@ -250,26 +292,52 @@ class _RetrievalServer:
         return web.json_response({"status": "ok", "docs": docs, "access": self.pages is not None})
 
 
-def create_app(backend: SearchBackend, pages: PageBackend | None = None, *, threads: int = DEFAULT_THREADS,
-               max_queries: int = MAX_QUERIES, max_urls: int = MAX_URLS, max_topk: int = MAX_TOPK,
-               default_topk: int = DEFAULT_TOPK, snippets: bool = False, client_max_size: int = MAX_REQUEST_BYTES,
-               max_docs: int = MAX_DOCS, max_reply_bytes: int = MAX_REPLY_BYTES) -> web.Application:
+def create_app(
+    backend: SearchBackend,
+    pages: PageBackend | None = None,
+    *,
+    threads: int = DEFAULT_THREADS,
+    max_queries: int = MAX_QUERIES,
+    max_urls: int = MAX_URLS,
+    max_topk: int = MAX_TOPK,
+    default_topk: int = DEFAULT_TOPK,
+    snippets: bool = False,
+    client_max_size: int = MAX_REQUEST_BYTES,
+    max_docs: int = MAX_DOCS,
+    max_reply_bytes: int = MAX_REPLY_BYTES,
+) -> web.Application:
     """The aiohttp app serving `backend` (pages default to the backend itself when it is a PageBackend);
     `snippets=True` answers hits with their snippets unless a request asks otherwise; a /retrieve request of more
     than `max_queries` queries, or of more than `max_docs` documents (queries x topk), is a 400, as is a reply
     longer than `max_reply_bytes` (`serve search --max-queries / --max-docs / --max-reply-bytes`)."""
-    for key, value in (("threads", threads), ("max_queries", max_queries), ("max_urls", max_urls),
-                       ("max_topk", max_topk), ("default_topk", default_topk), ("client_max_size", client_max_size),
-                       ("max_docs", max_docs), ("max_reply_bytes", max_reply_bytes)):
+    for key, value in (
+        ("threads", threads),
+        ("max_queries", max_queries),
+        ("max_urls", max_urls),
+        ("max_topk", max_topk),
+        ("default_topk", default_topk),
+        ("client_max_size", client_max_size),
+        ("max_docs", max_docs),
+        ("max_reply_bytes", max_reply_bytes),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{key} must be an integer of at least 1, got {value!r}")
     if default_topk > max_topk:
         raise ValueError(f"default_topk ({default_topk}) must be at most max_topk ({max_topk})")
     if pages is None and isinstance(backend, PageBackend):
         pages = backend
-    server = _RetrievalServer(backend, pages, threads=threads, max_queries=max_queries, max_urls=max_urls,
-                              max_topk=max_topk, default_topk=default_topk, snippets=snippets, max_docs=max_docs,
-                              max_reply_bytes=max_reply_bytes)
+    server = _RetrievalServer(
+        backend,
+        pages,
+        threads=threads,
+        max_queries=max_queries,
+        max_urls=max_urls,
+        max_topk=max_topk,
+        default_topk=default_topk,
+        snippets=snippets,
+        max_docs=max_docs,
+        max_reply_bytes=max_reply_bytes,
+    )
     app = web.Application(client_max_size=client_max_size, middlewares=[error_middleware(_error)])
     app.router.add_post("/retrieve", server.handle_retrieve)
     app.router.add_post("/access", server.handle_access)
@@ -283,9 +351,16 @@ def create_app(backend: SearchBackend, pages: PageBackend | None = None, *, thre
 
 
 @contextlib.asynccontextmanager
-async def serving(backend: SearchBackend, pages: PageBackend | None = None, *, host: str = "127.0.0.1",
-                  port: int = 0, shutdown_timeout: float = 5.0, limits: ServerLimits | None = None,
-                  **app_kwargs: Any) -> AsyncIterator[str]:
+async def serving(
+    backend: SearchBackend,
+    pages: PageBackend | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    shutdown_timeout: float = 5.0,
+    limits: ServerLimits | None = None,
+    **app_kwargs: Any,
+) -> AsyncIterator[str]:
     """Serve `backend` (see create_app) on host:port (0: a free port) for the block, its connections under
     `limits` (header and idle timeouts, a connection cap); yields the base URL."""
     async with serve_app(create_app(backend, pages, **app_kwargs), host, port, shutdown_timeout, limits) as url:
@@ -293,7 +368,8 @@ async def serving(backend: SearchBackend, pages: PageBackend | None = None, *, h
 
 
 def run_server(index_dir: str | os.PathLike, host: str = "127.0.0.1", port: int = 8000, **app_kwargs: Any) -> None:
-    """Open the index (BM25 or dense; see open_index) and serve it until SIGINT or SIGTERM, then shut down gracefully."""
+    """Open the index (BM25 or dense; see open_index) and serve it until SIGINT or SIGTERM, then shut down
+    gracefully."""
     from searchgym.envs.tools.indexes import open_index
 
     index = open_index(index_dir)
@@ -319,8 +395,16 @@ def main(argv: list[str] | None = None) -> None:
     add_limit_flags(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    run_server(args.index, args.host, args.port, snippets=args.snippets, max_queries=args.max_queries,
-               max_docs=args.max_docs, max_reply_bytes=args.max_reply_bytes, limits=limits_from_args(args))
+    run_server(
+        args.index,
+        args.host,
+        args.port,
+        snippets=args.snippets,
+        max_queries=args.max_queries,
+        max_docs=args.max_docs,
+        max_reply_bytes=args.max_reply_bytes,
+        limits=limits_from_args(args),
+    )
 
 
 def _positive_int(text: str) -> int:
@@ -333,13 +417,28 @@ def _positive_int(text: str) -> int:
 
 def add_max_queries_flag(parser: argparse.ArgumentParser) -> None:
     """`--max-queries N`, shared by `searchgym serve search` and this module's own entry point."""
-    parser.add_argument("--max-queries", type=_positive_int, default=MAX_QUERIES, metavar="N",
-                        help=f"most queries one /retrieve request may hold, more is a 400 (default {MAX_QUERIES}; "
-                             "Search-R1's training sends up to 2,560)")
-    parser.add_argument("--max-docs", type=_positive_int, default=MAX_DOCS, metavar="N",
-                        help=f"most documents (queries x topk) one /retrieve reply may hold (default {MAX_DOCS})")
-    parser.add_argument("--max-reply-bytes", type=_positive_int, default=MAX_REPLY_BYTES, metavar="N",
-                        help=f"longest encoded reply; longer is a 400 (default {MAX_REPLY_BYTES})")
+    parser.add_argument(
+        "--max-queries",
+        type=_positive_int,
+        default=MAX_QUERIES,
+        metavar="N",
+        help=f"most queries one /retrieve request may hold, more is a 400 (default {MAX_QUERIES}; "
+        "Search-R1's training sends up to 2,560)",
+    )
+    parser.add_argument(
+        "--max-docs",
+        type=_positive_int,
+        default=MAX_DOCS,
+        metavar="N",
+        help=f"most documents (queries x topk) one /retrieve reply may hold (default {MAX_DOCS})",
+    )
+    parser.add_argument(
+        "--max-reply-bytes",
+        type=_positive_int,
+        default=MAX_REPLY_BYTES,
+        metavar="N",
+        help=f"longest encoded reply; longer is a 400 (default {MAX_REPLY_BYTES})",
+    )
 
 
 if __name__ == "__main__":

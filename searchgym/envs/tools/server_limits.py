@@ -5,9 +5,11 @@ aiohttp closes a connection that connects and sends nothing, or only part of a r
 descriptors. ServerLimits says
 how long a client may take to send its first request head (`header_timeout`), how long a keep-alive
 connection may sit idle (`idle_timeout`, which also bounds a later head), how long a request body may take
-once its head is in (`body_timeout`), and how many connections may be open at once (`max_connections`; past it a new one is answered 503 with Retry-After). guarded_site.py
+once its head is in (`body_timeout`), and how many connections may be open at once (`max_connections`; past it a new
+one is answered 503 with Retry-After). guarded_site.py
 enforces them.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -92,31 +94,62 @@ def positive_int(text: str) -> int:
 
 def add_limit_flags(parser: argparse.ArgumentParser) -> None:
     """`--header-timeout`, `--idle-timeout`, `--max-connections`: shared by `serve search` and `serve model`."""
-    parser.add_argument("--header-timeout", type=seconds, default=DEFAULT_HEADER_TIMEOUT, metavar="S",
-                        help="close a connection whose request head is not whole S seconds after it connects "
-                             f"(default {DEFAULT_HEADER_TIMEOUT:g})")
-    parser.add_argument("--idle-timeout", type=seconds, default=DEFAULT_IDLE_TIMEOUT, metavar="S",
-                        help=f"close a keep-alive connection idle for S seconds (default {DEFAULT_IDLE_TIMEOUT:g})")
-    parser.add_argument("--body-timeout", type=seconds, default=DEFAULT_BODY_TIMEOUT, metavar="S",
-                        help="answer 408 to a request whose body is not whole S seconds after its head "
-                             f"(default {DEFAULT_BODY_TIMEOUT:g})")
-    parser.add_argument("--max-connections", type=positive_int, default=None, metavar="N",
-                        help="open connections past which new ones get a 503 with Retry-After "
-                             f"(default {DEFAULT_MAX_CONNECTIONS}, fewer under a lower `ulimit -n`)")
+    parser.add_argument(
+        "--header-timeout",
+        type=seconds,
+        default=DEFAULT_HEADER_TIMEOUT,
+        metavar="S",
+        help="close a connection whose request head is not whole S seconds after it connects "
+        f"(default {DEFAULT_HEADER_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=seconds,
+        default=DEFAULT_IDLE_TIMEOUT,
+        metavar="S",
+        help=f"close a keep-alive connection idle for S seconds (default {DEFAULT_IDLE_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=seconds,
+        default=DEFAULT_BODY_TIMEOUT,
+        metavar="S",
+        help="answer 408 to a request whose body is not whole S seconds after its head "
+        f"(default {DEFAULT_BODY_TIMEOUT:g})",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="open connections past which new ones get a 503 with Retry-After "
+        f"(default {DEFAULT_MAX_CONNECTIONS}, fewer under a lower `ulimit -n`)",
+    )
 
 
 def limits_from_args(args: argparse.Namespace) -> ServerLimits:
     """The ServerLimits that add_limit_flags' flags ask for."""
-    return ServerLimits(header_timeout=args.header_timeout, idle_timeout=args.idle_timeout,
-                        max_connections=args.max_connections, body_timeout=args.body_timeout)
+    return ServerLimits(
+        header_timeout=args.header_timeout,
+        idle_timeout=args.idle_timeout,
+        max_connections=args.max_connections,
+        body_timeout=args.body_timeout,
+    )
 
 
 def add_request_limit_flags(parser: argparse.ArgumentParser) -> None:
     """The model server's per-request limit flags (agents/server/core.Limits), for its own parser and `searchgym
     serve model`."""
-    parser.add_argument("--max-prompt-chars", type=positive_int, default=None,
-                        help="characters of one text prompt (text, prompt, or chat messages), refused with a 400 "
-                             f"before tokenizing (default: {PROMPT_CHARS_PER_TOKEN} x the context length)")
-    parser.add_argument("--max-reply-tokens", type=positive_int, default=None,
-                        help="most tokens one reply may ask for (max_new_tokens, max_tokens); default: what the "
-                             "context length leaves")
+    parser.add_argument(
+        "--max-prompt-chars",
+        type=positive_int,
+        default=None,
+        help="characters of one text prompt (text, prompt, or chat messages), refused with a 400 "
+        f"before tokenizing (default: {PROMPT_CHARS_PER_TOKEN} x the context length)",
+    )
+    parser.add_argument(
+        "--max-reply-tokens",
+        type=positive_int,
+        default=None,
+        help="most tokens one reply may ask for (max_new_tokens, max_tokens); default: what the context length leaves",
+    )

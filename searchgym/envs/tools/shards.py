@@ -12,6 +12,7 @@ for a hash split of a large corpus is close to the whole corpus's (the usual tra
 ranking can differ from one index's near ties). A shard that fails after its own retries fails the search
 (BackendError naming it): a search that silently lost a shard's documents would be a wrong result.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -58,16 +59,19 @@ def split_corpus(corpus: str | os.PathLike, out: str | os.PathLike, shards: int)
     return paths
 
 
-def build_shards(corpus: str | os.PathLike, out: str | os.PathLike, shards: int, *, threads: int = 1,
-                 progress: bool = False) -> Path:
+def build_shards(
+    corpus: str | os.PathLike, out: str | os.PathLike, shards: int, *, threads: int = 1, progress: bool = False
+) -> Path:
     """One BM25 index per shard (OUT/shard-NN/index) and OUT/shards.json naming them; OUT."""
     from searchgym.envs.tools.local_index import LocalIndex
 
     for i, path in enumerate(split_corpus(corpus, out, shards)):
         LocalIndex.build(path, shard_dir(out, i) / "index", threads=threads, progress=progress)
         path.unlink()  # the index holds the documents; the split copy would double the disk
-    write_atomic(Path(out) / SHARDS_MANIFEST, json.dumps({"shards": shards, "split": "sha1(url) mod shards",
-                                                         "corpus": os.fspath(corpus)}, indent=2) + "\n")
+    write_atomic(
+        Path(out) / SHARDS_MANIFEST,
+        json.dumps({"shards": shards, "split": "sha1(url) mod shards", "corpus": os.fspath(corpus)}, indent=2) + "\n",
+    )
     return Path(out)
 
 
@@ -116,8 +120,10 @@ class ShardedSearch:
         return await self.shards[shard_of(url, len(self.shards))].fetch(url)
 
     def stats(self) -> dict[str, Any]:
-        return {"shards": len(self.shards), **{f"shard_{i}": backend_stats(s) for i, s in enumerate(self.shards)
-                                               if backend_stats(s)}}
+        return {
+            "shards": len(self.shards),
+            **{f"shard_{i}": backend_stats(s) for i, s in enumerate(self.shards) if backend_stats(s)},
+        }
 
     async def close(self) -> None:
         for shard in self.shards:

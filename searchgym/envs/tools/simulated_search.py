@@ -17,6 +17,7 @@ over training. `SimulatedSearch` is that engine behind searchgym's search and pa
 - `simulated = True` and hit doc ids `sim-u-...` / `sim-n-...` (useful / noisy) let the env mark simulated hits
   in `info` without showing the agent which documents are noise.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -108,9 +109,19 @@ class SimulatedSearch:
 
     simulated = True
 
-    def __init__(self, chat: ChatModel, *, noise: float | NoiseSchedule = 0.0, seed: int = 0,
-                 cache: WebCache | None = None, prompts: str | os.PathLike | None = None, style: str | None = None,
-                 max_tokens: int = 768, temperature: float = 0.0, retry: ReplyRetry | None = None) -> None:
+    def __init__(
+        self,
+        chat: ChatModel,
+        *,
+        noise: float | NoiseSchedule = 0.0,
+        seed: int = 0,
+        cache: WebCache | None = None,
+        prompts: str | os.PathLike | None = None,
+        style: str | None = None,
+        max_tokens: int = 768,
+        temperature: float = 0.0,
+        retry: ReplyRetry | None = None,
+    ) -> None:
         if not isinstance(noise, NoiseSchedule) and not (isinstance(noise, (int, float)) and 0.0 <= noise <= 1.0):
             raise ValueError(f"noise must be a share in [0, 1] or a NoiseSchedule, got {noise!r}")
         self.chat, self.noise, self.seed, self.cache = chat, noise, seed, cache
@@ -155,8 +166,15 @@ class SimulatedSearch:
         for rank, row in enumerate(rows):
             page = Page(url=row["url"], title=row["title"], text=row["text"], doc_id=row["doc_id"])
             self.pages[page.url] = page
-            hits.append(SearchHit(doc_id=row["doc_id"], title=row["title"], url=row["url"],
-                                  snippet=row["text"][:400], score=float(len(rows) - rank)))
+            hits.append(
+                SearchHit(
+                    doc_id=row["doc_id"],
+                    title=row["title"],
+                    url=row["url"],
+                    snippet=row["text"][:400],
+                    score=float(len(rows) - rank),
+                )
+            )
         self.counters["searches"] += 1
         self.counters["noisy_hits"] += sum(row["doc_id"].startswith("sim-n-") for row in rows)
         self.counters["hits"] += len(rows)
@@ -204,8 +222,14 @@ class SimulatedSearch:
         prompt = self.prompts[kind].format(query=query, n=n, style=self.prompts["style"])
         messages = [{"role": "system", "content": self.prompts["system"]}, {"role": "user", "content": prompt}]
         try:
-            docs, calls = await ask(self.chat, messages, parse_documents, retry=self.retry,
-                                    max_tokens=self.max_tokens, temperature=self.temperature)
+            docs, calls = await ask(
+                self.chat,
+                messages,
+                parse_documents,
+                retry=self.retry,
+                max_tokens=self.max_tokens,
+                temperature=self.temperature,
+            )
         except CallFailed as e:
             self.counters["model_calls"] += e.calls
             self.counters["failed_calls"] += 1

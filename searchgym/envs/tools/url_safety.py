@@ -8,6 +8,7 @@ lifts the guard. `SafeResolver` plugs the same check into aiohttp, so the connec
 address that was checked (no second, rebindable DNS lookup). The domain blocklist keeps benchmark
 answer pages out of search results and fetches.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -77,17 +78,48 @@ def parse_numeric_host(host: str) -> IPAddress | None:
 # IPv6 Special-Purpose Address Registries that is not globally reachable (or reachable only as anycast
 # infrastructure), plus multicast, the deprecated site-local and 6bone ranges, and IPv4-compatible IPv6.
 # (IPv4-mapped, 6to4 and NAT64 addresses are judged by the IPv4 address they embed.)
-NON_PUBLIC_NETWORKS: tuple[IPNetwork, ...] = tuple(ipaddress.ip_network(n) for n in (
-    # IPv4 (RFC 6890 and its updates)
-    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
-    "192.0.0.0/24", "192.0.2.0/24", "192.31.196.0/24", "192.52.193.0/24", "192.88.99.0/24", "192.168.0.0/16",
-    "192.175.48.0/24", "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
-    "255.255.255.255/32",
-    # IPv6 (RFC 6890, 8190 and later registrations)
-    "::/128", "::1/128", "::/96", "64:ff9b:1::/48", "100::/64", "100:0:0:1::/64", "2001::/23",
-    "2001:db8::/32", "2620:4f:8000::/48", "3ffe::/16", "3fff::/20", "5f00::/16", "fc00::/7", "fe80::/10",
-    "fec0::/10", "ff00::/8",
-))
+NON_PUBLIC_NETWORKS: tuple[IPNetwork, ...] = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        # IPv4 (RFC 6890 and its updates)
+        "0.0.0.0/8",
+        "10.0.0.0/8",
+        "100.64.0.0/10",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "172.16.0.0/12",
+        "192.0.0.0/24",
+        "192.0.2.0/24",
+        "192.31.196.0/24",
+        "192.52.193.0/24",
+        "192.88.99.0/24",
+        "192.168.0.0/16",
+        "192.175.48.0/24",
+        "198.18.0.0/15",
+        "198.51.100.0/24",
+        "203.0.113.0/24",
+        "224.0.0.0/4",
+        "240.0.0.0/4",
+        "255.255.255.255/32",
+        # IPv6 (RFC 6890, 8190 and later registrations)
+        "::/128",
+        "::1/128",
+        "::/96",
+        "64:ff9b:1::/48",
+        "100::/64",
+        "100:0:0:1::/64",
+        "2001::/23",
+        "2001:db8::/32",
+        "2620:4f:8000::/48",
+        "3ffe::/16",
+        "3fff::/20",
+        "5f00::/16",
+        "fc00::/7",
+        "fe80::/10",
+        "fec0::/10",
+        "ff00::/8",
+    )
+)
 GLOBAL_UNICAST_V6 = ipaddress.IPv6Network("2000::/3")  # IANA allocates public IPv6 unicast only from here
 
 
@@ -108,8 +140,17 @@ def is_public(ip: IPAddress) -> bool:
             return is_public(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
         if ip not in GLOBAL_UNICAST_V6:
             return False
-    return bool(ip.is_global and not (ip.is_multicast or ip.is_reserved or ip.is_unspecified
-                                       or ip.is_loopback or ip.is_link_local or ip.is_private))
+    return bool(
+        ip.is_global
+        and not (
+            ip.is_multicast
+            or ip.is_reserved
+            or ip.is_unspecified
+            or ip.is_loopback
+            or ip.is_link_local
+            or ip.is_private
+        )
+    )
 
 
 def _host_matches(host: str, domain: str) -> bool:
@@ -179,7 +220,9 @@ class UrlPolicy:
         except (ValueError, TypeError) as e:
             raise UnsafeURL(f"not a valid URL: {e}") from None
         if parsed.scheme not in ("http", "https"):
-            raise UnsafeURL(f"only http and https URLs can be opened, not {parsed.scheme or 'a URL without a scheme'!r}")
+            raise UnsafeURL(
+                f"only http and https URLs can be opened, not {parsed.scheme or 'a URL without a scheme'!r}"
+            )
         if not parsed.host:
             raise UnsafeURL("the URL has no host")
         if parsed.user or parsed.password:
@@ -199,8 +242,7 @@ class UrlPolicy:
                 if not self.name_allowed(host, port):
                     raise UnsafeURL(f"{host} is a loopback name; refused")
             try:
-                infos = await asyncio.get_running_loop().getaddrinfo(
-                    host, port, family=family, type=socket.SOCK_STREAM)
+                infos = await asyncio.get_running_loop().getaddrinfo(host, port, family=family, type=socket.SOCK_STREAM)
             except socket.gaierror as e:
                 raise BackendError(f"could not resolve {host}: {e.strerror or e}") from None
             parsed = list(dict.fromkeys(parse_numeric_host(str(info[4][0])) for info in infos))
@@ -238,9 +280,17 @@ class SafeResolver(AbstractResolver):
 
     async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[ResolveResult]:
         ips = await self.policy.resolve(host, port, family)
-        return [{"hostname": host, "host": str(ip), "port": port,
-                 "family": socket.AF_INET6 if ip.version == 6 else socket.AF_INET,
-                 "proto": 0, "flags": socket.AI_NUMERICHOST} for ip in ips]
+        return [
+            {
+                "hostname": host,
+                "host": str(ip),
+                "port": port,
+                "family": socket.AF_INET6 if ip.version == 6 else socket.AF_INET,
+                "proto": 0,
+                "flags": socket.AI_NUMERICHOST,
+            }
+            for ip in ips
+        ]
 
     async def close(self) -> None:
         return None

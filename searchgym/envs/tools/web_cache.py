@@ -11,6 +11,7 @@ A damaged row (or a damaged database) is a counted miss (`damaged`), never an ex
 in replay_only it is the same clear BackendError as any miss. Recorded pages are served only if the
 current URL policy allows their URL: a cache recorded under a looser policy does not bypass it.
 """
+
 from __future__ import annotations
 
 import json
@@ -74,11 +75,15 @@ class WebCache:
             try:
                 self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
                 self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute("CREATE TABLE IF NOT EXISTS entries (kind TEXT, key TEXT, value TEXT, "
-                                 "created REAL, PRIMARY KEY (kind, key))")
+                self._db.execute(
+                    "CREATE TABLE IF NOT EXISTS entries (kind TEXT, key TEXT, value TEXT, "
+                    "created REAL, PRIMARY KEY (kind, key))"
+                )
             except sqlite3.DatabaseError as e:
-                raise ValueError(f"web cache {self.path} is damaged ({e}): move it aside to record a new one, "
-                                 "or restore it from a copy") from None
+                raise ValueError(
+                    f"web cache {self.path} is damaged ({e}): move it aside to record a new one, "
+                    "or restore it from a copy"
+                ) from None
 
     def get(self, kind: str, key: str) -> Any | None:
         """The recorded value for (kind, key), or None; counts a hit, a miss, or a damaged row (a miss too)."""
@@ -109,8 +114,10 @@ class WebCache:
             return
         try:
             with self._lock:
-                self._db.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)",
-                                 (kind, key, json.dumps(value, ensure_ascii=False), time.time()))
+                self._db.execute(
+                    "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)",
+                    (kind, key, json.dumps(value, ensure_ascii=False), time.time()),
+                )
         except sqlite3.DatabaseError:
             self.counters["write_errors"] += 1
             return
@@ -145,7 +152,6 @@ class WebCache:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["path"], state["mode"])  # type: ignore[misc]
         self.counters.update(state["counters"])
-
 
 
 class _CachedBackend:
@@ -189,7 +195,6 @@ class CachedSearch(_CachedBackend):
         return hits
 
 
-
 class CachedPages(_CachedBackend):
     """A PageBackend that serves recorded pages (and 404s) and records new ones (or refuses misses in replay_only)."""
 
@@ -214,8 +219,11 @@ class CachedPages(_CachedBackend):
         except PageNotFound:
             self.cache.put("page", key, {"not_found": True})
             raise
-        self.cache.put("page", key, {"url": page.url, "title": page.title, "text": page.text,
-                                     "links": list(page.links), "doc_id": page.doc_id})
+        self.cache.put(
+            "page",
+            key,
+            {"url": page.url, "title": page.title, "text": page.text, "links": list(page.links), "doc_id": page.doc_id},
+        )
         return page
 
     def _page(self, url: str, row: Any) -> Page | None:
@@ -224,8 +232,13 @@ class CachedPages(_CachedBackend):
             if row.get("not_found"):
                 self._check_policy(url)
                 raise PageNotFound(url)
-            page = Page(url=row["url"], title=row["title"], text=row["text"], links=tuple(row["links"]),
-                        doc_id=row.get("doc_id"))
+            page = Page(
+                url=row["url"],
+                title=row["title"],
+                text=row["text"],
+                links=tuple(row["links"]),
+                doc_id=row.get("doc_id"),
+            )
             if not all(isinstance(x, str) for x in (page.url, page.title, page.text, *page.links)):
                 raise TypeError("non-text fields")
         except (AttributeError, KeyError, TypeError, ValueError):
@@ -247,4 +260,3 @@ class CachedPages(_CachedBackend):
         ip = parse_numeric_host(host)
         if ip is not None and not self.policy.address_ok(host, ip, port):
             raise UnsafeURL(f"{host} is not a public address; refused (recorded under another policy)")
-

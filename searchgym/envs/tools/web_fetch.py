@@ -7,6 +7,7 @@ header / meta / UTF-8 / cp1252 charset, and HTML is extracted with trafilatura (
 links). Every failure is a `BackendError` (or `PageNotFound`) with a message the agent can act on,
 and a counter in `stats()`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -72,8 +73,9 @@ def extract_html(html: str, url: str) -> tuple[str, str, tuple[str, ...]]:
 
     title, text = "", ""
     try:
-        doc = trafilatura.bare_extraction(html, url=url, with_metadata=True, include_tables=True,
-                                          include_links=False, favor_recall=True)
+        doc = trafilatura.bare_extraction(
+            html, url=url, with_metadata=True, include_tables=True, include_links=False, favor_recall=True
+        )
     except Exception:  # noqa: BLE001  (an extractor crash on odd HTML must not end the episode)
         doc = None
     if doc is not None:
@@ -161,7 +163,9 @@ class WebFetcher:
             raise BackendError(f"timed out after {self.total_timeout:g}s") from None
         except aiohttp.ClientConnectorError as e:
             self.counters["connect_error"] += 1
-            raise BackendError(f"could not connect to {e.host}:{e.port} ({e.os_error.strerror or e.os_error})") from None
+            raise BackendError(
+                f"could not connect to {e.host}:{e.port} ({e.os_error.strerror or e.os_error})"
+            ) from None
         except (aiohttp.ClientError, OSError, ValueError, UnicodeError, LookupError) as e:
             self.counters["client_error"] += 1
             raise BackendError(f"{type(e).__name__}: {str(e)[:200]}") from None
@@ -190,9 +194,13 @@ class WebFetcher:
 
     def _guarded_session(self) -> aiohttp.ClientSession:
         """A session whose connector resolves through the SafeResolver (LoopSession makes one per loop)."""
-        connector = aiohttp.TCPConnector(resolver=SafeResolver(self.policy), limit=self.max_concurrency,
-                                         use_dns_cache=False)
-        headers = {"User-Agent": self.user_agent, "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.1"}
+        connector = aiohttp.TCPConnector(
+            resolver=SafeResolver(self.policy), limit=self.max_concurrency, use_dns_cache=False
+        )
+        headers = {
+            "User-Agent": self.user_agent,
+            "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.1",
+        }
         return aiohttp.ClientSession(connector=connector, headers=headers, trust_env=False, auto_decompress=True)
 
     def _plain_session(self) -> aiohttp.ClientSession:
@@ -201,8 +209,9 @@ class WebFetcher:
 
     def _timeout(self) -> aiohttp.ClientTimeout:
         """Connect, read and total time limits of one request."""
-        return aiohttp.ClientTimeout(total=self.total_timeout, sock_connect=self.connect_timeout,
-                                     sock_read=self.read_timeout)
+        return aiohttp.ClientTimeout(
+            total=self.total_timeout, sock_connect=self.connect_timeout, sock_read=self.read_timeout
+        )
 
     async def _fetch(self, url: str) -> Page:
         """Check, request and follow redirects by hand (each hop re-checked), then read the page."""
@@ -288,7 +297,7 @@ class WebFetcher:
         if m:
             title = m.group(1).strip() or url
         marker = text.find("Markdown Content:")
-        main = text[marker + len("Markdown Content:"):].strip() if marker >= 0 else text
+        main = text[marker + len("Markdown Content:") :].strip() if marker >= 0 else text
         if truncated:
             main += f"\n\n[... page cut at {self.max_bytes} bytes]"
         self.counters["jina"] += 1

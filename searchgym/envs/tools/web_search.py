@@ -6,6 +6,7 @@ list holds ``{"title", "link", "snippet", "position"}``. Requests are concurrenc
 bounded and retried with exponential backoff on 429, 5xx, timeouts and dropped connections.
 Other providers plug in by implementing `SearchBackend`; `PROVIDERS` names the built-in ones.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -49,8 +50,10 @@ class WebSearch:
     ):
         self.api_key = api_key if api_key is not None else os.environ.get("SERPER_API_KEY")
         if require_key and not self.api_key:
-            raise MissingAPIKey("web search needs a Serper API key: set SERPER_API_KEY or pass api_key=... "
-                                "(get one at https://serper.dev)")
+            raise MissingAPIKey(
+                "web search needs a Serper API key: set SERPER_API_KEY or pass api_key=... "
+                "(get one at https://serper.dev)"
+            )
         self.endpoint = endpoint
         self.policy = policy or UrlPolicy(block=block)
         self.timeout, self.connect_timeout = timeout, connect_timeout
@@ -95,8 +98,11 @@ class WebSearch:
                             raise BackendError(f"the search provider answered HTTP {resp.status}")
                         data = await resp.json(content_type=None)
                 except (TimeoutError, aiohttp.ClientConnectionError) as e:
-                    last = "the search provider timed out" if isinstance(e, asyncio.TimeoutError) else \
-                        f"could not reach the search provider ({type(e).__name__})"
+                    last = (
+                        "the search provider timed out"
+                        if isinstance(e, asyncio.TimeoutError)
+                        else f"could not reach the search provider ({type(e).__name__})"
+                    )
                     await self._sleep(attempt, None)
                     continue
                 except (aiohttp.ClientError, ValueError) as e:
@@ -133,8 +139,15 @@ class WebSearch:
                 continue
             position = row.get("position")
             position = position if isinstance(position, (int, float)) else i + 1
-            hits.append(SearchHit(doc_id=link, title=str(row.get("title") or link), url=link,
-                                  snippet=str(row.get("snippet") or ""), score=1.0 / max(float(position), 1.0)))
+            hits.append(
+                SearchHit(
+                    doc_id=link,
+                    title=str(row.get("title") or link),
+                    url=link,
+                    snippet=str(row.get("snippet") or ""),
+                    score=1.0 / max(float(position), 1.0),
+                )
+            )
             if len(hits) >= k:
                 break
         self.counters["ok"] += 1
@@ -144,7 +157,7 @@ class WebSearch:
         """Exponential backoff before the next attempt (honouring Retry-After, capped); none after the last."""
         if attempt >= self.retries:
             return
-        delay = min(self.max_backoff, self.backoff * (2 ** attempt))
+        delay = min(self.max_backoff, self.backoff * (2**attempt))
         if retry_after is not None:  # seconds, HTTP date or retry-after-ms, as the provider sent it
             delay = min(self.max_backoff, max(delay, retry_after))
         self.counters["retry_wait_s"] += delay

@@ -17,6 +17,7 @@ Every rank must call `step`, `save_checkpoint`, `load_checkpoint` and `consolida
 collectives): either every rank runs the same program (SPMD, as torchrun scripts do), or rank 0 runs the
 training loop with `lead()` set and the other ranks call `follow()`, which replays each collective rank 0 starts.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,9 +50,17 @@ from searchgym.trainers.run.partials import writer_lock
 SHARDED = "sharded"  # the DCP directory inside a checkpoint
 
 
-def init_ranks(backend: str | None = None, *, rank: int | None = None, world_size: int | None = None,
-               master_addr: str | None = None, master_port: int | None = None, device_index: int | None = None,
-               timeout_s: float = 1800, device: str | None = None) -> tuple[int, int]:
+def init_ranks(
+    backend: str | None = None,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    device_index: int | None = None,
+    timeout_s: float = 1800,
+    device: str | None = None,
+) -> tuple[int, int]:
     """Join the learner's process group; (rank, world size).
 
     With no arguments it takes what torchrun put in the environment; the launchers pass `rank`, `world_size`
@@ -88,13 +97,25 @@ class _TrainedTokenLogprobs(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, ids: torch.Tensor, attention: torch.Tensor | None, where: torch.Tensor, temperature: float = 1.0,
-                chunk_tokens: int = 512, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        attention: torch.Tensor | None,
+        where: torch.Tensor,
+        temperature: float = 1.0,
+        chunk_tokens: int = 512,
+        positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return next_token_logprobs(self.model, ids, attention, where, temperature, chunk_tokens, positions)
 
 
-def shard_model(model: nn.Module, *, mixed_precision: bool | None = None, activation_checkpointing: bool = False,
-                cpu_offload: bool = False) -> nn.Module:
+def shard_model(
+    model: nn.Module,
+    *,
+    mixed_precision: bool | None = None,
+    activation_checkpointing: bool = False,
+    cpu_offload: bool = False,
+) -> nn.Module:
     """Shard `model` in place with FSDP2 (per decoder layer, then a root) and return the root to call.
 
     `mixed_precision` (default: on when the weights are on a GPU) computes in bf16 and reduces gradients in
@@ -121,22 +142,39 @@ def shard_model(model: nn.Module, *, mixed_precision: bool | None = None, activa
 class ShardedLearner(Learner):
     """`Learner` on this rank's shard of the weights; all ranks call its methods together."""
 
-    def __init__(self, model: nn.Module, config: LearnerConfig | None = None, *, pad_id: int = 0,
-                 version: int = 0, activation_checkpointing: bool = False, cpu_offload: bool = False,
-                 mixed_precision: bool | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        config: LearnerConfig | None = None,
+        *,
+        pad_id: int = 0,
+        version: int = 0,
+        activation_checkpointing: bool = False,
+        cpu_offload: bool = False,
+        mixed_precision: bool | None = None,
+    ):
         if not dist.is_initialized():
             raise RuntimeError("ShardedLearner needs a process group: call init_ranks() on every rank first")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.root = shard_model(model, mixed_precision=mixed_precision,
-                                activation_checkpointing=activation_checkpointing, cpu_offload=cpu_offload)
+        self.root = shard_model(
+            model,
+            mixed_precision=mixed_precision,
+            activation_checkpointing=activation_checkpointing,
+            cpu_offload=cpu_offload,
+        )
         super().__init__(model, config, pad_id=pad_id, version=version)
         self._gradient_scale = float(self.world)  # FSDP averages over ranks; the loss is already a whole-batch mean
         self._mine: set[int] = set()
         self._leading = False
         self._dense: nn.Module | None = None  # rank 0's consolidated copy, reused
-        self._filler = _Sample(ids=torch.full((2,), pad_id, dtype=torch.long), mask=torch.zeros(1),
-                               behav=torch.zeros(1), advantages=torch.zeros(1), versions=torch.full((1,), -1),
-                               prox=torch.zeros(1))
+        self._filler = _Sample(
+            ids=torch.full((2,), pad_id, dtype=torch.long),
+            mask=torch.zeros(1),
+            behav=torch.zeros(1),
+            advantages=torch.zeros(1),
+            versions=torch.full((1,), -1),
+            prox=torch.zeros(1),
+        )
 
     # --- the step: same batch on every rank, each trains its share ----------------------------------------
 
@@ -150,8 +188,12 @@ class ShardedLearner(Learner):
 
     def follow(self) -> None:
         """On ranks > 0: run each collective rank 0 starts, until it calls `stop()`."""
-        calls: dict[str, Callable[..., Any]] = {"step": self.step, "save_checkpoint": self.save_checkpoint, "load_checkpoint": self.load_checkpoint,
-                 "consolidated_model": self.consolidated_model}
+        calls: dict[str, Callable[..., Any]] = {
+            "step": self.step,
+            "save_checkpoint": self.save_checkpoint,
+            "load_checkpoint": self.load_checkpoint,
+            "consolidated_model": self.consolidated_model,
+        }
         while True:
             box: list[Any] = [None]
             dist.broadcast_object_list(box, src=0)
@@ -179,7 +221,7 @@ class ShardedLearner(Learner):
     def _assign(self, samples: list[_Sample]) -> None:
         """The samples this rank trains: its share of each minibatch."""
         m = self.config.minibatches
-        self._mine = {id(s) for i in range(m) for s in samples[i::m][self.rank::self.world]}
+        self._mine = {id(s) for i in range(m) for s in samples[i::m][self.rank :: self.world]}
 
     def _micro_batches(self, samples: list[_Sample]) -> list[list[_Sample]]:
         """This rank's micro-batches of `samples`, padded with empty ones to the most any rank has.
@@ -192,8 +234,13 @@ class ShardedLearner(Learner):
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         return batches + [[self._filler]] * (int(count) - len(batches))
 
-    def _trained_logprobs(self, ids: torch.Tensor, attention: torch.Tensor | None, where: torch.Tensor,
-                          positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _trained_logprobs(
+        self,
+        ids: torch.Tensor,
+        attention: torch.Tensor | None,
+        where: torch.Tensor,
+        positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.root(ids, attention, where, self.config.temperature, self.config.logit_chunk_tokens, positions)
 
     def _clip_gradients(self) -> float:
@@ -247,8 +294,15 @@ class ShardedLearner(Learner):
         self._dense.load_state_dict(weights)
         return self._dense
 
-    def save_checkpoint(self, run_dir: str | os.PathLike, step: int, *, tokenizer: Any,
-                        state: dict[str, Any] | None = None, keep: int = 2) -> Path:
+    def save_checkpoint(
+        self,
+        run_dir: str | os.PathLike,
+        step: int,
+        *,
+        tokenizer: Any,
+        state: dict[str, Any] | None = None,
+        keep: int = 2,
+    ) -> Path:
         """Checkpoint `step` as the single-rank learner writes it (a consolidated model dir and trainer.pt,
         `state` plus this learner's under "learner"), with the sharded weights and optimizer in `sharded/`."""
         self._announce("save_checkpoint", run_dir=run_dir, step=step, tokenizer=None, keep=keep)
@@ -265,9 +319,15 @@ class ShardedLearner(Learner):
                 dense = self._consolidated()
                 final = checkpoint_root(run_dir) / f"step-{step:05d}"
                 if self.rank == 0:
-                    final = save_checkpoint(run_dir, step, model=dense, tokenizer=tokenizer,
-                                            state={**(state or {}), "learner": self.trainer_state()}, keep=keep,
-                                            extra=lambda d: os.replace(staging, d / SHARDED))
+                    final = save_checkpoint(
+                        run_dir,
+                        step,
+                        model=dense,
+                        tokenizer=tokenizer,
+                        state={**(state or {}), "learner": self.trainer_state()},
+                        keep=keep,
+                        extra=lambda d: os.replace(staging, d / SHARDED),
+                    )
             except Exception as e:
                 if self.rank == 0:
                     shutil.rmtree(staging, ignore_errors=True)
@@ -285,8 +345,10 @@ class ShardedLearner(Learner):
         self._announce("load_checkpoint", checkpoint=checkpoint)
         checkpoint = Path(checkpoint)
         if not (checkpoint / SHARDED).is_dir():
-            raise FileNotFoundError(f"{checkpoint} has no {SHARDED}/ directory: it was written by a single-rank "
-                                    "learner; resume it with learner.ranks=1")
+            raise FileNotFoundError(
+                f"{checkpoint} has no {SHARDED}/ directory: it was written by a single-rank "
+                "learner; resume it with learner.ranks=1"
+            )
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         dcp.load({"model": model_state, "optim": optim_state}, checkpoint_id=checkpoint / SHARDED)
         set_state_dict(self.model, self.optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
@@ -296,9 +358,17 @@ class ShardedLearner(Learner):
         return state
 
 
-def load_sharded_learner(model_dir: str | os.PathLike, config: LearnerConfig, *, dtype: torch.dtype = torch.float32,
-                         pad_id: int = 0, checkpoint: str | os.PathLike | None = None, version: int = 0,
-                         device: str | None = None, **ranks: Any) -> ShardedLearner:
+def load_sharded_learner(
+    model_dir: str | os.PathLike,
+    config: LearnerConfig,
+    *,
+    dtype: torch.dtype = torch.float32,
+    pad_id: int = 0,
+    checkpoint: str | os.PathLike | None = None,
+    version: int = 0,
+    device: str | None = None,
+    **ranks: Any,
+) -> ShardedLearner:
     """A ShardedLearner on this rank (joining the process group) from `model_dir`, resumed from `checkpoint`.
 
     `ranks` go to `init_ranks` (rank, world_size, master_addr, master_port, device_index; default: torchrun's
@@ -313,8 +383,14 @@ def load_sharded_learner(model_dir: str | os.PathLike, config: LearnerConfig, *,
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     if cuda and not config.cpu_offload:
         model = model.to(torch.device("cuda", torch.cuda.current_device()))
-    learner = ShardedLearner(model, config, pad_id=pad_id, version=version,
-                             activation_checkpointing=config.activation_checkpointing, cpu_offload=config.cpu_offload)
+    learner = ShardedLearner(
+        model,
+        config,
+        pad_id=pad_id,
+        version=version,
+        activation_checkpointing=config.activation_checkpointing,
+        cpu_offload=config.cpu_offload,
+    )
     if checkpoint is not None:
         learner.load_checkpoint(checkpoint)
     return learner

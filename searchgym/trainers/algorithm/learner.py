@@ -17,6 +17,7 @@ not grow with the vocabulary.
 Log-probs are log softmax(logits / temperature), the quantity the engines report for the behaviour
 policy, so behaviour, proximal and current policies are compared like for like.
 """
+
 from __future__ import annotations
 
 import os
@@ -115,8 +116,13 @@ def padded_batches(items: Iterable[T], budget: int, length: Callable[[T], int]) 
     return batches
 
 
-def next_token_hidden(model: PreTrainedModel, ids: torch.Tensor, attention: torch.Tensor | None,
-                      where: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+def next_token_hidden(
+    model: PreTrainedModel,
+    ids: torch.Tensor,
+    attention: torch.Tensor | None,
+    where: torch.Tensor,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Last hidden states [N, hidden] predicting token t+1 at the N positions t where `where` [B, T-1] is set.
 
     Only trained tokens need the LM head, and they are a small share of an agent's context (observations and
@@ -131,16 +137,27 @@ def next_token_hidden(model: PreTrainedModel, ids: torch.Tensor, attention: torc
     return out.last_hidden_state[:, :-1][where.bool()]
 
 
-def next_token_logits(model: PreTrainedModel, ids: torch.Tensor, attention: torch.Tensor | None,
-                      where: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+def next_token_logits(
+    model: PreTrainedModel,
+    ids: torch.Tensor,
+    attention: torch.Tensor | None,
+    where: torch.Tensor,
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Logits [N, vocab] at the positions `where` marks (`next_token_hidden` through the LM head), for callers
     that want whole logits of few positions (warm starts); the learner uses `next_token_logprobs` instead."""
     return model.get_output_embeddings()(next_token_hidden(model, ids, attention, where, positions))
 
 
-def next_token_logprobs(model: PreTrainedModel, ids: torch.Tensor, attention: torch.Tensor | None,
-                        where: torch.Tensor, temperature: float = 1.0, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-                        positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def next_token_logprobs(
+    model: PreTrainedModel,
+    ids: torch.Tensor,
+    attention: torch.Tensor | None,
+    where: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    positions: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """fp32 log-probs [N] of the next tokens at the positions `where` [B, T-1] marks, and the entropies [N] there.
 
     The same quantity as log softmax(next_token_logits / temperature) at the labels, computed a chunk of positions
@@ -148,8 +165,14 @@ def next_token_logprobs(model: PreTrainedModel, ids: torch.Tensor, attention: to
     """
     head = model.get_output_embeddings()
     hidden = next_token_hidden(model, ids, attention, where, positions)
-    return chunked_logprobs(hidden, head.weight, ids[:, 1:][where.bool()], temperature,
-                            bias=getattr(head, "bias", None), chunk_tokens=chunk_tokens)
+    return chunked_logprobs(
+        hidden,
+        head.weight,
+        ids[:, 1:][where.bool()],
+        temperature,
+        bias=getattr(head, "bias", None),
+        chunk_tokens=chunk_tokens,
+    )
 
 
 _VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")  # attention that runs packed rows per sample
@@ -186,8 +209,13 @@ def _noisy(settings: dict[str, Any]) -> bool:
     for key, value in settings.items():
         if isinstance(value, dict) and _noisy(value):
             return True
-        if (isinstance(key, str) and any(word in key for word in _TRAIN_MODE_NOISE) and isinstance(value, (int, float))
-                and not isinstance(value, bool) and value > 0):
+        if (
+            isinstance(key, str)
+            and any(word in key for word in _TRAIN_MODE_NOISE)
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and value > 0
+        ):
             return True
     return False
 
@@ -195,19 +223,24 @@ def _noisy(settings: dict[str, Any]) -> bool:
 class Learner:
     """Owns the trained model and its optimizer; `step` turns groups of trajectories into one new version."""
 
-    def __init__(self, model: torch.nn.Module, config: LearnerConfig | None = None, *, pad_id: int = 0,
-                 version: int = 0):
+    def __init__(
+        self, model: torch.nn.Module, config: LearnerConfig | None = None, *, pad_id: int = 0, version: int = 0
+    ):
         config = config or LearnerConfig()
         self.model, self.config, self.pad_id, self.version = model, config, pad_id, version
         self.device = next(model.parameters()).device
         self._gradient_scale = 1.0  # the sharded learner's ranks multiply by their number (FSDP averages gradients)
-        self._prox_from_training_pass = not has_train_mode_noise(model)  # else train-mode passes differ from eval-mode ones
+        self._prox_from_training_pass = not has_train_mode_noise(
+            model
+        )  # else train-mode passes differ from eval-mode ones
         self.packed = packs_sequences(model, config.packing)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=config.betas,
-                                           weight_decay=config.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+        )
         warmup = max(config.warmup_steps, 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+            self.optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0
+        )
 
     # --- one update ----------------------------------------------------------------------------
 
@@ -221,7 +254,7 @@ class Learner:
         if not samples:
             self.version += 1
             return {**stats, "updated": 0.0, "version": float(self.version)}
-        minibatches = [samples[i::self.config.minibatches] for i in range(self.config.minibatches)]
+        minibatches = [samples[i :: self.config.minibatches] for i in range(self.config.minibatches)]
         minibatches = [m for m in minibatches if m]
         self._assign(samples)
         later = minibatches[1:] if self._prox_from_training_pass else minibatches  # the first one's own pass serves
@@ -247,10 +280,19 @@ class Learner:
                 prox = prox.clone()
                 for (row, start), s in zip(layout.spans, batch, strict=True):
                     if s.prox is None:
-                        prox[row, start:start + len(s.ids) - 1] = logp[row, start:start + len(s.ids) - 1].detach()
-            loss, stats = decoupled_ppo_loss(logp, prox, layout.behav, layout.adv, mask, eps_clip=cfg.eps_clip,
-                                             eps_clip_high=cfg.eps_clip_high, behav_weight_cap=cfg.behav_weight_cap,
-                                             c_clip=cfg.c_clip, normalizer=max(normalizer, 1))
+                        prox[row, start : start + len(s.ids) - 1] = logp[row, start : start + len(s.ids) - 1].detach()
+            loss, stats = decoupled_ppo_loss(
+                logp,
+                prox,
+                layout.behav,
+                layout.adv,
+                mask,
+                eps_clip=cfg.eps_clip,
+                eps_clip_high=cfg.eps_clip_high,
+                behav_weight_cap=cfg.behav_weight_cap,
+                c_clip=cfg.c_clip,
+                normalizer=max(normalizer, 1),
+            )
             (loss * self._gradient_scale).backward()
             with torch.no_grad():
                 stats["entropy"] = (entropy * mask[where]).sum() / max(float(mask.sum()), 1.0)
@@ -259,8 +301,11 @@ class Learner:
         self.optimizer.step()
         self.scheduler.step()
         # micro-batch losses share the minibatch's normaliser, so they add up to the minibatch loss
-        return {**aggregate_stats(self._gather_stats(parts)), "grad_norm": grad_norm,
-                "lr": float(self.scheduler.get_last_lr()[0])}
+        return {
+            **aggregate_stats(self._gather_stats(parts)),
+            "grad_norm": grad_norm,
+            "lr": float(self.scheduler.get_last_lr()[0]),
+        }
 
     def _clip_gradients(self) -> float:
         """Clip the gradient to `grad_clip` in global norm; the norm before clipping."""
@@ -280,7 +325,9 @@ class Learner:
             return [], {"groups": 0.0, "dropped_groups": 0.0}
         first = torch.tensor([[r[0] for r in group] for group in turn_returns], dtype=torch.float64)
         advantages, keep = group_advantages(first, std_normalize=cfg.std_normalize)
-        scale = first.std(dim=1, keepdim=True, correction=0) + 1e-6 if cfg.std_normalize else torch.ones_like(first[:, :1])
+        scale = (
+            first.std(dim=1, keepdim=True, correction=0) + 1e-6 if cfg.std_normalize else torch.ones_like(first[:, :1])
+        )
         samples: list[_Sample] = []
         trained_segments = []
         for g, group in enumerate(groups):
@@ -298,7 +345,8 @@ class Learner:
             "dropped_groups": float(len(groups) - int(keep.sum())) if cfg.drop_no_spread else 0.0,
             "reward_mean": float(sum(t.reward for g in groups for t in g) / sum(len(g) for g in groups)),
             "trained_tokens": float(len(versions)),
-            "staleness_mean": float(stale.mean()), "staleness_max": float(stale.max()),
+            "staleness_mean": float(stale.mean()),
+            "staleness_max": float(stale.max()),
             "segments_mean": float(sum(t.num_segments for g in groups for t in g) / sum(len(g) for g in groups)),
             "trained_segments": float(sum(trained_segments)),
         }
@@ -322,10 +370,13 @@ class Learner:
             if generated and run_advantages:
                 token_advantage[i] = run_advantages[min(run, len(run_advantages) - 1)]
             previous = generated
-        return _Sample(ids=torch.tensor(segment.input_ids, dtype=torch.long),
-                       mask=torch.tensor(segment.loss_mask[1:], dtype=torch.float32),
-                       behav=torch.tensor(segment.logprobs[1:], dtype=torch.float32),
-                       advantages=token_advantage[1:], versions=torch.tensor(segment.versions[1:], dtype=torch.long))
+        return _Sample(
+            ids=torch.tensor(segment.input_ids, dtype=torch.long),
+            mask=torch.tensor(segment.loss_mask[1:], dtype=torch.float32),
+            behav=torch.tensor(segment.logprobs[1:], dtype=torch.float32),
+            advantages=token_advantage[1:],
+            versions=torch.tensor(segment.versions[1:], dtype=torch.long),
+        )
 
     def _micro_batches(self, samples: list[_Sample]) -> list[list[_Sample]]:
         """Group samples (longest first) so each micro-batch stays within the token budget: padded, its longest
@@ -357,7 +408,7 @@ class Learner:
             layout = self._layout(batch)
             logp, _, _ = self._logprobs(layout)
             for (row, start), sample in zip(layout.spans, batch, strict=True):
-                sample.prox = logp[row, start:start + len(sample.ids) - 1].cpu()
+                sample.prox = logp[row, start : start + len(sample.ids) - 1].cpu()
 
     def _logprobs(self, layout: _Layout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probs [B, T-1] of the trained tokens (0 elsewhere), their entropies [N], and where they are."""
@@ -367,15 +418,23 @@ class Learner:
         logp[where] = logp_trained
         return logp, entropy, where
 
-    def _trained_logprobs(self, ids: torch.Tensor, attention: torch.Tensor | None, where: torch.Tensor,
-                          positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _trained_logprobs(
+        self,
+        ids: torch.Tensor,
+        attention: torch.Tensor | None,
+        where: torch.Tensor,
+        positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """`next_token_logprobs` of the trained model (the sharded learner calls it through its FSDP root)."""
-        return next_token_logprobs(self.model, ids, attention, where, self.config.temperature,
-                                   self.config.logit_chunk_tokens, positions)
+        return next_token_logprobs(
+            self.model, ids, attention, where, self.config.temperature, self.config.logit_chunk_tokens, positions
+        )
 
     def _layout(self, batch: list[_Sample]) -> _Layout:
         """The micro-batch as a `_Layout` on the learner's device: packed in one row, or one padded row a sample."""
-        rows, width = (1, sum(len(s.ids) for s in batch)) if self.packed else (len(batch), max(len(s.ids) for s in batch))
+        rows, width = (
+            (1, sum(len(s.ids) for s in batch)) if self.packed else (len(batch), max(len(s.ids) for s in batch))
+        )
         ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
         attention = None if self.packed else torch.zeros((rows, width), dtype=torch.long)
         positions = torch.zeros((rows, width), dtype=torch.long) if self.packed else None
@@ -384,22 +443,23 @@ class Learner:
         for i, s in enumerate(batch):
             row, start = (0, start) if self.packed else (i, 0)
             n = len(s.ids)
-            ids[row, start:start + n] = s.ids
+            ids[row, start : start + n] = s.ids
             if positions is not None:
-                positions[row, start:start + n] = torch.arange(n)
+                positions[row, start : start + n] = torch.arange(n)
             if attention is not None:
                 attention[row, :n] = 1
             # n - 1 positions predict this sample's own tokens; the n-th (packed: the next sample's first) stays 0
-            mask[row, start:start + n - 1], behav[row, start:start + n - 1] = s.mask, s.behav
-            adv[row, start:start + n - 1] = s.advantages
+            mask[row, start : start + n - 1], behav[row, start : start + n - 1] = s.mask, s.behav
+            adv[row, start : start + n - 1] = s.advantages
             if s.prox is not None:
-                prox[row, start:start + n - 1] = s.prox
+                prox[row, start : start + n - 1] = s.prox
             spans.append((row, start))
             start += n
         move = lambda t: None if t is None else t.to(self.device)  # noqa: E731
         dev = self.device
-        return _Layout(ids.to(dev), move(attention), move(positions), mask.to(dev), behav.to(dev), adv.to(dev),
-                       prox.to(dev), spans)
+        return _Layout(
+            ids.to(dev), move(attention), move(positions), mask.to(dev), behav.to(dev), adv.to(dev), prox.to(dev), spans
+        )
 
     # --- checkpoints and what the launchers send ------------------------------------------------
 
@@ -416,16 +476,32 @@ class Learner:
     def stop(self) -> None:
         """Release the ranks following this one (a sharded learner's rank 0); a single-rank learner has none."""
 
-    def save_checkpoint(self, run_dir: str | os.PathLike, step: int, *, tokenizer: Any,
-                        state: dict[str, Any] | None = None, keep: int = 2) -> Path:
+    def save_checkpoint(
+        self,
+        run_dir: str | os.PathLike,
+        step: int,
+        *,
+        tokenizer: Any,
+        state: dict[str, Any] | None = None,
+        keep: int = 2,
+    ) -> Path:
         """Checkpoint `step`: the model dir and trainer.pt (`state` plus this learner's under "learner")."""
-        return save_checkpoint(run_dir, step, model=self.model, tokenizer=tokenizer, keep=keep,
-                               state={**(state or {}), "learner": self.trainer_state()})
+        return save_checkpoint(
+            run_dir,
+            step,
+            model=self.model,
+            tokenizer=tokenizer,
+            keep=keep,
+            state={**(state or {}), "learner": self.trainer_state()},
+        )
 
     def trainer_state(self) -> dict[str, Any]:
         """Everything but the weights (which checkpoints save as a model directory): optimizer, scheduler, version."""
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "version": self.version}
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "version": self.version,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), **self.trainer_state()}

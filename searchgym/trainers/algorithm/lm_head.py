@@ -12,6 +12,7 @@ would need ~70 GB at once; chunked it needs `chunk_tokens` positions' worth, wha
 The cost is one more [chunk, hidden] x [hidden, vocab] product per chunk in the backward pass (the logits are
 recomputed rather than kept): ~1/3 more loss-head FLOPs, a small share of a step next to the decoder layers.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -36,8 +37,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
     """Autograd for `chunked_logprobs`: saves hidden states, weights and the per-token log-sum-exp, not logits."""
 
     @staticmethod
-    def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor, temperature: float,
-                chunk: int) -> tuple[Tensor, Tensor]:
+    def forward(
+        ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor, temperature: float, chunk: int
+    ) -> tuple[Tensor, Tensor]:
         n = hidden.shape[0]
         logp = hidden.new_empty(n, dtype=torch.float32)
         entropy = hidden.new_empty(n, dtype=torch.float32)
@@ -93,13 +95,25 @@ class _ChunkedLogprobs(torch.autograd.Function):
             grad_weight = torch.zeros_like(weight)
         if need_bias and grad_bias is None:
             grad_bias = torch.zeros_like(bias)
-        return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
-                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None)
+        return (
+            grad_hidden,
+            None if grad_weight is None else grad_weight.to(weight.dtype),
+            None if grad_bias is None else grad_bias.to(bias.dtype),
+            None,
+            None,
+            None,
+        )
 
 
-def chunked_logprobs(hidden: Tensor, weight: Tensor, labels: Tensor, temperature: float = 1.0, *,
-                     bias: Tensor | None = None,
-                     chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> tuple[Tensor, Tensor]:
+def chunked_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    temperature: float = 1.0,
+    *,
+    bias: Tensor | None = None,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+) -> tuple[Tensor, Tensor]:
     """fp32 log softmax(hidden @ weight.T + bias) / temperature) at `labels`, and the distribution's entropy.
 
     `hidden` [N, H] (the last hidden states at the N scored positions), `weight` [V, H] (the LM head), `labels` [N].
@@ -111,6 +125,8 @@ def chunked_logprobs(hidden: Tensor, weight: Tensor, labels: Tensor, temperature
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be at least 1, got {chunk_tokens}")
     if hidden.dim() != 2 or labels.shape != hidden.shape[:1] or weight.dim() != 2 or weight.shape[1] != hidden.shape[1]:
-        raise ValueError(f"expected hidden [N, H], weight [V, H], labels [N]; got {tuple(hidden.shape)}, "
-                         f"{tuple(weight.shape)}, {tuple(labels.shape)}")
+        raise ValueError(
+            f"expected hidden [N, H], weight [V, H], labels [N]; got {tuple(hidden.shape)}, "
+            f"{tuple(weight.shape)}, {tuple(labels.shape)}"
+        )
     return _ChunkedLogprobs.apply(hidden, weight, bias, labels.long(), float(temperature), int(chunk_tokens))

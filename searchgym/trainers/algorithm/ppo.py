@@ -17,6 +17,7 @@ Read top to bottom:
    staleness; tokens whose behaviour weight exceeds a cap are dropped but still counted in the normaliser,
    and no cap means no behaviour weighting at all (AReaL 1.0.4's semantics, listed in its docstring).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ LOG_RATIO_CLAMP = 20.0  # log(pi_theta / pi_prox) is clamped to [-20, 20] before
 # ---------------------------------------------------------------------------------------------------------------
 # 1. Rewards: per-turn returns of (already refined) process rewards plus the outcome
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def returns_to_go(outcome: float, process: Sequence[float]) -> list[float]:
     """Undiscounted per-turn return G_t = sum_{k >= t} process_k + outcome, the outcome being paid after the last turn.
@@ -47,6 +49,7 @@ def returns_to_go(outcome: float, process: Sequence[float]) -> list[float]:
 # ---------------------------------------------------------------------------------------------------------------
 # 2. Group baseline
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def group_advantages(returns: Tensor, *, std_normalize: bool = False, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
     """Advantages = returns minus their group's mean (optionally over its std + eps), and which groups to keep.
@@ -67,6 +70,7 @@ def group_advantages(returns: Tensor, *, std_normalize: bool = False, eps: float
 # ---------------------------------------------------------------------------------------------------------------
 # 3. Log-probabilities and entropy, in the engines' convention
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def token_logprobs(logits: Tensor, labels: Tensor, temperature: float = 1.0) -> Tensor:
     """log softmax(logits / temperature) gathered at `labels`, in fp32: exactly what the engines record when sampling.
@@ -90,6 +94,7 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
 # ---------------------------------------------------------------------------------------------------------------
 # 4. Decoupled PPO loss
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def _behaviour_weight(prox_logp: Tensor, behav_logp: Tensor) -> Tensor:
     """pi_prox / pi_behav per token, a constant (no gradient), in fp32 at least; a non-finite log-ratio gives 1.
@@ -141,15 +146,29 @@ def _masked_min(x: Tensor, where: Tensor) -> Tensor:
 # Which token count weighs each statistic of `decoupled_ppo_loss` when averaging it over micro-batches or
 # minibatches: "valid_tokens" (the kept tokens) or "normalizer_tokens" (all trained tokens). Keys ending in _max
 # and _min aggregate as max and min; the counts themselves and "loss" are sums over micro-batches.
-STAT_WEIGHTS = {"clip_fraction": "valid_tokens", "dual_clip_fraction": "valid_tokens",
-                "importance_weight_mean": "valid_tokens", "behav_weight_mean": "valid_tokens",
-                "approx_kl": "valid_tokens", "behav_capped_fraction": "normalizer_tokens"}
+STAT_WEIGHTS = {
+    "clip_fraction": "valid_tokens",
+    "dual_clip_fraction": "valid_tokens",
+    "importance_weight_mean": "valid_tokens",
+    "behav_weight_mean": "valid_tokens",
+    "approx_kl": "valid_tokens",
+    "behav_capped_fraction": "normalizer_tokens",
+}
 
 
-def decoupled_ppo_loss(logp: Tensor, prox_logp: Tensor, behav_logp: Tensor, advantages: Tensor, mask: Tensor, *,
-                       eps_clip: float = 0.2, eps_clip_high: float | None = None, behav_weight_cap: float | None = 5.0,
-                       c_clip: float | None = None,
-                       normalizer: float | Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def decoupled_ppo_loss(
+    logp: Tensor,
+    prox_logp: Tensor,
+    behav_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_clip: float = 0.2,
+    eps_clip_high: float | None = None,
+    behav_weight_cap: float | None = 5.0,
+    c_clip: float | None = None,
+    normalizer: float | Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """AReaL 1.0.4's decoupled PPO loss (`ppo_actor_loss_fn`, token level, mask mode), to minimise, and statistics.
 
     All tensors share one shape (e.g. [B, T]); `mask` (bool or 0/1) marks the trained (generated) tokens.

@@ -13,6 +13,7 @@ with its ShardedLearner leading; N-1 follower processes (local_ranks.py) hold th
 weights pushed to the engines are rank 0's consolidated copy; checkpoints are sharded (DCP) plus the
 consolidated model, and `--resume` restores them on the ranks.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -88,9 +89,15 @@ async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict
     learner: Learner | None = None
     finished = False
     try:
-        handle = await open_rollout_engine(rollout, run.model_dir, device=config.model.device, seed=config.seed,
-                                           version=run.version, addresses=rollout.sglang_addresses,
-                                           start_timeout=config.ray.sglang_start_timeout_s)
+        handle = await open_rollout_engine(
+            rollout,
+            run.model_dir,
+            device=config.model.device,
+            seed=config.seed,
+            version=run.version,
+            addresses=rollout.sglang_addresses,
+            start_timeout=config.ray.sglang_start_timeout_s,
+        )
     except BaseException:
         if followers is not None:
             followers.close()
@@ -100,8 +107,9 @@ async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict
         if followers is not None:
             learner = await asyncio.to_thread(followers.lead)
         else:
-            learner = load_learner(config.model, config.learner, run.model_dir, pad_id=tokenizer.pad_token_id,
-                                   state=run.state)
+            learner = load_learner(
+                config.model, config.learner, run.model_dir, pad_id=tokenizer.pad_token_id, state=run.state
+            )
         sync: WeightSync
         if isinstance(engine, SGLangEngine):
             sync = DiskSync([engine], run.out / "weights", tokenizer)
@@ -112,21 +120,42 @@ async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict
         if isinstance(engine, SGLangEngine) and (run.checkpoint is not None or engine.version != learner.version):
             await side.push_weights()  # the servers hold other weights than the learner's
         make_env = make_env_factory(config.env)
-        controller = build_controller(rollout, handle, task_ids(make_env, config.tasks), make_env=make_env,
-                                      synchronous=config.mode == "sync", seed=config.seed)
+        controller = build_controller(
+            rollout,
+            handle,
+            task_ids(make_env, config.tasks),
+            make_env=make_env,
+            synchronous=config.mode == "sync",
+            seed=config.seed,
+        )
         controller.trained_version = learner.version
         if state is not None:
             controller.load_state_dict(state)
         schedule = Schedule(run.first_step, config.steps, run.version, config.save_every)
         async with controller.running():
-            with RunLog(run.out, config_dict(config), resume_step=run.first_step - 1) as run_log, \
-                    StopRequest().installed() as stop:
-                watchdog = Watchdog.for_run(config.watchdog, run.out, run.model_dir, start_step=run.first_step - 1,
-                                            state=side.watchdog_state, can_restore=config.learner.ranks == 1)
+            with (
+                RunLog(run.out, config_dict(config), resume_step=run.first_step - 1) as run_log,
+                StopRequest().installed() as stop,
+            ):
+                watchdog = Watchdog.for_run(
+                    config.watchdog,
+                    run.out,
+                    run.model_dir,
+                    start_step=run.first_step - 1,
+                    state=side.watchdog_state,
+                    can_restore=config.learner.ranks == 1,
+                )
                 try:
-                    history = await train_loop(InProcessRollouts(controller), side, run_log, schedule,
-                                               progress=progress, desc=f"training ({config.mode}, local)",
-                                               watchdog=watchdog, stop=stop)
+                    history = await train_loop(
+                        InProcessRollouts(controller),
+                        side,
+                        run_log,
+                        schedule,
+                        progress=progress,
+                        desc=f"training ({config.mode}, local)",
+                        watchdog=watchdog,
+                        stop=stop,
+                    )
                 except TrainingStopped:
                     finished = not stop.abandoned  # a clean stop releases the learner ranks as a finished run does
                     raise
@@ -151,9 +180,18 @@ def rank_spec(config: TrainConfig, run: Any) -> RankSpec:
         if config.learner.ranks > available:
             raise ValueError(f"learner.ranks={config.learner.ranks} needs a GPU per rank; {available} are visible")
     elif config.model.device != "cpu":
-        raise ValueError(f"learner.ranks > 1 runs on 'cpu' (gloo) or 'cuda' (NCCL), not model.device={config.model.device!r}")
-    return RankSpec(world=config.learner.ranks, master_addr="127.0.0.1", master_port=free_port(),
-                    model_dir=os.fspath(run.model_dir), dtype=config.model.dtype, learner=config.learner,
-                    pad_id=AutoTokenizer.from_pretrained(run.model_dir).pad_token_id or 0,
-                    checkpoint=os.fspath(run.checkpoint) if run.checkpoint else None,
-                    threads=torch.get_num_threads(), device="cuda" if config.model.device.startswith("cuda") else "cpu")
+        raise ValueError(
+            f"learner.ranks > 1 runs on 'cpu' (gloo) or 'cuda' (NCCL), not model.device={config.model.device!r}"
+        )
+    return RankSpec(
+        world=config.learner.ranks,
+        master_addr="127.0.0.1",
+        master_port=free_port(),
+        model_dir=os.fspath(run.model_dir),
+        dtype=config.model.dtype,
+        learner=config.learner,
+        pad_id=AutoTokenizer.from_pretrained(run.model_dir).pad_token_id or 0,
+        checkpoint=os.fspath(run.checkpoint) if run.checkpoint else None,
+        threads=torch.get_num_threads(),
+        device="cuda" if config.model.device.startswith("cuda") else "cpu",
+    )

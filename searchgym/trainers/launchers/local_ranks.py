@@ -11,6 +11,7 @@ A follower dies with its leader: it polls its parent and exits when the parent i
 and the leader's exit (normal or not) ends the followers it spawned. A follower that dies makes the leader
 fail with an error naming the rank and its exit code (`failure()`), instead of a wait on a dead peer.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,6 +35,7 @@ PARENT_POLL_S = 0.5
 
 def die_with_parent(parent: int) -> None:
     """Exit this process at once when `parent` is no longer its parent (it died, even by SIGKILL)."""
+
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(PARENT_POLL_S)
@@ -65,8 +67,10 @@ class FollowerRanks:
             raise ValueError("FollowerRanks needs a world of at least 2 ranks")
         self.spec = spec
         context = mp.get_context("spawn")
-        self.processes = [context.Process(target=_follow, args=(rank, spec, os.getpid()), daemon=True,
-                                          name=f"learner-rank-{rank}") for rank in range(1, spec.world)]
+        self.processes = [
+            context.Process(target=_follow, args=(rank, spec, os.getpid()), daemon=True, name=f"learner-rank-{rank}")
+            for rank in range(1, spec.world)
+        ]
         for process in self.processes:
             process.start()
 
@@ -79,8 +83,10 @@ class FollowerRanks:
         while True:
             for rank, process in enumerate(self.processes, start=1):
                 if process.exitcode is not None:
-                    return (f"learner rank {rank} (pid {process.pid}) exited with code {process.exitcode}: the "
-                            "sharded learner cannot go on without it (its traceback, if any, is above)")
+                    return (
+                        f"learner rank {rank} (pid {process.pid}) exited with code {process.exitcode}: the "
+                        "sharded learner cannot go on without it (its traceback, if any, is above)"
+                    )
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.05)

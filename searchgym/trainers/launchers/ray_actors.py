@@ -9,6 +9,7 @@
 
 The SGLang server actor is in ray_servers.py: it needs neither torch nor a model in its own process.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -56,8 +57,7 @@ class LearnerWorker:
     (the driver calls it as it calls a single learner) while the others `follow()` its collectives.
     """
 
-    def __init__(self, config: TrainConfig, model_dir: str, checkpoint: str | None, env: dict[str, str],
-                 rank: int = 0):
+    def __init__(self, config: TrainConfig, model_dir: str, checkpoint: str | None, env: dict[str, str], rank: int = 0):
         os.environ.update(env)
         from transformers import AutoTokenizer
 
@@ -66,8 +66,9 @@ class LearnerWorker:
         self.learner: Learner | None = None
         if config.learner.ranks == 1:
             state = load_trainer_state(checkpoint) if checkpoint else None
-            self.learner = load_learner(config.model, config.learner, model_dir, pad_id=self.tokenizer.pad_token_id,
-                                        state=state)
+            self.learner = load_learner(
+                config.model, config.learner, model_dir, pad_id=self.tokenizer.pad_token_id, state=state
+            )
         self.side: InProcessLearner | None = None
 
     def master_address(self) -> tuple[str, int]:
@@ -81,10 +82,17 @@ class LearnerWorker:
         """Build this rank's ShardedLearner in rank 0's group (all ranks together: loading a checkpoint is a
         collective); rank 0 then leads."""
         config = self.config
-        spec = RankSpec(world=config.learner.ranks, master_addr=master_addr, master_port=master_port,
-                        model_dir=self.model_dir, dtype=config.model.dtype, learner=config.learner,
-                        pad_id=self.tokenizer.pad_token_id or 0, checkpoint=self.checkpoint,
-                        device="cuda" if config.ray.learner_gpus > 0 else "cpu")
+        spec = RankSpec(
+            world=config.learner.ranks,
+            master_addr=master_addr,
+            master_port=master_port,
+            model_dir=self.model_dir,
+            dtype=config.model.dtype,
+            learner=config.learner,
+            pad_id=self.tokenizer.pad_token_id or 0,
+            checkpoint=self.checkpoint,
+            device="cuda" if config.ray.learner_gpus > 0 else "cpu",
+        )
         learner = await asyncio.to_thread(sharded_learner, spec, self.rank, 0)  # Ray shows each actor its GPU as 0
         if self.rank == 0:
             learner.lead()
@@ -114,14 +122,21 @@ class LearnerWorker:
 
             host = ray.util.get_node_ip_address()
             backend = "nccl" if self.config.model.device.startswith("cuda") else "gloo"
-            sync = DistributedSync(list(servers), [RemoteEngine(a) for a in rollout_actors], master_address=host,
-                                   master_port=free_port(host), backend=backend)
+            sync = DistributedSync(
+                list(servers),
+                [RemoteEngine(a) for a in rollout_actors],
+                master_address=host,
+                master_port=free_port(host),
+                backend=backend,
+            )
             await sync.init()
         else:
-            sync = DiskSync([RemoteEngine(a) for a in rollout_actors], Path(self.config.out_dir) / "weights",
-                            self.tokenizer)
-        self.side = InProcessLearner(self.learner, sync, self.tokenizer, self.config.out_dir,
-                                     self.config.keep_checkpoints)
+            sync = DiskSync(
+                [RemoteEngine(a) for a in rollout_actors], Path(self.config.out_dir) / "weights", self.tokenizer
+            )
+        self.side = InProcessLearner(
+            self.learner, sync, self.tokenizer, self.config.out_dir, self.config.keep_checkpoints
+        )
         if self.checkpoint:  # the collapse watchdog's restores and lr scale carry on into later checkpoints
             self.side.watchdog_state = dict(load_trainer_state(self.checkpoint, mmap=True).get("watchdog") or {})
 
@@ -164,8 +179,15 @@ class RolloutWorker:
     staleness controller. Its groups are labelled with run-wide positions (`global_group`).
     """
 
-    def __init__(self, config: TrainConfig, index: int, model_dir: str, state: dict[str, Any] | None, version: int,
-                 env: dict[str, str]):
+    def __init__(
+        self,
+        config: TrainConfig,
+        index: int,
+        model_dir: str,
+        state: dict[str, Any] | None,
+        version: int,
+        env: dict[str, str],
+    ):
         os.environ.update(env)
         self.config, self.index, self.count = config, index, config.ray.num_rollout_actors
         self.model_dir, self.state, self.version = model_dir, state, version
@@ -180,11 +202,23 @@ class RolloutWorker:
         make_env = make_env_factory(config.env)
         tasks = shard(task_ids(make_env, config.tasks), index, count)
         self.handle = await open_rollout_engine(
-            config.rollout, self.model_dir, device="cuda" if config.ray.rollout_gpus > 0 else "cpu",
-            seed=config.seed + index, version=self.version, addresses=addresses,
-            start_timeout=config.ray.sglang_start_timeout_s)
-        self.controller = build_controller(config.rollout, self.handle, tasks, make_env=make_env,
-                                           synchronous=config.mode == "sync", seed=config.seed + index, shares=count)
+            config.rollout,
+            self.model_dir,
+            device="cuda" if config.ray.rollout_gpus > 0 else "cpu",
+            seed=config.seed + index,
+            version=self.version,
+            addresses=addresses,
+            start_timeout=config.ray.sglang_start_timeout_s,
+        )
+        self.controller = build_controller(
+            config.rollout,
+            self.handle,
+            tasks,
+            make_env=make_env,
+            synchronous=config.mode == "sync",
+            seed=config.seed + index,
+            shares=count,
+        )
         self.controller.trained_version = self.version
         if self.state:
             self.controller.load_state_dict(self.state)

@@ -31,6 +31,7 @@ learner rank 0, or disk), every actor gets the trained version, and checkpoints 
 and every actor's controller state.
 Run files (out_dir, model dirs, weights/) must be on storage all nodes share.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -73,8 +74,10 @@ def local_cluster_kwargs(config: TrainConfig, cpus_needed: float) -> dict[str, A
     is told (it turns a loopback node address into the routable one); Ray's token authentication guards them."""
     if config.ray.address:
         return {}
-    kwargs: dict[str, Any] = {"num_cpus": max(os.cpu_count() or 1, math.ceil(cpus_needed)),
-                              "include_dashboard": config.ray.dashboard}
+    kwargs: dict[str, Any] = {
+        "num_cpus": max(os.cpu_count() or 1, math.ceil(cpus_needed)),
+        "include_dashboard": config.ray.dashboard,
+    }
     if config.ray.dashboard:
         kwargs["dashboard_host"] = config.ray.local_host
     return kwargs
@@ -118,7 +121,9 @@ class RayTrainer:
         self.run = run = start_run(config.out_dir, config.model.path, seed=config.seed, resume=self.resume, mmap=True)
         states = run.rollout_states(n)
         check_resume(run.checkpoint, config.learner.ranks)
-        tasks = task_ids(make_env_factory(config.env), config.tasks)  # builds a synthetic world's cache here, once, not in actors
+        tasks = task_ids(
+            make_env_factory(config.env), config.tasks
+        )  # builds a synthetic world's cache here, once, not in actors
         if len(tasks) < n:
             raise ValueError(f"{len(tasks)} tasks cannot be sharded over {n} rollout actors")
         env = forwarded_env()
@@ -126,8 +131,12 @@ class RayTrainer:
         if not ray.is_initialized():
             # A local cluster's CPUs are scheduling slots: make room for every actor even on a small box
             # (rollout actors mostly wait on their engine and tools); a running cluster is taken as it is.
-            ray.init(address=config.ray.address, runtime_env={"env_vars": env}, log_to_driver=True,
-                     **local_cluster_kwargs(config, needed["CPU"]))
+            ray.init(
+                address=config.ray.address,
+                runtime_env={"env_vars": env},
+                log_to_driver=True,
+                **local_cluster_kwargs(config, needed["CPU"]),
+            )
             self._started_ray = True
         check_fits(needed, ray.cluster_resources())
         model_dir = os.fspath(run.model_dir)
@@ -137,13 +146,15 @@ class RayTrainer:
         Rollout = ray.remote(RolloutWorker).options(num_cpus=config.ray.rollout_cpus, num_gpus=config.ray.rollout_gpus)
         self.rollout_actors = [Rollout.remote(config, i, model_dir, states[i], run.version, env) for i in range(n)]
         self.server_addresses = addresses = list(config.rollout.sglang_addresses) or ray.get(servers)
-        engine_versions = ray.get([actor.start.remote(shard(addresses, i, n))
-                                   for i, actor in enumerate(self.rollout_actors)])
+        engine_versions = ray.get(
+            [actor.start.remote(shard(addresses, i, n)) for i, actor in enumerate(self.rollout_actors)]
+        )
         ray.get(joining)  # every learner rank has built its shard (and loaded the checkpoint's)
         self._following = [actor.follow.remote() for actor in self.learner_ranks[1:]]
         ray.get(self.learner.connect.remote(self.rollout_actors, weight_route(config), addresses))
-        if config.rollout.engine == "sglang" and (run.checkpoint is not None
-                                                 or any(v != run.version for v in engine_versions)):
+        if config.rollout.engine == "sglang" and (
+            run.checkpoint is not None or any(v != run.version for v in engine_versions)
+        ):
             ray.get(self.learner.push_weights.remote())  # the servers hold other weights than the learner's
 
     def _start_learners(self, model_dir: str, checkpoint: str | None, env: dict[str, str]) -> list[Any]:
@@ -178,8 +189,10 @@ class RayTrainer:
             self._placement = placement_group([bundle] * ranks, strategy="PACK" if ranks > 1 else "STRICT_PACK")
             ready, _ = ray.wait([self._placement.ready()], timeout=PLACEMENT_TIMEOUT_S)
             if not ready:
-                raise TimeoutError(f"the cluster could not hold {ranks} learner rank(s) of {bundle} within "
-                                   f"{PLACEMENT_TIMEOUT_S} s: lower learner.ranks or ray.learner_gpus/cpus")
+                raise TimeoutError(
+                    f"the cluster could not hold {ranks} learner rank(s) of {bundle} within "
+                    f"{PLACEMENT_TIMEOUT_S} s: lower learner.ranks or ray.learner_gpus/cpus"
+                )
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self._placement)
         return ray.remote(LearnerWorker).options(**options)
 
@@ -192,8 +205,9 @@ class RayTrainer:
             return []
         Server = ray.remote(SGLangServerWorker).options(num_cpus=1, num_gpus=settings.sglang_gpus_per_server)
         log_dir = os.fspath(Path(self.config.out_dir) / "sglang")
-        self.server_actors = [Server.remote(settings, model_dir, i, log_dir, env)
-                              for i in range(settings.sglang_servers)]
+        self.server_actors = [
+            Server.remote(settings, model_dir, i, log_dir, env) for i in range(settings.sglang_servers)
+        ]
         return [server.start.remote() for server in self.server_actors]
 
     # ---- the step loop -----------------------------------------------------------------------------------
@@ -204,13 +218,27 @@ class RayTrainer:
             raise RuntimeError("start() the trainer first")
         config, run = self.config, self.run
         schedule = Schedule(run.first_step, config.steps, run.version, config.save_every)
-        watchdog = Watchdog.for_run(config.watchdog, run.out, run.model_dir, start_step=run.first_step - 1,
-                                    state=run.state.get("watchdog"), can_restore=config.learner.ranks == 1)
+        watchdog = Watchdog.for_run(
+            config.watchdog,
+            run.out,
+            run.model_dir,
+            start_step=run.first_step - 1,
+            state=run.state.get("watchdog"),
+            can_restore=config.learner.ranks == 1,
+        )
+
         async def steps(run_log: RunLog) -> list[dict[str, float]]:
             with StopRequest().installed() as stop:  # SIGTERM/SIGINT: stop at a step boundary (stopping.py)
-                return await train_loop(RayRollouts(self.rollout_actors), RayLearner(self.learner), run_log,
-                                        schedule, progress=self.progress, desc=f"training ({config.mode}, ray)",
-                                        watchdog=watchdog, stop=stop)
+                return await train_loop(
+                    RayRollouts(self.rollout_actors),
+                    RayLearner(self.learner),
+                    run_log,
+                    schedule,
+                    progress=self.progress,
+                    desc=f"training ({config.mode}, ray)",
+                    watchdog=watchdog,
+                    stop=stop,
+                )
 
         with RunLog(run.out, config_dict(config), resume_step=run.first_step - 1) as run_log:
             return asyncio.run(steps(run_log))
@@ -230,9 +258,11 @@ class RayTrainer:
             except Exception as e:  # noqa: BLE001
                 log.warning("stopping learner ranks: %r", e)
             self._following = []
-        for stop in ([actor.stop.remote() for actor in self.rollout_actors],
-                     [server.stop.remote() for server in self.server_actors],
-                     [self.learner.close.remote()] if self.learner is not None else []):
+        for stop in (
+            [actor.stop.remote() for actor in self.rollout_actors],
+            [server.stop.remote() for server in self.server_actors],
+            [self.learner.close.remote()] if self.learner is not None else [],
+        ):
             try:
                 ray.get(stop, timeout=60)
             except Exception as e:  # noqa: BLE001 -- a dead actor must not keep the others running
@@ -294,8 +324,9 @@ class RayRollouts:
             ray.cancel(ref)
         results = await asyncio.gather(*refs, return_exceptions=True)  # a cancelled one: TaskCancelledError
         count = len(self.actors)  # global_group's inverse: the actor's own position
-        return [[group[0].group // count for group in result] if isinstance(result, list) else []
-                for result in results] or [[] for _ in self.actors]
+        return [
+            [group[0].group // count for group in result] if isinstance(result, list) else [] for result in results
+        ] or [[] for _ in self.actors]
 
     async def discard(self) -> int:
         return sum(await asyncio.gather(*(actor.discard.remote() for actor in self.actors)))

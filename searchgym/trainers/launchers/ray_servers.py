@@ -3,6 +3,7 @@
 Kept apart from ray_actors.py so that the actor process imports no torch: the server is its own
 process, and this actor only launches it, waits until it is ready and stops it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,13 +37,27 @@ class SGLangServerWorker:
         host, host_for_clients = server_hosts(settings, ray.util.get_node_ip_address())
         port = free_port(host)
         if settings.sglang_server == "searchgym":
-            command = [sys.executable, "-m", STAND_IN_MODULE, "--model-path",
-                       self.model_dir, "--host", host, "--port", str(port), *settings.sglang_args]
+            command = [
+                sys.executable,
+                "-m",
+                STAND_IN_MODULE,
+                "--model-path",
+                self.model_dir,
+                "--host",
+                host,
+                "--port",
+                str(port),
+                *settings.sglang_args,
+            ]
         else:
-            command = sglang_launch_command(self.model_dir, host=host, port=port,
-                                            tp_size=max(1, settings.sglang_gpus_per_server),
-                                            mem_fraction_static=settings.sglang_mem_fraction_static,
-                                            extra_args=settings.sglang_args)
+            command = sglang_launch_command(
+                self.model_dir,
+                host=host,
+                port=port,
+                tp_size=max(1, settings.sglang_gpus_per_server),
+                mem_fraction_static=settings.sglang_mem_fraction_static,
+                extra_args=settings.sglang_args,
+            )
         address = f"{host_for_clients}:{port}"
         self.server = SGLangServer(command, address, log_path=self.log_dir / f"server-{self.index}.log")
         self.server.start()

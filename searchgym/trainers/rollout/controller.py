@@ -8,6 +8,7 @@ an older group past the staleness bound). Tasks come in a seeded order, epoch af
 resumed run continues the same data order. The trainer sets `trained_version` after each learner
 step; the loop wakes on that and whenever a group ends, never polling.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -60,8 +61,9 @@ class RolloutStats:
 
 def judge_failures(group: list[Trajectory]) -> list[str]:
     """The judge errors on a group's answers (an LLM judge whose call failed, was cut off or gave no verdict)."""
-    return [str(traj.verdict["error"]) for traj in group
-            if isinstance(traj.verdict, dict) and traj.verdict.get("error")]
+    return [
+        str(traj.verdict["error"]) for traj in group if isinstance(traj.verdict, dict) and traj.verdict.get("error")
+    ]
 
 
 class RolloutController:
@@ -75,9 +77,20 @@ class RolloutController:
     statistics; without it the version starts at 0 and the stats have no engine counters.
     """
 
-    def __init__(self, make_env: Callable[[], SearchEnv], workflow: Workflow, tasks: TaskPool | Sequence[str],
-                 *, engine: InferenceEngine | None = None, group_size: int, batch_size: int, max_staleness: int, max_concurrent_rollouts: int,
-                 seed: int = 0, filter_group: Callable[[list[Trajectory]], bool] | None = None):
+    def __init__(
+        self,
+        make_env: Callable[[], SearchEnv],
+        workflow: Workflow,
+        tasks: TaskPool | Sequence[str],
+        *,
+        engine: InferenceEngine | None = None,
+        group_size: int,
+        batch_size: int,
+        max_staleness: int,
+        max_concurrent_rollouts: int,
+        seed: int = 0,
+        filter_group: Callable[[list[Trajectory]], bool] | None = None,
+    ):
         self.task_ids = [t.id for t in tasks] if isinstance(tasks, TaskPool) else [str(t) for t in tasks]
         if not self.task_ids:
             raise ValueError("no tasks to play")
@@ -172,17 +185,25 @@ class RolloutController:
         """Counters so far, with the elapsed time and engine idle fraction since run() began."""
         ledger, occupancy = self.ledger, self.ledger.occupancy.totals()
         engine = self._engine_stats()
-        stats = dataclasses.replace(self._stats, groups=ledger.accepted, rejected_groups=ledger.rejected,
-                                    failed_groups=ledger.failed, cancelled_groups=ledger.cancelled,
-                                    judge_failed_groups=ledger.judge_failed,
-                                    in_flight_episode_s=occupancy.group_s * self.group_size,
-                                    below_limit_s=occupancy.below_limit_s, occupancy_s=occupancy.span_s,
-                                    engine={k: float(engine[k]) for k in ENGINE_COUNTERS if k in engine})
+        stats = dataclasses.replace(
+            self._stats,
+            groups=ledger.accepted,
+            rejected_groups=ledger.rejected,
+            failed_groups=ledger.failed,
+            cancelled_groups=ledger.cancelled,
+            judge_failed_groups=ledger.judge_failed,
+            in_flight_episode_s=occupancy.group_s * self.group_size,
+            below_limit_s=occupancy.below_limit_s,
+            occupancy_s=occupancy.span_s,
+            engine={k: float(engine[k]) for k in ENGINE_COUNTERS if k in engine},
+        )
         if self._started_at is None:
             return stats
         elapsed = time.perf_counter() - self._started_at[0]
         busy, busy_then = engine.get("busy_s"), self._started_at[1]
-        idle = None if busy is None or busy_then is None or elapsed <= 0 else max(0.0, 1.0 - (busy - busy_then) / elapsed)
+        idle = (
+            None if busy is None or busy_then is None or elapsed <= 0 else max(0.0, 1.0 - (busy - busy_then) / elapsed)
+        )
         return dataclasses.replace(stats, elapsed_s=elapsed, engine_idle_fraction=idle)
 
     def state_dict(self) -> dict[str, Any]:
@@ -198,8 +219,9 @@ class RolloutController:
         task_id = self.task_at(position)
         try:
             async with asyncio.TaskGroup() as episodes:
-                played = [episodes.create_task(self._play_episode(task_id, position, k))
-                          for k in range(self.group_size)]
+                played = [
+                    episodes.create_task(self._play_episode(task_id, position, k)) for k in range(self.group_size)
+                ]
             group = [episode.result() for episode in played]
             for traj in group:
                 traj.group = position
@@ -214,8 +236,13 @@ class RolloutController:
             return
         failures = judge_failures(group)
         if failures:  # the judge's failure is not the agent's: no reward from it is trained; the group plays again
-            log.warning("group %d (task %s) played again: the judge failed on %d answer(s): %s", position, task_id,
-                        len(failures), failures[0])
+            log.warning(
+                "group %d (task %s) played again: the judge failed on %d answer(s): %s",
+                position,
+                task_id,
+                len(failures),
+                failures[0],
+            )
             self.ledger.judge_fail(position)
             self._wake.set()
             return
@@ -233,8 +260,9 @@ class RolloutController:
         with self.envs.env() as env:
             env.set_trained_version(self.trained_version)  # a backend's schedule over training follows the policy
             seed = int(np.random.SeedSequence([self.seed, position, k]).generate_state(1)[0])
-            return await self.workflow.arun_episode(env, seed=seed, options={"task_id": task_id},
-                                                    rid=f"{self._rid}-{position}-{k}")
+            return await self.workflow.arun_episode(
+                env, seed=seed, options={"task_id": task_id}, rid=f"{self._rid}-{position}-{k}"
+            )
 
     def _engine_stats(self) -> dict[str, Any]:
         """The engine's stats(), or nothing when it has none."""

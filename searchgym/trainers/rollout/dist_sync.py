@@ -9,6 +9,7 @@ The group is formed as SGLang's and AReaL's `init_custom_process_group` forms it
 servers can be SGLang's own. Each server answers once its bucket has arrived and is loaded; generations in
 flight continue, their later tokens carrying the new version. Disk sync (`weight_sync.py`) stays the fallback.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -39,8 +40,16 @@ def buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Ite
 class DistributedWeightSync:
     """Rank 0 of a weight-update group whose other members are `serve model` or SGLang servers."""
 
-    def __init__(self, addresses: Sequence[str], *, master_port: int, master_address: str = "127.0.0.1",
-                 group_name: str = "searchgym_weights", backend: str = "gloo", bucket_bytes: int = 256 << 20):
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        *,
+        master_port: int,
+        master_address: str = "127.0.0.1",
+        group_name: str = "searchgym_weights",
+        backend: str = "gloo",
+        bucket_bytes: int = 256 << 20,
+    ):
         if not addresses:
             raise ValueError("DistributedWeightSync needs at least one server address (host:port)")
         self.addresses, self.master_address, self.master_port = list(addresses), master_address, master_port
@@ -50,12 +59,25 @@ class DistributedWeightSync:
     async def init(self, http: aiohttp.ClientSession) -> None:
         """Form the group: every server joins (rank 1, 2, ...) while this process hosts it as rank 0."""
         world = len(self.addresses) + 1
-        posts = [self._post(http, address, "/init_weights_update_group", {
-            "master_address": self.master_address, "master_port": self.master_port, "rank_offset": rank,
-            "world_size": world, "group_name": self.group_name, "backend": self.backend})
-            for rank, address in enumerate(self.addresses, start=1)]
-        hosting = asyncio.to_thread(open_group, self.master_address, self.master_port, 0, world, self.group_name,
-                                    self.backend)
+        posts = [
+            self._post(
+                http,
+                address,
+                "/init_weights_update_group",
+                {
+                    "master_address": self.master_address,
+                    "master_port": self.master_port,
+                    "rank_offset": rank,
+                    "world_size": world,
+                    "group_name": self.group_name,
+                    "backend": self.backend,
+                },
+            )
+            for rank, address in enumerate(self.addresses, start=1)
+        ]
+        hosting = asyncio.to_thread(
+            open_group, self.master_address, self.master_port, 0, world, self.group_name, self.backend
+        )
         self.group, *_ = await asyncio.gather(hosting, *posts)
 
     async def push(self, http: aiohttp.ClientSession, model: torch.nn.Module, version: int | str) -> None:
@@ -74,17 +96,24 @@ class DistributedWeightSync:
         finally:
             await asyncio.gather(*(self._post(http, a, "/continue_generation", {}) for a in self.addresses))
 
-    async def _send_buckets(self, http: aiohttp.ClientSession, parts: list[list[tuple[str, torch.Tensor]]],
-                            version: int | str) -> None:
+    async def _send_buckets(
+        self, http: aiohttp.ClientSession, parts: list[list[tuple[str, torch.Tensor]]], version: int | str
+    ) -> None:
         for i, bucket in enumerate(parts):
-            body = {"names": [n for n, _ in bucket], "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
-                    "shapes": [list(t.shape) for _, t in bucket], "group_name": self.group_name,
-                    "flush_cache": i == len(parts) - 1, "abort_all_requests": False,
-                    "weight_version": str(version) if i == len(parts) - 1 else None}
+            body = {
+                "names": [n for n, _ in bucket],
+                "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                "shapes": [list(t.shape) for _, t in bucket],
+                "group_name": self.group_name,
+                "flush_cache": i == len(parts) - 1,
+                "abort_all_requests": False,
+                "weight_version": str(version) if i == len(parts) - 1 else None,
+            }
             tensors = [t.to("cuda") if self.backend == "nccl" else t for _, t in bucket]  # NCCL sends from a GPU
-            await asyncio.gather(asyncio.to_thread(send, self.group, tensors),
-                                 *(self._post(http, a, "/update_weights_from_distributed", body)
-                                   for a in self.addresses))
+            await asyncio.gather(
+                asyncio.to_thread(send, self.group, tensors),
+                *(self._post(http, a, "/update_weights_from_distributed", body) for a in self.addresses),
+            )
 
     def close(self) -> None:
         """Leave the group (this process may form one of the same name again)."""

@@ -35,6 +35,7 @@ restart, then every group running or buffered, in admission order) and the count
 trained and rejected. Groups running or buffered are not saved as trajectories: a resumed run plays
 their positions again before new ones, so no group is lost and none is trained twice.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -65,13 +66,22 @@ class Group:
 class GroupLedger:
     """Every group from admission to the learner: the admission rule, the oldest-first batch, the checkpoint."""
 
-    def __init__(self, batch_size: int, max_staleness: int, max_concurrent_rollouts: int, group_size: int = 1,
-                 *, clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        batch_size: int,
+        max_staleness: int,
+        max_concurrent_rollouts: int,
+        group_size: int = 1,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         if batch_size < 1 or group_size < 1 or max_staleness < 0:
             raise ValueError("batch_size and group_size must be >= 1 and max_staleness >= 0")
         if max_concurrent_rollouts < group_size:
-            raise ValueError(f"max_concurrent_rollouts ({max_concurrent_rollouts} episodes) must hold one group "
-                             f"of {group_size} episodes")
+            raise ValueError(
+                f"max_concurrent_rollouts ({max_concurrent_rollouts} episodes) must hold one group "
+                f"of {group_size} episodes"
+            )
         self.batch_size, self.max_staleness = batch_size, max_staleness
         self.max_groups = max_concurrent_rollouts // group_size  # groups in flight at once
         self.position = 0  # the next new group's data position
@@ -192,9 +202,11 @@ class GroupLedger:
         if len(self._buffer) < self.batch_size:
             return False
         waiting = sorted(version for version, _, _ in self._buffer)
-        left = sorted(waiting[self.batch_size:] + [g.version for g in self._groups.values() if g.running])
-        return all(bisect.bisect_right(left, trained_version - self.max_staleness + k) <= k * self.batch_size
-                   for k in range(self.max_staleness))
+        left = sorted(waiting[self.batch_size :] + [g.version for g in self._groups.values() if g.running])
+        return all(
+            bisect.bisect_right(left, trained_version - self.max_staleness + k) <= k * self.batch_size
+            for k in range(self.max_staleness)
+        )
 
     async def take_batch(self, trained_version: int) -> list[list[Trajectory]]:
         """Wait until `ready`, then hand `batch_size` groups to the learner, oldest (start version, arrival) first."""
@@ -216,9 +228,16 @@ class GroupLedger:
 
     def state_dict(self) -> dict[str, Any]:
         """The next position, the positions to replay, and the counts to resume from (JSON-ready)."""
-        return {"position": self.position, "replay": self.owed(),
-                "staleness": {"accepted": self.trained, "rejected": self.rejected, "failed": self.failed,
-                              "judge_failed": self.judge_failed}}
+        return {
+            "position": self.position,
+            "replay": self.owed(),
+            "staleness": {
+                "accepted": self.trained,
+                "rejected": self.rejected,
+                "failed": self.failed,
+                "judge_failed": self.judge_failed,
+            },
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from `state_dict`: replay its owed positions, then go on from `position`."""

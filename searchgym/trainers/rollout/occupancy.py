@@ -6,6 +6,7 @@ Its totals are cumulative from the first change on, so any reader (the metrics r
 step, a benchmark) takes differences between two readings for a window. Two float additions per
 change: no cost worth measuring.
 """
+
 from __future__ import annotations
 
 import time

@@ -17,6 +17,7 @@
 Every route returns once all engines serve `version`; generations in flight continue on the new
 weights and their later tokens carry the new version.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -60,8 +61,9 @@ def weights_dir(root: str | os.PathLike, version: int) -> Path:
     return Path(root) / f"version-{version:05d}"
 
 
-def save_weights(model: torch.nn.Module, tokenizer: Any, root: str | os.PathLike, version: int,
-                 keep: int = KEEP_WEIGHT_DIRS) -> Path:
+def save_weights(
+    model: torch.nn.Module, tokenizer: Any, root: str | os.PathLike, version: int, keep: int = KEEP_WEIGHT_DIRS
+) -> Path:
     """Write `version` as a model dir (model + tokenizer) atomically, then delete all but the last `keep` versions."""
     path = write_model_dir(weights_dir(root, version), model=model, tokenizer=tokenizer)
     prune(Path(root), "version-*", keep)
@@ -71,8 +73,9 @@ def save_weights(model: torch.nn.Module, tokenizer: Any, root: str | os.PathLike
 class DiskSync:
     """Save a Hugging Face checkpoint, then have every engine load it from disk (the SGLang route)."""
 
-    def __init__(self, engines: Sequence[UpdatableEngine], root: str | os.PathLike, tokenizer: Any,
-                 keep: int = KEEP_WEIGHT_DIRS):
+    def __init__(
+        self, engines: Sequence[UpdatableEngine], root: str | os.PathLike, tokenizer: Any, keep: int = KEEP_WEIGHT_DIRS
+    ):
         if keep < 1:
             raise ValueError("keep must be at least 1: the engines load the newest directory")
         self.engines, self.root, self.tokenizer, self.keep = list(engines), Path(root), tokenizer, keep
@@ -107,12 +110,21 @@ class ObjectStoreSync:
 class DistributedSync:
     """Broadcast the weights to inference servers over a torch.distributed group; the engines then see `version`."""
 
-    def __init__(self, servers: Sequence[str], engines: Sequence[UpdatableEngine], *, master_address: str,
-                 master_port: int, backend: str = "gloo", bucket_bytes: int = 256 << 20):
+    def __init__(
+        self,
+        servers: Sequence[str],
+        engines: Sequence[UpdatableEngine],
+        *,
+        master_address: str,
+        master_port: int,
+        backend: str = "gloo",
+        bucket_bytes: int = 256 << 20,
+    ):
         from searchgym.trainers.rollout.dist_sync import DistributedWeightSync
 
-        self.broadcast = DistributedWeightSync(servers, master_port=master_port, master_address=master_address,
-                                               backend=backend, bucket_bytes=bucket_bytes)
+        self.broadcast = DistributedWeightSync(
+            servers, master_port=master_port, master_address=master_address, backend=backend, bucket_bytes=bucket_bytes
+        )
         self.engines = list(engines)
         self._http: Any = None
 

@@ -6,12 +6,14 @@
 
 `trainer.pt` holds what a model directory cannot: optimizer and scheduler state, the weight version,
 the rollout controllers' data positions and the groups to replay (one state per controller: one for
-the local launcher, one per rollout actor for the Ray launcher), and the step. Each checkpoint is written into a hidden directory and
+the local launcher, one per rollout actor for the Ray launcher), and the step. Each checkpoint is written into a
+hidden directory and
 renamed into place, and `latest` is replaced only after that, so a run killed at any instant leaves
 the previous checkpoint whole and pointed to. A failed write removes its hidden directory; one a killed process
 left is removed by the next run in the directory (partials.py). A write the disk refuses (full, read-only, no
 permission) raises DiskWriteError naming the file, with `latest` still at the last whole checkpoint.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,8 +40,16 @@ def checkpoint_dir(run_dir: str | os.PathLike, step: int) -> Path:
     return checkpoint_root(run_dir) / f"step-{step:05d}"
 
 
-def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: Any, tokenizer: Any, state: dict[str, Any],
-                    keep: int = 2, extra: Callable[[Path], None] | None = None) -> Path:
+def save_checkpoint(
+    run_dir: str | os.PathLike,
+    step: int,
+    *,
+    model: Any,
+    tokenizer: Any,
+    state: dict[str, Any],
+    keep: int = 2,
+    extra: Callable[[Path], None] | None = None,
+) -> Path:
     """Write checkpoint `step` (model, tokenizer, `state` as trainer.pt, `extra(dir)` files such as the sharded
     learner's), point `latest` at it, prune old ones (never the one `healthy` names)."""
     root = checkpoint_root(run_dir)
@@ -71,8 +81,9 @@ def save_checkpoint(run_dir: str | os.PathLike, step: int, *, model: Any, tokeni
     return final
 
 
-def write_model_dir(final: str | os.PathLike, *, model: Any, tokenizer: Any,
-                    extra: Callable[[Path], None] | None = None) -> Path:
+def write_model_dir(
+    final: str | os.PathLike, *, model: Any, tokenizer: Any, extra: Callable[[Path], None] | None = None
+) -> Path:
     """Save a Hugging Face model dir (model, tokenizer, `extra(dir)` files) atomically: a hidden dir, fsync, rename.
 
     A reader (an inference server loading weights, a resumed run) never sees a half-written directory.
@@ -103,7 +114,7 @@ def write_model_dir(final: str | os.PathLike, *, model: Any, tokenizer: Any,
 def prune(root: Path, pattern: str, keep: int, protect: tuple[str, ...] = ()) -> None:
     """Delete all but the last `keep` (at least one) directories matching `pattern`, by name order, and those named
     in `protect`."""
-    for old in sorted(p for p in root.glob(pattern) if p.is_dir())[:-max(keep, 1)]:
+    for old in sorted(p for p in root.glob(pattern) if p.is_dir())[: -max(keep, 1)]:
         if old.name not in protect:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -163,8 +174,10 @@ def check_checkpoint(checkpoint: str | os.PathLike) -> None:
 
 def damaged(path: Path, error: Exception) -> str:
     """The one-line message for a damaged checkpoint file: which file, what failed, what to do."""
-    return (f"{path} is damaged ({type(error).__name__}: {str(error)[:200]}); resume from an earlier checkpoint "
-            f"(write its directory name into {path.parent.parent / LATEST}) or start a new run in another out_dir")
+    return (
+        f"{path} is damaged ({type(error).__name__}: {str(error)[:200]}); resume from an earlier checkpoint "
+        f"(write its directory name into {path.parent.parent / LATEST}) or start a new run in another out_dir"
+    )
 
 
 def rollout_states(state: dict[str, Any]) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ file and line. A resumed run first cuts everything after its checkpoint: later m
 rows move to NAME.superseded.jsonl (those steps are trained again, so metrics.jsonl holds each step
 once), later TensorBoard events and trajectory files go, and the run directory reads as one run.
 """
+
 from __future__ import annotations
 
 import json
@@ -79,10 +80,18 @@ class RunLog:
 
 def provenance(step: int, batch: list[list[Trajectory]], trained_version: int) -> dict[str, Any]:
     """One step's record of what timing decided: its groups in training order and each token's weight version."""
-    return {"step": step, "trained_version": trained_version,
-            "groups": [{"position": group[0].group if group else None,
-                        "task_id": group[0].task_id if group else None,
-                        "versions": [version_runs(traj) for traj in group]} for group in batch]}
+    return {
+        "step": step,
+        "trained_version": trained_version,
+        "groups": [
+            {
+                "position": group[0].group if group else None,
+                "task_id": group[0].task_id if group else None,
+                "versions": [version_runs(traj) for traj in group],
+            }
+            for group in batch
+        ],
+    }
 
 
 def version_runs(traj: Trajectory) -> list[list[int]]:

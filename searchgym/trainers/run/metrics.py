@@ -17,6 +17,7 @@ Keys a row carries beside the learner's own stats (every row of metrics.jsonl, a
                                         the engine's work counters, cumulative since this process started it
                                         (summed over engines; only engines that count them: the TorchEngine)
 """
+
 from __future__ import annotations
 
 import time
@@ -79,8 +80,10 @@ class OccupancyWindow:
                 blocked, span = blocked + d_blocked, span + d_span
         if span <= 0:
             return {}
-        return {"rollout/episodes_in_flight_mean": in_flight,
-                "rollout/admission_blocked_share": min(1.0, max(0.0, blocked / span))}
+        return {
+            "rollout/episodes_in_flight_mean": in_flight,
+            "rollout/admission_blocked_share": min(1.0, max(0.0, blocked / span)),
+        }
 
 
 def engine_metrics(stats: Sequence[RolloutStats]) -> dict[str, float]:
@@ -95,19 +98,32 @@ def engine_metrics(stats: Sequence[RolloutStats]) -> dict[str, float]:
 def rollout_metrics(stats: Sequence[RolloutStats]) -> dict[str, float]:
     """The rollout side's counters summed over controllers: throughput, engine idle fraction, dropped groups."""
     tokens_per_s = sum(r.generated_tokens / r.elapsed_s for r in stats if r.elapsed_s)
-    out = {"rollout/episodes": float(sum(r.episodes for r in stats)),
-           "rollout/failed_groups": float(sum(r.failed_groups for r in stats)),
-           "rollout/rejected_groups": float(sum(r.rejected_groups for r in stats)),
-           "rollout/judge_failed_groups": float(sum(r.judge_failed_groups for r in stats)),
-           "rollout/generated_tokens_per_s": tokens_per_s}
+    out = {
+        "rollout/episodes": float(sum(r.episodes for r in stats)),
+        "rollout/failed_groups": float(sum(r.failed_groups for r in stats)),
+        "rollout/rejected_groups": float(sum(r.rejected_groups for r in stats)),
+        "rollout/judge_failed_groups": float(sum(r.judge_failed_groups for r in stats)),
+        "rollout/generated_tokens_per_s": tokens_per_s,
+    }
     idle = [r.engine_idle_fraction for r in stats if r.engine_idle_fraction is not None]
     if idle:
         out["rollout/engine_idle_fraction"] = sum(idle) / len(idle)
     return out
 
 
-def step_metrics(learner_stats: dict[str, float], batch: list[list[Trajectory]], clock: StepClock,
-                 rollouts: Sequence[RolloutStats], window: OccupancyWindow | None = None) -> dict[str, float]:
+def step_metrics(
+    learner_stats: dict[str, float],
+    batch: list[list[Trajectory]],
+    clock: StepClock,
+    rollouts: Sequence[RolloutStats],
+    window: OccupancyWindow | None = None,
+) -> dict[str, float]:
     """One step's record: the learner's stats, the batch's episode means, throughput, rollout and engine counters."""
-    return {**learner_stats, **episode_metrics(batch), **clock.tick(batch), **rollout_metrics(rollouts),
-            **(window.read(rollouts) if window is not None else {}), **engine_metrics(rollouts)}
+    return {
+        **learner_stats,
+        **episode_metrics(batch),
+        **clock.tick(batch),
+        **rollout_metrics(rollouts),
+        **(window.read(rollouts) if window is not None else {}),
+        **engine_metrics(rollouts),
+    }

@@ -6,6 +6,7 @@ whose lock is free was abandoned and can be removed, while one a live process (t
 another host on a file system with working locks) is still writing is kept. A partial without a lock file (written
 before the locks existed) is judged by the pid at the end of its name.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -105,7 +106,7 @@ def remove_stale(directory: str | os.PathLike) -> list[Path]:
         return removed
     for path in sorted({p for pattern in PATTERNS for p in directory.glob(pattern)}):
         lone_lock = path.name.endswith(".lock")  # a writer killed between its rename and unlinking its lock
-        partial = path.with_name(path.name[:-len(".lock")]) if lone_lock else path
+        partial = path.with_name(path.name[: -len(".lock")]) if lone_lock else path
         if lone_lock and partial.exists():
             continue  # judged with its directory
         try:

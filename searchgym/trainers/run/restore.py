@@ -7,6 +7,7 @@ to only ever grow. The learning rate is the restored state's times `lr_scale / i
 checkpoint written after an earlier restore does not lower it twice; the scale is saved with later checkpoints
 (trainer.pt's "watchdog" entry), so `--resume` keeps it.
 """
+
 from __future__ import annotations
 
 import copy
@@ -23,8 +24,14 @@ def initial_state(learner: Learner) -> dict[str, Any] | None:
     return copy.deepcopy(learner.trainer_state()) if not learner.optimizer.state else None
 
 
-def restore_learner(learner: Learner, weights: str | os.PathLike, *, from_checkpoint: bool, lr_scale: float,
-                    initial: dict[str, Any] | None = None) -> float:
+def restore_learner(
+    learner: Learner,
+    weights: str | os.PathLike,
+    *,
+    from_checkpoint: bool,
+    lr_scale: float,
+    initial: dict[str, Any] | None = None,
+) -> float:
     """Load `weights` into `learner` with their optimizer state and the learning rate scaled to `lr_scale`; the new lr.
 
     `from_checkpoint`: `weights` is a checkpoint whose trainer.pt holds the optimizer state; otherwise it is the
@@ -39,8 +46,9 @@ def restore_learner(learner: Learner, weights: str | os.PathLike, *, from_checkp
     else:
         raise ValueError(f"no optimizer state to restore with {weights}: the learner had stepped when it was built")
     load_weights(learner.model, weights)
-    learner.load_state_dict({"optimizer": trainer["optimizer"], "scheduler": trainer["scheduler"],
-                             "version": learner.version})
+    learner.load_state_dict(
+        {"optimizer": trainer["optimizer"], "scheduler": trainer["scheduler"], "version": learner.version}
+    )
     factor = lr_scale / saved_scale
     for group in learner.optimizer.param_groups:
         group["lr"] *= factor

@@ -1,4 +1,5 @@
 """Where a training run starts: fresh (step 1, version 0, the configured model) or from its latest checkpoint."""
+
 from __future__ import annotations
 
 import logging
@@ -39,9 +40,11 @@ class RunStart:
             return [None] * count
         states = rollout_states(self.state)
         if len(states) != count:
-            raise ValueError(f"{self.checkpoint} holds {len(states)} rollout controller states: resume it with "
-                             f"{'launcher=local' if len(states) == 1 else 'launcher=ray'} and "
-                             f"ray.num_rollout_actors={len(states)} (this run has {count})")
+            raise ValueError(
+                f"{self.checkpoint} holds {len(states)} rollout controller states: resume it with "
+                f"{'launcher=local' if len(states) == 1 else 'launcher=ray'} and "
+                f"ray.num_rollout_actors={len(states)} (this run has {count})"
+            )
         return list(states)
 
 
@@ -58,12 +61,15 @@ def refuse_existing_run(out: Path) -> None:
     metrics = out / "metrics.jsonl"
     if held or (metrics.exists() and metrics.stat().st_size > 0):
         what = f"checkpoints {held[0]}..{held[-1]}" if held else "metrics.jsonl"
-        raise ValueError(f"{out} already holds a training run ({what}); pass --resume to continue it, or choose "
-                         "another out_dir. Nothing was changed.")
+        raise ValueError(
+            f"{out} already holds a training run ({what}); pass --resume to continue it, or choose "
+            "another out_dir. Nothing was changed."
+        )
 
 
-def start_run(out_dir: str | os.PathLike, model_path: str | None, *, seed: int, resume: bool,
-              mmap: bool = False) -> RunStart:
+def start_run(
+    out_dir: str | os.PathLike, model_path: str | None, *, seed: int, resume: bool, mmap: bool = False
+) -> RunStart:
     """The checkpoint to resume from (with `resume`, if any), else `model_path` or a fresh tiny model (`seed`).
 
     `mmap` reads the checkpoint's tensors lazily, for a process that needs only its small parts.

@@ -7,6 +7,7 @@ abandons the step (the loop's task is cancelled; work already in a thread, a lea
 write, ends before the process exits, and `latest` names a whole checkpoint either way). This module imports
 only the standard library: the CLI catches TrainingStopped.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +24,11 @@ class TrainingStopped(Exception):
     def __init__(self, signum: int, step: int, checkpoint: str | None):
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
         name = signal.Signals(signum).name
-        where = (f"checkpoints/latest names {checkpoint}: continue with --resume" if checkpoint
-                 else "no checkpoint was written yet: --resume starts over at step 1")
+        where = (
+            f"checkpoints/latest names {checkpoint}: continue with --resume"
+            if checkpoint
+            else "no checkpoint was written yet: --resume starts over at step 1"
+        )
         super().__init__(f"training stopped by {name} after step {step}; {where}")
 
     @property

@@ -27,6 +27,7 @@ blamed ones, or the run's initial weights (the model it started from, or the che
 watchdog names that checkpoint in `checkpoints/healthy`, which checkpoint pruning (`keep_checkpoints`) never deletes.
 The training loop (loop.py) acts on a trigger: it restores that state with a lower learning rate, or stops.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -78,8 +79,9 @@ def _series(history: Sequence[dict[str, float]], key: str, last: int, *, positiv
     return [v for v in values if v > 0][-last:] if positive else values[-last:]
 
 
-def check_rules(config: WatchdogConfig, step: int, metrics: dict[str, float],
-                history: Sequence[dict[str, float]]) -> Alarm | None:
+def check_rules(
+    config: WatchdogConfig, step: int, metrics: dict[str, float], history: Sequence[dict[str, float]]
+) -> Alarm | None:
     """The first rule `metrics` (step `step`) breaks, given the earlier healthy steps' metrics (oldest first)."""
     for key in ("loss", "grad_norm", "entropy"):
         if key in metrics and not _finite(metrics[key]):
@@ -91,44 +93,67 @@ def check_rules(config: WatchdogConfig, step: int, metrics: dict[str, float],
         if len(earlier) >= max(config.min_history, 1):
             median = statistics.median(earlier)
             if grad > config.grad_norm_factor * median:
-                return Alarm("grad_norm_spike", f"grad_norm {grad:.4g} > {config.grad_norm_factor:g} x its median "
-                                                f"{median:.4g}", step)
+                return Alarm(
+                    "grad_norm_spike",
+                    f"grad_norm {grad:.4g} > {config.grad_norm_factor:g} x its median {median:.4g}",
+                    step,
+                )
     entropy = metrics.get("entropy")
     if entropy is not None:
         earlier = _series(history, "entropy", config.history)
         median = statistics.median(earlier) if earlier else None
-        if (config.entropy_floor is not None and median is not None and entropy < config.entropy_floor
-                and entropy < config.entropy_drop * median):
-            return Alarm("entropy_collapse", f"entropy {entropy:.4g} < floor {config.entropy_floor:g} and < "
-                                             f"{config.entropy_drop:g} x its median {median:.4g}", step)
-        if (config.entropy_rise is not None and median is not None and len(earlier) >= max(config.min_history, 1)
-                and entropy > config.entropy_rise * median):
-            return Alarm("entropy_explosion", f"entropy {entropy:.4g} > {config.entropy_rise:g} x its median "
-                                              f"{median:.4g}", step)
-    for rule, key, limit in (("ratio_blowup", "importance_weight_max", config.ratio_max),
-                             ("clip_blowup", "clip_fraction", config.clip_fraction_max),
-                             ("behav_capped", "behav_capped_fraction", config.behav_capped_max)):
+        if (
+            config.entropy_floor is not None
+            and median is not None
+            and entropy < config.entropy_floor
+            and entropy < config.entropy_drop * median
+        ):
+            return Alarm(
+                "entropy_collapse",
+                f"entropy {entropy:.4g} < floor {config.entropy_floor:g} and < "
+                f"{config.entropy_drop:g} x its median {median:.4g}",
+                step,
+            )
+        if (
+            config.entropy_rise is not None
+            and median is not None
+            and len(earlier) >= max(config.min_history, 1)
+            and entropy > config.entropy_rise * median
+        ):
+            return Alarm(
+                "entropy_explosion", f"entropy {entropy:.4g} > {config.entropy_rise:g} x its median {median:.4g}", step
+            )
+    for rule, key, limit in (
+        ("ratio_blowup", "importance_weight_max", config.ratio_max),
+        ("clip_blowup", "clip_fraction", config.clip_fraction_max),
+        ("behav_capped", "behav_capped_fraction", config.behav_capped_max),
+    ):
         value = metrics.get(key)
         if limit is not None and value is not None and value > limit:
             return Alarm(rule, f"{key} {value:.4g} > {limit:g}", step)
     return _reward_rule(config, step, metrics, history)
 
 
-def _reward_rule(config: WatchdogConfig, step: int, metrics: dict[str, float],
-                 history: Sequence[dict[str, float]]) -> Alarm | None:
+def _reward_rule(
+    config: WatchdogConfig, step: int, metrics: dict[str, float], history: Sequence[dict[str, float]]
+) -> Alarm | None:
     """Episode reward fallen to near zero: the window's mean far below the median of the healthy steps before it."""
     if config.reward_drop is None or not _finite(metrics.get("episode/reward")):
         return None
     rows = [h for h in history if _finite(h.get("episode/reward"))] + [metrics]
-    window, before = rows[-config.reward_window:], rows[:-config.reward_window][-config.history:]
+    window, before = rows[-config.reward_window :], rows[: -config.reward_window][-config.history :]
     if len(window) < config.reward_window or len(before) < max(config.min_history, 1):
         return None
     level = statistics.median(h["episode/reward"] for h in before)
     mean = statistics.fmean(h["episode/reward"] for h in window)
     if level >= config.reward_level and mean < config.reward_drop * level:
         since = int(window[0].get("step", step))
-        return Alarm("reward_collapse", f"mean episode reward {mean:.4g} over steps {since}..{step} < "
-                                        f"{config.reward_drop:g} x its earlier median {level:.4g}", since)
+        return Alarm(
+            "reward_collapse",
+            f"mean episode reward {mean:.4g} over steps {since}..{step} < "
+            f"{config.reward_drop:g} x its earlier median {level:.4g}",
+            since,
+        )
     return None
 
 
@@ -161,8 +186,16 @@ class Watchdog:
     _parent: dict[int, int] = field(default_factory=dict)  # healthy step -> the origin of the weights it started from
 
     @classmethod
-    def for_run(cls, config: WatchdogConfig, run_dir: str | os.PathLike, initial_weights: str | os.PathLike,
-                 *, start_step: int, state: dict[str, Any] | None = None, can_restore: bool = True) -> Watchdog | None:
+    def for_run(
+        cls,
+        config: WatchdogConfig,
+        run_dir: str | os.PathLike,
+        initial_weights: str | os.PathLike,
+        *,
+        start_step: int,
+        state: dict[str, Any] | None = None,
+        can_restore: bool = True,
+    ) -> Watchdog | None:
         """The watchdog of a run starting after `start_step` from `initial_weights` (None when it is disabled).
 
         `state` is a resumed checkpoint's `state()` (restores so far, learning-rate scale), so --resume keeps both.
@@ -175,8 +208,15 @@ class Watchdog:
             config = dataclasses.replace(config, max_restores=0)
         state = state or {}
         start = HealthyState(Path(initial_weights), start_step, start_step if start_step else None)
-        return cls(config, Path(run_dir), start, restores=int(state.get("restores", 0)),
-                   lr_scale=float(state.get("lr_scale", 1.0)), origin=start_step, last_step=start_step)
+        return cls(
+            config,
+            Path(run_dir),
+            start,
+            restores=int(state.get("restores", 0)),
+            lr_scale=float(state.get("lr_scale", 1.0)),
+            origin=start_step,
+            last_step=start_step,
+        )
 
     # ---- judging steps -------------------------------------------------------------------------------------------
 
@@ -186,7 +226,7 @@ class Watchdog:
         self.last_step = step
         if alarm is None:
             self._steps.append(_Step(step, self.origin, {**metrics, "step": step}))
-            del self._steps[:-(self.config.history + self.config.reward_window)]
+            del self._steps[: -(self.config.history + self.config.reward_window)]
             self._parent[step] = self.origin
             self.origin = step
         return alarm
@@ -217,9 +257,12 @@ class Watchdog:
         config, rewards = self.config, [(s.step, s.metrics.get("episode/reward")) for s in self._steps]
         if config.reward_drop is not None:
             for i, (since, _) in enumerate(rewards):
-                before = [r for _, r in rewards[:i] if _finite(r)][-config.history:]
-                if (since > self.last_step + 1 - config.reward_window and len(before) >= max(config.min_history, 1)
-                        and statistics.median(before) >= config.reward_level):
+                before = [r for _, r in rewards[:i] if _finite(r)][-config.history :]
+                if (
+                    since > self.last_step + 1 - config.reward_window
+                    and len(before) >= max(config.min_history, 1)
+                    and statistics.median(before) >= config.reward_level
+                ):
                     blamed.append(self._blamed_origin(since))
         state, pointer = self._newest_before(min(blamed)), checkpoint_root(self.run_dir) / HEALTHY
         if state.path.parent == checkpoint_root(self.run_dir):

@@ -12,6 +12,7 @@ filler before and between; the loss is on the second copy (after its first token
 predicts it, and because lengths and gaps are random no fixed-offset shortcut does. A 2-layer,
 128-wide Qwen2 goes from chance to 99% copy accuracy in a sharp phase change after 300-600 steps.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,7 +40,9 @@ class CopyPretrainConfig:
     grad_clip: float = 1.0
     min_segment: int = setting(4, at_least=1)
     max_segment: int = 24
-    max_gap: int = setting(16, at_least=0)  # filler before the first copy and between the copies: 0..max_gap tokens each
+    max_gap: int = setting(
+        16, at_least=0
+    )  # filler before the first copy and between the copies: 0..max_gap tokens each
     seed: int = 0
 
     def check(self) -> Iterator[tuple[str, str]]:
@@ -48,8 +51,9 @@ class CopyPretrainConfig:
             yield ("max_segment", f"must be at least min_segment ({self.min_segment}), got {self.max_segment}")
 
 
-def copy_batch(rng: random.Random, vocabulary: list[int], config: CopyPretrainConfig,
-               pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def copy_batch(
+    rng: random.Random, vocabulary: list[int], config: CopyPretrainConfig, pad_id: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ids, attention mask, loss mask) of `batch_size` sequences `filler, S, filler, S`, right-padded.
 
     The loss mask marks the second S but its first token (which nothing in the context predicts).
@@ -73,9 +77,14 @@ def copy_batch(rng: random.Random, vocabulary: list[int], config: CopyPretrainCo
     return ids, attention, mask
 
 
-def copy_pretrain(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                  config: CopyPretrainConfig | None = None, *, device: str = "cpu",
-                  progress: bool = True) -> list[dict[str, float]]:
+def copy_pretrain(
+    model_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    config: CopyPretrainConfig | None = None,
+    *,
+    device: str = "cpu",
+    progress: bool = True,
+) -> list[dict[str, float]]:
     """Train the model in `model_dir` to copy repeated segments; save it (with its tokenizer) to `out_dir`.
 
     Returns one record per step: loss and copy accuracy (argmax right on the learned tokens), lr.
@@ -105,7 +114,13 @@ def copy_pretrain(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
         optimizer.step()
         scheduler.step()
         accuracy = (logits.argmax(-1) == targets).float().mean()
-        history.append({"step": step + 1, "loss": loss.item(), "copy_accuracy": accuracy.item(),
-                        "lr": float(scheduler.get_last_lr()[0])})
+        history.append(
+            {
+                "step": step + 1,
+                "loss": loss.item(),
+                "copy_accuracy": accuracy.item(),
+                "lr": float(scheduler.get_last_lr()[0]),
+            }
+        )
     save_trained(model, tokenizer, out_dir, history, "copy_pretrain_history.jsonl")
     return history

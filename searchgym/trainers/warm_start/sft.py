@@ -8,6 +8,7 @@ mean of cross-entropy over assistant tokens; `observation_weight` > 0 also model
 whose repeated names are a dense lesson in copying for a model too small to have learnt it). AdamW,
 warm-up then linear decay, micro-batches packed to a token budget.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,9 @@ def load_demonstrations(path: str | os.PathLike) -> list[list[dict[str, str]]]:
     return chats
 
 
-def encode_demonstrations(tokenizer: Any, chats: Iterable[list[dict[str, str]]], *, max_length: int,
-                          observation_role: str = "user") -> list[tuple[torch.Tensor, torch.Tensor]]:
+def encode_demonstrations(
+    tokenizer: Any, chats: Iterable[list[dict[str, str]]], *, max_length: int, observation_role: str = "user"
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(ids, loss mask) per chat, in the runner's exact layout; chats with nothing to learn are skipped."""
     template = ChatTemplateDelta(tokenizer, observation_role)
     encoded = []
@@ -73,8 +75,15 @@ def encode_demonstrations(tokenizer: Any, chats: Iterable[list[dict[str, str]]],
     return encoded
 
 
-def sft(model_dir: str | os.PathLike, chats: list[list[dict[str, str]]], out_dir: str | os.PathLike,
-        config: SFTConfig | None = None, *, device: str = "cpu", progress: bool = True) -> list[dict[str, float]]:
+def sft(
+    model_dir: str | os.PathLike,
+    chats: list[list[dict[str, str]]],
+    out_dir: str | os.PathLike,
+    config: SFTConfig | None = None,
+    *,
+    device: str = "cpu",
+    progress: bool = True,
+) -> list[dict[str, float]]:
     """Fine-tune the model in `model_dir` on `chats` and save it (with its tokenizer) to `out_dir`.
 
     Returns one record per optimizer step (loss, token accuracy on the action tokens, lr).
@@ -83,8 +92,9 @@ def sft(model_dir: str | os.PathLike, chats: list[list[dict[str, str]]], out_dir
     check_model_out(out_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
-    samples = encode_demonstrations(tokenizer, chats, max_length=config.max_length,
-                                    observation_role=config.observation_role)
+    samples = encode_demonstrations(
+        tokenizer, chats, max_length=config.max_length, observation_role=config.observation_role
+    )
     if not samples:
         raise ValueError("no demonstration has an assistant token to learn")
     rng = random.Random(config.seed)
@@ -94,7 +104,8 @@ def sft(model_dir: str | os.PathLike, chats: list[list[dict[str, str]]], out_dir
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     warmup = max(1, config.warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min((step + 1) / warmup, max(0.0, (total - step) / max(1, total - warmup))))
+        optimizer, lambda step: min((step + 1) / warmup, max(0.0, (total - step) / max(1, total - warmup)))
+    )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     history: list[dict[str, float]] = []
     model.train()
@@ -115,14 +126,22 @@ def sft(model_dir: str | os.PathLike, chats: list[list[dict[str, str]]], out_dir
         optimizer.step()
         scheduler.step()
         accuracy = ((logits.argmax(-1) == targets).float() * actions).sum() / actions.sum()
-        history.append({"step": step + 1, "loss": loss.item(), "token_accuracy": accuracy.item(),
-                        "grad_norm": float(grad_norm), "lr": float(scheduler.get_last_lr()[0])})
+        history.append(
+            {
+                "step": step + 1,
+                "loss": loss.item(),
+                "token_accuracy": accuracy.item(),
+                "grad_norm": float(grad_norm),
+                "lr": float(scheduler.get_last_lr()[0]),
+            }
+        )
     save_trained(model, tokenizer, out_dir, history, "sft_history.jsonl")
     return history
 
 
-def save_trained(model: Any, tokenizer: Any, out_dir: str | os.PathLike, history: list[dict[str, float]],
-                 history_name: str) -> None:
+def save_trained(
+    model: Any, tokenizer: Any, out_dir: str | os.PathLike, history: list[dict[str, float]], history_name: str
+) -> None:
     """Save a trained model with its tokenizer (a loadable model directory) and its per-step history, atomically:
     a reader (the next stage, a server loading it) never sees a half-written directory."""
     check_model_out(out_dir)
@@ -138,12 +157,15 @@ def check_model_out(out_dir: str | os.PathLike) -> None:
     """Refuse an output directory that holds something other than a model: saving replaces the whole directory."""
     out = Path(out_dir)
     if out.is_dir() and any(out.iterdir()) and not (out / "config.json").exists():
-        raise ValueError(f"{out} holds files that are not a model directory; the trained model replaces the whole "
-                         "directory, so save it to a new or empty one")
+        raise ValueError(
+            f"{out} holds files that are not a model directory; the trained model replaces the whole "
+            "directory, so save it to a new or empty one"
+        )
 
 
-def _batches(samples: list[tuple[torch.Tensor, torch.Tensor]], batch_tokens: int,
-             rng: random.Random) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+def _batches(
+    samples: list[tuple[torch.Tensor, torch.Tensor]], batch_tokens: int, rng: random.Random
+) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
     """One epoch: shuffled samples grouped by length into batches of at most `batch_tokens` padded tokens."""
     order = sorted(samples, key=lambda s: (len(s[0]), rng.random()))
     batches = padded_batches(order, batch_tokens, lambda s: len(s[0]))

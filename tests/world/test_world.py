@@ -72,8 +72,10 @@ def test_same_seed_writes_byte_identical_files(tmp_path: Path) -> None:
 
 def test_fresh_process_with_other_hash_seed_writes_the_same_files(tmp_path: Path) -> None:
     here = World(1_500, seed=3).write(tmp_path / "here")
-    code = "import json, sys; from searchgym.world.world import World; "
-    "print(json.dumps(World(1500, 3).write(sys.argv[1])))"
+    code = (
+        "import json, sys; from searchgym.world.world import World; "
+        "print(json.dumps(World(1500, 3).write(sys.argv[1])))"
+    )
     hash_seed = "1" if os.environ.get("PYTHONHASHSEED") != "1" else "2"
     done = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path / "there")],

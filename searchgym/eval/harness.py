@@ -54,6 +54,7 @@ from searchgym.envs.judges import (
 )
 from searchgym.envs.llm_calls import DependencyFailed
 from searchgym.envs.search_env import SearchEnv
+from searchgym.envs.tasks import Task
 from searchgym.eval.agreement import judge_agreement, label_accuracy, load_labels
 from searchgym.eval.card import build_card
 from searchgym.eval.eval_settings import RESUME_KEYS, EvalSettings, run_record
@@ -423,23 +424,23 @@ def _check_judges(stats: dict[str, dict[str, int]], rows: Sequence[dict[str, Any
 
 
 async def _evaluate(
-    todo,
-    make_env,
+    todo: list[tuple[int, Task, int]],
+    make_env: Callable[[], SearchEnv],
     store: SampleStore,
     judge_spec: str,
     judge_model: str | None,
     engine: str,
     *,
-    workflow,
-    settings,
-    concurrency,
-    seed,
-    device,
-    tokenizer,
-    progress,
-    total,
-    rejudge=(),
-    tasks=None,
+    workflow: str | None,
+    settings: WorkflowSettings,
+    concurrency: int,
+    seed: int,
+    device: str,
+    tokenizer: str | None,
+    progress: bool,
+    total: int,
+    rejudge: Sequence[dict[str, Any]] = (),
+    tasks: dict[str, Task] | None = None,
     failures: JsonlLog | None = None,
 ) -> tuple[CompositeJudge, list[BaseException]]:
     """Judge again the stored samples whose judge failed, play and judge the missing ones; returns the judges
@@ -471,7 +472,14 @@ async def _evaluate(
             await judge_handle.aclose()
 
 
-async def _rejudge(rows, tasks: dict[str, Any], judge: CompositeJudge, store: SampleStore, *, concurrency) -> None:
+async def _rejudge(
+    rows: Sequence[dict[str, Any]],
+    tasks: dict[str, Any],
+    judge: CompositeJudge,
+    store: SampleStore,
+    *,
+    concurrency: int,
+) -> None:
     """Judge stored samples again with the judges that failed on them; each is stored as a new revision."""
     gate = asyncio.Semaphore(concurrency)
 
@@ -495,16 +503,16 @@ async def _rejudge(rows, tasks: dict[str, Any], judge: CompositeJudge, store: Sa
 
 
 async def _play(
-    todo,
-    make_env,
+    todo: list[tuple[int, Task, int]],
+    make_env: Callable[[], SearchEnv],
     store: SampleStore,
     judge: CompositeJudge,
     workflow: Workflow,
     *,
-    concurrency,
-    seed,
-    progress,
-    total,
+    concurrency: int,
+    seed: int,
+    progress: bool,
+    total: int,
     failures: JsonlLog | None = None,
 ) -> list[BaseException]:
     """Play, judge and store each missing sample; an episode that raised is logged in `failures`, not stored."""
@@ -512,7 +520,7 @@ async def _play(
     envs = EnvPool(make_env)
     bar = tqdm(total=total, initial=total - len(todo), desc="evaluating", disable=not progress)
 
-    async def one(index: int, task, sample: int) -> None:
+    async def one(index: int, task: Task, sample: int) -> None:
         async with gate:
             try:
                 with envs.env() as env:

@@ -6,15 +6,17 @@ The contract (docs/agents.md, "Agent programs"):
 - `task` is an `AgentTask`: the `question`, the env's opening text (`prompt`: instructions written for
   text-format agents), the `model` name to ask for, `tools` (the env's `search` and `access` as OpenAI
   function tools) and `await task.call_tool(name, arguments)`, which runs one tool on the env and returns its
-  observation (`arguments` as the model wrote them: a JSON string or a dict).
+  observation (`arguments` as the model wrote them: a JSON string or a dict), and `task.mcp_url`, the same tools
+  (and `answer`) over MCP: a streamable-HTTP endpoint of this episode (agents/mcp_endpoint.py; the `mcp` extra).
 - `client` is an `openai.AsyncOpenAI` pointed at this episode's proxy URL.
 - The agent returns its final answer; the workflow submits it as the env's `answer` action, so the reward is the
   env's verdict. An agent that already answered (`call_tool("answer", ...)`) or ran out of turns has its return
   value ignored; one that raises, or runs past `episode_timeout`, ends the episode truncated, with the error as
   its stop reason.
 
-The model's tool calls reach the env only through `call_tool`: the agent stays an ordinary tool-calling loop (as
-with any OpenAI tool), and the proxy never acts on the model's output behind the agent's back.
+The model's tool calls reach the env only through `call_tool` or the episode's MCP endpoint: the agent stays an
+ordinary tool-calling loop (as with any OpenAI tool), and the proxy never acts on the model's output behind the
+agent's back.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from typing import Any, cast
 
 from searchgym.agents.engines.open import EngineHandle
 from searchgym.agents.engines.types import InferenceEngine
+from searchgym.agents.mcp_endpoint import FEATURE, EpisodeToolServer, mcp_available
 from searchgym.agents.proxy import DEFAULT_MODEL_NAME, RecordingProxy
 from searchgym.agents.trajectory import Trajectory
 from searchgym.agents.workflow import Workflow, WorkflowSettings, build_workflow, load_object
 from searchgym.envs.actions import ARGUMENT_KEYS, tool_call_action
+from searchgym.envs.extras import MissingExtra, hint
 from searchgym.envs.search_env import SearchEnv
 
 EPISODE_OVER = "The episode is over ({why}); no more tools run. Return your final answer."
@@ -77,6 +81,14 @@ class AgentTask:
     model: str
     tools: list[dict[str, Any]] = field(default_factory=lambda: [dict(t) for t in TOOLS])
     _call: Callable[[str, Any], Awaitable[str]] | None = field(default=None, repr=False)
+    _mcp_url: str | None = field(default=None, repr=False)
+
+    @property
+    def mcp_url(self) -> str:
+        """This episode's tools over MCP (streamable HTTP): `search`, `access` and `answer` on the same env."""
+        if self._mcp_url is None:
+            raise MissingExtra(f"{FEATURE} needs the MCP SDK: {hint('mcp')}")
+        return self._mcp_url
 
     async def call_tool(self, name: str, arguments: str | Mapping[str, Any] | None = None) -> str:
         """Run tool `name` on the env with the model's `arguments`; the observation (or why it could not run)."""
@@ -126,6 +138,7 @@ class AgentProgramWorkflow(Workflow):
         self.served_model_name, self.client_timeout = served_model_name, client_timeout
         self.episode_timeout = episode_timeout  # an agent still running after it is stopped: the episode ends truncated
         self._proxy: RecordingProxy | None = None
+        self._tool_server: EpisodeToolServer | None = None  # task.mcp_url's server, beside the proxy
         self._users = 0
         self._lock: asyncio.Lock | None = None
 
@@ -157,6 +170,13 @@ class AgentProgramWorkflow(Workflow):
                     temperature=self.settings.sampling.temperature,
                 )
                 self._proxy = await proxy.__aenter__()
+                if mcp_available():
+                    try:
+                        self._tool_server = await EpisodeToolServer().__aenter__()
+                    except BaseException:
+                        proxy, self._proxy = self._proxy, None
+                        await proxy.__aexit__(None, None, None)
+                        raise
             self._users += 1
         try:
             yield self._proxy
@@ -165,7 +185,12 @@ class AgentProgramWorkflow(Workflow):
                 self._users -= 1
                 if self._users == 0 and self._proxy is not None:
                     proxy, self._proxy = self._proxy, None
-                    await proxy.__aexit__(None, None, None)
+                    tool_server, self._tool_server = self._tool_server, None
+                    try:
+                        if tool_server is not None:
+                            await tool_server.__aexit__(None, None, None)
+                    finally:
+                        await proxy.__aexit__(None, None, None)
 
     async def arun_episode(
         self, env: SearchEnv, *, seed: int | None = None, options: dict[str, Any] | None = None, rid: str | None = None
@@ -190,18 +215,33 @@ class AgentProgramWorkflow(Workflow):
                 done, record.turn = step.done, len(traj.turns)
                 return await self.observe(env, traj, step)
 
-            task = AgentTask(traj.task_id, question, obs, self.served_model_name, _call=call_tool)
             client = openai.AsyncOpenAI(
                 base_url=proxy.base_url(record.key), api_key="searchgym", timeout=self.client_timeout
             )
             answer: Any = None
             error: str | None = None
+
+            async def run_agent(task: AgentTask) -> tuple[Any, str | None]:
+                """The agent's answer, or why it has none (caught here, inside the MCP endpoint's task group, which
+                would wrap the agent's exception in an ExceptionGroup)."""
+                try:
+                    return await asyncio.wait_for(self.agent(task, client), self.episode_timeout), None
+                except TimeoutError:
+                    return None, f"agent timeout: still running after {self.episode_timeout:g} s"
+                except Exception as e:  # noqa: BLE001 -- the agent is user code: its failure ends the episode
+                    return None, f"agent error: {type(e).__name__}: {e}"
+
             try:
-                answer = await asyncio.wait_for(self.agent(task, client), self.episode_timeout)
-            except TimeoutError:
-                error = f"agent timeout: still running after {self.episode_timeout:g} s"
-            except Exception as e:  # noqa: BLE001 -- the agent is user code: its failure ends the episode, not the run
-                error = f"agent error: {type(e).__name__}: {e}"
+                async with contextlib.AsyncExitStack() as stack:
+                    mcp_url = None
+                    if self._tool_server is not None:
+                        mcp_url = await stack.enter_async_context(self._tool_server.episode(record.key, call_tool))
+                    task = AgentTask(
+                        traj.task_id, question, obs, self.served_model_name, _call=call_tool, _mcp_url=mcp_url
+                    )
+                    answer, error = await run_agent(task)
+            except Exception as e:  # noqa: BLE001 -- the episode's MCP endpoint failed: the episode ends, not the run
+                error = f"episode MCP endpoint error: {type(e).__name__}: {e}"
             finally:
                 await client.close()
                 proxy.close_episode(record.key)

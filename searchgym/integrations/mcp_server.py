@@ -27,20 +27,22 @@ from typing import Any, TextIO
 import gymnasium as gym
 
 import searchgym
+from searchgym.agents.mcp_endpoint import loopback_security
+from searchgym.agents.mcp_tools import (
+    DESCRIPTIONS,
+    ENV_TOOLS,
+    MCP_INSTRUCTIONS,
+    START,
+    ToolError,
+    argument_error,
+    input_schema,
+    output_schema,
+)
 from searchgym.envs.extras import needs
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.rewards import judge_error
 from searchgym.envs.tools.server_limits import ServerLimits
 from searchgym.integrations.actions import tool_call_action
-from searchgym.integrations.mcp_tools import (
-    DESCRIPTIONS,
-    ENV_TOOLS,
-    MCP_INSTRUCTIONS,
-    START,
-    argument_error,
-    input_schema,
-    output_schema,
-)
 
 with needs("searchgym serve mcp"):
     from mcp import types
@@ -61,10 +63,6 @@ OVER = (
     "The episode is over ({how}); no tool changes it now. One MCP session is one episode: open a new session "
     "for another."
 )
-
-
-class ToolError(Exception):
-    """A call the server refuses: the client gets the message as a tool error (isError), the server goes on."""
 
 
 class Episode:
@@ -265,7 +263,6 @@ class McpEnvServer:
         on a loopback host it refuses other Host and Origin headers (DNS rebinding), as the SDK's FastMCP does;
         a body over `max_body_bytes`, or not whole `body_timeout` s after its head, is a 413 or 408."""
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-        from mcp.server.transport_security import TransportSecuritySettings
         from starlette.applications import Starlette
         from starlette.routing import Route
 
@@ -273,15 +270,8 @@ class McpEnvServer:
 
         if not (isinstance(session_idle_timeout, (int, float)) and 0 < session_idle_timeout < float("inf")):
             raise ValueError(f"session_idle_timeout must be a positive number of seconds, got {session_idle_timeout!r}")
-        security = None
-        if host in ("127.0.0.1", "localhost", "::1"):
-            security = TransportSecuritySettings(
-                enable_dns_rebinding_protection=True,
-                allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
-                allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
-            )
         manager = StreamableHTTPSessionManager(
-            app=self.server(), security_settings=security, session_idle_timeout=session_idle_timeout
+            app=self.server(), security_settings=loopback_security(host), session_idle_timeout=session_idle_timeout
         )
 
         class Endpoint:  # an ASGI endpoint (a class, so Starlette's Route passes it the raw scope)

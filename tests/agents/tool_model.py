@@ -40,7 +40,6 @@ def exchange(call_id: str = "call_0") -> tuple[list[dict], list[dict]]:
 def train_tool_model(base_dir: Path, out_dir: Path, max_steps: int = 80, seed: int = 0) -> Path:
     """Teach the base tiny model the two replies (loss on the replies only); save it to out_dir."""
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    model = AutoModelForCausalLM.from_pretrained(base_dir)
     first, second = exchange()
     as_template = [
         QUESTION,
@@ -66,6 +65,16 @@ def train_tool_model(base_dir: Path, out_dir: Path, max_steps: int = 80, seed: i
             ANSWER,
         ),
     ]
+    return teach_replies(base_dir, out_dir, pairs, max_steps=max_steps, seed=seed)
+
+
+def teach_replies(
+    base_dir: Path, out_dir: Path, pairs: list[tuple[list[int], str]], max_steps: int = 80, seed: int = 0
+) -> Path:
+    """Fine-tune the model at base_dir until it answers each prompt (token ids) with its reply text and eos (loss on
+    the replies only, a few dozen Adam steps on a tiny model); save model and tokenizer to out_dir."""
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    model = AutoModelForCausalLM.from_pretrained(base_dir)
     examples = [(list(prompt), tokenizer.encode(reply + tokenizer.eos_token)) for prompt, reply in pairs]
     torch.manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)

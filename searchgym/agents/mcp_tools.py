@@ -1,6 +1,7 @@
-"""The MCP server's tools: their JSON schemas, and the check of a call's arguments against them.
+"""The env's tools over MCP: their JSON schemas, and the check of a call's arguments against them.
 
-Plain data and jsonschema (a dependency of the `mcp` SDK), no server: `mcp_server` turns these into `mcp.types.Tool`s.
+Plain data and jsonschema (a dependency of the `mcp` SDK), no server: `integrations/mcp_server` (an env served over MCP)
+and `agents/mcp_endpoint` (an agent program's episode over MCP) turn these into `mcp.types.Tool`s.
 A call's arguments are checked here so a bad one is a short tool error naming the field, never an echo of a
 megabyte argument (as jsonschema's own messages would give) and never an exception in the server.
 """
@@ -9,8 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from searchgym.envs.actions import MAX_ARGUMENT_CHARS
-from searchgym.integrations.actions import ARGUMENTS
+from searchgym.envs.actions import ARGUMENTS, MAX_ARGUMENT_CHARS
+
+
+class ToolError(Exception):
+    """A call the server refuses: the client gets the message as a tool error (isError), the server goes on."""
+
 
 START = "start"
 ENV_TOOLS = ("search", "access", "answer")  # searchgym's tools, each with its one argument (integrations.actions)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -36,6 +37,27 @@ def mcp_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("mcp") is not None and importlib.util.find_spec("uvicorn") is not None
+
+
+class _ClosedStreamFilter(logging.Filter):
+    """Drops the SDK's "Error in standalone SSE writer" record when its error is the stream closed by the session's
+    own end (a client's DELETE, an episode ending): the SDK (1.x) logs that normal close as an error with a
+    traceback, once per session. Any other error in that writer is still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        import anyio
+
+        error = record.exc_info[1] if record.exc_info else None
+        return not (
+            record.getMessage() == "Error in standalone SSE writer" and isinstance(error, anyio.ClosedResourceError)
+        )
+
+
+def quiet_closed_streams() -> None:
+    """Install `_ClosedStreamFilter` on the SDK's streamable-HTTP logger (once)."""
+    logger = logging.getLogger("mcp.server.streamable_http")
+    if not any(isinstance(f, _ClosedStreamFilter) for f in logger.filters):
+        logger.addFilter(_ClosedStreamFilter())
 
 
 def loopback_security(host: str) -> Any:
@@ -101,6 +123,7 @@ class EpisodeToolServer:
             def capture_signals(self) -> Iterator[None]:
                 yield
 
+        quiet_closed_streams()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind((self.host, 0))
         self.port = sock.getsockname()[1]

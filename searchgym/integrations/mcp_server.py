@@ -27,7 +27,7 @@ from typing import Any, TextIO
 import gymnasium as gym
 
 import searchgym
-from searchgym.agents.mcp_endpoint import loopback_security
+from searchgym.agents.mcp_endpoint import loopback_security, quiet_closed_streams
 from searchgym.agents.mcp_tools import (
     DESCRIPTIONS,
     ENV_TOOLS,
@@ -270,6 +270,7 @@ class McpEnvServer:
 
         if not (isinstance(session_idle_timeout, (int, float)) and 0 < session_idle_timeout < float("inf")):
             raise ValueError(f"session_idle_timeout must be a positive number of seconds, got {session_idle_timeout!r}")
+        quiet_closed_streams()
         manager = StreamableHTTPSessionManager(
             app=self.server(), security_settings=loopback_security(host), session_idle_timeout=session_idle_timeout
         )

@@ -136,7 +136,7 @@ def test_evaluation_repeats_whatever_order_the_episodes_finish_in(tiny_model_dir
     assert serial == evaluate("b") and metrics("a") == metrics("b")
     concurrent = evaluate("c", concurrency=8)
     assert without_logprobs(concurrent) == without_logprobs(serial) and metrics("c") == metrics("a")
-    for x, y in zip(concurrent, serial):
+    for x, y in zip(concurrent, serial, strict=True):
         assert x["trajectory"]["logprobs"] == pytest.approx(y["trajectory"]["logprobs"], abs=1e-4)
     assert without_logprobs(evaluate("reseeded", seed=1, concurrency=8)) != without_logprobs(serial)
 
@@ -171,8 +171,8 @@ def test_async_rl_records_the_versions_and_group_order_it_trained_on(tmp_path, s
         assert [g["position"] for g in record["groups"]] == list(dict.fromkeys(r["group"] for r in rows))
         runs = [run for g in record["groups"] for run in g["versions"]]
         assert len(runs) == len(rows) == 4
-        for row, trajectory_runs in zip(rows, runs):
-            generated = [v for v, m in zip(row["versions"], row["loss_mask"]) if m]
+        for row, trajectory_runs in zip(rows, runs, strict=True):
+            generated = [v for v, m in zip(row["versions"], row["loss_mask"], strict=True) if m]
             assert [v for v, n in trajectory_runs for _ in range(n)] == generated
             assert all(record["trained_version"] - 1 <= v <= record["trained_version"] for v, _ in trajectory_runs)
         positions += [g["position"] for g in record["groups"]]

@@ -111,7 +111,10 @@ def greedy_episodes(model_dir, env_kwargs, task_ids):
         try:
             envs = [gym.make(SHAPED_ID, **env_kwargs).unwrapped for _ in task_ids]
             return await asyncio.gather(
-                *(workflow.arun_episode(env, options={"task_id": task}) for env, task in zip(envs, task_ids))
+                *(
+                    workflow.arun_episode(env, options={"task_id": task})
+                    for env, task in zip(envs, task_ids, strict=True)
+                )
             )
         finally:
             await engine.close()
@@ -136,7 +139,7 @@ def test_quickstart_runs_every_stage_and_writes_its_results(tmp_path, small_bund
     train_tasks = list(gym.make(config.env.id, **train_kwargs).unwrapped.tasks)
     by_question = {t.question: t for t in train_tasks}
     demonstrated = [by_question[chat[0]["content"].rsplit("Question: ", 1)[1]] for chat in demos]
-    for task, chat in zip(demonstrated, demos):
+    for task, chat in zip(demonstrated, demos, strict=True):
         assert chat[-1]["content"] == f"<answer> {task.answers[0]} </answer>"
 
     # the warm start learnt them: its greedy episodes on those tasks answer, the model it started from never does
@@ -166,7 +169,7 @@ def test_quickstart_runs_every_stage_and_writes_its_results(tmp_path, small_bund
 
     # each row of the table is its policy's stored samples, on the same held-out questions
     before, after = rows_of(tmp_path / "eval-sft"), rows_of(tmp_path / "eval-rl")
-    for policy, rows in zip(POLICIES, (before, after)):
+    for policy, rows in zip(POLICIES, (before, after), strict=True):
         check_table_is_the_samples(table[policy], rows, k=2)
     test_ids = {t.id for t in gym.make(config.env.id, **config.env.kwargs, split="test").unwrapped.tasks}
     assert {r["task_id"] for r in before} == {r["task_id"] for r in after} == test_ids and len(before) == 2 * len(

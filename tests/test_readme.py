@@ -55,7 +55,7 @@ def test_readme_examples_run(tmp_path):
         generated = [i for i, m in enumerate(traj.loss_mask) if m]
         assert len(generated) == sum(turn.generated_tokens for turn in traj.turns) > 0
         assert all(traj.versions[i] == 0 and traj.logprobs[i] <= 0 for i in generated)
-        assert all(v == -1 for v, m in zip(traj.versions, traj.loss_mask) if not m)
+        assert all(v == -1 for v, m in zip(traj.versions, traj.loss_mask, strict=True) if not m)
         assert 1 <= len(traj.turns) <= 4 and traj.stop_reason in STOP_REASONS
 
 

@@ -155,7 +155,9 @@ def test_calls_written_as_the_template_writes_them_parse_back(prefix, calls, sep
     ]
     if not closed:  # a stop string at </tool_call> cuts the last closing tag
         blocks[-1] = blocks[-1].removesuffix("</tool_call>")
-    text = prefix + "".join(sep + block for sep, block in zip(separators, blocks))
+    text = prefix + "".join(
+        sep + block for sep, block in zip(separators, blocks, strict=False)
+    )  # separators: 3, drawn for up to 3 calls
     content, parsed = parse_tool_calls(text, set(NAMES))
     assert [(c.name, json.loads(c.arguments)) for c in parsed] == calls
     assert content == (prefix.strip() or None)

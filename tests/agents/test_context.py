@@ -180,7 +180,7 @@ def play_group(
         return await asyncio.gather(
             *(
                 workflow.arun_episode(env, seed=0, options={"task_id": task.id}, rid=rid)
-                for env, rid in zip(envs, answers)
+                for env, rid in zip(envs, answers, strict=True)
             )
         )
 
@@ -279,7 +279,7 @@ def test_a_64_turn_episode_summarises_its_way_to_the_answer_token_exact(summaris
         summaries = [e for e in traj.context_events if e["policy"] == "summarise"]
         assert summaries and all(e["summary_tokens"] > 0 for e in summaries)
         # each summary is policy output in the segment it closed: trained tokens beyond the turns' own
-        for seg, event in zip(traj.segments, traj.context_events):
+        for seg, event in zip(traj.segments, traj.context_events, strict=True):
             assert seg.end == event["policy"] and seg.loss_mask[-1] == 1  # the segment ends with the summary's tokens
     fallback = right.context_events[0]
     assert fallback["policy"] == "fold (empty summary)" and fallback["fallback"] == "empty summary"

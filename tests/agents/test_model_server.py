@@ -80,7 +80,7 @@ async def test_text_batch_matches_input_ids_and_returns_token_texts(server, http
         return_text_in_logprobs=True,
     )
     assert isinstance(batch, list) and [o["meta_info"]["id"] for o in batch] == ["a", "b"]
-    for text, out in zip(texts, batch):
+    for text, out in zip(texts, batch, strict=True):
         single = await generate(http, url, input_ids=engine.tokenizer.encode(text), sampling_params=sampling)
         assert out["output_ids"] == single["output_ids"]
         assert "output_token_logprobs" not in single["meta_info"]

@@ -73,9 +73,9 @@ async def test_reuse_gives_the_full_prefill_result_and_prefills_only_new_tokens(
     full = TorchEngine(tiny_model_dir, prefix_cache_bytes=0)
     with_reuse = await run_episodes(reused, tokenizer, n, turns)
     without = await run_episodes(full, tokenizer, n, turns)
-    for (ids_a, turns_a), (ids_b, turns_b) in zip(with_reuse, without):
+    for (ids_a, turns_a), (ids_b, turns_b) in zip(with_reuse, without, strict=True):
         assert ids_a == ids_b
-        for a, b in zip(turns_a, turns_b):
+        for a, b in zip(turns_a, turns_b, strict=True):
             assert a.output_ids == b.output_ids
             # fp32: a prefill over a cached prefix sums in another order than a full one (a few ulps; the
             # property test below measures it on logits up to ~2e-6 relative)
@@ -310,18 +310,20 @@ def test_prefill_over_cached_prefixes_equals_a_full_prefill(bare_engine, rows, s
     with torch.inference_mode():
         full_kv, full_mask, full_logits = bare_engine._prefill([(p, None) for p in prompts])
         pasts = []
-        for (cached, _), p in zip(rows, prompts):
+        for (cached, _), p in zip(rows, prompts, strict=True):
             if cached == 0:
                 pasts.append(None)
                 continue
             kv, mask, _ = bare_engine._prefill([(p[:cached], None)])
             pasts.append([(k[0, :, -cached:], v[0, :, -cached:]) for k, v in kv])
-        kv, mask, logits = bare_engine._prefill([(p[c:], past) for (c, _), p, past in zip(rows, prompts, pasts)])
+        kv, mask, logits = bare_engine._prefill(
+            [(p[c:], past) for (c, _), p, past in zip(rows, prompts, pasts, strict=True)]
+        )
     # fp32 summation order alone moves these logits by up to ~2e-5 (one prompt prefilled alone vs in a batch);
     # a wrong position or a misplaced cache column moves them by O(1)
     assert torch.allclose(logits, full_logits, atol=1e-4, rtol=1e-5)
     assert mask.shape[1] == max(map(len, prompts))  # compact: left padding only
     assert all(mask[i, -len(p) :].all() and not mask[i, : -len(p)].any() for i, p in enumerate(prompts))
     for i in range(len(prompts)):
-        for got, expected in zip(real_columns(kv, mask, i), real_columns(full_kv, full_mask, i)):
+        for got, expected in zip(real_columns(kv, mask, i), real_columns(full_kv, full_mask, i), strict=True):
             assert torch.allclose(got, expected, atol=1e-4, rtol=1e-5)

@@ -72,7 +72,7 @@ async def test_an_agent_program_plays_the_env_and_the_learner_trains_its_tokens(
     before = [p.detach().clone() for p in model.parameters()]
     stats = learner.step([group])
     assert stats["trained_tokens"] == sum(t.generated_tokens for t in group) > 0
-    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
 @pytest.mark.asyncio

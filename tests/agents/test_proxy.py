@@ -111,7 +111,12 @@ async def test_tool_call_then_streamed_answer_link_into_one_token_exact_trajecto
     assert traj.num_segments == 1 and [c["segment"] for c in traj.proxy_calls] == [0, 0]
     assert check_against_engine(traj, engine.log[-2:]) == 2
     assert traj.input_ids == list(engine.log[-1][0].input_ids) + list(engine.log[-1][1].output_ids)
-    assert engine.tokenizer.decode([t for t, m in zip(traj.input_ids, traj.loss_mask) if m]).count("<tool_call>") == 1
+    assert (
+        engine.tokenizer.decode([t for t, m in zip(traj.input_ids, traj.loss_mask, strict=True) if m]).count(
+            "<tool_call>"
+        )
+        == 1
+    )
 
 
 @in_module_loop
@@ -139,7 +144,7 @@ async def test_a_rewritten_history_starts_a_new_segment_and_a_weight_update_show
     assert traj.segments[0].input_ids == list(log[0][0].input_ids) + list(log[0][1].output_ids)
     first_version, later = set(log[0][1].versions), set(log[1][1].versions) | set(log[2][1].versions)
     assert len(first_version) == 1 and later == {next(iter(first_version)) + 1}
-    trained_versions = {v for s in traj.token_segments() for v, m in zip(s.versions, s.loss_mask) if m}
+    trained_versions = {v for s in traj.token_segments() for v, m in zip(s.versions, s.loss_mask, strict=True) if m}
     assert trained_versions == first_version | later
 
 

@@ -18,7 +18,7 @@ def test_validation_and_demonstrations_play_the_same_episodes(small_pool, small_
         return results, trajectories, await demonstrations(env, tasks)
 
     results, trajectories, chats = asyncio.run(both())
-    for result, traj in zip(results, trajectories):
+    for result, traj in zip(results, trajectories, strict=True):
         assert [t["action"] for t in result.turns] == [t.action for t in traj.turns]
         assert result.solved == bool((traj.verdict or {}).get("correct"))
         if result.solved:

@@ -97,7 +97,7 @@ async def test_native_stream_honours_stream_interval(server):
     async with aiohttp.ClientSession() as http:
         events = await stream_generate(http, url, body)
     counts = [e["meta_info"]["completion_tokens"] for e in events[:-1]]
-    assert counts[-1] == 10 and all(b - a >= 4 for a, b in zip([0, *counts[:-2]], counts[:-1]))
+    assert counts[-1] == 10 and all(b - a >= 4 for a, b in zip([0, *counts[:-2]], counts[:-1], strict=True))
 
 
 async def test_native_stream_refuses_a_batch_and_a_duplicate_rid_before_streaming(server):

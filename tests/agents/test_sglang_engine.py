@@ -161,7 +161,7 @@ async def test_same_rid_sticks_to_its_server(servers, client):
     for turn in range(3):
         before = generated(servers)
         await client.agenerate(GenerateRequest(PROMPTS[0] * (turn + 1), sampling, "trajectory-7"))
-        grew = [after > b for after, b in zip(generated(servers), before)]
+        grew = [after > b for after, b in zip(generated(servers), before, strict=True)]
         assert grew.count(True) == 1
         home = grew.index(True) if home is None else home
         assert grew.index(True) == home
@@ -192,7 +192,7 @@ async def test_pause_resume_resubmits_aborted_requests_to_the_same_greedy_output
     await client.resume()
     results = await asyncio.gather(*tasks)
     assert client.stats()["resubmitted"] >= 1
-    for ref, out in zip(reference, results):
+    for ref, out in zip(reference, results, strict=True):
         assert out.output_ids == ref.output_ids
         assert out.logprobs == pytest.approx(ref.logprobs, abs=1e-4)
         assert out.versions == [client.version] * LONG.max_new_tokens
@@ -233,7 +233,7 @@ async def test_update_weights_mid_generation_versions_each_token(servers, client
     results = await asyncio.gather(*tasks)
     straddling = [r for r in results if 0 in r.versions and 1 in r.versions]
     assert straddling, [sorted(set(r.versions)) for r in results]
-    for prompt, out in zip(PROMPTS, results):
+    for prompt, out in zip(PROMPTS, results, strict=True):
         old = out.versions.count(0)
         assert out.versions == [0] * old + [1] * (LONG.max_new_tokens - old)
         if 0 < old < LONG.max_new_tokens:  # the tail continues the head under the new weights

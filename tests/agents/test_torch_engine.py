@@ -78,7 +78,7 @@ async def test_logprobs_match_teacher_forcing(engine, model, tokenizer, temperat
     params = SamplingParams(max_new_tokens=32, temperature=temperature, ignore_eos=True)
     prompts = [prompt(tokenizer, i) for i in range(6)]
     responses = await asyncio.gather(*(engine.agenerate(GenerateRequest(p, params)) for p in prompts))
-    for p, r in zip(prompts, responses):
+    for p, r in zip(prompts, responses, strict=True):
         assert len(r.output_ids) == 32 and r.versions == [0] * 32 and r.prompt_tokens == len(p)
         expected = teacher_logprobs(model, p, r.output_ids, temperature)
         assert torch.allclose(torch.tensor(r.logprobs), expected, atol=1e-4, rtol=0)
@@ -92,7 +92,7 @@ async def test_greedy_is_batch_invariant_and_matches_generate(engine, model, tok
     assert [r.output_ids for r in batched] == alone
     assert alone == [reference_greedy(model, p, GREEDY.max_new_tokens) for p in prompts]
     assert len({tuple(a) for a in alone}) > 1
-    for p, r in zip(prompts, batched):
+    for p, r in zip(prompts, batched, strict=True):
         assert torch.allclose(torch.tensor(r.logprobs), teacher_logprobs(model, p, r.output_ids), atol=1e-4, rtol=0)
 
 
@@ -161,13 +161,13 @@ async def test_bad_requests_raise(engine):
 async def test_weight_update_mid_generation(engine, model, tokenizer, tiny_model_dir):
     prompts = [prompt(tokenizer, i) for i in range(3)]
     params = [SamplingParams(max_new_tokens=60, temperature=t, ignore_eos=True) for t in (0.0, 1.0, 0.7)]
-    tasks = [asyncio.create_task(engine.agenerate(GenerateRequest(p, s))) for p, s in zip(prompts, params)]
+    tasks = [asyncio.create_task(engine.agenerate(GenerateRequest(p, s))) for p, s in zip(prompts, params, strict=True)]
     await wait_for_tokens(engine, 15)
     await engine.update_weights(perturbed(model), version=1)
     assert engine.version == 1
     responses = await asyncio.gather(*tasks)
     new_model = load_perturbed(model, tiny_model_dir)
-    for p, s, r in zip(prompts, params, responses):
+    for p, s, r in zip(prompts, params, responses, strict=True):
         switch = r.versions.index(1)
         assert 0 < switch < 60 and r.versions == [0] * switch + [1] * (60 - switch)
         t = s.temperature or 1.0  # greedy logprobs are at temperature 1
@@ -198,7 +198,9 @@ async def test_bad_weights_are_refused_before_loading(engine, model):
     with pytest.raises(KeyError, match="unexpected"):
         await engine.update_weights({"nope": torch.zeros(1)}, version=1)
     assert engine.version == 0
-    assert all(torch.equal(a, b) for a, b in zip(engine.model.state_dict().values(), model.state_dict().values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(engine.model.state_dict().values(), model.state_dict().values(), strict=True)
+    )
 
 
 async def test_pause_resume_loses_nothing(engine, model, tokenizer):

@@ -51,7 +51,7 @@ def test_32_concurrent_episodes_are_exact_token_sequences(engine, small_pool, sm
         generated = [i for i, m in enumerate(traj.loss_mask) if m]
         assert len(generated) == sum(t.generated_tokens for t in traj.turns) == traj.generated_tokens
         assert all(traj.versions[i] == 0 for i in generated)
-        assert all(v == -1 for v, m in zip(traj.versions, traj.loss_mask) if not m)
+        assert all(v == -1 for v, m in zip(traj.versions, traj.loss_mask, strict=True) if not m)
         assert traj.loss_mask[: traj.prompt_length] == [0] * traj.prompt_length
         # decoding the tokens gives back the conversation, as the chat template renders it
         decoded = engine.tokenizer.decode(traj.input_ids, skip_special_tokens=False)
@@ -79,7 +79,7 @@ def test_a_weight_update_mid_episode_versions_later_tokens(engine, small_pool, s
         asyncio.run(engine.update_weights(original, version=0))
     seen = set()
     for traj in trajectories:
-        versions = [v for v, m in zip(traj.versions, traj.loss_mask) if m]
+        versions = [v for v, m in zip(traj.versions, traj.loss_mask, strict=True) if m]
         assert versions == sorted(versions), "a token never carries an older version than the one before it"
         seen.update(versions)
     assert seen == {0, 1}
@@ -117,7 +117,7 @@ def test_32_episodes_through_the_model_server_with_sglang_and_openai_clients(tin
     tokens, chats = asyncio.run(main())
     for traj in tokens:
         mask = torch.tensor(traj.loss_mask[1:], dtype=torch.bool)
-        assert mask.any() and all(v == 0 for v, m in zip(traj.versions, traj.loss_mask) if m)
+        assert mask.any() and all(v == 0 for v, m in zip(traj.versions, traj.loss_mask, strict=True) if m)
         reference = teacher_forced_logprobs(served.model, traj.input_ids, 1.0)
         assert torch.allclose(torch.tensor(traj.logprobs)[1:][mask], reference[mask], atol=1e-4)
         decoded = served.tokenizer.decode(traj.input_ids, skip_special_tokens=False)
@@ -229,7 +229,7 @@ def test_inline_observations_continue_the_assistant_message(
         expected = prompt + "".join(
             tokenizer.decode(response.output_ids, skip_special_tokens=False)
             + (f"\n\n{turn.observation}\n\n" if i + 1 < len(calls) else "")
-            for i, ((_, response), turn) in enumerate(zip(calls, traj.turns))
+            for i, ((_, response), turn) in enumerate(zip(calls, traj.turns, strict=True))
         )
         assert tokenizer.decode(traj.input_ids, skip_special_tokens=False) == expected
         assert tokenizer.decode(traj.input_ids[: traj.prompt_length], skip_special_tokens=False) == prompt

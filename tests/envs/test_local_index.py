@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import json
 import threading
 import time
@@ -224,7 +225,7 @@ def test_any_query_returns_at_most_k_descending(index: LocalIndex, query: str, k
 def _check_hits(hits: list, *, k: int) -> None:
     """At most k hits (never more than 100), scores descending."""
     assert len(hits) <= max(0, min(k, 100))
-    assert all(a.score >= b.score for a, b in zip(hits, hits[1:]))
+    assert all(a.score >= b.score for a, b in itertools.pairwise(hits))
 
 
 def test_k_bounds(index: LocalIndex) -> None:

@@ -212,7 +212,7 @@ def test_several_segments_rank_like_search(world: World, tmp_path: Path) -> None
 
 def test_whole_text_hits_carry_each_page_whole(index: LocalIndex, world: World) -> None:
     queries = _names(world, 40, seed=6) + ["", "(("]
-    for query, hits in zip(queries, index.search_many_sync(queries, 3, whole_text=True)):
+    for query, hits in zip(queries, index.search_many_sync(queries, 3, whole_text=True), strict=True):
         expected = index.search_sync(query, 3)
         assert [(h.doc_id, h.title, h.url, h.score) for h in hits] == [
             (h.doc_id, h.title, h.url, h.score) for h in expected

@@ -3,6 +3,7 @@
 import asyncio
 import contextlib
 import gc
+import itertools
 import json
 import os
 import pickle
@@ -56,7 +57,7 @@ async def test_retrieve_answers_the_whole_stored_documents_in_search_r1_form(ser
     docs = body["result"][0]
     assert [d["id"] for d in docs] == [h.doc_id for h in expected]
     assert set(docs[0]) == {"id", "contents", "title", "text", "url"}
-    for doc, hit in zip(docs, expected):
+    for doc, hit in zip(docs, expected, strict=True):
         page = small_index.get_page(hit.url)  # the corpus row: Search-R1's form is the quoted title, then all the text
         assert doc["contents"] == f'"{page.title}"\n{page.text}' and doc["text"] == page.text
         assert doc["url"] == hit.url and doc["title"] == hit.title
@@ -70,7 +71,7 @@ async def test_a_big_batch_answers_each_query_as_alone_in_order(server, http, sm
     for snippet in (False, True):
         status, body = await post(http, server + "/retrieve", {"queries": names, "topk": 3, "snippet": snippet})
         assert status == 200 and len(body["result"]) == len(names)
-        for query, docs in zip(names, body["result"]):
+        for query, docs in zip(names, body["result"], strict=True):
             hits = small_index.search_sync(query, 3)
             assert [d["id"] for d in docs] == [h.doc_id for h in hits], query
             texts = [h.snippet if snippet else small_index.get_page(h.url).text for h in hits]
@@ -759,7 +760,7 @@ async def serve_search_process(index: Path, log_path: Path, *flags: str):
 async def test_one_request_of_2560_queries_as_search_r1_training_sends(small_bundle, small_index, http, tmp_path):
     """Search-R1's train_grpo.sh (512 questions x 5 samples) sends 2,560 queries in one /retrieve: the real server
     answers it with default flags, each query's documents exactly those of that query asked alone."""
-    titles = [doc.title for doc, _ in zip(small_index.iter_docs(), range(700))]
+    titles = [doc.title for doc in itertools.islice(small_index.iter_docs(), 700)]
     n = len(titles)
     queries = [
         titles[i % n] if i % 5 == 0 else f"{titles[i % n]} {titles[(i + i // n + 1) % n].split()[0]}"

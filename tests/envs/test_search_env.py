@@ -124,7 +124,7 @@ def test_long_pages_are_served_in_parts(small_pool, small_index):
         parts.append(obs)
     chunks = chunk_text(page.text, 300)
     assert len(parts) == info["page"]["chunks"] == len(chunks) >= 2
-    assert all(chunk in part for chunk, part in zip(chunks, parts))  # every character served, in order
+    assert all(chunk in part for chunk, part in zip(chunks, parts, strict=True))  # every character served, in order
 
 
 def test_turn_budget_truncates(small_pool, small_index):

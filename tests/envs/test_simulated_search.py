@@ -5,6 +5,7 @@ shown as failures, and the trainer's version moving the curriculum."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 
 import gymnasium as gym
@@ -100,7 +101,7 @@ def test_the_curriculum_follows_the_trained_version():
     schedule = NoiseSchedule(start=0.0, end=0.6, steps=10, base=4.0)
     shares = [schedule.at(v) for v in range(12)]
     assert shares[0] == 0.0 and shares[10] == pytest.approx(0.6) and shares[11] == pytest.approx(0.6)
-    assert all(a <= b for a, b in zip(shares, shares[1:], strict=False))
+    assert all(a <= b for a, b in itertools.pairwise(shares))
     assert shares[5] < 0.3  # b > 1: slow at first (ZeroSearch's curriculum)
     engine = SimulatedSearch(chat=None, noise=schedule)
     engine.set_trained_version(10)

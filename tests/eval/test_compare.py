@@ -269,7 +269,7 @@ def test_a_real_report_opens_with_the_card_first_and_filters_by_disagreement(run
     page = Page()
     page.feed(dom((runs["seed0"] / "report.html").as_uri() + "#outcome=disagree"))
     assert page.order[:3] == ["h1", "card", "h2:Protocol card"]  # the card comes before any score
-    card = dict(zip(page.cells["card"][::2], page.cells["card"][1::2]))
+    card = dict(zip(page.cells["card"][::2], page.cells["card"][1::2], strict=True))
     assert card["card hash"] == summary_of(runs["seed0"])["card"]["hash"]
     assert card["protocol.judges.llm.model"] == "judge-a" and card["protocol.k"] == "2"
     shown = [a for a, hidden in page.samples if not hidden]

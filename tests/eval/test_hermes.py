@@ -20,7 +20,7 @@ MAX_NEW_TOKENS = 96  # a JSON call is ~60 tokens of the tiny tokenizer
 def generated_turns(traj):
     """The text of each run of generated tokens (one per turn), decoded with the trajectory's tokenizer."""
     runs, current = [], []
-    for token, mask in zip(traj["input_ids"], traj["loss_mask"]):
+    for token, mask in zip(traj["input_ids"], traj["loss_mask"], strict=True):
         if mask:
             current.append(token)
         elif current:
@@ -36,7 +36,7 @@ def check_calls_stop_at_their_close(trajectories, tokenizer):
     for traj in trajectories:
         runs = generated_turns(traj)
         assert len(runs) == len(traj["turns"])
-        for run, turn in zip(runs, traj["turns"]):
+        for run, turn in zip(runs, traj["turns"], strict=True):
             counts[turn["tool"]] = counts.get(turn["tool"], 0) + 1
             if turn["tool"] == "invalid":
                 continue

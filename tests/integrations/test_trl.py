@@ -283,7 +283,7 @@ def test_one_grpo_step_calls_the_tools_pays_the_judges_verdict_and_trains(
     rewards = [e.get_reward() for e in envs]
     assert all(
         r == (e.steps[-1]["info"]["verdict"]["score"] if e.steps and e.steps[-1]["tool"] == "answer" else 0.0)
-        for r, e in zip(rewards, envs)
+        for r, e in zip(rewards, envs, strict=True)
     )
     assert math.isclose(logs["rewards/SearchGymEnv/mean"], sum(rewards) / len(rewards), abs_tol=1e-6)
     assert logs["reward_std"] > 0  # the judge told the rollouts apart, so there was something to learn

@@ -84,7 +84,7 @@ def test_near_duplicates():
 
 
 def test_every_path_with_the_stand_in(small_index, seed_docs, tmp_path):
-    double = StandInLLM({d.title: s for d, s in zip(seed_docs, SCENARIOS)})
+    double = StandInLLM({d.title: s for d, s in zip(seed_docs, SCENARIOS, strict=True)})
     out = tmp_path / "pool.jsonl"
     with stand_in_server(double) as url:
         report = _run(small_index, url, [d.url for d in seed_docs], out, n=10)

@@ -101,7 +101,7 @@ def sglang_receiver(
     )
     if not ok:
         raise RuntimeError(message)
-    names, dtypes, shapes = (list(column) for column in zip(*specs))
+    names, dtypes, shapes = (list(column) for column in zip(*specs, strict=True))
     received = sglang["receive_weights_from_distributed"](
         updater, names=names, dtypes=dtypes, shapes=shapes, group_name=group_name
     )

@@ -73,7 +73,7 @@ def test_micro_batching_does_not_change_the_update(tiny_model_dir, groups):
     )
     small.step(groups)
     large.step(groups)
-    for (name, a), b in zip(small.model.state_dict().items(), large.model.state_dict().values()):
+    for (name, a), b in zip(small.model.state_dict().items(), large.model.state_dict().values(), strict=True):
         assert torch.allclose(a, b, atol=1e-6), name
 
 
@@ -106,7 +106,7 @@ def test_state_dict_round_trip(tiny_model_dir, groups):
     other.load_state_dict(copy.deepcopy(learner.state_dict()))
     assert other.version == 1 and other.scheduler.get_last_lr() == learner.scheduler.get_last_lr()
     learner.step(groups), other.step(groups)
-    for a, b in zip(learner.model.state_dict().values(), other.model.state_dict().values()):
+    for a, b in zip(learner.model.state_dict().values(), other.model.state_dict().values(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
 
 
@@ -253,7 +253,9 @@ def test_train_mode_noise_is_found_wherever_the_config_keeps_it(tiny_model_dir, 
 def distance(a, b):
     """Euclidean distance between two models' weights, all parameters together."""
     return float(
-        torch.cat([(x - y).flatten() for x, y in zip(a.state_dict().values(), b.state_dict().values())]).norm()
+        torch.cat(
+            [(x - y).flatten() for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)]
+        ).norm()
     )
 
 
@@ -373,7 +375,7 @@ def test_the_chunked_loss_head_trains_as_the_whole_logits_one_did(tiny_model_dir
         a, b = chunked.step(groups), whole.step(groups)
         for key in ("loss", "entropy", "grad_norm", "approx_kl", "importance_weight_mean"):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
-    for (name, p), q in zip(chunked.model.named_parameters(), whole.model.parameters()):
+    for (name, p), q in zip(chunked.model.named_parameters(), whole.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
 
 
@@ -390,7 +392,7 @@ def test_packed_rows_give_the_log_probs_of_padded_ones_and_train_alike(tiny_mode
     assert layout.ids.shape[0] == 1 and layout.attention is None
     with torch.no_grad():
         logp, _, _ = packed._logprobs(layout)
-        for (row, start), sample in zip(layout.spans, batches[0]):
+        for (row, start), sample in zip(layout.spans, batches[0], strict=True):
             alone, _, _ = padded._logprobs(padded._layout([sample]))
             n = len(sample.ids) - 1
             torch.testing.assert_close(logp[row, start : start + n], alone[0, :n], atol=1e-5, rtol=1e-5)
@@ -403,7 +405,7 @@ def test_packed_rows_give_the_log_probs_of_padded_ones_and_train_alike(tiny_mode
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
     # AdamW's first step moves each weight by about lr (1e-3) whatever its gradient's size, so a gradient that is ~0
     # in both and differs in float noise may move differently: compare at a tenth of one step
-    for p, q in zip(packed.model.parameters(), padded.model.parameters()):
+    for p, q in zip(packed.model.parameters(), padded.model.parameters(), strict=True):
         torch.testing.assert_close(p, q, atol=1e-4, rtol=1e-4)
 
 

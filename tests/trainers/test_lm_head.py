@@ -51,7 +51,7 @@ def test_chunked_logprobs_equal_whole_logits_in_values_and_gradients(
     torch.testing.assert_close(logp, ref_logp, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(entropy, ref_entropy, atol=1e-5, rtol=1e-5)
     for got, want in zip(
-        _grads(logp, upstream, hidden, weight, bias), _grads(ref_logp, upstream, hidden, weight, bias)
+        _grads(logp, upstream, hidden, weight, bias), _grads(ref_logp, upstream, hidden, weight, bias), strict=True
     ):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
@@ -83,7 +83,7 @@ def test_tied_weights_get_both_gradients_and_bf16_stays_within_bf16_rounding():
     got = _grads(logp, upstream, hidden, weight)
     want = _grads(ref_logp, upstream, hidden, weight)
     assert got[0].dtype == torch.bfloat16 and got[1].dtype == torch.bfloat16
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert float((g.float() - w.float()).abs().max()) <= 0.05 * float(w.float().abs().max()) + 1e-2
 
 

@@ -71,7 +71,7 @@ def _assert_throughput_limits(rows, mode):
         assert all(0.0 < row["rollout/admission_blocked_share"] < 1.0 for row in rows)
     # the engine's cumulative counters: it decoded and prefilled, and generated every token trained so far
     trained = 0.0
-    for before, row in zip([None, *rows], rows):
+    for before, row in zip([None, *rows], rows, strict=False):  # (the previous row, this one)
         trained += row["trained_tokens"]
         assert row["engine/generated_tokens"] >= trained and row["engine/prefill_tokens"] > 0
         assert row["engine/decode_steps"] > 0 and row["engine/reused_tokens"] >= 0 and row["engine/busy_s"] > 0

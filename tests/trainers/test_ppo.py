@@ -266,7 +266,7 @@ def test_on_policy_limit_is_the_policy_gradient():
 
     logp = token_logprobs(model(features), labels).double()
     want = torch.autograd.grad(-(adv * logp)[mask].sum() / mask.sum(), list(model.parameters()))
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w)
 
 
@@ -324,7 +324,7 @@ def test_group_advantages_are_centred_per_group_and_flag_groups_without_spread(r
     assert torch.all(advantages[~keep] == 0), "a group without spread must carry exactly no signal"
     if not std_normalize:
         torch.testing.assert_close(advantages[keep], (returns - returns.mean(1, keepdim=True))[keep])
-    for row, adv in zip(returns[spread > 1e-3], advantages[spread > 1e-3]):
+    for row, adv in zip(returns[spread > 1e-3], advantages[spread > 1e-3], strict=True):
         std = row.std(correction=0).item()
         assert adv.std(correction=0).item() == pytest.approx(std / (std + 1e-6) if std_normalize else std, rel=1e-4)
 

@@ -103,7 +103,9 @@ def test_a_partial_checkpoint_never_replaces_the_last_whole_one(tmp_path, tiny_m
     assert latest_checkpoint(tmp_path) == first
     assert load_trainer_state(first) == {"x": 1, "step": 1}
     reloaded = AutoModelForCausalLM.from_pretrained(first)  # a checkpoint is a usable model directory
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reloaded.state_dict().values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.state_dict().values(), reloaded.state_dict().values(), strict=True)
+    )
     (tmp_path / "checkpoints" / "latest").write_text("step-00009\n")
     with pytest.raises(FileNotFoundError, match="damaged"):
         latest_checkpoint(tmp_path)

@@ -80,7 +80,7 @@ def check_run(controller, batches, admissions, max_staleness):
         for group in batch:
             assert len(group) == GROUP and len({traj.task_id for traj in group}) == 1
             for traj in group:
-                generated = [v for v, m in zip(traj.versions, traj.loss_mask) if m]
+                generated = [v for v, m in zip(traj.versions, traj.loss_mask, strict=True) if m]
                 assert generated and traj.turns and (traj.terminated or traj.truncated)
                 assert min(generated) >= version - max_staleness
                 ages.append(version - min(generated))

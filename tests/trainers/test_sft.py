@@ -34,7 +34,7 @@ def test_demonstrations_are_laid_out_as_the_runner_plays(demos, tiny_model_dir):
     # Everything the runner would hold at the last action, as the chat template renders it...
     assert tokenizer.decode(ids) == tokenizer.apply_chat_template(chat, tokenize=False)[: -len("<|im_end|>\n")]
     # ...and the loss mask covers exactly the actions' tokens.
-    learned = [i for i, m in zip(ids, mask) if m]
+    learned = [i for i, m in zip(ids, mask, strict=True) if m]
     assert tokenizer.decode(learned) == "".join(m["content"] for m in chat if m["role"] == "assistant")
     with pytest.raises(ValueError, match="assistant"):
         ChatTemplateDelta(tokenizer).conversation_ids([chat[0], chat[0]])

@@ -312,7 +312,9 @@ def test_an_absurd_learning_rate_collapses_and_the_watchdog_recovers(
     # weights (version 1) reached a later step
     for trained_version, allowed in ((2, {2}), (3, {2, 3})):
         rows = (run_dir / "trajectories" / f"version-{trained_version:05d}.jsonl").read_text().splitlines()
-        versions = {v for row in map(json.loads, rows) for v, m in zip(row["versions"], row["loss_mask"]) if m}
+        versions = {
+            v for row in map(json.loads, rows) for v, m in zip(row["versions"], row["loss_mask"], strict=True) if m
+        }
         assert versions and versions <= allowed, (trained_version, versions)
     # the groups the collapse dropped were played again: no data position lost, none trained twice
     trained = [

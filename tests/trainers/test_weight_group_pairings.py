@@ -85,7 +85,7 @@ async def test_sglangs_trainer_to_serve_model(tiny_model_dir, trained, tmp_path)
             )
             assert status == 200 and answer["success"] is True, answer
             # ... build_distributed_weight_update_requests: one bucket, abort_all_requests true
-            names, dtypes, shapes = (list(c) for c in zip(*specs(state)))
+            names, dtypes, shapes = (list(c) for c in zip(*specs(state), strict=True))
             status, answer = await asyncio.wait_for(
                 post(
                     http,

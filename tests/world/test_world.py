@@ -207,7 +207,9 @@ def test_name_pieces_decode_uniquely_and_patterns_are_disjoint() -> None:
     for t, i, p in every:
         for u, j, q in every:
             if (t, i) < (u, j) and len(p) == len(q):
-                assert any(_tokens_disjoint(x, y) for x, y in zip(p, q)), f"{t} pattern {i} may collide with {u} {j}"
+                assert any(_tokens_disjoint(x, y) for x, y in zip(p, q, strict=True)), (
+                    f"{t} pattern {i} may collide with {u} {j}"
+                )
     assert names.language_of("Ostravia") == "Ostravian"
 
 

@@ -266,6 +266,19 @@ def _json_object(text: str) -> dict:
     return value
 
 
+def _bench_proxy(args: argparse.Namespace) -> None:
+    import tempfile
+
+    from searchgym.bench.proxy_long import run_proxy_long_bench
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.model is None:
+            from searchgym.agents.tiny_model import build_tiny_model
+
+            args.model = build_tiny_model(tmp)
+        run_proxy_long_bench(args.model, repeats=args.repeats, out=args.out)
+
+
 def _bench_search(args: argparse.Namespace) -> None:
     from searchgym.bench.search import run_search_bench
 
@@ -894,6 +907,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
     p.add_argument("--out", type=Path, default=Path("results/bench_engine.json"))
     p.set_defaults(run=_bench_engine)
+    p = bench.add_parser("proxy", help="the recording proxy at depth: an agent-program episode of 8 to 128 turns")
+    p.add_argument("--model", type=Path, default=None, help="tokenizer's model directory (default: a fresh tiny model)")
+    p.add_argument("--repeats", type=int, default=3, help="timed episodes per depth (the median is reported)")
+    p.add_argument("--out", type=Path, default=Path("results/bench_proxy_long.json"))
+    p.set_defaults(run=_bench_proxy)
     p = bench.add_parser(
         "search",
         help="LocalIndex vs tantivy, bm25s, rank-bm25 (queries/s, recall@5, MRR); "

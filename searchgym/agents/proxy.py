@@ -20,7 +20,7 @@ import inspect
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -34,6 +34,7 @@ from searchgym.envs.tools.http_session import BadRequest, error_middleware, serv
 
 DEFAULT_MODEL_NAME = "policy"
 REWRITE = "history rewritten"  # a segment's end when the next prompt does not extend it
+TOKEN_ARRAYS = ("prompt_ids", "output_ids", "logprobs", "versions")  # a call's token record, not in its summary
 
 
 @dataclass
@@ -58,7 +59,8 @@ class ProxyCall:
 
     def summary(self) -> dict[str, Any]:
         """The call without its token arrays, for the trajectory's log (`Trajectory.proxy_calls`)."""
-        row = {k: v for k, v in asdict(self).items() if k not in ("prompt_ids", "output_ids", "logprobs", "versions")}
+        # fields read one by one: asdict() would deep-copy the token arrays first (quadratic over a long episode)
+        row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in TOKEN_ARRAYS}
         return {**row, "prompt_tokens": len(self.prompt_ids), "output_tokens": len(self.output_ids)}
 
 

@@ -57,6 +57,23 @@ POLICIES = ("warm", "async", "sync")
 PRESETS: dict[str, list[str]] = {
     "headroom": [],  # LearningConfig's defaults
     "quickstart": ["hops.demos=[1]", "hops.rl=[1]", "hops.eval=[1]", "demos.fraction=0.5", "hops.rl_demos=0"],
+    # issue 29 claim 1 (ASearcher's longer search from RL): shallow demonstrations only, RL and held-out questions
+    # deeper, a 16-turn budget and exact match (no partial pay for a wrong name); trials in docs/reproductions.md
+    "deep": [
+        "env.kwargs.size=4000",
+        "env.kwargs.n_tasks=4000",
+        "env.kwargs.max_turns=16",
+        "env.kwargs.judge=em",
+        "hops.demos=[1,2]",
+        "hops.rl=[3,4]",
+        "hops.eval=[3,4]",
+        "hops.rl_demos=0",
+        "max_demos=800",
+        "sync=false",
+        "rl.steps=30",
+        "rl.save_every=30",
+        "eval.max_tasks=64",
+    ],
 }
 BEHAVIOUR = ("turns", "searches", "accesses", "answered")
 

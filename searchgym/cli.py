@@ -186,6 +186,12 @@ def _bench_reproduce(args: argparse.Namespace) -> None:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
         raise ValueError(f"--seeds takes comma-separated integers, got {args.seeds!r}") from None
+    if args.markdown:  # docs/reproductions.md's table and verdict are this output
+        from searchgym.bench.reproduce import markdown_table, verdict
+
+        report = json.loads(Path(args.out or f"results/reproduce_{args.claim}.json").read_text())
+        print(markdown_table(report) + f"\n**Verdict: {verdict(report)}**")
+        return
     config = load_reproduce_config(args.claim, args.overrides)
     command = " ".join(["searchgym", "bench", "reproduce", args.claim, "--seeds", args.seeds, *args.overrides])
     run_reproduce(args.claim, config, seeds, out=args.out, command=command)
@@ -993,6 +999,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("claim", help="long_horizon, staleness or shaping")
     p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds; finished (seed, arm) pairs are reused")
     p.add_argument("--out", type=Path, default=None, help="default results/reproduce_CLAIM.json")
+    p.add_argument("--markdown", action="store_true", help="only print docs/reproductions.md's table of --out")
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. rl.steps=20 out_dir=runs/reproduce")
     p.set_defaults(run=_bench_reproduce)
     p = bench.add_parser(

@@ -95,6 +95,6 @@ def test_the_claims_arms_are_the_issues_designs():
     assert "rl.mode=sync" in staleness["eta0-plain"] and "rl.learner.proximal=behaviour" in staleness["eta8-plain"]
     shaping = CLAIMS["shaping"].arms
     assert "rl.learner.process_reward=none" in shaping["raw"] and "rl.learner.process_reward=delta" in shaping["delta"]
-    for name, claim in CLAIMS.items():
+    for name in CLAIMS:
         config = load_reproduce_config(name)
         assert config.out_dir == f"runs/reproduce_{name}"

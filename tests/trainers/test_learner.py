@@ -433,8 +433,9 @@ def test_plain_ppo_centres_the_trust_region_on_the_behaviour_policy(tiny_model_d
     # fresh data (behaviour = pre-update weights): plain and decoupled PPO are the same update, plain without the
     # extra proximal pass a second minibatch needs
     settings = dict(lr=1e-2, micro_batch_tokens=10**6, minibatches=2)
-    decoupled, plain = fresh_learner(tiny_model_dir, **settings), fresh_learner(
-        tiny_model_dir, proximal="behaviour", **settings
+    decoupled, plain = (
+        fresh_learner(tiny_model_dir, **settings),
+        fresh_learner(tiny_model_dir, proximal="behaviour", **settings),
     )
     calls = forward_passes(plain)
     decoupled.step(groups)

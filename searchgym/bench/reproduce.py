@@ -470,7 +470,7 @@ def verdict(report: dict[str, Any]) -> str:
     """The verdict the numbers support, by a fixed rule per claim; "preliminary" below FULL_SEEDS seeds."""
     pooled, claim = report["pooled"], report["claim"]
     if claim == "staleness":
-        need = ("eta4-decoupled", "eta4-plain")
+        need: tuple[str, ...] = ("eta4-decoupled", "eta4-plain")
         if not all(a in pooled for a in need):
             return "not yet run"
         matches = not _below(pooled["eta4-decoupled"]["vs_baseline"])  # decoupled at eta 4 not below sync

@@ -1,10 +1,14 @@
 """`searchgym bench reproduce` at toy scale through the real pipeline: arms from one warm start per seed, resumable
 per (seed, arm), refused when the configuration differs, pooled per arm with per-step curves."""
 
+import functools
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from searchgym.bench.reproduce import CLAIMS, WARM, load_reproduce_config, run_reproduce
 from searchgym.cli import main
@@ -98,3 +102,32 @@ def test_the_claims_arms_are_the_issues_designs():
     for name in CLAIMS:
         config = load_reproduce_config(name)
         assert config.out_dir == f"runs/reproduce_{name}"
+
+
+@functools.cache
+def shaping_learners():
+    """Each shaping arm's learner settings, loaded once."""
+    from searchgym.bench.reproduce import arm_config
+
+    base = load_reproduce_config("shaping")
+    return {name: arm_config(base, overrides).rl.learner for name, overrides in CLAIMS["shaping"].arms.items()}
+
+
+@settings(max_examples=20, deadline=None)
+@given(repeats=st.integers(1, 6), outcome=st.sampled_from([0.0, 1.0]))
+def test_only_the_raw_shaping_arm_pays_for_repeating_a_rewarded_search(repeats, outcome):
+    # the return the learner gives an episode that repeats the search that found the answer page `repeats` times,
+    # then answers, under each shaping arm's learner settings (the learner's own per-turn return)
+    from searchgym.trainers.algorithm.learner import Learner
+
+    found = {"evidence": {"answer_page_rank": 1}}
+    traj = SimpleNamespace(turns=[SimpleNamespace(info=found)] * repeats + [SimpleNamespace(info={})], reward=outcome)
+    first_turn = {
+        name: Learner._turn_returns(SimpleNamespace(config=config), traj)[0]
+        for name, config in shaping_learners().items()
+    }
+    w = 0.5
+    assert first_turn["success-only"] == outcome
+    assert first_turn["raw"] == pytest.approx(outcome + w * repeats)  # grows with every repeat: hackable
+    assert first_turn["delta"] == pytest.approx(outcome + w)  # one search's worth, however many repeats
+    assert first_turn["clip"] == pytest.approx(outcome - w / 2)  # the answer turn's -threshold; repeats cost 0

@@ -192,9 +192,13 @@ def _bench_reproduce(args: argparse.Namespace) -> None:
         report = json.loads(Path(args.out or f"results/reproduce_{args.claim}.json").read_text())
         print(markdown_table(report) + f"\n**Verdict: {verdict(report)}**")
         return
+    from searchgym.bench.reproduce import select_arms
+
     config = load_reproduce_config(args.claim, args.overrides)
-    command = " ".join(["searchgym", "bench", "reproduce", args.claim, "--seeds", args.seeds, *args.overrides])
-    run_reproduce(args.claim, config, seeds, out=args.out, command=command)
+    arms = select_arms(args.claim, args.arms)
+    picked = ["--arms", args.arms] if args.arms else []
+    command = " ".join(["searchgym", "bench", "reproduce", args.claim, "--seeds", args.seeds, *picked, *args.overrides])
+    run_reproduce(args.claim, config, seeds, out=args.out, arms=arms, command=command)
 
 
 def _bench_env(args: argparse.Namespace) -> None:
@@ -1000,6 +1004,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds; finished (seed, arm) pairs are reused")
     p.add_argument("--out", type=Path, default=None, help="default results/reproduce_CLAIM.json")
     p.add_argument("--markdown", action="store_true", help="only print docs/reproductions.md's table of --out")
+    p.add_argument("--arms", default="", help="comma-separated subset of the claim's arms (default: all)")
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. rl.steps=20 out_dir=runs/reproduce")
     p.set_defaults(run=_bench_reproduce)
     p = bench.add_parser(

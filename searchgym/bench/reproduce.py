@@ -143,6 +143,16 @@ def load_reproduce_config(claim: str, overrides: list[str] | tuple[str, ...] = (
     return config
 
 
+def select_arms(claim: str, names: str) -> dict[str, list[str]]:
+    """The claim's arms named in `names` (comma-separated; empty: all of them), in the claim's order."""
+    arms = CLAIMS[claim].arms
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in arms]
+    if unknown:
+        raise ValueError(f"unknown arms {unknown} of claim {claim!r}; known: {', '.join(arms)}")
+    return {n: o for n, o in arms.items() if not wanted or n in wanted}
+
+
 def arm_config(config: LearningConfig, arm: list[str]) -> LearningConfig:
     """`config` with an arm's overrides; an arm may only change RL settings (the warm start is shared)."""
     for item in arm:

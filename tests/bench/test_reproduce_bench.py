@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from searchgym.bench.reproduce import CLAIMS, WARM, load_reproduce_config, run_reproduce
+from searchgym.bench.reproduce import CLAIMS, WARM, load_reproduce_config, run_reproduce, select_arms
 from searchgym.cli import main
 from tests.bench.test_learning_bench import TOY
 
@@ -99,6 +99,10 @@ def test_the_claims_arms_are_the_issues_designs():
     assert "rl.mode=sync" in staleness["eta0-plain"] and "rl.learner.proximal=behaviour" in staleness["eta8-plain"]
     shaping = CLAIMS["shaping"].arms
     assert "rl.learner.process_reward=none" in shaping["raw"] and "rl.learner.process_reward=delta" in shaping["delta"]
+    assert list(select_arms("staleness", "eta4-plain, eta0-decoupled")) == ["eta0-decoupled", "eta4-plain"]
+    assert select_arms("shaping", "") == shaping
+    with pytest.raises(ValueError, match="unknown arms \\['nope'\\]"):
+        select_arms("shaping", "raw,nope")
     for name in CLAIMS:
         config = load_reproduce_config(name)
         assert config.out_dir == f"runs/reproduce_{name}"

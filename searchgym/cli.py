@@ -197,7 +197,7 @@ def _bench_reproduce(args: argparse.Namespace) -> None:
     config = load_reproduce_config(args.claim, args.overrides)
     arms = select_arms(args.claim, args.arms)
     picked = ["--arms", args.arms] if args.arms else []
-    command = " ".join(["searchgym", "bench", "reproduce", args.claim, "--seeds", args.seeds, *picked, *args.overrides])
+    command = " ".join(["searchgym", "bench", "reproduce", args.claim, *args.overrides, "--seeds", args.seeds, *picked])
     run_reproduce(args.claim, config, seeds, out=args.out, arms=arms, command=command)
 
 
@@ -1005,7 +1005,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="default results/reproduce_CLAIM.json")
     p.add_argument("--markdown", action="store_true", help="only print docs/reproductions.md's table of --out")
     p.add_argument("--arms", default="", help="comma-separated subset of the claim's arms (default: all)")
-    p.add_argument("overrides", nargs="*", help="config overrides, e.g. rl.steps=20 out_dir=runs/reproduce")
+    p.add_argument("overrides", nargs="*", help="config overrides, right after CLAIM: e.g. rl.steps=20 out_dir=runs/r")
     p.set_defaults(run=_bench_reproduce)
     p = bench.add_parser(
         "reliability",

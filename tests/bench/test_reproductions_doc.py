@@ -20,15 +20,20 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "reproductions.md"
 
 
-@pytest.mark.parametrize("claim", list(CLAIMS))
-def test_each_claims_table_and_verdict_are_its_results_file_rendered(claim):
-    doc, path = DOC.read_text(), ROOT / "results" / f"reproduce_{claim}.json"
-    if not path.exists():  # a claim without results shows no table
-        assert docs_mark(claim) not in doc and "Verdict" not in doc.split(f"## {list(CLAIMS).index(claim) + 1}.")[1]
-        return
+@pytest.mark.parametrize("path", sorted((ROOT / "results").glob("reproduce_*.json")), ids=lambda p: p.stem)
+def test_each_results_files_table_and_verdict_are_rendered_in_the_doc(path):
     report = json.loads(path.read_text())
-    assert generated_block(doc, docs_mark(claim)) == markdown_table(report)
-    assert f"**Verdict: {verdict(report)}**" in doc
+    doc = DOC.read_text()
+    mark = docs_mark(report["claim"], path.stem)
+    assert generated_block(doc, mark) == markdown_table(report)
+    assert f"{mark}\n{markdown_table(report)}\n**Verdict: {verdict(report)}**" in doc
+
+
+@pytest.mark.parametrize("claim", list(CLAIMS))
+def test_a_claim_without_its_results_file_shows_no_table(claim):
+    if (ROOT / "results" / f"reproduce_{claim}.json").exists():
+        return
+    assert docs_mark(claim) not in DOC.read_text()
 
 
 def test_the_throughput_table_is_bench_trainers_results_rendered():
@@ -42,11 +47,11 @@ def report(claim, pooled, seeds=5):
 
 def arm(calls, low, high=None):
     d = {"gain": (low + (high if high is not None else low + 0.1)) / 2, "ci95_low": low, "ci95_high": high or low + 0.1}
-    return {"tool_calls": calls, "vs_baseline": d, "vs_warm": d, "seeds": [0], "curve": []}
+    return {"tool_calls": calls, "avg@2/reward": 0.2, "vs_baseline": d, "vs_warm": d, "seeds": [0], "curve": []}
 
 
 def test_the_verdicts_follow_their_rules():
-    base = {"tool_calls": 1.0, "seeds": [0], "curve": []}
+    base = {"tool_calls": 1.0, "avg@2/reward": 0.2, "seeds": [0], "curve": []}
     hacked = report(
         "shaping", {"success-only": base, "raw": arm(2.0, -0.1), "clip": arm(1.0, -0.05), "delta": arm(1.1, -0.05)}
     )
@@ -64,6 +69,12 @@ def test_the_verdicts_follow_their_rules():
     stale["pooled"]["eta4-plain"] = arm(1, -0.05)
     assert verdict(stale).startswith("partly reproduced")
     assert verdict(report("shaping", {"success-only": base})) == "not yet run"
+    floor = report(
+        "staleness", {"eta0-decoupled": base, "eta4-decoupled": arm(1, 0.0, 0.0), "eta4-plain": arm(1, 0.0, 0.0)}
+    )
+    for p in floor["pooled"].values():
+        p["avg@2/reward"] = 0.004
+    assert verdict(floor).startswith("preliminary") is False and verdict(floor).startswith("inconclusive")
 
 
 def test_update_doc_replaces_only_the_block_after_its_mark():

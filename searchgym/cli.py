@@ -179,6 +179,28 @@ def _bench_learning(args: argparse.Namespace) -> None:
     run_learning_bench(load_learning_config(args.overrides, preset=args.preset), seeds, out=args.out)
 
 
+def _bench_reproduce(args: argparse.Namespace) -> None:
+    from searchgym.bench.reproduce import load_reproduce_config, run_reproduce
+
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds takes comma-separated integers, got {args.seeds!r}") from None
+    if args.markdown:  # docs/reproductions.md's table and verdict are this output
+        from searchgym.bench.reproduce import markdown_table, verdict
+
+        report = json.loads(Path(args.out or f"results/reproduce_{args.claim}.json").read_text())
+        print(markdown_table(report) + f"\n**Verdict: {verdict(report)}**")
+        return
+    from searchgym.bench.reproduce import select_arms
+
+    config = load_reproduce_config(args.claim, args.overrides)
+    arms = select_arms(args.claim, args.arms)
+    picked = ["--arms", args.arms] if args.arms else []
+    command = " ".join(["searchgym", "bench", "reproduce", args.claim, *args.overrides, "--seeds", args.seeds, *picked])
+    run_reproduce(args.claim, config, seeds, out=args.out, arms=arms, command=command)
+
+
 def _bench_env(args: argparse.Namespace) -> None:
     from searchgym.bench.env import run_env_bench
 
@@ -995,6 +1017,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("results/bench_learning.json"))
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. rl.steps=20 out_dir=runs/bench_learning")
     p.set_defaults(run=_bench_learning)
+    p = bench.add_parser("reproduce", help="a paper's claim as arms trained from one warm start per seed (issue 29)")
+    p.add_argument("claim", help="long_horizon, staleness or shaping")
+    p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds; finished (seed, arm) pairs are reused")
+    p.add_argument("--out", type=Path, default=None, help="default results/reproduce_CLAIM.json")
+    p.add_argument("--markdown", action="store_true", help="only print docs/reproductions.md's table of --out")
+    p.add_argument("--arms", default="", help="comma-separated subset of the claim's arms (default: all)")
+    p.add_argument("overrides", nargs="*", help="config overrides, right after CLAIM: e.g. rl.steps=20 out_dir=runs/r")
+    p.set_defaults(run=_bench_reproduce)
     p = bench.add_parser(
         "reliability",
         help="issue 15's fault classes with fixed seeds (SSRF forms, agent turns, "

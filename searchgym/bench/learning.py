@@ -247,20 +247,22 @@ def _demo_tasks(env: Any, config: LearningConfig) -> tuple[list[Any], list[Any]]
     return demos, rl
 
 
-def run_seed(
-    config: LearningConfig, seed: int, base: Path, out: Path, key: str, *, progress: bool = True
-) -> dict[str, Any]:
-    """One seed's pipeline (world, demos, warm start, async RL, sync RL, three evaluations) into one row."""
+@dataclass
+class SeedSetup:
+    """One seed's world and warm start, shared by every RL run of the seed: env kwargs, task split, the SFT model."""
+
+    env_kwargs: dict[str, Any]
+    demo_tasks: list[Any]
+    rl_tasks: list[Any]
+    demos: int
+    warm: Path
+
+
+def prepare_seed(
+    config: LearningConfig, seed: int, base: Path, out: Path, lap: Any, *, progress: bool = True
+) -> SeedSetup:
+    """The seed's world, the oracle's demonstrations and the warm start (SFT from `base`) into `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    timings: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def lap(stage: str) -> None:
-        nonlocal clock
-        timings[stage] = round(time.perf_counter() - clock, 1)
-        clock = time.perf_counter()
-        say(progress, f"[bench learning] seed {seed} {stage}: {timings[stage]} s")
-
     hops = sorted(set(config.hops.demos) | set(config.hops.rl))
     env_kwargs = {**config.env.kwargs, "seed": seed, "hops": hops}
     env = make_env(config.env.id, env_kwargs, "train")
@@ -277,56 +279,90 @@ def run_seed(
     sft_config.seed = seed
     sft(base, chats, warm, sft_config, progress=progress)
     lap("warm start")
+    return SeedSetup(env_kwargs, demo_tasks, rl_tasks, len(chats), warm)
 
+
+def held_out_kwargs(config: LearningConfig, seed: int) -> dict[str, Any]:
+    """The held-out split's env kwargs for `seed` (the `hops.eval` questions)."""
+    return {**config.env.kwargs, "seed": seed, "hops": sorted(set(config.hops.eval)), "split": "test"}
+
+
+def held_out_samples(
+    config: LearningConfig, model: Path, out: Path, seed: int, *, progress: bool
+) -> list[dict[str, Any]]:
+    """`model` evaluated on the seed's held-out questions (k samples each), as the samples' rows."""
+    evaluate_policy(
+        model,
+        out,
+        config.eval,
+        env_id=config.env.id,
+        env_kwargs=held_out_kwargs(config, seed),
+        seed=seed,
+        progress=progress,
+    )
+    return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+
+
+def hop_counts(config: LearningConfig, seed: int) -> dict[str, int]:
+    """Each held-out question's hop count."""
+    test_env = make_env(config.env.id, held_out_kwargs(config, seed), "test")
+    return {t.id: int(t.metadata["hops"]) for t in test_env.tasks}
+
+
+def stage_clock(progress: bool, label: str) -> tuple[dict[str, float], Any]:
+    """A dict of stage timings and the `lap(stage)` that records (and says) the time since the previous lap."""
+    timings: dict[str, float] = {}
+    clock = [time.perf_counter()]
+
+    def lap(stage: str) -> None:
+        timings[stage] = round(time.perf_counter() - clock[0], 1)
+        clock[0] = time.perf_counter()
+        say(progress, f"[{label}] {stage}: {timings[stage]} s")
+
+    return timings, lap
+
+
+def run_seed(
+    config: LearningConfig, seed: int, base: Path, out: Path, key: str, *, progress: bool = True
+) -> dict[str, Any]:
+    """One seed's pipeline (world, demos, warm start, async RL, sync RL, three evaluations) into one row."""
+    timings, lap = stage_clock(progress, f"bench learning seed {seed}")
+    setup = prepare_seed(config, seed, base, out, lap, progress=progress)
     histories: dict[str, list[dict[str, float]]] = {}
     for mode in ("async", "sync") if config.sync else ("async",):
         rl = copy.deepcopy(config.rl)
         rl.mode = mode
         histories[mode] = run_rl(
             rl,
-            warm,
+            setup.warm,
             out / f"rl-{mode}",
             env_id=config.env.id,
-            env_kwargs=env_kwargs,
-            tasks=[t.id for t in rl_tasks],
+            env_kwargs=setup.env_kwargs,
+            tasks=[t.id for t in setup.rl_tasks],
             seed=seed,
             progress=progress,
         )
         lap(f"rl {mode}")
 
-    test_kwargs = {**config.env.kwargs, "seed": seed, "hops": sorted(set(config.hops.eval)), "split": "test"}
     models = {
-        "warm": warm,
+        "warm": setup.warm,
         **{mode: out / f"rl-{mode}" / "checkpoints" / f"step-{config.rl.steps:05d}" for mode in histories},
     }
-    rows = {}
-    for policy, model in models.items():
-        evaluate_policy(
-            model,
-            out / f"eval-{policy}",
-            config.eval,
-            env_id=config.env.id,
-            env_kwargs=test_kwargs,
-            seed=seed,
-            progress=progress,
-        )
-        rows[policy] = [
-            json.loads(line) for line in (out / f"eval-{policy}" / "samples.jsonl").read_text().splitlines()
-        ]
+    rows = {
+        policy: held_out_samples(config, model, out / f"eval-{policy}", seed, progress=progress)
+        for policy, model in models.items()
+    }
     lap("evaluate")
-
-    test_env = make_env(config.env.id, test_kwargs, "test")
-    hop_of = {t.id: int(t.metadata["hops"]) for t in test_env.tasks}
     return seed_row(
         seed,
         key,
         rows,
-        hop_of,
+        hop_counts(config, seed),
         histories,
         config.eval.k,
-        demos=len(chats),
-        demo_tasks=len(demo_tasks),
-        rl_tasks=len(rl_tasks),
+        demos=setup.demos,
+        demo_tasks=len(setup.demo_tasks),
+        rl_tasks=len(setup.rl_tasks),
         timings=timings,
     )
 

@@ -58,6 +58,9 @@ class TrainerBenchConfig:
     rounds: int = setting(1, at_least=1)  # passes over the sweep, alternately forwards and backwards
     staleness: list[int] = field(default_factory=lambda: list(STALENESS_SWEEP))  # 0: the synchronous baseline
     headline_staleness: int = setting(4, at_least=0)  # the bound the headline speedup quotes
+    # learner.proximal per run, crossed with the sweep (issue 29's objective axis): "recompute" is decoupled PPO,
+    # "behaviour" plain PPO without the proximal forward pass; the first one gives `sweep` and the headline
+    proximal: list[str] = field(default_factory=lambda: ["recompute"])
     size: int = setting(1000, at_least=1)  # pages in the synthetic world
     n_tasks: int = setting(200, at_least=1)
     seed: int = 0  # training seed (and the latency and workload seeds)
@@ -93,6 +96,12 @@ class TrainerBenchConfig:
                 "staleness",
                 f"must be distinct bounds >= 0 including 0 (the synchronous baseline), got {self.staleness}",
             )
+        if (
+            not self.proximal
+            or set(self.proximal) - {"recompute", "behaviour"}
+            or len(set(self.proximal)) != len(self.proximal)
+        ):
+            yield ("proximal", f"must be distinct values of recompute, behaviour; got {self.proximal}")
         if self.warmup_steps >= self.steps:
             yield ("warmup_steps", f"must be less than steps ({self.steps}), got {self.warmup_steps}")
         if self.final_steps > self.steps:
@@ -147,6 +156,7 @@ def run_trainer_bench_config(config: TrainerBenchConfig, *, progress: bool = Tru
         rounds=config.rounds,
         staleness=config.staleness,
         headline_staleness=config.headline_staleness,
+        proximal=config.proximal,
         size=config.size,
         n_tasks=config.n_tasks,
         seed=config.seed,
@@ -172,6 +182,7 @@ def run_trainer_bench(
     rounds: int = 1,
     staleness: Sequence[int] = STALENESS_SWEEP,
     headline_staleness: int = 4,
+    proximal: Sequence[str] = ("recompute",),
     size: int = 1000,
     n_tasks: int = 200,
     world_seed: int = 0,
@@ -235,6 +246,7 @@ def run_trainer_bench(
             "final_steps": final_steps,
             "rounds": rounds,
             "staleness": list(staleness),
+            "proximal": list(proximal),
             "group_size": group_size,
             "batch_size": batch_size,
             "max_concurrent_rollouts": max_concurrent_rollouts,
@@ -267,15 +279,21 @@ def run_trainer_bench(
                 lr=lr,
                 model=model,
             )
+            cells = [(eta, p) for eta in staleness for p in proximal]  # each (bound, objective) once per round
             for r in range(rounds):
-                for eta in staleness if r % 2 == 0 else list(reversed(staleness)):
-                    run = root / f"round{r}-eta{eta}"
-                    summary = _run_one([*base, *overrides], eta, run, warmup_steps, final_steps, progress)
-                    results["runs"].append({"round": r, "staleness": eta, **summary})
+                for eta, p in cells if r % 2 == 0 else list(reversed(cells)):
+                    run = root / f"round{r}-eta{eta}" if p == proximal[0] else root / f"round{r}-eta{eta}-{p}"
+                    summary = _run_one(
+                        [*base, *overrides, f"learner.proximal={p}"], eta, run, warmup_steps, final_steps, progress
+                    )
+                    results["runs"].append({"round": r, "staleness": eta, "proximal": p, **summary})
                     results["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     finally:
         torch.set_num_threads(threads_before)
-    results["sweep"] = _sweep(results["runs"], staleness)
+    by_objective = {p: _sweep([run for run in results["runs"] if run["proximal"] == p], staleness) for p in proximal}
+    results["sweep"] = by_objective[proximal[0]]
+    if len(proximal) > 1:  # each objective's speedups are over its own sync run of the same round
+        results["sweep_by_proximal"] = by_objective
     head = results["sweep"].get(str(headline_staleness))
     if head is not None:
         results["headline"] = {

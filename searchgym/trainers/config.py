@@ -30,6 +30,9 @@ class LearnerConfig:
     eps_clip: float = 0.2
     eps_clip_high: float | None = None
     behav_weight_cap: float | None = 5.0  # drop tokens with pi_prox / pi_behav above it; None: no behaviour weighting
+    # "recompute": decoupled PPO, the proximal policy is the pre-update weights (one extra forward pass);
+    # "behaviour": plain PPO (AReaL's use_decoupled_loss=False), the proximal policy IS the behaviour policy
+    proximal: str = setting("recompute", choices=("recompute", "behaviour"))
     c_clip: float | None = setting(None, above=1)  # dual clip (> 1): a token's loss is at most c_clip * |A|; None: off
     temperature: float = 1.0
     micro_batch_tokens: int = setting(16_384, at_least=1)

@@ -292,3 +292,50 @@ def test_episode_tokens_count_every_context_segment(tmp_path):
     row = {"reward": 1.0, "turns": [{}], "loss_mask": [0, 1, 1], "segments": [{"loss_mask": [0, 1, 1, 1]}]}
     (tmp_path / "version-00000.jsonl").write_text(json.dumps(row) + "\n")
     assert _episodes(tmp_path)[0]["tokens"] == 5
+
+
+def test_bench_crosses_the_sweep_with_the_ppo_objective(tmp_path, small_bundle):
+    """Issue 29's objective axis: each (bound, proximal) once per round; plain PPO's runs centre the trust region on
+    the behaviour policy (its importance weight pi_prox / pi_behav is exactly 1), and each objective gets its own
+    sweep against its own sync run."""
+    workload = Workload(1.5, 3, 3, 4, 0.5, 8, 2, 20, seed=5)
+    out, runs = tmp_path / "bench_trainer.json", tmp_path / "runs"
+    result = run_trainer_bench(
+        steps=2,
+        warmup_steps=1,
+        final_steps=1,
+        staleness=(0, 2),
+        headline_staleness=2,
+        proximal=("recompute", "behaviour"),
+        size=SMALL["size"],
+        n_tasks=SMALL["n_tasks"],
+        world_seed=SMALL["seed"],
+        out=out,
+        workdir=runs,
+        group_size=2,
+        batch_size=1,
+        max_concurrent_rollouts=8,
+        workload=workload,
+        latency=ParetoLatency(0.002, 1.2, 0.02),
+        progress=False,
+    )
+    cells = [(r["staleness"], r["proximal"]) for r in result["runs"]]
+    assert cells == [(0, "recompute"), (0, "behaviour"), (2, "recompute"), (2, "behaviour")]
+    assert result["settings"]["proximal"] == ["recompute", "behaviour"]
+    for eta, p in cells:
+        run = runs / (f"round0-eta{eta}" if p == "recompute" else f"round0-eta{eta}-{p}")
+        history = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        weights = [v for h in history for k, v in h.items() if k.endswith("behav_weight_max")]
+        assert weights, "the learner logs its importance weights"
+        if p == "behaviour":
+            assert all(w == 1.0 for w in weights)
+    by = result["sweep_by_proximal"]
+    assert set(by) == {"recompute", "behaviour"} and result["sweep"] == by["recompute"]
+    plain = {r["staleness"]: r for r in result["runs"] if r["proximal"] == "behaviour"}
+    ratio = plain[2]["steady_tokens_per_s"] / plain[0]["steady_tokens_per_s"]
+    assert by["behaviour"]["2"]["speedup_per_round"] == pytest.approx([ratio], abs=1e-3)
+    with pytest.raises(ValueError, match="proximal"):
+        from searchgym.bench.trainer import TrainerBenchConfig
+        from searchgym.settings import load_settings
+
+        load_settings(TrainerBenchConfig, overrides=["proximal=[recompute,nope]"])

@@ -420,3 +420,46 @@ def test_packing_is_off_by_default_without_varlen_attention_and_settings_are_che
     assert packs_sequences(model, "auto") and not packs_sequences(model, "off")
     with pytest.raises(ValueError, match="learner.packing"):
         load_config(overrides=["learner.packing=sometimes"])
+
+
+def stale(groups, shift):
+    """The groups as if sampled by an older policy: every generated token's behaviour log-prob moved by `shift`."""
+    out = copy.deepcopy(groups)
+    for group in out:
+        for traj in group:
+            traj.logprobs = [lp + shift if m else lp for lp, m in zip(traj.logprobs, traj.loss_mask, strict=True)]
+    return out
+
+
+def test_plain_ppo_centres_the_trust_region_on_the_behaviour_policy(tiny_model_dir, groups):
+    # fresh data (behaviour = pre-update weights): plain and decoupled PPO are the same update, plain without the
+    # extra proximal pass a second minibatch needs
+    settings = dict(lr=1e-2, micro_batch_tokens=10**6, minibatches=2)
+    decoupled, plain = (
+        fresh_learner(tiny_model_dir, **settings),
+        fresh_learner(tiny_model_dir, proximal="behaviour", **settings),
+    )
+    calls = forward_passes(plain)
+    decoupled.step(groups)
+    plain.step(groups)
+    assert len(calls) == 2  # one training pass per minibatch, no proximal pass
+    update = distance(decoupled.model, fresh_learner(tiny_model_dir).model)
+    assert distance(plain.model, decoupled.model) < 1e-3 * update
+
+    # stale data (behaviour log-probs 0.5 higher than the current policy's): decoupled PPO's ratio is against the
+    # proximal (current) policy and the staleness goes into the behaviour weight exp(-0.5); plain PPO's ratio is
+    # against the behaviour policy itself, exp(-0.5) = 0.61, outside the clip range, and it has no behaviour weight
+    old = stale(groups, 0.5)
+    d = fresh_learner(tiny_model_dir, minibatches=1).step(old)
+    p = fresh_learner(tiny_model_dir, minibatches=1, proximal="behaviour").step(old)
+    assert abs(d["importance_weight_mean"] - 1.0) < 1e-4 and abs(d["behav_weight_mean"] - 0.6065) < 1e-3
+    assert abs(p["importance_weight_mean"] - 0.6065) < 1e-3 and abs(p["behav_weight_mean"] - 1.0) < 1e-6
+    assert d["clip_fraction"] == 0.0 and p["clip_fraction"] > 0.4
+
+
+def test_the_proximal_setting_is_checked():
+    from searchgym.trainers.config import load_config
+
+    assert load_config(None, ["learner.proximal=behaviour"]).learner.proximal == "behaviour"
+    with pytest.raises(ValueError, match="learner.proximal"):
+        load_config(None, ["learner.proximal=old"])

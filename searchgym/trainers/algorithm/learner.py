@@ -6,7 +6,8 @@
        have no spread carry no signal and are dropped;
     3. proximal log-probs: the pre-update weights' log-probs, fixed for the whole step (the first minibatch
        trains on the pre-update weights, so its own forward pass gives them; later minibatches get a no-grad
-       pass before any update; a model with dropout gets the no-grad pass for all, in eval mode);
+       pass before any update; a model with dropout gets the no-grad pass for all, in eval mode); with
+       `proximal: behaviour` (plain PPO, AReaL's use_decoupled_loss=False) they are the behaviour log-probs;
     4. the decoupled PPO loss, token-mean over the whole batch, accumulated over micro-batches packed
        to a token budget so long trajectories fit memory; AdamW, gradient clipping, LR warm-up.
 
@@ -257,8 +258,12 @@ class Learner:
         minibatches = [samples[i :: self.config.minibatches] for i in range(self.config.minibatches)]
         minibatches = [m for m in minibatches if m]
         self._assign(samples)
-        later = minibatches[1:] if self._prox_from_training_pass else minibatches  # the first one's own pass serves
-        self._proximal_logprobs([sample for minibatch in later for sample in minibatch])
+        if self.config.proximal == "behaviour":  # plain PPO: the trust region is centred on the sampling policy
+            for sample in samples:
+                sample.prox = sample.behav
+        else:
+            later = minibatches[1:] if self._prox_from_training_pass else minibatches  # the first one's pass serves
+            self._proximal_logprobs([sample for minibatch in later for sample in minibatch])
         parts = [self._update(minibatch) for minibatch in minibatches]
         totals = aggregate_stats(parts, summed=())  # the step's loss: minibatch losses weighted by their tokens
         totals["lr"] = parts[-1]["lr"]

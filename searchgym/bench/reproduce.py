@@ -1,0 +1,571 @@
+"""`searchgym bench reproduce CLAIM`: the papers' claims as arms trained from one warm start per seed (issue 29).
+
+Bench learning's per-seed pipeline (world, demonstrations, warm start) generalised to ARMS: each arm is a named
+set of `rl.*` overrides trained from the seed's warm start and evaluated on the seed's held-out questions, as is the
+warm start itself (pseudo-arm "warm"). Each finished (seed, arm) is a row of OUT/arms.jsonl, so a rerun skips it;
+rows of another configuration (claim, arms or settings) are refused. The report pools each arm over seeds and gives
+each arm's paired difference from the claim's baseline arm (and from the warm start) with the hierarchical
+bootstrap over (seed, question), plus each arm's per-step training curve (reward, searches, tool calls).
+
+Claims (`CLAIMS`): `staleness` (AReaL: eta x {decoupled, plain PPO}), `shaping` (arXiv 2410.15115: success-only
+against a raw, a Clip-refined and a Delta-refined process reward) and `long_horizon` (ASearcher: RL on deep
+questions; its preset is bench learning's `deep` when one exists).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from omegaconf import OmegaConf
+
+from searchgym.bench.bootstrap import hierarchical_bootstrap
+from searchgym.bench.learning import (
+    PRESETS,
+    LearningConfig,
+    curve,
+    fingerprint,
+    held_out_samples,
+    hop_counts,
+    load_learning_config,
+    per_question_reward,
+    policy_metrics,
+    prepare_seed,
+    shared_base_model,
+    stage_clock,
+)
+from searchgym.envs.jsonl_log import JsonlLog
+from searchgym.pipeline.stages import deterministic_torch, run_rl, say
+from searchgym.settings import load_settings
+
+WARM = "warm"
+
+# A reduced scale every claim shares, so a seed with all its arms fits a few core-minutes on a shared 2-core box:
+# a smaller world, a few hundred demonstrations, 20 RL steps, 64 held-out questions with 2 samples each. The base
+# model's copy pretraining keeps bench learning's 600 steps: at 300 its copy accuracy was 0.15 (0.997 at 600 in the
+# quickstart) and every policy scored about 0 held-out (results/reproduce_staleness_trial1.json).
+REDUCED = [
+    "env.kwargs.size=4000",
+    "env.kwargs.n_tasks=4000",
+    "max_demos=300",
+    "sft.epochs=3",
+    "rl.steps=20",
+    "rl.save_every=20",
+    "rl.rollout.group_size=4",
+    "rl.rollout.batch_size=4",
+    "eval.max_tasks=64",
+    "eval.k=2",
+]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim's setting (overrides of bench learning's config), its arms (rl.* overrides each) and baseline arm."""
+
+    paper: str
+    preset: list[str]
+    arms: dict[str, list[str]]
+    baseline: str
+    setting: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def _staleness_arms() -> dict[str, list[str]]:
+    arms = {}
+    for eta in (0, 4, 8):
+        for objective, proximal in (("decoupled", "recompute"), ("plain", "behaviour")):
+            mode = "sync" if eta == 0 else "async"
+            arms[f"eta{eta}-{objective}"] = [
+                f"rl.mode={mode}",
+                f"rl.rollout.max_staleness={eta}",
+                f"rl.learner.proximal={proximal}",
+            ]
+    return arms
+
+
+SHAPING_WEIGHT = 0.5  # per search that retrieves the answer page: half the outcome, so repeating two pays more
+
+
+def _shaping_arms() -> dict[str, list[str]]:
+    w = SHAPING_WEIGHT
+    dense = [f"rl.learner.process_reward_weight={w}"]
+    return {
+        "success-only": ["rl.learner.process_reward_weight=0.0"],
+        "raw": [*dense, "rl.learner.process_reward=none"],
+        "clip": [*dense, "rl.learner.process_reward=clip", f"rl.learner.process_reward_threshold={w / 2}"],
+        "delta": [*dense, "rl.learner.process_reward=delta"],
+    }
+
+
+CLAIMS: dict[str, Claim] = {
+    "staleness": Claim(
+        paper="AReaL (arXiv 2505.24298)",
+        # the policy must move within the staleness window for staleness to matter: 3.3x bench learning's lr
+        # (3e-4) and four minibatches (four optimizer steps) per learner step
+        preset=[*REDUCED, "rl.learner.lr=1e-3", "rl.learner.minibatches=4"],
+        arms=_staleness_arms(),
+        baseline="eta0-decoupled",
+        setting="eta in {0, 4, 8} x {decoupled PPO, plain PPO (proximal = behaviour policy)}; eta 0 is sync RL; "
+        "lr 1e-3 (bench learning: 3e-4) and 4 minibatches per step so the policy moves within the staleness window",
+    ),
+    "shaping": Claim(
+        paper="Reward design for process rewards (arXiv 2410.15115)",
+        preset=[*REDUCED, "rl.mode=sync", "rl.rollout.max_staleness=0"],
+        arms=_shaping_arms(),
+        baseline="success-only",
+        setting=f"sync RL; success-only vs + {SHAPING_WEIGHT} per search that retrieves the answer page, raw, "
+        f"Clip (threshold {SHAPING_WEIGHT / 2}) or Delta",
+    ),
+    "long_horizon": Claim(
+        paper="ASearcher (arXiv 2508.07976)",
+        preset=PRESETS["deep"],  # its design trials: docs/reproductions.md, claim 1
+        arms={"rl": []},
+        baseline=WARM,
+        setting="bench learning's `deep` preset: demonstrations on 1-2 hops, async RL on 2-4 hops with 16 turns and "
+        "an EM reward, against its warm start",
+    ),
+}
+
+
+def load_reproduce_config(claim: str, overrides: list[str] | tuple[str, ...] = ()) -> LearningConfig:
+    """The claim's settings: bench learning's defaults, the claim's preset, then `key=value` overrides."""
+    if claim not in CLAIMS:
+        raise ValueError(f"unknown claim {claim!r}; known: {', '.join(CLAIMS)}")
+    config = load_learning_config([f"out_dir=runs/reproduce_{claim}", *CLAIMS[claim].preset, *overrides])
+    config.preset = f"reproduce:{claim}"
+    return config
+
+
+def select_arms(claim: str, names: str) -> dict[str, list[str]]:
+    """The claim's arms named in `names` (comma-separated; empty: all of them), in the claim's order."""
+    arms = CLAIMS[claim].arms
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in arms]
+    if unknown:
+        raise ValueError(f"unknown arms {unknown} of claim {claim!r}; known: {', '.join(arms)}")
+    return {n: o for n, o in arms.items() if not wanted or n in wanted}
+
+
+def arm_config(config: LearningConfig, arm: list[str]) -> LearningConfig:
+    """`config` with an arm's overrides; an arm may only change RL settings (the warm start is shared)."""
+    for item in arm:
+        if not item.startswith("rl."):
+            raise ValueError(f"an arm changes rl.* settings only (the warm start is shared), got {item!r}")
+    return load_settings(LearningConfig, overrides=list(arm), base=config)
+
+
+def claim_fingerprint(config: LearningConfig, claim: str, arms: Mapping[str, list[str]]) -> str:
+    """The settings plus the claim and its arms: rows of another claim, arm set or config are never pooled."""
+    data = json.dumps({"config": fingerprint(config), "claim": claim, "arms": dict(arms)}, sort_keys=True)
+    return hashlib.sha256(data.encode()).hexdigest()[:16]
+
+
+def run_reproduce(
+    claim: str,
+    config: LearningConfig,
+    seeds: list[int],
+    *,
+    out: str | os.PathLike | None = None,
+    arms: Mapping[str, list[str]] | None = None,
+    command: str = "",
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Every (seed, arm) not yet in OUT_DIR/arms.jsonl, then the pooled report to `out` (JSON) and a PNG beside it."""
+    spec = CLAIMS[claim]
+    arms = dict(spec.arms if arms is None else arms)
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct and at least one, got {seeds}")
+    if spec.baseline != WARM and spec.baseline not in arms:
+        raise ValueError(f"the arms must include the baseline {spec.baseline!r}")
+    configs = {name: arm_config(config, overrides) for name, overrides in arms.items()}  # bad overrides fail now
+    root = Path(config.out_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    key = claim_fingerprint(config, claim, arms)
+    log = JsonlLog(root / "arms.jsonl", check=_check_row)
+    for row in log.rows:
+        if row["fingerprint"] != key:
+            raise ValueError(
+                f"{root / 'arms.jsonl'} holds runs of another configuration "
+                f"(fingerprint {row['fingerprint']}, now {key}); use another out_dir"
+            )
+    done = {(row["seed"], row["arm"]) for row in log.rows}
+    with deterministic_torch(config.torch_threads):
+        base = None
+        for seed in seeds:
+            todo = [a for a in [WARM, *arms] if (seed, a) not in done]
+            if not todo:
+                say(progress, f"[bench reproduce {claim}] seed {seed}: done before, reused")
+                continue
+            base = base or shared_base_model(config, root, progress=progress)
+            for row in run_seed_arms(config, configs, todo, seed, base, root / f"seed-{seed}", key, progress=progress):
+                log.append(row)
+    rows = [r for r in log.rows if r["seed"] in seeds]
+    report = json.loads(json.dumps(pooled_arms(claim, rows, config, arms, command=command)))
+    path = Path(out or f"results/reproduce_{claim}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    plot_arms(report, path.with_suffix(".png"))
+    say(progress, format_arms(report))
+    return report
+
+
+def run_seed_arms(
+    config: LearningConfig,
+    configs: Mapping[str, LearningConfig],
+    todo: list[str],
+    seed: int,
+    base: Path,
+    out: Path,
+    key: str,
+    *,
+    progress: bool = True,
+) -> Any:
+    """The seed's warm start (once), then each arm of `todo` trained from it and evaluated: one row per arm, yielded
+    as each finishes so an interrupted seed keeps its finished arms."""
+    timings, lap = stage_clock(progress, f"bench reproduce seed {seed}")
+    setup = prepare_seed(config, seed, base, out, lap, progress=progress)
+    hop_of = hop_counts(config, seed)
+    for arm in todo:
+        if arm == WARM:
+            model, history = setup.warm, None
+        else:
+            rl = configs[arm].rl
+            history = run_rl(
+                rl,
+                setup.warm,
+                out / f"rl-{arm}",
+                env_id=config.env.id,
+                env_kwargs=setup.env_kwargs,
+                tasks=[t.id for t in setup.rl_tasks],
+                seed=seed,
+                progress=progress,
+            )
+            model = out / f"rl-{arm}" / "checkpoints" / f"step-{rl.steps:05d}"
+            lap(f"rl {arm}")
+        samples = held_out_samples(config, model, out / f"eval-{arm}", seed, progress=progress)
+        lap(f"evaluate {arm}")
+        yield {
+            "seed": seed,
+            "arm": arm,
+            "fingerprint": key,
+            "k": config.eval.k,
+            "policy": policy_metrics(samples, hop_of, config.eval.k),
+            "per_question": per_question_reward(samples),
+            "curve": arm_curve(history) if history is not None else [],
+            "demos": setup.demos,
+            "rl_tasks": len(setup.rl_tasks),
+            "timings": dict(timings),
+        }
+
+
+def arm_curve(history: list[dict[str, float]]) -> list[dict[str, float]]:
+    """Bench learning's per-step curve plus tool calls per episode (searches + page accesses) and staleness."""
+    points = curve(history)
+    for point, h in zip(points, history, strict=True):
+        if "episode/searches" in point and "episode/accesses" in point:
+            point["episode/tool_calls"] = point["episode/searches"] + point["episode/accesses"]
+        for name in ("staleness_mean", "staleness_max"):
+            if name in h:
+                point[name] = float(h[name])
+    return points
+
+
+def _check_row(row: Any) -> None:
+    for name in ("seed", "arm", "fingerprint", "per_question", "policy", "curve", "k"):
+        row[name]
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+POOLED_METRICS = ("avg@{k}/reward", "avg@{k}/correct", "searches", "accesses", "turns")
+
+
+def pooled_arms(
+    claim: str, rows: list[dict[str, Any]], config: LearningConfig, arms: Mapping[str, list[str]], *, command: str = ""
+) -> dict[str, Any]:
+    """Per arm: means over seeds of the held-out figures, the paired difference from the baseline and from the warm
+    start (hierarchical bootstrap over seed and question), and the mean training curve per step."""
+    if not rows:
+        raise ValueError("no finished (seed, arm) to report")
+    spec = CLAIMS[claim]
+    k = rows[0]["k"]
+    names = [a for a in [WARM, *arms] if any(r["arm"] == a for r in rows)]
+    by = {(r["seed"], r["arm"]): r for r in rows}
+    seeds = sorted({r["seed"] for r in rows})
+
+    def diff(arm: str, against: str) -> dict[str, Any] | None:
+        pairs = {s: (by[s, arm], by[s, against]) for s in seeds if (s, arm) in by and (s, against) in by}
+        if not pairs:
+            return None
+        groups = {
+            s: [a["per_question"][t] - b["per_question"][t] for t in b["per_question"] if t in a["per_question"]]
+            for s, (a, b) in pairs.items()
+        }
+        return hierarchical_bootstrap(groups, resamples=config.bootstrap_resamples)
+
+    pooled: dict[str, Any] = {}
+    for arm in names:
+        mine = [by[s, arm] for s in seeds if (s, arm) in by]
+        figures = {m.format(k=k): [r["policy"]["all"][m.format(k=k)] for r in mine] for m in POOLED_METRICS}
+        entry: dict[str, Any] = {"seeds": [r["seed"] for r in mine]}
+        entry.update({name: sum(v) / len(v) for name, v in figures.items()})
+        entry["tool_calls"] = entry["searches"] + entry["accesses"]
+        if arm != spec.baseline:
+            entry["vs_baseline"] = diff(arm, spec.baseline)
+        if arm != WARM:
+            entry["vs_warm"] = diff(arm, WARM)
+        entry["curve"] = mean_curve([r["curve"] for r in mine])
+        pooled[arm] = entry
+    machine = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "torch_threads": config.torch_threads,
+    }
+    return {
+        "benchmark": f"searchgym bench reproduce {claim}",
+        "claim": claim,
+        "paper": spec.paper,
+        "setting": spec.setting,
+        "command": command,
+        "commit": _git_commit(),
+        "machine": machine,
+        "k": k,
+        "baseline": spec.baseline,
+        "arms": {WARM: [], **dict(arms)},
+        "seeds": seeds,
+        "config": cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(config))),
+        "shared": "the copy-pretrained base model is built once from world base_seed and shared; world, demos, "
+        "warm start, RL and evaluation vary by seed; every arm of a seed starts from the same warm start",
+        "rows": [{k_: v for k_, v in r.items() if k_ != "per_question"} for r in rows],
+        "pooled": pooled,
+    }
+
+
+def mean_curve(curves: list[list[dict[str, float]]]) -> list[dict[str, float]]:
+    """Per step, the mean over seeds of each curve figure (steps every seed reached)."""
+    curves = [c for c in curves if c]
+    if not curves:
+        return []
+    steps = min(len(c) for c in curves)
+    out = []
+    for i in range(steps):
+        keys = set.intersection(*(set(c[i]) for c in curves))
+        out.append({key: sum(c[i][key] for c in curves) / len(curves) for key in sorted(keys)})
+    return out
+
+
+def format_arms(report: dict[str, Any]) -> str:
+    """Per arm, the held-out reward, tool calls per episode and the difference from the baseline, in a few lines."""
+    k = report["k"]
+    lines = [f"{report['benchmark']}: {len(report['seeds'])} seeds, baseline {report['baseline']}"]
+    for arm, p in report["pooled"].items():
+        d = p.get("vs_baseline")
+        vs = f", vs baseline {d['gain']:+.3f} (95% {d['ci95_low']:+.3f} to {d['ci95_high']:+.3f})" if d else ""
+        lines.append(f"  {arm}: reward {p[f'avg@{k}/reward']:.3f}, tool calls {p['tool_calls']:.2f}{vs}")
+    return "\n".join(lines)
+
+
+def plot_arms(report: dict[str, Any], path: Path) -> None:
+    """Held-out reward per arm (difference from the baseline with its interval), and the training curves of reward
+    and tool calls per episode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pooled = report["pooled"]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.0), dpi=110)
+    ax = axes[0]
+    for i, p in enumerate(pooled.values()):
+        d = p.get("vs_baseline")
+        if d is None:
+            ax.plot([i], [0.0], marker="s", color="black")
+            continue
+        ax.errorbar([i], [d["gain"]], yerr=[[d["gain"] - d["ci95_low"]], [d["ci95_high"] - d["gain"]]], fmt="o")
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.set_xticks(range(len(pooled)), list(pooled), fontsize=7, rotation=30)
+    ax.set_title(f"held-out reward minus {report['baseline']} (95%)", fontsize=9)
+    for ax, key, title in (
+        (axes[1], "episode/reward", "training reward per episode"),
+        (axes[2], "episode/tool_calls", "tool calls per episode (training)"),
+    ):
+        for arm, p in pooled.items():
+            points = [c for c in p["curve"] if key in c]
+            if points:
+                ax.plot([c["step"] for c in points], [c[key] for c in points], label=arm)
+        ax.set_xlabel("learner step")
+        ax.set_title(title, fontsize=9)
+    axes[2].legend(fontsize=7)
+    fig.suptitle(f"{report['benchmark']} ({len(report['seeds'])} seeds)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# docs/reproductions.md: tables and verdicts rendered from the results files (tests compare the page with them)
+# ---------------------------------------------------------------------------------------------------------------
+
+FLOOR = 0.01  # held-out reward below which every arm counts as at the floor: no claim can show there
+FULL_SEEDS = 5  # the issue's bar for a verdict without "preliminary"
+INFLATION = 1.2  # tool calls per episode this many times the baseline's count as inflated (the hacking signature)
+
+
+def docs_mark(claim: str, stem: str | None = None) -> str:
+    """The comment after which docs/reproductions.md holds the table of results/STEM.json (default: the claim's)."""
+    stem = stem or f"reproduce_{claim}"
+    out = "" if stem == f"reproduce_{claim}" else f" --out results/{stem}.json"
+    return f"<!-- generated by `searchgym bench reproduce {claim} --markdown{out}` from results/{stem}.json -->"
+
+
+def _interval(d: dict[str, Any] | None) -> str:
+    if d is None:
+        return "(baseline)"
+    return f"{d['gain']:+.3f} ({d['ci95_low']:+.3f} to {d['ci95_high']:+.3f})"
+
+
+def _late_calls(p: dict[str, Any], last: int = 5) -> str:
+    points = [c["episode/tool_calls"] for c in p["curve"] if "episode/tool_calls" in c]
+    if not points:
+        return "-"
+    first, late = points[0], points[-last:]
+    return f"{first:.2f} -> {sum(late) / len(late):.2f}"
+
+
+def markdown_table(report: dict[str, Any]) -> str:
+    """The claim's table: per arm held-out reward and accuracy, tool calls per episode, the paired differences from
+    the baseline and the warm start (95% hierarchical bootstrap), and the training curve's calls per episode."""
+    k = report["k"]
+    headers = (
+        "arm",
+        "seeds",
+        f"held-out reward (avg@{k})",
+        "correct",
+        "tool calls / episode",
+        f"minus {report['baseline']} (95%)",
+        "minus warm start (95%)",
+        "training calls / episode (first -> last 5 steps)",
+    )
+    lines = ["| " + " | ".join(headers) + " |", "|---" + "|---:" * (len(headers) - 1) + "|"]
+    for arm, p in report["pooled"].items():
+        cells = [
+            arm,
+            str(len(p["seeds"])),
+            f"{p[f'avg@{k}/reward']:.3f}",
+            f"{p[f'avg@{k}/correct']:.3f}",
+            f"{p['tool_calls']:.2f}",
+            _interval(p.get("vs_baseline")) if arm != report["baseline"] else "(baseline)",
+            _interval(p.get("vs_warm")) if arm != WARM else "(warm start)",
+            _late_calls(p),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _below(d: dict[str, Any] | None) -> bool:
+    return d is not None and d["ci95_high"] < 0
+
+
+def verdict(report: dict[str, Any]) -> str:
+    """The verdict the numbers support, by a fixed rule per claim; "preliminary" below FULL_SEEDS seeds."""
+    pooled, claim = report["pooled"], report["claim"]
+    k = report["k"]
+    if all(p[f"avg@{k}/reward"] < FLOOR for p in pooled.values()):
+        return f"inconclusive: every arm, the warm start included, scores below {FLOOR} held-out (a floor)"
+    if claim == "staleness":
+        need: tuple[str, ...] = ("eta4-decoupled", "eta4-plain")
+        if not all(a in pooled for a in need):
+            return "not yet run"
+        matches = not _below(pooled["eta4-decoupled"]["vs_baseline"])  # decoupled at eta 4 not below sync
+        collapses = _below(pooled["eta4-plain"]["vs_baseline"])  # plain PPO at eta 4 below sync
+        word = (
+            "reproduced"
+            if matches and collapses
+            else "partly reproduced (decoupled eta 4 matches sync; plain PPO does not collapse)"
+            if matches
+            else "not reproduced"
+        )
+    elif claim == "shaping":
+        need = ("success-only", "raw", "clip", "delta")
+        if not all(a in pooled for a in need):
+            return "not yet run"
+        base = pooled["success-only"]["tool_calls"]
+
+        def inflated(arm: str) -> bool:
+            return pooled[arm]["tool_calls"] > INFLATION * base
+
+        hacked = inflated("raw") and not (pooled["raw"]["vs_baseline"]["ci95_low"] > 0)
+        guarded = all(not inflated(a) and not _below(pooled[a]["vs_baseline"]) for a in ("clip", "delta"))
+        word = (
+            "reproduced"
+            if hacked and guarded
+            else "partly reproduced (Clip and Delta do not hurt; the raw reward shows no hacking)"
+            if guarded
+            else "partly reproduced (the raw reward is hacked; a refinement hurts or inflates)"
+            if hacked
+            else "not reproduced"
+        )
+    else:
+        rl = pooled.get("rl")
+        if rl is None:
+            return "not yet run"
+        word = "reproduced" if rl["vs_warm"]["ci95_low"] > 0 else "not reproduced"
+    n = len(report["seeds"])
+    return word if n >= FULL_SEEDS else f"preliminary ({n} of {FULL_SEEDS} seeds): {word} so far"
+
+
+AREAL_TOKENS_PER_S = {0: 128.7, 1: 269.3, 2: 356.6, 4: 356.6, 8: 371.7}  # k tokens/s, AReaL's staleness table
+THROUGHPUT_MARK = (
+    "<!-- generated by `searchgym bench reproduce staleness --markdown` from results/bench_trainer.json -->"
+)
+
+
+def throughput_table(trainer: dict[str, Any]) -> str:
+    """Trained tokens/s against eta from a `searchgym bench trainer` report, as ratios to eta 0, beside AReaL's."""
+    sweep = trainer["sweep"]
+    sync = sweep["0"]["steady_tokens_per_s"]
+    lines = [
+        "| eta | ours: trained tokens/s | ours: / eta 0 | AReaL: k tokens/s | AReaL: / eta 0 |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for eta in sorted(sweep, key=int):
+        ours = sweep[eta]["steady_tokens_per_s"]
+        theirs = AREAL_TOKENS_PER_S.get(int(eta))
+        cells = [
+            eta,
+            f"{ours:.1f}",
+            f"{ours / sync:.2f}x",
+            "-" if theirs is None else f"{theirs}",
+            "-" if theirs is None else f"{theirs / AREAL_TOKENS_PER_S[0]:.2f}x",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def update_doc(text: str, mark: str, block: str) -> str:
+    """`text` with the table after `mark` (and a verdict line right after it, if any) replaced by `block`."""
+    head, rest = text.split(mark, 1)
+    lines = rest.lstrip("\n").splitlines()
+    i = 0
+    while i < len(lines) and lines[i].startswith("|"):
+        i += 1
+    while i < len(lines) and not lines[i].strip():
+        i += 1
+    if i < len(lines) and lines[i].startswith("**Verdict:"):
+        i += 1
+    tail = "\n".join(lines[i:]).lstrip("\n")
+    return f"{head}{mark}\n{block.rstrip()}\n\n{tail}".rstrip() + "\n"

@@ -1,0 +1,137 @@
+"""`searchgym bench reproduce` at toy scale through the real pipeline: arms from one warm start per seed, resumable
+per (seed, arm), refused when the configuration differs, pooled per arm with per-step curves."""
+
+import functools
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from searchgym.bench.reproduce import CLAIMS, WARM, load_reproduce_config, run_reproduce, select_arms
+from searchgym.cli import main
+from tests.bench.test_learning_bench import TOY
+
+# two arms of the staleness claim (fast: sync, one step apart in objective) on the toy scale
+ARMS = {
+    "eta0-decoupled": CLAIMS["staleness"].arms["eta0-decoupled"],
+    "eta0-plain": CLAIMS["staleness"].arms["eta0-plain"],
+}
+SEEDS = [0, 1]
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reproduce")
+    config = load_reproduce_config("staleness", [f"out_dir={root / 'runs'}", *TOY, "rl.learner.minibatches=2"])
+    report = run_reproduce("staleness", config, SEEDS, out=root / "r.json", arms=ARMS, progress=False)
+    return root, config, report
+
+
+def test_the_report_pools_every_arm_against_the_baseline_with_curves(bench):
+    root, config, report = bench
+    assert json.loads((root / "r.json").read_text()) == report and (root / "r.png").stat().st_size > 0
+    assert list(report["pooled"]) == [WARM, *ARMS] and report["seeds"] == SEEDS
+    assert report["baseline"] == "eta0-decoupled" and report["commit"] and report["machine"]["cpus"]
+    assert {(r["seed"], r["arm"]) for r in report["rows"]} == {(s, a) for s in SEEDS for a in [WARM, *ARMS]}
+    plain = report["pooled"]["eta0-plain"]
+    assert plain["vs_baseline"]["seeds"] == 2 and plain["vs_warm"]["seeds"] == 2
+    assert "vs_baseline" not in report["pooled"]["eta0-decoupled"] and "vs_warm" not in report["pooled"][WARM]
+    # per-step curves of each RL arm: one point per learner step, with tool calls per episode
+    for arm in ARMS:
+        points = report["pooled"][arm]["curve"]
+        assert [p["step"] for p in points] == [1.0, 2.0]
+        assert all(p["episode/tool_calls"] == p["episode/searches"] + p["episode/accesses"] for p in points)
+    assert report["pooled"][WARM]["curve"] == []
+    # the pooled difference is the mean over (seed, question) of the stored per-question rewards
+    rows = [json.loads(line) for line in (Path(config.out_dir) / "arms.jsonl").read_text().splitlines()]
+    by = {(r["seed"], r["arm"]): r["per_question"] for r in rows}
+    deltas = [by[s, "eta0-plain"][t] - by[s, "eta0-decoupled"][t] for s in SEEDS for t in by[s, "eta0-decoupled"]]
+    assert plain["vs_baseline"]["gain"] == pytest.approx(sum(deltas) / len(deltas))
+
+
+def test_a_rerun_skips_finished_seed_arms_and_runs_only_new_ones(bench, tmp_path):
+    root, config, report = bench
+    arms_file = Path(config.out_dir) / "arms.jsonl"
+    before = arms_file.read_text()
+    again = run_reproduce("staleness", config, SEEDS, out=tmp_path / "again.json", arms=ARMS, progress=False)
+    assert arms_file.read_text() == before and again["rows"] == report["rows"]
+    # a lost row (an interrupted seed) is run again alone, from the same warm start
+    kept = [line for line in before.splitlines() if '"arm": "eta0-plain"' not in line or '"seed": 1' not in line]
+    assert len(kept) == len(before.splitlines()) - 1
+    arms_file.write_text("\n".join(kept) + "\n")
+    stamp = (Path(config.out_dir) / "seed-0" / "rl-eta0-plain").stat().st_mtime_ns
+    third = run_reproduce("staleness", config, SEEDS, out=tmp_path / "third.json", arms=ARMS, progress=False)
+    assert (Path(config.out_dir) / "seed-0" / "rl-eta0-plain").stat().st_mtime_ns == stamp  # seed 0 untouched
+    redone = [r for r in third["rows"] if (r["seed"], r["arm"]) == (1, "eta0-plain")]
+    old = [r for r in report["rows"] if (r["seed"], r["arm"]) == (1, "eta0-plain")]
+    assert redone[0]["policy"] == old[0]["policy"]  # sync RL from the same warm start repeats exactly
+
+
+def test_rows_of_another_configuration_or_arm_set_are_refused(bench):
+    root, config, _ = bench
+    with pytest.raises(ValueError, match="another configuration"):
+        run_reproduce("staleness", config, SEEDS, out=root / "x.json", arms={**ARMS, "x": []}, progress=False)
+    other = load_reproduce_config("staleness", [f"out_dir={config.out_dir}", *TOY, "rl.learner.minibatches=3"])
+    with pytest.raises(ValueError, match="another configuration"):
+        run_reproduce("staleness", other, SEEDS, out=root / "x.json", arms=ARMS, progress=False)
+
+
+def test_bad_input_is_a_clear_error(tmp_path, capsys):
+    assert main(["bench", "reproduce", "nope", "--out", str(tmp_path / "r.json")]) == 2
+    assert "unknown claim 'nope'" in capsys.readouterr().err
+    assert main(["bench", "reproduce", "shaping", "--seeds", "0,x"]) == 2
+    assert "--seeds takes comma-separated integers" in capsys.readouterr().err
+    config = load_reproduce_config("shaping", [f"out_dir={tmp_path}"])
+    with pytest.raises(ValueError, match="rl.\\* settings only"):
+        run_reproduce("shaping", config, [0], arms={"success-only": [], "bad": ["sft.lr=1"]}, progress=False)
+    with pytest.raises(ValueError, match="rl.learner.proximal"):
+        run_reproduce("shaping", config, [0], arms={"success-only": ["rl.learner.proximal=x"]}, progress=False)
+    with pytest.raises(ValueError, match="baseline 'success-only'"):
+        run_reproduce("shaping", config, [0], arms={"raw": []}, progress=False)
+
+
+def test_the_claims_arms_are_the_issues_designs():
+    staleness = CLAIMS["staleness"].arms
+    assert set(staleness) == {f"eta{e}-{o}" for e in (0, 4, 8) for o in ("decoupled", "plain")}
+    assert "rl.mode=sync" in staleness["eta0-plain"] and "rl.learner.proximal=behaviour" in staleness["eta8-plain"]
+    shaping = CLAIMS["shaping"].arms
+    assert "rl.learner.process_reward=none" in shaping["raw"] and "rl.learner.process_reward=delta" in shaping["delta"]
+    assert list(select_arms("staleness", "eta4-plain, eta0-decoupled")) == ["eta0-decoupled", "eta4-plain"]
+    assert select_arms("shaping", "") == shaping
+    with pytest.raises(ValueError, match="unknown arms \\['nope'\\]"):
+        select_arms("shaping", "raw,nope")
+    for name in CLAIMS:
+        config = load_reproduce_config(name)
+        assert config.out_dir == f"runs/reproduce_{name}"
+
+
+@functools.cache
+def shaping_learners():
+    """Each shaping arm's learner settings, loaded once."""
+    from searchgym.bench.reproduce import arm_config
+
+    base = load_reproduce_config("shaping")
+    return {name: arm_config(base, overrides).rl.learner for name, overrides in CLAIMS["shaping"].arms.items()}
+
+
+@settings(max_examples=20, deadline=None)
+@given(repeats=st.integers(1, 6), outcome=st.sampled_from([0.0, 1.0]))
+def test_only_the_raw_shaping_arm_pays_for_repeating_a_rewarded_search(repeats, outcome):
+    # the return the learner gives an episode that repeats the search that found the answer page `repeats` times,
+    # then answers, under each shaping arm's learner settings (the learner's own per-turn return)
+    from searchgym.trainers.algorithm.learner import Learner
+
+    found = {"evidence": {"answer_page_rank": 1}}
+    traj = SimpleNamespace(turns=[SimpleNamespace(info=found)] * repeats + [SimpleNamespace(info={})], reward=outcome)
+    first_turn = {
+        name: Learner._turn_returns(SimpleNamespace(config=config), traj)[0]
+        for name, config in shaping_learners().items()
+    }
+    w = 0.5
+    assert first_turn["success-only"] == outcome
+    assert first_turn["raw"] == pytest.approx(outcome + w * repeats)  # grows with every repeat: hackable
+    assert first_turn["delta"] == pytest.approx(outcome + w)  # one search's worth, however many repeats
+    assert first_turn["clip"] == pytest.approx(outcome - w / 2)  # the answer turn's -threshold; repeats cost 0

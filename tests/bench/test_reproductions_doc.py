@@ -1,0 +1,82 @@
+"""docs/reproductions.md is the committed results rendered: its tables and verdicts change only with the files."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from searchgym.bench.reliability import generated_block
+from searchgym.bench.reproduce import (
+    CLAIMS,
+    THROUGHPUT_MARK,
+    docs_mark,
+    markdown_table,
+    throughput_table,
+    update_doc,
+    verdict,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "reproductions.md"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "results").glob("reproduce_*.json")), ids=lambda p: p.stem)
+def test_each_results_files_table_and_verdict_are_rendered_in_the_doc(path):
+    report = json.loads(path.read_text())
+    doc = DOC.read_text()
+    mark = docs_mark(report["claim"], path.stem)
+    assert generated_block(doc, mark) == markdown_table(report)
+    assert f"{mark}\n{markdown_table(report)}\n**Verdict: {verdict(report)}**" in doc
+
+
+@pytest.mark.parametrize("claim", list(CLAIMS))
+def test_a_claim_without_its_results_file_shows_no_table(claim):
+    if (ROOT / "results" / f"reproduce_{claim}.json").exists():
+        return
+    assert docs_mark(claim) not in DOC.read_text()
+
+
+def test_the_throughput_table_is_bench_trainers_results_rendered():
+    trainer = json.loads((ROOT / "results" / "bench_trainer.json").read_text())
+    assert generated_block(DOC.read_text(), THROUGHPUT_MARK) == throughput_table(trainer)
+
+
+def report(claim, pooled, seeds=5):
+    return {"claim": claim, "k": 2, "baseline": CLAIMS[claim].baseline, "seeds": list(range(seeds)), "pooled": pooled}
+
+
+def arm(calls, low, high=None):
+    d = {"gain": (low + (high if high is not None else low + 0.1)) / 2, "ci95_low": low, "ci95_high": high or low + 0.1}
+    return {"tool_calls": calls, "avg@2/reward": 0.2, "vs_baseline": d, "vs_warm": d, "seeds": [0], "curve": []}
+
+
+def test_the_verdicts_follow_their_rules():
+    base = {"tool_calls": 1.0, "avg@2/reward": 0.2, "seeds": [0], "curve": []}
+    hacked = report(
+        "shaping", {"success-only": base, "raw": arm(2.0, -0.1), "clip": arm(1.0, -0.05), "delta": arm(1.1, -0.05)}
+    )
+    assert verdict(hacked) == "reproduced"
+    no_hack = report(
+        "shaping",
+        {"success-only": base, "raw": arm(1.1, -0.1), "clip": arm(1.0, -0.05), "delta": arm(1.0, -0.05)},
+        seeds=3,
+    )
+    assert verdict(no_hack).startswith("preliminary (3 of 5 seeds): partly reproduced (Clip and Delta do not hurt")
+    stale = report(
+        "staleness", {"eta0-decoupled": base, "eta4-decoupled": arm(1, -0.05), "eta4-plain": arm(1, -0.3, -0.1)}
+    )
+    assert verdict(stale) == "reproduced"
+    stale["pooled"]["eta4-plain"] = arm(1, -0.05)
+    assert verdict(stale).startswith("partly reproduced")
+    assert verdict(report("shaping", {"success-only": base})) == "not yet run"
+    floor = report(
+        "staleness", {"eta0-decoupled": base, "eta4-decoupled": arm(1, 0.0, 0.0), "eta4-plain": arm(1, 0.0, 0.0)}
+    )
+    for p in floor["pooled"].values():
+        p["avg@2/reward"] = 0.004
+    assert verdict(floor).startswith("preliminary") is False and verdict(floor).startswith("inconclusive")
+
+
+def test_update_doc_replaces_only_the_block_after_its_mark():
+    text = "intro\nMARK\n| a |\n|---|\n\n**Verdict: old**\n\nafter\n"
+    assert update_doc(text, "MARK", "| b |\n\n**Verdict: new**") == "intro\nMARK\n| b |\n\n**Verdict: new**\n\nafter\n"

@@ -179,6 +179,17 @@ def _bench_learning(args: argparse.Namespace) -> None:
     run_learning_bench(load_learning_config(args.overrides, preset=args.preset), seeds, out=args.out)
 
 
+def _bench_trl(args: argparse.Namespace) -> None:
+    from searchgym.bench.trl import TRL_ARGS, run_trl_bench
+
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds takes comma-separated integers, got {args.seeds!r}") from None
+    example_args = [a for a in args.example_args if a != "--"] or TRL_ARGS
+    print(json.dumps(run_trl_bench(seeds, example_args, out=args.out)["held_out"], indent=2))
+
+
 def _bench_env(args: argparse.Namespace) -> None:
     from searchgym.bench.env import run_env_bench
 
@@ -977,6 +988,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("results/bench_learning.json"))
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. rl.steps=20 out_dir=runs/bench_learning")
     p.set_defaults(run=_bench_learning)
+    p = bench.add_parser("trl", help="README's TRL recipe over seeds: GRPO reward, tool calls, held-out gain")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds; finished ones are reused")
+    p.add_argument("--out", type=Path, default=Path("results/bench_trl.json"))
+    p.add_argument("example_args", nargs="*", help="after --: examples/train_with_trl.py's arguments")
+    p.set_defaults(run=_bench_trl)
     p = bench.add_parser(
         "reliability",
         help="issue 15's fault classes with fixed seeds (SSRF forms, agent turns, "

@@ -33,7 +33,7 @@ SMALL_ENV = {
 }
 
 
-SFT_EPOCHS = 60  # a random-init model needs many passes over a handful of episodes to write parseable tool calls
+SFT_EPOCHS = 80  # passes over a handful of episodes a random-init model needs to write parseable tool calls
 SFT_BATCH = 4
 
 
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--held-out", type=int, default=0, help="also judge N tasks GRPO never sees, before and after")
     parser.add_argument("--turn-tokens", type=int, default=96, help="tokens per model turn in the held-out episodes")
     parser.add_argument("--seed", type=int, default=0, help="seed of the tiny model's init and of TRL")
-    parser.add_argument("--lr", type=float, default=1e-4, help="GRPO learning rate")
+    parser.add_argument("--lr", type=float, default=1e-3, help="GRPO learning rate")
     parser.add_argument("--steps", type=int, default=5, help="GRPO steps")
     parser.add_argument("--num-generations", type=int, default=4, help="rollouts per question (GRPO's group)")
     parser.add_argument("--out", type=Path, default=None, help="where to save the trained model")
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
     from searchgym.integrations.trl import (
+        assistant_tokens,
         completion_lengths,
         demonstrations,
         environment_and_dataset,
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if sft_steps > 0:
         sft = SFTTrainer(
             model=model,
-            train_dataset=demos,
+            train_dataset=assistant_tokens(tokenizer, demos),  # loss on the tool calls, not the tool results
             processing_class=tokenizer,
             args=SFTConfig(
                 output_dir=str(work / "sft"),
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 per_device_train_batch_size=SFT_BATCH,
                 learning_rate=3e-3,
                 lr_scheduler_type="constant",
+                completion_only_loss=True,
                 **cpu,
             ),
         )

@@ -21,7 +21,7 @@ from searchgym.bench.bootstrap import hierarchical_bootstrap
 from searchgym.envs.jsonl_log import JsonlLog
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_with_trl.py"
-TRL_ARGS = ["--tasks", "8", "--held-out", "16", "--steps", "8", "--num-generations", "4"]  # the default setting
+TRL_ARGS = ["--tasks", "8", "--held-out", "12", "--steps", "8", "--num-generations", "4"]  # the default setting
 
 
 def _commit() -> str:

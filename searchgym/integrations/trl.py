@@ -521,3 +521,30 @@ def play(
         reward = env.get_reward() if env.steps else 0.0
         results.append({"task_id": task_id, "reward": reward, "tool_calls": calls})
     return results
+
+
+def assistant_tokens(tokenizer: Any, demos: Any) -> Any:
+    """`demos` (from `demonstrations`) tokenized for `SFTTrainer` with the loss on the assistant turns only: the
+    tool calls and replies the model must write, not the tool results it is shown (a small model spends itself
+    on memorising search results otherwise, and still writes tool-call JSON TRL cannot parse)."""
+    with needs("assistant_tokens"):
+        from datasets import Dataset
+
+    rows = []
+    for row in demos:
+        tools = json.loads(row["tools"]) if isinstance(row["tools"], str) else row["tools"]
+        chat = list(row["prompt"])
+        ids = list(tokenizer.apply_chat_template(chat, tools=tools, add_generation_prompt=True, return_dict=False))
+        mask = [0] * len(ids)
+        for message in row["completion"]:
+            chat.append(message)
+            longer = list(tokenizer.apply_chat_template(chat, tools=tools, return_dict=False))
+            if longer[: len(ids)] != ids:
+                raise ValueError(
+                    "the chat template renders a conversation's start differently once it goes on, so the "
+                    "assistant turns' tokens cannot be told apart; warm-start on `demonstrations` directly"
+                )
+            mask += [int(message["role"] == "assistant")] * (len(longer) - len(ids))
+            ids = longer
+        rows.append({"input_ids": ids, "completion_mask": mask})
+    return Dataset.from_list(rows)

@@ -392,3 +392,23 @@ def test_the_served_env_is_the_same_environment_for_trl(
         )
         tools[cls] = sorted(t.__name__ for t in trainer._env_tools[None])
     assert tools[env_class] == tools[served] == ["access", "answer", "search"]
+
+
+def test_the_warm_start_loss_covers_the_tool_calls_not_the_tool_results(env_class, task_ids, tiny_model_dir):
+    from searchgym.integrations.trl import assistant_tokens
+
+    tokenizer = tool_calling_tokenizer(str(tiny_model_dir))
+    demos = demonstrations(env_class, task_ids[:1])
+    [row] = assistant_tokens(tokenizer, demos)
+    tools = json.loads(demos[0]["tools"])
+    whole = demos[0]["prompt"] + demos[0]["completion"]
+    assert row["input_ids"] == list(tokenizer.apply_chat_template(whole, tools=tools, return_dict=False))
+    trained = tokenizer.decode([t for t, m in zip(row["input_ids"], row["completion_mask"]) if m])
+    shown = tokenizer.decode([t for t, m in zip(row["input_ids"], row["completion_mask"]) if not m])
+    calls = [m["tool_calls"][0]["function"] for m in demos[0]["completion"] if m.get("tool_calls")]
+    assert trained.count("<tool_call>") == len(calls) >= 2  # every call, in the format TRL parses
+    for call in calls:
+        assert json.dumps(call["arguments"])[1:-1] in trained
+    assert "<information>" in shown and "<information>" not in trained  # search results are context, not targets
+    question = demos[0]["prompt"][0]["content"]
+    assert question[:40] in shown

@@ -33,7 +33,7 @@ SMALL_ENV = {
 }
 
 
-SFT_EPOCHS = 80  # passes over a handful of episodes a random-init model needs to write parseable tool calls
+SFT_EPOCHS = 40  # passes over a handful of episodes a random-init model needs to write parseable tool calls
 SFT_BATCH = 4
 
 

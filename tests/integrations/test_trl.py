@@ -295,19 +295,20 @@ def test_one_grpo_step_calls_the_tools_pays_the_judges_verdict_and_trains(
 def test_the_example_script_parses_tool_calls_and_has_reward_spread(
     tiny_model_dir, tmp_path, env_class, task_ids, one_torch_thread, capsys
 ):
-    """README's recipe end to end: sizes its budget from the demonstrations, warm-starts, and GRPO's rollouts call
-    tools that TRL parsed (count > 0) with rewards that differ within a group (something to learn)."""
+    """README's recipe end to end from a warm model (the test's quick warm start, not the example's): it sizes its
+    budget from the demonstrations, and GRPO's rollouts call tools that TRL parsed (count > 0) with rewards that
+    differ within a group (something to learn)."""
     import runpy
     from pathlib import Path
 
     warm = warm_start(tiny_model_dir, tmp_path / "warm", env_class, task_ids[:2])
     script = Path(__file__).resolve().parents[2] / "examples" / "train_with_trl.py"
-    argv = ["--model", str(warm), "--sft-steps", "1", "--tasks", "2", "--held-out", "1", "--steps", "1"]
+    argv = ["--model", str(warm), "--sft-steps", "0", "--tasks", "2", "--held-out", "1", "--steps", "1"]
     argv += ["--num-generations", "4", "--max-completion-length", "96", "--out", str(tmp_path / "out")]
     argv += ["--env-kwargs", json.dumps(ENV_KWARGS)]
     result = runpy.run_path(str(script))["main"](argv)
     sizing = result["sizing"]
-    assert sizing["demonstrations"] >= 1 and sizing["max_completion_length"] == 96 and sizing["sft_steps"] == 1
+    assert sizing["demonstrations"] >= 1 and sizing["max_completion_length"] == 96 and sizing["sft_steps"] == 0
     assert "is below the longest demonstration" in capsys.readouterr().err  # 96 tokens cannot hold an oracle episode
     [step] = result["steps"]
     assert step["tool_calls"] > 0, "no tool call parsed"

@@ -52,7 +52,7 @@ def run_trl_bench(seeds: list[int], example_args: list[str], *, out: Path) -> di
     rows = [row for row in log if row["args"] == example_args and row["seed"] in seeds]
     summary = summarize(rows)
     summary.update(
-        command="searchgym bench trl --seeds " + " ".join(map(str, seeds)) + " -- " + " ".join(example_args),
+        command="searchgym bench trl --seeds " + ",".join(map(str, seeds)) + " -- " + " ".join(example_args),
         commit=_commit(),
         machine={"platform": platform.platform(), "python": platform.python_version(), "torch_threads": 1},
     )
@@ -89,6 +89,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "seeds": [row["seed"] for row in rows],
         "sizing": {str(row["seed"]): row["sizing"] for row in rows},
         "per_step": per_step,
+        "reward_rise": reward_rise(rows),
         "held_out": {
             "before": sum(row["held_out_before"]["accuracy"] for row in rows) / len(rows),
             "after": sum(row["held_out_after"]["accuracy"] for row in rows) / len(rows),
@@ -96,3 +97,18 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         },
         "seconds_per_seed": [row["seconds"] for row in rows],
     }
+
+
+def reward_rise(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """TRL's logged reward in the second half of the GRPO steps less the first half's mean, per seed, with a 95%
+    interval over seeds then late steps (None under 2 steps): above 0 when the training reward rose."""
+    n_steps = min(len(row["steps"]) for row in rows)
+    if n_steps < 2:
+        return None
+    half = n_steps // 2
+    rises = {}
+    for row in rows:
+        rewards = [float(s["reward"]) for s in row["steps"][:n_steps]]
+        early = sum(rewards[:half]) / half
+        rises[row["seed"]] = [r - early for r in rewards[n_steps - half :]]
+    return {"early_steps": half, "late_steps": half, **hierarchical_bootstrap(rises)}

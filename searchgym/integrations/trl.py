@@ -492,7 +492,7 @@ def play(
     from trl.chat_template_utils import parse_response
 
     env = env_class()
-    schemas = tool_schemas(env)
+    schemas: list[Any] = tool_schemas(env)  # parse_response takes dicts or callables
     results = []
     for task_id in task_ids:
         chat: list[dict[str, Any]] = [{"role": "user", "content": env.reset(task_id=task_id)}]

@@ -71,6 +71,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--held-out", type=int, default=0, help="also judge N tasks GRPO never sees, before and after")
     parser.add_argument("--turn-tokens", type=int, default=96, help="tokens per model turn in the held-out episodes")
     parser.add_argument("--seed", type=int, default=0, help="seed of the tiny model's init and of TRL")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.5,
+        help="GRPO's sampling temperature (at 1.0 a tiny warm-started model rarely samples a whole parseable call)",
+    )
     parser.add_argument("--lr", type=float, default=1e-3, help="GRPO learning rate")
     parser.add_argument("--steps", type=int, default=5, help="GRPO steps")
     parser.add_argument("--num-generations", type=int, default=4, help="rollouts per question (GRPO's group)")
@@ -176,6 +182,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             max_completion_length=budget,
             max_tool_calling_iterations=args.env_kwargs.get("max_turns", 8),
             learning_rate=args.lr,
+            temperature=args.temperature,
             **cpu,
         ),
     )

@@ -5,8 +5,10 @@ tool-calling episodes (TRL's SFTTrainer), then GRPO with the env as TRL's `envir
     python examples/train_with_trl.py --steps 5
 
 Without --model it builds the tiny test model (a 2-layer Qwen2 with a tool-capable chat template); pass a
-Hugging Face model directory with a tool-capable template (Qwen2.5, Qwen3, ...) for a real run. It prints
-one JSON line per GRPO step: the mean reward (the env judge's verdicts), tool calls, loss.
+Hugging Face model directory with a tool-capable template (Qwen2.5, Qwen3, ...) for a real run. The completion
+budget and the warm start's length come from the demonstrations (printed first, with why); then one JSON line per
+GRPO step: the mean reward (the env judge's verdicts), tool calls per rollout, loss; and a warning when no tool
+call ran or no group's rewards differed (GRPO had nothing to learn from).
 """
 
 from __future__ import annotations

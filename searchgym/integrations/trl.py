@@ -478,7 +478,9 @@ def quiet_groups_warning(logs: list[dict[str, Any]]) -> str | None:
         what.append(
             f"every group's rollouts got the same reward (mean {steps[-1]['reward']:.3f}), so every advantage was "
             "0 and GRPO changed nothing; try more generations per question, a larger --max-completion-length "
-            "(tool results count against it), easier tasks, or a longer warm start"
+            "(tool results count against it), easier tasks, a longer warm start, or a model that can copy a name "
+            "from its context (a random-init tiny model cannot copy the question into a search or the answer "
+            "out of a result: try `searchgym model tiny --copy-steps 600`)"
         )
     return f"GRPO learned nothing in {len(steps)} step(s): " + "; ".join(what) + "."
 

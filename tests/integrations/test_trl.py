@@ -305,7 +305,7 @@ def test_the_example_script_parses_tool_calls_and_has_reward_spread(
     script = Path(__file__).resolve().parents[2] / "examples" / "train_with_trl.py"
     argv = ["--model", str(warm), "--sft-steps", "0", "--tasks", "2", "--held-out", "1", "--steps", "1"]
     argv += ["--num-generations", "4", "--max-completion-length", "96", "--out", str(tmp_path / "out")]
-    argv += ["--env-kwargs", json.dumps(ENV_KWARGS)]
+    argv += ["--env-kwargs", json.dumps(ENV_KWARGS), "--temperature", "1.0"]  # this warm model is sure of itself
     result = runpy.run_path(str(script))["main"](argv)
     sizing = result["sizing"]
     assert sizing["demonstrations"] >= 1 and sizing["max_completion_length"] == 96 and sizing["sft_steps"] == 0

@@ -5,17 +5,22 @@ tool-calling episodes (TRL's SFTTrainer), then GRPO with the env as TRL's `envir
     python examples/train_with_trl.py --steps 5
 
 Without --model it builds the tiny test model (a 2-layer Qwen2 with a tool-capable chat template); pass a
-Hugging Face model directory with a tool-capable template (Qwen2.5, Qwen3, ...) for a real run. It prints
-one JSON line per GRPO step: the mean reward (the env judge's verdicts), tool calls, loss.
+Hugging Face model directory with a tool-capable template (Qwen2.5, Qwen3, ...) for a real run. The completion
+budget and the warm start's length come from the demonstrations (printed first, with why); then one JSON line per
+GRPO step: the mean reward (the env judge's verdicts), tool calls per rollout, loss; and a warning when no tool
+call ran or no group's rewards differed (GRPO had nothing to learn from).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ENV_ID = "searchgym/SyntheticQA-v0"
 SMALL_ENV = {
@@ -30,13 +35,51 @@ SMALL_ENV = {
 }
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+SFT_EPOCHS = 40  # passes over a handful of episodes a random-init model needs to write parseable tool calls
+SFT_BATCH = 4
+
+
+def auto_or_int(text: str) -> int | str:
+    """`auto` or a non-negative int (argparse type)."""
+    if text == "auto":
+        return text
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or >= 0, got {text}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="model directory (default: build the tiny model)")
     parser.add_argument("--env", default=ENV_ID)
     parser.add_argument("--env-kwargs", type=json.loads, default=SMALL_ENV, help="JSON kwargs for gym.make")
     parser.add_argument("--tasks", type=int, default=8, help="train on the first N tasks of the pool")
-    parser.add_argument("--sft-steps", type=int, default=100, help="warm-start steps on oracle episodes (0: none)")
+    parser.add_argument(
+        "--sft-steps",
+        type=auto_or_int,
+        default="auto",
+        help="warm-start steps on oracle episodes (0: none; auto: --sft-epochs passes over the demonstrations)",
+    )
+    parser.add_argument(
+        "--sft-epochs", type=int, default=SFT_EPOCHS, help="passes over the demos when --sft-steps auto"
+    )
+    parser.add_argument(
+        "--max-completion-length",
+        type=auto_or_int,
+        default="auto",
+        help="TRL's completion budget in tokens, tool results included (auto: the longest demonstration + 1/8)",
+    )
+    parser.add_argument("--held-out", type=int, default=0, help="also judge N tasks GRPO never sees, before and after")
+    parser.add_argument("--turn-tokens", type=int, default=96, help="tokens per model turn in the held-out episodes")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the tiny model's init and of TRL")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.5,
+        help="GRPO's sampling temperature (at 1.0 a tiny warm-started model rarely samples a whole parseable call)",
+    )
+    parser.add_argument("--lr", type=float, default=1e-3, help="GRPO learning rate")
     parser.add_argument("--steps", type=int, default=5, help="GRPO steps")
     parser.add_argument("--num-generations", type=int, default=4, help="rollouts per question (GRPO's group)")
     parser.add_argument("--out", type=Path, default=None, help="where to save the trained model")
@@ -46,7 +89,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     import torch
     from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
-    from searchgym.integrations.trl import SearchGymEnv, demonstrations, task_dataset, tool_calling_tokenizer
+    from searchgym.integrations.trl import (
+        assistant_tokens,
+        completion_lengths,
+        demonstrations,
+        environment_and_dataset,
+        play,
+        quiet_groups_warning,
+        tool_calling_tokenizer,
+    )
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     torch.set_num_threads(args.threads)
@@ -55,7 +106,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if model is None:
         from searchgym.agents.tiny_model import build_tiny_model
 
-        model = str(build_tiny_model(work / "tiny", init_std=0.02))
+        model = str(build_tiny_model(work / "tiny", init_std=0.02, seed=args.seed))
     out = args.out or work / "grpo"
     cpu = {
         "use_cpu": not torch.cuda.is_available(),
@@ -65,24 +116,46 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "save_strategy": "no",
         "logging_steps": 1,
         "disable_tqdm": True,
-        "seed": 0,
+        "seed": args.seed,
     }
 
-    env_class = SearchGymEnv.configured(args.env, **args.env_kwargs)
-    prompts = task_dataset(args.env, limit=args.tasks, **args.env_kwargs)
+    env_class, prompts = environment_and_dataset(args.env, limit=args.tasks + args.held_out, **args.env_kwargs)
+    held_out = list(prompts["task_id"])[args.tasks :]
+    prompts = prompts.select(range(min(args.tasks, len(prompts))))
     tokenizer = tool_calling_tokenizer(model)
-    if args.sft_steps > 0:
-        demos = demonstrations(env_class, list(prompts["task_id"]))
+    demos = demonstrations(env_class, list(prompts["task_id"]))
+    lengths = completion_lengths(tokenizer, demos)
+    budget = args.max_completion_length
+    if budget == "auto":
+        budget = max(lengths) + max(lengths) // 8
+    sft_steps = args.sft_steps
+    if sft_steps == "auto":
+        sft_steps = args.sft_epochs * math.ceil(len(demos) / SFT_BATCH)
+    sizing = {
+        "demonstrations": len(demos),
+        "demo_completion_tokens": {"min": min(lengths), "max": max(lengths)},
+        "max_completion_length": budget,
+        "sft_steps": sft_steps,
+    }
+    print(json.dumps(sizing), flush=True)
+    if budget < max(lengths):
+        print(
+            f"warning: --max-completion-length {budget} is below the longest demonstration ({max(lengths)} tokens, "
+            "tool results included): TRL drops tool results past the budget, so such episodes cannot finish",
+            file=sys.stderr,
+        )
+    if sft_steps > 0:
         sft = SFTTrainer(
             model=model,
-            train_dataset=demos,
+            train_dataset=assistant_tokens(tokenizer, demos),  # loss on the tool calls, not the tool results
             processing_class=tokenizer,
             args=SFTConfig(
                 output_dir=str(work / "sft"),
-                max_steps=args.sft_steps,
-                per_device_train_batch_size=4,
+                max_steps=sft_steps,
+                per_device_train_batch_size=SFT_BATCH,
                 learning_rate=3e-3,
                 lr_scheduler_type="constant",
+                completion_only_loss=True,
                 **cpu,
             ),
         )
@@ -90,6 +163,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         model = str(work / "sft")
         sft.save_model(model)
         tokenizer.save_pretrained(model)
+
+    def held_out_accuracy(trained: Any) -> dict[str, Any]:
+        """Greedy episodes on tasks GRPO never sees, judged by the env."""
+        played = play(trained.eval(), tokenizer, env_class, held_out, max_new_tokens=args.turn_tokens)
+        trained.train()
+        return {"accuracy": sum(r["reward"] or 0.0 for r in played) / max(len(played), 1), "tasks": played}
 
     batch = args.num_generations * max(1, min(2, len(prompts)))
     grpo = GRPOTrainer(
@@ -102,14 +181,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
             max_steps=args.steps,
             per_device_train_batch_size=batch,
             num_generations=args.num_generations,
-            max_completion_length=256,
+            max_completion_length=budget,
             max_tool_calling_iterations=args.env_kwargs.get("max_turns", 8),
-            learning_rate=1e-4,
+            learning_rate=args.lr,
+            temperature=args.temperature,
             **cpu,
         ),
     )
+    before = held_out_accuracy(grpo.model) if held_out else None
     grpo.train()
     grpo.save_model(str(out))
+    after = held_out_accuracy(grpo.model) if held_out else None
     rows = [
         {
             "step": log["step"],
@@ -123,8 +205,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ]
     for row in rows:
         print(json.dumps(row))
+    warning = quiet_groups_warning(grpo.state.log_history)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    result = {"sizing": sizing, "steps": rows, "held_out_before": before, "held_out_after": after, "model": str(out)}
+    if held_out:
+        print(json.dumps({"held_out_accuracy": {"before": before["accuracy"], "after": after["accuracy"]}}))  # type: ignore[index]
     print(json.dumps({"model": str(out)}))
-    return rows
+    return result
 
 
 if __name__ == "__main__":

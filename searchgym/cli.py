@@ -172,20 +172,21 @@ def _demo(args: argparse.Namespace) -> None:
 def _bench_learning(args: argparse.Namespace) -> None:
     from searchgym.bench.learning import load_learning_config, run_learning_bench
 
+    run_learning_bench(load_learning_config(args.overrides, preset=args.preset), _seed_list(args.seeds), out=args.out)
+
+
+def _seed_list(text: str) -> list[int]:
+    """--seeds: comma-separated integers."""
     try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        return [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
-        raise ValueError(f"--seeds takes comma-separated integers, got {args.seeds!r}") from None
-    run_learning_bench(load_learning_config(args.overrides, preset=args.preset), seeds, out=args.out)
+        raise ValueError(f"--seeds takes comma-separated integers, got {text!r}") from None
 
 
 def _bench_reproduce(args: argparse.Namespace) -> None:
     from searchgym.bench.reproduce import load_reproduce_config, run_reproduce
 
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError:
-        raise ValueError(f"--seeds takes comma-separated integers, got {args.seeds!r}") from None
+    seeds = _seed_list(args.seeds)
     if args.markdown:  # docs/reproductions.md's table and verdict are this output
         from searchgym.bench.reproduce import markdown_table, verdict
 
@@ -199,6 +200,14 @@ def _bench_reproduce(args: argparse.Namespace) -> None:
     picked = ["--arms", args.arms] if args.arms else []
     command = " ".join(["searchgym", "bench", "reproduce", args.claim, *args.overrides, "--seeds", args.seeds, *picked])
     run_reproduce(args.claim, config, seeds, out=args.out, arms=arms, command=command)
+
+
+def _bench_trl(args: argparse.Namespace) -> None:
+    from searchgym.bench.trl import TRL_ARGS, run_trl_bench
+
+    seeds = _seed_list(args.seeds)
+    example_args = [a for a in args.example_args if a != "--"] or TRL_ARGS
+    print(json.dumps(run_trl_bench(seeds, example_args, out=args.out)["held_out"], indent=2))
 
 
 def _bench_env(args: argparse.Namespace) -> None:
@@ -1025,6 +1034,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arms", default="", help="comma-separated subset of the claim's arms (default: all)")
     p.add_argument("overrides", nargs="*", help="config overrides, right after CLAIM: e.g. rl.steps=20 out_dir=runs/r")
     p.set_defaults(run=_bench_reproduce)
+    p = bench.add_parser("trl", help="README's TRL recipe over seeds: GRPO reward, tool calls, held-out gain")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds; finished ones are reused")
+    p.add_argument("--out", type=Path, default=Path("results/bench_trl.json"))
+    p.add_argument("example_args", nargs="*", help="after --: examples/train_with_trl.py's arguments")
+    p.set_defaults(run=_bench_trl)
     p = bench.add_parser(
         "reliability",
         help="issue 15's fault classes with fixed seeds (SSRF forms, agent turns, "

@@ -443,3 +443,110 @@ def tool_calling_tokenizer(model: Any) -> Any:
         if "<tool_call>" in probe and "<|im_start|>assistant\n" in probe:
             tokenizer.response_template = HERMES_RESPONSE_TEMPLATE
     return tokenizer
+
+
+def completion_lengths(tokenizer: Any, demos: Any) -> list[int]:
+    """Each demonstration's completion in tokens as TRL counts it against `max_completion_length`: the assistant
+    turns and the tool results between them (the chat template's rendering of prompt + completion, less the
+    prompt's)."""
+    lengths = []
+    for row in demos:
+        tools = json.loads(row["tools"]) if isinstance(row["tools"], str) else row["tools"]
+        prompt = tokenizer.apply_chat_template(row["prompt"], tools=tools, tokenize=False, add_generation_prompt=True)
+        whole = tokenizer.apply_chat_template(row["prompt"] + row["completion"], tools=tools, tokenize=False)
+        lengths.append(len(tokenizer(whole)["input_ids"]) - len(tokenizer(prompt)["input_ids"]))
+    return lengths
+
+
+def quiet_groups_warning(logs: list[dict[str, Any]]) -> str | None:
+    """A plain-words warning when GRPO had nothing to learn from (`logs`: TRL's log history): no tool call ran, or
+    every group's rewards were equal (zero spread, so every advantage was 0); None when some step had both."""
+    steps = [log for log in logs if "reward" in log]
+    if not steps:
+        return None
+    calls = sum(log.get("tools/call_frequency", 0.0) for log in steps)
+    spread = max(log.get("reward_std", 0.0) for log in steps)
+    if calls > 0 and spread > 0:
+        return None
+    what = []
+    if calls == 0:
+        what.append(
+            "no tool call ran (the model wrote no <tool_call> block TRL could parse: warm-start it on the "
+            "demonstrations for more steps, or use a model that already calls tools)"
+        )
+    if spread == 0:
+        what.append(
+            f"every group's rollouts got the same reward (mean {steps[-1]['reward']:.3f}), so every advantage was "
+            "0 and GRPO changed nothing; try more generations per question, a larger --max-completion-length "
+            "(tool results count against it), easier tasks, a longer warm start, or a model that can copy a name "
+            "from its context (a random-init tiny model cannot copy the question into a search or the answer "
+            "out of a result: try `searchgym model tiny --copy-steps 600`)"
+        )
+    return f"GRPO learned nothing in {len(steps)} step(s): " + "; ".join(what) + "."
+
+
+def play(
+    model: Any, tokenizer: Any, env_class: type[SearchGymEnv], task_ids: list[str], *, max_new_tokens: int = 64
+) -> list[dict[str, Any]]:
+    """Greedy episodes of `model` on `task_ids` through the same tools and parser TRL uses (for a before/after
+    accuracy on held-out tasks): per task its reward (the env judge's verdict) and the tool calls that ran."""
+    import torch
+    from trl.chat_template_utils import parse_response
+
+    env = env_class()
+    schemas: list[Any] = tool_schemas(env)  # parse_response takes dicts or callables
+    results = []
+    for task_id in task_ids:
+        chat: list[dict[str, Any]] = [{"role": "user", "content": env.reset(task_id=task_id)}]
+        calls = 0
+        while not env.done:
+            prompt = tokenizer.apply_chat_template(chat, tools=schemas, add_generation_prompt=True, tokenize=False)
+            ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+            with torch.no_grad():
+                out = model.generate(
+                    ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+                )
+            message = parse_response(tokenizer, out[0, ids.shape[1] :].tolist(), prefix=ids[0].tolist(), tools=schemas)
+            chat.append(message)
+            if not message.get("tool_calls"):
+                break
+            for call in message["tool_calls"]:
+                name, arguments = call["function"]["name"], call["function"].get("arguments") or {}
+                try:
+                    if name not in ARGUMENTS:
+                        raise ValueError(f"Tool {name} not found.")
+                    result: Any = getattr(env, name)(**arguments)
+                    calls += 1
+                except Exception as e:  # noqa: BLE001 - shown to the model as TRL does
+                    result = {"error": str(e)}
+                chat.append({"role": "tool", "name": name, "content": str(result)})
+        reward = env.get_reward() if env.steps else 0.0
+        results.append({"task_id": task_id, "reward": reward, "tool_calls": calls})
+    return results
+
+
+def assistant_tokens(tokenizer: Any, demos: Any) -> Any:
+    """`demos` (from `demonstrations`) tokenized for `SFTTrainer` with the loss on the assistant turns only: the
+    tool calls and replies the model must write, not the tool results it is shown (a small model spends itself
+    on memorising search results otherwise, and still writes tool-call JSON TRL cannot parse)."""
+    with needs("assistant_tokens"):
+        from datasets import Dataset
+
+    rows = []
+    for row in demos:
+        tools = json.loads(row["tools"]) if isinstance(row["tools"], str) else row["tools"]
+        chat = list(row["prompt"])
+        ids = list(tokenizer.apply_chat_template(chat, tools=tools, add_generation_prompt=True, return_dict=False))
+        mask = [0] * len(ids)
+        for message in row["completion"]:
+            chat.append(message)
+            longer = list(tokenizer.apply_chat_template(chat, tools=tools, return_dict=False))
+            if longer[: len(ids)] != ids:
+                raise ValueError(
+                    "the chat template renders a conversation's start differently once it goes on, so the "
+                    "assistant turns' tokens cannot be told apart; warm-start on `demonstrations` directly"
+                )
+            mask += [int(message["role"] == "assistant")] * (len(longer) - len(ids))
+            ids = longer
+        rows.append({"input_ids": ids, "completion_mask": mask})
+    return Dataset.from_list(rows)

@@ -292,29 +292,62 @@ def test_one_grpo_step_calls_the_tools_pays_the_judges_verdict_and_trains(
     assert os.environ["TRL_EXPERIMENTAL_SILENCE"] == "1"
 
 
-def test_the_example_script_trains_with_trl(tiny_model_dir, tmp_path, one_torch_thread):
+def test_the_example_script_parses_tool_calls_and_has_reward_spread(
+    tiny_model_dir, tmp_path, env_class, task_ids, one_torch_thread, capsys
+):
+    """README's recipe end to end from a warm model (the test's quick warm start, not the example's): it sizes its
+    budget from the demonstrations, and GRPO's rollouts call tools that TRL parsed (count > 0) with rewards that
+    differ within a group (something to learn)."""
     import runpy
     from pathlib import Path
 
+    warm = warm_start(tiny_model_dir, tmp_path / "warm", env_class, task_ids[:2])
     script = Path(__file__).resolve().parents[2] / "examples" / "train_with_trl.py"
-    rows = runpy.run_path(str(script))["main"](
-        [
-            "--model",
-            str(tiny_model_dir),
-            "--sft-steps",
-            "2",
-            "--steps",
-            "1",
-            "--tasks",
-            "2",
-            "--num-generations",
-            "2",
-            "--out",
-            str(tmp_path / "out"),
-        ]
-    )
-    assert [r["step"] for r in rows] == [1]
+    argv = ["--model", str(warm), "--sft-steps", "0", "--tasks", "2", "--held-out", "1", "--steps", "1"]
+    argv += ["--num-generations", "4", "--max-completion-length", "96", "--out", str(tmp_path / "out")]
+    argv += ["--env-kwargs", json.dumps(ENV_KWARGS), "--temperature", "1.0"]  # this warm model is sure of itself
+    result = runpy.run_path(str(script))["main"](argv)
+    sizing = result["sizing"]
+    assert sizing["demonstrations"] >= 1 and sizing["max_completion_length"] == 96 and sizing["sft_steps"] == 0
+    assert "is below the longest demonstration" in capsys.readouterr().err  # 96 tokens cannot hold an oracle episode
+    [step] = result["steps"]
+    assert step["tool_calls"] > 0, "no tool call parsed"
+    assert step["reward_std"] > 0, "every group had the same reward: nothing to learn"
+    assert result["held_out_before"]["tasks"][0]["task_id"] == task_ids[2]  # not a training task
     assert (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_the_completion_budget_defaults_to_the_longest_demonstration(env_class, task_ids, tiny_model_dir):
+    from searchgym.integrations.trl import completion_lengths
+
+    tokenizer = tool_calling_tokenizer(str(tiny_model_dir))
+    demos = demonstrations(env_class, task_ids[:2])
+    lengths = completion_lengths(tokenizer, demos)
+    for row, n in zip(demos, lengths, strict=True):
+        tools = json.loads(row["tools"])
+        whole = tokenizer.apply_chat_template(row["prompt"] + row["completion"], tools=tools, return_dict=False)
+        prompt = tokenizer.apply_chat_template(
+            row["prompt"], tools=tools, add_generation_prompt=True, return_dict=False
+        )
+        assert n == len(whole) - len(prompt)
+        assert n > 100  # tool results count: one search result alone is longer than a reply
+
+
+@pytest.mark.parametrize(
+    ("logs", "says"),
+    [
+        ([{"reward": 0.0, "reward_std": 0.0, "tools/call_frequency": 0.0}], ["no tool call ran", "same reward"]),
+        ([{"reward": 1.0, "reward_std": 0.0, "tools/call_frequency": 2.0}], ["same reward"]),
+        ([{"reward": 0.5, "reward_std": 0.3, "tools/call_frequency": 0.0}], ["no tool call ran"]),
+    ],
+)
+def test_a_run_with_nothing_to_learn_says_so(logs, says):
+    from searchgym.integrations.trl import quiet_groups_warning
+
+    warning = quiet_groups_warning([{"loss": 0.0}, *logs])
+    assert warning is not None and all(s in warning for s in says)
+    assert quiet_groups_warning([*logs, {"reward": 0.5, "reward_std": 0.2, "tools/call_frequency": 1.0}]) is None
+    assert quiet_groups_warning([{"loss": 1.0}]) is None
 
 
 def test_the_served_env_is_the_same_environment_for_trl(
@@ -360,3 +393,23 @@ def test_the_served_env_is_the_same_environment_for_trl(
         )
         tools[cls] = sorted(t.__name__ for t in trainer._env_tools[None])
     assert tools[env_class] == tools[served] == ["access", "answer", "search"]
+
+
+def test_the_warm_start_loss_covers_the_tool_calls_not_the_tool_results(env_class, task_ids, tiny_model_dir):
+    from searchgym.integrations.trl import assistant_tokens
+
+    tokenizer = tool_calling_tokenizer(str(tiny_model_dir))
+    demos = demonstrations(env_class, task_ids[:1])
+    [row] = assistant_tokens(tokenizer, demos)
+    tools = json.loads(demos[0]["tools"])
+    whole = demos[0]["prompt"] + demos[0]["completion"]
+    assert row["input_ids"] == list(tokenizer.apply_chat_template(whole, tools=tools, return_dict=False))
+    trained = tokenizer.decode([t for t, m in zip(row["input_ids"], row["completion_mask"], strict=True) if m])
+    shown = tokenizer.decode([t for t, m in zip(row["input_ids"], row["completion_mask"], strict=True) if not m])
+    calls = [m["tool_calls"][0]["function"] for m in demos[0]["completion"] if m.get("tool_calls")]
+    assert trained.count("<tool_call>") == len(calls) >= 2  # every call, in the format TRL parses
+    for call in calls:
+        assert json.dumps(call["arguments"])[1:-1] in trained
+    assert "<information>" in shown and "<information>" not in trained  # search results are context, not targets
+    question = demos[0]["prompt"][0]["content"]
+    assert question[:40] in shown

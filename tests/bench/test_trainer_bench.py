@@ -167,25 +167,7 @@ def test_bench_sweeps_staleness_at_equal_workload_with_reward(tmp_path, small_bu
         seed=5,
     )
     out, runs = tmp_path / "bench_trainer.json", tmp_path / "runs"
-    result = run_trainer_bench(
-        steps=2,
-        warmup_steps=1,
-        final_steps=1,
-        rounds=2,
-        staleness=(0, 2),
-        headline_staleness=2,
-        size=SMALL["size"],
-        n_tasks=SMALL["n_tasks"],
-        world_seed=SMALL["seed"],
-        out=out,
-        workdir=runs,
-        group_size=2,
-        batch_size=1,
-        max_concurrent_rollouts=8,
-        workload=workload,
-        latency=ParetoLatency(0.002, 1.2, 0.02),
-        progress=False,
-    )
+    result = small_trainer_bench(out, runs, workload, rounds=2)
     written = json.loads(out.read_text())
     assert written == json.loads(json.dumps(result))
     # interleaved: each round plays every bound, alternately forwards and backwards
@@ -300,25 +282,7 @@ def test_bench_crosses_the_sweep_with_the_ppo_objective(tmp_path, small_bundle):
     sweep against its own sync run."""
     workload = Workload(1.5, 3, 3, 4, 0.5, 8, 2, 20, seed=5)
     out, runs = tmp_path / "bench_trainer.json", tmp_path / "runs"
-    result = run_trainer_bench(
-        steps=2,
-        warmup_steps=1,
-        final_steps=1,
-        staleness=(0, 2),
-        headline_staleness=2,
-        proximal=("recompute", "behaviour"),
-        size=SMALL["size"],
-        n_tasks=SMALL["n_tasks"],
-        world_seed=SMALL["seed"],
-        out=out,
-        workdir=runs,
-        group_size=2,
-        batch_size=1,
-        max_concurrent_rollouts=8,
-        workload=workload,
-        latency=ParetoLatency(0.002, 1.2, 0.02),
-        progress=False,
-    )
+    result = small_trainer_bench(out, runs, workload, proximal=("recompute", "behaviour"))
     cells = [(r["staleness"], r["proximal"]) for r in result["runs"]]
     assert cells == [(0, "recompute"), (0, "behaviour"), (2, "recompute"), (2, "behaviour")]
     assert result["settings"]["proximal"] == ["recompute", "behaviour"]
@@ -339,3 +303,28 @@ def test_bench_crosses_the_sweep_with_the_ppo_objective(tmp_path, small_bundle):
         from searchgym.settings import load_settings
 
         load_settings(TrainerBenchConfig, overrides=["proximal=[recompute,nope]"])
+
+
+def small_trainer_bench(out, runs, workload, **settings):
+    """bench trainer on the small world: 2 steps (1 warm-up) at staleness 0 and 2, tiny groups, fast tool latency."""
+    return run_trainer_bench(
+        **{
+            "steps": 2,
+            "warmup_steps": 1,
+            "final_steps": 1,
+            "staleness": (0, 2),
+            "headline_staleness": 2,
+            "size": SMALL["size"],
+            "n_tasks": SMALL["n_tasks"],
+            "world_seed": SMALL["seed"],
+            "out": out,
+            "workdir": runs,
+            "group_size": 2,
+            "batch_size": 1,
+            "max_concurrent_rollouts": 8,
+            "workload": workload,
+            "latency": ParetoLatency(0.002, 1.2, 0.02),
+            "progress": False,
+            **settings,
+        }
+    )

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import SMALL
+from tests.stock_commands import eval_small, train_small
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "reinforce.py"
 SHAPED_ID = "searchgym_test/LetterShareSyntheticQA-v0"
@@ -131,9 +132,6 @@ SUMMARIZING = Path(__file__).resolve().parents[1] / "examples" / "summarizing_wo
 
 def test_a_custom_workflow_trains_and_evaluates_with_the_stock_commands(tiny_model_dir, small_bundle, tmp_path):
     """examples/summarizing_workflow.py, named on the command line, plays every episode of `train` and `eval`."""
-    from searchgym.agents.trajectory import Trajectory
-    from searchgym.cli import main as cli_main
-
     agent = tmp_path / "agent.py"  # a user's file: summarize every tool result, so a random model triggers it too
     agent.write_text(
         "import runpy\n"
@@ -144,29 +142,7 @@ def test_a_custom_workflow_trains_and_evaluates_with_the_stock_commands(tiny_mod
         "    summary_tokens = 6\n"
     )
     workflow = f"{agent}:SummarizeEverything"
-    env_kwargs = {**SMALL, "split": "train", "max_turns": 3}
-    assert (
-        cli_main(
-            [
-                "train",
-                f"out_dir={tmp_path / 'run'}",
-                "steps=2",
-                f"model.path={tiny_model_dir}",
-                *[f"env.kwargs.{k}={v}" for k, v in env_kwargs.items()],
-                "rollout.group_size=2",
-                "rollout.batch_size=2",
-                "rollout.max_new_tokens=12",
-                "learner.drop_no_spread=false",
-                f"rollout.workflow={workflow}",
-            ]
-        )
-        == 0
-    )
-    trained = [
-        Trajectory.from_dict(json.loads(line))
-        for path in sorted((tmp_path / "run" / "trajectories").glob("*.jsonl"))
-        for line in path.read_text().splitlines()
-    ]
+    trained = train_small(tiny_model_dir, tmp_path / "run", f"rollout.workflow={workflow}")
     assert len(trained) == 2 * 2 * 2  # two steps of two groups of two
     assert (tmp_path / "run" / "checkpoints" / "step-00002").is_dir()
     summarized = [(traj, i) for traj in trained for i, turn in enumerate(traj.turns) if "summary" in turn.info]
@@ -177,31 +153,7 @@ def test_a_custom_workflow_trains_and_evaluates_with_the_stock_commands(tiny_mod
         assert seen != traj.turns[i].observation  # the raw tool result is kept in the record, not in the context
 
     out = tmp_path / "eval"
-    assert (
-        cli_main(
-            [
-                "eval",
-                "--env",
-                "searchgym/SyntheticQA-v0",
-                "--engine",
-                str(tiny_model_dir),
-                "--out",
-                str(out),
-                "--env-kwargs",
-                json.dumps({**SMALL, "split": "test", "max_turns": 2}),
-                "--k",
-                "1",
-                "--max-tasks",
-                "3",
-                "--max-new-tokens",
-                "12",
-                "--workflow",
-                workflow,
-            ]
-        )
-        == 0
-    )
-    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    rows = eval_small(tiny_model_dir, out, "--workflow", workflow, env_kwargs={"max_turns": 2}, max_tasks=3)
     assert len(rows) == 3 and json.loads((out / "run.json").read_text())["workflow"] == workflow
     assert any("summary" in turn["info"] for row in rows for turn in row["trajectory"]["turns"])
 

@@ -16,6 +16,7 @@ from searchgym.agents.workflow import WorkflowSettings
 from searchgym.envs.factory import make_unwrapped
 from tests.agents.forced_engine import ForcedEngine
 from tests.conftest import SMALL
+from tests.stock_commands import eval_small, train_small
 
 pytest.importorskip("mcp")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mcp_agent_program.py"
@@ -143,7 +144,6 @@ def test_searchgym_eval_and_train_run_the_mcp_agent_program_whose_model_calls_th
     from transformers import AutoTokenizer
 
     from searchgym.agents.mcp_tools import DESCRIPTIONS, ENV_TOOLS, input_schema
-    from searchgym.cli import main as cli_main
     from tests.agents.tool_model import teach_replies
 
     env_kwargs = {**ENV, "split": "test", "max_turns": 3}
@@ -170,12 +170,10 @@ def test_searchgym_eval_and_train_run_the_mcp_agent_program_whose_model_calls_th
     ]
     model_dir = teach_replies(tiny_model_dir, tmp_path / "model", pairs, max_steps=120)
     out = tmp_path / "eval"
-    args = ["eval", "--env", "searchgym/SyntheticQA-v0", "--engine", str(model_dir), "--out", str(out)]
-    args += ["--env-kwargs", json.dumps(env_kwargs), "--k", "2", "--max-tasks", "2", "--temperature", "0"]
-    assert cli_main([*args, "--max-new-tokens", "160", "--agent", f"{EXAMPLE}:agent"]) == 0
+    flags = ["--temperature", "0", "--max-new-tokens", "160", "--agent", f"{EXAMPLE}:agent"]
+    rows = [row["trajectory"] for row in eval_small(model_dir, out, *flags, env_kwargs=env_kwargs, k=2)]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["metrics"]["samples"] == 4 and "avg@2" in json.dumps(summary).lower()
-    rows = [json.loads(line)["trajectory"] for line in (out / "samples.jsonl").read_text().splitlines()]
     for row in rows:
         first = row["turns"][0]  # the env's action text for the MCP call: <tool_call>{name, arguments}</tool_call>
         call = json.loads(first["action"].removeprefix("<tool_call>").removesuffix("</tool_call>"))
@@ -184,14 +182,7 @@ def test_searchgym_eval_and_train_run_the_mcp_agent_program_whose_model_calls_th
         assert row["proxy_calls"] and row["input_ids"]
 
     run = tmp_path / "run"
-    train = ["train", f"out_dir={run}", "steps=1", f"model.path={model_dir}", "rollout.group_size=2"]
-    train += [f"env.kwargs.{k}={v}" for k, v in env_kwargs.items()]
-    train += ["rollout.batch_size=2", "rollout.max_new_tokens=160", "learner.drop_no_spread=false"]
-    assert cli_main([*train, f"rollout.agent={EXAMPLE}:agent"]) == 0  # train questions: not taught, any reply
-    trained = [
-        json.loads(line)
-        for path in sorted((run / "trajectories").glob("*.jsonl"))
-        for line in path.read_text().splitlines()
-    ]
-    assert len(trained) == 4 and all(t["proxy_calls"] and sum(t["loss_mask"]) > 0 for t in trained)
+    # train questions: not taught, so any reply
+    trained = train_small(model_dir, run, "rollout.max_new_tokens=160", f"rollout.agent={EXAMPLE}:agent", steps=1)
+    assert len(trained) == 4 and all(t.proxy_calls and sum(t.loss_mask) > 0 for t in trained)
     assert (run / "checkpoints" / "step-00001").is_dir()

@@ -19,6 +19,7 @@ from searchgym.envs.factory import make_unwrapped
 from searchgym.trainers.algorithm.learner import Learner, LearnerConfig
 from tests.agents.test_proxy import LoggedEngine, check_against_engine
 from tests.conftest import SMALL
+from tests.stock_commands import eval_small, train_small
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "agent_program.py"
 ENV = {**SMALL, "max_turns": 4, "top_k": 1, "doc_chars": 120}  # short search results: prompts fit the context
@@ -120,62 +121,15 @@ def test_tool_arguments_are_read_as_the_model_wrote_them():
 def test_eval_and_train_run_the_example_agent_program(tiny_model_dir, small_bundle, tmp_path):
     """`searchgym eval --agent examples/agent_program.py:agent` gives Avg@k; `train rollout.agent=` trains its
     tokens."""
-    from searchgym.cli import main as cli_main
 
     agent = f"{EXAMPLE}:agent"
     out = tmp_path / "eval"
-    assert (
-        cli_main(
-            [
-                "eval",
-                "--env",
-                "searchgym/SyntheticQA-v0",
-                "--engine",
-                str(tiny_model_dir),
-                "--out",
-                str(out),
-                "--env-kwargs",
-                json.dumps({**SMALL, "split": "test", "max_turns": 3}),
-                "--k",
-                "2",
-                "--max-tasks",
-                "2",
-                "--max-new-tokens",
-                "12",
-                "--agent",
-                agent,
-            ]
-        )
-        == 0
-    )
+    rows = eval_small(tiny_model_dir, out, "--agent", agent, k=2)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["metrics"]["samples"] == 4 and "avg@2" in json.dumps(summary).lower()
-    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert all(row["trajectory"]["proxy_calls"] and row["trajectory"]["input_ids"] for row in rows)
 
-    env_kwargs = {**SMALL, "split": "train", "max_turns": 3}
-    assert (
-        cli_main(
-            [
-                "train",
-                f"out_dir={tmp_path / 'run'}",
-                "steps=2",
-                f"model.path={tiny_model_dir}",
-                *[f"env.kwargs.{k}={v}" for k, v in env_kwargs.items()],
-                "rollout.group_size=2",
-                "rollout.batch_size=2",
-                "rollout.max_new_tokens=12",
-                "learner.drop_no_spread=false",
-                f"rollout.agent={agent}",
-            ]
-        )
-        == 0
-    )
-    trained = [
-        Trajectory.from_dict(json.loads(line))
-        for path in sorted((tmp_path / "run" / "trajectories").glob("*.jsonl"))
-        for line in path.read_text().splitlines()
-    ]
+    trained = train_small(tiny_model_dir, tmp_path / "run", f"rollout.agent={agent}")
     assert len(trained) == 2 * 2 * 2 and all(t.proxy_calls and t.generated_tokens > 0 for t in trained)
     assert all(t.stop_reason for t in trained)
     assert (tmp_path / "run" / "checkpoints" / "step-00002").is_dir()
@@ -209,35 +163,9 @@ def test_an_openai_agents_sdk_agent_is_evaluated_through_the_proxy_unmodified(ti
     """An agent written with the OpenAI Agents SDK (its Agent, function_tool and Runner) plays through the proxy:
     every model call it makes is recorded token-exact in the episode's trajectory."""
     pytest.importorskip("agents")
-    from searchgym.cli import main as cli_main
 
     example = Path(__file__).resolve().parents[2] / "examples" / "openai_agents_program.py"
-    out = tmp_path / "eval"
-    assert (
-        cli_main(
-            [
-                "eval",
-                "--env",
-                "searchgym/SyntheticQA-v0",
-                "--engine",
-                str(tiny_model_dir),
-                "--out",
-                str(out),
-                "--env-kwargs",
-                json.dumps({**SMALL, "split": "test", "max_turns": 3}),
-                "--k",
-                "1",
-                "--max-tasks",
-                "2",
-                "--max-new-tokens",
-                "12",
-                "--agent",
-                f"{example}:agent",
-            ]
-        )
-        == 0
-    )
-    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    rows = eval_small(tiny_model_dir, tmp_path / "eval", "--agent", f"{example}:agent")
     assert len(rows) == 2
     for row in rows:
         traj = Trajectory.from_dict(row["trajectory"])

@@ -24,7 +24,6 @@ import copy
 import hashlib
 import json
 import os
-import platform
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from typing import Any, cast
 from omegaconf import OmegaConf
 
 from searchgym.bench.bootstrap import hierarchical_bootstrap
+from searchgym.bench.provenance import machine
 from searchgym.envs.jsonl_log import JsonlLog
 from searchgym.eval.compare import paired_delta
 from searchgym.eval.harness import sample_of
@@ -497,12 +497,7 @@ def pooled_report(rows: list[dict[str, Any]], config: LearningConfig) -> dict[st
         "benchmark": "searchgym bench learning",
         "preset": config.preset,
         "k": k,
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "torch_threads": config.torch_threads,
-        },
+        "machine": machine(torch_threads=config.torch_threads),
         "config": OmegaConf.to_container(OmegaConf.structured(config)),
         "shared": "the copy-pretrained base model (tokenizer + induction heads) is built once from world "
         f"base_seed={config.base_seed} and shared; world, demos, warm start, RL and evaluation vary by seed",

@@ -24,6 +24,7 @@ from searchgym.agents.engines.types import GenerateRequest, SamplingParams
 from searchgym.agents.program import AgentProgramWorkflow, AgentTask
 from searchgym.agents.trajectory import Trajectory
 from searchgym.agents.workflow import WorkflowSettings
+from searchgym.bench.provenance import machine
 from searchgym.envs.factory import make_unwrapped
 from searchgym.testing.scripted_engine import ScriptedEngine
 
@@ -114,12 +115,10 @@ def run_proxy_long_bench(
     results = {
         "what": "one agent-program episode through the recording proxy per row: the model searches every turn, "
         "then answers; ScriptedEngine (no model) so the cost is the proxy's and the workflow's",
-        "machine": {
-            "python": platform.python_version(),
-            "cpu": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
-            "load_average_1min": {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
-        },
+        "machine": machine(
+            cpu=platform.processor() or platform.machine(),
+            load_average_1min={"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)},
+        ),
         "command": f"searchgym bench proxy --repeats {repeats} (tokenizer: {Path(model).name})",
         "env": {"id": "searchgym/SyntheticQA-v0", **ENV_KWARGS},
         "rows": rows,

@@ -17,8 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +39,7 @@ from searchgym.bench.learning import (
     shared_base_model,
     stage_clock,
 )
+from searchgym.bench.provenance import git_commit, machine
 from searchgym.envs.jsonl_log import JsonlLog
 from searchgym.pipeline.stages import deterministic_torch, run_rl, say
 from searchgym.settings import load_settings
@@ -282,14 +281,6 @@ def _check_row(row: Any) -> None:
         row[name]
 
 
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
 POOLED_METRICS = ("avg@{k}/reward", "avg@{k}/correct", "searches", "accesses", "turns")
 
 
@@ -329,20 +320,14 @@ def pooled_arms(
             entry["vs_warm"] = diff(arm, WARM)
         entry["curve"] = mean_curve([r["curve"] for r in mine])
         pooled[arm] = entry
-    machine = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "torch_threads": config.torch_threads,
-    }
     return {
         "benchmark": f"searchgym bench reproduce {claim}",
         "claim": claim,
         "paper": spec.paper,
         "setting": spec.setting,
         "command": command,
-        "commit": _git_commit(),
-        "machine": machine,
+        "commit": git_commit(),
+        "machine": machine(torch_threads=config.torch_threads),
         "k": k,
         "baseline": spec.baseline,
         "arms": {WARM: [], **dict(arms)},

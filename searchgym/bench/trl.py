@@ -10,28 +10,17 @@ then questions (bench/bootstrap.py). Each finished seed is one line of OUT's `.s
 from __future__ import annotations
 
 import json
-import platform
 import runpy
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 from searchgym.bench.bootstrap import hierarchical_bootstrap
+from searchgym.bench.provenance import git_commit, machine
 from searchgym.envs.jsonl_log import JsonlLog
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_with_trl.py"
 TRL_ARGS = ["--tasks", "8", "--held-out", "12", "--steps", "8", "--num-generations", "4"]  # the default setting
-
-
-def _commit() -> str:
-    """The checkout's commit (or "unknown" outside git)."""
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=EXAMPLE.parent, capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def run_trl_bench(seeds: list[int], example_args: list[str], *, out: Path) -> dict[str, Any]:
@@ -53,8 +42,8 @@ def run_trl_bench(seeds: list[int], example_args: list[str], *, out: Path) -> di
     summary = summarize(rows)
     summary.update(
         command="searchgym bench trl --seeds " + ",".join(map(str, seeds)) + " -- " + " ".join(example_args),
-        commit=_commit(),
-        machine={"platform": platform.platform(), "python": platform.python_version(), "torch_threads": 1},
+        commit=git_commit(),
+        machine=machine(torch_threads=1),
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")

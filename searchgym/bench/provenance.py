@@ -1,0 +1,27 @@
+"""Where a benchmark's numbers came from: the checkout's commit and the machine, as its results file records them."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def git_commit() -> str | None:
+    """The commit of the checkout searchgym runs from (None outside git)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def machine(**extra: Any) -> dict[str, Any]:
+    """Platform, Python and CPU count, plus what the benchmark adds (its torch threads, the load average...)."""
+    return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(), **extra}

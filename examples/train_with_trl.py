@@ -4,7 +4,9 @@ tool-calling episodes (TRL's SFTTrainer), then GRPO with the env as TRL's `envir
     pip install 'searchgym[trl]'
     python examples/train_with_trl.py --steps 5
 
-Without --model it builds the tiny test model (a 2-layer Qwen2 with a tool-capable chat template); pass a
+Without --model it builds a tiny 2-layer Qwen2 with a tool-capable chat template, its tokenizer trained on the
+env's pages, and copy-pretrains it (--copy-steps, about 3 CPU minutes: a random-init model cannot copy a name from
+the question into a search, or from a result into the answer, so no rollout would ever earn a reward); pass a
 Hugging Face model directory with a tool-capable template (Qwen2.5, Qwen3, ...) for a real run. The completion
 budget and the warm start's length come from the demonstrations (printed first, with why); then one JSON line per
 GRPO step: the mean reward (the env judge's verdicts), tool calls per rollout, loss; and a warning when no tool
@@ -35,7 +37,8 @@ SMALL_ENV = {
 }
 
 
-SFT_EPOCHS = 40  # passes over a handful of episodes a random-init model needs to write parseable tool calls
+SFT_EPOCHS = 40  # passes over a dozen episodes a tiny model needs to write whole calls (80 over 7 memorised them)
+COPY_STEPS = 600  # copy accuracy 0.99 on the tiny model (docs/benchmarks.md, trial 4)
 SFT_BATCH = 4
 
 
@@ -49,12 +52,35 @@ def auto_or_int(text: str) -> int | str:
     return value
 
 
+def tiny_base_model(env_class: Any, demos: Any, work: Path, *, copy_steps: int, seed: int, device: str) -> Path:
+    """The tiny model: its tokenizer trained on the env's pages and the demonstrations (names become few tokens),
+    then `copy_steps` of copy pretraining (so it can copy a name out of its context)."""
+    from searchgym.pipeline.stages import TinyModelConfig, build_base_model
+    from searchgym.trainers.warm_start.copy_pretrain import CopyPretrainConfig
+
+    world = env_class()._env.unwrapped  # the SearchEnv: its page backend lists the pages
+    chats = [[{"content": json.dumps(message)} for message in row["prompt"] + row["completion"]] for row in demos]
+    copy = CopyPretrainConfig(steps=copy_steps, seed=seed)
+    base, history = build_base_model(
+        world, chats, work, TinyModelConfig(), copy, seed=seed, progress=False, device=device
+    )
+    if history:
+        print(json.dumps({"copy_steps": copy_steps, "copy_accuracy": round(history[-1]["copy_accuracy"], 3)}))
+    return base
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="model directory (default: build the tiny model)")
+    parser.add_argument(
+        "--copy-steps",
+        type=int,
+        default=COPY_STEPS,
+        help="copy-pretraining steps of the tiny model built without --model (0: a random init that cannot copy)",
+    )
     parser.add_argument("--env", default=ENV_ID)
     parser.add_argument("--env-kwargs", type=json.loads, default=SMALL_ENV, help="JSON kwargs for gym.make")
-    parser.add_argument("--tasks", type=int, default=8, help="train on the first N tasks of the pool")
+    parser.add_argument("--tasks", type=int, default=16, help="train on the first N tasks of the pool")
     parser.add_argument(
         "--sft-steps",
         type=auto_or_int,
@@ -76,12 +102,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--temperature",
         type=float,
-        default=0.5,
-        help="GRPO's sampling temperature (at 1.0 a tiny warm-started model rarely samples a whole parseable call)",
+        default=1.0,
+        help="GRPO's sampling temperature (below 1 the warm-started tiny model's groups rarely differ)",
     )
-    parser.add_argument("--lr", type=float, default=1e-3, help="GRPO learning rate")
-    parser.add_argument("--steps", type=int, default=5, help="GRPO steps")
+    parser.add_argument(
+        "--lr", type=float, default=3e-4, help="GRPO learning rate (at 1e-3 the tiny model lost the tool format)"
+    )
+    parser.add_argument("--steps", type=int, default=40, help="GRPO steps")
     parser.add_argument("--num-generations", type=int, default=4, help="rollouts per question (GRPO's group)")
+    parser.add_argument(
+        "--questions-per-step",
+        type=int,
+        default=4,
+        help="questions (groups) per GRPO step: more steadies the logged reward, which swings with the questions drawn",
+    )
     parser.add_argument("--out", type=Path, default=None, help="where to save the trained model")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a tiny model is fastest on 1)")
     args = parser.parse_args(argv)
@@ -94,6 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         completion_lengths,
         demonstrations,
         environment_and_dataset,
+        groups_with_spread,
         play,
         quiet_groups_warning,
         tool_calling_tokenizer,
@@ -102,11 +137,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="searchgym-trl-"))
-    model = args.model
-    if model is None:
-        from searchgym.agents.tiny_model import build_tiny_model
-
-        model = str(build_tiny_model(work / "tiny", init_std=0.02, seed=args.seed))
     out = args.out or work / "grpo"
     cpu = {
         "use_cpu": not torch.cuda.is_available(),
@@ -122,8 +152,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     env_class, prompts = environment_and_dataset(args.env, limit=args.tasks + args.held_out, **args.env_kwargs)
     held_out = list(prompts["task_id"])[args.tasks :]
     prompts = prompts.select(range(min(args.tasks, len(prompts))))
-    tokenizer = tool_calling_tokenizer(model)
     demos = demonstrations(env_class, list(prompts["task_id"]))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = args.model or str(
+        tiny_base_model(env_class, demos, work, copy_steps=args.copy_steps, seed=args.seed, device=device)
+    )
+    tokenizer = tool_calling_tokenizer(model)
     lengths = completion_lengths(tokenizer, demos)
     budget = args.max_completion_length
     if budget == "auto":
@@ -170,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         trained.train()
         return {"accuracy": sum(r["reward"] or 0.0 for r in played) / max(len(played), 1), "tasks": played}
 
-    batch = args.num_generations * max(1, min(2, len(prompts)))
+    batch = args.num_generations * max(1, min(args.questions_per_step, len(prompts)))
     grpo = GRPOTrainer(
         model=model,
         train_dataset=prompts,
@@ -196,7 +230,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         {
             "step": log["step"],
             "reward": log["reward"],
-            "reward_std": log["reward_std"],
+            "reward_std": log["reward_std"],  # over the whole batch: nonzero even when no group has spread
+            "groups_with_spread": groups_with_spread(log),  # the share of groups GRPO learns from (advantage != 0)
             "tool_calls": log["tools/call_frequency"],
             "loss": log["loss"],
         }

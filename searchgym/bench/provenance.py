@@ -25,3 +25,10 @@ def git_commit() -> str | None:
 def machine(**extra: Any) -> dict[str, Any]:
     """Platform, Python and CPU count, plus what the benchmark adds (its torch threads, the load average...)."""
     return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(), **extra}
+
+
+def accelerator() -> str:
+    """The GPU torch trains on here (its name), or "cpu"."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.bench.bootstrap import hierarchical_bootstrap
-from searchgym.bench.provenance import git_commit, machine
+from searchgym.bench.provenance import accelerator, git_commit, machine
 from searchgym.envs.jsonl_log import JsonlLog
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_with_trl.py"
-TRL_ARGS = ["--tasks", "8", "--held-out", "12", "--steps", "8", "--num-generations", "4"]  # the default setting
+TRL_ARGS = ["--tasks", "16", "--held-out", "12", "--steps", "40"]  # the default setting
 
 
 def run_trl_bench(seeds: list[int], example_args: list[str], *, out: Path) -> dict[str, Any]:
@@ -43,7 +43,7 @@ def run_trl_bench(seeds: list[int], example_args: list[str], *, out: Path) -> di
     summary.update(
         command="searchgym bench trl --seeds " + ",".join(map(str, seeds)) + " -- " + " ".join(example_args),
         commit=git_commit(),
-        machine=machine(torch_threads=1),
+        machine=machine(torch_threads=1, device=accelerator()),
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
@@ -63,7 +63,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 "reward": [s["reward"] for s in at],
                 "mean_reward": sum(s["reward"] for s in at) / len(at),
                 "tool_calls_per_rollout": sum(s["tool_calls"] for s in at) / len(at),
-                "groups_with_spread": sum(s["reward_std"] > 0 for s in at),
+                "groups_with_spread": sum(s["groups_with_spread"] for s in at) / len(at),
             }
         )
 

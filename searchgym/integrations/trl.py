@@ -458,6 +458,15 @@ def completion_lengths(tokenizer: Any, demos: Any) -> list[int]:
     return lengths
 
 
+def groups_with_spread(log: dict[str, Any]) -> float:
+    """The share of a GRPO step's groups whose rewards differed (TRL's `1 - frac_reward_zero_std`): only those give
+    nonzero advantages. TRL's `reward_std` is over the whole batch, so it is nonzero when one question's group all
+    failed and another's all succeeded, though neither group teaches anything."""
+    if "frac_reward_zero_std" in log:
+        return 1.0 - float(log["frac_reward_zero_std"])
+    return 1.0 if log.get("reward_std", 0.0) > 0 else 0.0  # a log without the fraction: the batch's spread
+
+
 def quiet_groups_warning(logs: list[dict[str, Any]]) -> str | None:
     """A plain-words warning when GRPO had nothing to learn from (`logs`: TRL's log history): no tool call ran, or
     every group's rewards were equal (zero spread, so every advantage was 0); None when some step had both."""
@@ -465,7 +474,7 @@ def quiet_groups_warning(logs: list[dict[str, Any]]) -> str | None:
     if not steps:
         return None
     calls = sum(log.get("tools/call_frequency", 0.0) for log in steps)
-    spread = max(log.get("reward_std", 0.0) for log in steps)
+    spread = max(groups_with_spread(log) for log in steps)
     if calls > 0 and spread > 0:
         return None
     what = []
@@ -501,7 +510,7 @@ def play(
         calls = 0
         while not env.done:
             prompt = tokenizer.apply_chat_template(chat, tools=schemas, add_generation_prompt=True, tokenize=False)
-            ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+            ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(model.device)
             with torch.no_grad():
                 out = model.generate(
                     ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id

@@ -160,11 +160,12 @@ def build_base_model(
     *,
     seed: int,
     progress: bool = True,
+    device: str = "cpu",
 ) -> tuple[Path, list[dict[str, Any]]]:
     """A fresh tiny model (tokenizer trained on the world and `chats`) copy-pretrained into OUT/base-model."""
     fresh = build_tiny_model(out / "init-model", texts=tokenizer_texts(env, chats), seed=seed, **vars(model))
     base = out / "base-model"
-    return base, copy_pretrain(fresh, base, copy, progress=progress)
+    return base, copy_pretrain(fresh, base, copy, device=device, progress=progress)
 
 
 def run_rl(

@@ -15,7 +15,14 @@ ARGS = ["--tasks", "2", "--held-out", "2", "--steps", "4"]
 def fake_result(seed: int) -> dict:
     """What examples/train_with_trl.py returns, with a reward that rises over the steps for every seed."""
     steps = [
-        {"step": i + 1, "reward": 0.1 * i + 0.01 * seed, "reward_std": 0.2, "tool_calls": 1.0 + i, "loss": 0.0}
+        {
+            "step": i + 1,
+            "reward": 0.1 * i + 0.01 * seed,
+            "reward_std": 0.2,
+            "groups_with_spread": 0.5 * (i % 2),  # every other step, half the groups
+            "tool_calls": 1.0 + i,
+            "loss": 0.0,
+        }
         for i in range(4)
     ]
     before = {"accuracy": 0.0, "tasks": [{"task_id": t, "reward": 0.0, "tool_calls": 1} for t in ("a", "b")]}
@@ -54,7 +61,7 @@ def test_the_summary_holds_tools_reward_rise_and_the_paired_held_out_gain(tmp_pa
     summary = bench_trl.run_trl_bench([0, 1, 2], ARGS, out=tmp_path / "b.json")
     assert [s["tool_calls_per_rollout"] for s in summary["per_step"]] == [1.0, 2.0, 3.0, 4.0]
     assert summary["per_step"][0]["mean_reward"] == pytest.approx(0.01)
-    assert summary["per_step"][-1]["groups_with_spread"] == 3
+    assert [s["groups_with_spread"] for s in summary["per_step"]] == [0.0, 0.5, 0.0, 0.5]  # mean share over seeds
     rise = summary["reward_rise"]  # steps 3-4 against steps 1-2: +0.2 for every seed
     assert rise["gain"] == pytest.approx(0.2) and rise["ci95_low"] > 0 and rise["significant"]
     held = summary["held_out"]

@@ -286,7 +286,7 @@ def test_one_grpo_step_calls_the_tools_pays_the_judges_verdict_and_trains(
         for r, e in zip(rewards, envs, strict=True)
     )
     assert math.isclose(logs["rewards/SearchGymEnv/mean"], sum(rewards) / len(rewards), abs_tol=1e-6)
-    assert logs["reward_std"] > 0  # the judge told the rollouts apart, so there was something to learn
+    assert logs["frac_reward_zero_std"] < 1  # the judge told a group's rollouts apart: there was something to learn
     changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(before[n], p)]
     assert changed, "the GRPO step did not change the weights"
     assert os.environ["TRL_EXPERIMENTAL_SILENCE"] == "1"
@@ -312,7 +312,7 @@ def test_the_example_script_parses_tool_calls_and_has_reward_spread(
     assert "is below the longest demonstration" in capsys.readouterr().err  # 96 tokens cannot hold an oracle episode
     [step] = result["steps"]
     assert step["tool_calls"] > 0, "no tool call parsed"
-    assert step["reward_std"] > 0, "every group had the same reward: nothing to learn"
+    assert step["groups_with_spread"] > 0, "every group's rollouts had the same reward: nothing to learn"
     assert result["held_out_before"]["tasks"][0]["task_id"] == task_ids[2]  # not a training task
     assert (tmp_path / "out" / "model.safetensors").exists()
 
@@ -339,6 +339,11 @@ def test_the_completion_budget_defaults_to_the_longest_demonstration(env_class, 
         ([{"reward": 0.0, "reward_std": 0.0, "tools/call_frequency": 0.0}], ["no tool call ran", "same reward"]),
         ([{"reward": 1.0, "reward_std": 0.0, "tools/call_frequency": 2.0}], ["same reward"]),
         ([{"reward": 0.5, "reward_std": 0.3, "tools/call_frequency": 0.0}], ["no tool call ran"]),
+        # one question's group all right, the other's all wrong: the batch has spread, no group does
+        (
+            [{"reward": 0.5, "reward_std": 0.53, "frac_reward_zero_std": 1.0, "tools/call_frequency": 2.0}],
+            ["same reward"],
+        ),
     ],
 )
 def test_a_run_with_nothing_to_learn_says_so(logs, says):

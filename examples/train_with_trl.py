@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--lr", type=float, default=3e-4, help="GRPO learning rate (at 1e-3 the tiny model lost the tool format)"
     )
-    parser.add_argument("--steps", type=int, default=40, help="GRPO steps")
+    parser.add_argument("--steps", type=int, default=80, help="GRPO steps")
     parser.add_argument("--num-generations", type=int, default=4, help="rollouts per question (GRPO's group)")
     parser.add_argument(
         "--questions-per-step",

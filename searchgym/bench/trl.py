@@ -20,7 +20,7 @@ from searchgym.bench.provenance import accelerator, git_commit, machine
 from searchgym.envs.jsonl_log import JsonlLog
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_with_trl.py"
-TRL_ARGS = ["--tasks", "16", "--held-out", "12", "--steps", "40"]  # the default setting
+TRL_ARGS = ["--tasks", "16", "--held-out", "12", "--steps", "80"]  # the default setting
 
 
 def run_trl_bench(seeds: list[int], example_args: list[str], *, out: Path) -> dict[str, Any]:

@@ -150,6 +150,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
 
     env_class, prompts = environment_and_dataset(args.env, limit=args.tasks + args.held_out, **args.env_kwargs)
+    if len(prompts) < args.tasks + args.held_out:  # before any training: a short pool would drop the held-out tasks
+        parser.error(
+            f"--tasks {args.tasks} and --held-out {args.held_out} need {args.tasks + args.held_out} tasks, but the "
+            f"env's train pool has {len(prompts)} (raise n_tasks in --env-kwargs, or ask for fewer)"
+        )
     held_out = list(prompts["task_id"])[args.tasks :]
     prompts = prompts.select(range(min(args.tasks, len(prompts))))
     demos = demonstrations(env_class, list(prompts["task_id"]))

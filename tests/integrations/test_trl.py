@@ -317,6 +317,21 @@ def test_the_example_script_parses_tool_calls_and_has_reward_spread(
     assert (tmp_path / "out" / "model.safetensors").exists()
 
 
+def test_the_example_refuses_a_held_out_set_the_pool_cannot_hold_before_training(capsys):
+    """--tasks + --held-out beyond the env's train pool is an error naming the pool's size, not a run that trains
+    for minutes and then has no held-out tasks to judge."""
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "train_with_trl.py"
+    argv = ["--tasks", "1000", "--held-out", "5", "--env-kwargs", json.dumps(ENV_KWARGS)]
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_path(str(script))["main"](argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "need 1005 tasks" in err and "train pool has" in err
+
+
 def test_the_completion_budget_defaults_to_the_longest_demonstration(env_class, task_ids, tiny_model_dir):
     from searchgym.integrations.trl import completion_lengths
 

@@ -79,6 +79,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "sizing": {str(row["seed"]): row["sizing"] for row in rows},
         "per_step": per_step,
         "reward_rise": reward_rise(rows),
+        "tool_calls_rise": reward_rise(rows, key="tool_calls"),
         "held_out": {
             "before": sum(row["held_out_before"]["accuracy"] for row in rows) / len(rows),
             "after": sum(row["held_out_after"]["accuracy"] for row in rows) / len(rows),
@@ -88,16 +89,17 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def reward_rise(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """TRL's logged reward in the second half of the GRPO steps less the first half's mean, per seed, with a 95%
-    interval over seeds then late steps (None under 2 steps): above 0 when the training reward rose."""
+def reward_rise(rows: list[dict[str, Any]], key: str = "reward") -> dict[str, Any] | None:
+    """TRL's logged `key` (the reward, or tool calls per rollout) in the second half of the GRPO steps less the first
+    half's mean, per seed, with a 95% interval over seeds then late steps (None under 2 steps): above 0 when it
+    rose."""
     n_steps = min(len(row["steps"]) for row in rows)
     if n_steps < 2:
         return None
     half = n_steps // 2
     rises = {}
     for row in rows:
-        rewards = [float(s["reward"]) for s in row["steps"][:n_steps]]
+        rewards = [float(s[key]) for s in row["steps"][:n_steps]]
         early = sum(rewards[:half]) / half
         rises[row["seed"]] = [r - early for r in rewards[n_steps - half :]]
     return {"early_steps": half, "late_steps": half, **hierarchical_bootstrap(rises)}

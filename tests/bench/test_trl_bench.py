@@ -64,6 +64,8 @@ def test_the_summary_holds_tools_reward_rise_and_the_paired_held_out_gain(tmp_pa
     assert [s["groups_with_spread"] for s in summary["per_step"]] == [0.0, 0.5, 0.0, 0.5]  # mean share over seeds
     rise = summary["reward_rise"]  # steps 3-4 against steps 1-2: +0.2 for every seed
     assert rise["gain"] == pytest.approx(0.2) and rise["ci95_low"] > 0 and rise["significant"]
+    calls = summary["tool_calls_rise"]  # 3 and 4 calls against 1 and 2
+    assert calls["gain"] == pytest.approx(2.0) and calls["significant"]
     held = summary["held_out"]
     assert (held["before"], held["after"]) == (0.0, 0.5)
     assert held["gain"]["gain"] == pytest.approx(0.5)  # task a: 0 -> 1; task b: 0 -> no verdict (0)

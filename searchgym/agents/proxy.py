@@ -34,7 +34,8 @@ from searchgym.envs.tools.http_session import BadRequest, error_middleware, serv
 
 DEFAULT_MODEL_NAME = "policy"
 REWRITE = "history rewritten"  # a segment's end when the next prompt does not extend it
-TOKEN_ARRAYS = ("prompt_ids", "output_ids", "logprobs", "versions")  # a call's token record, not in its summary
+# a call's token record, not in its summary
+TOKEN_ARRAYS = ("prompt_base", "prompt_tail", "output_ids", "logprobs", "versions")
 
 
 @dataclass
@@ -42,7 +43,11 @@ class ProxyCall:
     """One chat request of an episode: what the engine was given and produced, and whether it may be trained on."""
 
     index: int
-    prompt_ids: list[int] = field(default_factory=list)
+    # the prompt is kept as the tokens after an earlier call's prompt + output when it starts with them (an agent's
+    # usual next turn), else whole: an episode's calls then hold its tokens about once, not once per turn
+    prompt_base: ProxyCall | None = field(default=None, repr=False)
+    prompt_tail: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -57,11 +62,23 @@ class ProxyCall:
     def trainable(self) -> bool:
         return not self.untrainable and bool(self.output_ids)
 
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The whole prompt the engine was given (rebuilt from the chain of earlier calls it extends)."""
+        chain = [self]
+        while chain[-1].prompt_base is not None:
+            chain.append(chain[-1].prompt_base)
+        ids: list[int] = []
+        for call in reversed(chain[1:]):
+            ids += call.prompt_tail
+            ids += call.output_ids
+        return ids + self.prompt_tail
+
     def summary(self) -> dict[str, Any]:
         """The call without its token arrays, for the trajectory's log (`Trajectory.proxy_calls`)."""
         # fields read one by one: asdict() would deep-copy the token arrays first (quadratic over a long episode)
         row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in TOKEN_ARRAYS}
-        return {**row, "prompt_tokens": len(self.prompt_ids), "output_tokens": len(self.output_ids)}
+        return {**row, "output_tokens": len(self.output_ids)}
 
 
 @dataclass
@@ -72,6 +89,19 @@ class EpisodeRecord:
     calls: list[ProxyCall] = field(default_factory=list)
     turn: int = 0  # set by the workflow as the env takes turns
     generating: int = 0  # engine requests of this episode in flight
+    last: ProxyCall | None = field(default=None, repr=False)  # the call answered last, and its prompt + output:
+    last_ids: list[int] = field(default_factory=list, repr=False)  # the one whole sequence an episode keeps
+
+    def keep_prompt(self, call: ProxyCall, prompt: list[int]) -> None:
+        """Record `call`'s prompt (its output already set) as a tail after the last answered call's sequence when
+        it starts with it, else whole."""
+        full = self.last_ids
+        if self.last is not None and len(prompt) >= len(full) and prompt[: len(full)] == full:
+            call.prompt_base, call.prompt_tail = self.last, list(prompt[len(full) :])
+        else:
+            call.prompt_base, call.prompt_tail = None, list(prompt)
+        call.prompt_tokens = len(prompt)
+        self.last, self.last_ids = call, [*prompt, *call.output_ids]
 
     def engine_rid(self, call: ProxyCall) -> str:
         """The rid the engine sees: the episode's own while it has one call generating (the engine keeps its prefix
@@ -151,7 +181,8 @@ class RecordingEngine:
             response = await self._generate(request, progress, self.reuse_prefix)
         finally:
             record.generating -= 1
-        call.prompt_ids, call.output_ids = list(request.input_ids), list(response.output_ids)
+        call.output_ids = list(response.output_ids)
+        record.keep_prompt(call, list(request.input_ids))
         call.logprobs, call.versions = list(response.logprobs), list(response.versions)
         call.finish_reason = response.finish_reason.type
         if response.finish_reason.type == "abort" and not call.untrainable:

@@ -260,7 +260,8 @@ def test_linking_keeps_every_trained_token_after_exactly_its_prompt():
         for extend, new, output, reason in steps:
             prompt = sequence + new if extend else [100 + len(log)] + new  # a fresh start never extends
             call = record.new_call()
-            call.prompt_ids, call.output_ids, call.untrainable = prompt, output, reason
+            call.output_ids, call.untrainable = output, reason
+            record.keep_prompt(call, prompt)
             call.logprobs, call.versions = [-0.5] * len(output), [len(log)] * len(output)
             log.append(
                 (GenerateRequest(prompt), GenerateResponse(output, call.logprobs, call.versions, FinishReason("stop")))

@@ -14,6 +14,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from searchgym.integrations.trl import (  # noqa: E402
     SearchGymEnv,
+    completion_lengths,
     demonstrations,
     environment_and_dataset,
     task_dataset,
@@ -330,6 +331,31 @@ def test_the_example_refuses_a_held_out_set_the_pool_cannot_hold_before_training
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert "need 1005 tasks" in err and "train pool has" in err
+
+
+def test_the_examples_own_base_model_reads_the_env_in_few_tokens_and_renders_tool_calls(
+    env_class, task_ids, tiny_model_dir, tmp_path, one_torch_thread
+):
+    """Without --model the example builds its base: a tokenizer trained on this env's pages and demonstrations (a
+    world's name is a token or two, not a spelling-out), copy pretraining on it, and a template TRL can parse."""
+    import runpy
+    from pathlib import Path
+
+    from transformers import AutoModelForCausalLM
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "train_with_trl.py"
+    tiny_base_model = runpy.run_path(str(script))["tiny_base_model"]
+    demos = demonstrations(env_class, task_ids[:2])
+    base = tiny_base_model(env_class, demos, tmp_path, copy_steps=3, seed=0, device="cpu")
+    tokenizer = tool_calling_tokenizer(str(base))
+    AutoModelForCausalLM.from_pretrained(base)  # loads
+    history = (base / "copy_pretrain_history.jsonl").read_text().splitlines()
+    assert len(history) == 3  # the copy-pretraining steps ran
+    calls = [m["tool_calls"][0]["function"] for m in demos[0]["completion"] if m.get("tool_calls")]
+    [answer] = [c["arguments"]["answer"] for c in calls if c["name"] == "answer"]
+    generic = tool_calling_tokenizer(str(tiny_model_dir))  # the test model's tokenizer, not trained on this world
+    assert len(tokenizer(answer)["input_ids"]) < len(generic(answer)["input_ids"])
+    assert len(completion_lengths(tokenizer, demos)) == len(demos)
 
 
 def test_the_completion_budget_defaults_to_the_longest_demonstration(env_class, task_ids, tiny_model_dir):

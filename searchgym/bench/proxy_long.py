@@ -61,9 +61,15 @@ async def search_every_turn(task: AgentTask, client: Any) -> str:
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
 
 
-async def play_long_episode(tokenizer: Any, turns: int, *, seed: int = 0) -> tuple[Trajectory, ScriptedEngine]:
-    """One episode of `turns` searches and an answer, through the proxy: the trajectory and the engine's record."""
-    engine = ScriptedEngine(tokenizer, searching_script(tokenizer, turns), max_context=CONTEXT)
+async def play_long_episode(
+    tokenizer: Any, turns: int, *, seed: int = 0, keep_prompts: bool = True
+) -> tuple[Trajectory, ScriptedEngine]:
+    """One episode of `turns` searches and an answer, through the proxy: the trajectory and the engine's record
+    (without the prompts' ids when `keep_prompts` is False: the memory measured is then the proxy's, not the test
+    engine's)."""
+    engine = ScriptedEngine(
+        tokenizer, searching_script(tokenizer, turns), max_context=CONTEXT, keep_prompts=keep_prompts
+    )
     settings = WorkflowSettings(SamplingParams(max_new_tokens=64, temperature=1.0), max_context=CONTEXT)
     env = make_unwrapped("searchgym/SyntheticQA-v0", **ENV_KWARGS, max_turns=turns + 1)
     try:
@@ -91,11 +97,11 @@ def run_proxy_long_bench(
         for r in range(repeats):
             gc.collect()
             t0 = time.perf_counter()
-            traj, engine = asyncio.run(play_long_episode(tokenizer, n, seed=r))
+            traj, engine = asyncio.run(play_long_episode(tokenizer, n, seed=r, keep_prompts=False))
             seconds.append(time.perf_counter() - t0)
         gc.collect()
         tracemalloc.start()
-        asyncio.run(play_long_episode(tokenizer, n))
+        asyncio.run(play_long_episode(tokenizer, n, keep_prompts=False))
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
         median = sorted(seconds)[len(seconds) // 2]

@@ -2,11 +2,13 @@
 exercise everything around the model (the recording proxy, agent programs, MCP) deterministically and fast.
 
 `script(request)` returns the text of the reply; its token ids are the tokenizer's encoding of it (plus eos), with
-log-prob 0 and the engine's weight version, and `calls` keeps every request and response: the engine's own record.
+log-prob 0 and the engine's weight version, and `calls` keeps every request and response: the engine's own record
+(with `keep_prompts=False` the requests' token ids are dropped, so a benchmark's memory is not the record's).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -16,8 +18,15 @@ from searchgym.agents.engines.types import FinishReason, GenerateRequest, Genera
 class ScriptedEngine:
     """An InferenceEngine whose replies are `script(request)`'s text, cut at the request's `max_new_tokens`."""
 
-    def __init__(self, tokenizer: Any, script: Callable[[GenerateRequest], str], max_context: int = 1 << 20) -> None:
-        self.tokenizer, self.script, self.max_context = tokenizer, script, max_context
+    def __init__(
+        self,
+        tokenizer: Any,
+        script: Callable[[GenerateRequest], str],
+        max_context: int = 1 << 20,
+        *,
+        keep_prompts: bool = True,
+    ) -> None:
+        self.tokenizer, self.script, self.max_context, self.keep_prompts = tokenizer, script, max_context, keep_prompts
         self.calls: list[tuple[GenerateRequest, GenerateResponse]] = []
         self._version = 0
 
@@ -34,7 +43,7 @@ class ScriptedEngine:
         response = GenerateResponse(
             ids, [0.0] * len(ids), [self._version] * len(ids), finish, len(request.input_ids), rid=request.rid
         )
-        self.calls.append((request, response))
+        self.calls.append((request if self.keep_prompts else dataclasses.replace(request, input_ids=[]), response))
         return response
 
     async def pause(self) -> None:

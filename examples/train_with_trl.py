@@ -135,9 +135,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    torch.set_num_threads(args.threads)
-    work = Path(tempfile.mkdtemp(prefix="searchgym-trl-"))
-    out = args.out or work / "grpo"
     cpu = {
         "use_cpu": not torch.cuda.is_available(),
         "bf16": False,
@@ -155,6 +152,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"--tasks {args.tasks} and --held-out {args.held_out} need {args.tasks + args.held_out} tasks, but the "
             f"env's train pool has {len(prompts)} (raise n_tasks in --env-kwargs, or ask for fewer)"
         )
+    torch.set_num_threads(args.threads)  # process-wide: set once the arguments are known to be good
+    work = Path(tempfile.mkdtemp(prefix="searchgym-trl-"))
+    out = args.out or work / "grpo"
     held_out = list(prompts["task_id"])[args.tasks :]
     prompts = prompts.select(range(min(args.tasks, len(prompts))))
     demos = demonstrations(env_class, list(prompts["task_id"]))

@@ -319,6 +319,9 @@ def test_the_example_script_parses_tool_calls_and_has_reward_spread(
 
 
 def test_the_example_refuses_a_held_out_set_the_pool_cannot_hold_before_training(capsys):
+    import torch
+
+    threads = torch.get_num_threads()
     """--tasks + --held-out beyond the env's train pool is an error naming the pool's size, not a run that trains
     for minutes and then has no held-out tasks to judge."""
     import runpy
@@ -329,6 +332,7 @@ def test_the_example_refuses_a_held_out_set_the_pool_cannot_hold_before_training
     with pytest.raises(SystemExit) as stop:
         runpy.run_path(str(script))["main"](argv)
     assert stop.value.code == 2
+    assert torch.get_num_threads() == threads  # refused before it set anything up (torch's threads are process-wide)
     err = capsys.readouterr().err
     assert "need 1005 tasks" in err and "train pool has" in err
 

@@ -215,7 +215,9 @@ def test_one_minibatch_takes_its_proximal_log_probs_from_its_own_forward_pass(ti
     expected = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     reference_step(expected, groups, minibatches=1, **settings)
     update = distance(expected, fresh_learner(tiny_model_dir).model)
-    assert distance(learner.model, expected) < 1e-4 * update
+    # micro-batches sum their gradients in another order than one whole pass, and that float noise depends on torch's
+    # thread count (1.3e-4 of the update on one thread, under 1e-4 on two); a wrong proximal policy is over 0.1
+    assert distance(learner.model, expected) < 5e-4 * update
     assert len(calls) == len(learner._micro_batches(learner._samples(groups)[0]))
     # two minibatches: the second one's proximal log-probs need a pass before the first update, the first's do not
     two = fresh_learner(tiny_model_dir, micro_batch_tokens=10**6, minibatches=2)

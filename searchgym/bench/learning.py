@@ -49,7 +49,7 @@ from searchgym.pipeline.stages import (
     say,
 )
 from searchgym.settings import load_settings, setting
-from searchgym.trainers.config import EnvConfig
+from searchgym.trainers.config import EnvConfig, TrainConfig
 from searchgym.trainers.warm_start.sft import sft
 
 POLICIES = ("warm", "async", "sync")
@@ -257,6 +257,13 @@ class SeedSetup:
     demos: int
     warm: Path
 
+    def train(self, rl: TrainConfig, out: Path, env_id: str, *, seed: int, progress: bool) -> list[dict[str, float]]:
+        """RL from the warm start on the seed's RL tasks into `out` (`run_rl`): every arm and mode of a seed."""
+        tasks = [t.id for t in self.rl_tasks]
+        return run_rl(
+            rl, self.warm, out, env_id=env_id, env_kwargs=self.env_kwargs, tasks=tasks, seed=seed, progress=progress
+        )
+
 
 def prepare_seed(
     config: LearningConfig, seed: int, base: Path, out: Path, lap: Any, *, progress: bool = True
@@ -332,16 +339,7 @@ def run_seed(
     for mode in ("async", "sync") if config.sync else ("async",):
         rl = copy.deepcopy(config.rl)
         rl.mode = mode
-        histories[mode] = run_rl(
-            rl,
-            setup.warm,
-            out / f"rl-{mode}",
-            env_id=config.env.id,
-            env_kwargs=setup.env_kwargs,
-            tasks=[t.id for t in setup.rl_tasks],
-            seed=seed,
-            progress=progress,
-        )
+        histories[mode] = setup.train(rl, out / f"rl-{mode}", config.env.id, seed=seed, progress=progress)
         lap(f"rl {mode}")
 
     models = {

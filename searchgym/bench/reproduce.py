@@ -41,7 +41,7 @@ from searchgym.bench.learning import (
 )
 from searchgym.bench.provenance import git_commit, machine
 from searchgym.envs.jsonl_log import JsonlLog
-from searchgym.pipeline.stages import deterministic_torch, run_rl, say
+from searchgym.pipeline.stages import deterministic_torch, say
 from searchgym.settings import load_settings
 
 WARM = "warm"
@@ -236,16 +236,7 @@ def run_seed_arms(
             model, history = setup.warm, None
         else:
             rl = configs[arm].rl
-            history = run_rl(
-                rl,
-                setup.warm,
-                out / f"rl-{arm}",
-                env_id=config.env.id,
-                env_kwargs=setup.env_kwargs,
-                tasks=[t.id for t in setup.rl_tasks],
-                seed=seed,
-                progress=progress,
-            )
+            history = setup.train(rl, out / f"rl-{arm}", config.env.id, seed=seed, progress=progress)
             model = out / f"rl-{arm}" / "checkpoints" / f"step-{rl.steps:05d}"
             lap(f"rl {arm}")
         samples = held_out_samples(config, model, out / f"eval-{arm}", seed, progress=progress)

@@ -61,7 +61,7 @@ def tiny_base_model(env_class: Any, demos: Any, work: Path, *, copy_steps: int, 
     from searchgym.pipeline.stages import TinyModelConfig, build_base_model
     from searchgym.trainers.warm_start.copy_pretrain import CopyPretrainConfig
 
-    world = env_class()._env.unwrapped  # the SearchEnv: its page backend lists the pages
+    world = env_class().search_env  # its page backend lists the world's pages
     chats = [[{"content": json.dumps(message)} for message in row["prompt"] + row["completion"]] for row in demos]
     copy = CopyPretrainConfig(steps=copy_steps, seed=seed)
     base, history = build_base_model(

@@ -78,8 +78,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "seeds": [row["seed"] for row in rows],
         "sizing": {str(row["seed"]): row["sizing"] for row in rows},
         "per_step": per_step,
-        "reward_rise": reward_rise(rows),
-        "tool_calls_rise": reward_rise(rows, key="tool_calls"),
+        "reward_rise": rise(rows, "reward"),
+        "tool_calls_rise": rise(rows, "tool_calls"),
         "held_out": {
             "before": sum(row["held_out_before"]["accuracy"] for row in rows) / len(rows),
             "after": sum(row["held_out_after"]["accuracy"] for row in rows) / len(rows),
@@ -89,7 +89,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def reward_rise(rows: list[dict[str, Any]], key: str = "reward") -> dict[str, Any] | None:
+def rise(rows: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
     """TRL's logged `key` (the reward, or tool calls per rollout) in the second half of the GRPO steps less the first
     half's mean, per seed, with a 95% interval over seeds then late steps (None under 2 steps): above 0 when it
     rose."""
@@ -99,7 +99,7 @@ def reward_rise(rows: list[dict[str, Any]], key: str = "reward") -> dict[str, An
     half = n_steps // 2
     rises = {}
     for row in rows:
-        rewards = [float(s[key]) for s in row["steps"][:n_steps]]
-        early = sum(rewards[:half]) / half
-        rises[row["seed"]] = [r - early for r in rewards[n_steps - half :]]
+        values = [float(s[key]) for s in row["steps"][:n_steps]]
+        early = sum(values[:half]) / half
+        rises[row["seed"]] = [v - early for v in values[n_steps - half :]]
     return {"early_steps": half, "late_steps": half, **hierarchical_bootstrap(rises)}

@@ -149,6 +149,11 @@ class SearchGymEnv:
         return reward
 
     @property
+    def search_env(self) -> Any:
+        """The in-process `SearchEnv` under the tools: its world (page backend) and current task."""
+        return self._env.unwrapped
+
+    @property
     def transcript(self) -> dict[str, Any]:
         """This rollout so far: its task, each tool call with its argument and observation, whether it ended."""
         return {
@@ -240,6 +245,10 @@ class ServedSearchGymEnv(SearchGymEnv):
         self._client.connect()
         weakref.finalize(self, self._client.close)
         self.task_id, self.steps, self.done = None, [], True
+
+    @property
+    def search_env(self) -> Any:
+        raise TypeError("a served env's SearchEnv lives in its server; use SearchGymEnv.configured(...) for its world")
 
     def reset(self, **row: Any) -> str:
         """Start the episode on the row's task (`task_id`, else `index`, else a draw seeded by `seed`)."""
@@ -366,7 +375,7 @@ def demonstrations(env_class: type[SearchGymEnv], task_ids: list[str], *, final_
     rows: list[dict[str, Any]] = []
     for task_id in task_ids:
         first = env.reset(task_id=task_id)
-        search_env: Any = env._env.unwrapped  # a SearchEnv
+        search_env = env.search_env
         script = oracle.script(search_env.task, search_env.max_page_chunks)
         completion: list[dict[str, Any]] = []
         try:

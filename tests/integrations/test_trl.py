@@ -420,6 +420,9 @@ def test_the_served_env_is_the_same_environment_for_trl(
         remote.search("more")
     with pytest.raises(ValueError, match="no task with id"):
         remote.reset(task_id="no-such-task")
+    assert local.search_env.task.id == task_ids[0]
+    with pytest.raises(TypeError, match="lives in its server"):
+        remote.search_env  # noqa: B018 - the property raises
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     args = GRPOConfig(

@@ -186,6 +186,11 @@ def _seed_list(text: str) -> list[int]:
 def _bench_reproduce(args: argparse.Namespace) -> None:
     from searchgym.bench.reproduce import load_reproduce_config, run_reproduce
 
+    if args.readme:  # README's table of the papers' claims is this output
+        from searchgym.bench.reproduce import committed_reports, readme_table
+
+        print(readme_table(committed_reports()), end="")
+        return
     seeds = _seed_list(args.seeds)
     if args.markdown:  # docs/reproductions.md's table and verdict are this output
         from searchgym.bench.reproduce import markdown_table, verdict
@@ -1027,10 +1032,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. rl.steps=20 out_dir=runs/bench_learning")
     p.set_defaults(run=_bench_learning)
     p = bench.add_parser("reproduce", help="a paper's claim as arms trained from one warm start per seed (issue 29)")
-    p.add_argument("claim", help="long_horizon, staleness or shaping")
+    p.add_argument("claim", nargs="?", default="", help="long_horizon, staleness or shaping")
     p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds; finished (seed, arm) pairs are reused")
     p.add_argument("--out", type=Path, default=None, help="default results/reproduce_CLAIM.json")
     p.add_argument("--markdown", action="store_true", help="only print docs/reproductions.md's table of --out")
+    p.add_argument("--readme", action="store_true", help="only print README's table of every claim's results file")
     p.add_argument("--arms", default="", help="comma-separated subset of the claim's arms (default: all)")
     p.add_argument("overrides", nargs="*", help="config overrides, right after CLAIM: e.g. rl.steps=20 out_dir=runs/r")
     p.set_defaults(run=_bench_reproduce)

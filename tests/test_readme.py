@@ -170,7 +170,7 @@ def numbers_in(data) -> list[float]:
     if isinstance(data, bool):
         return out
     if isinstance(data, (int, float)):
-        return [float(data)]
+        return [float(data), abs(float(data))]  # a page may show the sign outside the link: -[0.012](file)
     if isinstance(data, str):
         return [float(n.replace(",", "")) for n in NUMBER.findall(data)]
     if isinstance(data, dict):

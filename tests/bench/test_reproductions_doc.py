@@ -1,6 +1,7 @@
 """docs/reproductions.md is the committed results rendered: its tables and verdicts change only with the files."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -8,10 +9,15 @@ import pytest
 from searchgym.bench.reliability import generated_block
 from searchgym.bench.reproduce import (
     CLAIMS,
+    README_CLAIMS,
+    README_MARK,
     THROUGHPUT_FILE,
     THROUGHPUT_MARK,
+    committed_reports,
     docs_mark,
     markdown_table,
+    readme_row,
+    readme_table,
     throughput_table,
     update_doc,
     verdict,
@@ -41,6 +47,34 @@ def test_the_throughput_table_is_bench_trainers_results_rendered():
     trainer = json.loads((ROOT / THROUGHPUT_FILE).read_text())
     assert set(trainer["sweep_by_proximal"]) == {"recompute", "behaviour"}  # both objectives, as the claim asks
     assert generated_block(DOC.read_text(), THROUGHPUT_MARK) == throughput_table(trainer)
+
+
+def test_readmes_table_of_the_claims_is_the_results_files_rendered():
+    readme = (ROOT / "README.md").read_text()
+    assert generated_block(readme, README_MARK) == readme_table(committed_reports(ROOT / "results"))
+    assert set(README_CLAIMS) == set(CLAIMS)  # a row per claim
+
+
+def test_readme_rows_link_every_number_with_its_sign_outside():
+    gain = {"gain": -0.0123, "ci95_low": -0.05, "ci95_high": 0.0251}
+    calls = {"tool_calls": 1.5, "avg@2/reward": 0.2, "vs_baseline": gain}
+    pooled = {
+        "warm": {"tool_calls": 1.0, "avg@2/reward": 0.2},
+        "success-only": dict(calls),
+        "raw": calls,
+        "clip": calls,
+        "delta": calls,
+    }
+    row = readme_table({"shaping": report("shaping", pooled, seeds=3)}).splitlines()[-1]
+    file = "(results/reproduce_shaping.json)"
+    assert f"raw minus success-only -[0.050]{file} to +[0.025]{file}" in row
+    assert f"raw [1.50]{file}" in row and f"[3]{file} seeds" in row and "preliminary" in row
+    bare = re.sub(r"\[[^\]]*\]\([^)]*\)", "", row)
+    assert not re.search(r"\d", bare), bare  # every number is a link's text
+    floor = report(
+        "staleness", {"warm": {"avg@2/reward": 0.0}, "eta4-decoupled": {"avg@2/reward": 0.0, "vs_baseline": gain}}
+    )
+    assert "inconclusive (every arm at the floor)" in readme_row("staleness", floor)
 
 
 def report(claim, pooled, seeds=5):

@@ -465,6 +465,8 @@ def verdict(report: dict[str, Any]) -> str:
         need: tuple[str, ...] = ("eta4-decoupled", "eta4-plain")
         if not all(a in pooled for a in need):
             return "not yet run"
+        if _below(pooled[report["baseline"]].get("vs_warm")):  # matching a sync run that diverged shows nothing
+            return "inconclusive: the synchronous baseline itself falls below its warm start (RL diverged)"
         matches = not _below(pooled["eta4-decoupled"]["vs_baseline"])  # decoupled at eta 4 not below sync
         collapses = _below(pooled["eta4-plain"]["vs_baseline"])  # plain PPO at eta 4 below sync
         word = (

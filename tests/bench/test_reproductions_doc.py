@@ -104,6 +104,8 @@ def test_the_verdicts_follow_their_rules():
     assert verdict(stale) == "reproduced"
     stale["pooled"]["eta4-plain"] = arm(1, -0.05)
     assert verdict(stale).startswith("partly reproduced")
+    stale["pooled"]["eta0-decoupled"] = {**base, "vs_warm": arm(1, -0.09, -0.01)["vs_baseline"]}  # sync diverged
+    assert verdict(stale) == "inconclusive: the synchronous baseline itself falls below its warm start (RL diverged)"
     assert verdict(report("shaping", {"success-only": base})) == "not yet run"
     floor = report(
         "staleness", {"eta0-decoupled": base, "eta4-decoupled": arm(1, 0.0, 0.0), "eta4-plain": arm(1, 0.0, 0.0)}

@@ -224,7 +224,7 @@ def test_the_bootstrap_refuses_empty_or_non_finite_data():
 
 def test_the_deep_preset_demonstrates_shallow_questions_and_trains_rl_on_deep_ones(small_bundle, tmp_path):
     """Issue 29 claim 1's setting: its first stages (world, split, oracle demonstrations) run, the warm start sees
-    only 1- and 2-hop questions, RL and evaluation reach 3- and 4-hop ones, with a 16-turn budget and exact match."""
+    only 1- and 2-hop questions, RL and evaluation reach 3-hop ones, with a 16-turn budget and exact match."""
     from searchgym.bench.learning import _demo_tasks
     from searchgym.pipeline.stages import make_demos, make_env
 
@@ -235,10 +235,10 @@ def test_the_deep_preset_demonstrates_shallow_questions_and_trains_rl_on_deep_on
     hops = sorted(set(config.hops.demos) | set(config.hops.rl))
     env = make_env(config.env.id, {**config.env.kwargs, "seed": 0, "hops": hops}, "train")
     demos, rl = _demo_tasks(env, config)
-    assert {t.metadata["hops"] for t in demos} == {1, 2} and {t.metadata["hops"] for t in rl} == {2, 3, 4}
+    assert {t.metadata["hops"] for t in demos} == {1, 2} and {t.metadata["hops"] for t in rl} == {2, 3}
     assert len(demos) <= config.max_demos and not {t.id for t in demos} & {t.id for t in rl}
     assert env.unwrapped.max_turns == 16 and env.unwrapped.judge.name == "em"
     chats = make_demos(env, demos[:8], tmp_path / "demos.jsonl")
     assert len(chats) == 8  # the oracle solves the shallow questions it demonstrates
     test = make_env(config.env.id, {**config.env.kwargs, "seed": 0, "hops": config.hops.eval, "split": "test"}, "test")
-    assert test.tasks and {t.metadata["hops"] for t in test.tasks} == {2, 3, 4}
+    assert test.tasks and {t.metadata["hops"] for t in test.tasks} == {2, 3}

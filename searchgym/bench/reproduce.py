@@ -304,6 +304,7 @@ def pooled_arms(
         entry: dict[str, Any] = {"seeds": [r["seed"] for r in mine]}
         entry.update({name: sum(v) / len(v) for name, v in figures.items()})
         entry["tool_calls"] = entry["searches"] + entry["accesses"]
+        entry["by_hops"] = pooled_by_hops(mine, k)
         if arm != spec.baseline:
             entry["vs_baseline"] = diff(arm, spec.baseline)
         if arm != WARM:
@@ -328,6 +329,17 @@ def pooled_arms(
         "rows": [{k_: v for k_, v in r.items() if k_ != "per_question"} for r in rows],
         "pooled": pooled,
     }
+
+
+def pooled_by_hops(rows: list[dict[str, Any]], k: int) -> dict[str, dict[str, float]]:
+    """Per hop count every row evaluated, the mean over seeds of held-out reward, accuracy and tool calls."""
+    hops = set.intersection(*(set(r["policy"]) - {"all"} for r in rows)) if rows else set()
+    out = {}
+    for hop in sorted(hops, key=int):
+        figures = [r["policy"][hop] for r in rows]
+        mean = {m: sum(f[m] for f in figures) / len(figures) for m in (f"avg@{k}/reward", "searches", "accesses")}
+        out[hop] = {f"avg@{k}/reward": mean[f"avg@{k}/reward"], "tool_calls": mean["searches"] + mean["accesses"]}
+    return out
 
 
 def mean_curve(curves: list[list[dict[str, float]]]) -> list[dict[str, float]]:
@@ -448,7 +460,19 @@ def markdown_table(report: dict[str, Any]) -> str:
             _late_calls(p),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    if report["claim"] == "long_horizon":  # the claim is about the deep questions: each hop count on its own
+        for arm, p in report["pooled"].items():
+            for hop, h in p.get("by_hops", {}).items():
+                cells = [f"{arm}, {hop}-hop", str(len(p["seeds"])), f"{h[f'avg@{k}/reward']:.3f}", "-"]
+                cells += [f"{h['tool_calls']:.2f}", "-", "-", "-"]
+                lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _rises(p: dict[str, Any], last: int = 5) -> bool:
+    """Tool calls per episode in training: the mean of the last `last` steps above that of the first `last`."""
+    points = [c["episode/tool_calls"] for c in p["curve"] if "episode/tool_calls" in c]
+    return len(points) >= 2 * last and sum(points[-last:]) > sum(points[:last])
 
 
 def _below(d: dict[str, Any] | None) -> bool:
@@ -497,10 +521,27 @@ def verdict(report: dict[str, Any]) -> str:
             else "not reproduced"
         )
     else:
-        rl = pooled.get("rl")
-        if rl is None:
+        rl, warm = pooled.get("rl"), pooled.get(WARM)
+        if rl is None or warm is None:
             return "not yet run"
-        word = "reproduced" if rl["vs_warm"]["ci95_low"] > 0 else "not reproduced"
+        hops = sorted(rl.get("by_hops", {}), key=int)
+        deep = f"avg@{k}/reward"
+        parts = {  # ASearcher's claim: accuracy on deep questions rises and the agent searches longer
+            "held-out accuracy rises": rl["vs_warm"]["ci95_low"] > 0,
+            "held-out tool calls rise": rl["tool_calls"] > warm["tool_calls"],
+            "training tool calls rise": _rises(rl),
+            "the deepest questions are solved more": bool(hops)
+            and rl["by_hops"][hops[-1]][deep] > warm["by_hops"][hops[-1]][deep],
+        }
+        held = [what for what, ok in parts.items() if ok]
+        failed = [what for what, ok in parts.items() if not ok]
+        word = (
+            "reproduced"
+            if not failed
+            else f"partly reproduced ({', '.join(held)}; not: {', '.join(failed)})"
+            if parts["held-out accuracy rises"]
+            else "not reproduced"
+        )
     n = len(report["seeds"])
     return word if n >= FULL_SEEDS else f"preliminary ({n} of {FULL_SEEDS} seeds): {word} so far"
 

@@ -107,6 +107,19 @@ def test_the_verdicts_follow_their_rules():
     stale["pooled"]["eta0-decoupled"] = {**base, "vs_warm": arm(1, -0.09, -0.01)["vs_baseline"]}  # sync diverged
     assert verdict(stale) == "inconclusive: the synchronous baseline itself falls below its warm start (RL diverged)"
     assert verdict(report("shaping", {"success-only": base})) == "not yet run"
+    hops = {"2": {"avg@2/reward": 0.05, "tool_calls": 1.5}, "3": {"avg@2/reward": 0.0, "tool_calls": 1.5}}
+    rising = [{"step": i, "episode/tool_calls": 1.0 + i / 10} for i in range(12)]
+    warm = {**base, "tool_calls": 1.4, "by_hops": hops}
+    rl = {**arm(1.6, 0.01), "curve": rising, "by_hops": {**hops, "2": {"avg@2/reward": 0.08, "tool_calls": 1.7}}}
+    deep = report("long_horizon", {"warm": warm, "rl": rl})
+    assert verdict(deep) == (
+        "partly reproduced (held-out accuracy rises, held-out tool calls rise, training tool calls rise; "
+        "not: the deepest questions are solved more)"
+    )
+    rl["by_hops"]["3"] = {"avg@2/reward": 0.01, "tool_calls": 2.0}
+    assert verdict(deep) == "reproduced"
+    rl["vs_warm"] = arm(1.6, -0.01)["vs_warm"]
+    assert verdict(deep) == "not reproduced"  # searching longer without answering better is not the claim
     floor = report(
         "staleness", {"eta0-decoupled": base, "eta4-decoupled": arm(1, 0.0, 0.0), "eta4-plain": arm(1, 0.0, 0.0)}
     )

@@ -588,7 +588,8 @@ def readme_row(claim: str, report: dict[str, Any] | None) -> str:
         raw = _readme_gain(p["raw"]["vs_baseline"], file)
         figures = f"tool calls per episode {calls}; held-out reward, raw minus success-only {raw}"
     else:
-        figures = f"held-out reward, RL minus warm start {_readme_gain(p['rl']['vs_warm'], file)}"
+        calls = " to ".join(_figure(p[arm]["tool_calls"], file, 2, signed=False) for arm in (WARM, "rl"))
+        figures = f"held-out reward, RL minus warm start {_readme_gain(p['rl']['vs_warm'], file)}; tool calls {calls}"
     return f"| {first} | {short_verdict(verdict(report))}, [{n}]({file}) seeds; {figures} |"
 
 
@@ -601,7 +602,7 @@ def short_verdict(said: str) -> str:
 
 def readme_table(reports: Mapping[str, dict[str, Any] | None]) -> str:
     """README's table of the papers' claims, one row per claim in README_CLAIMS order (None: no results file)."""
-    lines = ["| the paper's claim | ours (differences as paired bootstrap intervals) |", "|---|---|"]
+    lines = ["| the paper's claim | ours (paired bootstrap intervals) |", "|---|---|"]
     lines += [readme_row(claim, reports.get(claim)) for claim in README_CLAIMS]
     return "\n".join(lines) + "\n"
 

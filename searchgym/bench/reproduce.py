@@ -540,6 +540,8 @@ def verdict(report: dict[str, Any]) -> str:
             if not failed
             else f"partly reproduced ({', '.join(held)}; not: {', '.join(failed)})"
             if parts["held-out accuracy rises"]
+            else f"not reproduced (held-out accuracy does not rise; held: {', '.join(held)})"
+            if held
             else "not reproduced"
         )
     n = len(report["seeds"])
@@ -582,11 +584,11 @@ def readme_row(claim: str, report: dict[str, Any] | None) -> str:
             for name, arm in (("decoupled", "eta4-decoupled"), ("plain", "eta4-plain"))
             if arm in p
         )
-        figures = f"held-out reward at AReaL's η minus sync, {gains}"
+        figures = f"held-out reward at AReaL's η minus sync: {gains}"
     elif claim == "shaping":
         calls = ", ".join(f"{arm} {_figure(p[arm]['tool_calls'], file, 2, signed=False)}" for arm in p if arm != WARM)
         raw = _readme_gain(p["raw"]["vs_baseline"], file)
-        figures = f"tool calls per episode {calls}; held-out reward, raw minus success-only {raw}"
+        figures = f"tool calls {calls}; held-out reward, raw minus success-only {raw}"
     else:
         calls = " to ".join(_figure(p[arm]["tool_calls"], file, 2, signed=False) for arm in (WARM, "rl"))
         figures = f"held-out reward, RL minus warm start {_readme_gain(p['rl']['vs_warm'], file)}; tool calls {calls}"

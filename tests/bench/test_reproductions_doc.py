@@ -119,7 +119,10 @@ def test_the_verdicts_follow_their_rules():
     rl["by_hops"]["3"] = {"avg@2/reward": 0.01, "tool_calls": 2.0}
     assert verdict(deep) == "reproduced"
     rl["vs_warm"] = arm(1.6, -0.01)["vs_warm"]
-    assert verdict(deep) == "not reproduced"  # searching longer without answering better is not the claim
+    assert verdict(deep) == (  # searching longer without answering better is not the claim
+        "not reproduced (held-out accuracy does not rise; held: held-out tool calls rise, training tool calls rise, "
+        "the deepest questions are solved more)"
+    )
     floor = report(
         "staleness", {"eta0-decoupled": base, "eta4-decoupled": arm(1, 0.0, 0.0), "eta4-plain": arm(1, 0.0, 0.0)}
     )

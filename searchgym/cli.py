@@ -1026,7 +1026,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--preset",
         default="headroom",
-        help="headroom (demos on 1-hop and a tenth of the rest, RL on 1- and 2-hop) or quickstart",
+        help="headroom (demos on 1-hop and a tenth of the rest, RL on 1- and 2-hop), quickstart, or deep "
+        "(issue 29 claim 1: demos on 1-2 hops, RL on 2-3 hops with 16 turns and exact match)",
     )
     p.add_argument("--out", type=Path, default=Path("results/bench_learning.json"))
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. rl.steps=20 out_dir=runs/bench_learning")

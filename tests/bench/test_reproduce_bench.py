@@ -50,6 +50,13 @@ def test_the_report_pools_every_arm_against_the_baseline_with_curves(bench):
     by = {(r["seed"], r["arm"]): r["per_question"] for r in rows}
     deltas = [by[s, "eta0-plain"][t] - by[s, "eta0-decoupled"][t] for s in SEEDS for t in by[s, "eta0-decoupled"]]
     assert plain["vs_baseline"]["gain"] == pytest.approx(sum(deltas) / len(deltas))
+    # per hop count, the mean over seeds of each row's own per-hop figures
+    for arm, pooled in report["pooled"].items():
+        mine = [r for r in rows if r["arm"] == arm]
+        assert set(pooled["by_hops"]) == set(mine[0]["policy"]) - {"all"} != set()
+        for hop, figures in pooled["by_hops"].items():
+            want = sum(r["policy"][hop]["avg@2/reward"] for r in mine) / len(mine)
+            assert figures["avg@2/reward"] == pytest.approx(want)
 
 
 def test_a_rerun_skips_finished_seed_arms_and_runs_only_new_ones(bench, tmp_path):

@@ -251,6 +251,7 @@ def run_seed_arms(
             "demos": setup.demos,
             "rl_tasks": len(setup.rl_tasks),
             "timings": dict(timings),
+            "commit": git_commit(),  # the code this row ran at (the report's commit is the code that pooled it)
         }
 
 
@@ -318,6 +319,7 @@ def pooled_arms(
         "setting": spec.setting,
         "command": command,
         "commit": git_commit(),
+        "row_commits": sorted({r.get("commit") or "not recorded" for r in rows}),
         "machine": machine(torch_threads=config.torch_threads),
         "k": k,
         "baseline": spec.baseline,

@@ -35,6 +35,7 @@ def test_the_report_pools_every_arm_against_the_baseline_with_curves(bench):
     assert json.loads((root / "r.json").read_text()) == report and (root / "r.png").stat().st_size > 0
     assert list(report["pooled"]) == [WARM, *ARMS] and report["seeds"] == SEEDS
     assert report["baseline"] == "eta0-decoupled" and report["commit"] and report["machine"]["cpus"]
+    assert report["row_commits"] == [report["commit"]] and all(r["commit"] for r in report["rows"])
     assert {(r["seed"], r["arm"]) for r in report["rows"]} == {(s, a) for s in SEEDS for a in [WARM, *ARMS]}
     plain = report["pooled"]["eta0-plain"]
     assert plain["vs_baseline"]["seeds"] == 2 and plain["vs_warm"]["seeds"] == 2

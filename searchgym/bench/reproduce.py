@@ -428,11 +428,12 @@ def _interval(d: dict[str, Any] | None) -> str:
 
 
 def _late_calls(p: dict[str, Any], last: int = 5) -> str:
+    """Training tool calls per episode, the mean of the first `last` steps -> that of the last (as `_rises` reads)."""
     points = [c["episode/tool_calls"] for c in p["curve"] if "episode/tool_calls" in c]
     if not points:
         return "-"
-    first, late = points[0], points[-last:]
-    return f"{first:.2f} -> {sum(late) / len(late):.2f}"
+    early, late = points[:last], points[-last:]
+    return f"{sum(early) / len(early):.2f} -> {sum(late) / len(late):.2f}"
 
 
 def markdown_table(report: dict[str, Any]) -> str:
@@ -447,7 +448,7 @@ def markdown_table(report: dict[str, Any]) -> str:
         "tool calls / episode",
         f"minus {report['baseline']} (95%)",
         "minus warm start (95%)",
-        "training calls / episode (first -> last 5 steps)",
+        "training calls / episode (first 5 -> last 5 steps)",
     )
     lines = ["| " + " | ".join(headers) + " |", "|---" + "|---:" * (len(headers) - 1) + "|"]
     for arm, p in report["pooled"].items():

@@ -126,7 +126,7 @@ CLAIMS: dict[str, Claim] = {
         preset=PRESETS["deep"],  # its design trials: docs/reproductions.md, claim 1
         arms={"rl": []},
         baseline=WARM,
-        setting="bench learning's `deep` preset: demonstrations on 1-2 hops, async RL on 2-4 hops with 16 turns and "
+        setting="bench learning's `deep` preset: demonstrations on 1-2 hops, async RL on 2-3 hops with 16 turns and "
         "an EM reward, against its warm start",
     ),
 }
@@ -533,8 +533,8 @@ def verdict(report: dict[str, Any]) -> str:
             "held-out accuracy rises": rl["vs_warm"]["ci95_low"] > 0,
             "held-out tool calls rise": rl["tool_calls"] > warm["tool_calls"],
             "training tool calls rise": _rises(rl),
-            "the deepest questions are solved more": bool(hops)
-            and rl["by_hops"][hops[-1]][deep] > warm["by_hops"][hops[-1]][deep],
+            "the deepest questions are solved more": bool(hops)  # by at least FLOOR: one sample in 44 is not
+            and rl["by_hops"][hops[-1]][deep] >= warm["by_hops"][hops[-1]][deep] + FLOOR,
         }
         held = [what for what, ok in parts.items() if ok]
         failed = [what for what, ok in parts.items() if not ok]
@@ -558,8 +558,6 @@ README_CLAIMS = {
     "staleness": "AReaL: decoupled PPO on stale data matches sync, plain PPO collapses",
     "shaping": "raw process rewards are hacked, Clip and Delta are not",
 }
-# claim 1 ran as bench learning's design trials (one seed each), not as a pooled results file
-LONG_HORIZON_TRIALS = "not reproduced in four designs (one seed each): searches fall, held-out EM stays at zero"
 
 
 def _figure(value: float, file: str, decimals: int = 3, signed: bool = True) -> str:
@@ -568,41 +566,48 @@ def _figure(value: float, file: str, decimals: int = 3, signed: bool = True) -> 
     return f"{sign}[{abs(value):.{decimals}f}]({file})"
 
 
-def _readme_gain(d: dict[str, Any], file: str) -> str:
+def _readme_gain(d: dict[str, Any] | None, file: str) -> str:
     """A paired difference as its 95% interval (the verdicts read the interval; its middle adds little)."""
+    if d is None:
+        return "no paired seeds"
     return f"{_figure(d['ci95_low'], file)} to {_figure(d['ci95_high'], file)}"
 
 
 def readme_row(claim: str, report: dict[str, Any] | None) -> str:
     """README's row for one claim: the paper's claim, the verdict and the figures behind it, each linked to the file."""
     first = README_CLAIMS[claim]
-    if report is None:
-        text = LONG_HORIZON_TRIALS if claim == "long_horizon" else "not yet run"
-        return f"| {first} | {text} |"
+    said = verdict(report) if report is not None else "not yet run"
+    if report is None or said == "not yet run":
+        return f"| {first} | not yet run |"
     file = f"results/reproduce_{claim}.json"
     p, n = report["pooled"], len(report["seeds"])
     if claim == "staleness":
         gains = ", ".join(
-            f"{name} {_readme_gain(p[arm]['vs_baseline'], file)}"
+            f"{name} {_readme_gain(p[arm].get('vs_baseline'), file)}"
             for name, arm in (("decoupled", "eta4-decoupled"), ("plain", "eta4-plain"))
             if arm in p
         )
-        figures = f"held-out reward at AReaL's η minus sync: {gains}"
+        figures = f"held-out reward at η four minus sync: {gains}"
     elif claim == "shaping":
         calls = ", ".join(f"{arm} {_figure(p[arm]['tool_calls'], file, 2, signed=False)}" for arm in p if arm != WARM)
-        raw = _readme_gain(p["raw"]["vs_baseline"], file)
+        raw = _readme_gain(p["raw"].get("vs_baseline"), file)
         figures = f"tool calls {calls}; held-out reward, raw minus success-only {raw}"
     else:
-        calls = " to ".join(_figure(p[arm]["tool_calls"], file, 2, signed=False) for arm in (WARM, "rl"))
-        figures = f"held-out reward, RL minus warm start {_readme_gain(p['rl']['vs_warm'], file)}; tool calls {calls}"
-    return f"| {first} | {short_verdict(verdict(report))}, [{n}]({file}) seeds; {figures} |"
+        calls = " -> ".join(_figure(p[arm]["tool_calls"], file, 2, signed=False) for arm in (WARM, "rl"))
+        gain = _readme_gain(p["rl"].get("vs_warm"), file)
+        figures = f"held-out reward, RL minus warm start {gain}; tool calls {calls} (no interval)"
+    return f"| {first} | {short_verdict(said)}, [{n}]({file}) seeds; {figures} |"
 
 
 def short_verdict(said: str) -> str:
     """The verdict without its explanation (README's table shows no number that does not link to its file)."""
+    prefix = ""
+    if said.startswith("preliminary"):  # "preliminary (3 of 5 seeds): WORD so far"
+        prefix, said = "preliminary: ", said.split("): ", 1)[-1]
     if said.startswith("inconclusive"):
-        return "inconclusive (every arm at the floor)"
-    return re.sub(r" \([^)]*\)", "", said)
+        cause = "every arm at the floor" if "floor" in said else "the sync baseline diverged"
+        return f"{prefix}inconclusive ({cause})"
+    return prefix + re.sub(r" \([^)]*\)", "", said)
 
 
 def readme_table(reports: Mapping[str, dict[str, Any] | None]) -> str:

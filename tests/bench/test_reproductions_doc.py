@@ -18,6 +18,7 @@ from searchgym.bench.reproduce import (
     markdown_table,
     readme_row,
     readme_table,
+    short_verdict,
     throughput_table,
     update_doc,
     verdict,
@@ -71,10 +72,22 @@ def test_readme_rows_link_every_number_with_its_sign_outside():
     assert f"raw [1.50]{file}" in row and f"[3]{file} seeds" in row and "preliminary" in row
     bare = re.sub(r"\[[^\]]*\]\([^)]*\)", "", row)
     assert not re.search(r"\d", bare), bare  # every number is a link's text
-    floor = report(
-        "staleness", {"warm": {"avg@2/reward": 0.0}, "eta4-decoupled": {"avg@2/reward": 0.0, "vs_baseline": gain}}
-    )
+    # every verdict, preliminary or not, comes out of short_verdict without a digit, and keeps its cause
+    floor_arm = {"avg@2/reward": 0.0, "vs_baseline": gain}
+    for seeds in (3, 5):
+        floor = report("staleness", {"warm": floor_arm, "eta4-decoupled": floor_arm, "eta4-plain": floor_arm}, seeds)
+        assert short_verdict(verdict(floor)).endswith("inconclusive (every arm at the floor)")
+        sync = {**calls, "vs_warm": {"gain": -0.05, "ci95_low": -0.09, "ci95_high": -0.01}}  # below its warm start
+        diverged = report(
+            "staleness", {"warm": calls, "eta0-decoupled": sync, "eta4-decoupled": calls, "eta4-plain": calls}, seeds
+        )
+        assert short_verdict(verdict(diverged)).endswith("inconclusive (the sync baseline diverged)")
+        for r in (floor, diverged, report("shaping", pooled, seeds)):
+            assert not re.search(r"\d", short_verdict(verdict(r)))
     assert "inconclusive (every arm at the floor)" in readme_row("staleness", floor)
+    # a claim whose arms are not all run is a row that says so, not a crash
+    assert readme_row("shaping", report("shaping", {"success-only": calls})).endswith("| not yet run |")
+    assert readme_row("long_horizon", report("long_horizon", {"warm": calls})).endswith("| not yet run |")
 
 
 def report(claim, pooled, seeds=5):

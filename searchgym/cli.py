@@ -186,6 +186,12 @@ def _seed_list(text: str) -> list[int]:
 def _bench_reproduce(args: argparse.Namespace) -> None:
     from searchgym.bench.reproduce import load_reproduce_config, run_reproduce
 
+    if args.render:  # README's and docs/reproductions.md's tables rewritten from the results files
+        from searchgym.bench.reproduce import render_pages
+
+        changed = render_pages()
+        print("\n".join(f"rewrote {page}" for page in changed) or "README.md and docs/reproductions.md are up to date")
+        return
     if args.readme:  # README's table of the papers' claims is this output
         from searchgym.bench.reproduce import committed_reports, readme_table
 
@@ -1038,6 +1044,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="default results/reproduce_CLAIM.json")
     p.add_argument("--markdown", action="store_true", help="only print docs/reproductions.md's table of --out")
     p.add_argument("--readme", action="store_true", help="only print README's table of every claim's results file")
+    p.add_argument("--render", action="store_true", help="rewrite README's and docs/reproductions.md's tables")
     p.add_argument("--arms", default="", help="comma-separated subset of the claim's arms (default: all)")
     p.add_argument("overrides", nargs="*", help="config overrides, right after CLAIM: e.g. rl.steps=20 out_dir=runs/r")
     p.set_defaults(run=_bench_reproduce)

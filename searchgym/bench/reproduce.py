@@ -70,6 +70,7 @@ class Claim:
     preset: list[str]
     arms: dict[str, list[str]]
     baseline: str
+    summary: str  # the paper's claim in a few words: README's row
     setting: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -101,7 +102,16 @@ def _shaping_arms() -> dict[str, list[str]]:
     }
 
 
-CLAIMS: dict[str, Claim] = {
+CLAIMS: dict[str, Claim] = {  # in the issue's order: README shows them so
+    "long_horizon": Claim(
+        paper="ASearcher (arXiv 2508.07976)",
+        preset=PRESETS["deep"],  # its design trials: docs/reproductions.md, claim 1
+        arms={"rl": []},
+        summary="ASearcher: RL makes the agent search longer",
+        baseline=WARM,
+        setting="bench learning's `deep` preset: demonstrations on 1-2 hops, async RL on 2-3 hops with 16 turns and "
+        "an EM reward, against its warm start",
+    ),
     "staleness": Claim(
         paper="AReaL (arXiv 2505.24298)",
         # the policy must move within the staleness window for staleness to matter: four minibatches (four optimizer
@@ -109,6 +119,7 @@ CLAIMS: dict[str, Claim] = {
         # searching: results/reproduce_staleness_trial3.json)
         preset=[*REDUCED, "rl.learner.lr=3e-4", "rl.learner.minibatches=4"],
         arms=_staleness_arms(),
+        summary="AReaL: decoupled PPO on stale data matches sync, plain PPO collapses",
         baseline="eta0-decoupled",
         setting="eta in {0, 4, 8} x {decoupled PPO, plain PPO (proximal = behaviour policy)}; eta 0 is sync RL; "
         "lr 3e-4 and 4 minibatches per step so the policy moves within the staleness window",
@@ -117,17 +128,10 @@ CLAIMS: dict[str, Claim] = {
         paper="Reward design for process rewards (arXiv 2410.15115)",
         preset=[*REDUCED, "rl.mode=sync", "rl.rollout.max_staleness=0"],
         arms=_shaping_arms(),
+        summary="raw process rewards are hacked, Clip and Delta are not",
         baseline="success-only",
         setting=f"sync RL; success-only vs + {SHAPING_WEIGHT} per search that retrieves the answer page, raw, "
         f"Clip (threshold {SHAPING_WEIGHT / 2}) or Delta",
-    ),
-    "long_horizon": Claim(
-        paper="ASearcher (arXiv 2508.07976)",
-        preset=PRESETS["deep"],  # its design trials: docs/reproductions.md, claim 1
-        arms={"rl": []},
-        baseline=WARM,
-        setting="bench learning's `deep` preset: demonstrations on 1-2 hops, async RL on 2-3 hops with 16 turns and "
-        "an EM reward, against its warm start",
     ),
 }
 
@@ -228,6 +232,7 @@ def run_seed_arms(
     """The seed's warm start (once), then each arm of `todo` trained from it and evaluated: one row per arm, yielded
     as each finishes so an interrupted seed keeps its finished arms."""
     timings, lap = stage_clock(progress, f"bench reproduce seed {seed}")
+    commit = git_commit()  # the code these rows ran at (the report's commit is the code that pooled them)
     setup = prepare_seed(config, seed, base, out, lap, progress=progress)
     hop_of = hop_counts(config, seed)
     for arm in todo:
@@ -251,7 +256,7 @@ def run_seed_arms(
             "demos": setup.demos,
             "rl_tasks": len(setup.rl_tasks),
             "timings": dict(timings),
-            "commit": git_commit(),  # the code this row ran at (the report's commit is the code that pooled it)
+            "commit": commit,
         }
 
 
@@ -334,14 +339,20 @@ def pooled_arms(
 
 
 def pooled_by_hops(rows: list[dict[str, Any]], k: int) -> dict[str, dict[str, float]]:
-    """Per hop count every row evaluated, the mean over seeds of held-out reward, accuracy and tool calls."""
+    """Per hop count every row evaluated, the mean over seeds of held-out reward and of tool calls per episode."""
     hops = set.intersection(*(set(r["policy"]) - {"all"} for r in rows)) if rows else set()
-    out = {}
-    for hop in sorted(hops, key=int):
-        figures = [r["policy"][hop] for r in rows]
-        mean = {m: sum(f[m] for f in figures) / len(figures) for m in (f"avg@{k}/reward", "searches", "accesses")}
-        out[hop] = {f"avg@{k}/reward": mean[f"avg@{k}/reward"], "tool_calls": mean["searches"] + mean["accesses"]}
-    return out
+    reward = f"avg@{k}/reward"
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    return {
+        hop: {
+            reward: mean([r["policy"][hop][reward] for r in rows]),
+            "tool_calls": mean([r["policy"][hop]["searches"] + r["policy"][hop]["accesses"] for r in rows]),
+        }
+        for hop in sorted(hops, key=int)
+    }
 
 
 def mean_curve(curves: list[list[dict[str, float]]]) -> list[dict[str, float]]:
@@ -427,13 +438,19 @@ def _interval(d: dict[str, Any] | None) -> str:
     return f"{d['gain']:+.3f} ({d['ci95_low']:+.3f} to {d['ci95_high']:+.3f})"
 
 
-def _late_calls(p: dict[str, Any], last: int = 5) -> str:
-    """Training tool calls per episode, the mean of the first `last` steps -> that of the last (as `_rises` reads)."""
+def _training_calls(p: dict[str, Any], last: int = 5) -> tuple[float, float] | None:
+    """Training tool calls per episode: the mean of the first `last` steps and of the last `last`; None without a
+    curve. The table shows it and the long-horizon verdict reads it."""
     points = [c["episode/tool_calls"] for c in p["curve"] if "episode/tool_calls" in c]
     if not points:
-        return "-"
+        return None
     early, late = points[:last], points[-last:]
-    return f"{sum(early) / len(early):.2f} -> {sum(late) / len(late):.2f}"
+    return sum(early) / len(early), sum(late) / len(late)
+
+
+def _late_calls(p: dict[str, Any]) -> str:
+    calls = _training_calls(p)
+    return "-" if calls is None else f"{calls[0]:.2f} -> {calls[1]:.2f}"
 
 
 def markdown_table(report: dict[str, Any]) -> str:
@@ -473,9 +490,9 @@ def markdown_table(report: dict[str, Any]) -> str:
 
 
 def _rises(p: dict[str, Any], last: int = 5) -> bool:
-    """Tool calls per episode in training: the mean of the last `last` steps above that of the first `last`."""
-    points = [c["episode/tool_calls"] for c in p["curve"] if "episode/tool_calls" in c]
-    return len(points) >= 2 * last and sum(points[-last:]) > sum(points[:last])
+    """Training tool calls rise: the last `last` steps' mean above the first's, over at least 2 x `last` steps."""
+    calls = _training_calls(p, last)
+    return calls is not None and len(p["curve"]) >= 2 * last and calls[1] > calls[0]
 
 
 def _below(d: dict[str, Any] | None) -> bool:
@@ -552,12 +569,6 @@ def verdict(report: dict[str, Any]) -> str:
 
 
 README_MARK = "<!-- generated by `searchgym bench reproduce --readme` from results/reproduce_*.json -->"
-# claim -> the paper's claim in a few words; README's rows follow this order
-README_CLAIMS = {
-    "long_horizon": "ASearcher: RL makes the agent search longer",
-    "staleness": "AReaL: decoupled PPO on stale data matches sync, plain PPO collapses",
-    "shaping": "raw process rewards are hacked, Clip and Delta are not",
-}
 
 
 def _figure(value: float, file: str, decimals: int = 3, signed: bool = True) -> str:
@@ -575,7 +586,7 @@ def _readme_gain(d: dict[str, Any] | None, file: str) -> str:
 
 def readme_row(claim: str, report: dict[str, Any] | None) -> str:
     """README's row for one claim: the paper's claim, the verdict and the figures behind it, each linked to the file."""
-    first = README_CLAIMS[claim]
+    first = CLAIMS[claim].summary
     said = verdict(report) if report is not None else "not yet run"
     if report is None or said == "not yet run":
         return f"| {first} | not yet run |"
@@ -611,16 +622,35 @@ def short_verdict(said: str) -> str:
 
 
 def readme_table(reports: Mapping[str, dict[str, Any] | None]) -> str:
-    """README's table of the papers' claims, one row per claim in README_CLAIMS order (None: no results file)."""
+    """README's table of the papers' claims, one row per claim in CLAIMS order (None: no results file)."""
     lines = ["| the paper's claim | ours (paired bootstrap intervals) |", "|---|---|"]
-    lines += [readme_row(claim, reports.get(claim)) for claim in README_CLAIMS]
+    lines += [readme_row(claim, reports.get(claim)) for claim in CLAIMS]
     return "\n".join(lines) + "\n"
+
+
+def render_pages(root: Path = Path(".")) -> list[Path]:
+    """Rewrite README's claims table and every table of docs/reproductions.md from the results files under `root`
+    (the pages the tests compare with them); the pages that changed."""
+    readme, doc = root / "README.md", root / "docs" / "reproductions.md"
+    pages = {readme: readme.read_text(), doc: doc.read_text()}
+    new = {readme: update_doc(pages[readme], README_MARK, readme_table(committed_reports(root / "results")))}
+    text = pages[doc]
+    for path in sorted((root / "results").glob("reproduce_*.json")):
+        report = json.loads(path.read_text())
+        mark = docs_mark(report["claim"], path.stem)
+        if mark in text:  # a new file's place in the prose is the author's to choose: its mark goes in by hand
+            text = update_doc(text, mark, markdown_table(report) + f"\n**Verdict: {verdict(report)}**")
+    new[doc] = text
+    changed = [page for page in new if new[page] != pages[page]]
+    for page in changed:
+        page.write_text(new[page])
+    return changed
 
 
 def committed_reports(results: Path = Path("results")) -> dict[str, dict[str, Any] | None]:
     """Each claim's results/reproduce_CLAIM.json, or None where the claim has no results file."""
     out: dict[str, dict[str, Any] | None] = {}
-    for claim in README_CLAIMS:
+    for claim in CLAIMS:
         path = results / f"reproduce_{claim}.json"
         out[claim] = json.loads(path.read_text()) if path.exists() else None
     return out

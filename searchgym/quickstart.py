@@ -79,11 +79,17 @@ def _run_stages(config: QuickstartConfig, *, progress: bool) -> dict[str, Any]:
 
     train_tasks = list(env.tasks)
     cut = round(config.demos.fraction * len(train_tasks))
-    chats = make_demos(env, train_tasks[:cut], out / "demos.jsonl", question_query=config.demos.question_query)
+    chats = make_demos(
+        env,
+        train_tasks[:cut],
+        out / "demos.jsonl",
+        question_query=config.demos.question_query,
+        limit=config.demos.limit,
+    )
     lap("demos")
 
     base, copy_history = build_base_model(
-        env, chats, out, config.model, config.copy, seed=config.seed, progress=progress
+        env, chats, out, config.model, config.copy, seed=config.seed, progress=progress, base=config.base
     )
     lap("base model")
     warm = out / "sft-model"

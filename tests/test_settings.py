@@ -150,6 +150,15 @@ def test_the_shipped_quickstart_file_is_what_the_quickstart_runs():
     assert load_quickstart_config(path=CONFIGS / "quickstart.yaml") == QuickstartConfig() == load_quickstart_config()
 
 
+def test_the_real_model_preset_names_a_packaged_model_and_checks_its_keys():
+    from searchgym.agents.packaged_models import MODELS
+
+    preset = load_quickstart_config(path=CONFIGS / "quickstart-smollm2.yaml")
+    assert preset.base in MODELS and preset.demos.limit and preset.demos.limit <= 1000  # hundreds of demonstrations
+    with pytest.raises(ValueError, match="demos.limit"):
+        load_quickstart_config(["demos.limit=0"], CONFIGS / "quickstart-smollm2.yaml")
+
+
 @pytest.fixture
 def nothing_runs(monkeypatch):
     """Any command that gets past its settings fails the test: refusals must come before building anything."""

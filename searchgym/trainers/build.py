@@ -53,6 +53,7 @@ def workflow_settings(rollout: RolloutConfig) -> WorkflowSettings:
         observation_role=rollout.observation_role,
         context=rollout_context_policy(rollout),
         max_segments=rollout.max_segments,
+        system_prompt=rollout.system_prompt,
     )
 
 

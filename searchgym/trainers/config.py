@@ -114,6 +114,9 @@ class RolloutConfig:
     context_policy: str = "end"
     summary_tokens: int = setting(256, at_least=1)  # the longest summary "summarise" asks for
     max_segments: int = setting(64, at_least=1)  # an episode needing more context segments ends truncated
+    # the system message of every episode (None: none, or a search-agent one where the template writes its own
+    # default); the warm start must have used the same (sft's system_prompt)
+    system_prompt: str | None = None
     workflow: str | None = None  # a custom Workflow class, "module:Class" or "file.py:Class" (default: TokenWorkflow)
     agent: str | None = None  # an agent program, "module:function" or "file.py:function" (agents/program.py)
     engine: str = setting(

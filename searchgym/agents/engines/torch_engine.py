@@ -63,6 +63,7 @@ from searchgym.agents.engines.types import (
     GenerateResponse,
     SamplingParams,
 )
+from searchgym.agents.model_dir import check_policy_dir
 
 PREFILL_TOKENS = 16384  # padded tokens (cached + new) per prefill forward: bounds attention-mask memory
 PREFIX_CACHE_BYTES = 1 << 30  # default budget of finished sequences' keys and values kept for their next turn
@@ -117,6 +118,7 @@ class TorchEngine:
         prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
     ):
         if not isinstance(model, PreTrainedModel):
+            check_policy_dir(model)
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
             model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model.name_or_path)

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from searchgym.agents.formats import ChatTemplateDelta
+from searchgym.agents.model_dir import check_policy_dir
 from searchgym.settings import setting
 from searchgym.trainers.algorithm.learner import next_token_logits, padded_batches
 from searchgym.trainers.run.checkpoint import write_model_dir
@@ -42,6 +43,7 @@ class SFTConfig:
     batch_tokens: int = setting(16_384, at_least=1)  # tokens (padded) per optimizer step
     max_length: int = setting(4096, at_least=1)  # longer demonstrations are cut (their tail is not learned)
     observation_role: str = "user"
+    system_prompt: str | None = None  # as the workflow's (WorkflowSettings.system_prompt): the same layout is learned
     observation_weight: float = 0.0  # loss weight of the other tokens (prompt, tool results); 0: actions only
     seed: int = 0
 
@@ -62,10 +64,15 @@ def load_demonstrations(path: str | os.PathLike) -> list[list[dict[str, str]]]:
 
 
 def encode_demonstrations(
-    tokenizer: Any, chats: Iterable[list[dict[str, str]]], *, max_length: int, observation_role: str = "user"
+    tokenizer: Any,
+    chats: Iterable[list[dict[str, str]]],
+    *,
+    max_length: int,
+    observation_role: str = "user",
+    system_prompt: str | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(ids, loss mask) per chat, in the runner's exact layout; chats with nothing to learn are skipped."""
-    template = ChatTemplateDelta(tokenizer, observation_role)
+    template = ChatTemplateDelta(tokenizer, observation_role, system_prompt)
     encoded = []
     for chat in chats:
         ids, mask = template.conversation_ids(chat)
@@ -90,10 +97,15 @@ def sft(
     """
     config = config or SFTConfig()
     check_model_out(out_dir)
+    check_policy_dir(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     samples = encode_demonstrations(
-        tokenizer, chats, max_length=config.max_length, observation_role=config.observation_role
+        tokenizer,
+        chats,
+        max_length=config.max_length,
+        observation_role=config.observation_role,
+        system_prompt=config.system_prompt,
     )
     if not samples:
         raise ValueError("no demonstration has an assistant token to learn")

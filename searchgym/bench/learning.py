@@ -39,12 +39,14 @@ from searchgym.eval.compare import paired_delta
 from searchgym.eval.harness import sample_of
 from searchgym.eval.metrics import summarize
 from searchgym.pipeline.stages import (
+    REAL_MODEL_PRESETS,
     QuickstartConfig,
     build_base_model,
     deterministic_torch,
     evaluate_policy,
     make_demos,
     make_env,
+    resolve_model,
     run_rl,
     say,
 )
@@ -75,6 +77,19 @@ PRESETS: dict[str, list[str]] = {
         "rl.steps=30",
         "rl.save_every=30",
         "eval.max_tasks=64",
+    ],
+    # issue 40: the real-model quickstart (SmolLM2-135M-Instruct) over seeds, 1-hop as the quickstart, async only
+    "smollm2": [
+        *REAL_MODEL_PRESETS["smollm2"],
+        "hops.demos=[1]",
+        "hops.rl=[1]",
+        "hops.eval=[1]",
+        "hops.rl_demos=0",
+        "demos.fraction=0.5",
+        "max_demos=128",
+        "sync=false",
+        "rl.rollout.max_new_tokens=48",
+        "eval.max_new_tokens=48",
     ],
 }
 
@@ -207,7 +222,10 @@ def run_learning_bench(
 
 
 def shared_base_model(config: LearningConfig, root: Path, *, progress: bool) -> Path:
-    """The copy-pretrained base model, built once per configuration from world `base_seed` and reused."""
+    """The copy-pretrained base model, built once per configuration from world `base_seed` and reused (a real model
+    named by `base` is used as it is)."""
+    if config.base != "tiny":
+        return resolve_model(config.base)
     where = root / "shared"
     done = where / "base.json"
     if done.exists() and json.loads(done.read_text()).get("fingerprint") == base_fingerprint(config):

@@ -41,6 +41,34 @@ ENV_KWARGS = {
 }
 
 
+# The quickstart on a real pretrained model: overrides of QuickstartConfig, shared by `searchgym quickstart --preset
+# smollm2` and `searchgym bench learning --preset smollm2` (which runs them over seeds). A real chat model reads
+# ASearcher's full instructions and searches the entity's name; it warm-starts on 128 demonstrations (a CPU budget)
+# at a fine-tuning learning rate, and RL takes 20 small steps (16 episodes each) at PPO's usual 1e-5.
+REAL_MODEL_PRESETS: dict[str, list[str]] = {
+    "smollm2": [
+        "base=smollm2-135m-instruct",
+        "env.kwargs.instructions=full",
+        "demos.question_query=false",
+        "demos.limit=128",
+        "sft.epochs=1.0",
+        "sft.lr=1e-4",
+        "sft.warmup_steps=2",
+        "sft.batch_tokens=4096",
+        "rl.steps=20",
+        "rl.save_every=20",
+        "rl.rollout.group_size=8",
+        "rl.rollout.batch_size=2",
+        "rl.rollout.max_concurrent_rollouts=32",
+        "rl.learner.lr=1e-5",
+        "rl.learner.micro_batch_tokens=4096",
+        "eval.k=2",
+        "eval.max_tasks=128",
+        "eval.concurrency=32",
+    ]
+}
+
+
 @dataclass
 class TinyModelConfig:
     """The policy's shape: small enough to train on a CPU in minutes, big enough to learn to copy."""
@@ -117,10 +145,14 @@ def load_quickstart_config(
     overrides: list[str] | tuple[str, ...] = (),
     path: str | os.PathLike | None = None,
     values: dict[str, Any] | None = None,
+    preset: str | None = None,
 ) -> QuickstartConfig:
-    """Defaults (which `configs/quickstart.yaml` spells out), the file at `path`, `values`, then dotted overrides:
-    `load_settings`, so every range and choice check names its dotted key (`rl.mode`)."""
-    return load_settings(QuickstartConfig, path, overrides, values)
+    """Defaults (which `configs/quickstart.yaml` spells out), the file at `path`, `values`, then the preset's and the
+    dotted overrides: `load_settings`, so every range and choice check names its dotted key (`rl.mode`)."""
+    if preset is not None and preset not in REAL_MODEL_PRESETS:
+        raise ValueError(f"preset: unknown {preset!r}; known: {', '.join(REAL_MODEL_PRESETS)}")
+    chosen = REAL_MODEL_PRESETS[preset] if preset is not None else []
+    return load_settings(QuickstartConfig, path, [*chosen, *overrides], values)
 
 
 @contextlib.contextmanager

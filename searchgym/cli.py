@@ -176,6 +176,13 @@ def _bench_learning(args: argparse.Namespace) -> None:
     run_learning_bench(load_learning_config(args.overrides, preset=args.preset), _seed_list(args.seeds), out=args.out)
 
 
+def _bench_warmstart(args: argparse.Namespace) -> None:
+    from searchgym.bench.warm_start import run_warm_start_bench
+
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    run_warm_start_bench(arms, _seed_list(args.seeds), preset=args.preset, overrides=args.overrides, out=args.out)
+
+
 def _seed_list(text: str) -> list[int]:
     """--seeds: comma-separated integers."""
     try:
@@ -1076,6 +1083,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("results/bench_learning.json"))
     p.add_argument("overrides", nargs="*", help="config overrides, e.g. rl.steps=20 out_dir=runs/bench_learning")
     p.set_defaults(run=_bench_learning)
+    p = bench.add_parser(
+        "warmstart",
+        help="tool format and instructions against held-out accuracy after the same SFT, over seeds (paired)",
+    )
+    p.add_argument(
+        "--arms", default="tags-full,hermes-full,tags-brief", help="comma-separated arms; the first is the reference"
+    )
+    p.add_argument("--seeds", default="0,1", help="comma-separated seeds; finished (seed, arm) units are reused")
+    p.add_argument("--preset", default="smollm2", help="the bench learning preset the arms override")
+    p.add_argument("--out", type=Path, default=Path("results/bench_warmstart.json"))
+    p.add_argument("overrides", nargs="*", help="config overrides for every arm, e.g. eval.max_tasks=64")
+    p.set_defaults(run=_bench_warmstart)
     p = bench.add_parser("reproduce", help="a paper's claim as arms trained from one warm start per seed (issue 29)")
     p.add_argument("claim", nargs="?", default="", help="long_horizon, staleness or shaping")
     p.add_argument("--seeds", default="0,1,2,3,4", help="comma-separated seeds; finished (seed, arm) pairs are reused")

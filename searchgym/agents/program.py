@@ -11,8 +11,9 @@ The contract (docs/agents.md, "Agent programs"):
 - `client` is an `openai.AsyncOpenAI` pointed at this episode's proxy URL.
 - The agent returns its final answer; the workflow submits it as the env's `answer` action, so the reward is the
   env's verdict. An agent that already answered (`call_tool("answer", ...)`) or ran out of turns has its return
-  value ignored; one that raises, or runs past `episode_timeout`, ends the episode truncated, with the error as
-  its stop reason.
+  value ignored; one that raises (`SystemExit` included), or runs past `episode_timeout`, ends the episode
+  truncated, with the error as its stop reason. At the deadline its tools shut and it is cancelled; one that ignores
+  cancellation is abandoned (agents/budget.py), and whatever it does or returns late is never judged.
 
 The model's tool calls reach the env only through `call_tool` or the episode's MCP endpoint: the agent stays an
 ordinary tool-calling loop (as with any OpenAI tool), and the proxy never acts on the model's output behind the
@@ -29,6 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from searchgym.agents.budget import Abandoned, run_within
 from searchgym.agents.engines.open import EngineHandle
 from searchgym.agents.engines.types import InferenceEngine
 from searchgym.agents.mcp_endpoint import FEATURE, EpisodeToolServer, mcp_available
@@ -139,8 +141,14 @@ class AgentProgramWorkflow(Workflow):
         self.episode_timeout = episode_timeout  # an agent still running after it is stopped: the episode ends truncated
         self._proxy: RecordingProxy | None = None
         self._tool_server: EpisodeToolServer | None = None  # task.mcp_url's server, beside the proxy
+        self.abandoned_tasks = Abandoned()  # agents that ignored cancellation at their deadline, until they end
         self._users = 0
         self._lock: asyncio.Lock | None = None
+
+    @property
+    def abandoned(self) -> int:
+        """Agents of this workflow that ignored cancellation at their deadline and are still running."""
+        return len(self.abandoned_tasks)
 
     @classmethod
     def on_handle(
@@ -202,14 +210,15 @@ class AgentProgramWorkflow(Workflow):
         unwrapped = getattr(env, "unwrapped", env)
         question = getattr(getattr(unwrapped, "task", None), "question", None) or obs
         done = False
+        closed: str | None = None  # why the agent's tools are shut before the env ended the episode
 
         async with self.proxy() as proxy:
             record = proxy.open_episode(f"{uuid.uuid4().hex}")
 
             async def call_tool(name: str, arguments: Any) -> str:
                 nonlocal done
-                if done:
-                    return EPISODE_OVER.format(why=traj.stop_reason)
+                if done or closed:
+                    return EPISODE_OVER.format(why=closed or traj.stop_reason)
                 action = tool_call_action(str(name), tool_argument(str(name), arguments))
                 step = await self.step_env(env, traj, action, 0.0)
                 done, record.turn = step.done, len(traj.turns)
@@ -221,15 +230,10 @@ class AgentProgramWorkflow(Workflow):
             answer: Any = None
             error: str | None = None
 
-            async def run_agent(task: AgentTask) -> tuple[Any, str | None]:
-                """The agent's answer, or why it has none (caught here, inside the MCP endpoint's task group, which
-                would wrap the agent's exception in an ExceptionGroup)."""
-                try:
-                    return await asyncio.wait_for(self.agent(task, client), self.episode_timeout), None
-                except TimeoutError:
-                    return None, f"agent timeout: still running after {self.episode_timeout:g} s"
-                except Exception as e:  # noqa: BLE001 -- the agent is user code: its failure ends the episode
-                    return None, f"agent error: {type(e).__name__}: {e}"
+            def close() -> None:
+                """The agent's deadline: from now on no tool runs and its answer is not judged."""
+                nonlocal closed
+                closed = "agent timeout"
 
             try:
                 async with contextlib.AsyncExitStack() as stack:
@@ -239,7 +243,11 @@ class AgentProgramWorkflow(Workflow):
                     task = AgentTask(
                         traj.task_id, question, obs, self.served_model_name, _call=call_tool, _mcp_url=mcp_url
                     )
-                    answer, error = await run_agent(task)
+                    # run_within catches the agent's own errors (here, inside the MCP endpoint's task group, they
+                    # would be wrapped in an ExceptionGroup) and abandons an agent that ignores cancellation
+                    answer, error = await run_within(
+                        lambda: self.agent(task, client), self.episode_timeout, self.abandoned_tasks, close
+                    )
             except Exception as e:  # noqa: BLE001 -- the episode's MCP endpoint failed: the episode ends, not the run
                 error = f"episode MCP endpoint error: {type(e).__name__}: {e}"
             finally:

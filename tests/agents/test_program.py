@@ -109,6 +109,54 @@ async def test_a_failing_or_hanging_agent_ends_its_episode_truncated_and_tools_a
         await inner.close()
 
 
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)  # on main the old wait_for waited for the agent forever
+async def test_an_agent_that_swallows_cancellation_is_abandoned_in_time_and_its_late_answer_never_judged(
+    tiny_model_dir, small_bundle
+):
+    """An agent that catches CancelledError in a loop is abandoned within 2x `episode_timeout`: the episode ends
+    truncated, its late `answer` call is refused and its late return value is not judged; `raise SystemExit(3)`
+    inside an agent ends the episode truncated, not the run."""
+    inner = TorchEngine(tiny_model_dir, seed=0)
+    env = make_unwrapped("searchgym/SyntheticQA-v0", **ENV)
+    answers = {task.id: task.answers[0] for task in env.tasks}
+    stop, late = asyncio.Event(), []
+    started: list[float] = []
+
+    async def stubborn(task, client):
+        started.append(asyncio.get_running_loop().time())
+        while not stop.is_set():
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                late.append(await task.call_tool("answer", {"answer": answers[task.task_id]}))
+        return answers[task.task_id]
+
+    async def exits(task, client):
+        raise SystemExit(3)
+
+    try:
+        settings = WorkflowSettings(SamplingParams(max_new_tokens=4))
+        workflow = AgentProgramWorkflow(stubborn, inner, inner.tokenizer, settings, episode_timeout=0.5)
+        traj = await workflow.arun_episode(env, seed=0)
+        elapsed = asyncio.get_running_loop().time() - started[0]
+        assert elapsed < 2 * 0.5, elapsed
+        assert traj.truncated and not traj.terminated and traj.stop_reason.startswith("agent timeout")
+        assert traj.verdict is None and traj.reward == 0.0 and not traj.turns
+        assert late and all("episode is over" in text for text in late) and workflow._proxy is None
+        assert workflow.abandoned == 1  # still running: it ignores cancellation
+        stop.set()
+        await asyncio.sleep(0.1)
+        assert workflow.abandoned == 0
+
+        failed = await AgentProgramWorkflow(exits, inner, inner.tokenizer, settings).arun_episode(env, seed=0)
+        assert failed.truncated and failed.stop_reason == "agent error: SystemExit: 3" and not failed.turns
+    finally:
+        stop.set()
+        env.close()
+        await inner.close()
+
+
 def test_tool_arguments_are_read_as_the_model_wrote_them():
     assert tool_argument("search", '{"query": "Aldra"}') == "Aldra"
     assert tool_argument("search", {"q": "Aldra"}) == "Aldra"

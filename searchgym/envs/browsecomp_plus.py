@@ -15,22 +15,26 @@ documents (README.md, scripts_build_index/decrypt_dataset.py and scripts_evaluat
 
 The corpus is converted once into searchgym's corpus form (id = docid; the page url is the document's own url,
 made unique, or `bcplus://DOCID`) beside nothing of the user's: under ROOT/.searchgym/ unless `cache_dir` says
-where, with its BM25 index built on first use. Each task keeps its evidence and gold docids in its metadata
+where, with its BM25 index built on first use. The conversion is keyed by the source's content (its path, size and
+mtime: envs/source_files.py), so a replaced or edited corpus is converted again (and the older conversions of that
+source, with their indexes, removed); a bad row (a duplicate docid, text that is not UTF-8) is an error naming the
+user's file and line, and nothing is written for it. Each task keeps its evidence and gold docids in its metadata
 (the qrels where they list the query, else the query row's `evidence_docs`/`gold_docs`), which `searchgym eval`
 turns into BrowseComp-Plus's retrieval recall and into the recall among the pages the agent opened.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import shutil
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from searchgym.envs.atomic_file import write_atomic
+from searchgym.envs.source_files import SourceFileError, content_stamp, json_lines, path_stamp, text_lines
 from searchgym.envs.tasks import Task, TaskPool
 
 QUERIES = Path("data") / "browsecomp_plus_decrypted.jsonl"
@@ -42,18 +46,17 @@ DOC_URL = "bcplus://{docid}"
 def read_qrels(path: str | os.PathLike) -> dict[str, list[str]]:
     """TREC qrels (`query_id Q0 docid relevance` per line) as query id -> relevant docids, in file order."""
     out: dict[str, list[str]] = defaultdict(list)
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            parts = line.split()
-            if not parts:
-                continue
-            if len(parts) != 4:
-                raise ValueError(
-                    f"{path}:{lineno}: a qrels line is 'query_id Q0 docid relevance', got {line.strip()!r}"
-                )
-            query_id, _, docid, relevance = parts
-            if relevance != "0" and docid not in out[query_id]:
-                out[query_id].append(docid)
+    for lineno, line in text_lines(path):
+        parts = line.split()
+        if not parts:
+            continue
+        if len(parts) != 4:
+            raise SourceFileError(
+                f"{path}:{lineno}: a qrels line is 'query_id Q0 docid relevance', got {line.strip()[:200]!r}"
+            )
+        query_id, _, docid, relevance = parts
+        if relevance != "0" and docid not in out[query_id]:
+            out[query_id].append(docid)
     return dict(out)
 
 
@@ -70,24 +73,27 @@ def load_queries(root: str | os.PathLike, queries: str | os.PathLike | None = No
     evidence = read_qrels(root / EVIDENCE_QRELS) if (root / EVIDENCE_QRELS).is_file() else {}
     gold_file = next((root / p for p in GOLD_QRELS if (root / p).is_file()), None)
     gold = read_qrels(gold_file) if gold_file is not None else {}
-    tasks = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                query_id, question, answer = str(row["query_id"]), row["query"], row["answer"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{lineno}: a query row needs query_id, query and answer ({e})") from None
-            if not isinstance(question, str) or not isinstance(answer, str) or not question.strip():
-                raise ValueError(f"{path}:{lineno}: query and answer must be text")
-            metadata = {
-                "source": "browsecomp-plus",
-                "evidence_docids": evidence.get(query_id) or _docids(row.get("evidence_docs")),
-                "gold_docids": gold.get(query_id) or _docids(row.get("gold_docs")),
-            }
-            tasks.append(Task(query_id, question, (answer,), metadata))
+    tasks: list[Task] = []
+    lines: dict[str, int] = {}  # query_id -> its line
+    for lineno, row in json_lines(path):
+        try:
+            query_id, question, answer = str(row["query_id"]), row["query"], row["answer"]
+        except (KeyError, TypeError) as e:
+            raise SourceFileError(f"{path}:{lineno}: a query row needs query_id, query and answer ({e})") from None
+        if not isinstance(question, str) or not isinstance(answer, str) or not question.strip():
+            raise SourceFileError(f"{path}:{lineno}: query and answer must be text")
+        if query_id in lines:
+            raise SourceFileError(
+                f"{path}:{lineno}: query_id {query_id[:80]!r} appears twice (first on line "
+                f"{lines[query_id]}); every query needs its own query_id"
+            )
+        lines[query_id] = lineno
+        metadata = {
+            "source": "browsecomp-plus",
+            "evidence_docids": evidence.get(query_id) or _docids(row.get("evidence_docs")),
+            "gold_docids": gold.get(query_id) or _docids(row.get("gold_docs")),
+        }
+        tasks.append(Task(query_id, question, (answer,), metadata))
     return TaskPool(tasks, name="browsecomp-plus")
 
 
@@ -95,8 +101,9 @@ def _docids(docs: Any) -> list[str]:
     return [str(d["docid"]) for d in docs or () if isinstance(d, dict) and "docid" in d]
 
 
-def corpus_rows(corpus: str | os.PathLike) -> Iterator[dict[str, Any]]:
-    """The corpus's rows from a JSONL file or a `datasets` directory saved from Tevatron/browsecomp-plus-corpus."""
+def corpus_rows(corpus: str | os.PathLike) -> Iterator[tuple[str, Any]]:
+    """The corpus's rows, each with where it is (`FILE:LINE`, or `DIR row N`), from a JSONL file or a `datasets`
+    directory saved from Tevatron/browsecomp-plus-corpus."""
     path = Path(corpus)
     if path.is_dir():
         from searchgym.envs.extras import needs
@@ -107,29 +114,40 @@ def corpus_rows(corpus: str | os.PathLike) -> Iterator[dict[str, Any]]:
         data = load_from_disk(str(path))
         if hasattr(data, "keys"):  # a DatasetDict: its one split (the corpus has only "train")
             data = data[next(iter(data.keys()))]
-        yield from data
+        for i, row in enumerate(data):
+            yield f"{path} row {i}", row
         return
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+    for lineno, row in json_lines(path):
+        yield f"{path}:{lineno}", row
 
 
 def convert_corpus(corpus: str | os.PathLike, out: str | os.PathLike) -> Path:
-    """searchgym's corpus JSONL at `out` from the BrowseComp-Plus corpus (written once, atomically); its path."""
+    """searchgym's corpus JSONL at `out` from the BrowseComp-Plus corpus (written once, atomically); its path.
+
+    Every row is checked here, so an error names the user's file and line (never the converted copy) and a corpus
+    with a bad row leaves no conversion behind."""
     out = Path(out)
     if out.is_file():
         return out
     lines, urls = [], set()
-    for row in corpus_rows(corpus):
-        if not isinstance(row, dict) or "docid" not in row or not isinstance(row.get("text"), str):
-            raise ValueError(f"{corpus}: every corpus row needs docid and text, got {str(row)[:200]!r}")
-        docid, text = str(row["docid"]), row["text"]
+    docids: dict[str, str] = {}  # docid -> where it first was
+    for where, row in corpus_rows(corpus):
+        docid = row.get("docid") if isinstance(row, dict) else None
+        if isinstance(docid, int) and not isinstance(docid, bool):
+            docid = str(docid)
+        if not isinstance(docid, str) or not docid.strip() or not isinstance(row.get("text"), str):
+            raise SourceFileError(
+                f"{where}: a corpus row needs a docid (text or a whole number) and text, got {str(row)[:200]!r}"
+            )
+        if docid in docids:
+            raise SourceFileError(
+                f"{where}: docid {docid[:80]!r} appears twice (first at {docids[docid]}); every document needs its "
+                "own docid"
+            )
+        docids[docid] = where
+        text = row["text"]
         url = row.get("url") if isinstance(row.get("url"), str) and row.get("url") else DOC_URL.format(docid=docid)
-        if url in urls:  # two documents from one address: the second is told apart by its docid
+        while url in urls:  # two documents from one address: the second is told apart by its docid
             url = f"{url}#{docid}"
         urls.add(url)
         title = row.get("title") if isinstance(row.get("title"), str) else _title(text, docid)
@@ -190,9 +208,19 @@ def make_browsecomp_plus(
     if index is not None or servers is not None:
         return make_local_qa(pool, index=index, servers=servers, **env_kwargs)
     source = Path(corpus) if corpus is not None else default_corpus(root)
-    stamp = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:12]
     target = Path(cache_dir) if cache_dir is not None else root / ".searchgym"
-    return make_local_qa(pool, corpus=convert_corpus(source, target / f"corpus-{stamp}.jsonl"), **env_kwargs)
+    return make_local_qa(pool, corpus=converted_corpus(source, target), **env_kwargs)
+
+
+def converted_corpus(source: Path, cache_dir: Path) -> Path:
+    """The conversion of `source` as it is now, in `cache_dir` (converted when the source is new or changed); the
+    conversions of the source's earlier versions, and the indexes built from them, are removed."""
+    prefix = f"corpus-{path_stamp(source)}"
+    out = convert_corpus(source, cache_dir / f"{prefix}-{content_stamp(source)}.jsonl")
+    for old in [*cache_dir.glob(f"{prefix}*"), *cache_dir.glob(f".{prefix}*")]:
+        if out.name not in old.name:  # the current conversion and its index, lock, build, ... stay
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+    return out
 
 
 # its **env_kwargs reach LocalQA's factory (envs/env_kwargs.py checks them by name)

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -74,10 +77,11 @@ def read_manifest(index_dir: Path, kind: str, builder: str, *, required: tuple[s
 @contextlib.contextmanager
 def atomic_build(out_dir: str | os.PathLike) -> Iterator[Path]:
     """A temporary directory beside out_dir to build into; renamed to out_dir when the block succeeds, removed if
-    not."""
+    not. What a killed build left beside out_dir (its process gone) is removed first."""
     out = Path(out_dir).absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    remove_leftovers(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-{os.getpid()}-", dir=out.parent))
     try:
         yield tmp
         replace_dir(tmp, out)
@@ -99,12 +103,47 @@ def file_lock(path: str | os.PathLike) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+_LEFTOVER = re.compile(r"\.(?:building|old)-(?:(\d+)-)?[^/]*")
+LEGACY_LEFTOVER_AGE = 3600.0  # seconds after which a leftover without its builder's pid (older versions) is removed
+
+
+def remove_leftovers(out: Path) -> list[Path]:
+    """Remove the `.NAME.building-PID-*` / `.NAME.old-PID-*` directories beside `out` whose process is gone (a
+    build killed mid-way, SIGKILL included, leaves them); the ones removed."""
+    removed = []
+    for path in out.parent.glob(f".{glob.escape(out.name)}.*"):
+        match = _LEFTOVER.fullmatch(path.name[len(out.name) + 1 :])
+        if not match or not path.is_dir():
+            continue
+        if match.group(1) is None:
+            stale = time.time() - path.stat().st_mtime > LEGACY_LEFTOVER_AGE
+        else:
+            stale = not process_alive(int(match.group(1)))
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this machine (one of another user counts as running)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return pid > 0
+    return True
+
+
 def replace_dir(new: Path, target: Path) -> None:
     """Move new into target's place; an existing target is moved aside first and removed after."""
     if not target.exists():
         new.rename(target)
         return
-    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-{os.getpid()}-", dir=target.parent))
     target.rename(old / "index")
     new.rename(target)
     shutil.rmtree(old, ignore_errors=True)

@@ -29,7 +29,7 @@ from searchgym.envs.spaces import UnicodeText
 from searchgym.envs.tasks import Task, TaskPool
 from searchgym.envs.tools.base import BackendError, PageBackend, PageNotFound, SearchBackend, backend_stats
 from searchgym.envs.tools.chunking import chunk_text
-from searchgym.envs.tools.costs import metered
+from searchgym.envs.tools.costs import check_cost_budget, metered
 
 T = TypeVar("T")
 
@@ -182,11 +182,7 @@ class SearchEnv(gym.Env[str, str]):
             raise ValueError("max_turns must be at least 1")
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
-        for unit, limit in (cost_budget or {}).items():
-            if not (
-                isinstance(unit, str) and isinstance(limit, (int, float)) and not isinstance(limit, bool) and limit > 0
-            ):
-                raise ValueError(f"cost_budget maps a cost unit to a positive limit, got {unit!r}: {limit!r}")
+        cost_budget = check_cost_budget(cost_budget)
         if pages is None:
             if not isinstance(search, PageBackend):
                 raise ValueError("the search backend cannot fetch pages: pass pages=...")

@@ -10,13 +10,49 @@ are dropped. Units, by backend:
 - simulated search: `model_calls`, `prompt_tokens` and `generated_tokens` (tokens where the endpoint reports them);
 - local index and retrieval server: nothing (their cost is the call's time, which a workflow records per turn as
   `env_seconds`; it stays out of `info` so a local episode's info is the same on every run).
+
+A `cost_budget` may name only these units (COST_UNITS, and those a custom backend registers): it is checked when
+given (`check_cost_budget`), since a budget in a unit nothing charges would never end an episode.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+COST_UNITS = {"api_calls", "fetches", "bytes_fetched", "model_calls", "prompt_tokens", "generated_tokens"}
+
+
+def register_cost_unit(unit: str) -> None:
+    """Declare a unit a custom backend charges, so a `cost_budget` may name it."""
+    if not (isinstance(unit, str) and unit.isidentifier()):
+        raise ValueError(f"a cost unit is a name like 'api_calls', got {unit!r}")
+    COST_UNITS.add(unit)
+
+
+def check_cost_budget(budget: Any, key: str = "cost_budget") -> dict[str, float]:
+    """`budget` as {unit: limit} once each unit is one a backend charges and each limit a finite number > 0; a
+    ValueError naming `key`, the unit and the allowed values otherwise (a unit no backend charges is never reached,
+    so a budget naming one would silently never be enforced)."""
+    if budget is None:
+        return {}
+    if not isinstance(budget, Mapping):
+        raise ValueError(f"{key} maps cost units to limits (e.g. {{'api_calls': 20}}), got {type(budget).__name__}")
+    out = {}
+    for unit, limit in budget.items():
+        if unit not in COST_UNITS:
+            raise ValueError(
+                f"{key}: unknown cost unit {str(unit)[:80]!r}; the units are {', '.join(sorted(COST_UNITS))} "
+                "(a custom backend's own: searchgym.envs.tools.costs.register_cost_unit)"
+            )
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0:
+            raise ValueError(f"{key}.{unit} must be a finite number > 0, got {limit!r}")
+        out[unit] = limit
+    return out
+
 
 _METER: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("searchgym_tool_cost", default=None)
 

@@ -11,9 +11,10 @@ it is logged in `failures.jsonl`, counted apart, and played by the rerun, which 
 cause. A sample whose judge failed (endpoint down, a reply cut at max_tokens or without a verdict, after
 retries) is stored with the failure in its verdict, left out of that judge's scores, and judged again by
 the rerun, which appends the row again with `revision` raised (the highest revision of a key counts).
-A row that is valid JSON but lacks a field is set aside in `samples.damaged.jsonl` (reported with its
-line and the missing field) and its sample played again. `judge_stats` and the card's `run.llm_calls`
-count calls and failures over every stored row, so across every resumed process.
+A row that is valid JSON but lacks a field, or holds one of the wrong type (a reward that is text:
+`sample_rows.py`), is set aside in `samples.damaged.jsonl` (reported with its line and the field) and its sample
+played again. `judge_stats` and the card's `run.llm_calls` count calls and failures over every stored row, so
+across every resumed process.
 
 `summary.json` opens with the run's protocol card (`card.py`: suite and question-set hash, judges,
 k, sampling, budgets, tool stack, model fingerprint, searchgym version; its hash covers the
@@ -41,7 +42,7 @@ from searchgym.agents.env_pool import EnvPool
 from searchgym.agents.program import build_player
 from searchgym.agents.workflow import Workflow, WorkflowSettings
 from searchgym.envs.factory import make_unwrapped
-from searchgym.envs.jsonl_log import BadRow, JsonlLog
+from searchgym.envs.jsonl_log import JsonlLog
 from searchgym.envs.judges import (
     ASearcherEM,
     ASearcherF1,
@@ -61,14 +62,14 @@ from searchgym.eval.eval_settings import RESUME_KEYS, EvalSettings, run_record
 from searchgym.eval.evidence import evidence_metrics, evidence_stats
 from searchgym.eval.fingerprint import engine_fingerprint
 from searchgym.eval.metrics import BREAKDOWN_KEYS, Sample, breakdown, summarize
+from searchgym.eval.sample_rows import ROW_FIELDS, STATS_FIELDS, check_row  # noqa: F401 -- the row's fields, re-exported
+from searchgym.eval.sample_rows import sample_key as _sample_key
 from searchgym.settings import check_settings
 
 SAMPLES = "samples.jsonl"
 RUN = "run.json"
 SUMMARY = "summary.json"
 FAILURES = "failures.jsonl"
-ROW_FIELDS = ("task_id", "sample", "reward", "verdicts", "stats")
-STATS_FIELDS = ("turns", "searches", "accesses", "generated_tokens", "answered", "stop_reason")
 
 
 class SampleStore:
@@ -113,33 +114,6 @@ class SampleStore:
         new = {**row, "revision": self.rows[key].get("revision", 0) + 1}
         self.log.append(new)
         self.rows[key] = new
-
-
-def _sample_key(row: dict[str, Any]) -> tuple[str, int]:
-    """(task_id, sample) of a stored row; KeyError/TypeError/ValueError for a row that has none."""
-    return str(row["task_id"]), int(row["sample"])
-
-
-def check_row(row: Any) -> None:
-    """BadRow naming what a stored sample row lacks (the fields the summary reads), so it is set aside, not a crash."""
-    if not isinstance(row, dict):
-        raise BadRow(f"not a JSON object but {type(row).__name__}")
-    missing = [k for k in ROW_FIELDS if k not in row]
-    stats = row.get("stats")
-    if "stats" in row:
-        if not isinstance(stats, dict):
-            raise BadRow("field 'stats' is not an object")
-        missing += [f"stats.{k}" for k in STATS_FIELDS if k not in stats]
-    if missing:
-        raise BadRow(f"missing field{'s' if len(missing) > 1 else ''} {', '.join(repr(m) for m in missing)}")
-    if not isinstance(row["verdicts"], dict) or not all(isinstance(v, dict) for v in row["verdicts"].values()):
-        raise BadRow("field 'verdicts' is not an object of verdicts")
-    try:
-        _sample_key(row)
-    except (TypeError, ValueError):
-        raise BadRow(
-            f"fields 'task_id'/'sample' are not an id and an integer: {row['task_id']!r}, {row['sample']!r}"
-        ) from None
 
 
 def failed_judges(row: dict[str, Any]) -> list[str]:

@@ -122,7 +122,7 @@ def stored_row(i, **extra):
         "sample": i,
         "reward": 0.0,
         "verdicts": {},
-        "stats": dict.fromkeys(STATS_FIELDS, 0),
+        "stats": {**dict.fromkeys(STATS_FIELDS, 0), "answered": False, "stop_reason": "answer"},
         **extra,
     }
 

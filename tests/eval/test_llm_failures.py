@@ -187,7 +187,7 @@ def _complete_row(i):
         "sample": i,
         "reward": 0.5,
         "verdicts": {"em": {"score": 0.0, "correct": False}},
-        "stats": dict.fromkeys(STATS_FIELDS, 0),
+        "stats": {**dict.fromkeys(STATS_FIELDS, 0), "answered": False, "stop_reason": "answer"},
     }
 
 

@@ -134,6 +134,25 @@ def check(condition: bool, message: str) -> None:
 BODY_TIMEOUT = web.AppKey("body_timeout", float)  # set by serve_app from ServerLimits.body_timeout
 
 
+class ReplyTooLarge(ValueError):
+    """A server's reply past the reader's size cap (read no further than the cap)."""
+
+
+async def read_capped(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes:
+    """A client's reply body, refused with ReplyTooLarge once it passes `max_bytes` (by its Content-Length, or as
+    it streams in): a server, however broken, cannot make a client hold more than the cap."""
+    declared = resp.content_length
+    if declared is not None and declared > max_bytes:
+        raise ReplyTooLarge(f"a {declared}-byte reply (Content-Length) is over the {max_bytes}-byte cap")
+    parts, size = [], 0
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > max_bytes:
+            raise ReplyTooLarge(f"a reply of over {max_bytes} bytes (the cap)")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
 async def read_body(request: web.Request) -> bytes:
     """The whole request body, or a 408 when it has not all come within the app's body timeout (a client that
     sends a head and then stalls would hold its connection and handler forever); over client_max_size is a 413."""

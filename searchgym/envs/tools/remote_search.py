@@ -5,7 +5,9 @@ but no `/access`); a server is named by its base URL or by its full `/retrieve` 
 configs name it. One pooled aiohttp session per event loop; every request has a timeout; connection
 errors, timeouts, 5xx and unreadable bodies are retried with exponential backoff, failing over across
 several server addresses (a failed server is skipped for `dead_s` seconds, then tried again). Whatever
-still fails is raised as BackendError, which SearchEnv turns into an observation and a counter.
+still fails is raised as BackendError, which SearchEnv turns into an observation and a counter. A reply past
+`max_reply_bytes` (64 MiB, the server's own cap) is a failed try, read no further; a score that is not a finite
+number (NaN, inf) is a BackendError: junk from a server is never ranked.
 Searches ask for snippets (`"snippet": true`, ignored by Search-R1's servers, which send whole
 documents), so an env over our server sees what it sees over the index in process.
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import urllib.error
 import urllib.request
@@ -31,9 +34,12 @@ import aiohttp
 
 from searchgym.envs.tools.base import BackendError, Page, PageNotFound, SearchHit
 from searchgym.envs.tools.corpus import split_contents
-from searchgym.envs.tools.http_session import LoopSession
+from searchgym.envs.tools.http_session import LoopSession, ReplyTooLarge, read_capped
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+MAX_REPLY_BYTES = 64 * 2**20  # as `serve search` caps its replies
 
 
 class _Retryable(Exception):
@@ -61,6 +67,7 @@ class RemoteSearch:
         check: bool = False,
         max_batch: int = 64,
         batch_window: float = 0.0,
+        max_reply_bytes: int = MAX_REPLY_BYTES,
     ) -> None:
         """`servers`: base URLs (http://host:port) or /retrieve URLs; `check=True` asks each one query now (see check);
         concurrent searches are sent together, up to `max_batch` a request (1: one request each), waiting
@@ -73,6 +80,9 @@ class RemoteSearch:
         if max_batch < 1 or batch_window < 0:
             raise ValueError("max_batch must be at least 1 and batch_window at least 0")
         self.max_batch, self.batch_window = max_batch, batch_window
+        if max_reply_bytes < 1:
+            raise ValueError(f"max_reply_bytes must be at least 1, got {max_reply_bytes!r}")
+        self.max_reply_bytes = max_reply_bytes  # a reply past this is a failed try, read no further
         self.servers = [base_url(u) for u in urls]
         self.timeout, self.retries, self.backoff, self.max_backoff = timeout, retries, backoff, max_backoff
         self.connect_timeout, self.dead_s, self.max_connections = connect_timeout or timeout, dead_s, max_connections
@@ -283,10 +293,12 @@ class RemoteSearch:
         """One HTTP exchange: JSON back, _Retryable for transient failures, BackendError for final ones."""
         try:
             async with session.request(method, url, json=payload) as resp:
-                raw = await resp.read()
+                raw = await read_capped(resp, self.max_reply_bytes)
                 status = resp.status
         except TimeoutError:
             raise _Retryable(f"no answer within {self.timeout:g} s", dead=True) from None
+        except ReplyTooLarge as e:
+            raise _Retryable(f"{e} (max_reply_bytes)", dead=False) from None
         except aiohttp.ClientConnectorError as e:
             raise _Retryable(f"cannot connect: {e.os_error or e}", dead=True) from None
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as e:
@@ -325,7 +337,7 @@ def probe(server: str, timeout: float) -> None:
     hint = "give a retrieval server's base URL (http://host:port) or its /retrieve URL"
     try:
         with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=timeout) as resp:
-            raw = resp.read()
+            raw = resp.read(MAX_REPLY_BYTES + 1)
     except urllib.error.HTTPError as e:
         if e.code >= 500:
             raise OSError(f"HTTP {e.code}: {_error_text(e.read())}") from None
@@ -376,6 +388,10 @@ def _hit(item: Any, rank: int) -> SearchHit:
         str(doc["id"]) if doc.get("id") is not None else str(doc.get("url") or title)
     )  # Search-R1's BM25 rows have no id
     score = item.get("score")
+    if score is not None and not (
+        isinstance(score, (int, float)) and not isinstance(score, bool) and math.isfinite(score)
+    ):
+        raise BackendError(f"retrieval server sent a score that is not a finite number: {str(score)[:40]}")
     return SearchHit(
         doc_id=doc_id,
         title=title,

@@ -12,7 +12,8 @@ RemoteSearch's).
 BM25 scores from different shards are merged as they are: each shard computes IDF over its own documents, which
 for a hash split of a large corpus is close to the whole corpus's (the usual trade of sharded BM25; the merged
 ranking can differ from one index's near ties). A shard that fails after its own retries fails the search
-(BackendError naming it): a search that silently lost a shard's documents would be a wrong result.
+(BackendError naming it): a search that silently lost a shard's documents would be a wrong result. So does a
+shard whose scores are not finite numbers: a NaN would sort anywhere and an inf would take the whole top-k.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -169,6 +171,8 @@ class ShardedSearch:
                 if isinstance(result, (BackendError, TimeoutError, OSError)):
                     raise BackendError(f"shard {i} of {len(self.shards)} failed: {result}") from result
                 raise result
+            if not all(isinstance(hit.score, (int, float)) and math.isfinite(hit.score) for hit in result):
+                raise BackendError(f"shard {i} of {len(self.shards)} failed: it sent a score that is not finite")
             merged += [(-hit.score, i, rank, hit) for rank, hit in enumerate(result)]
         merged.sort(key=lambda item: item[:3])
         return [hit for *_, hit in merged[:k]]

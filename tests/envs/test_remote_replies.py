@@ -1,0 +1,76 @@
+"""What a retrieval server sends is checked before it is ranked: a score that is not a finite number (NaN, inf) fails
+the search (a shard that sends one is a failed shard, never one that takes the whole top-k), and a reply past
+`max_reply_bytes` is a failed try, read no further."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from searchgym.envs.tools.base import BackendError, SearchHit
+from searchgym.envs.tools.remote_search import RemoteSearch
+from searchgym.envs.tools.shards import ShardedSearch
+
+
+def reply_with(body: bytes) -> web.Application:
+    """A retrieval server whose /retrieve answers `body`, whatever is asked."""
+
+    async def retrieve(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/retrieve", retrieve)
+    return app
+
+
+def hits(*scores: str) -> bytes:
+    """A /retrieve reply to one query whose hits carry these scores, as raw JSON tokens (NaN, Infinity, ...)."""
+    items = [
+        f'{{"document": {{"id": "d{i}", "contents": "x", "url": "u{i}"}}, "score": {s}}}' for i, s in enumerate(scores)
+    ]
+    return f'{{"result": [[{", ".join(items)}]]}}'.encode()
+
+
+async def search_on(body: bytes, **options) -> list[SearchHit]:
+    async with TestServer(reply_with(body)) as server:
+        remote = RemoteSearch(str(server.make_url("")), retries=0, max_batch=1, **options)
+        try:
+            return await remote.search("q", 3)
+        finally:
+            await remote.close()
+
+
+@pytest.mark.parametrize("score", ["NaN", "Infinity", "-Infinity", '"7"', "true"])
+def test_a_score_that_is_not_a_finite_number_fails_the_search(score):
+    with pytest.raises(BackendError, match="not a finite number"):
+        asyncio.run(search_on(hits("1.5", score)))
+    assert [h.score for h in asyncio.run(search_on(hits("1.5", "0.5")))] == [1.5, 0.5]
+
+
+def test_a_reply_past_the_cap_is_refused_without_reading_it_whole():
+    big = json.dumps({"result": [[{"document": {"id": "d", "contents": "x" * 300_000}, "score": 1.0}]]}).encode()
+    with pytest.raises(BackendError, match="over the 100000-byte cap"):
+        asyncio.run(search_on(big, max_reply_bytes=100_000))
+    assert len(asyncio.run(search_on(big))) == 1  # under the default cap (64 MiB) it is a result
+
+
+class Shard:
+    """A shard that answers fixed scores."""
+
+    def __init__(self, *scores: float) -> None:
+        self.scores = scores
+
+    async def search(self, query: str, k: int) -> list[SearchHit]:
+        return [SearchHit(f"d{s}", "t", f"u{s}", "", s) for s in self.scores]
+
+
+def test_a_shard_sending_inf_or_nan_is_a_failed_shard():
+    for bad in (float("inf"), float("nan")):
+        with pytest.raises(BackendError, match="shard 1 of 2 failed: it sent a score that is not finite"):
+            asyncio.run(ShardedSearch([Shard(2.0, 1.0), Shard(bad)]).search("q", 3))
+    assert [h.score for h in asyncio.run(ShardedSearch([Shard(2.0, 1.0), Shard(1.5)]).search("q", 3))] == [2, 1.5, 1]

@@ -10,7 +10,8 @@ held-out accuracy stays 0, since a tiny model learns the 16 tasks it was shown, 
 Without --model it builds a tiny 2-layer Qwen2 with a tool-capable chat template, its tokenizer trained on the
 env's pages, and copy-pretrains it (--copy-steps, about 3 CPU minutes: a random-init model cannot copy a name from
 the question into a search, or from a result into the answer, so no rollout would ever earn a reward); pass a
-Hugging Face model directory with a tool-capable template (Qwen2.5, Qwen3, ...) for a real run. The completion
+Hugging Face model directory with a tool-capable template (Qwen2.5, Qwen3, ...), or `--model smollm2-135m-instruct
+--sft-lr 1e-4 --lr 1e-5` (pip install 'searchgym[trl,models]'), for a real run. The completion
 budget and the warm start's length come from the demonstrations (printed first, with why); then one JSON line per
 GRPO step: the mean reward (the env judge's verdicts), tool calls per rollout, loss; and a warning when no tool
 call ran or no group's rewards differed (GRPO had nothing to learn from).
@@ -74,7 +75,12 @@ def tiny_base_model(env_class: Any, demos: Any, work: Path, *, copy_steps: int, 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="model directory (default: build the tiny model)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="a model directory or a packaged model's name (smollm2-135m-instruct: `searchgym model get` converts "
+        "it on first use; a ChatML template without tools gets Hermes tool blocks); default: build the tiny model",
+    )
     parser.add_argument(
         "--copy-steps",
         type=int,
@@ -92,6 +98,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     parser.add_argument(
         "--sft-epochs", type=int, default=SFT_EPOCHS, help="passes over the demos when --sft-steps auto"
+    )
+    parser.add_argument(
+        "--sft-lr", type=float, default=3e-3, help="warm-start learning rate (3e-3 for the tiny model; ~1e-4 real)"
     )
     parser.add_argument(
         "--max-completion-length",
@@ -162,9 +171,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     prompts = prompts.select(range(min(args.tasks, len(prompts))))
     demos = demonstrations(env_class, list(prompts["task_id"]))
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = args.model or str(
-        tiny_base_model(env_class, demos, work, copy_steps=args.copy_steps, seed=args.seed, device=device)
-    )
+    if args.model:
+        from searchgym.pipeline.stages import resolve_model
+
+        model = str(resolve_model(args.model))
+    else:
+        model = str(tiny_base_model(env_class, demos, work, copy_steps=args.copy_steps, seed=args.seed, device=device))
     tokenizer = tool_calling_tokenizer(model)
     lengths = completion_lengths(tokenizer, demos)
     budget = args.max_completion_length
@@ -195,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 output_dir=str(work / "sft"),
                 max_steps=sft_steps,
                 per_device_train_batch_size=SFT_BATCH,
-                learning_rate=3e-3,
+                learning_rate=args.sft_lr,
                 lr_scheduler_type="constant",
                 completion_only_loss=True,
                 **cpu,

@@ -21,6 +21,41 @@ _PROBE_USER, _PROBE_ANSWER, _PROBE_OBS, _PROBE_SYSTEM = "\x00U\x00", "\x00A\x00"
 # helpful AI assistant named SmolLM", Qwen2.5's "You are Qwen"): an identity no demonstration or episode asked for
 SEARCH_AGENT_SYSTEM = "You are a search agent. Answer the user's question by using the tools the user describes."
 
+# ChatML (the tiny model's template, and the one TRL gets for a ChatML model whose own cannot render tools, such as
+# SmolLM2's); with `tools`, a Qwen2.5/Hermes-style system block lists them, assistant tool calls are written as
+# <tool_call>{"name", "arguments"}</tool_call> and tool results go back as <tool_response> in a user turn.
+# Conversations without tools render exactly as plain ChatML (no default system prompt).
+CHATML_TOOLS_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nThese functions are available, described as JSON inside <tools></tools>:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nTo call functions, write one JSON object per call inside <tool_call></tool_call>:\\n"
+    '<tool_call>\\n{"name": <function-name>, "arguments": <arguments-object>}\\n</tool_call><|im_end|>\\n\' }}'
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' and loop.first and tools %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif message['role'] == 'assistant' and message['tool_calls'] %}"
+    "{{- '<|im_start|>assistant' }}"
+    "{%- if message['content'] %}{{- '\\n' + message['content'] }}{%- endif %}"
+    "{%- for call in message['tool_calls'] %}"
+    "{%- set function = call['function'] if call['function'] is defined else call %}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + function['name'] + '\", \"arguments\": ' + (function['arguments'] | tojson)"
+    " + '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
 
 @dataclass(frozen=True)
 class ToolFormat:

@@ -18,7 +18,8 @@ schema), and scores each rollout with `get_reward()`. Here:
   `transcript` property; `configured(..., transcripts="FILE.jsonl")` also appends every scored rollout's
   transcript to that file, so a run's rollouts can be read without TRL's internals.
 - `tool_calling_tokenizer(model)` loads a tokenizer and gives a Hermes-style template (the tiny model's,
-  Qwen's) the response parser TRL needs to read `<tool_call>` blocks.
+  Qwen's) the response parser TRL needs to read `<tool_call>` blocks; a ChatML template that cannot render tools
+  (SmolLM2's) gets the same turns with Hermes tool blocks (`formats.CHATML_TOOLS_TEMPLATE`).
 
 Needs `pip install 'searchgym[trl]'`.
 """
@@ -35,6 +36,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 import searchgym  # noqa: F401 - registers the env ids
+from searchgym.agents.formats import CHATML_TOOLS_TEMPLATE
 from searchgym.envs.env_kwargs import check_env_kwargs
 from searchgym.envs.extras import needs
 from searchgym.envs.factory import make_unwrapped
@@ -432,6 +434,9 @@ def tool_calling_tokenizer(model: Any) -> Any:
         if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__")
         else model
     )
+    if not supports_tool_calling(tokenizer) and "<|im_start|>" in (getattr(tokenizer, "chat_template", None) or ""):
+        # a ChatML model whose template has no tools (SmolLM2's): the same turns, with Hermes tool blocks added
+        tokenizer.chat_template = CHATML_TOOLS_TEMPLATE
     if not supports_tool_calling(tokenizer):
         raise ValueError(
             "the model's chat template cannot render tool calls and tool results; use a tool-capable "

@@ -166,3 +166,20 @@ def test_a_dir_that_cannot_be_a_policy_is_refused_naming_why(smollm2, tmp_path):
     (gguf_dir / "m.gguf").write_bytes(b"GGUF")
     with pytest.raises(ValueError, match="searchgym model get"):
         check_policy_dir(gguf_dir)
+
+
+def test_trl_gets_a_tool_capable_template_for_the_real_model(smollm2):
+    """SmolLM2's own template renders no tools; TRL gets the same ChatML turns with Hermes tool blocks."""
+    pytest.importorskip("trl")
+    from trl.chat_template_utils import supports_tool_calling
+
+    from searchgym.integrations.trl import tool_calling_tokenizer
+
+    tokenizer = tool_calling_tokenizer(smollm2)
+    assert supports_tool_calling(tokenizer)
+    call = {"type": "function", "function": {"name": "search", "arguments": {"query": "Mount Metrin"}}}
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [call]}], tokenize=False
+    )
+    assert '<tool_call>\n{"name": "search", "arguments": {"query": "Mount Metrin"}}\n</tool_call>' in text
+    assert "SmolLM" not in text

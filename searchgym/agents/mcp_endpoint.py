@@ -8,6 +8,8 @@ judged, recorded and trained exactly as one that calls `task.call_tool`.
 - A tool call's arguments are checked against the tool's schema (agents/mcp_tools.py): a bad one is a tool
   error naming the field; calls on one episode run one at a time.
 - On loopback, requests with another Host or Origin header are refused (DNS rebinding), as `serve mcp` does.
+- A body over 16 MiB, not UTF-8, not JSON or nested past 64 levels is a 4xx JSON-RPC error before the SDK's
+  handler sees it (agents/json_guard.py), as in `serve mcp`.
 
 Needs the `mcp` extra (`pip install 'searchgym[mcp]'`).
 """
@@ -22,6 +24,7 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
+from searchgym.agents.json_guard import JsonBodyGuard
 from searchgym.agents.mcp_tools import DESCRIPTIONS, ENV_TOOLS, ToolError, argument_error, input_schema
 from searchgym.envs.extras import needs
 
@@ -127,7 +130,8 @@ class EpisodeToolServer:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind((self.host, 0))
         self.port = sock.getsockname()[1]
-        self._server = Server(uvicorn.Config(self.app, log_level="warning", lifespan="off", interface="asgi3"))
+        app = JsonBodyGuard(self.app)  # a body the SDK would answer with a 500 and a traceback is a 4xx here
+        self._server = Server(uvicorn.Config(app, log_level="warning", lifespan="off", interface="asgi3"))
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + STARTUP_TIMEOUT

@@ -261,11 +261,13 @@ class McpEnvServer:
     ) -> Any:
         """A Starlette app serving the MCP endpoint at /mcp (streamable HTTP, one server session per MCP session);
         on a loopback host it refuses other Host and Origin headers (DNS rebinding), as the SDK's FastMCP does;
-        a body over `max_body_bytes`, or not whole `body_timeout` s after its head, is a 413 or 408."""
+        a body over `max_body_bytes`, or not whole `body_timeout` s after its head, is a 413 or 408; one that is not
+        UTF-8, not JSON or nested past 64 levels a 400 JSON-RPC parse error (the SDK's handler would answer 500)."""
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
         from starlette.applications import Starlette
         from starlette.routing import Route
 
+        from searchgym.agents.json_guard import JsonBodyGuard
         from searchgym.integrations.asgi_limits import BodyLimit
 
         if not (isinstance(session_idle_timeout, (int, float)) and 0 < session_idle_timeout < float("inf")):
@@ -285,7 +287,9 @@ class McpEnvServer:
                 yield
 
         return BodyLimit(
-            Starlette(routes=[Route("/mcp", endpoint=Endpoint())], lifespan=lifespan),
+            JsonBodyGuard(
+                Starlette(routes=[Route("/mcp", endpoint=Endpoint())], lifespan=lifespan), max_bytes=max_body_bytes
+            ),
             max_bytes=max_body_bytes,
             timeout_s=body_timeout,
         )

@@ -37,6 +37,7 @@ SUMMARY_INSTRUCTION = (
     "question: the facts, the sources, and what is left to find. Write only the summary."
 )
 TRUNCATION_NOTE = "\n[truncated: this result had {n} tokens, more than the context allows]"
+MAX_SUMMARY_TOKENS = 1 << 17  # no context window holds a longer summary and room to go on
 DROPPED_NOTE = "\n\n[{n} earlier turns omitted to fit the context]"
 
 
@@ -236,6 +237,8 @@ class FoldPolicy(ContextPolicy):
     managed = True
 
     def __post_init__(self) -> None:
+        if isinstance(self.keep_fraction, bool) or not isinstance(self.keep_fraction, (int, float)):
+            raise ValueError(f"keep_fraction must be a number in (0, 1], got {self.keep_fraction!r}")
         if not 0 < self.keep_fraction <= 1:
             raise ValueError(f"keep_fraction must be in (0, 1], got {self.keep_fraction}")
 
@@ -286,8 +289,9 @@ class SummarisePolicy(ContextPolicy):
     managed = True
 
     def __post_init__(self) -> None:
-        if self.summary_tokens < 1:
-            raise ValueError(f"summary_tokens must be at least 1, got {self.summary_tokens}")
+        n = self.summary_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SUMMARY_TOKENS:
+            raise ValueError(f"summary_tokens must be a whole number in [1, {MAX_SUMMARY_TOKENS}], got {n!r}")
 
     def reserve(self, workflow: ContextHost) -> int:
         return self.summary_tokens + len(workflow.template.observation_ids(self.instruction, False)) + 1

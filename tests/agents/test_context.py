@@ -352,3 +352,14 @@ def test_eval_plays_past_its_window_with_a_context_policy(tmp_path, tiny_model_d
         assert traj.num_segments == row["stats"]["segments"]
         assert all(len(s.input_ids) <= 256 for s in traj.token_segments())
     assert json.loads((tmp_path / "fold" / "run.json").read_text())["context_policy"] == "fold"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), 10**9, 0, True, 2.5, "256"])
+def test_a_summary_budget_that_is_not_a_sane_whole_number_is_refused(bad):
+    from searchgym.agents.context import MAX_SUMMARY_TOKENS, context_policy
+
+    with pytest.raises(ValueError, match=rf"summary_tokens must be a whole number in \[1, {MAX_SUMMARY_TOKENS}\]"):
+        context_policy("summarise", summary_tokens=bad)
+    with pytest.raises(ValueError, match="keep_fraction"):
+        context_policy("fold", keep_fraction=float("nan"))
+    assert context_policy("summarise", summary_tokens=MAX_SUMMARY_TOKENS).summary_tokens == MAX_SUMMARY_TOKENS

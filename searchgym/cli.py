@@ -482,10 +482,12 @@ def _train(args: argparse.Namespace) -> None:
 
     config = load_config(args.config, args.overrides)
     if args.dry_run:
-        _train_plan(config, json_out=args.json, gpu_memory_gib=args.gpu_memory_gib)
+        _train_plan(
+            config, json_out=args.json, gpu_memory_gib=args.gpu_memory_gib, host_memory_gib=args.host_memory_gib
+        )
         return
-    if args.json or args.gpu_memory_gib is not None:
-        raise ValueError("--json and --gpu-memory-gib describe a plan: add --dry-run")
+    if args.json or args.gpu_memory_gib is not None or args.host_memory_gib is not None:
+        raise ValueError("--json, --gpu-memory-gib and --host-memory-gib describe a plan: add --dry-run")
     if config.launcher == "ray":
         from searchgym.trainers.launchers.ray_cluster import train_ray as train
     else:
@@ -497,11 +499,16 @@ def _train(args: argparse.Namespace) -> None:
     )
 
 
-def _train_plan(config: Any, *, json_out: bool, gpu_memory_gib: float | None) -> None:
-    """`train --dry-run`: print the resource plan and the per-GPU memory estimate; refuse (status 2) what cannot fit."""
+def _train_plan(
+    config: Any, *, json_out: bool, gpu_memory_gib: float | None, host_memory_gib: float | None = None
+) -> None:
+    """`train --dry-run`: print the resource plan and the per-GPU (or, on CPU, host) memory estimate; refuse (status
+    2) what cannot fit."""
     from searchgym.trainers.plan import PlanError, make_plan, plan_text
 
-    plan = make_plan(config, gpu_memory_gib=80.0 if gpu_memory_gib is None else gpu_memory_gib)
+    plan = make_plan(
+        config, gpu_memory_gib=80.0 if gpu_memory_gib is None else gpu_memory_gib, host_memory_gib=host_memory_gib
+    )
     if json_out:
         print(json.dumps(plan.to_json(), indent=2))
     else:
@@ -758,6 +765,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
     p.add_argument("--gpu-memory-gib", type=float, default=None, help="with --dry-run: memory of one GPU (default 80)")
+    p.add_argument(
+        "--host-memory-gib",
+        type=float,
+        default=None,
+        help="with --dry-run and a CPU learner: the host memory to fit (default: this machine's available memory)",
+    )
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. learner.lr=1e-6 rollout.max_staleness=2")
     p.set_defaults(run=_train)
 

@@ -39,6 +39,24 @@ What it counts, per learner rank (every term at once: an upper bound of the step
   head is in 16 bits, an fp32 accumulator of its gradient (V*h*4), and three fp32 numbers per token.
   Before the chunked head, the whole logits of T trained tokens and three fp32 copies took T*V*(b + 12).
 
+**This machine's host memory, when the learner trains on the CPU** (local launcher): everything above lives in host
+memory, and so does the rest of the process, so the plan counts all of it at once against the machine's available
+memory (`available_memory`: psutil, else /proc/meminfo's MemAvailable; `host_memory_gib` / `--host-memory-gib`
+overrides it): every rank's learner terms; rank 0's consolidated copy (from 2 ranks); the in-process TorchEngine's
+own fp32 copy of the weights, its KV cache for `rollout.max_concurrent_rollouts` x `rollout.max_context` tokens
+(fp32 keys and values of every layer, twice: a joining row's merge copies the batch) capped by the engine's memory
+budget (MEMORY_FRACTION of the memory, less its prefix cache: past it, episodes wait for a row), and its prefix
+cache; the runtime (RUNTIME_BYTES per process); and ALLOCATOR_MARGIN of the activations, what the host allocator
+holds beyond live tensors at a step's peak. A plan over the memory is refused, naming the largest
+`learner.micro_batch_tokens` that fits.
+
+Measured (SmolLM2-135M-Instruct, fp32, one thread, one real `Learner` update on a full micro-batch with AdamW's
+state present, peak RSS from `getrusage`): the learner terms alone are 0.90x, 0.89x and 0.88x the peak RSS at
+1,024, 2,048 and 4,096 tokens (3.77 GB against 4.20 GB, 5.19 against 5.81, 8.04 against 9.15), 0.96x, 0.94x and
+0.91x of what the process gained over the 0.27 GB it holds once torch and transformers are imported: the excess,
+11%, 12% and 15% of the activations, grows with them (allocator caching and backward-pass buffers). The host total
+for the same learner (the runtime and allocator terms added, no engine) is 1.09x, 1.08x and 1.06x the peak RSS.
+
 SGLang servers: the weights per GPU (P * bytes / tp) must fit in `ray.sglang_mem_fraction_static` of the GPU (the
 static pool that holds weights and KV cache); what is left is KV cache, reported in tokens.
 """
@@ -54,6 +72,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from searchgym.agents.engines.memory import available_memory, kv_bytes_per_token
 from searchgym.trainers.config import LearnerConfig, TrainConfig
 from searchgym.trainers.topology import check_ray_config, required_resources
 
@@ -62,6 +81,11 @@ SHAPES = "shapes.json"  # package data next to this module
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8, "double": 8}
 TINY_MODEL = "a fresh tiny model (agents/tiny_model.py: build_tiny_model's defaults)"
 MAX_RANKS = 4096  # the most ranks a remedy proposes
+RUNTIME_BYTES = (
+    GIB // 2
+)  # one process itself: Python, torch, transformers and the rest (0.27 GB measured for the first two)
+ALLOCATOR_MARGIN = 0.2  # of the activations: what a step's peak RSS holds beyond the terms (11% to 15% measured)
+ENGINE_DTYPE_BYTES = 4  # the in-process TorchEngine holds its weights and KV cache in fp32 (open_engine's default)
 
 
 class PlanError(ValueError):
@@ -130,11 +154,19 @@ class Plan:
     cluster: str | None = None  # Ray: the cluster joined ("auto", an address) or started here
     notes: list[str] = field(default_factory=list)
     refusal: str | None = None
+    machine: list[Term] = field(default_factory=list)  # a CPU learner: all this machine's host memory holds at once
+    host_memory_bytes: int | None = None  # the machine's available memory the CPU plan is checked against
+    host_memory_source: str = ""
 
     @property
     def learner_gpu_bytes(self) -> int:
         """The estimate for one learner rank's GPU: every GPU term at once."""
         return gpu_bytes(self.learner)
+
+    @property
+    def machine_bytes(self) -> int:
+        """A CPU plan's host total: every term of `machine` at once."""
+        return sum(t.bytes for t in self.machine)
 
     def to_json(self) -> dict[str, Any]:
         """The plan as plain JSON-ready data (what `--dry-run --json` prints)."""
@@ -152,6 +184,10 @@ class Plan:
             "load_gpu_bytes": self.load_bytes,
             "host_memory": [dataclasses.asdict(t) for t in self.host],
             "servers": self.servers,
+            "machine_memory": [dataclasses.asdict(t) for t in self.machine],
+            "machine_bytes": self.machine_bytes,
+            "host_memory_bytes": self.host_memory_bytes,
+            "host_memory_source": self.host_memory_source,
             "notes": self.notes,
             "fits": self.refusal is None,
             "refusal": self.refusal,
@@ -362,10 +398,101 @@ def learner_on_gpu(config: TrainConfig) -> bool:
     return config.model.device.startswith("cuda")
 
 
-def make_plan(config: TrainConfig, *, gpu_memory_gib: float = 80.0) -> Plan:
-    """The run's resource plan and memory estimate; `refusal` says why it cannot fit (and what would), else None."""
+def machine_terms(
+    config: TrainConfig, shape: ModelShape, capacity: int, learner: LearnerConfig | None = None
+) -> list[Term]:
+    """Everything the host memory of this machine holds at once when the learner trains on its CPU (module
+    docstring), under `learner` (default: the config's) and for a machine of `capacity` available bytes."""
+    from searchgym.agents.engines.torch_engine import MEMORY_FRACTION, PREFIX_CACHE_BYTES
+
+    learner = learner or config.learner
+    ranks, gib = learner.ranks, lambda n: f"{n / GIB:.1f} GiB"  # noqa: E731
+    per_rank = learner_terms(shape, learner, dtype=config.model.dtype, on_gpu=False)
+    times = f" x {ranks} ranks" if ranks > 1 else ""
+    terms = [Term(t.name, t.bytes * ranks, "host", t.detail + times) for t in per_rank]
+    if ranks > 1:
+        terms.append(
+            Term(
+                "consolidated copy",
+                shape.parameters * dtype_bytes(config.model.dtype),
+                "host",
+                "rank 0's unsharded copy for weight pushes and checkpoints",
+            )
+        )
+    rollout = config.rollout
+    if rollout.engine == "torch":
+        per_token = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, ENGINE_DTYPE_BYTES)
+        full = 2 * rollout.max_concurrent_rollouts * rollout.max_context * per_token
+        budget = max(int(capacity * MEMORY_FRACTION) - PREFIX_CACHE_BYTES, 0)
+        capped = (
+            f"; capped by the engine's memory budget ({MEMORY_FRACTION:g} of {gib(capacity)} less its prefix "
+            f"cache): of {gib(full)}, the rest of the episodes wait for a row"
+            if full > budget
+            else ""
+        )
+        terms += [
+            Term("engine weights", shape.parameters * ENGINE_DTYPE_BYTES, "host", "the TorchEngine's own fp32 copy"),
+            Term(
+                "engine KV cache",
+                max(min(full, budget), 2 * rollout.max_context * per_token),  # an empty batch takes one row
+                "host",
+                f"{rollout.max_concurrent_rollouts} rollouts x {rollout.max_context:,} tokens x {per_token:,} B "
+                f"(fp32 keys and values), twice: a joining row's merge copies the batch{capped}",
+            ),
+            Term("engine prefix cache", PREFIX_CACHE_BYTES, "host", "finished turns' keys and values, its budget"),
+        ]
+    activations = sum(t.bytes for t in per_rank if t.name == "activations") * ranks
+    terms += [
+        Term("runtime", RUNTIME_BYTES * ranks, "host", f"Python, torch and the libraries, per process{times}"),
+        Term(
+            "allocator margin",
+            int(activations * ALLOCATOR_MARGIN),
+            "host",
+            f"{ALLOCATOR_MARGIN:.0%} of the activations: freed memory the allocator keeps at the peak (measured)",
+        ),
+    ]
+    return terms
+
+
+def host_remedies(config: TrainConfig, shape: ModelShape, capacity: int) -> list[str]:
+    """The largest `learner.micro_batch_tokens` with which a CPU plan fits `capacity`, else the most rollouts that do
+    with the smallest micro-batch; each computed with the estimate itself."""
+    total = lambda learner: sum(t.bytes for t in machine_terms(config, shape, capacity, learner))  # noqa: E731
+    learner, found = config.learner, []
+    low, high = 0, learner.micro_batch_tokens - 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        if total(dataclasses.replace(learner, micro_batch_tokens=mid)) <= capacity:
+            low = mid
+        else:
+            high = mid - 1
+    if low > 0:
+        need = total(dataclasses.replace(learner, micro_batch_tokens=low))
+        found.append(f"learner.micro_batch_tokens={low} ({need / GIB:.1f} GiB)")
+        if low < config.rollout.max_context:
+            found[-1] += " (longer trajectories are trained alone in a micro-batch of their own length)"
+    elif config.rollout.engine == "torch":
+        one = dataclasses.replace(learner, micro_batch_tokens=1)
+        for rollouts in range(config.rollout.max_concurrent_rollouts - 1, config.rollout.group_size - 1, -1):
+            smaller = dataclasses.replace(
+                config, rollout=dataclasses.replace(config.rollout, max_concurrent_rollouts=rollouts)
+            )
+            if sum(t.bytes for t in machine_terms(smaller, shape, capacity, one)) <= capacity:
+                found.append(f"rollout.max_concurrent_rollouts={rollouts} and a smaller learner.micro_batch_tokens")
+                break
+    return found
+
+
+def make_plan(config: TrainConfig, *, gpu_memory_gib: float = 80.0, host_memory_gib: float | None = None) -> Plan:
+    """The run's resource plan and memory estimate; `refusal` says why it cannot fit (and what would), else None.
+
+    A CPU learner under the local launcher is checked against this machine's available memory, or
+    `host_memory_gib` when given.
+    """
     if not (gpu_memory_gib > 0 and math.isfinite(gpu_memory_gib)):
         raise PlanError(f"--gpu-memory-gib must be a positive number of GiB, got {gpu_memory_gib}")
+    if host_memory_gib is not None and not (host_memory_gib > 0 and math.isfinite(host_memory_gib)):
+        raise PlanError(f"--host-memory-gib must be a positive number of GiB, got {host_memory_gib}")
     if config.launcher == "ray":
         check_ray_config(config)
     shape = model_shape(config.model.path)
@@ -448,6 +575,15 @@ def make_plan(config: TrainConfig, *, gpu_memory_gib: float = 80.0) -> Plan:
             f"is trained alone in a micro-batch of its own length: one of rollout.max_context "
             f"({longest:,}) tokens, all trained, would need {worst / GIB:.1f} GiB per learner GPU"
         )
+    if not on_gpu and config.launcher == "local":
+        found = (int(host_memory_gib * GIB), "--host-memory-gib") if host_memory_gib is not None else available_memory()
+        if found is None:
+            plan.notes.append("this machine's available memory is unknown (no psutil, no /proc/meminfo): not checked")
+        else:
+            plan.host_memory_bytes, plan.host_memory_source = found
+            plan.machine = machine_terms(config, shape, found[0])
+    elif not on_gpu:
+        plan.notes.append("host memory not checked: Ray places the learner and rollout actors over the cluster")
     plan.refusal = _refusal(plan, config)
     return plan
 
@@ -639,6 +775,18 @@ def _refusal(plan: Plan, config: TrainConfig) -> str | None:
             f"each learner rank loads the whole model ({gib(plan.load_bytes)}) onto its GPU before "
             f"sharding it, more than its {gib(capacity)}: set learner.cpu_offload=true"
         )
+    host = plan.host_memory_bytes
+    if plan.machine and host is not None and plan.machine_bytes > host:
+        ranked = sorted(plan.machine, key=lambda t: -t.bytes)
+        terms = ", ".join(f"{t.name} {gib(t.bytes)}" for t in ranked)
+        fixes = " or ".join(host_remedies(config, plan.model, host)) or (
+            "no micro_batch_tokens or max_concurrent_rollouts: a smaller model or a machine with more memory"
+        )
+        problems.append(
+            f"the CPU learner needs {gib(plan.machine_bytes)} of this machine's {gib(host)} available memory "
+            f"({plan.host_memory_source}); the biggest term is {ranked[0].name} ({gib(ranked[0].bytes)}: "
+            f"{ranked[0].detail}); by size: {terms}. It would fit with {fixes}"
+        )
     servers = plan.servers
     if servers and servers["weights_per_gpu_bytes"] >= servers["static_pool_bytes"]:
         tp = next(
@@ -699,6 +847,20 @@ def plan_text(plan: Plan) -> str:
             f"{s['full_context_episodes']:,} full-context episodes; up to {s['episodes_per_server']} in flight "
             "per server",
         ]
+    if plan.machine:
+        lines += ["", "this machine's host memory (a CPU learner: every term at once)"]
+        learner = {t.name for t in plan.learner}
+        ranks = f" x {plan.ranks} ranks" if plan.ranks > 1 else ""
+        mine = sum(t.bytes for t in plan.machine if t.name in learner)
+        lines.append(f"  {'learner':<24}{gib(mine)}  the terms above{ranks}")
+        for t in plan.machine:
+            if t.name not in learner:
+                lines.append(f"  {t.name:<24}{gib(t.bytes)}  {t.detail}")
+        assert plan.host_memory_bytes is not None  # set with `machine`
+        lines.append(
+            f"  {'total':<24}{gib(plan.machine_bytes)} of {plan.host_memory_bytes / GIB:.1f} GiB available "
+            f"({plan.host_memory_source})"
+        )
     lines += [f"note: {n}" for n in plan.notes]
     lines.append("")
     lines.append("fits: yes" if plan.refusal is None else "fits: NO (why, and what would fit: below)")

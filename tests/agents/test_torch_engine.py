@@ -359,3 +359,39 @@ async def test_stop_strings_end_the_engine_where_tail_decoding_does(engine, mode
         r = await engine.agenerate(GenerateRequest(p, params))
         assert r.output_ids == greedy[:j] and r.finish_reason == FinishReason("stop", stop)
         assert r.text == tokenizer.decode(greedy[:j], skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("rows", [3, 1])
+async def test_a_memory_budget_caps_the_rows_decoded_at_once(tiny_model_dir, tokenizer, rows):
+    """With a budget that holds `rows` rows at their longest, ten requests decode at most that many at once, the rest
+    wait in order, and each finishes with the tokens and logprobs it gets from an engine without a bound."""
+    p = prompt(tokenizer, 2)
+    requests = [
+        GenerateRequest(p, SamplingParams(max_new_tokens=12, temperature=1.0, seed=i, ignore_eos=True))
+        for i in range(10)
+    ]
+    free = TorchEngine(tiny_model_dir, memory_budget_bytes=None)
+    expected = await asyncio.gather(*(free.agenerate(r) for r in requests))
+    assert free.stats()["max_rows"] == 10 and free.stats()["memory_waits"] == 0
+    budget = free.batch_memory_bytes(rows, len(p) + 12)
+    bounded = TorchEngine(tiny_model_dir, memory_budget_bytes=budget)
+    responses = await asyncio.gather(*(bounded.agenerate(r) for r in requests))
+    stats = bounded.stats()
+    assert stats["max_rows"] == rows and stats["memory_waits"] > 0 and stats["memory_budget_bytes"] == budget
+    assert stats["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # keys and values x 2 layers x 2 kv heads x 16 dims x fp32
+    assert stats["running"] == stats["waiting"] == 0
+    for got, want in zip(responses, expected, strict=True):
+        assert got.output_ids == want.output_ids and len(got.output_ids) == 12
+        assert torch.allclose(torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=1e-4, rtol=0)
+    await free.close()
+    await bounded.close()
+
+
+def test_a_cpu_engine_bounds_its_batch_by_the_available_memory(tiny_model_dir, monkeypatch):
+    from searchgym.agents.engines import torch_engine
+
+    monkeypatch.setattr(torch_engine, "available_memory", lambda: (10 << 30, "test"))
+    engine = TorchEngine(tiny_model_dir, prefix_cache_bytes=1 << 30)
+    assert engine.memory_budget_bytes == int((10 << 30) * torch_engine.MEMORY_FRACTION) - (1 << 30)
+    monkeypatch.setattr(torch_engine, "available_memory", lambda: None)
+    assert TorchEngine(tiny_model_dir).memory_budget_bytes is None  # unknown memory: max_batch_size alone

@@ -431,3 +431,74 @@ def test_a_65k_token_trajectory_trained_alone_fits_an_80_gib_gpu_in_the_7b_confi
         re.search(r"rollout\.max_context \(65,536\) tokens, all trained, would need ([0-9.]+) GiB", out).group(1)
     )
     assert need < 80
+
+
+# ---- a CPU learner: this machine's host memory -------------------------------------------------------------------
+
+
+def smollm2_shapes(path: Path) -> Path:
+    """SmolLM2-135M-Instruct's config.json alone (no weights: the plan builds the model on the meta device)."""
+    from transformers import LlamaConfig
+
+    LlamaConfig(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        vocab_size=49152,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    ).save_pretrained(path)
+    return path
+
+
+def test_a_cpu_plan_counts_the_host_memory_and_names_the_micro_batch_that_fits(capsys, tmp_path):
+    """Issue 40: the default micro-batch of a 135M model needs 21 GiB of activations; on a 24 GiB CPU machine the
+    dry run used to say "fits: yes". Now every host term counts, and the remedy, applied, fits where one more token
+    does not."""
+    model = smollm2_shapes(tmp_path / "smollm2")
+    args = ["--config", str(CONFIGS / "train-cpu.yaml"), f"model.path={model}"]
+    code, out, err = dry_run(capsys, "--host-memory-gib", "24", *args)
+    assert code == 2 and "fits: NO" in out and "this machine's host memory" in out
+    assert "the CPU learner needs" in err and "of this machine's 24.0 GiB available memory (--host-memory-gib)" in err
+    assert "the biggest term is activations (21.2 GiB" in err
+    tokens = int(re.search(r"learner\.micro_batch_tokens=(\d+)", err).group(1))
+    config = load_config(CONFIGS / "train-cpu.yaml", [f"model.path={model}", f"learner.micro_batch_tokens={tokens}"])
+    plan = make_plan(config, host_memory_gib=24)
+    assert plan.refusal is None and plan.machine_bytes <= 24 * GIB == plan.host_memory_bytes
+    over = dataclasses.replace(config, learner=dataclasses.replace(config.learner, micro_batch_tokens=tokens + 1))
+    assert make_plan(over, host_memory_gib=24).machine_bytes > 24 * GIB
+    terms = {t.name: t.bytes for t in plan.machine}
+    parameters = plan.model.parameters
+    assert terms["parameters"] == terms["gradients"] == terms["engine weights"] == parameters * 4
+    assert terms["optimizer state"] == 2 * parameters * 4
+    per_token = 2 * 30 * 3 * 64 * 4  # keys and values x layers x kv heads x head dim x fp32
+    kv = 2 * config.rollout.max_concurrent_rollouts * config.rollout.max_context * per_token
+    assert terms["engine KV cache"] == min(kv, 12 * GIB - (1 << 30))  # capped by the engine's budget
+    assert {"engine prefix cache", "runtime", "allocator margin", "activations", "loss head"} <= set(terms)
+    assert plan.to_json()["machine_bytes"] == sum(terms.values()) == plan.machine_bytes
+
+
+def test_a_cpu_plan_is_checked_against_the_available_memory(tmp_path, tiny_model_dir, monkeypatch):
+    from searchgym.trainers import plan as plan_module
+
+    config = load_config(CONFIGS / "train-cpu.yaml", [f"model.path={tiny_model_dir}"])
+    monkeypatch.setattr(plan_module, "available_memory", lambda: (64 * GIB, "test"))
+    assert make_plan(config).host_memory_bytes == 64 * GIB and make_plan(config).refusal is None
+    monkeypatch.setattr(plan_module, "available_memory", lambda: (GIB, "test"))
+    assert "of this machine's 1.0 GiB available memory (test)" in make_plan(config).refusal
+    monkeypatch.setattr(plan_module, "available_memory", lambda: None)
+    unknown = make_plan(config)
+    assert unknown.refusal is None and not unknown.machine and any("not checked" in n for n in unknown.notes)
+    gpu = load_config(CONFIGS / "train-cpu.yaml", [f"model.path={tiny_model_dir}", "model.device=cuda"])
+    assert not make_plan(gpu, host_memory_gib=0.001).machine  # a GPU learner: the GPU path, as before
+
+
+def test_the_host_memory_flag_needs_dry_run_and_a_real_size(capsys):
+    assert main(["train", "--host-memory-gib", "8"]) == 2
+    assert "--dry-run" in capsys.readouterr().err
+    for size in ("0", "-8", "inf", "nan"):
+        code, _, err = dry_run(capsys, "--host-memory-gib", size)
+        assert code == 2 and "--host-memory-gib must be a positive number" in err, size

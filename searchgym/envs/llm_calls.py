@@ -31,7 +31,8 @@ class Unparseable(ValueError):
 
 class CallFailed(Exception):
     """An LLM call that gave no usable reply: `kind` is "call" (transport, rate limit, server error),
-    "cut off" (finish_reason length) or "unparseable"; `calls` is how many requests it made."""
+    "cut off" (finish_reason length), "too long" (past MAX_REPLY_CHARS) or "unparseable"; `calls` is how many
+    requests it made."""
 
     def __init__(self, kind: str, detail: str, *, calls: int = 1, output: str | None = None) -> None:
         super().__init__(f"{kind}: {detail}")
@@ -139,7 +140,12 @@ async def complete_reply(model: ChatModel, messages: list[dict[str, Any]], **sam
         )
     if not isinstance(text, str):
         raise CallFailed("unparseable", f"the reply is not text: {type(text).__name__}")
+    if len(text) > MAX_REPLY_CHARS:  # dropped here, before any parser splits it into pieces
+        raise CallFailed("too long", f"the reply has {len(text):,} characters, over the {MAX_REPLY_CHARS:,} cap")
     return text
+
+
+MAX_REPLY_CHARS = 1_000_000  # a chat reply past this (about 250k tokens: more than any max_tokens asked) is junk
 
 
 def _count(value: Any) -> int:

@@ -55,6 +55,7 @@ REAL_MODEL_PRESETS: dict[str, list[str]] = {
         "sft.lr=1e-4",
         "sft.warmup_steps=2",
         "sft.batch_tokens=4096",
+        "sft.micro_batch_tokens=1024",
         "rl.steps=20",
         "rl.save_every=20",
         "rl.rollout.group_size=8",

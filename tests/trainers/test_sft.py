@@ -109,3 +109,42 @@ def test_the_model_dir_is_written_whole_and_never_over_other_files(demos, tiny_m
     with pytest.raises(ValueError, match="notes holds files that are not a model directory"):
         sft(tiny_model_dir, demos[:1], other, SFTConfig(epochs=1), progress=False)
     assert (other / "keep.txt").read_text() == "mine"
+
+
+def test_micro_batches_accumulate_the_same_update_in_less_memory(demos, tiny_model_dir, tmp_path, monkeypatch):
+    """The step's gradient summed over micro-batches is the whole batch's: same losses, same weights (float noise),
+    with no forward pass over more padded tokens than the micro-batch budget."""
+    import searchgym.trainers.warm_start.sft as sft_module
+
+    widths: list[int] = []
+    forward = sft_module.next_token_logits
+
+    def measured(model, ids, *args, **kwargs):
+        widths.append(ids.numel())
+        return forward(model, ids, *args, **kwargs)
+
+    monkeypatch.setattr(sft_module, "next_token_logits", measured)
+    base = SFTConfig(epochs=1.0, lr=1e-3, warmup_steps=1, batch_tokens=8192, observation_weight=0.1, seed=3)
+    whole = sft(tiny_model_dir, demos[:16], tmp_path / "whole", base, progress=False)
+    whole_widest, widths[:] = max(widths), []
+    split_config = SFTConfig(**{**vars(base), "micro_batch_tokens": 1024})
+    split = sft(tiny_model_dir, demos[:16], tmp_path / "split", split_config, progress=False)
+    longest = max(
+        len(ids)
+        for ids, _ in encode_demonstrations(AutoTokenizer.from_pretrained(tiny_model_dir), demos[:16], max_length=4096)
+    )
+    assert max(widths) <= max(1024, longest) < whole_widest
+    assert len(whole) == len(split) >= 1
+    for a, b in zip(whole, split, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4) and a["token_accuracy"] == b["token_accuracy"]
+    one = AutoModelForCausalLM.from_pretrained(tmp_path / "whole").state_dict()
+    other = AutoModelForCausalLM.from_pretrained(tmp_path / "split").state_dict()
+    moved = max(
+        float((one[k] - AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()[k]).abs().max()) for k in one
+    )
+    differs = max(float((one[k] - other[k]).abs().max()) for k in one)
+    assert moved > 1e-4 and differs < moved * 1e-2
+    with pytest.raises(ValueError, match="micro_batch_tokens"):
+        from searchgym.settings import load_settings
+
+        load_settings(SFTConfig, values={"micro_batch_tokens": 0})

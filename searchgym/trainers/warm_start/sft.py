@@ -41,6 +41,9 @@ class SFTConfig:
     warmup_steps: int = setting(10, at_least=0)
     grad_clip: float = 1.0
     batch_tokens: int = setting(16_384, at_least=1)  # tokens (padded) per optimizer step
+    # tokens (padded) per forward/backward pass, the step's gradient accumulated over them: the same update in less
+    # memory (a 135M real model holds ~1.4 MB of activations per token); None: the whole batch at once
+    micro_batch_tokens: int | None = setting(None, at_least=1)
     max_length: int = setting(4096, at_least=1)  # longer demonstrations are cut (their tail is not learned)
     observation_role: str = "user"
     system_prompt: str | None = None  # as the workflow's (WorkflowSettings.system_prompt): the same layout is learned
@@ -124,25 +127,32 @@ def sft(
     for step in tqdm(range(total), desc="sft", disable=not progress):
         if not batches:
             batches = _batches(samples, config.batch_tokens, rng)
-        ids, attention, mask = (t.to(device) for t in _pad(batches.pop(), pad))
-        actions = mask[:, 1:].float()
-        weights = actions + config.observation_weight * (1 - actions) * attention[:, 1:]
-        where = weights > 0
-        logits = next_token_logits(model, ids, attention, where)  # [N, vocab], trained positions only
-        targets, weights, actions = ids[:, 1:][where], weights[where], actions[where]
-        losses = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
-        loss = (losses * weights).sum() / weights.sum()
+        parts = [
+            [t.to(device) for t in _pad(part, pad)]
+            for part in padded_batches(batches.pop(), config.micro_batch_tokens or 1 << 62, lambda s: len(s[0]))
+        ]
+        total = sum(float(_weights(mask, attention, config.observation_weight).sum()) for _, attention, mask in parts)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss_sum, correct, acted = 0.0, 0.0, 0.0
+        for ids, attention, mask in parts:  # the batch's loss, one micro-batch's share at a time
+            weights = _weights(mask, attention, config.observation_weight)
+            where = weights > 0
+            logits = next_token_logits(model, ids, attention, where)  # [N, vocab], trained positions only
+            targets, weights, actions = ids[:, 1:][where], weights[where], mask[:, 1:][where].float()
+            losses = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+            loss = (losses * weights).sum() / total
+            loss.backward()
+            loss_sum += loss.item()
+            correct += float(((logits.argmax(-1) == targets).float() * actions).sum())
+            acted += float(actions.sum())
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
         scheduler.step()
-        accuracy = ((logits.argmax(-1) == targets).float() * actions).sum() / actions.sum()
         history.append(
             {
                 "step": step + 1,
-                "loss": loss.item(),
-                "token_accuracy": accuracy.item(),
+                "loss": loss_sum,
+                "token_accuracy": correct / max(acted, 1.0),
                 "grad_norm": float(grad_norm),
                 "lr": float(scheduler.get_last_lr()[0]),
             }
@@ -183,6 +193,12 @@ def _batches(
     batches = padded_batches(order, batch_tokens, lambda s: len(s[0]))
     rng.shuffle(batches)
     return batches
+
+
+def _weights(mask: torch.Tensor, attention: torch.Tensor, observation_weight: float) -> torch.Tensor:
+    """Loss weight of each next-token position: 1 on the policy's tokens, `observation_weight` on the rest."""
+    actions = mask[:, 1:].float()
+    return actions + observation_weight * (1 - actions) * attention[:, 1:]
 
 
 def _pad(batch: list[tuple[torch.Tensor, torch.Tensor]], pad_id: int) -> tuple[torch.Tensor, ...]:

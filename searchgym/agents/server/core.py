@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from aiohttp import web
 
@@ -235,6 +235,21 @@ class ServedModel:
         finally:
             self.running -= 1
             self.slots.release()
+
+    async def model_pass(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(model, device, *args)` on the engine's own worker thread between its steps (its lock held, so no
+        step or weight update runs meanwhile), counted as a running request so memory is not released under it."""
+        while not self.memory.resumed.is_set():
+            await self.memory.resumed.wait()
+        self.running += 1
+        try:
+            engine = self.engine
+            engine._ensure_started()
+            async with engine._lock:  # the engine's step lock: the weights stay as they are for the pass
+                result = await engine._in_worker(fn, engine.model, engine.device, *args)
+            return cast(T, result)
+        finally:
+            self.running -= 1
 
     def prompt_ids(self, ids: Any, field: str = "input_ids") -> list[int]:
         """Validate one prompt of token ids against the context length (first: it is cheap) and the vocabulary."""

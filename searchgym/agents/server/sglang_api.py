@@ -27,6 +27,7 @@ from searchgym.agents.engines.fields import require, show
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, SamplingParams
 from searchgym.agents.server.core import ServedModel
 from searchgym.agents.server.lax_fields import lax_boolean, lax_integer, shapes, strings
+from searchgym.agents.server.logprob_extras import LogprobAsk, LogprobExtras, check_ask, render, score
 from searchgym.agents.server.sglang_stream import stream_generate
 from searchgym.agents.server.wire import encode, json_response, raw_json_response
 
@@ -173,6 +174,7 @@ class Item:
     skip_special_tokens: bool
     no_stop_trim: bool
     spaces_between_special_tokens: bool
+    ask: LogprobAsk = LogprobAsk()  # top_logprobs_num and logprob_start_len (logprob_extras)
 
 
 def check_fields(body: dict) -> None:
@@ -310,16 +312,8 @@ class SGLangAPI:
             )
             return_logprob = f.boolean(f.or_default(per_item["return_logprob"][i], False), "return_logprob")
             start = f.integer(f.or_default(per_item["logprob_start_len"][i], -1), "logprob_start_len")
-            require(
-                not return_logprob or start == -1 or start >= len(ids),
-                "input token logprobs are not supported by this server: send logprob_start_len -1 (output only)",
-            )
             top = f.integer(f.or_default(per_item["top_logprobs_num"][i], 0), "top_logprobs_num")
-            require(
-                top == 0,
-                "top_logprobs_num > 0 is not supported by this server: the engine returns only the "
-                "sampled token's logprob",
-            )
+            ask = check_ask(return_logprob, start, top, len(ids), self.model.vocab_size, params.max_new_tokens)
             items.append(
                 Item(
                     GenerateRequest(ids, params, rid),
@@ -329,12 +323,24 @@ class SGLangAPI:
                     skip_special,
                     no_trim,
                     spaces,
+                    ask,
                 )
             )
         return items, batch
 
-    def output(self, item: Item, response: GenerateResponse, started: float) -> dict[str, Any]:
-        """One SGLang /generate result: text, output_ids and meta_info."""
+    async def extras(self, item: Item, response: GenerateResponse) -> LogprobExtras | None:
+        """The item's top and input log-probs for this (finished or partial) reply: one scoring pass of the
+        served model (logprob_extras), None when it asks for none."""
+        if not item.ask.wanted:
+            return None
+        prompt, output = list(item.request.input_ids), list(response.output_ids)
+        return await self.model.model_pass(score, prompt, output, item.request.sampling, item.ask)
+
+    def output(
+        self, item: Item, response: GenerateResponse, started: float, extras: LogprobExtras | None = None
+    ) -> dict[str, Any]:
+        """One SGLang /generate result: text, output_ids and meta_info (with `extras`: the top and input
+        log-probs asked for)."""
         ids = list(response.output_ids)
         model = self.model
         meta: dict[str, Any] = {
@@ -350,6 +356,9 @@ class SGLangAPI:
         if item.return_logprob:
             texts = model.tokenizer.batch_decode([[t] for t in ids]) if item.text_in_logprobs else [None] * len(ids)
             meta["output_token_logprobs"] = [[lp, t, s] for lp, t, s in zip(response.logprobs, ids, texts, strict=True)]
+            if extras is not None:
+                decode = model.tokenizer.batch_decode if item.text_in_logprobs else None
+                meta.update(render(extras, item.ask, decode))
         text = output_text(
             model.tokenizer,
             ids,
@@ -373,13 +382,25 @@ class SGLangAPI:
         if body.get("stream"):
             return await stream_generate(self, body, items, batch, request, started, keep_prefix=keep_prefix)
         responses = await self.model.run([item.request for item in items], keep_prefix=keep_prefix)
+        extras = [await self.extras(item, response) for item, response in zip(items, responses, strict=True)]
         tokens = sum(len(r.output_ids) for r in responses)
-        answer = await self.model.offload(self._answer, items, responses, batch, started, heavy=tokens > OFFLOAD_TOKENS)
+        heavy = tokens > OFFLOAD_TOKENS or any(e is not None for e in extras)
+        answer = await self.model.offload(self._answer, items, responses, extras, batch, started, heavy=heavy)
         return raw_json_response(answer)
 
-    def _answer(self, items: list[Item], responses: list[GenerateResponse], batch: bool, started: float) -> bytes:
+    def _answer(
+        self,
+        items: list[Item],
+        responses: list[GenerateResponse],
+        extras: list[LogprobExtras | None],
+        batch: bool,
+        started: float,
+    ) -> bytes:
         """The JSON of a finished /generate: one result, or a list for a batch."""
-        outputs = [self.output(item, response, started) for item, response in zip(items, responses, strict=True)]
+        outputs = [
+            self.output(item, response, started, extra)
+            for item, response, extra in zip(items, responses, extras, strict=True)
+        ]
         return encode(outputs if batch else outputs[0])
 
     # ---- control -----------------------------------------------------------------------------------------

@@ -26,17 +26,21 @@ _RUNNING = FinishReason("running")  # not SGLang's: a partial's meta_info.finish
 
 
 class NativeOutput(Protocol):
-    """What this module needs of the native API: the served model and how it renders one result."""
+    """What this module needs of the native API: the served model, the extra log-probs an item asks for, and how
+    it renders one result."""
 
     model: ServedModel
 
-    def output(self, item: Any, response: GenerateResponse, started: float) -> dict[str, Any]: ...
+    async def extras(self, item: Any, response: GenerateResponse) -> Any: ...
+
+    def output(self, item: Any, response: GenerateResponse, started: float, extras: Any = None) -> dict[str, Any]: ...
 
 
-def partial_output(api: NativeOutput, item: Any, partial: Partial, started: float) -> dict[str, Any]:
-    """One intermediate event: the result so far, finish_reason null, no incomplete last character."""
+async def partial_output(api: NativeOutput, item: Any, partial: Partial, started: float) -> dict[str, Any]:
+    """One intermediate event: the result so far (with the top and input log-probs of the tokens so far, where
+    asked: one scoring pass per event), finish_reason null, no incomplete last character."""
     response = GenerateResponse(list(partial.output_ids), list(partial.logprobs), list(partial.versions), _RUNNING)
-    out = api.output(item, response, started)
+    out = api.output(item, response, started, await api.extras(item, response))
     out["text"] = out["text"].rstrip("\ufffd")
     out["meta_info"]["finish_reason"] = None
     return out
@@ -70,10 +74,10 @@ async def stream_generate(
         try:
             async for event in stream.events(request):
                 if isinstance(event, GenerateResponse):
-                    await send(response, api.output(item, event, started))
+                    await send(response, api.output(item, event, started, await api.extras(item, event)))
                 elif len(event.output_ids) - sent >= interval:
                     sent = len(event.output_ids)
-                    await send(response, partial_output(api, item, event, started))
+                    await send(response, await partial_output(api, item, event, started))
             await send_done(response)
         except ConnectionError:  # the client left: the generation is cancelled on the way out
             pass

@@ -38,7 +38,9 @@ JUNK = st.one_of(
     st.integers(-(10**30), 10**30),
     st.floats(allow_nan=True, allow_infinity=True),
     st.lists(st.integers(), max_size=2),
-    st.dictionaries(st.text(max_size=3), st.one_of(st.integers(), st.text(max_size=3), st.lists(st.none())), max_size=2),
+    st.dictionaries(
+        st.text(max_size=3), st.one_of(st.integers(), st.text(max_size=3), st.lists(st.none())), max_size=2
+    ),
 )
 
 

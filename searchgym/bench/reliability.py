@@ -328,6 +328,19 @@ async def caches(rng: random.Random, workdir: Path) -> dict[str, Any]:
     return tally.row()
 
 
+def round_three(rng: random.Random, n: int) -> list[dict[str, Any]]:
+    """Round 3's surfaces (issue 44; bench/reliability_sources.py), `n` forms of each kind: damaged sources
+    (BrowseComp-Plus files, shard manifests, sample rows), and budgets and replies (agent deadlines, cost budgets,
+    MCP bodies, shard scores)."""
+    from searchgym.bench import reliability_sources as sources
+
+    sourced = _Tally("damaged sources (BrowseComp-Plus, shards, samples)")
+    sources.damaged_sources(sourced, rng, n)
+    budgets = _Tally("budgets and replies (agents, cost, MCP, scores)")
+    asyncio.run(sources.budgets_and_replies(budgets, rng, n))
+    return [sourced.row(), budgets.row()]
+
+
 # --- kills (subprocesses of the real CLI) -----------------------------------------------------------------
 
 
@@ -387,6 +400,7 @@ def run_reliability(
             asyncio.run(web_pages(rng, n)),
             asyncio.run(server_bodies(rng, max(n // 10, 5), LocalIndex(bundle / "index"), model)),
             asyncio.run(caches(rng, _fresh(work / "caches"))),
+            *round_three(rng, max(n // 10, 5)),
         ]
         if kills:
             kill_rng = random.Random(seed)

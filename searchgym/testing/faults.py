@@ -1,5 +1,6 @@
 """Seeded fault generators for the reliability bench (issue 15): URL forms aimed at non-public addresses,
-action text an agent might write, web responses that lie, junk request bodies, damaged cache rows.
+action text an agent might write, web responses that lie, junk request bodies, damaged cache rows, and damaged
+lines of a user's text files (issue 44).
 
 Each generator takes a `random.Random`, so a bench run tries the same forms every time; the property
 tests draw the same shapes with hypothesis.
@@ -205,3 +206,32 @@ def _json_value(rng: random.Random, depth: int) -> Any:
     if kind == 6:
         return [_json_value(rng, depth - 1) for _ in range(rng.randrange(0, 4))]
     return {_text(rng, 6): _json_value(rng, depth - 1) for _ in range(rng.randrange(0, 4))}
+
+
+# How a line of a user's JSONL or text file may be damaged (issue 44): see damage_lines.
+LINE_DAMAGES = ["latin-1", "utf-16", "cut", "junk", "duplicate", "not-an-object", "no-text"]
+
+
+def damage_lines(data: bytes, how: str, at: int) -> bytes:
+    """`data` (UTF-8 JSONL or qrels text) damaged `how` (one of LINE_DAMAGES) at line `at` (wrapped to the file's
+    length): a latin-1 byte, the whole file re-encoded as UTF-16, a line cut in half, a junk line, the first line
+    repeated, a JSON array line, a row without its text."""
+    lines = data.splitlines(keepends=True)
+    i = at % len(lines)
+    if how == "latin-1":
+        lines[i] = lines[i].replace(b"e", "\u00e9".encode("latin-1"), 1)
+    elif how == "utf-16":
+        return data.decode().encode("utf-16")
+    elif how == "cut":
+        lines[i] = lines[i][: max(1, len(lines[i]) // 2)] + b"\n"
+    elif how == "junk":
+        lines.insert(i, b"}{ not json\n")
+    elif how == "duplicate":
+        lines.insert(i, lines[0])
+    elif how == "not-an-object":
+        lines.insert(i, b"[1, 2]\n")
+    elif how == "no-text":
+        lines.insert(i, b'{"docid": "777"}\n')
+    else:
+        raise ValueError(f"unknown damage {how!r}; the damages are {LINE_DAMAGES}")
+    return b"".join(lines)

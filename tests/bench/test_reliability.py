@@ -169,3 +169,20 @@ def test_run_without_kills_writes_the_report(tmp_path, small_bundle, tiny_model_
 
 async def _no_servers(rng, n, index, model_dir):
     return reliability._row("server request bodies", 0, 0, 0, 0)
+
+
+def test_round_threes_surfaces_are_counted_with_no_crash_and_a_hole_is_a_crash(monkeypatch):
+    """The bench's classes for issue 44's surfaces run clean, and a budget check that lets any unit through is
+    counted as the crash it is."""
+    from searchgym.bench import reliability_sources
+
+    rows = reliability.round_three(random.Random(44), 4)
+    assert [row["class"].split(" (")[0] for row in rows] == ["damaged sources", "budgets and replies"]
+    for row in rows:
+        assert row["crashes"] == 0 and row["handled"] == row["faults_injected"] >= 12, row
+    import searchgym.envs.tools.costs as costs
+
+    monkeypatch.setattr(costs, "check_cost_budget", lambda budget, key="cost_budget": dict(budget))
+    leaky = reliability._Tally("leaky")
+    reliability_sources.cost_budgets(leaky, random.Random(44), 30)
+    assert leaky.crashes > 0 and any("was accepted" in note for note in leaky.notes)

@@ -18,6 +18,7 @@ import searchgym  # noqa: F401
 from searchgym.envs.browsecomp_plus import converted_corpus, load_queries
 from searchgym.envs.source_files import SourceFileError
 from searchgym.envs.tools.corpus import read_corpus
+from searchgym.testing.faults import LINE_DAMAGES, damage_lines
 from tests.envs.browsecomp_layout import write_layout
 
 BCP = "searchgym/BrowseCompPlus-v0"
@@ -59,32 +60,8 @@ def test_a_duplicate_docid_names_the_users_file_and_line_and_the_fixed_file_is_u
     assert search_ids(root, "Zephyrquartz mineral")[0] == "106"
 
 
-DAMAGES = ["latin-1", "utf-16", "cut", "junk", "duplicate", "not-an-object", "no-text"]
-
-
-def damage(data: bytes, how: str, at: int) -> bytes:
-    """`data` (UTF-8 JSONL or qrels text) damaged `how` at line `at` (wrapped to the file's length)."""
-    lines = data.splitlines(keepends=True)
-    i = at % len(lines)
-    if how == "latin-1":
-        lines[i] = lines[i].replace(b"e", "é".encode("latin-1"), 1)
-    elif how == "utf-16":
-        return data.decode().encode("utf-16")
-    elif how == "cut":
-        lines[i] = lines[i][: max(1, len(lines[i]) // 2)] + b"\n"
-    elif how == "junk":
-        lines.insert(i, b"}{ not json\n")
-    elif how == "duplicate":
-        lines.insert(i, lines[0])
-    elif how == "not-an-object":
-        lines.insert(i, b"[1, 2]\n")
-    elif how == "no-text":
-        lines.insert(i, b'{"docid": "777"}\n')
-    return b"".join(lines)
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(which=st.sampled_from(["corpus", "queries", "qrels"]), how=st.sampled_from(DAMAGES), at=st.integers(0, 9))
+@given(which=st.sampled_from(["corpus", "queries", "qrels"]), how=st.sampled_from(LINE_DAMAGES), at=st.integers(0, 9))
 def test_any_damaged_file_is_an_error_naming_it_or_a_conversion_of_what_it_holds_now(which, how, at):
     """Property: whatever the damage, loading gives a SourceFileError naming the user's file (and line, where a line
     is at fault) or a result equal to a fresh read of the file as it is now; never a traceback, never stale data."""
@@ -97,7 +74,7 @@ def test_any_damaged_file_is_an_error_naming_it_or_a_conversion_of_what_it_holds
             "qrels": root / "topics-qrels" / "qrel_evidence.txt",
         }[which]
         before = [doc.id for doc in read_corpus(converted_corpus(root / "corpus.jsonl", cache))]
-        source.write_bytes(damage(source.read_bytes(), how, at))
+        source.write_bytes(damage_lines(source.read_bytes(), how, at))
         try:
             load_queries(root)
             docs = [doc.id for doc in read_corpus(converted_corpus(root / "corpus.jsonl", cache))]

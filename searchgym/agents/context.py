@@ -19,7 +19,9 @@ Policies (pick one in `WorkflowSettings.context`, or in the train config as `rol
   back to folding, recorded in `Trajectory.context_events`.
 
 Subclass `ContextPolicy` (override `rebuild`, and `reserve` if the policy itself generates) for another rule;
-a custom workflow passes its instance in `WorkflowSettings(context=...)`, no fork of `TokenWorkflow` needed.
+a custom workflow passes its instance in `WorkflowSettings(context=...)`, no fork of `TokenWorkflow` needed. A
+subclass's `rebuild` is checked (`checked_rebuild`): one that raises, or returns a prompt that is empty, not token
+ids, or longer than the segment holds, is a `ContextPolicyError` naming the policy.
 """
 
 from __future__ import annotations
@@ -218,6 +220,57 @@ class ContextPolicy:
         rid: str,
     ) -> Rebuild | None:
         return None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every subclass's `rebuild` answers through `checked_rebuild`: a policy that fails or returns a prompt
+        the next segment cannot hold is a ContextPolicyError naming it, never a crash deep in the engine."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("rebuild")
+        if own is not None and not getattr(own, "_checked", False):
+            cls.rebuild = checked_rebuild(own)  # type: ignore[method-assign]
+
+
+class ContextPolicyError(RuntimeError):
+    """A context policy failed, or answered with a prompt that does not fit; the message names the policy."""
+
+
+def checked_rebuild(rebuild: Any) -> Any:
+    """`rebuild` whose errors and answers are checked, naming the policy's class: it must return None or a Rebuild
+    whose prompt is a non-empty list of token ids of at most `target` tokens."""
+
+    async def checked(
+        self: ContextPolicy,
+        workflow: ContextHost,
+        traj: Trajectory,
+        history: History,
+        *,
+        target: int,
+        sampling: SamplingParams,
+        rid: str,
+    ) -> Rebuild | None:
+        name = type(self).__qualname__
+        try:
+            out = await rebuild(self, workflow, traj, history, target=target, sampling=sampling, rid=rid)
+        except ContextPolicyError:
+            raise
+        except Exception as e:
+            raise ContextPolicyError(f"context policy {name} failed: {type(e).__name__}: {e}") from e
+        if out is None:
+            return None
+        if not isinstance(out, Rebuild):
+            raise ContextPolicyError(f"context policy {name} returned {type(out).__name__}, not a Rebuild or None")
+        ids = out.prompt_ids
+        if not (isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool) for t in ids)):
+            raise ContextPolicyError(f"context policy {name} returned a prompt that is not a non-empty list of ids")
+        if len(ids) > target:
+            raise ContextPolicyError(
+                f"context policy {name} returned a prompt of {len(ids)} tokens, over the {target} the segment holds"
+            )
+        return out
+
+    checked._checked = True  # type: ignore[attr-defined]
+    checked.__doc__ = rebuild.__doc__
+    return checked
 
 
 class EndPolicy(ContextPolicy):

@@ -35,9 +35,28 @@ def test_a_corpus_file_is_indexed_beside_it_once(tmp_path):
     index = open_index(corpus)
     assert index.index_dir == tmp_path / "wiki.jsonl.index" and len(index) == 2
     assert index.search_sync("Tessar Works", 1)[0].doc_id == "0"
-    files = sorted(os.listdir(index.index_dir))
-    corpus.write_text("")  # a rebuild would now index nothing: the second open must reuse the first index
-    assert len(open_index(corpus)) == 2 and sorted(os.listdir(index.index_dir)) == files
+    built = (index.index_dir / "index.json").stat().st_mtime_ns
+    os.utime(corpus)  # touched, not changed: the second open reuses the first index
+    assert len(open_index(corpus)) == 2 and (index.index_dir / "index.json").stat().st_mtime_ns == built
+
+
+def test_a_changed_corpus_is_indexed_again_on_the_next_open(tmp_path):
+    """The index beside a corpus follows it (issue 44): a replaced corpus, even one of the same size, is rebuilt,
+    and a stale dense index is never replaced by a BM25 one unasked."""
+    corpus = corpus_at(tmp_path / "wiki.jsonl")
+    assert open_index(corpus).search_sync("Velmora", 1)[0].doc_id == "1"
+    rows = [{"id": "0", "contents": '"Tessar Works"\nTessar Works was founded in 1873 by Kelda Voss.'}]
+    rows.append({"id": "1", "contents": '"Kelda Voss"\nKelda Voss was born in Ardmore.'})  # same size
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    index = open_index(corpus)
+    assert index.search_sync("Ardmore", 1)[0].doc_id == "1" and not index.search_sync("Velmora", 1)
+    corpus.write_text(corpus.read_text() + json.dumps({"id": "2", "contents": '"Quill"\nA new page.'}) + "\n")
+    assert len(open_index(corpus)) == 3
+    manifest = json.loads((tmp_path / "wiki.jsonl.index" / "index.json").read_text())
+    (tmp_path / "wiki.jsonl.index" / "index.json").write_text(json.dumps({**manifest, "kind": "dense"}))
+    corpus.write_text(corpus.read_text() + json.dumps({"id": "3", "contents": '"Reed"\nAnother.'}) + "\n")
+    with pytest.raises(ValueError, match="dense index .* was built from another version"):
+        open_index(corpus)
 
 
 def test_a_world_directory_gets_its_index_built_inside_it(tmp_path):

@@ -3,7 +3,8 @@
 One function for "open or build the index", so the env ids, the CLI, synthesis and the benches accept
 the same paths: an index directory, a directory holding `index/` (a SyntheticQA bundle, a world from
 `searchgym world build`), or a corpus JSONL. Parallel processes (async vector env workers) build a
-missing index once: the build holds a file lock beside it.
+missing index once: the build holds a file lock beside it. An index built beside its corpus is rebuilt when the
+corpus changes (its manifest records the corpus's size and sha256), never served stale.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from searchgym.envs.tools.index_files import MANIFEST, file_lock, has_manifest, manifest_kind
+from searchgym.envs.tools.index_files import MANIFEST, file_lock, has_manifest, manifest_kind, sha256
 
 CORPUS = "corpus.jsonl"  # a bundle's or world's corpus file
 
@@ -47,11 +48,36 @@ def open_index(path: str | os.PathLike, *, dense: bool | str | Any = None, progr
             f"{path} does not exist: give an index directory (from `searchgym index build`), "
             "a directory holding index/, or a corpus JSONL"
         )
-    if not has_manifest(target):
+    if not has_manifest(target) or is_stale(target, corpus, dense):
         with file_lock(target.with_name(target.name + ".lock")):
-            if not has_manifest(target):  # another process may have built it while we waited
+            # another process may have built it while we waited
+            if not has_manifest(target) or is_stale(target, corpus, dense):
                 _build(corpus, target, dense, progress)
     return _open(target, dense)
+
+
+def is_stale(index_dir: Path, corpus: Path, dense: Any = None) -> bool:
+    """Whether the index at `index_dir` was built from other content than `corpus` holds now (its manifest records
+    the corpus's size and sha256: a different size, or a newer corpus whose hash differs). A stale dense index
+    whose encoder the caller did not name is an error saying how to rebuild it (a BM25 rebuild would replace it)."""
+    manifest_path = index_dir / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        stat = corpus.stat()
+    except (OSError, ValueError):
+        return False  # no corpus beside it, or a manifest _open will name
+    size, digest = manifest.get("corpus_bytes"), manifest.get("corpus_sha256")
+    if not isinstance(size, int) or not isinstance(digest, str):
+        return False  # built before manifests recorded their corpus
+    if stat.st_size == size and (stat.st_mtime_ns < manifest_path.stat().st_mtime_ns or sha256(corpus) == digest):
+        return False
+    if manifest_kind(manifest) == "dense" and (dense is None or dense is False):
+        raise ValueError(
+            f"the dense index at {index_dir} was built from another version of {corpus}; rebuild it with "
+            f"`searchgym index build --corpus {corpus} --out {index_dir} --dense --encoder NAME` (or open it with "
+            "dense=NAME to rebuild it here)"
+        )
+    return True
 
 
 def _open(index_dir: Path, dense: Any) -> Any:

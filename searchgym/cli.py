@@ -214,11 +214,13 @@ def _bench_reproduce(args: argparse.Namespace) -> None:
         return
     from searchgym.bench.reproduce import select_arms
 
-    config = load_reproduce_config(args.claim, args.overrides)
+    config = load_reproduce_config(args.claim, args.overrides, args.model)
     arms = select_arms(args.claim, args.arms)
     picked = ["--arms", args.arms] if args.arms else []
+    picked += ["--model", args.model] if args.model else []
     command = " ".join(["searchgym", "bench", "reproduce", args.claim, *args.overrides, "--seeds", args.seeds, *picked])
-    run_reproduce(args.claim, config, seeds, out=args.out, arms=arms, command=command)
+    out = args.out or (Path(f"results/reproduce_{args.claim}_{args.model}.json") if args.model else None)
+    run_reproduce(args.claim, config, seeds, out=out, arms=arms, command=command)
 
 
 def _bench_trl(args: argparse.Namespace) -> None:
@@ -1116,6 +1118,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--readme", action="store_true", help="only print README's table of every claim's results file")
     p.add_argument("--render", action="store_true", help="rewrite README's and docs/reproductions.md's tables")
     p.add_argument("--arms", default="", help="comma-separated subset of the claim's arms (default: all)")
+    p.add_argument(
+        "--model",
+        choices=["smollm2"],
+        default=None,
+        help="the claim on a real model (SmolLM2-135M-Instruct); default out results/reproduce_CLAIM_MODEL.json",
+    )
     p.add_argument("overrides", nargs="*", help="config overrides, right after CLAIM: e.g. rl.steps=20 out_dir=runs/r")
     p.set_defaults(run=_bench_reproduce)
     p = bench.add_parser("trl", help="README's TRL recipe over seeds: GRPO reward, tool calls, held-out gain")

@@ -296,7 +296,9 @@ def prepare_seed(
     if not rl_tasks:
         raise ValueError(f"seed {seed}: no train task with hops {config.hops.rl} is left for RL")
     lap("world")
-    chats = make_demos(env, demo_tasks, out / "demos.jsonl", question_query=config.demos.question_query)
+    chats = make_demos(
+        env, demo_tasks, out / "demos.jsonl", question_query=config.demos.question_query, limit=config.demos.limit
+    )
     if not chats:
         raise ValueError(f"seed {seed}: the oracle solved none of the {len(demo_tasks)} demonstration tasks")
     lap("demos")

@@ -143,3 +143,16 @@ def test_only_the_raw_shaping_arm_pays_for_repeating_a_rewarded_search(repeats, 
     assert first_turn["raw"] == pytest.approx(outcome + w * repeats)  # grows with every repeat: hackable
     assert first_turn["delta"] == pytest.approx(outcome + w)  # one search's worth, however many repeats
     assert first_turn["clip"] == pytest.approx(outcome - w / 2)  # the answer turn's -threshold; repeats cost 0
+
+
+def test_a_claim_on_the_real_model_keeps_its_arms_and_takes_the_real_warm_start(capsys):
+    for claim in CLAIMS:
+        real = load_reproduce_config(claim, model="smollm2")
+        tiny = load_reproduce_config(claim)
+        assert real.base == "smollm2-135m-instruct" and tiny.base == "tiny"
+        assert real.out_dir == f"runs/reproduce_{claim}_smollm2" != tiny.out_dir  # rows of the two never mix
+        assert real.demos.limit and real.demos.limit <= 256 and real.sft.micro_batch_tokens
+    deep = load_reproduce_config("long_horizon", model="smollm2")
+    assert deep.env.kwargs["max_turns"] >= 16 and max(deep.hops.rl) > max(deep.hops.demos)
+    with pytest.raises(ValueError, match="--model: unknown 'gpt5'"):
+        load_reproduce_config("shaping", model="gpt5")

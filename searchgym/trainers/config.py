@@ -137,6 +137,8 @@ class RolloutConfig:
                 "context_policy",
                 f"must be one of 'end', 'fold', 'summarise' (or module:Class), got {self.context_policy!r}",
             )
+        elif ":" in self.context_policy and (why := context_policy_path_error(self.context_policy)):
+            yield ("context_policy", why)
         if self.context_policy == "summarise" and self.summary_tokens * 2 > self.max_context:
             yield (
                 "summary_tokens",
@@ -259,3 +261,21 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | tu
 def config_dict(config: TrainConfig) -> dict[str, Any]:
     """The config as plain JSON-ready data (what a run directory's config.json holds)."""
     return settings_dict(config)
+
+
+def context_policy_path_error(path: str) -> str | None:
+    """Why `module:Class` / `file.py:Class` names no ContextPolicy subclass (None: it does); loaded now, so a bad path
+    is refused when the config is read, not when the first episode outgrows its window."""
+    from searchgym.agents.context import ContextPolicy
+    from searchgym.agents.workflow import load_object
+
+    try:
+        cls = load_object(path)
+    except Exception as e:  # noqa: BLE001 -- user code: any failure to import it is the setting's error
+        return f"cannot load {path!r}: {type(e).__name__}: {e}"
+    if not (isinstance(cls, type) and issubclass(cls, ContextPolicy)):
+        return (
+            f"{path!r} is not a ContextPolicy subclass (searchgym.agents.context); the built-in policies are "
+            "'end', 'fold', 'summarise'"
+        )
+    return None

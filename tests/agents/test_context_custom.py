@@ -108,3 +108,17 @@ def test_an_empty_or_tag_filled_summary_lets_the_episode_go_on_and_its_tags_neve
     assert traj.terminated and traj.stop_reason == "answer" and len(traj.turns) == TURNS
     assert [t.tool for t in traj.turns] == ["search"] * (TURNS - 1) + ["answer"]  # the summary's tags ran nothing
     assert all("secret" not in str(t.info.get("query", "")) for t in traj.turns)
+
+
+@pytest.mark.parametrize(
+    "path,why",
+    [
+        (f"{__name__}:Nowhere", "has no 'Nowhere'"),
+        ("no_such_module_44:Policy", "cannot load 'no_such_module_44:Policy': ModuleNotFoundError"),
+        (f"{__name__}:play", "is not a ContextPolicy subclass"),
+        ("missing/policy.py:Policy", "cannot load 'missing/policy.py:Policy': FileNotFoundError"),
+    ],
+)
+def test_a_policy_path_is_checked_when_the_config_is_read_naming_the_key(path, why):
+    with pytest.raises(ValueError, match=rf"rollout\.context_policy.*{why}"):
+        load_config(None, [f"rollout.context_policy={path}"])

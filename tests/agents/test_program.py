@@ -219,3 +219,39 @@ def test_an_openai_agents_sdk_agent_is_evaluated_through_the_proxy_unmodified(ti
         traj = Trajectory.from_dict(row["trajectory"])
         assert traj.proxy_calls and traj.generated_tokens > 0  # the SDK's calls went through the recording proxy
         assert sum(traj.loss_mask) == traj.generated_tokens  # only the model's own tokens are trainable
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(30)
+async def test_an_agent_past_its_deadline_gets_no_tool_over_mcp_either(tiny_model_dir, small_bundle):
+    """The deadline shuts the episode's MCP tools too: an agent that swallows its cancellation and then answers
+    over its open MCP session is told the episode is over, and nothing it says is judged."""
+    pytest.importorskip("mcp")
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    inner = TorchEngine(tiny_model_dir, seed=0)
+    env = make_unwrapped("searchgym/SyntheticQA-v0", **ENV)
+    answers = {task.id: task.answers[0] for task in env.tasks}
+    late: list[str] = []
+
+    async def over_mcp(task, client):
+        async with streamable_http_client(task.mcp_url) as (read, write, _), ClientSession(read, write) as session:
+            await session.initialize()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                result = await session.call_tool("answer", {"answer": answers[task.task_id]})
+                late.append(result.content[0].text)
+        return answers[task.task_id]
+
+    try:
+        settings = WorkflowSettings(SamplingParams(max_new_tokens=4))
+        workflow = AgentProgramWorkflow(over_mcp, inner, inner.tokenizer, settings, episode_timeout=1.0)
+        traj = await workflow.arun_episode(env, seed=0)
+        assert traj.truncated and traj.stop_reason.startswith("agent timeout") and traj.verdict is None
+        assert late == ["The episode is over (agent timeout); no more tools run. Return your final answer."]
+        assert not traj.turns and workflow.abandoned == 0
+    finally:
+        env.close()
+        await inner.close()

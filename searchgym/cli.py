@@ -386,7 +386,12 @@ def _bench_engine(args: argparse.Namespace) -> None:
     from searchgym.bench.engine import run_engine_bench
 
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model or build_tiny_model(Path(tmp) / "tiny")
+        if args.model:
+            from searchgym.pipeline.stages import resolve_model
+
+            model = resolve_model(args.model)
+        else:
+            model = build_tiny_model(Path(tmp) / "tiny")
         print(
             json.dumps(
                 run_engine_bench(
@@ -394,7 +399,7 @@ def _bench_engine(args: argparse.Namespace) -> None:
                     out=args.out,
                     device=args.device,
                     traffic=args.traffic,
-                    episodes=args.episodes,
+                    episodes=tuple(args.episodes),
                     turns=args.turns,
                     turn_tokens=args.turn_tokens,
                     repeats=args.repeats,
@@ -993,7 +998,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="TorchEngine tokens/s on multi-turn agent episodes (prefix reuse on, off, "
         "batched model.generate) or single-turn requests vs a model.generate loop",
     )
-    p.add_argument("--model", type=Path, default=None, help="model directory (default: a fresh tiny model)")
+    p.add_argument(
+        "--model", default=None, help="a model directory or a packaged model's name (default: a fresh tiny model)"
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument(
         "--traffic",
@@ -1001,7 +1008,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="multiturn",
         help="multiturn: concurrent agent episodes; single: 1/8/64 one-turn requests (default multiturn)",
     )
-    p.add_argument("--episodes", type=int, default=8, help="multiturn: concurrent episodes")
+    p.add_argument(
+        "--episodes",
+        type=_int_list,
+        default=[8],
+        help="multiturn: concurrent episodes, or a comma list measured in turn (1,8,32)",
+    )
     p.add_argument("--turns", type=int, default=8, help="multiturn: turns per episode")
     p.add_argument("--turn-tokens", type=int, default=32, help="multiturn: tokens generated per turn")
     p.add_argument("--repeats", type=int, default=5, help="multiturn: interleaved repetitions of the three systems")

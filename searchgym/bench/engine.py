@@ -1,4 +1,5 @@
-"""`searchgym bench engine`: TorchEngine's generation speed on the default tiny model, two kinds of traffic.
+"""`searchgym bench engine`: TorchEngine's generation speed on a model (default: a fresh tiny one), two kinds of
+traffic; `--model smollm2-135m-instruct --episodes 1,8,32` measures the real model at three concurrencies in one run.
 
 - multiturn (default): agent episodes. N concurrent episodes of T turns; each turn generates M tokens
   (seeded sampling, eos ignored, so every system does the same work) and appends an observation of
@@ -42,7 +43,7 @@ def run_engine_bench(
     new_tokens: int = 64,
     device: str = "cpu",
     baseline_requests: int = 8,
-    episodes: int = 8,
+    episodes: int | tuple[int, ...] = 8,
     turns: int = 8,
     turn_tokens: int = 32,
     repeats: int = 5,
@@ -55,7 +56,8 @@ def run_engine_bench(
     """
     if traffic not in TRAFFIC:
         raise ValueError(f"traffic must be one of {TRAFFIC}, not {traffic!r}")
-    if min(episodes, turns, turn_tokens, repeats) < 1:
+    counts = (episodes,) if isinstance(episodes, int) else tuple(episodes)
+    if not counts or min(*counts, turns, turn_tokens, repeats) < 1:
         raise ValueError("episodes, turns, turn_tokens and repeats must be >= 1")
     if threads is not None:
         torch.set_num_threads(threads)
@@ -76,8 +78,14 @@ def run_engine_bench(
     if traffic in ("single", "both"):  # the single-turn figures and their setup stay at the top level
         results.update(setup)
         results.update(_single_turn(engine, concurrency, new_tokens, baseline_requests))
-    if traffic in ("multiturn", "both"):
-        results["multiturn"] = {**setup, **_multi_turn(engine, episodes, turns, turn_tokens, repeats)}
+    if traffic in ("multiturn", "both"):  # each concurrency in turn; `multiturn` keeps the last, the sweep all of them
+        sweep = {str(n): _multi_turn(engine, n, turns, turn_tokens, repeats) for n in counts}
+        results["multiturn"] = {**setup, **sweep[str(counts[-1])]}
+        if len(counts) > 1:
+            results["multiturn_sweep"] = {
+                n: {key: run[key] for key in run if key.startswith(("speedup", "median", "final_context"))}
+                for n, run in sweep.items()
+            }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2) + "\n")
     return results

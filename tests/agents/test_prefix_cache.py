@@ -3,6 +3,7 @@ tokens prefilled, an LRU cache that never exceeds its budget, emptied by weight 
 corrupting rows on abort, cancellation or errors."""
 
 import asyncio
+import json
 
 import pytest
 import torch
@@ -327,3 +328,14 @@ def test_prefill_over_cached_prefixes_equals_a_full_prefill(bare_engine, rows, s
     for i in range(len(prompts)):
         for got, expected in zip(real_columns(kv, mask, i), real_columns(full_kv, full_mask, i), strict=True):
             assert torch.allclose(got, expected, atol=1e-4, rtol=1e-5)
+
+
+def test_bench_engine_sweeps_concurrencies_in_one_run(tiny_model_dir, tmp_path):
+    from searchgym.bench.engine import run_engine_bench
+
+    out = tmp_path / "bench_engine.json"
+    results = run_engine_bench(tiny_model_dir, out=out, episodes=(1, 3), turns=2, turn_tokens=4, repeats=1)
+    assert set(results["multiturn_sweep"]) == {"1", "3"} and results["multiturn"]["episodes"] == 3
+    for run in results["multiturn_sweep"].values():
+        assert run["median"]["engine_prefix_reuse"]["tokens_per_s"] > 0 and run["speedup_reuse_vs_batched_generate"] > 0
+    assert json.loads(out.read_text())["multiturn_sweep"] == results["multiturn_sweep"]

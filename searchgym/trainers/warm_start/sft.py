@@ -131,7 +131,7 @@ def sft(
             [t.to(device) for t in _pad(part, pad)]
             for part in padded_batches(batches.pop(), config.micro_batch_tokens or 1 << 62, lambda s: len(s[0]))
         ]
-        total = sum(float(_weights(mask, attention, config.observation_weight).sum()) for _, attention, mask in parts)
+        total = sum((float(_weights(m, a, config.observation_weight).sum()) for _, a, m in parts), start=0.0)
         optimizer.zero_grad(set_to_none=True)
         loss_sum, correct, acted = 0.0, 0.0, 0.0
         for ids, attention, mask in parts:  # the batch's loss, one micro-batch's share at a time

@@ -134,7 +134,9 @@ def test_micro_batches_accumulate_the_same_update_in_less_memory(demos, tiny_mod
         for ids, _ in encode_demonstrations(AutoTokenizer.from_pretrained(tiny_model_dir), demos[:16], max_length=4096)
     )
     assert max(widths) <= max(1024, longest) < whole_widest
-    assert len(whole) == len(split) >= 1
+    assert len(whole) == len(split) >= 2
+    steps = len(whole)  # the lr decays linearly to 0 over the run's steps, micro-batched or not
+    assert [h["lr"] for h in split] == pytest.approx([base.lr * (steps - n) / (steps - 1) for n in range(1, steps + 1)])
     for a, b in zip(whole, split, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4) and a["token_accuracy"] == b["token_accuracy"]
     one = AutoModelForCausalLM.from_pretrained(tmp_path / "whole").state_dict()

@@ -131,7 +131,7 @@ def sft(
             [t.to(device) for t in _pad(part, pad)]
             for part in padded_batches(batches.pop(), config.micro_batch_tokens or 1 << 62, lambda s: len(s[0]))
         ]
-        total = sum((float(_weights(m, a, config.observation_weight).sum()) for _, a, m in parts), start=0.0)
+        weight_sum = sum(float(_weights(m, a, config.observation_weight).sum()) for _, a, m in parts)
         optimizer.zero_grad(set_to_none=True)
         loss_sum, correct, acted = 0.0, 0.0, 0.0
         for ids, attention, mask in parts:  # the batch's loss, one micro-batch's share at a time
@@ -140,7 +140,7 @@ def sft(
             logits = next_token_logits(model, ids, attention, where)  # [N, vocab], trained positions only
             targets, weights, actions = ids[:, 1:][where], weights[where], mask[:, 1:][where].float()
             losses = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
-            loss = (losses * weights).sum() / total
+            loss = (losses * weights).sum() / weight_sum
             loss.backward()
             loss_sum += loss.item()
             correct += float(((logits.argmax(-1) == targets).float() * actions).sum())

@@ -237,26 +237,35 @@ class TaskPool(Sequence[Task]):
 
 
 def _rows_of(path: Path) -> Iterator[tuple[str, Any]]:
-    """(location, parsed row or the parse error) for each row of a JSONL file or a JSON array file."""
-    with open(path, encoding="utf-8-sig", errors="replace") as f:
-        head = f.read(1)
-        while head and head.isspace():
-            head = f.read(1)
-        f.seek(0)
-        if head == "[":
-            try:
-                rows = json.load(f)
-            except ValueError as e:
-                raise TaskFileError(f"{path}: not valid JSON ({e})") from None
-            for i, row in enumerate(rows):
-                yield f"{path}[{i}]", row
-            return
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    yield f"{path}:{lineno}", json.loads(line)
-                except ValueError as e:
-                    yield f"{path}:{lineno}", ValueError(f"not valid JSON ({e})")
+    """(location, parsed row or the parse error) for each row of a JSONL file or a JSON array file. Text must be
+    UTF-8 (a BOM allowed): a line in another encoding is that row's error, never a row with its characters replaced;
+    a UTF-16 file is refused by name."""
+    raw = path.read_bytes()
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff")) or (len(raw) > 1 and b"\x00" in raw[:2]):
+        raise TaskFileError(f"{path}: the file is UTF-16; save it as UTF-8")
+    raw = raw.removeprefix(b"\xef\xbb\xbf")
+    if raw.lstrip()[:1] == b"[":
+        try:
+            rows = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise TaskFileError(f"{path}: not valid UTF-8 ({e.reason} at byte {e.start}); save it as UTF-8") from None
+        except (ValueError, RecursionError) as e:
+            raise TaskFileError(f"{path}: not valid JSON ({e})") from None
+        for i, row in enumerate(rows):
+            yield f"{path}[{i}]", row
+        return
+    for lineno, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield f"{path}:{lineno}", ValueError(f"not valid UTF-8 ({e.reason} at byte {e.start}); save it as UTF-8")
+            continue
+        try:
+            yield f"{path}:{lineno}", json.loads(text)
+        except (ValueError, RecursionError) as e:
+            yield f"{path}:{lineno}", ValueError(f"not valid JSON ({e})")
 
 
 _POOL_CACHE: dict[tuple, TaskPool] = {}

@@ -1,6 +1,7 @@
 """Task pools load every row form users have, and never lose a task silently."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -121,3 +122,21 @@ def test_load_pool_parses_a_file_once_and_again_after_it_changes(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))  # an edited file is read again
     assert [t.id for t in load_pool(path, split="train", hops=1)] == ["t2"]
     assert [t.id for t in load_pool(list(first), hops=1)] == ["t2", "t4", "t8"]  # tasks in memory: filtered, not cached
+
+
+def test_a_task_file_not_in_utf8_is_refused_naming_it_not_loaded_with_replaced_characters(tmp_path):
+    """A latin-1 line is that row's error (its characters were silently replaced before), a UTF-16 file is refused
+    by name; with on_error='skip' the good rows load and the bad one is reported."""
+    good = '{"id": "a", "question": "Where?", "answers": ["Teslin"]}\n'
+    path = tmp_path / "tasks.jsonl"
+    path.write_bytes(good.encode() + '{"id": "b", "question": "Caf\u00e9?", "answers": ["x"]}\n'.encode("latin-1"))
+    with pytest.raises(TaskFileError, match=rf"{re.escape(str(path))}:2: not valid UTF-8"):
+        TaskPool.from_jsonl(path)
+    with pytest.warns(UserWarning, match="skipped 1 bad rows"):
+        pool = TaskPool.from_jsonl(path, on_error="skip")
+    assert [t.id for t in pool] == ["a"] and pool.rejected[0][0] == f"{path}:2"
+    path.write_bytes(good.encode("utf-16"))
+    with pytest.raises(TaskFileError, match=rf"{re.escape(str(path))}: the file is UTF-16"):
+        TaskPool.from_jsonl(path)
+    path.write_bytes(b"\xef\xbb\xbf" + good.encode())  # a BOM is fine
+    assert [t.id for t in TaskPool.from_jsonl(path)] == ["a"]

@@ -43,12 +43,12 @@ What it counts, per learner rank (every term at once: an upper bound of the step
 memory, and so does the rest of the process, so the plan counts all of it at once against the machine's available
 memory (`available_memory`: psutil, else /proc/meminfo's MemAvailable; `host_memory_gib` / `--host-memory-gib`
 overrides it): every rank's learner terms; rank 0's consolidated copy (from 2 ranks); the in-process TorchEngine's
-own fp32 copy of the weights, its KV cache for `rollout.max_concurrent_rollouts` x `rollout.max_context` tokens
-(fp32 keys and values of every layer, twice: a joining row's merge copies the batch) capped by the engine's memory
-budget (MEMORY_FRACTION of the memory, less its prefix cache: past it, episodes wait for a row), and its prefix
-cache; the runtime (RUNTIME_BYTES per process); and ALLOCATOR_MARGIN of the activations, what the host allocator
-holds beyond live tensors at a step's peak. A plan over the memory is refused, naming the largest
-`learner.micro_batch_tokens` that fits.
+own fp32 copy of the weights, its batch of `rollout.max_concurrent_rollouts` rows of `rollout.max_context` tokens
+(`memory.batch_bytes`: the KV cache twice, as a joining row's merge copies it, decode and prefill activations, times
+the allocator factor measured for it) capped by the engine's memory budget (MEMORY_FRACTION of the memory, less
+its prefix cache: past it, episodes wait for a row), and its prefix cache; the runtime (RUNTIME_BYTES per
+process); and ALLOCATOR_MARGIN of the activations, what the host allocator holds beyond live tensors at a step's
+peak. A plan over the memory is refused, naming the largest `learner.micro_batch_tokens` that fits.
 
 Measured (SmolLM2-135M-Instruct, fp32, one thread, one real `Learner` update on a full micro-batch with AdamW's
 state present, peak RSS from `getrusage`): the learner terms alone are 0.90x, 0.89x and 0.88x the peak RSS at
@@ -64,6 +64,7 @@ static pool that holds weights and KV cache); what is left is KV cache, reported
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import json
 import math
@@ -72,7 +73,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from searchgym.agents.engines.memory import available_memory, kv_bytes_per_token
+from searchgym.agents.engines.memory import RSS_FACTOR, available_memory, batch_bytes, kv_bytes_per_token
 from searchgym.trainers.config import LearnerConfig, TrainConfig
 from searchgym.trainers.topology import check_ray_config, required_resources
 
@@ -403,7 +404,7 @@ def machine_terms(
 ) -> list[Term]:
     """Everything the host memory of this machine holds at once when the learner trains on its CPU (module
     docstring), under `learner` (default: the config's) and for a machine of `capacity` available bytes."""
-    from searchgym.agents.engines.torch_engine import MEMORY_FRACTION, PREFIX_CACHE_BYTES
+    from searchgym.agents.engines.torch_engine import MEMORY_FRACTION, PREFILL_TOKENS, PREFIX_CACHE_BYTES
 
     learner = learner or config.learner
     ranks, gib = learner.ranks, lambda n: f"{n / GIB:.1f} GiB"  # noqa: E731
@@ -422,7 +423,18 @@ def machine_terms(
     rollout = config.rollout
     if rollout.engine == "torch":
         per_token = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, ENGINE_DTYPE_BYTES)
-        full = 2 * rollout.max_concurrent_rollouts * rollout.max_context * per_token
+        sizes = {
+            "layers": shape.num_layers,
+            "kv_heads": shape.num_kv_heads,
+            "head_dim": shape.head_dim,
+            "hidden": shape.hidden_size,
+            "intermediate": shape.intermediate_size,
+            "vocab": shape.vocab_size,
+        }
+        batch = functools.partial(
+            batch_bytes, sizes, ENGINE_DTYPE_BYTES, tokens=rollout.max_context, prefill_tokens=PREFILL_TOKENS
+        )
+        full = batch(rows=rollout.max_concurrent_rollouts)
         budget = max(int(capacity * MEMORY_FRACTION) - PREFIX_CACHE_BYTES, 0)
         capped = (
             f"; capped by the engine's memory budget ({MEMORY_FRACTION:g} of {gib(capacity)} less its prefix "
@@ -433,11 +445,12 @@ def machine_terms(
         terms += [
             Term("engine weights", shape.parameters * ENGINE_DTYPE_BYTES, "host", "the TorchEngine's own fp32 copy"),
             Term(
-                "engine KV cache",
-                max(min(full, budget), 2 * rollout.max_context * per_token),  # an empty batch takes one row
+                "engine batch",
+                max(min(full, budget), batch(rows=1)),  # an empty batch takes one row
                 "host",
-                f"{rollout.max_concurrent_rollouts} rollouts x {rollout.max_context:,} tokens x {per_token:,} B "
-                f"(fp32 keys and values), twice: a joining row's merge copies the batch{capped}",
+                f"KV cache of {rollout.max_concurrent_rollouts} rollouts x {rollout.max_context:,} tokens x "
+                f"{per_token:,} B (fp32), twice (a joining row's merge copies the batch), decode and prefill "
+                f"activations, x {RSS_FACTOR:g} for the allocator (measured){capped}",
             ),
             Term("engine prefix cache", PREFIX_CACHE_BYTES, "host", "finished turns' keys and values, its budget"),
         ]

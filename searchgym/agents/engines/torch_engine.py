@@ -38,7 +38,8 @@ batch always takes one. By default ("auto") a CPU engine's budget is MEMORY_FRAC
 memory at start, less the prefix cache's budget; on a GPU there is none (only `max_batch_size`). `stats()` shows
 the budget, the most rows decoded at once and how many steps held a request back. So an eval's `concurrency` or a
 trainer's `rollout.max_concurrent_rollouts` sets how many episodes are in flight, and memory how many decode at
-once: measured on SmolLM2-135M, 32 episodes at 4,096 tokens of context had peaked at 12.6 GB RSS with no bound.
+once: measured on SmolLM2-135M, 32 episodes at 4,096 tokens of context had peaked at 12.6 GB RSS with no bound
+(the measurements behind the estimate: docs/agents.md, "The TorchEngine's memory").
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ with needs("TorchEngine"):
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from searchgym.agents.engines.detokenize import StopStrings
-from searchgym.agents.engines.memory import available_memory, config_shapes, kv_bytes_per_token
+from searchgym.agents.engines.memory import available_memory, batch_bytes, config_shapes, kv_bytes_per_token
 from searchgym.agents.engines.prefix_cache import PrefixCache
 from searchgym.agents.engines.types import (
     GREEDY_TEMPERATURE,
@@ -149,7 +150,10 @@ class TorchEngine:
         self._cache: DynamicCache | None = None
         self._mask: torch.Tensor | None = None  # (rows, length): 1 for real tokens, 0 for left padding
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
-        self._sizes(dtype)
+        self._shape, self._dtype_bytes = config_shapes(model.config), torch.empty((), dtype=dtype).element_size()
+        self.kv_bytes_per_token = kv_bytes_per_token(
+            self._shape["layers"], self._shape["kv_heads"], self._shape["head_dim"], self._dtype_bytes
+        )
         if memory_budget_bytes == "auto":
             memory_budget_bytes = _default_budget(self.device, prefix_cache_bytes)
         self.memory_budget_bytes = memory_budget_bytes
@@ -375,18 +379,8 @@ class TorchEngine:
                 seq.progress(seq.output_ids[new], seq.logprobs[new], seq.versions[new])
 
     def batch_memory_bytes(self, rows: int, tokens: int) -> int:
-        """The most a batch of `rows` rows, each at most `tokens` long, takes: keys and values twice (a joining
-        row's merge and a finished row's removal copy the batch), each row's decode activations and fp32
-        sampling buffers, and one prefill's activations (at most PREFILL_TOKENS tokens)."""
-        return rows * (2 * tokens * self.kv_bytes_per_token + self._row_bytes) + self._prefill_bytes
-
-    def _sizes(self, dtype: torch.dtype) -> None:
-        """Bytes per token of the KV cache, per row of a decode step and of one prefill, from the model's config."""
-        shape, size = config_shapes(self.model.config), torch.empty((), dtype=dtype).element_size()
-        hidden, intermediate, kv = shape["hidden"], shape["intermediate"], shape["kv_heads"] * shape["head_dim"]
-        self.kv_bytes_per_token = kv_bytes_per_token(shape["layers"], shape["kv_heads"], shape["head_dim"], size)
-        self._row_bytes = size * (4 * hidden + 3 * intermediate) + 16 * shape["vocab"]  # + logits, softmax, cdf
-        self._prefill_bytes = PREFILL_TOKENS * size * (4 * hidden + 2 * kv + 3 * intermediate)
+        """The most a batch of `rows` rows, each at most `tokens` long, takes (memory.batch_bytes)."""
+        return batch_bytes(self._shape, self._dtype_bytes, rows=rows, tokens=tokens, prefill_tokens=PREFILL_TOKENS)
 
     def _admit(self, live: list[_Sequence]) -> list[_Sequence]:
         """Waiting requests, in order, while the batch has rows free (`max_batch_size`) and, under a memory

@@ -93,7 +93,8 @@ def _run_stages(config: QuickstartConfig, *, progress: bool) -> dict[str, Any]:
     )
     lap("base model")
     warm = out / "sft-model"
-    sft_history = sft(base, chats, warm, config.sft, progress=progress)
+    device = config.rl.model.device  # every stage runs where RL does (rl.model.device=cuda on a GPU)
+    sft_history = sft(base, chats, warm, config.sft, progress=progress, device=device)
     lap("warm start")
 
     rl = config.rl
@@ -118,6 +119,7 @@ def _run_stages(config: QuickstartConfig, *, progress: bool) -> dict[str, Any]:
         env_kwargs=test_kwargs,
         seed=config.seed,
         progress=progress,
+        device=device,
     )
     after = evaluate_policy(
         out / "rl" / "checkpoints" / f"step-{rl.steps:05d}",
@@ -127,6 +129,7 @@ def _run_stages(config: QuickstartConfig, *, progress: bool) -> dict[str, Any]:
         env_kwargs=test_kwargs,
         seed=config.seed,
         progress=progress,
+        device=device,
     )
     comparison = compare_policies(out, seed=config.seed)
     gain = next(d for d in comparison["deltas"] if d["metric"] == "reward")

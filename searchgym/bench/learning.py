@@ -305,7 +305,7 @@ def prepare_seed(
     warm = out / "sft-model"
     sft_config = copy.deepcopy(config.sft)
     sft_config.seed = seed
-    sft(base, chats, warm, sft_config, progress=progress)
+    sft(base, chats, warm, sft_config, progress=progress, device=config.rl.model.device)
     lap("warm start")
     return SeedSetup(env_kwargs, demo_tasks, rl_tasks, len(chats), warm)
 
@@ -327,6 +327,7 @@ def held_out_samples(
         env_kwargs=held_out_kwargs(config, seed),
         seed=seed,
         progress=progress,
+        device=config.rl.model.device,
     )
     return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
 

@@ -254,8 +254,10 @@ def evaluate_policy(
     env_kwargs: dict[str, Any],
     seed: int,
     progress: bool = True,
+    device: str = "cpu",
 ) -> dict[str, float]:
-    """`run_eval` of `model_dir` into `out` (k samples per question, EM and F1 judges); returns its metrics."""
+    """`run_eval` of `model_dir` into `out` (k samples per question, EM and F1 judges) on `device`; returns its
+    metrics."""
     shutil.rmtree(out, ignore_errors=True)  # run_eval resumes: a rerun's new model must not reuse old samples
     settings = EvalSettings(
         env=env_id,
@@ -268,6 +270,7 @@ def evaluate_policy(
         temperature=config.temperature,
         max_new_tokens=config.max_new_tokens,
         seed=seed,
+        device=device,
     )
     summary = run_eval(settings, out, progress=progress)
     return summary["metrics"]

@@ -482,8 +482,13 @@ def host_remedies(config: TrainConfig, shape: ModelShape, capacity: int) -> list
     if low > 0:
         need = total(dataclasses.replace(learner, micro_batch_tokens=low))
         found.append(f"learner.micro_batch_tokens={low} ({need / GIB:.1f} GiB)")
-        if low < config.rollout.max_context:
-            found[-1] += " (longer trajectories are trained alone in a micro-batch of their own length)"
+        longest = config.rollout.max_context
+        alone = total(dataclasses.replace(learner, micro_batch_tokens=longest)) if low < longest else 0
+        if alone > capacity:  # a longer trajectory is trained alone, in a micro-batch of its own length
+            found[-1] += (
+                f" and rollout.max_context={low} (a trajectory longer than a micro-batch is trained alone: one of "
+                f"{longest:,} tokens would need {alone / GIB:.1f} GiB)"
+            )
     elif config.rollout.engine == "torch":
         one = dataclasses.replace(learner, micro_batch_tokens=1)
         for rollouts in range(config.rollout.max_concurrent_rollouts - 1, config.rollout.group_size - 1, -1):

@@ -501,3 +501,20 @@ def test_the_host_memory_flag_needs_dry_run_and_a_real_size(capsys):
     for size in ("0", "-8", "inf", "nan"):
         code, _, err = dry_run(capsys, "--host-memory-gib", size)
         assert code == 2 and "--host-memory-gib must be a positive number" in err, size
+
+
+def test_a_cpu_remedy_below_the_context_also_bounds_the_context(tmp_path):
+    """A trajectory longer than a micro-batch is trained alone at its own length: a micro-batch remedy shorter than
+    rollout.max_context also lowers the context, so the longest trajectory fits too."""
+    model = smollm2_shapes(tmp_path / "smollm2")
+    config = load_config(CONFIGS / "train-cpu.yaml", [f"model.path={model}", "rollout.max_context=8192"])
+    refusal = make_plan(config, host_memory_gib=12).refusal
+    tokens, context = (
+        int(n) for n in re.search(r"micro_batch_tokens=(\d+) .*? and rollout\.max_context=(\d+)", refusal).groups()
+    )
+    assert tokens == context < 8192
+    fixed = load_config(
+        CONFIGS / "train-cpu.yaml",
+        [f"model.path={model}", f"learner.micro_batch_tokens={tokens}", f"rollout.max_context={context}"],
+    )
+    assert make_plan(fixed, host_memory_gib=12).refusal is None

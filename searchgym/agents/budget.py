@@ -37,11 +37,13 @@ class Abandoned:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    def add(self, task: asyncio.Task[Any], why: str) -> None:
-        """Stop waiting for `task`: keep a reference (so it is not collected mid-run) until it ends, then drop it."""
+    def add(self, task: asyncio.Task[Any], why: str, *, ignored: bool = True) -> None:
+        """Stop waiting for `task`: keep a reference (so it is not collected mid-run) until it ends, then drop it;
+        `ignored`: it ignored its cancellation (logged), else it was only just cancelled."""
         self._tasks.add(task)
         task.add_done_callback(self._ended)
-        log.warning("an agent program ignored cancellation and was abandoned (%s); it is still running", why)
+        if ignored:
+            log.warning("an agent program ignored cancellation and was abandoned (%s); it is still running", why)
 
     def _ended(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -70,7 +72,7 @@ async def run_within(
     except BaseException:  # the episode itself is cancelled: cancel the agent too, without waiting on it
         task.cancel()
         if not task.done():
-            abandoned.add(task, "its episode was cancelled")
+            abandoned.add(task, "its episode was cancelled", ignored=False)
         raise
     if task.done():
         return task.result()
@@ -78,7 +80,12 @@ async def run_within(
     on_deadline()
     why = f"agent timeout: still running after {timeout:g} s"
     task.cancel()
-    await asyncio.wait({task}, timeout=grace(timeout))
+    try:
+        await asyncio.wait({task}, timeout=grace(timeout))
+    except BaseException:
+        if not task.done():
+            abandoned.add(task, "its episode was cancelled", ignored=False)
+        raise
     if not task.done():
         abandoned.add(task, why)
         return None, f"{why}; it ignored cancellation and was abandoned"

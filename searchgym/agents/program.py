@@ -138,6 +138,12 @@ class AgentProgramWorkflow(Workflow):
             raise TypeError(f"agent {agent!r} is not callable: expected `async def agent(task, client) -> str`")
         self.engine, self.tokenizer = engine, tokenizer
         self.served_model_name, self.client_timeout = served_model_name, client_timeout
+        if episode_timeout is not None and not (
+            isinstance(episode_timeout, (int, float))
+            and not isinstance(episode_timeout, bool)
+            and 0 < episode_timeout < float("inf")
+        ):
+            raise ValueError(f"episode_timeout must be a number of seconds > 0 (or None), got {episode_timeout!r}")
         self.episode_timeout = episode_timeout  # an agent still running after it is stopped: the episode ends truncated
         self._proxy: RecordingProxy | None = None
         self._tool_server: EpisodeToolServer | None = None  # task.mcp_url's server, beside the proxy

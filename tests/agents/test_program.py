@@ -151,6 +151,9 @@ async def test_an_agent_that_swallows_cancellation_is_abandoned_in_time_and_its_
 
         failed = await AgentProgramWorkflow(exits, inner, inner.tokenizer, settings).arun_episode(env, seed=0)
         assert failed.truncated and failed.stop_reason == "agent error: SystemExit: 3" and not failed.turns
+        for bad in (0, -1.0, float("nan"), float("inf"), True, "60"):
+            with pytest.raises(ValueError, match="episode_timeout must be a number of seconds"):
+                AgentProgramWorkflow(exits, inner, inner.tokenizer, settings, episode_timeout=bad)
     finally:
         stop.set()
         env.close()

@@ -20,6 +20,7 @@ from typing import Any
 
 from searchgym.agents.engines.open import engine_kind
 from searchgym.envs.atomic_file import write_atomic
+from searchgym.envs.tools.http_session import read_capped
 from searchgym.envs.tools.index_files import sha256
 from searchgym.world.bundle import default_cache_dir
 
@@ -121,7 +122,11 @@ def weights_fingerprint(
     return {"sha256": combined, "method": method, "weight_files": len(weights), "weight_bytes": total}
 
 
+MAX_INFO_BYTES = 1 << 20  # a /model_info or /models answer past this is refused (read no further)
+
+
 async def _get_json(url: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    """(status, JSON body) of a GET; a body past MAX_INFO_BYTES is a ReplyTooLarge (a ValueError)."""
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
@@ -129,7 +134,7 @@ async def _get_json(url: str, headers: dict[str, str] | None = None) -> tuple[in
         async with http.get(url, headers=headers or {}) as resp:
             if resp.status != 200:
                 return resp.status, None
-            return 200, await resp.json(content_type=None)
+            return 200, json.loads(await read_capped(resp, MAX_INFO_BYTES))
 
 
 MODEL_INFO_KEYS = ("model_path", "served_model_name", "tokenizer_path", "weight_version", "model_type")

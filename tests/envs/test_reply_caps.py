@@ -35,3 +35,29 @@ def test_a_30_mb_simulator_reply_is_refused_without_being_parsed():
         tracemalloc.stop()
     assert peak < 100 * 2**20  # the reply itself (30 MB), never its parse (it took 213 MiB)
     assert len(asyncio.run(SimulatedSearch(Flood(2_000)).search("q", 2))) == 2  # a reply under the cap is served
+
+
+def test_a_search_providers_reply_past_its_cap_is_a_bad_answer_read_no_further():
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from searchgym.envs.tools.web_search import MAX_REPLY_BYTES, WebSearch
+
+    organic = [{"title": "t", "link": "https://example.org/a", "snippet": "s" * 1000}]
+
+    async def run(hits: int):
+        async def serper(request: web.Request) -> web.Response:
+            return web.json_response({"organic": organic * hits})
+
+        app = web.Application()
+        app.router.add_post("/search", serper)
+        async with TestServer(app) as server:
+            search = WebSearch("key", endpoint=str(server.make_url("/search")), retries=0)
+            try:
+                return await search.search("q", 5)
+            finally:
+                await search.close()
+
+    with pytest.raises(BackendError, match="bad answer from the search provider: ReplyTooLarge"):
+        asyncio.run(run(MAX_REPLY_BYTES // 1000 + 1))
+    assert len(asyncio.run(run(3))) >= 1

@@ -10,6 +10,7 @@ Other providers plug in by implementing `SearchBackend`; `PROVIDERS` names the b
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections import Counter
 from typing import Any
@@ -18,11 +19,12 @@ import aiohttp
 
 from searchgym.envs.tools.base import BackendError, SearchHit
 from searchgym.envs.tools.costs import charge
-from searchgym.envs.tools.http_session import LoopSession, retry_after_seconds
+from searchgym.envs.tools.http_session import LoopSession, read_capped, retry_after_seconds
 from searchgym.envs.tools.url_safety import UrlPolicy
 
 SERPER_ENDPOINT = "https://google.serper.dev/search"
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+MAX_REPLY_BYTES = 8 * 2**20  # a provider's answer past this is a bad answer, read no further (100 hits are ~100 kB)
 
 
 class MissingAPIKey(ValueError):
@@ -96,7 +98,7 @@ class WebSearch:
                         if resp.status >= 400:
                             self.counters["errors"] += 1
                             raise BackendError(f"the search provider answered HTTP {resp.status}")
-                        data = await resp.json(content_type=None)
+                        data = json.loads(await read_capped(resp, MAX_REPLY_BYTES))
                 except (TimeoutError, aiohttp.ClientConnectionError) as e:
                     last = (
                         "the search provider timed out"
@@ -105,7 +107,7 @@ class WebSearch:
                     )
                     await self._sleep(attempt, None)
                     continue
-                except (aiohttp.ClientError, ValueError) as e:
+                except (aiohttp.ClientError, ValueError, RecursionError) as e:  # ReplyTooLarge is a ValueError
                     self.counters["errors"] += 1
                     raise BackendError(f"bad answer from the search provider: {type(e).__name__}") from None
                 return self._hits(data, k)

@@ -137,10 +137,10 @@ async def test_an_agent_that_swallows_cancellation_is_abandoned_in_time_and_its_
 
     try:
         settings = WorkflowSettings(SamplingParams(max_new_tokens=4))
-        workflow = AgentProgramWorkflow(stubborn, inner, inner.tokenizer, settings, episode_timeout=0.5)
+        workflow = AgentProgramWorkflow(stubborn, inner, inner.tokenizer, settings, episode_timeout=1.0)
         traj = await workflow.arun_episode(env, seed=0)
         elapsed = asyncio.get_running_loop().time() - started[0]
-        assert elapsed < 2 * 0.5, elapsed
+        assert elapsed < 2 * 1.0, elapsed  # stopped at 1.5x, the episode's teardown included
         assert traj.truncated and not traj.terminated and traj.stop_reason.startswith("agent timeout")
         assert traj.verdict is None and traj.reward == 0.0 and not traj.turns
         assert late and all("episode is over" in text for text in late) and workflow._proxy is None

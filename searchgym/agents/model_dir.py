@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 
-def check_policy_dir(path: str | os.PathLike) -> Path:
-    """`path` as a Path when it holds a causal LM with a chat template; else a ValueError saying what is wrong."""
+def check_policy_dir(path: str | os.PathLike, *, chat_template: bool = True) -> Path:
+    """`path` as a Path when it holds a causal LM (with a chat template, unless `chat_template` is False: the caller
+    brings its own tokenizer); else a ValueError saying what is wrong."""
     model_dir = Path(path)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model dir {model_dir} does not exist")
@@ -34,7 +35,7 @@ def check_policy_dir(path: str | os.PathLike) -> Path:
             f"{model_dir} holds a {', '.join(architectures)} (model_type {config.get('model_type')!r}), which is not "
             "a causal language model: a policy must be one (e.g. LlamaForCausalLM, Qwen2ForCausalLM)"
         )
-    if not has_chat_template(model_dir):
+    if chat_template and not has_chat_template(model_dir):
         raise ValueError(
             f"{model_dir} has no chat template (tokenizer_config.json's chat_template or chat_template.jinja): "
             "every episode is rendered through it, so a base model needs one added before it can play"

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.server import create_app, run_server
@@ -32,11 +32,12 @@ def strict_json(text: str):
 
 
 def nan_checkpoint(model_dir, out_dir, value=float("nan")):
-    """The model saved with one weight holding a non-finite value."""
+    """The model saved, with its tokenizer, with one weight holding a non-finite value."""
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     with torch.no_grad():
         model.state_dict()[POISONED][0, 0] = value
     model.save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(out_dir)  # a policy dir: the engine checks its template
     return out_dir
 
 

@@ -135,7 +135,7 @@ class TorchEngine:
         memory_budget_bytes: int | None | Literal["auto"] = "auto",
     ):
         if not isinstance(model, PreTrainedModel):
-            check_policy_dir(model)
+            check_policy_dir(model, chat_template=tokenizer is None)
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
             model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model.name_or_path)

@@ -238,3 +238,19 @@ def test_sync_judge_calls_each_in_a_new_event_loop():
     finally:
         stop.set()
         thread.join()
+
+
+@in_module_loop
+async def test_a_reply_past_the_size_cap_is_refused_read_no_further_and_not_retried(monkeypatch):
+    import searchgym.agents.engines.openai_engine as openai_engine
+
+    monkeypatch.setattr(openai_engine, "MAX_REPLY_BYTES", 4096)
+    huge = completion("x" * 10_000)
+    double = OpenAITestDouble([lambda: web.json_response(huge), lambda: web.json_response(completion("ok"))])
+    async with double.serving() as url:
+        engine = OpenAIEngine(url, "gpt-test", backoff_base=0.01)
+        with pytest.raises(OpenAIError, match="over the 4096-byte cap"):
+            await engine.achat(MESSAGES)
+        assert await engine.achat(MESSAGES) == "ok"  # a reply within the cap reads as ever
+        await engine.close()
+    assert len(double.requests) == 2

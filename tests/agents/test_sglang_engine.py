@@ -322,3 +322,24 @@ async def test_server_process_runs_our_model_server_and_stops_gracefully(tiny_mo
         code = server.stop(timeout=30)
     assert code == 0, server.log_tail()  # SIGTERM is a clean shutdown
     assert "shutting down" in server.log_tail()
+
+
+@in_module_loop
+async def test_a_reply_past_the_size_cap_is_an_error_not_a_retry(monkeypatch):
+    import searchgym.agents.engines.sglang_engine as sglang_engine
+
+    monkeypatch.setattr(sglang_engine, "MAX_REPLY_BYTES", 2048)
+    calls = []
+
+    async def generate(request):
+        calls.append(await request.json())
+        return web.json_response(sglang_answer(list(range(400)), {"type": "length"}, "0"))  # ~10 kB of logprobs
+
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    async with serve_app(app) as url:
+        engine = SGLangEngine([url], resume_poll_interval=0.01)
+        with pytest.raises(SGLangError, match="over the 2048-byte cap"):
+            await engine.agenerate(GenerateRequest([1, 2], SamplingParams(max_new_tokens=400)))
+        await engine.close()
+    assert len(calls) == 1

@@ -21,7 +21,9 @@ from typing import Any
 import aiohttp
 
 from searchgym.envs.llm_calls import llm_backoff, llm_retries
-from searchgym.envs.tools.http_session import LoopSession, retry_after_seconds
+from searchgym.envs.tools.http_session import LoopSession, ReplyTooLarge, read_capped, retry_after_seconds
+
+MAX_REPLY_BYTES = 64 * 2**20  # a chat completion past this is a broken server's, read no further
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429})  # plus every 5xx
 
@@ -145,7 +147,10 @@ class OpenAIEngine:
         """One POST: the parsed completion; raises _Retryable for transient failures, OpenAIError for the rest."""
         try:
             async with http.post(self.url, json=body, headers=self._headers) as resp:
-                text = (await resp.read()).decode("utf-8", "replace")
+                try:
+                    text = (await read_capped(resp, MAX_REPLY_BYTES)).decode("utf-8", "replace")
+                except ReplyTooLarge as e:  # the same request would get the same answer: not retried
+                    raise OpenAIError(f"{self.url}: {e}", resp.status) from None
                 if resp.status == 200:
                     try:
                         return _parse_completion(text)

@@ -31,7 +31,9 @@ from typing import Any
 import aiohttp
 
 from searchgym.agents.engines.types import FinishReason, GenerateRequest, GenerateResponse, SamplingParams
-from searchgym.envs.tools.http_session import LoopSession
+from searchgym.envs.tools.http_session import LoopSession, ReplyTooLarge, read_capped
+
+MAX_REPLY_BYTES = 256 * 2**20  # /generate with every logprob of a long reply is tens of MB; past this is junk
 
 LOG_TAIL_CHARS = 4000
 _FLUSH_ATTEMPTS = 60
@@ -185,7 +187,10 @@ class SGLangEngine:
         url = f"{self.urls[server]}{path}"
         try:
             async with (await self._http()).request(method, url, json=payload) as resp:
-                text = await resp.text()
+                try:
+                    text = (await read_capped(resp, MAX_REPLY_BYTES)).decode("utf-8", "replace")
+                except ReplyTooLarge as e:  # a server that answers this much is broken, not busy: not retried
+                    raise SGLangError(f"{method} {url}: {e}") from None
                 status = resp.status
         except (TimeoutError, aiohttp.ClientError) as e:
             raise _Transient(f"{method} {url}: {type(e).__name__}: {e}") from None

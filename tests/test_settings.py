@@ -162,7 +162,7 @@ def test_the_real_model_preset_names_a_packaged_model_in_quickstart_and_bench_le
         preset.sft,
         preset.rl.learner.lr,
     )
-    assert over_seeds.max_demos == preset.demos.limit and over_seeds.hops.eval == preset.env.kwargs["hops"] == [1, 2]
+    assert over_seeds.max_demos == preset.demos.limit and over_seeds.hops.eval == [preset.env.kwargs["hops"]] == [1]
     with pytest.raises(ValueError, match="demos.limit"):
         load_quickstart_config(["demos.limit=0"], preset="smollm2")
     with pytest.raises(ValueError, match="base 'no-such-model'"):

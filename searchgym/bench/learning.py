@@ -78,12 +78,12 @@ PRESETS: dict[str, list[str]] = {
         "rl.save_every=30",
         "eval.max_tasks=64",
     ],
-    # issue 40: the real-model quickstart (SmolLM2-135M-Instruct) over seeds, 1- and 2-hop as its quickstart, async only
+    # issue 40: the real-model quickstart (SmolLM2-135M-Instruct) over seeds, 1-hop as its quickstart, async only
     "smollm2": [
         *REAL_MODEL_PRESETS["smollm2"],
-        "hops.demos=[1,2]",
-        "hops.rl=[1,2]",
-        "hops.eval=[1,2]",
+        "hops.demos=[1]",
+        "hops.rl=[1]",
+        "hops.eval=[1]",
         "hops.rl_demos=0",
         "demos.fraction=0.5",
         "max_demos=128",

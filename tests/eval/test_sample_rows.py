@@ -13,6 +13,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from searchgym.bench.reliability_sources import good_sample_row
 from searchgym.eval.harness import SampleStore, summarize_rows
 
 FIELDS = [
@@ -45,24 +46,10 @@ JUNK = st.one_of(
 
 
 def good_row(i: int) -> dict:
-    return {
-        "task_id": "t",
-        "sample": i,
-        "reward": 0.5,
-        "env_correct": True,
-        "subset": {"hops": 2},
-        "verdicts": {"em": {"score": 1.0, "correct": True}},
-        "stats": {
-            "turns": 3,
-            "searches": 1,
-            "accesses": 1,
-            "generated_tokens": 40,
-            "answered": True,
-            "stop_reason": "answer",
-            "tool_cost": {"api_calls": 1},
-            "evidence_recall_opened": 0.5,
-        },
-    }
+    """A row as a run writes it (the reliability bench's, plus an evidence figure)."""
+    row = good_sample_row(i)
+    row["stats"]["evidence_recall_opened"] = 0.5
+    return row
 
 
 def test_a_reward_that_is_text_is_set_aside_naming_its_line_and_the_good_rows_summarise(tmp_path):

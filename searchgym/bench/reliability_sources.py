@@ -97,25 +97,29 @@ def browsecomp_files(tally: Tally, rng: random.Random, work: Path, n: int) -> No
             shutil.rmtree(root, ignore_errors=True)
 
 
+async def every_page_found(index_dir: Path, docs: list[dict[str, Any]]) -> bool:
+    """Whether every document is searchable by its title and its page reachable through the sharded index."""
+    from searchgym.envs.tools.shards import open_sharded
+
+    index = open_sharded(index_dir)
+    try:
+        for doc in docs:
+            hits = await index.search(doc["title"], 10)
+            if doc["url"] not in [h.url for h in hits] or (await index.fetch(doc["url"])).title != doc["title"]:
+                return False
+        return True
+    finally:
+        await index.close()
+
+
 def shard_manifests(tally: Tally, rng: random.Random, work: Path, n: int) -> None:
     """`n` tampered sharded indexes: an error naming shards.json, or every page still found."""
     from searchgym.envs.source_files import SourceFileError
-    from searchgym.envs.tools.shards import build_shards, open_sharded
+    from searchgym.envs.tools.shards import build_shards
 
     docs = [{"id": d, "title": t.split("\n")[0], "url": u, "text": t} for d, t, u in DOCS]
     (work / "shard-corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     built = build_shards(work / "shard-corpus.jsonl", work / "sharded", 3)
-
-    async def every_page(index_dir: Path) -> bool:
-        index = open_sharded(index_dir)
-        try:
-            for doc in docs:
-                hits = await index.search(doc["title"], 10)
-                if doc["url"] not in [h.url for h in hits] or (await index.fetch(doc["url"])).title != doc["title"]:
-                    return False
-            return True
-        finally:
-            await index.close()
 
     for i in range(n):
         index = shutil.copytree(built, work / f"sharded-{i}")
@@ -134,7 +138,7 @@ def shard_manifests(tally: Tally, rng: random.Random, work: Path, n: int) -> Non
             else:
                 manifest.write_text(json.dumps(rng.choice([None, [], "3", 3.0, True, {"shards": "3"}])))
             try:
-                found = asyncio.run(every_page(index))
+                found = asyncio.run(every_page_found(index, docs))
             except SourceFileError as e:
                 if str(e).startswith(str(manifest)):
                     tally.ok()

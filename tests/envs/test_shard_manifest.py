@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from searchgym.bench.reliability_sources import every_page_found
 from searchgym.envs.source_files import SourceFileError
 from searchgym.envs.tools.local_index import LocalIndex
 from searchgym.envs.tools.shards import build_shards, open_sharded
@@ -39,19 +40,7 @@ def built(tmp_path_factory) -> Path:
 
 def every_page_is_found(index_dir: Path) -> bool:
     """Whether every document is searchable and its page reachable through the sharded index."""
-
-    async def run() -> bool:
-        index = open_sharded(index_dir)
-        try:
-            for doc in DOCS:
-                hits = await index.search(doc["title"], 10)
-                if doc["url"] not in [h.url for h in hits] or (await index.fetch(doc["url"])).title != doc["title"]:
-                    return False
-            return True
-        finally:
-            await index.close()
-
-    return asyncio.run(run())
+    return asyncio.run(every_page_found(index_dir, DOCS))
 
 
 def test_a_manifest_edited_to_fewer_shards_is_refused_naming_it(built, tmp_path):

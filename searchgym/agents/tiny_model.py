@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from searchgym.agents.formats import CHATML_TOOLS_TEMPLATE as CHAT_TEMPLATE
+from searchgym.agents.hf_bars import no_hf_bars
 from searchgym.envs.extras import needs
 
 with needs("the tiny model"):
@@ -154,6 +155,7 @@ def build_tiny_model(
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config).to(torch.float32).eval()
     model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    model.save_pretrained(out)
+    with no_hf_bars():
+        model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

@@ -11,6 +11,7 @@ import torch
 from searchgym.agents.context import ContextPolicy, context_policy
 from searchgym.agents.engines.open import EngineHandle, open_engine
 from searchgym.agents.engines.types import SamplingParams
+from searchgym.agents.hf_bars import no_hf_bars
 from searchgym.agents.program import build_player
 from searchgym.agents.workflow import Workflow, WorkflowSettings, load_object
 from searchgym.envs.factory import make_unwrapped
@@ -156,7 +157,8 @@ def load_learner(
             f"the checkpoint was written by a sharded learner of {state['learner']['sharded_ranks']} "
             f"ranks: resume it with learner.ranks={state['learner']['sharded_ranks']}"
         )
-    weights = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(model.dtype))
+    with no_hf_bars():
+        weights = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(model.dtype))
     learner = Learner(
         weights.to(model.device), settings, pad_id=pad_id or 0, version=int(state["learner"]["version"]) if state else 0
     )

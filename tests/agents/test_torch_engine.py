@@ -1,6 +1,7 @@
 """TorchEngine against the real tiny model: exact logprobs, batch-invariant greedy, finish reasons, updates."""
 
 import asyncio
+import warnings
 
 import pytest
 import torch
@@ -71,6 +72,20 @@ def load_perturbed(model, tiny_model_dir):
 
 def test_satisfies_the_protocol(tiny_model_dir):
     assert isinstance(TorchEngine(tiny_model_dir), InferenceEngine)
+
+
+async def test_generating_warns_nothing_about_past_key_values(engine, tokenizer):
+    """Transformers 5.2x renamed a forward's `past_key_values` to `cache` and warns (a FutureWarning and a stray
+    `return forward_call(*args, **kwargs)` line) on every forward given the old name: the tests printed it hundreds
+    of times. The engine passes its KV cache by the name the model's forward takes: prefill, decode and a prefill
+    on a reused prefix warn nothing."""
+    first = prompt(tokenizer, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        done = await engine.agenerate(GenerateRequest(first, GREEDY, rid="episode"))
+        await engine.agenerate(GenerateRequest(first + done.output_ids + first[-4:], GREEDY, rid="episode"))
+    assert engine.stats()["reused_tokens"] > 0  # the second request prefilled on top of the first one's cache
+    assert [str(w.message) for w in caught if "past_key_values" in str(w.message)] == []
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

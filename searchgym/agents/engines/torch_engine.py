@@ -46,6 +46,7 @@ memory").
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import time
@@ -76,6 +77,7 @@ from searchgym.agents.engines.types import (
     GenerateResponse,
     SamplingParams,
 )
+from searchgym.agents.hf_bars import no_hf_bars
 from searchgym.agents.model_dir import check_policy_dir
 
 PREFILL_TOKENS = 16384  # padded tokens (cached + new) per prefill forward: bounds attention-mask memory
@@ -137,10 +139,12 @@ class TorchEngine:
         if not isinstance(model, PreTrainedModel):
             check_policy_dir(model, chat_template=tokenizer is None)
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
-            model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+            with no_hf_bars():
+                model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model.name_or_path)
         self.device = torch.device(device)
         self.model = model.to(device=self.device, dtype=dtype).eval()
+        self._cache_kwarg = cache_kwarg(self.model)
         self.max_batch_size = max_batch_size
         self.max_context = model.config.max_position_embeddings
         self.vocab_size = model.get_input_embeddings().num_embeddings
@@ -477,9 +481,9 @@ class TorchEngine:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **{self._cache_kwarg: cache},
         )
         return out.logits[:, -1].float()
 
@@ -554,6 +558,12 @@ class TorchEngine:
 
 
 # ---- helpers --------------------------------------------------------------------------------------------------------
+
+
+def cache_kwarg(model: Any) -> str:
+    """The name the model's forward takes its KV cache by: `cache` (Transformers 5.2x on; the old `past_key_values`
+    still works there but warns, a FutureWarning on every forward) or, before, `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _default_budget(device: torch.device, prefix_cache_bytes: int) -> int | None:

@@ -40,6 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
+from searchgym.agents.hf_bars import no_hf_bars
 from searchgym.agents.trajectory import Trajectory
 from searchgym.envs.atomic_file import disk_error
 from searchgym.trainers.algorithm.learner import Learner, _Sample, next_token_logprobs
@@ -380,7 +381,8 @@ def load_sharded_learner(
 
     cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
     init_ranks(device="cuda" if cuda else "cpu", **ranks)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    with no_hf_bars():
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     if cuda and not config.cpu_offload:
         model = model.to(torch.device("cuda", torch.cuda.current_device()))
     learner = ShardedLearner(

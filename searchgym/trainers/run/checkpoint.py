@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from searchgym.agents.hf_bars import no_hf_bars
 from searchgym.envs.atomic_file import DiskWriteError, disk_error, write_atomic
 from searchgym.trainers.run.partials import partial_dir, remove_stale
 
@@ -98,7 +99,8 @@ def write_model_dir(
     with partial_dir(final, final.name) as write:
         partial = write.path
         write.doing = f"{final.name}'s model (config and safetensors weights)"
-        model.save_pretrained(partial)
+        with no_hf_bars():
+            model.save_pretrained(partial)
         write.doing = f"{final.name}'s tokenizer files"
         tokenizer.save_pretrained(partial)
         write.doing = final.name
@@ -124,7 +126,8 @@ def load_weights(model: Any, model_dir: str | os.PathLike) -> None:
     from transformers import AutoModelForCausalLM
 
     dtype = next(model.parameters()).dtype
-    saved = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    with no_hf_bars():
+        saved = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     model.load_state_dict(saved.state_dict())
 
 

@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from searchgym.agents.hf_bars import no_hf_bars
 from searchgym.settings import setting
 from searchgym.trainers.algorithm.learner import next_token_logits
 from searchgym.trainers.warm_start.sft import save_trained
@@ -91,7 +92,8 @@ def copy_pretrain(
     """
     config = config or CopyPretrainConfig()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    with no_hf_bars():
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     special = set(tokenizer.all_special_ids)
     vocabulary = [i for i in range(len(tokenizer)) if i not in special]
     rng = random.Random(config.seed)

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from searchgym.agents.formats import ChatTemplateDelta
+from searchgym.agents.hf_bars import no_hf_bars
 from searchgym.agents.model_dir import check_policy_dir
 from searchgym.settings import setting
 from searchgym.trainers.algorithm.learner import next_token_logits, padded_batches
@@ -102,7 +103,8 @@ def sft(
     check_model_out(out_dir)
     check_policy_dir(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
+    with no_hf_bars():
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device)
     samples = encode_demonstrations(
         tokenizer,
         chats,

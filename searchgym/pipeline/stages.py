@@ -28,6 +28,7 @@ from searchgym.trainers.config import EnvConfig, LearnerConfig, RolloutConfig, T
 from searchgym.trainers.launchers.local import train
 from searchgym.trainers.warm_start.copy_pretrain import CopyPretrainConfig, copy_pretrain
 from searchgym.trainers.warm_start.sft import SFTConfig
+from searchgym.world.bundle import world_build_progress
 
 ENV_KWARGS = {
     "size": 20000,
@@ -178,9 +179,11 @@ def deterministic_torch(threads: int) -> Iterator[None]:
         torch.use_deterministic_algorithms(previous[1], warn_only=previous[2])
 
 
-def make_env(env_id: str, kwargs: dict[str, Any], split: str) -> Any:
-    """The env (unwrapped) for one split of the task pool; building it builds the world on first use."""
-    return make_unwrapped(env_id, **{**kwargs, "split": split})
+def make_env(env_id: str, kwargs: dict[str, Any], split: str, *, progress: bool = False) -> Any:
+    """The env (unwrapped) for one split of the task pool; building it builds the world on first use (its steps
+    shown on stderr with `progress`)."""
+    with world_build_progress(progress):
+        return make_unwrapped(env_id, **{**kwargs, "split": split})
 
 
 def make_demos(

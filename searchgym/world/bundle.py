@@ -3,14 +3,22 @@
 `ensure_bundle` finds (or builds, under a file lock so parallel workers build it once) a bundle
 directory holding `corpus.jsonl`, `index/`, `tasks.jsonl` and `report.json`. The bundle is keyed by
 everything that shapes it, and `bundle.json` is written last, so a half-built bundle is never used.
+
+A first build takes about a minute at 20,000 pages. Envs are made by `gym.make`, which has no progress switch, so a
+command that shows progress makes its envs inside `world_build_progress()`: a build started there says what it
+builds and shows each of its three steps on stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import sys
 import time
+from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +30,29 @@ from searchgym.world.world import World
 BUNDLE_FORMAT = 1
 DEFAULT_SIZE = 10_000
 DEFAULT_TASKS = 2_000
+
+_SHOW_BUILDS: ContextVar[bool] = ContextVar("searchgym_world_build_progress", default=False)
+
+
+@contextlib.contextmanager
+def world_build_progress(show: bool = True) -> Iterator[None]:
+    """Inside, a bundle (or min_calls pool) built on an env's first use shows its progress on stderr."""
+    token = _SHOW_BUILDS.set(show)
+    try:
+        yield
+    finally:
+        _SHOW_BUILDS.reset(token)
+
+
+def showing_builds(progress: bool | None = None) -> bool:
+    """`progress` when given, else whether the caller is inside `world_build_progress()`."""
+    return _SHOW_BUILDS.get() if progress is None else progress
+
+
+def note(progress: bool, text: str) -> None:
+    """One line of a build's progress on stderr (where the build's bars go), when progress was asked for."""
+    if progress:
+        print(text, file=sys.stderr, flush=True)
 
 
 def default_cache_dir() -> Path:
@@ -43,14 +74,21 @@ def build_bundle(
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     timings: dict[str, float] = {}
-    t0 = time.perf_counter()
+    started = t0 = time.perf_counter()
+    note(progress, f"world 1/3: writing {size:,} pages")
     world = World(size, seed)
     world.write(tmp, html=False, progress=progress)
     timings["world_s"] = round(time.perf_counter() - t0, 2)
     t0 = time.perf_counter()
+    note(progress, f"world 2/3: indexing the pages for search ({timings['world_s']:.0f} s so far)")
     index = LocalIndex.build(tmp / "corpus.jsonl", tmp / "index", progress=progress)
     timings["index_s"] = round(time.perf_counter() - t0, 2)
     t0 = time.perf_counter()
+    note(
+        progress,
+        f"world 3/3: {n_tasks:,} questions, each kept once the oracle answers it through the env's tools "
+        f"({time.perf_counter() - started:.0f} s so far)",
+    )
     pool, report = synthesize_pool(world, index, n_tasks, seed=seed, progress=progress)
     timings["tasks_s"] = round(time.perf_counter() - t0, 2)
     pool.to_jsonl(tmp / "tasks.jsonl")
@@ -67,6 +105,7 @@ def build_bundle(
     del index
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
+    note(progress, f"world built in {time.perf_counter() - started:.0f} s, cached in {out}")
     return manifest
 
 
@@ -76,14 +115,17 @@ def ensure_bundle(
     seed: int = 0,
     n_tasks: int = DEFAULT_TASKS,
     cache_dir: str | os.PathLike | None = None,
-    progress: bool = False,
+    progress: bool | None = None,
 ) -> Path:
-    """The bundle directory for these settings, built on first use."""
+    """The bundle directory for these settings, built on first use (showing its progress when `progress`, or when
+    None inside `world_build_progress()`)."""
+    progress = showing_builds(progress)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     bundle = root / "synthetic" / f"v{BUNDLE_FORMAT}-size{size}-seed{seed}-tasks{n_tasks}"
     if (bundle / "bundle.json").exists():
         return bundle
     with file_lock(bundle.with_name(bundle.name + ".lock")):  # parallel vector-env workers build it once
         if not (bundle / "bundle.json").exists():
+            note(progress, f"building the world once ({size:,} pages, {n_tasks:,} questions); later runs reuse it")
             build_bundle(bundle, size=size, seed=seed, n_tasks=n_tasks, progress=progress)
     return bundle

@@ -28,6 +28,7 @@ from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import Task, TaskPool
 from searchgym.envs.tools.index_files import file_lock
 from searchgym.envs.tools.local_index import LocalIndex
+from searchgym.world.bundle import showing_builds
 from searchgym.world.kbwalk import KBWalker, to_task
 from searchgym.world.oracle import OracleAgent
 from searchgym.world.prover import PROOF_VERSION, MinCallsProver
@@ -171,9 +172,10 @@ def pool_key() -> str:
     return f"v{PROOF_VERSION}-" + hashlib.sha256(spec.encode()).hexdigest()[:8]
 
 
-def ensure_min_calls_pool(bundle: Path, min_calls: Any, n_tasks: int, *, progress: bool = False) -> Path:
+def ensure_min_calls_pool(bundle: Path, min_calls: Any, n_tasks: int, *, progress: bool | None = None) -> Path:
     """The min_calls task file inside a built bundle, proven on first use under a file lock (keyed by range,
-    count and proof version, so other pools of the bundle never change)."""
+    count and proof version, so other pools of the bundle never change); its progress shown as `ensure_bundle`'s."""
+    progress = showing_builds(progress)
     low, high = parse_min_calls(min_calls)
     manifest = json.loads((bundle / "bundle.json").read_text())
     path = bundle / f"mincalls-{pool_key()}-{low}-{high}-tasks{n_tasks}.jsonl"

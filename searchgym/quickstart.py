@@ -53,9 +53,27 @@ BENCHMARK = (
 )
 POLICIES = ("warm start (SFT)", "warm start + async RL")  # the compared runs' names, in eval-sft, eval-rl order
 
+# The stages in order, named as the module docstring, README and the summary (summary.json's timings_s) name them.
+# Each stage's log lines and progress bars open with its `stage_label`: "stage 3 of 6: base model".
+STAGES = ("world", "demos", "base model", "warm start", "RL", "evaluate")
+
+# How the summary names the env's reward judge (env.kwargs.judge): as README does
+JUDGE_NAMES = {"f1": "F1", "em": "EM", "cover_em": "cover EM", "asearcher_f1": "ASearcher F1"}
+
+
+def stage_label(stage: str, detail: str = "") -> str:
+    """The stage's number and name, as every bar and line of it says: "stage 6 of 6: evaluate, warm start"."""
+    return f"stage {STAGES.index(stage) + 1} of {len(STAGES)}: {stage}" + (f", {detail}" if detail else "")
+
+
+def judge_name(env_kwargs: dict[str, Any]) -> str:
+    """The env's reward judge as the summary names it ("F1" for the default token F1)."""
+    judge = str(env_kwargs.get("judge") or "f1")
+    return JUDGE_NAMES.get(judge, judge)
+
 
 def run_quickstart(config: QuickstartConfig, *, progress: bool = True) -> dict[str, Any]:
-    """Run the five stages into `config.out_dir`; returns (and writes to summary.json) the before/after table."""
+    """Run the six stages into `config.out_dir`; returns (and writes to summary.json) the before/after table."""
     with deterministic_torch(config.torch_threads):
         return _run_stages(config, progress=progress)
 
@@ -66,19 +84,25 @@ def _run_stages(config: QuickstartConfig, *, progress: bool) -> dict[str, Any]:
     timings: dict[str, float] = {}
     clock = time.perf_counter()
 
+    def begin(stage: str, what: str) -> None:
+        say(progress, f"[quickstart] {stage_label(stage)}: {what}")
+
     def lap(stage: str) -> None:
         nonlocal clock
         now = time.perf_counter()
         timings[stage] = round(now - clock, 1)
         clock = now
-        say(progress, f"[quickstart] {stage}: {timings[stage]} s")
+        say(progress, f"[quickstart] {stage_label(stage)}: done in {timings[stage]} s")
 
+    judge, k = judge_name(config.env.kwargs), config.eval.k
     test_kwargs = {**config.env.kwargs, "split": "test"}
-    env = make_env(config.env.id, config.env.kwargs, "train")
+    begin("world", "the fictional encyclopedia, its search index and validated questions (built once, then cached)")
+    env = make_env(config.env.id, config.env.kwargs, "train", progress=progress)
     lap("world")
 
     train_tasks = list(env.tasks)
     cut = round(config.demos.fraction * len(train_tasks))
+    begin("demos", f"the oracle plays {cut:,} training questions through the env: tool-use demonstrations")
     chats = make_demos(
         env,
         train_tasks[:cut],
@@ -88,17 +112,35 @@ def _run_stages(config: QuickstartConfig, *, progress: bool) -> dict[str, Any]:
     )
     lap("demos")
 
+    begin(
+        "base model",
+        "a tiny Qwen2 learns to copy from its context, as a pretrained model can"
+        if config.base == "tiny"
+        else f"the pretrained {config.base}",
+    )
     base, copy_history = build_base_model(
-        env, chats, out, config.model, config.copy, seed=config.seed, progress=progress, base=config.base
+        env,
+        chats,
+        out,
+        config.model,
+        config.copy,
+        seed=config.seed,
+        progress=progress,
+        base=config.base,
+        progress_label=stage_label("base model"),
     )
     lap("base model")
     warm = out / "sft-model"
     device = config.rl.model.device  # every stage runs where RL does (rl.model.device=cuda on a GPU)
-    sft_history = sft(base, chats, warm, config.sft, progress=progress, device=device)
+    begin("warm start", f"supervised learning of the {len(chats):,} demonstrations")
+    sft_history = sft(
+        base, chats, warm, config.sft, progress=progress, device=device, progress_label=stage_label("warm start")
+    )
     lap("warm start")
 
     rl = config.rl
     rl_tasks = [task.id for task in train_tasks[cut:]] or None  # all of them when every task was demonstrated
+    begin("RL", f"{rl.steps} steps of {rl.mode} decoupled PPO from the warm start, on the other training questions")
     history = run_rl(
         rl,
         warm,
@@ -108,9 +150,11 @@ def _run_stages(config: QuickstartConfig, *, progress: bool) -> dict[str, Any]:
         tasks=rl_tasks,
         seed=config.seed,
         progress=progress,
+        progress_label=stage_label("RL"),
     )
-    lap("rl")
+    lap("RL")
 
+    begin("evaluate", f"the warm start, then the RL policy, on held-out questions ({k} samples each)")
     before = evaluate_policy(
         warm,
         out / "eval-sft",
@@ -120,6 +164,7 @@ def _run_stages(config: QuickstartConfig, *, progress: bool) -> dict[str, Any]:
         seed=config.seed,
         progress=progress,
         device=device,
+        progress_label=stage_label("evaluate", "warm start"),
     )
     after = evaluate_policy(
         out / "rl" / "checkpoints" / f"step-{rl.steps:05d}",
@@ -130,6 +175,7 @@ def _run_stages(config: QuickstartConfig, *, progress: bool) -> dict[str, Any]:
         seed=config.seed,
         progress=progress,
         device=device,
+        progress_label=stage_label("evaluate", "after RL"),
     )
     comparison = compare_policies(out, seed=config.seed)
     gain = next(d for d in comparison["deltas"] if d["metric"] == "reward")
@@ -151,9 +197,11 @@ def _run_stages(config: QuickstartConfig, *, progress: bool) -> dict[str, Any]:
         "out_dir": str(out),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    report = format_table(table, config.eval.k) + "\n\n" + format_gain(gain) + "\n\n" + format_scope(gain)
+    report = "\n\n".join(
+        [format_table(table, k, judge), format_gain(gain, judge, k), format_scope(gain), format_timings(timings)]
+    )
     (out / "summary.md").write_text(report + "\n")
-    plot_reward_curve(history, before, after, config.eval.k, out / "reward_curve.png")
+    plot_reward_curve(history, before, after, k, out / "reward_curve.png", judge=judge)
     say(progress, report)
     return summary
 
@@ -168,11 +216,13 @@ def compare_policies(out: Path, *, seed: int = 0) -> dict[str, Any]:
     return comparison
 
 
-def format_gain(gain: dict[str, float]) -> str:
-    """One line on whether RL helped, with its interval (paired by question, from `eval compare`)."""
+def format_gain(gain: dict[str, float], judge: str = "F1", k: int | None = None) -> str:
+    """One line on whether RL helped in the env's reward, named by its `judge` (mean of `k` samples per question),
+    with its interval (paired by question, from `eval compare`)."""
     verdict = "the interval excludes zero" if gain.get("significant") else "not distinguishable from zero"
+    measure = judge if k is None else f"{judge} (Avg@{k})"
     return (
-        f"RL gain in held-out reward: {gain['gain']:+.3f} (95% bootstrap interval over {gain['tasks']} tasks "
+        f"RL gain in held-out {measure}: {gain['gain']:+.3f} (95% bootstrap interval over {gain['tasks']} tasks "
         f"{gain['ci95_low']:+.3f} to {gain['ci95_high']:+.3f}, {verdict}; {gain['tasks_better']} tasks better, "
         f"{gain['tasks_worse']} worse; side by side in compare/compare.html)"
     )
@@ -194,12 +244,18 @@ def format_scope(gain: dict[str, Any]) -> str:
     )
 
 
-def format_table(table: dict[str, dict[str, float]], k: int) -> str:
-    """The before/after table in markdown."""
+def format_timings(timings: dict[str, float]) -> str:
+    """Each stage's time, by the names its log lines gave it."""
+    return "Stage times: " + ", ".join(f"{stage} {t} s" for stage, t in timings.items()) + "."
+
+
+def format_table(table: dict[str, dict[str, float]], k: int, judge: str = "F1") -> str:
+    """The before/after table in markdown: the env's reward by its `judge`'s name, exact matches, behaviour."""
+    correct = "EM" if judge in ("F1", "EM") else f"{judge} correct"  # a token-F1 verdict is correct on an exact match
     columns = [
-        (f"avg@{k}/reward", "F1 (avg@k)"),
-        (f"avg@{k}/correct", "EM (avg@k)"),
-        (f"pass@{k}/correct", "EM (pass@k)"),
+        (f"avg@{k}/reward", f"{judge} (Avg@{k})"),
+        (f"avg@{k}/correct", f"{correct} (Avg@{k})"),
+        (f"pass@{k}/correct", f"{correct} (Pass@{k})"),
         ("answered", "answered"),
         ("turns", "turns"),
         ("searches", "searches"),
@@ -218,9 +274,26 @@ def format_table(table: dict[str, dict[str, float]], k: int) -> str:
 
 
 def plot_reward_curve(
-    history: list[dict[str, float]], before: dict[str, float], after: dict[str, float], k: int, path: Path
+    history: list[dict[str, float]],
+    before: dict[str, float],
+    after: dict[str, float],
+    k: int,
+    path: Path,
+    *,
+    judge: str = "F1",
 ) -> None:
     """Training reward per learner step, with the held-out reward before and after as reference lines."""
+    import matplotlib.pyplot as plt
+
+    fig = reward_curve_figure(history, before, after, k, judge=judge)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def reward_curve_figure(
+    history: list[dict[str, float]], before: dict[str, float], after: dict[str, float], k: int, *, judge: str = "F1"
+) -> Any:
+    """reward_curve.png's figure. Its legend sits below the axes: inside them it covered the curve's last steps."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -228,18 +301,17 @@ def plot_reward_curve(
 
     steps = [h["step"] for h in history]
     rewards = [h["episode/reward"] for h in history]
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
-    ax.plot(steps, rewards, marker="o", markersize=3, alpha=0.5, label="training episodes (mean F1 per step)")
+    fig, ax = plt.subplots(figsize=(6.4, 4.8), dpi=120)
+    ax.plot(steps, rewards, marker="o", markersize=3, alpha=0.5, label=f"training episodes (mean {judge} per step)")
     window = min(10, len(rewards))
     if window > 1:
         smooth = np.convolve(rewards, np.ones(window) / window, mode="valid")
         ax.plot(steps[window - 1 :], smooth, linewidth=2, label=f"{window}-step running mean")
-    ax.axhline(before[f"avg@{k}/reward"], color="grey", linestyle="--", label="held-out, warm start")
-    ax.axhline(after[f"avg@{k}/reward"], color="green", linestyle="--", label="held-out, after RL")
+    ax.axhline(before[f"avg@{k}/reward"], color="grey", linestyle="--", label=f"held-out {judge} (Avg@{k}), warm start")
+    ax.axhline(after[f"avg@{k}/reward"], color="green", linestyle="--", label=f"held-out {judge} (Avg@{k}), after RL")
     ax.set_xlabel("learner step (weight version)")
-    ax.set_ylabel("reward (F1)")
+    ax.set_ylabel(f"reward ({judge})")
     ax.set_title("searchgym quickstart: async decoupled PPO on SyntheticQA")
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, fontsize="small", frameon=False)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig

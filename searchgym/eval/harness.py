@@ -216,6 +216,7 @@ def run_eval(
     progress: bool = True,
     make_env: Callable[[], SearchEnv] | None = None,
     report: bool = True,
+    progress_label: str = "evaluating",
     **settings: Any,
 ) -> dict[str, Any]:
     """Evaluate with `config` into `out`, `run_eval(config, out)`; resumes a previous run there. Returns the summary.
@@ -225,7 +226,8 @@ def run_eval(
     evaluated is exactly what trains; the tool format is the env's (`env_kwargs["tool_format"]`). `labels` is a
     file of human verdicts (question id, prediction, verdict) that each judge is scored against. `context_policy`
     ("end", "fold", "summarise") says how an episode longer than `max_context` goes on (agents/context.py).
-    Settings that fail their checks are refused (ValueError naming the key) before anything starts.
+    `progress_label` names the progress bar. Settings that fail their checks are refused (ValueError naming the
+    key) before anything starts.
     """
     from searchgym.envs.suites import suite_of
 
@@ -314,6 +316,7 @@ def run_eval(
                     device=device,
                     tokenizer=tokenizer,
                     progress=progress,
+                    progress_label=progress_label,
                     total=len(tasks) * k,
                     rejudge=rejudge,
                     tasks={t.id: t for t in tasks},
@@ -413,6 +416,7 @@ async def _evaluate(
     tokenizer: str | None,
     progress: bool,
     total: int,
+    progress_label: str = "evaluating",
     rejudge: Sequence[dict[str, Any]] = (),
     tasks: dict[str, Task] | None = None,
     failures: JsonlLog | None = None,
@@ -437,6 +441,7 @@ async def _evaluate(
                     concurrency=concurrency,
                     seed=seed,
                     progress=progress,
+                    progress_label=progress_label,
                     total=total,
                     failures=failures,
                 )
@@ -487,12 +492,13 @@ async def _play(
     seed: int,
     progress: bool,
     total: int,
+    progress_label: str = "evaluating",
     failures: JsonlLog | None = None,
 ) -> list[BaseException]:
     """Play, judge and store each missing sample; an episode that raised is logged in `failures`, not stored."""
     gate = asyncio.Semaphore(concurrency)
     envs = EnvPool(make_env)
-    bar = tqdm(total=total, initial=total - len(todo), desc="evaluating", disable=not progress)
+    bar = tqdm(total=total, initial=total - len(todo), desc=progress_label, disable=not progress)
 
     async def one(index: int, task: Task, sample: int) -> None:
         async with gate:

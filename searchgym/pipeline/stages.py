@@ -208,6 +208,7 @@ def build_base_model(
     progress: bool = True,
     device: str = "cpu",
     base: str = "tiny",
+    progress_label: str = "copy pretraining",
 ) -> tuple[Path, list[dict[str, Any]]]:
     """The model the warm start begins from: for `base` "tiny", a fresh tiny model (tokenizer trained on the world
     and `chats`) copy-pretrained into OUT/base-model; else the real model `base` names, as it is (no history)."""
@@ -215,7 +216,7 @@ def build_base_model(
         return resolve_model(base), []
     fresh = build_tiny_model(out / "init-model", texts=tokenizer_texts(env, chats), seed=seed, **vars(model))
     copied = out / "base-model"
-    return copied, copy_pretrain(fresh, copied, copy, device=device, progress=progress)
+    return copied, copy_pretrain(fresh, copied, copy, device=device, progress=progress, progress_label=progress_label)
 
 
 def resolve_model(name: str) -> Path:
@@ -242,13 +243,14 @@ def run_rl(
     tasks: list[str] | None,
     seed: int,
     progress: bool = True,
+    progress_label: str | None = None,
 ) -> list[dict[str, float]]:
     """`train()` from `model` into `out` on the train split's `tasks` (None: all); a previous run there is removed."""
     rl.seed, rl.out_dir, rl.model.path = seed, str(out), str(model)
     rl.env = EnvConfig(id=env_id, kwargs={**env_kwargs, "split": "train"})
     rl.tasks = tasks
     shutil.rmtree(out, ignore_errors=True)  # these stages redo their own work; train() refuses old runs
-    return train(rl, progress=progress)
+    return train(rl, progress=progress, progress_label=progress_label)
 
 
 def evaluate_policy(
@@ -261,6 +263,7 @@ def evaluate_policy(
     seed: int,
     progress: bool = True,
     device: str = "cpu",
+    progress_label: str = "evaluating",
 ) -> dict[str, float]:
     """`run_eval` of `model_dir` into `out` (k samples per question, EM and F1 judges) on `device`; returns its
     metrics."""
@@ -278,7 +281,7 @@ def evaluate_policy(
         seed=seed,
         device=device,
     )
-    summary = run_eval(settings, out, progress=progress)
+    summary = run_eval(settings, out, progress=progress, progress_label=progress_label)
     return summary["metrics"]
 
 

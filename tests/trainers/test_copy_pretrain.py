@@ -35,3 +35,13 @@ def test_copy_pretraining_trains_and_saves_a_loadable_model(tiny_model_dir, tmp_
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "copy")
     assert AutoTokenizer.from_pretrained(tmp_path / "copy").eos_token == "<|im_end|>"
     assert model.config.vocab_size > 0 and (tmp_path / "copy" / "copy_pretrain_history.jsonl").exists()
+
+
+def test_the_bar_carries_the_stage_label_and_hugging_face_draws_none(tiny_model_dir, tmp_path, capfd):
+    """The quickstart names this bar by its stage ("stage 3 of 6: base model"); loading the model and saving it drew
+    Hugging Face's own "Loading weights" and "Writing model shards" bars besides."""
+    config = CopyPretrainConfig(steps=2, batch_size=2, max_segment=4, max_gap=2)
+    copy_pretrain(tiny_model_dir, tmp_path / "copy", config, progress=True, progress_label="stage 3 of 6: base model")
+    err = capfd.readouterr().err
+    assert "stage 3 of 6: base model: 100%" in err and "copy pretraining" not in err
+    assert "Loading weights" not in err and "Writing model shards" not in err

@@ -150,3 +150,13 @@ def test_micro_batches_accumulate_the_same_update_in_less_memory(demos, tiny_mod
         from searchgym.settings import load_settings
 
         load_settings(SFTConfig, values={"micro_batch_tokens": 0})
+
+
+def test_the_bar_carries_the_stage_label_and_hugging_face_draws_none(demos, tiny_model_dir, tmp_path, capfd):
+    """The quickstart names this bar by its stage ("stage 4 of 6: warm start", not "sft"); the load and the save of
+    the model drew no Hugging Face bar of their own."""
+    config = SFTConfig(epochs=1, batch_tokens=100_000)
+    sft(tiny_model_dir, demos[:1], tmp_path / "sft", config, progress=True, progress_label="stage 4 of 6: warm start")
+    err = capfd.readouterr().err
+    assert "stage 4 of 6: warm start: 100%" in err and "sft:" not in err
+    assert "Loading weights" not in err and "Writing model shards" not in err

@@ -65,19 +65,23 @@ class InProcessRollouts:
         return await self.controller.discard()
 
 
-def train(config: TrainConfig, *, resume: bool = False, progress: bool = True) -> list[dict[str, float]]:
+def train(
+    config: TrainConfig, *, resume: bool = False, progress: bool = True, progress_label: str | None = None
+) -> list[dict[str, float]]:
     """Train until step `config.steps`; returns every step's metrics (also in TensorBoard and metrics.jsonl).
 
     With `resume`, continue from the run directory's latest checkpoint (same version numbering, same
     data order, unfinished groups replayed); without a checkpoint it starts from scratch. SIGTERM or SIGINT
     during the steps stops at a step boundary with the last trained step checkpointed (TrainingStopped).
     A config that fails its checks is refused (ValueError naming the key) before anything starts.
+    `progress_label` names the progress bar (default "training (MODE, local)"; the quickstart's says which of its
+    stages this is).
     """
     check_settings(config)
-    return asyncio.run(_train(config, resume, progress))
+    return asyncio.run(_train(config, resume, progress, progress_label or f"training ({config.mode}, local)"))
 
 
-async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict[str, float]]:
+async def _train(config: TrainConfig, resume: bool, progress: bool, progress_label: str) -> list[dict[str, float]]:
     rollout = config.rollout
     if rollout.engine == "sglang" and config.model.path is None:
         raise ValueError("rollout.engine=sglang needs model.path: the model the SGLang servers serve")
@@ -152,7 +156,7 @@ async def _train(config: TrainConfig, resume: bool, progress: bool) -> list[dict
                         run_log,
                         schedule,
                         progress=progress,
-                        desc=f"training ({config.mode}, local)",
+                        desc=progress_label,
                         watchdog=watchdog,
                         stop=stop,
                     )

@@ -85,10 +85,12 @@ def copy_pretrain(
     *,
     device: str = "cpu",
     progress: bool = True,
+    progress_label: str = "copy pretraining",
 ) -> list[dict[str, float]]:
     """Train the model in `model_dir` to copy repeated segments; save it (with its tokenizer) to `out_dir`.
 
     Returns one record per step: loss and copy accuracy (argmax right on the learned tokens), lr.
+    `progress_label` names the progress bar.
     """
     config = config or CopyPretrainConfig()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -104,7 +106,7 @@ def copy_pretrain(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     history: list[dict[str, float]] = []
     model.train()
-    for step in tqdm(range(config.steps), desc="copy pretraining", disable=not progress):
+    for step in tqdm(range(config.steps), desc=progress_label, disable=not progress):
         ids, attention, mask = (t.to(device) for t in copy_batch(rng, vocabulary, config, pad))
         where = mask[:, 1:].bool()
         logits = next_token_logits(model, ids, attention, where)

@@ -94,10 +94,12 @@ def sft(
     *,
     device: str = "cpu",
     progress: bool = True,
+    progress_label: str = "sft",
 ) -> list[dict[str, float]]:
     """Fine-tune the model in `model_dir` on `chats` and save it (with its tokenizer) to `out_dir`.
 
-    Returns one record per optimizer step (loss, token accuracy on the action tokens, lr).
+    Returns one record per optimizer step (loss, token accuracy on the action tokens, lr). `progress_label` names the
+    progress bar.
     """
     config = config or SFTConfig()
     check_model_out(out_dir)
@@ -126,7 +128,7 @@ def sft(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     history: list[dict[str, float]] = []
     model.train()
-    for step in tqdm(range(total), desc="sft", disable=not progress):
+    for step in tqdm(range(total), desc=progress_label, disable=not progress):
         if not batches:
             batches = _batches(samples, config.batch_tokens, rng)
         parts = [

@@ -236,15 +236,23 @@ def compare_runs(
 # --- presentation ---------------------------------------------------------------------------------------
 
 
+def _k(runs: Sequence[dict[str, Any]]) -> str:
+    """The runs' k as the @k headers say it: the number when they share it (as one protocol does), else "k" (each
+    run's own is then in the "k" row)."""
+    ks = {r["k"] for r in runs}
+    return str(ks.pop()) if len(ks) == 1 else "k"
+
+
 def score_rows(comparison: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Scores and behaviour side by side: one row per measure, one column per run (each at its own k)."""
     runs = comparison["runs"]
+    k = _k(runs)
     head = ["measure", *(r["name"] for r in runs)]
-    measures: list[tuple[str, Any]] = [("reward Avg@k", lambda r: r["metrics"].get(f"avg@{r['k']}/reward"))]
+    measures: list[tuple[str, Any]] = [(f"reward Avg@{k}", lambda r: r["metrics"].get(f"avg@{r['k']}/reward"))]
     for judge in dict.fromkeys(j for r in runs for j in r["judges"]):
         measures += [
-            (f"{judge} Avg@k", lambda r, j=judge: r["metrics"].get(f"avg@{r['k']}/{j}")),
-            (f"{judge} Pass@k", lambda r, j=judge: r["metrics"].get(f"pass@{r['k']}/{j}")),
+            (f"{judge} Avg@{k}", lambda r, j=judge: r["metrics"].get(f"avg@{r['k']}/{j}")),
+            (f"{judge} Pass@{k}", lambda r, j=judge: r["metrics"].get(f"pass@{r['k']}/{j}")),
             (
                 f"{judge} judge failures",
                 lambda r, j=judge: (
@@ -268,7 +276,7 @@ def breakdown_rows(comparison: dict[str, Any]) -> list[tuple[str, list[str], lis
     out = []
     for key in keys:
         groups = list(dict.fromkeys(g for r in runs for g in r["breakdowns"][key]))
-        head = [key, *(f"{r['name']} {judge} Avg@k (samples)" for r in runs)]
+        head = [key, *(f"{r['name']} {judge} Avg@{r['k']} (samples)" for r in runs)]
         rows = []
         for g in groups:
             cells = []
@@ -350,6 +358,14 @@ def comparison_markdown(comparison: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
+# Text reads from the left: the card fields' values (JSON, wrapped anywhere) and the questions; numbers stay right.
+COMPARE_CSS = """.warning{border:3px solid #b00;padding:0 1em;background:#fee}
+table.differences td,table.other-differences td,table.differences th,table.other-differences th{text-align:left}
+table.differences td,table.other-differences td{font-family:monospace;font-size:.9em}
+table.differences td+td,table.other-differences td+td,table.questions td:nth-child(2){overflow-wrap:anywhere}
+table.questions td:nth-child(2),table.questions th:nth-child(2){text-align:left}"""
+
+
 def comparison_html(comparison: dict[str, Any]) -> str:
     """compare.html: self-contained, every value escaped, no script."""
     runs = comparison["runs"]
@@ -400,7 +416,7 @@ def comparison_html(comparison: dict[str, Any]) -> str:
     title = "searchgym eval compare: " + " vs ".join(r["name"] for r in runs)
     return (
         f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{_e(title)}</title>'
-        f"<style>{CSS}.warning{{border:3px solid #b00;padding:0 1em;background:#fee}}</style></head>"
+        f"<style>{CSS}{COMPARE_CSS}</style></head>"
         f"<body><h1>{_e(title)}</h1>{''.join(parts)}</body></html>"
     )
 

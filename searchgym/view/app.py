@@ -352,17 +352,21 @@ async def compare_page(request: web.Request) -> web.Response:
 async def compare_episode_page(request: web.Request) -> web.Response:
     (na, a), (nb, b) = _compare_pair(request)
     task = request.query.get("task", "")
-    sample = _int(request, "sample", 0)
-    sides, samples = [], []
-    for number, run in ((na, a), (nb, b)):
-        index = await _index(run)
-        of_task = [e for e in index.episodes if e.task_id == task]
-        if not of_task:
+    of_task = []
+    for run in (a, b):
+        found = [e for e in (await _index(run)).episodes if e.task_id == task]
+        if not found:
             raise NotHere(f"run {run.label!r} has no episode of question {task[:80]!r}")
-        summary = of_task[min(sample, len(of_task) - 1)]
-        row = await asyncio.to_thread(read_episode, run, summary)
-        sides.append({"number": number, "run": run, "summary": summary, "episode": episode_view(row, run.kind)})
-        samples.append(len(of_task))
+        of_task.append(found)
+    samples = min(len(found) for found in of_task)
+    differing = [s for s in range(samples) if of_task[0][s].reward != of_task[1][s].reward]
+    sample = _int(request, "sample", differing[0] if differing else 0)  # by default the first sample that differs
+    if not 0 <= sample < samples:
+        raise BadRequest(f"sample {sample}: both runs have samples 0 to {samples - 1} of this question")
+    sides = []
+    for number, run, found in ((na, a, of_task[0]), (nb, b, of_task[1])):
+        row = await asyncio.to_thread(read_episode, run, found[sample])
+        sides.append({"number": number, "run": run, "summary": found[sample], "episode": episode_view(row, run.kind)})
     return render(
         request,
         "compare_episode.html",
@@ -370,7 +374,7 @@ async def compare_episode_page(request: web.Request) -> web.Response:
         sides=sides,
         task=task,
         sample=sample,
-        samples=min(samples),
+        samples=samples,
         na=na,
         nb=nb,
     )

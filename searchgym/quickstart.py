@@ -102,7 +102,7 @@ def _run_stages(config: QuickstartConfig, *, progress: bool) -> dict[str, Any]:
 
     train_tasks = list(env.tasks)
     cut = round(config.demos.fraction * len(train_tasks))
-    begin("demos", f"the oracle plays {cut:,} training questions through the env: tool-use demonstrations")
+    begin("demos", f"the oracle answers training questions through the env's tools ({cut:,} set aside for it)")
     chats = make_demos(
         env,
         train_tasks[:cut],

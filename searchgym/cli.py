@@ -1251,8 +1251,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default 8765; 0 picks a free one)")
     p.set_defaults(run=_view)
     for command in rooms._choices_actions:  # `searchgym COMMAND --help` opens with what the command is for
-        sub = rooms.choices[command.dest]
-        sub.description = sub.description or command.help[:1].upper() + command.help[1:] + "."
+        sub, line = rooms.choices[command.dest], command.help or ""
+        sub.description = sub.description or line[:1].upper() + line[1:] + "."
     return parser
 
 

@@ -55,6 +55,17 @@ class LearnerConfig:
     ranks: int = setting(1, at_least=1)
     activation_checkpointing: bool = False  # recompute each decoder layer's activations in the backward pass
     cpu_offload: bool = False  # keep parameters, gradients and optimizer state on the CPU between uses
+    # CPU levers (docs/training.md#cpu-levers, measured by `searchgym bench levers`): "bf16" runs the learner's
+    # forward and backward under bf16 autocast (weights and optimizer stay fp32); off: fp32 throughout
+    autocast: str = setting("off", choices=("off", "bf16"))
+    # train only the top N decoder layers (and the final norm; a tied lm_head stays frozen with the embeddings):
+    # the lower layers build no autograd graph, which saves their backward and activations; None: train everything
+    trainable_layers: int | None = setting(None, at_least=1)
+
+    def check(self) -> Iterator[tuple[str, str]]:
+        """Freezing layers is for the plain learner: the sharded one shards every parameter."""
+        if self.trainable_layers is not None and self.ranks > 1:
+            yield ("trainable_layers", f"needs ranks 1 (the plain learner), got ranks {self.ranks}")
 
 
 SYNTHETIC_QA = "searchgym/SyntheticQA-v0"

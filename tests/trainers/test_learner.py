@@ -465,3 +465,54 @@ def test_the_proximal_setting_is_checked():
     assert load_config(None, ["learner.proximal=behaviour"]).learner.proximal == "behaviour"
     with pytest.raises(ValueError, match="learner.proximal"):
         load_config(None, ["learner.proximal=old"])
+
+
+# --- CPU levers: frozen lower layers, bf16 autocast ------------------------------------------------------------
+
+
+def test_trainable_layers_train_the_top_layers_only_and_still_move_towards_reward(tiny_model_dir, groups):
+    learner = fresh_learner(tiny_model_dir, lr=3e-3, grad_clip=100.0, trainable_layers=1)
+    before = {name: p.detach().clone() for name, p in learner.model.named_parameters()}
+    rewarded, unrewarded = groups[0][0], groups[0][1]
+    logps = mean_logprob(learner.model, rewarded), mean_logprob(learner.model, unrewarded)
+    learner.step(groups)
+    moved = {name for name, p in learner.model.named_parameters() if not p.equal(before[name])}
+    top = len(learner.model.get_decoder().layers) - 1
+    assert moved and all(name.startswith(f"model.layers.{top}.") or name == "model.norm.weight" for name in moved)
+    assert any(name.startswith(f"model.layers.{top}.") for name in moved) and "model.norm.weight" in moved
+    assert sum(len(g["params"]) for g in learner.optimizer.param_groups) == len(moved)  # no state for frozen ones
+    after = mean_logprob(learner.model, rewarded), mean_logprob(learner.model, unrewarded)
+    assert after[0] > logps[0] and after[1] < logps[1]
+
+
+def test_trainable_layers_are_checked_against_the_model_and_the_learner(tiny_model_dir):
+    from searchgym.trainers.config import load_config
+
+    with pytest.raises(ValueError, match="trainable_layers is 9, but the model has 2 decoder layers"):
+        fresh_learner(tiny_model_dir, trainable_layers=9)
+    with pytest.raises(ValueError, match="learner.trainable_layers"):
+        load_config(None, ["learner.trainable_layers=0"])
+    with pytest.raises(ValueError, match="learner.trainable_layers needs ranks 1"):
+        load_config(None, ["learner.trainable_layers=2", "learner.ranks=2"])
+    with pytest.raises(ValueError, match="learner.autocast"):
+        load_config(None, ["learner.autocast=fp8"])
+
+
+def test_bf16_autocast_gives_nearly_the_fp32_log_probs_and_update(tiny_model_dir, groups):
+    fp32, bf16 = fresh_learner(tiny_model_dir, lr=3e-3), fresh_learner(tiny_model_dir, lr=3e-3, autocast="bf16")
+    start = {name: p.detach().clone() for name, p in fp32.model.named_parameters()}
+    samples, _ = fp32._samples(groups)
+    layout = fp32._layout(samples)
+    with torch.no_grad():
+        exact, _, where = fp32._logprobs(layout)
+        close, _, _ = bf16._logprobs(layout)
+    error = (close - exact)[where].abs()
+    assert close.dtype == torch.float32 and 0 < float(error.mean()) < 0.1 and float(error.max()) < 0.5
+    fp32.step(groups)
+    bf16.step(groups)
+
+    def update(learner):
+        return torch.cat([(p.detach() - start[name]).flatten() for name, p in learner.model.named_parameters()])
+
+    a, b = update(fp32), update(bf16)
+    assert float(torch.nn.functional.cosine_similarity(a, b, dim=0)) > 0.9  # the same step, to bf16's precision

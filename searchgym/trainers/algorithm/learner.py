@@ -221,6 +221,31 @@ def _noisy(settings: dict[str, Any]) -> bool:
     return False
 
 
+def freeze_lower_layers(model: torch.nn.Module, trainable: int) -> int:
+    """Leave only the top `trainable` decoder layers and the final norm trainable (the embeddings, and a tied lm_head
+    with them, frozen); the number of parameters left trainable. ValueError for a model without decoder layers or
+    with fewer layers than asked."""
+    hf: Any = model  # a Hugging Face model's accessors (nn.Module's own typing says attributes are tensors)
+    decoder = hf.get_decoder() if hasattr(hf, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ValueError("learner.trainable_layers needs a decoder-only model with `.get_decoder().layers`")
+    if trainable > len(layers):
+        raise ValueError(f"learner.trainable_layers is {trainable}, but the model has {len(layers)} decoder layers")
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    kept = [*layers[len(layers) - trainable :], getattr(decoder, "norm", None)]
+    head = hf.get_output_embeddings() if hasattr(hf, "get_output_embeddings") else None
+    embeddings = hf.get_input_embeddings() if hasattr(hf, "get_input_embeddings") else None
+    if head is not None and (embeddings is None or head.weight is not embeddings.weight):
+        kept.append(head)  # an untied lm_head is trained with the top layers
+    for module in kept:
+        if module is not None:
+            for parameter in module.parameters():
+                parameter.requires_grad_(True)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 class Learner:
     """Owns the trained model and its optimizer; `step` turns groups of trajectories into one new version."""
 
@@ -235,8 +260,13 @@ class Learner:
             model
         )  # else train-mode passes differ from eval-mode ones
         self.packed = packs_sequences(model, config.packing)
+        if config.trainable_layers is not None:
+            freeze_lower_layers(model, config.trainable_layers)
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+            [p for p in model.parameters() if p.requires_grad],
+            lr=config.lr,
+            betas=config.betas,
+            weight_decay=config.weight_decay,
         )
         warmup = max(config.warmup_steps, 0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -416,9 +446,12 @@ class Learner:
                 sample.prox = logp[row, start : start + len(sample.ids) - 1].cpu()
 
     def _logprobs(self, layout: _Layout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Log-probs [B, T-1] of the trained tokens (0 elsewhere), their entropies [N], and where they are."""
+        """Log-probs [B, T-1] of the trained tokens (0 elsewhere), their entropies [N], and where they are (under
+        bf16 autocast where `autocast` says so: the log-softmax itself stays fp32)."""
         where = layout.mask > 0
-        logp_trained, entropy = self._trained_logprobs(layout.ids, layout.attention, where, layout.positions)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.autocast == "bf16"):
+            logp_trained, entropy = self._trained_logprobs(layout.ids, layout.attention, where, layout.positions)
+        logp_trained, entropy = logp_trained.float(), entropy.float()
         logp = torch.zeros_like(layout.mask)
         logp[where] = logp_trained
         return logp, entropy, where

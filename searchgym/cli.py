@@ -183,6 +183,14 @@ def _bench_warmstart(args: argparse.Namespace) -> None:
     run_warm_start_bench(arms, _seed_list(args.seeds), preset=args.preset, overrides=args.overrides, out=args.out)
 
 
+def _bench_levers(args: argparse.Namespace) -> None:
+    from searchgym.bench.levers import LeversConfig, format_levers, run_levers_bench
+    from searchgym.settings import load_settings
+
+    report = run_levers_bench(load_settings(LeversConfig, overrides=args.overrides), out=args.out)
+    print(format_levers(report))
+
+
 def _seed_list(text: str) -> list[int]:
     """--seeds: comma-separated integers."""
     try:
@@ -1239,6 +1247,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world", type=Path, default=None, help="a directory to build the world and indexes in (kept)")
     p.add_argument("--out", type=Path, default=Path("results/bench_scale_out.json"))
     p.set_defaults(run=_bench_scale_out)
+    p = bench.add_parser(
+        "levers",
+        help="what each CPU lever (threads, bf16 autocast, frozen lower layers, micro-batch) does to a real "
+        "model's learner step: speed, memory and how close its update stays",
+    )
+    p.add_argument(
+        "overrides", nargs="*", help="settings, e.g. model=smollm2-135m-instruct repeats=3 run=runs/.../rl-async"
+    )
+    p.add_argument("--out", type=Path, default=Path("results/bench_levers.json"))
+    p.set_defaults(run=_bench_levers)
 
     p = rooms.add_parser(
         "view",

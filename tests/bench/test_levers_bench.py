@@ -1,0 +1,60 @@
+"""`searchgym bench levers` on the tiny model: each lever's arm does what it says to the learner step (two threads
+and half the micro-batch give the baseline's update, bf16 nearly, frozen layers a different one that leaves the
+lower layers alone), every figure is paired with the baseline's, and an RL run's step costs are read."""
+
+from __future__ import annotations
+
+import json
+
+from searchgym.bench.levers import LeversConfig, format_levers, run_levers_bench, step_costs
+from searchgym.cli import main
+from tests.conftest import SMALL
+
+
+def test_each_lever_changes_the_step_as_it_says(tiny_model_dir, small_bundle, tmp_path, one_torch_thread):
+    run = tmp_path / "rl"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(
+        "\n".join(
+            json.dumps({"step": s, "elapsed_s": 10.0 * s, "learner/step_s": 4.0, "engine/busy_s": 5.0})
+            for s in (1, 2, 3)
+        )
+    )
+    config = LeversConfig(
+        model=str(tiny_model_dir),
+        groups=2,
+        group_size=2,
+        max_new_tokens=8,
+        repeats=2,
+        trainable_layers=1,
+        micro_batch_tokens=256,
+        lr=1e-3,
+        world_size=SMALL["size"],
+        world_tasks=SMALL["n_tasks"],
+        run=str(run),
+    )
+    report = run_levers_bench(config, out=tmp_path / "levers.json")
+    assert json.loads((tmp_path / "levers.json").read_text())["arms"].keys() == report["arms"].keys()
+    arms = report["arms"]
+    assert list(arms) == [
+        "fp32, 1 thread", "fp32, 2 threads", "bf16 autocast", "top 1 layers trainable", "half micro-batch",
+    ]  # fmt: skip
+    assert abs(arms["fp32, 1 thread"]["update_cosine_vs_baseline"] - 1.0) < 1e-9
+    assert arms["fp32, 1 thread"]["logprob_mean_abs_diff_after_step"] == 0.0
+    for exact in ("fp32, 2 threads", "half micro-batch"):  # the same update, summed in another order
+        assert arms[exact]["update_cosine_vs_baseline"] > 0.999, exact
+        assert arms[exact]["logprob_mean_abs_diff_after_step"] < 1e-4, exact
+    assert 0.9 < arms["bf16 autocast"]["update_cosine_vs_baseline"] < 1.0
+    frozen = arms["top 1 layers trainable"]["update_cosine_vs_baseline"]
+    assert 0.0 < frozen < 0.99  # it learns something else: only the top layer moves
+    assert all(len(arm["seconds"]) == 2 and arm["median_seconds"] > 0 for arm in arms.values())
+    assert report["batch"]["episodes"] == 4 and report["batch"]["trained_tokens"] > 0
+    costs = report["preset_step_costs"]
+    assert costs["learner_s_per_step"] == 4.0 and costs["wall_s_per_step"] == 10.0 and costs["steps"] == 3
+    assert "| bf16 autocast |" in format_levers(report)
+    assert step_costs(run)["engine_busy_s_per_step"] == 5.0
+
+
+def test_the_command_checks_its_settings(capsys):
+    assert main(["bench", "levers", "repeats=0"]) == 2
+    assert "repeats" in capsys.readouterr().err

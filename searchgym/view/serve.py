@@ -6,6 +6,7 @@ asyncio.run(serve_viewer([Path("runs/quickstart")], port=8765))
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +24,11 @@ async def serve_viewer(paths: list[Path], port: int = 8765, ready: Callable[[str
         print(f"searchgym view: {problem.where}: {problem.why}", file=sys.stderr)
     if not app[RUNS]:
         raise ValueError("no run to show in " + ", ".join(str(p) for p in paths))
-    async with serve_app(app, HOST, port, shutdown_timeout=1.0) as url:
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            url = await stack.enter_async_context(serve_app(app, HOST, port, shutdown_timeout=1.0))
+        except OSError as e:  # the port is taken (or not ours to bind)
+            raise ValueError(f"cannot serve on {HOST}:{port} ({e.strerror or e}); choose another with --port") from None
         if ready is not None:
             ready(url)
         else:

@@ -256,3 +256,14 @@ def test_the_command_refuses_folders_without_runs(tmp_path, capsys):
     assert main(["view", str(tmp_path / "nothing")]) == 2
     err = capsys.readouterr().err
     assert "does not exist" in err and "no run to show" in err
+
+
+def test_the_command_names_a_port_that_is_taken(quickstart_shaped, capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["view", str(quickstart_shaped), "--port", str(port)]) == 2
+    assert f"cannot serve on 127.0.0.1:{port}" in capsys.readouterr().err

@@ -19,6 +19,7 @@ PACKAGE = Path(searchgym.__file__).parent
 # room -> floor; rooms on the same floor must not import each other
 FLOORS = {
     "settings": 0.5,  # the one settings loader (stdlib and OmegaConf only): every room's configs use it
+    "core": 0.75,  # the ground floor of shared I/O (atomic files, JSONL logs, HTTP, extras, LLM-call retries)
     "envs": 1,
     "world": 2,
     "agents": 3,

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from searchgym.envs.atomic_file import write_atomic
-from searchgym.envs.extras import MissingExtra, hint
+from searchgym.core.atomic_file import write_atomic
+from searchgym.core.extras import MissingExtra, hint
 from searchgym.world.bundle import default_cache_dir
 
 MANIFEST = "searchgym_model.json"

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.agents.engines.open import engine_kind
-from searchgym.envs.atomic_file import write_atomic
-from searchgym.envs.tools.http_session import read_capped
+from searchgym.core.atomic_file import write_atomic
+from searchgym.core.http_session import read_capped
 from searchgym.envs.tools.index_files import sha256
 from searchgym.world.bundle import default_cache_dir
 

@@ -41,8 +41,8 @@ from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.env_pool import EnvPool
 from searchgym.agents.program import build_player
 from searchgym.agents.workflow import Workflow, WorkflowSettings
+from searchgym.core.jsonl_log import JsonlLog
 from searchgym.envs.factory import make_unwrapped
-from searchgym.envs.jsonl_log import JsonlLog
 from searchgym.envs.judges import (
     ASearcherEM,
     ASearcherF1,

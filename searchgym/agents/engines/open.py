@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.agents.engines.types import InferenceEngine
-from searchgym.envs.extras import needs
+from searchgym.core.extras import needs
 from searchgym.envs.judges import ChatModel
 
 SPEC_HELP = "a model directory, 'sglang:HOST:PORT[,HOST:PORT...]' or 'openai:http://host/v1[:model]'"

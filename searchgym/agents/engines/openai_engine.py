@@ -20,8 +20,8 @@ from typing import Any
 
 import aiohttp
 
+from searchgym.core.http_session import LoopSession, ReplyTooLarge, read_capped, retry_after_seconds
 from searchgym.envs.llm_calls import llm_backoff, llm_retries
-from searchgym.envs.tools.http_session import LoopSession, ReplyTooLarge, read_capped, retry_after_seconds
 
 MAX_REPLY_BYTES = 64 * 2**20  # a chat completion past this is a broken server's, read no further
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from searchgym.envs.llm_calls import DependencyFailed
+from searchgym.core.llm_calls import DependencyFailed
 
 
 def _world_build(args: argparse.Namespace) -> None:

@@ -23,8 +23,8 @@ from typing import Any
 from tqdm import tqdm
 
 from searchgym.core.jsonl_log import JsonlLog
+from searchgym.core.llm_calls import DependencyFailed
 from searchgym.envs.judges import normalize_answer
-from searchgym.envs.llm_calls import DependencyFailed
 from searchgym.envs.tasks import Task
 from searchgym.synthesis.qa_agent import CallFailure, Candidate, QASynthesisAgent, Rejected
 

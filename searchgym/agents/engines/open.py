@@ -18,7 +18,7 @@ from typing import Any
 
 from searchgym.agents.engines.types import InferenceEngine
 from searchgym.core.extras import needs
-from searchgym.envs.judges import ChatModel
+from searchgym.core.llm_calls import ChatModel
 
 SPEC_HELP = "a model directory, 'sglang:HOST:PORT[,HOST:PORT...]' or 'openai:http://host/v1[:model]'"
 

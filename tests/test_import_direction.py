@@ -2,7 +2,7 @@
 or a sibling room on its floor; no two searchgym modules need each other, however indirectly (no circle); and no
 module off the ground floor (the floors below envs: settings, core) is imported by more than half of the rooms.
 
-Both rules count every import statement, module-level and function-level alike: a lazy import only defers
+Every rule counts every import statement, module-level and function-level alike: a lazy import only defers
 the dependency, it is upward (or circular) all the same. A module's import of its own package is not an
 edge (Python imports the package first anyway); `from package import name` is an edge to the submodule
 `package.name` when that is a module, else to the package."""

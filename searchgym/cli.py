@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from searchgym.envs.llm_calls import DependencyFailed
+from searchgym.core.llm_calls import DependencyFailed
 
 
 def _world_build(args: argparse.Namespace) -> None:
@@ -86,7 +86,7 @@ def _synthesize(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         pool, report = synthesize_pool(world, index, args.n, seed=args.seed, progress=True)
         report["seconds"] = round(time.perf_counter() - t0, 2)
-        from searchgym.envs.atomic_file import write_atomic
+        from searchgym.core.atomic_file import write_atomic
         from searchgym.synthesis.pool import summary_path
 
         # the summary first, the pool (written atomically) last: a kill between them leaves no pool, so a rerun runs
@@ -247,7 +247,7 @@ def _bench_env(args: argparse.Namespace) -> None:
 
 def _serve_model(args: argparse.Namespace) -> None:
     from searchgym.agents.server import run_server
-    from searchgym.envs.tools.server_limits import limits_from_args
+    from searchgym.core.server_limits import limits_from_args
 
     run_server(
         args.model,
@@ -262,8 +262,8 @@ def _serve_model(args: argparse.Namespace) -> None:
 
 
 def _serve_search(args: argparse.Namespace) -> None:
+    from searchgym.core.server_limits import limits_from_args
     from searchgym.envs.tools.retrieval_server import run_server
-    from searchgym.envs.tools.server_limits import limits_from_args
 
     run_server(
         args.index,
@@ -284,7 +284,7 @@ def _serve_env(args: argparse.Namespace) -> None:
     print(
         f"serving {args.env_id} as an OpenEnv environment on http://{args.host}:{args.port} (WebSocket /ws)", flush=True
     )
-    from searchgym.envs.tools.server_limits import limits_from_args
+    from searchgym.core.server_limits import limits_from_args
 
     serve(
         args.env_id,
@@ -300,7 +300,7 @@ def _serve_env(args: argparse.Namespace) -> None:
 
 
 def _serve_mcp(args: argparse.Namespace) -> None:
-    from searchgym.envs.tools.server_limits import limits_from_args
+    from searchgym.core.server_limits import limits_from_args
     from searchgym.integrations.mcp_server import serve
 
     serve(
@@ -652,7 +652,7 @@ Run `searchgym COMMAND --help` for a command's options. README.md and docs/ expl
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from searchgym.envs.tools.server_limits import (  # light: no aiohttp
+    from searchgym.core.server_limits import (  # light: no aiohttp
         add_limit_flags,
         add_request_limit_flags,
         positive_int,
@@ -1276,8 +1276,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from searchgym.envs.atomic_file import DiskWriteError
-    from searchgym.envs.extras import MissingExtra, needs
+    from searchgym.core.atomic_file import DiskWriteError
+    from searchgym.core.extras import MissingExtra, needs
     from searchgym.trainers.run.stopping import TrainingStopped
 
     try:

@@ -1,7 +1,8 @@
 """Imports only go down: a room may import its own modules and the floors below it, never a floor above
-or a sibling room on its floor; and no two searchgym modules need each other, however indirectly (no circle).
+or a sibling room on its floor; no two searchgym modules need each other, however indirectly (no circle); and no
+module off the ground floor (the floors below envs: settings, core) is imported by more than half of the rooms.
 
-Both rules count every import statement, module-level and function-level alike: a lazy import only defers
+Every rule counts every import statement, module-level and function-level alike: a lazy import only defers
 the dependency, it is upward (or circular) all the same. A module's import of its own package is not an
 edge (Python imports the package first anyway); `from package import name` is an edge to the submodule
 `package.name` when that is a module, else to the package."""
@@ -19,6 +20,7 @@ PACKAGE = Path(searchgym.__file__).parent
 # room -> floor; rooms on the same floor must not import each other
 FLOORS = {
     "settings": 0.5,  # the one settings loader (stdlib and OmegaConf only): every room's configs use it
+    "core": 0.75,  # the ground floor of shared I/O (atomic files, JSONL logs, HTTP, extras, LLM-call retries)
     "envs": 1,
     "world": 2,
     "agents": 3,
@@ -133,11 +135,15 @@ def import_circle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_circle_of_imports():
+def module_graph() -> dict[str, set[str]]:
+    """Every searchgym module -> the searchgym modules it imports."""
     paths = sorted(PACKAGE.rglob("*.py"))
     modules = {module_name(p) for p in paths}
-    graph = {module_name(p): imported_modules(p, modules, module_name(p)) for p in paths}
-    circle = import_circle(graph)
+    return {module_name(p): imported_modules(p, modules, module_name(p)) for p in paths}
+
+
+def test_no_circle_of_imports():
+    circle = import_circle(module_graph())
     assert circle is None, "modules that import each other: " + " -> ".join(circle or [])
 
 
@@ -150,3 +156,63 @@ def test_the_checker_catches_a_circle(tmp_path):
     circle = import_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})
     assert circle is not None and set(circle) == {"a", "b", "c"}
     assert import_circle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+# the ground floor(s): shared by every room on purpose (settings, core); any other module most rooms need belongs there
+GROUND = {room for room, floor in FLOORS.items() if floor < 1}
+
+
+def module_room(module: str) -> str:
+    """The room of a dotted searchgym module (`searchgym.envs.tasks` -> envs; `searchgym` -> __init__)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def importing_rooms(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Module -> the rooms, other than its own, with a module that imports it (any statement, lazy ones included)."""
+    out: dict[str, set[str]] = {}
+    for importer, targets in graph.items():
+        for target in targets:
+            if module_room(importer) != module_room(target):
+                out.setdefault(target, set()).add(module_room(importer))
+    return out
+
+
+def overshared(graph: dict[str, set[str]], rooms: int) -> list[tuple[int, str, list[str]]]:
+    """(room count, module, rooms) of each module off the ground floor that more than half of `rooms` import, most
+    shared first."""
+    shared = [(len(users), module, sorted(users)) for module, users in importing_rooms(graph).items()]
+    return sorted(
+        (row for row in shared if module_room(row[1]) not in GROUND and row[0] > rooms / 2),
+        key=lambda row: (-row[0], row[1]),
+    )
+
+
+def test_only_the_ground_floor_is_shared_by_most_rooms():
+    """A module that more than half of the package's rooms import is shared plumbing: it belongs on the ground
+    floor (core/, settings), not in a room that holds one kind of thing (as envs/ held atomic files and HTTP)."""
+    graph = module_graph()
+    offenders = overshared(graph, len(FLOORS))
+    worst = overshared(graph, 0)[:5]  # the most shared modules off the ground floor, to say how close the rest are
+    assert not offenders, (
+        f"modules off the ground floor imported by more than half of the {len(FLOORS)} rooms "
+        "(shared plumbing belongs in core/):\n"
+        + "\n".join(f"  {module}: {n} rooms ({', '.join(users)})" for n, module, users in offenders)
+        + "\nmost shared off the ground floor: "
+        + "; ".join(f"{module} ({n})" for n, module, _ in worst)
+    )
+
+
+def test_the_checker_catches_a_module_most_rooms_share():
+    graph = {
+        "searchgym.envs.tasks": {"searchgym.envs.tools.base"},
+        "searchgym.world.world": {"searchgym.envs.tasks", "searchgym.core.atomic_file"},
+        "searchgym.agents.workflow": {"searchgym.envs.tasks", "searchgym.core.atomic_file"},
+        "searchgym.eval.harness": {"searchgym.envs.tasks", "searchgym.core.atomic_file", "searchgym.settings"},
+        "searchgym.cli": {"searchgym.settings"},
+    }
+    assert importing_rooms(graph)["searchgym.envs.tasks"] == {"world", "agents", "eval"}  # envs' own use not counted
+    assert "searchgym.envs.tools.base" not in importing_rooms(graph)
+    # 3 of 5 rooms import envs.tasks: over half; core and settings may be shared by any number
+    assert overshared(graph, 5) == [(3, "searchgym.envs.tasks", ["agents", "eval", "world"])]
+    assert overshared(graph, 6) == []

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from searchgym.envs.extras import EXTRA_OF, MissingExtra, needs, require
+from searchgym.core.extras import EXTRA_OF, MissingExtra, needs, require
 
 ROOT = Path(__file__).resolve().parents[1]
 CHECK = ROOT / "tests" / "core_install" / "check_core.py"

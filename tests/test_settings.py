@@ -234,7 +234,7 @@ def test_quickstart_flags_and_file_reach_the_config(tmp_path, monkeypatch):
 def test_junk_llm_retry_settings_are_refused_naming_the_variable(raw):
     import os
 
-    from searchgym.envs.llm_calls import llm_backoff, llm_retries
+    from searchgym.core.llm_calls import llm_backoff, llm_retries
 
     for name, read in (("SEARCHGYM_LLM_RETRIES", llm_retries), ("SEARCHGYM_LLM_BACKOFF", llm_backoff)):
         old = os.environ.get(name)

@@ -4,7 +4,7 @@
 assistant `tool_calls` and `tool` messages included, exactly as the template lays them out), generates
 with the engine (TorchEngine in process, or SGLang servers), and parses Hermes/Qwen
 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks into tool calls. It satisfies
-`searchgym.envs.verdicts.ChatModel` (`achat`), so judges, the synthesis agent and chat workflows use a
+`searchgym.core.llm_calls.ChatModel` (`achat`), so judges, the synthesis agent and chat workflows use a
 local model without serving it to themselves over HTTP; `serve model`'s `/v1/chat/completions` is this
 adapter behind OpenAI's wire format.
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from searchgym.agents.json_guard import JsonBodyGuard
 from searchgym.agents.mcp_tools import DESCRIPTIONS, ENV_TOOLS, ToolError, argument_error, input_schema
-from searchgym.envs.extras import needs
+from searchgym.core.extras import needs
 
 FEATURE = "an agent program's MCP endpoint (task.mcp_url)"
 EPISODE_PATH = re.compile(r"^/episodes/([0-9a-f]{1,64})/mcp/?$")

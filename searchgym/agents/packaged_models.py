@@ -15,7 +15,6 @@ same for any GGUF file a user has (no recorded reply to check against: its diges
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -28,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from searchgym.envs.atomic_file import write_atomic
-from searchgym.envs.extras import MissingExtra, hint
+from searchgym.core.atomic_file import write_atomic
+from searchgym.core.extras import MissingExtra, hint
+from searchgym.core.hashing import file_sha256
 from searchgym.world.bundle import default_cache_dir
 
 MANIFEST = "searchgym_model.json"
@@ -83,7 +83,7 @@ def get_model(name: str, *, cache_dir: str | os.PathLike | None = None, force: b
         raise ValueError(f"unknown packaged model {name!r}: known are {', '.join(model_names())}")
     spec = MODELS[name]
     source = packaged_file(spec)
-    digest = sha256_of(source)
+    digest = file_sha256(source)
     if digest != spec.sha256:
         raise ValueError(
             f"{source} is not the file searchgym knows (sha256 {digest[:16]}..., expected {spec.sha256[:16]}...): "
@@ -101,7 +101,7 @@ def convert_gguf(gguf: str | os.PathLike, out: str | os.PathLike, *, force: bool
     source, target = Path(gguf), Path(out)
     if not source.is_file():
         raise FileNotFoundError(f"no GGUF file at {source}")
-    digest = sha256_of(source)
+    digest = file_sha256(source)
     if target.exists() and not force:
         if _finished(target, digest):
             return target
@@ -125,15 +125,6 @@ def packaged_file(spec: PackagedModel) -> Path:
             f"pip install --force-reinstall {spec.distribution}"
         )
     return path
-
-
-def sha256_of(path: Path) -> str:
-    """The file's sha256, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def gguf_architecture(path: Path) -> str:

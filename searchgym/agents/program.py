@@ -37,8 +37,8 @@ from searchgym.agents.mcp_endpoint import FEATURE, EpisodeToolServer, mcp_availa
 from searchgym.agents.proxy import DEFAULT_MODEL_NAME, RecordingProxy
 from searchgym.agents.trajectory import Trajectory
 from searchgym.agents.workflow import Workflow, WorkflowSettings, build_workflow, load_object
+from searchgym.core.extras import MissingExtra, hint
 from searchgym.envs.actions import ARGUMENT_KEYS, tool_call_action
-from searchgym.envs.extras import MissingExtra, hint
 from searchgym.envs.search_env import SearchEnv
 
 EPISODE_OVER = "The episode is over ({why}); no more tools run. Return your final answer."

@@ -30,7 +30,7 @@ from searchgym.agents.server.core import ServedModel
 from searchgym.agents.server.openai_api import OpenAIAPI, error_body
 from searchgym.agents.server.wire import json_response
 from searchgym.agents.trajectory import Trajectory
-from searchgym.envs.tools.http_session import BadRequest, error_middleware, serve_app
+from searchgym.core.http_session import BadRequest, error_middleware, serve_app
 
 DEFAULT_MODEL_NAME = "policy"
 REWRITE = "history rewritten"  # a segment's end when the next prompt does not extend it

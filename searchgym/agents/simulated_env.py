@@ -20,11 +20,11 @@ import functools
 import os
 from typing import Any
 
+from searchgym.core.llm_calls import ChatModel
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import load_pool
 from searchgym.envs.tools.simulated_search import NoiseSchedule, SimulatedSearch
 from searchgym.envs.tools.web_cache import WebCache
-from searchgym.envs.verdicts import ChatModel
 
 
 def open_chat(spec: str, *, device: str = "cpu", seed: int = 0) -> ChatModel:

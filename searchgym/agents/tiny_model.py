@@ -13,7 +13,7 @@ from pathlib import Path
 
 from searchgym.agents.formats import CHATML_TOOLS_TEMPLATE as CHAT_TEMPLATE
 from searchgym.agents.hf_bars import no_hf_bars
-from searchgym.envs.extras import needs
+from searchgym.core.extras import needs
 
 with needs("the tiny model"):
     import torch

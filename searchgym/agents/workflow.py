@@ -36,7 +36,7 @@ from searchgym.agents.engines.open import EngineHandle
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, InferenceEngine, SamplingParams
 from searchgym.agents.formats import ChatTemplateDelta, ToolFormat
 from searchgym.agents.trajectory import Trajectory, Turn
-from searchgym.envs.judges import ChatModel
+from searchgym.core.llm_calls import ChatModel
 from searchgym.envs.search_env import SearchEnv
 
 INFO_KEYS = (

@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 
 from searchgym.bench.bootstrap import hierarchical_bootstrap
 from searchgym.bench.provenance import machine
-from searchgym.envs.jsonl_log import JsonlLog
+from searchgym.core.jsonl_log import JsonlLog
 from searchgym.eval.compare import paired_delta
 from searchgym.eval.harness import sample_of
 from searchgym.eval.metrics import summarize

@@ -162,10 +162,10 @@ async def web_pages(rng: random.Random, n: int) -> dict[str, Any]:
     """Lying pages from a loopback server: fetch gives a page or a clear error, env.step an observation."""
     from aiohttp import web
 
+    from searchgym.core.http_session import serve_app
     from searchgym.envs.search_env import SearchEnv
     from searchgym.envs.tasks import Task, TaskPool
     from searchgym.envs.tools.base import BackendError, PageNotFound
-    from searchgym.envs.tools.http_session import serve_app
     from searchgym.envs.tools.web_fetch import WebFetcher
 
     tally = _Tally("web pages (fetch, env.step)")

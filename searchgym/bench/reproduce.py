@@ -41,7 +41,7 @@ from searchgym.bench.learning import (
     stage_clock,
 )
 from searchgym.bench.provenance import git_commit, machine
-from searchgym.envs.jsonl_log import JsonlLog
+from searchgym.core.jsonl_log import JsonlLog
 from searchgym.pipeline.stages import REAL_MODEL_PRESETS, deterministic_torch, say
 from searchgym.settings import load_settings
 

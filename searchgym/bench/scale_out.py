@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.bench.load import ServerProcess
-from searchgym.envs.atomic_file import write_atomic
+from searchgym.core.atomic_file import write_atomic
+from searchgym.core.server_limits import raise_open_files_limit
 from searchgym.envs.tools.corpus import read_corpus
-from searchgym.envs.tools.server_limits import raise_open_files_limit
 
 K = 5
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from searchgym.bench.bootstrap import hierarchical_bootstrap
 from searchgym.bench.provenance import accelerator, git_commit, machine
-from searchgym.envs.jsonl_log import JsonlLog
+from searchgym.core.jsonl_log import JsonlLog
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_with_trl.py"
 TRL_ARGS = ["--tasks", "16", "--held-out", "12", "--steps", "80"]  # the default setting

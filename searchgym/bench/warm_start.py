@@ -34,7 +34,7 @@ from searchgym.bench.learning import (
     stage_clock,
 )
 from searchgym.bench.provenance import machine
-from searchgym.envs.jsonl_log import JsonlLog
+from searchgym.core.jsonl_log import JsonlLog
 from searchgym.pipeline.stages import deterministic_torch, say
 
 ARMS: dict[str, list[str]] = {

@@ -1,4 +1,4 @@
-"""Floor 1: tasks, tools, judges and SearchEnv. Imports nothing else of searchgym."""
+"""Floor 1: tasks, tools, judges and SearchEnv. Imports only the ground floor below it (core; docs/architecture.md)."""
 
 from searchgym.envs.actions import Action, parse_action
 from searchgym.envs.judges import Judge, Verdict, make_judge

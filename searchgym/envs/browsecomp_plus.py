@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from searchgym.envs.atomic_file import write_atomic
+from searchgym.core.atomic_file import write_atomic
 from searchgym.envs.source_files import SourceFileError, content_stamp, json_lines, path_stamp, text_lines
 from searchgym.envs.tasks import Task, TaskPool
 
@@ -106,7 +106,7 @@ def corpus_rows(corpus: str | os.PathLike) -> Iterator[tuple[str, Any]]:
     directory saved from Tevatron/browsecomp-plus-corpus."""
     path = Path(corpus)
     if path.is_dir():
-        from searchgym.envs.extras import needs
+        from searchgym.core.extras import needs
 
         with needs("a BrowseComp-Plus corpus saved with `datasets`"):
             from datasets import load_from_disk

@@ -8,15 +8,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from searchgym.core.llm_calls import ChatModel
 from searchgym.envs import reference_metrics as ref
 from searchgym.envs.answer_text import answer_tokens, normalize_answer
 from searchgym.envs.llm_judge import LLMJudge
-from searchgym.envs.verdicts import ChatModel, Judge, Verdict
+from searchgym.envs.verdicts import Judge, Verdict
 
 __all__ = [
     "ASearcherEM",
     "ASearcherF1",
-    "ChatModel",
     "CompositeJudge",
     "CoverExactMatch",
     "ExactMatch",

@@ -20,9 +20,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
+from searchgym.core.llm_calls import CallFailed, ChatModel, ReplyRetry, Unparseable, ask
 from searchgym.envs.answer_text import normalize_answer
-from searchgym.envs.llm_calls import CallFailed, ReplyRetry, Unparseable, ask
-from searchgym.envs.verdicts import ChatModel, Verdict
+from searchgym.envs.verdicts import Verdict
 
 JUDGE_PROMPT = """\
 You are grading an answer to a question against the labelled correct answer(s).

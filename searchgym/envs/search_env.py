@@ -22,6 +22,7 @@ import gymnasium as gym
 from gymnasium.envs.registration import EnvSpec
 from gymnasium.error import ResetNeeded
 
+from searchgym.core.cost_meter import metered
 from searchgym.envs import prompts
 from searchgym.envs.actions import Action, parse_action
 from searchgym.envs.judges import FormatGate, Judge, aug_kwargs, make_judge
@@ -29,7 +30,7 @@ from searchgym.envs.spaces import UnicodeText
 from searchgym.envs.tasks import Task, TaskPool
 from searchgym.envs.tools.base import BackendError, PageBackend, PageNotFound, SearchBackend, backend_stats
 from searchgym.envs.tools.chunking import chunk_text
-from searchgym.envs.tools.costs import check_cost_budget, metered
+from searchgym.envs.tools.costs import check_cost_budget
 
 T = TypeVar("T")
 

@@ -12,8 +12,8 @@ from typing import Any, overload
 
 import numpy as np
 
-from searchgym.envs.atomic_file import atomic_open
-from searchgym.envs.extras import needs
+from searchgym.core.atomic_file import atomic_open
+from searchgym.core.extras import needs
 
 
 @dataclass(frozen=True)

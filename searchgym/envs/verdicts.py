@@ -1,10 +1,11 @@
-"""What a judge returns (`Verdict`) and the protocols judges and their chat models fit, below every judge."""
+"""What a judge returns (`Verdict`) and the protocol judges fit, below every judge (their chat models fit
+`searchgym.core.llm_calls.ChatModel`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,3 @@ class Judge(Protocol):
     async def ajudge(
         self, prediction: str, references: Sequence[str], *, question: str = "", format_errors: Sequence[str] = ()
     ) -> Verdict: ...
-
-
-class ChatModel(Protocol):
-    """What an LLM judge needs from an inference engine (satisfied by the agents package)."""
-
-    async def achat(self, messages: list[dict[str, str]], **sampling: Any) -> str: ...

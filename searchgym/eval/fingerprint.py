@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.agents.engines.open import engine_kind
-from searchgym.envs.atomic_file import write_atomic
-from searchgym.envs.tools.http_session import read_capped
-from searchgym.envs.tools.index_files import sha256
+from searchgym.core.atomic_file import write_atomic
+from searchgym.core.hashing import file_sha256
+from searchgym.core.http_session import read_capped
 from searchgym.world.bundle import default_cache_dir
 
 FULL_HASH_MAX_BYTES = 2 * 1024**3
@@ -79,7 +79,7 @@ class _DigestCache:
         entry = self.entries.get(path.name)
         if isinstance(entry, dict) and entry.get("stamp") == stamp and isinstance(entry.get("sha256"), str):
             return entry["sha256"]
-        value = sha256(path)
+        value = file_sha256(path)
         self.entries[path.name] = {"stamp": stamp, "sha256": value}
         self.changed = True
         return value
@@ -109,7 +109,7 @@ def weights_fingerprint(
     full = total <= full_hash_max_bytes
     cache = _DigestCache(model_dir, Path(cache_dir) if cache_dir is not None else None) if full else None
     digests = {p.name: (cache.digest(p) if cache else _sampled_digest(p)) for p in weights}
-    digests.update({name: sha256(model_dir / name) for name in SMALL_FILES if (model_dir / name).is_file()})
+    digests.update({name: file_sha256(model_dir / name) for name in SMALL_FILES if (model_dir / name).is_file()})
     if cache is not None:
         cache.save()
     combined = hashlib.sha256(json.dumps(sorted(digests.items())).encode()).hexdigest()

@@ -41,8 +41,9 @@ from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.env_pool import EnvPool
 from searchgym.agents.program import build_player
 from searchgym.agents.workflow import Workflow, WorkflowSettings
+from searchgym.core.jsonl_log import JsonlLog
+from searchgym.core.llm_calls import DependencyFailed
 from searchgym.envs.factory import make_unwrapped
-from searchgym.envs.jsonl_log import JsonlLog
 from searchgym.envs.judges import (
     ASearcherEM,
     ASearcherF1,
@@ -53,7 +54,6 @@ from searchgym.envs.judges import (
     TokenF1,
     make_judge,
 )
-from searchgym.envs.llm_calls import DependencyFailed
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import Task
 from searchgym.eval.agreement import judge_agreement, label_accuracy, load_labels

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from searchgym.envs.extras import needs
+from searchgym.core.extras import needs
 from searchgym.eval.agreement import calls, judge_agreement
 from searchgym.eval.card import flatten
 

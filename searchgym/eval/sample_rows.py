@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from searchgym.envs.jsonl_log import BadRow
+from searchgym.core.jsonl_log import BadRow
 
 ROW_FIELDS = ("task_id", "sample", "reward", "verdicts", "stats")
 STATS_FIELDS = ("turns", "searches", "accesses", "generated_tokens", "answered", "stop_reason")

@@ -20,7 +20,7 @@ from typing import Any
 import gymnasium as gym
 
 import searchgym
-from searchgym.envs.extras import needs
+from searchgym.core.extras import needs
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.registration import SYNTHETIC_QA
 from searchgym.envs.rewards import JudgeFailed, judge_error

@@ -38,10 +38,10 @@ from searchgym.agents.mcp_tools import (
     input_schema,
     output_schema,
 )
-from searchgym.envs.extras import needs
+from searchgym.core.extras import needs
+from searchgym.core.server_limits import ServerLimits
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.rewards import judge_error
-from searchgym.envs.tools.server_limits import ServerLimits
 from searchgym.integrations.actions import tool_call_action
 
 with needs("searchgym serve mcp"):

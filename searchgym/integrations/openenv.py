@@ -29,10 +29,10 @@ from typing import Any
 import gymnasium as gym
 
 import searchgym
-from searchgym.envs.extras import needs
+from searchgym.core.extras import needs
+from searchgym.core.server_limits import ServerLimits
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.rewards import PROCESS_MODES, episode_reward, judge_error
-from searchgym.envs.tools.server_limits import ServerLimits
 from searchgym.integrations.actions import ARGUMENTS, tool_call_action
 
 with needs("searchgym.integrations.openenv"):

@@ -32,8 +32,8 @@ import gymnasium as gym
 from pydantic import Field, model_validator
 
 import searchgym  # noqa: F401 - registers the env ids
+from searchgym.core.extras import needs
 from searchgym.envs.env_kwargs import check_env_kwargs
-from searchgym.envs.extras import needs
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.registration import SYNTHETIC_QA
 from searchgym.envs.rewards import JudgeFailed, episode_reward, judge_error

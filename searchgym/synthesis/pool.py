@@ -22,9 +22,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from searchgym.envs.jsonl_log import JsonlLog
+from searchgym.core.jsonl_log import JsonlLog
+from searchgym.core.llm_calls import DependencyFailed
 from searchgym.envs.judges import normalize_answer
-from searchgym.envs.llm_calls import DependencyFailed
 from searchgym.envs.tasks import Task
 from searchgym.synthesis.qa_agent import CallFailure, Candidate, QASynthesisAgent, Rejected
 

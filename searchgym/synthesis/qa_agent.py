@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from searchgym.envs.judges import ChatModel, normalize_answer
-from searchgym.envs.llm_calls import CallFailed, ReplyRetry, Unparseable, ask
+from searchgym.core.llm_calls import CallFailed, ChatModel, ReplyRetry, Unparseable, ask
+from searchgym.envs.judges import normalize_answer
 from searchgym.envs.llm_judge import LLMJudge, json_objects_from_end
 from searchgym.envs.tools.base import Page, PageBackend, PageNotFound, SearchBackend
 from searchgym.settings import setting

@@ -21,7 +21,7 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from searchgym.envs.extras import needs
+from searchgym.core.extras import needs
 from searchgym.view.charts import CHARTS, NoChart, charts_for
 from searchgym.view.episode import (
     TOKENS_PER_PAGE,

@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from searchgym.envs.extras import needs
+from searchgym.core.extras import needs
 from searchgym.view.runs import OUTCOMES, Run
 
 COLOURS = {"correct": "#2e7d32", "wrong": "#c62828", "unanswered": "#9e9e9e", "failed": "#ef6c00"}

@@ -22,7 +22,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from searchgym.envs.tools.index_files import file_lock
+from searchgym.core.file_lock import file_lock
 from searchgym.envs.tools.local_index import LocalIndex
 from searchgym.world.validation import synthesize_pool
 from searchgym.world.world import World

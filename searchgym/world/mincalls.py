@@ -24,9 +24,9 @@ from typing import Any
 
 from tqdm import tqdm
 
+from searchgym.core.file_lock import file_lock
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import Task, TaskPool
-from searchgym.envs.tools.index_files import file_lock
 from searchgym.envs.tools.local_index import LocalIndex
 from searchgym.world.bundle import showing_builds
 from searchgym.world.kbwalk import KBWalker, to_task

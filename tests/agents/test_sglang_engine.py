@@ -17,7 +17,7 @@ from searchgym.agents.engines.sglang_engine import (
     sglang_launch_command,
 )
 from searchgym.agents.engines.types import FinishReason, GenerateRequest, SamplingParams
-from searchgym.envs.tools.http_session import serve_app
+from searchgym.core.http_session import serve_app
 from tests.agents.servers import model_server, perturbed_copy, teacher_forced, wait_for_tokens
 from tests.agents.sglang_contract import check_generate_request
 

@@ -119,7 +119,7 @@ def check_missing_extra(tasks: Path) -> None:
     """A command or an env that needs an extra fails naming it (run only where the extras are absent)."""
     import gymnasium as gym
 
-    from searchgym.envs.extras import MissingExtra
+    from searchgym.core.extras import MissingExtra
     from searchgym.envs.tasks import TaskPool
 
     done = subprocess.run([*searchgym_command(), "quickstart"], capture_output=True, text=True, timeout=120)

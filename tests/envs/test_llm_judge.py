@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from searchgym.agents.engines.openai_engine import OpenAIEngine
-from searchgym.envs.llm_calls import ReplyRetry
+from searchgym.core.llm_calls import ReplyRetry
 from searchgym.envs.llm_judge import LLMJudge, parse_judgement
 from searchgym.testing.stand_in_llm import StandInLLM, stand_in_server
 

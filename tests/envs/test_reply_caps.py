@@ -8,7 +8,7 @@ import tracemalloc
 
 import pytest
 
-from searchgym.envs.llm_calls import MAX_REPLY_CHARS, ReplyRetry
+from searchgym.core.llm_calls import MAX_REPLY_CHARS, ReplyRetry
 from searchgym.envs.tools.base import BackendError
 from searchgym.envs.tools.simulated_search import SimulatedSearch
 

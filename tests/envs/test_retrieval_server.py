@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import searchgym  # noqa: F401  (registers the ids)
+from searchgym.core.http_session import serve_app
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tools.base import BackendError, PageNotFound, SearchHit
-from searchgym.envs.tools.http_session import serve_app
 from searchgym.envs.tools.local_index import LocalIndex
 from searchgym.envs.tools.remote_search import RemoteSearch
 from searchgym.envs.tools.retrieval_server import MAX_QUERIES, serving

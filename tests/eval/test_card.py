@@ -42,7 +42,7 @@ def test_the_weights_hash_names_the_weights_and_writes_nothing_beside_them(tiny_
 
     monkeypatch.setattr(
         fingerprint,
-        "sha256",
+        "file_sha256",
         lambda p: no_reading(p) if p.suffix == ".safetensors" else hashlib.sha256(p.read_bytes()).hexdigest(),
     )
     assert weights_fingerprint(copy, cache_dir=cache)["sha256"] == a["sha256"]

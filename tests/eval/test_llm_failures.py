@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from searchgym.cli import main as cli_main
-from searchgym.envs.llm_calls import DependencyFailed
+from searchgym.core.llm_calls import DependencyFailed
 from searchgym.eval.harness import ROW_FIELDS, STATS_FIELDS, SampleStore, run_eval
 from searchgym.testing.stand_in_llm import StandInLLM, serve_in_thread, stand_in_server
 from tests.conftest import WARM_ENV

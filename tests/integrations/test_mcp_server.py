@@ -23,10 +23,10 @@ from mcp import ClientSession, StdioServerParameters  # noqa: E402
 from mcp.client.stdio import stdio_client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
+from searchgym.core.extras import MissingExtra  # noqa: E402
+from searchgym.core.server_limits import ServerLimits  # noqa: E402
 from searchgym.envs.actions import MAX_ARGUMENT_CHARS  # noqa: E402
-from searchgym.envs.extras import MissingExtra  # noqa: E402
 from searchgym.envs.factory import make_unwrapped  # noqa: E402
-from searchgym.envs.tools.server_limits import ServerLimits  # noqa: E402
 from searchgym.integrations.mcp_server import Episode, McpEnvServer, ToolError, serve, uvicorn_options  # noqa: E402
 from tests.integrations.conftest import BrokenJudge, uvicorn_in_thread  # noqa: E402
 

@@ -13,7 +13,7 @@ import pytest
 import searchgym  # noqa: F401  (registers the env ids)
 from searchgym.agents.engines.openai_engine import OpenAIEngine
 from searchgym.cli import main as cli_main
-from searchgym.envs.llm_calls import DependencyFailed
+from searchgym.core.llm_calls import DependencyFailed
 from searchgym.envs.tasks import TaskPool
 from searchgym.synthesis.pool import NearDuplicates, asynthesize, summary_path
 from searchgym.synthesis.qa_agent import QAConfig, QASynthesisAgent, Rejected, parse_json_object

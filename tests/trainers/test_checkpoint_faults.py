@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from searchgym.envs.atomic_file import DISK_ERRORS, DiskWriteError, disk_error
+from searchgym.core.atomic_file import DISK_ERRORS, DiskWriteError, disk_error
 from searchgym.trainers.run.checkpoint import checkpoint_root, latest_checkpoint, load_trainer_state, save_checkpoint
 from searchgym.trainers.run.partials import remove_stale
 from searchgym.trainers.run.start import start_run

@@ -12,7 +12,7 @@ import reprlib
 from collections.abc import Mapping
 from typing import Any
 
-from searchgym.envs.tools.http_session import BadRequest
+from searchgym.core.http_session import BadRequest
 
 show = reprlib.repr  # short reprs of client values for error messages
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.agents.engines.types import InferenceEngine
-from searchgym.envs.extras import needs
-from searchgym.envs.judges import ChatModel
+from searchgym.core.extras import needs
+from searchgym.core.llm_calls import ChatModel
 
 SPEC_HELP = "a model directory, 'sglang:HOST:PORT[,HOST:PORT...]' or 'openai:http://host/v1[:model]'"
 

@@ -1,6 +1,6 @@
 """`OpenAIEngine`: text in, text out over any OpenAI-compatible chat completions endpoint.
 
-For evaluation, LLM judges (it satisfies `searchgym.envs.verdicts.ChatModel`) and QA synthesis. It
+For evaluation, LLM judges (it satisfies `searchgym.core.llm_calls.ChatModel`) and QA synthesis. It
 retries what is worth retrying (429, 408, 409, 5xx, connection errors, timeouts) with exponential
 backoff and jitter, honouring the server's Retry-After (a 200 whose body is not a chat completion is
 retried too), and fails fast with the server's message on any other 4xx. Retries and backoff default to
@@ -20,8 +20,8 @@ from typing import Any
 
 import aiohttp
 
-from searchgym.envs.llm_calls import llm_backoff, llm_retries
-from searchgym.envs.tools.http_session import LoopSession, ReplyTooLarge, read_capped, retry_after_seconds
+from searchgym.core.http_session import LoopSession, ReplyTooLarge, read_capped, retry_after_seconds
+from searchgym.core.llm_calls import llm_backoff, llm_retries
 
 MAX_REPLY_BYTES = 64 * 2**20  # a chat completion past this is a broken server's, read no further
 

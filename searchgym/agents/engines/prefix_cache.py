@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from searchgym.envs.extras import needs
+from searchgym.core.extras import needs
 
 with needs("TorchEngine's prefix cache"):
     import torch

@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 
 from searchgym.agents.engines.types import FinishReason, GenerateRequest, GenerateResponse, SamplingParams
-from searchgym.envs.tools.http_session import LoopSession, ReplyTooLarge, read_capped
+from searchgym.core.http_session import LoopSession, ReplyTooLarge, read_capped
 
 MAX_REPLY_BYTES = 256 * 2**20  # /generate with every logprob of a long reply is tens of MB; past this is junk
 
@@ -156,7 +156,7 @@ class SGLangEngine:
         return self._version
 
     async def _http(self) -> aiohttp.ClientSession:
-        """The running loop's HTTP session (see envs/tools/http_session.py)."""
+        """The running loop's HTTP session (see core/http_session.py)."""
         return (await self._sessions.get())[0]
 
     async def start(self, wait_ready: bool = True, timeout: float = 600) -> SGLangEngine:

@@ -59,7 +59,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from searchgym.envs.extras import needs
+from searchgym.core.extras import needs
 
 with needs("TorchEngine"):
     import torch

@@ -24,8 +24,8 @@ from searchgym.agents.server.openai_api import OpenAIAPI, error_body
 from searchgym.agents.server.sglang_api import SGLangAPI
 from searchgym.agents.server.sglang_control import ControlAPI
 from searchgym.agents.server.wire import json_response
-from searchgym.envs.tools.http_session import error_middleware, serve_app, wait_for_signal
-from searchgym.envs.tools.server_limits import ServerLimits, add_limit_flags, add_request_limit_flags, limits_from_args
+from searchgym.core.http_session import error_middleware, serve_app, wait_for_signal
+from searchgym.core.server_limits import ServerLimits, add_limit_flags, add_request_limit_flags, limits_from_args
 
 logger = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from searchgym.agents.engines.torch_engine import Progress, TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, SamplingParams
 from searchgym.agents.server.memory import MemoryOccupation, memory_tags
 from searchgym.agents.server.wire import OFFLOAD_BYTES
-from searchgym.envs.tools.http_session import parse_json, read_body
-from searchgym.envs.tools.server_limits import PROMPT_CHARS_PER_TOKEN
+from searchgym.core.http_session import parse_json, read_body
+from searchgym.core.server_limits import PROMPT_CHARS_PER_TOKEN
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

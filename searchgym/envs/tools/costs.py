@@ -1,9 +1,9 @@
-"""What a tool call cost, in each backend's own units, metered per call without passing a ledger around.
+"""What a tool call cost, in each backend's own units: the units and the budgets over them.
 
-The env opens a meter around each search or access (`metered()`); the backend, however deep, charges what it
-spent (`charge(api_calls=1)`) into the meter of the call it serves (a context variable, so concurrent episodes
-sharing a backend never mix their costs). Charges outside a meter (an LLM judge's calls) are not tool costs and
-are dropped. Units, by backend:
+The env opens a meter around each search or access (`metered()`, core/cost_meter.py); the backend, however deep,
+charges what it spent (`charge(api_calls=1)`) into the meter of the call it serves (a context variable, so
+concurrent episodes sharing a backend never mix their costs). Charges outside a meter (an LLM judge's calls) are
+not tool costs and are dropped. Units, by backend:
 
 - web search: `api_calls` (one per provider request; a cache hit costs none);
 - web pages: `fetches` and `bytes_fetched` (the bytes read from the network; a cache hit costs none);
@@ -17,10 +17,8 @@ given (`check_cost_budget`), since a budget in a unit nothing charges would neve
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 COST_UNITS = {"api_calls", "fetches", "bytes_fetched", "model_calls", "prompt_tokens", "generated_tokens"}
@@ -52,26 +50,3 @@ def check_cost_budget(budget: Any, key: str = "cost_budget") -> dict[str, float]
             raise ValueError(f"{key}.{unit} must be a finite number > 0, got {limit!r}")
         out[unit] = limit
     return out
-
-
-_METER: contextvars.ContextVar[dict[str, float] | None] = contextvars.ContextVar("searchgym_tool_cost", default=None)
-
-
-def charge(**units: float) -> None:
-    """Add `units` to the cost of the tool call being metered (nothing when none is)."""
-    meter = _METER.get()
-    if meter is not None:
-        for unit, amount in units.items():
-            if amount:
-                meter[unit] = meter.get(unit, 0) + amount
-
-
-@contextlib.contextmanager
-def metered() -> Iterator[dict[str, float]]:
-    """A fresh meter for the calls made inside the block (and the tasks they start); yields its units."""
-    meter: dict[str, float] = {}
-    token = _METER.set(meter)
-    try:
-        yield meter
-    finally:
-        _METER.reset(token)

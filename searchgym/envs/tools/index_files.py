@@ -8,9 +8,7 @@ place, so a crashed or failed build never leaves a half-index where a good one w
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import glob
-import hashlib
 import json
 import os
 import re
@@ -21,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from searchgym.core.hashing import file_sha256
 from searchgym.envs.tools.base import Page, PageNotFound
 from searchgym.envs.tools.corpus import CorpusDoc
 
@@ -44,7 +43,7 @@ def corpus_fields(corpus: Path) -> dict[str, Any]:
     return {
         "corpus_path": str(corpus.absolute()),
         "corpus_bytes": corpus.stat().st_size,
-        "corpus_sha256": sha256(corpus),
+        "corpus_sha256": file_sha256(corpus),
     }
 
 
@@ -88,19 +87,6 @@ def atomic_build(out_dir: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-
-@contextlib.contextmanager
-def file_lock(path: str | os.PathLike) -> Iterator[None]:
-    """An exclusive inter-process lock on path for the block, so parallel workers build a shared thing once."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 _LEFTOVER = re.compile(r"\.(?:building|old)-(?:(\d+)-)?[^/]*")
@@ -147,15 +133,6 @@ def replace_dir(new: Path, target: Path) -> None:
     target.rename(old / "index")
     new.rename(target)
     shutil.rmtree(old, ignore_errors=True)
-
-
-def sha256(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class PagesByUrl:

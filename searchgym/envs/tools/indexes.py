@@ -14,7 +14,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from searchgym.envs.tools.index_files import MANIFEST, file_lock, has_manifest, manifest_kind, sha256
+from searchgym.core.file_lock import file_lock
+from searchgym.core.hashing import file_sha256
+from searchgym.envs.tools.index_files import MANIFEST, has_manifest, manifest_kind
 
 CORPUS = "corpus.jsonl"  # a bundle's or world's corpus file
 
@@ -69,7 +71,7 @@ def is_stale(index_dir: Path, corpus: Path, dense: Any = None) -> bool:
     size, digest = manifest.get("corpus_bytes"), manifest.get("corpus_sha256")
     if not isinstance(size, int) or not isinstance(digest, str):
         return False  # built before manifests recorded their corpus
-    if stat.st_size == size and (stat.st_mtime_ns < manifest_path.stat().st_mtime_ns or sha256(corpus) == digest):
+    if stat.st_size == size and (stat.st_mtime_ns < manifest_path.stat().st_mtime_ns or file_sha256(corpus) == digest):
         return False
     if manifest_kind(manifest) == "dense" and (dense is None or dense is False):
         raise ValueError(

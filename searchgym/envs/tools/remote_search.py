@@ -32,9 +32,9 @@ from typing import Any
 
 import aiohttp
 
+from searchgym.core.http_session import LoopSession, ReplyTooLarge, read_capped
 from searchgym.envs.tools.base import BackendError, Page, PageNotFound, SearchHit
 from searchgym.envs.tools.corpus import split_contents
-from searchgym.envs.tools.http_session import LoopSession, ReplyTooLarge, read_capped
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 

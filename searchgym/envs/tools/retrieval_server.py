@@ -43,10 +43,10 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from searchgym.core.http_session import BadRequest, check, error_middleware, read_body, serve_app, wait_for_signal
+from searchgym.core.server_limits import ServerLimits, add_limit_flags, limits_from_args
 from searchgym.envs.tools.base import Page, PageBackend, PageNotFound, SearchBackend, SearchHit
 from searchgym.envs.tools.corpus import join_contents
-from searchgym.envs.tools.http_session import BadRequest, check, error_middleware, read_body, serve_app, wait_for_signal
-from searchgym.envs.tools.server_limits import ServerLimits, add_limit_flags, limits_from_args
 
 logger = logging.getLogger(__name__)
 

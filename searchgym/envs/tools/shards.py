@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from searchgym.envs.atomic_file import write_atomic
+from searchgym.core.atomic_file import write_atomic
 from searchgym.envs.source_files import SourceFileError, read_json
 from searchgym.envs.tools.base import BackendError, Page, SearchHit, backend_stats
 from searchgym.envs.tools.corpus import read_corpus

@@ -30,11 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from searchgym.envs.llm_calls import CallFailed, ReplyRetry, Unparseable, ask
+from searchgym.core.cost_meter import charge
+from searchgym.core.llm_calls import CallFailed, ChatModel, ReplyRetry, Unparseable, ask
 from searchgym.envs.tools.base import BackendError, Page, PageNotFound, SearchHit
-from searchgym.envs.tools.costs import charge
 from searchgym.envs.tools.web_cache import WebCache, normalise_query
-from searchgym.envs.verdicts import ChatModel
 
 PROMPTS = Path(__file__).with_name("simulated_search_prompts.json")
 PROMPT_KEYS = ("system", "useful", "noisy", "style")

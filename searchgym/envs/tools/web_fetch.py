@@ -20,10 +20,10 @@ from urllib.parse import urljoin
 
 import aiohttp
 
-from searchgym.envs.extras import needs, require
+from searchgym.core.cost_meter import charge
+from searchgym.core.extras import needs, require
+from searchgym.core.http_session import LoopSession
 from searchgym.envs.tools.base import BackendError, Page, PageNotFound
-from searchgym.envs.tools.costs import charge
-from searchgym.envs.tools.http_session import LoopSession
 from searchgym.envs.tools.url_safety import BlockedURL, SafeResolver, UnsafeURL, UrlPolicy
 
 JINA_ENDPOINT = "https://r.jina.ai/"

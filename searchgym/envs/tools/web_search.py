@@ -17,9 +17,9 @@ from typing import Any
 
 import aiohttp
 
+from searchgym.core.cost_meter import charge
+from searchgym.core.http_session import LoopSession, read_capped, retry_after_seconds
 from searchgym.envs.tools.base import BackendError, SearchHit
-from searchgym.envs.tools.costs import charge
-from searchgym.envs.tools.http_session import LoopSession, read_capped, retry_after_seconds
 from searchgym.envs.tools.url_safety import UrlPolicy
 
 SERPER_ENDPOINT = "https://google.serper.dev/search"

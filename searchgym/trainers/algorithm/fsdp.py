@@ -42,7 +42,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 
 from searchgym.agents.hf_bars import no_hf_bars
 from searchgym.agents.trajectory import Trajectory
-from searchgym.envs.atomic_file import disk_error
+from searchgym.core.atomic_file import disk_error
 from searchgym.trainers.algorithm.learner import Learner, _Sample, next_token_logprobs
 from searchgym.trainers.config import LearnerConfig
 from searchgym.trainers.run.checkpoint import checkpoint_root, load_trainer_state, save_checkpoint

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from searchgym.agents.engines.sglang_engine import SGLangEngine
-from searchgym.envs.tools.ports import free_port
+from searchgym.core.ports import free_port
 from searchgym.settings import check_settings
 from searchgym.trainers.algorithm.learner import Learner
 from searchgym.trainers.build import build_controller, load_learner, make_env_factory, open_rollout_engine, task_ids

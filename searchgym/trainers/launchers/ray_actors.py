@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from searchgym.agents.trajectory import Trajectory
-from searchgym.envs.tools.ports import free_port
+from searchgym.core.ports import free_port
 from searchgym.trainers.algorithm.learner import Learner
 from searchgym.trainers.build import build_controller, load_learner, make_env_factory, open_rollout_engine, task_ids
 from searchgym.trainers.config import TrainConfig

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from searchgym.envs.tools.ports import free_port
+from searchgym.core.ports import free_port
 from searchgym.trainers.config import RayConfig
 
 STAND_IN_MODULE = "searchgym.agents.server"  # `python -m` module of our model server (sglang_server: searchgym)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from searchgym.agents.hf_bars import no_hf_bars
-from searchgym.envs.atomic_file import DiskWriteError, disk_error, write_atomic
+from searchgym.core.atomic_file import DiskWriteError, disk_error, write_atomic
 from searchgym.trainers.run.partials import partial_dir, remove_stale
 
 LATEST = "latest"

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.agents.trajectory import Trajectory
-from searchgym.envs.atomic_file import atomic_open
-from searchgym.envs.jsonl_log import JsonlLog
+from searchgym.core.atomic_file import atomic_open
+from searchgym.core.jsonl_log import JsonlLog
 
 LOGS = ("metrics.jsonl", "provenance.jsonl")
 

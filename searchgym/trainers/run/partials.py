@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from searchgym.envs.atomic_file import disk_error
+from searchgym.core.atomic_file import disk_error
 
 log = logging.getLogger(__name__)
 NO_LOCKS = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP)  # flock's answers where a file system has no locks

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from searchgym.envs.jsonl_log import JsonlLog
+from searchgym.core.jsonl_log import JsonlLog
 
 rows = st.lists(
     st.fixed_dictionaries({"id": st.integers(0, 10**6), "text": st.text(max_size=40)}), min_size=1, max_size=12

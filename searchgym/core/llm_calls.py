@@ -15,14 +15,20 @@ import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from searchgym.envs.tools.costs import charge
-from searchgym.envs.verdicts import ChatModel
+from searchgym.core.cost_meter import charge
 
 T = TypeVar("T")
 BACKOFF_ENV = "SEARCHGYM_LLM_BACKOFF"  # base seconds of every LLM retry backoff (tests set it tiny)
 RETRIES_ENV = "SEARCHGYM_LLM_RETRIES"  # transport retries of the OpenAI-compatible client
+
+
+class ChatModel(Protocol):
+    """What an LLM call needs from an inference engine: judges, simulated search and synthesis call one (the agents
+    package's engines satisfy it)."""
+
+    async def achat(self, messages: list[dict[str, str]], **sampling: Any) -> str: ...
 
 
 class Unparseable(ValueError):

@@ -21,8 +21,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from searchgym.envs.tools.guarded_site import GuardedSite
-from searchgym.envs.tools.server_limits import DEFAULT_BODY_TIMEOUT, ServerLimits
+from searchgym.core.guarded_site import GuardedSite
+from searchgym.core.server_limits import DEFAULT_BODY_TIMEOUT, ServerLimits
 
 logger = logging.getLogger(__name__)
 

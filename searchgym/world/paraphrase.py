@@ -136,7 +136,7 @@ DESCRIPTIONS: dict[str, tuple[tuple[tuple[str, ...], str], ...]] = {
     ),
     "university": (
         (("located_in", "founded_year"), "the university in {located_in} founded in {founded_year}"),
-        (("founded_by",), "the university founded by {founded_by}"),
+        (("founded_by",), "the university whose founder is {founded_by}"),
         (("located_in", "students"), "the university in {located_in} with {students} students"),
     ),
     "river": (

@@ -437,6 +437,21 @@ def _int_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
+def _bench_retrieval_paraphrase(args: argparse.Namespace) -> None:
+    from searchgym.bench.retrieval_paraphrase import format_table, run_retrieval_paraphrase_bench
+
+    report = run_retrieval_paraphrase_bench(
+        size=args.size,
+        seed=args.seed,
+        questions=args.questions,
+        threads=args.threads,
+        workdir=args.workdir,
+        out=args.out,
+    )
+    print(format_table(report))
+    print(f"{report['seconds_total']:.0f} s in all; results in {args.out}")
+
+
 def _bench_trainer(args: argparse.Namespace) -> None:
     from searchgym.bench.trainer import TrainerBenchConfig, run_trainer_bench_config
     from searchgym.settings import load_settings
@@ -1088,6 +1103,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("results/bench_search.json"))
     p.add_argument("--workdir", type=Path, default=None, help="where to build the world (default: a temp dir)")
     p.set_defaults(run=_bench_search)
+    p = bench.add_parser(
+        "retrieval-paraphrase",
+        help="BM25, dense (MiniLM) and hybrid on the world's questions and on paraphrases of them "
+        "(synonyms, a misspelled name, a description): recall@5 and queries/s",
+    )
+    p.add_argument("--size", type=int, default=20_000, help="pages in the synthetic world (bench learning's: 20,000)")
+    p.add_argument("--seed", type=int, default=0, help="the world's seed and the questions'")
+    p.add_argument("--questions", type=int, default=400, help="questions of each kind")
+    p.add_argument("--threads", type=int, default=1, help="torch and faiss threads (encoding and search)")
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where the world and its indexes are built once and reused, or a world or SyntheticQA bundle "
+        "directory (default: $SEARCHGYM_CACHE/worlds/sizeN-seedS)",
+    )
+    p.add_argument("--out", type=Path, default=Path("results/bench_retrieval_paraphrase.json"))
+    p.set_defaults(run=_bench_retrieval_paraphrase)
     p = bench.add_parser(
         "trainer",
         help="async vs sync RL on heavy-tailed agent episodes: the staleness sweep, "

@@ -8,7 +8,10 @@ from typing import Any, cast
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import load_pool
 from searchgym.envs.tools.indexes import open_index
+from searchgym.envs.tools.retrievers import check_retriever, open_retriever
 from searchgym.envs.tools.shards import is_sharded, open_sharded
+
+LOCAL_QA = "searchgym/LocalQA-v0"  # the id these errors name (registration.py registers it)
 
 
 def make_local_qa(
@@ -21,18 +24,31 @@ def make_local_qa(
     on_bad_task: str = "raise",
     servers: str | list[str] | list[list[str]] | None = None,
     server_options: dict[str, Any] | None = None,
+    retriever: str | None = None,
     **env_kwargs: Any,
 ) -> SearchEnv:
     """SearchEnv over any local corpus: an index directory (a sharded one from `index build --shards` too), a corpus
     JSONL indexed on first use, or retrieval servers (`servers=["http://host:port", ...]` or their /retrieve URLs,
     ours or Search-R1's: replicas of one index, failed over) shared by many envs, or a sharded index's servers
     (`servers=[[shard 0's replicas], [shard 1's], ...]`, tools/shards.py); each server is asked one query at
-    construction, so a wrong URL fails here."""
+    construction, so a wrong URL fails here.
+
+    `retriever` ranks the searches over a local index or corpus: None (the index as given: BM25 when built here),
+    `"bm25"`, `"dense"` (all-MiniLM-L6-v2, the `dense` extra) or `"hybrid"` (both fused by reciprocal rank fusion);
+    an index missing is built from the corpus on first use and reused after (`envs/tools/retrievers.py`).
+    Servers rank on their own, so with `servers=` (and a sharded index) it must stay None."""
     if sum(x is not None for x in (index, corpus, servers)) != 1:
         raise ValueError(
             "LocalQA-v0 needs exactly one of index=DIR (from `searchgym index build`), "
             "corpus=FILE.jsonl or servers=URL(s) (from `searchgym serve search`)"
         )
+    if retriever is not None:
+        check_retriever(LOCAL_QA, retriever)
+        if servers is not None or (index is not None and is_sharded(index)):
+            raise ValueError(
+                f"{LOCAL_QA}: env kwarg 'retriever' applies to index=DIR or corpus=FILE; retrieval servers and "
+                "sharded indexes rank on their own (serve a dense index with `searchgym serve search --index DIR`)"
+            )
     pool = load_pool(tasks, on_error=on_bad_task, split=task_split, hops=hops)
     if servers is not None:
         from searchgym.envs.tools.remote_search import RemoteSearch
@@ -49,5 +65,9 @@ def make_local_qa(
     if index is not None and is_sharded(index):
         sharded_index = open_sharded(index)
         return SearchEnv(pool, sharded_index, sharded_index, **env_kwargs)
-    backend = open_index(cast("str | os.PathLike", index if index is not None else corpus))  # one is given (above)
+    path = cast("str | os.PathLike", index if index is not None else corpus)  # one is given (above)
+    if retriever is not None:
+        search, pages = open_retriever(path, retriever)
+        return SearchEnv(pool, search, pages, **env_kwargs)
+    backend = open_index(path)
     return SearchEnv(pool, backend, backend, **env_kwargs)

@@ -9,8 +9,9 @@ from searchgym.envs.env_kwargs import check_env_kwargs as check_kwargs_of
 from searchgym.envs.registration import SYNTHETIC_QA
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import load_pool
-from searchgym.envs.tools.indexes import open_index
-from searchgym.world.bundle import DEFAULT_SIZE, DEFAULT_TASKS, ensure_bundle
+from searchgym.envs.tools.index_files import has_manifest
+from searchgym.envs.tools.retrievers import DEFAULT_RETRIEVER, check_retriever, open_retriever
+from searchgym.world.bundle import DEFAULT_SIZE, DEFAULT_TASKS, ensure_bundle, note, showing_builds
 from searchgym.world.mincalls import DEFAULT_MIN_CALLS_TASKS, check_env_kwargs, ensure_min_calls_pool, parse_min_calls
 
 
@@ -23,6 +24,7 @@ def make_synthetic_qa(
     hops: int | list[int] | None = None,
     min_calls: int | tuple[int, int] | range | None = None,
     min_calls_tasks: int = DEFAULT_MIN_CALLS_TASKS,
+    retriever: str = DEFAULT_RETRIEVER,
     cache_dir: str | os.PathLike | None = None,
     **env_kwargs: Any,
 ) -> SearchEnv:
@@ -33,6 +35,10 @@ def make_synthetic_qa(
     observes the answer under the prover's action set (`searchgym.world.prover`), proven once per bundle
     and cached beside it. Such a pool is proven for fixed env settings (`mincalls.PROOF_ENV`), which
     are applied here; other values of them are refused.
+
+    `retriever` ranks the searches: `"bm25"` (the bundle's index), `"dense"` (all-MiniLM-L6-v2 over the same pages,
+    the `dense` extra) or `"hybrid"` (both fused by reciprocal rank fusion). The dense index is built into the
+    bundle (`dense-index/`) on first use and reused after (`envs/tools/retrievers.py`).
     """
     # a misspelt or mistyped kwarg fails here, before a world is built (gym.make comes straight here)
     check_kwargs_of(
@@ -43,14 +49,21 @@ def make_synthetic_qa(
             "n_tasks": n_tasks,
             "split": split,
             "min_calls_tasks": min_calls_tasks,
+            "retriever": retriever,
             **env_kwargs,
         },
     )
+    check_retriever(SYNTHETIC_QA, retriever)
     if min_calls is not None:
         low_high = parse_min_calls(min_calls)  # bad values fail before anything is built
         env_kwargs = check_env_kwargs(low_high, env_kwargs)
+        if retriever != "bm25":
+            raise ValueError(f"min_calls questions are proven under BM25 search; got retriever={retriever!r}")
     bundle = ensure_bundle(size=size, seed=seed, n_tasks=n_tasks, cache_dir=cache_dir)
     tasks = bundle / "tasks.jsonl" if min_calls is None else ensure_min_calls_pool(bundle, low_high, min_calls_tasks)
     pool = load_pool(tasks, split=split, hops=hops)
-    index = open_index(bundle)
-    return SearchEnv(pool, index, index, **env_kwargs)
+    progress = showing_builds()
+    if retriever != "bm25" and not has_manifest(bundle / "dense-index"):
+        note(progress, f"encoding the world's pages once for retriever={retriever!r}; later runs reuse them")
+    search, pages = open_retriever(bundle, retriever, progress=progress)
+    return SearchEnv(pool, search, pages, **env_kwargs)

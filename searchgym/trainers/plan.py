@@ -777,8 +777,7 @@ def plan_text(plan: Plan) -> str:
         "",
         *plan.deployment.describe(),
         "",
-        f"resources (launcher {plan.deployment.launcher}"
-        + (f", cluster: {plan.deployment.cluster})" if plan.deployment.cluster else ")"),
+        "resources (the deployment's processes and actors)",
     ]
     for g in plan.groups:
         lines.append(f"  {g.name:<18} {g.count:>3} x {{CPU {g.cpus:g}, GPU {g.gpus:g}}}  {g.detail}")

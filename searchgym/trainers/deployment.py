@@ -156,7 +156,7 @@ class Deployment:
 
 ROUTES = {
     "in_process": "the engine loads the learner's state dict in this process",
-    "disk": "a model dir under out_dir/weights, loaded by the servers' /update_weights_from_disk",
+    "disk": "a model dir under out_dir/weights that each engine loads (SGLang: /update_weights_from_disk)",
     "object_store": "one ray.put copy of the weights, read by every rollout actor's engine",
     "distributed": "learner rank 0 broadcasts to the servers over a torch.distributed group (SGLang's protocol)",
 }

@@ -12,7 +12,8 @@ Rooms, by job:
   its restore, the run log and step metrics, stopping on a signal, partial directories.
 - `warm_start/`: supervised warm start (sft.py) and copy pretraining before RL.
 
-At the top: the settings (config.py), how a run's parts are built from them (build.py), the one training
-loop both launchers run (loop.py) and its learner side (learner_side.py), the resource plan (plan.py) and
-a Ray run's topology checks (topology.py).
+At the top: the settings (config.py), the run's deployment resolved once from them (deployment.py: engine kind,
+learner ranks, weight route, devices and processes; both launchers and the plan read it), how a run's parts are
+built from them (build.py), the one training loop both launchers run (loop.py) and its learner side
+(learner_side.py), and the resource plan (plan.py).
 """

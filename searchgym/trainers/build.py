@@ -148,8 +148,10 @@ def load_learner(
     *,
     pad_id: int | None,
     state: dict[str, Any] | None = None,
+    device: str | None = None,
 ) -> Learner:
-    """The learner on `model_dir`'s weights (model.device, model.dtype), with optimizer state from `state`."""
+    """The learner on `model_dir`'s weights (on `device`, default model.device; in model.dtype), with optimizer state
+    from `state`."""
     from transformers import AutoModelForCausalLM
 
     if state and "sharded_ranks" in state["learner"]:
@@ -160,7 +162,10 @@ def load_learner(
     with no_hf_bars():
         weights = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(model.dtype))
     learner = Learner(
-        weights.to(model.device), settings, pad_id=pad_id or 0, version=int(state["learner"]["version"]) if state else 0
+        weights.to(device or model.device),
+        settings,
+        pad_id=pad_id or 0,
+        version=int(state["learner"]["version"]) if state else 0,
     )
     if state:
         learner.load_state_dict(state["learner"])

@@ -75,7 +75,7 @@ from typing import Any
 
 from searchgym.agents.engines.memory import RSS_FACTOR, available_memory, batch_bytes, kv_bytes_per_token
 from searchgym.trainers.config import LearnerConfig, TrainConfig
-from searchgym.trainers.topology import check_ray_config, required_resources
+from searchgym.trainers.deployment import Deployment, Processes, resolve_deployment
 
 GIB = 2**30
 SHAPES = "shapes.json"  # package data next to this module
@@ -126,38 +126,37 @@ class Term:
     detail: str
 
 
-@dataclass(frozen=True)
-class Group:
-    """Processes or actors of one kind: how many, and each one's CPUs, GPUs and device."""
-
-    name: str
-    count: int
-    cpus: float
-    gpus: float
-    detail: str
-
-
 @dataclass
 class Plan:
-    """The whole dry run: topology, totals, the learner's per-rank memory, the servers' and whether it all fits."""
+    """The whole dry run: the deployment, the learner's per-rank memory, the servers' and whether it all fits."""
 
-    launcher: str
-    ranks: int  # learner ranks
+    deployment: Deployment  # what runs where (its processes and their totals), as the launchers will run it
     model: ModelShape
-    groups: list[Group]
-    total: dict[str, float]
     gpu_memory_bytes: int
-    on_gpu: bool  # the learner ranks hold GPUs
     learner: list[Term]
     load_bytes: int  # each rank's GPU while the whole model is loaded, before it is sharded
     host: list[Term]
     servers: dict[str, Any] | None
-    cluster: str | None = None  # Ray: the cluster joined ("auto", an address) or started here
     notes: list[str] = field(default_factory=list)
     refusal: str | None = None
     machine: list[Term] = field(default_factory=list)  # a CPU learner: all this machine's host memory holds at once
     host_memory_bytes: int | None = None  # the machine's available memory the CPU plan is checked against
     host_memory_source: str = ""
+
+    @property
+    def groups(self) -> list[Processes]:
+        """The processes or actors the run starts (the deployment's)."""
+        return list(self.deployment.processes)
+
+    @property
+    def total(self) -> dict[str, float]:
+        """CPUs and GPUs they hold together."""
+        return self.deployment.resources
+
+    @property
+    def on_gpu(self) -> bool:
+        """The learner ranks hold GPUs."""
+        return self.deployment.learner_on_gpu
 
     @property
     def learner_gpu_bytes(self) -> int:
@@ -172,12 +171,13 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         """The plan as plain JSON-ready data (what `--dry-run --json` prints)."""
         return {
-            "launcher": self.launcher,
-            "learner_ranks": self.ranks,
+            "deployment": self.deployment.to_json(),
+            "launcher": self.deployment.launcher,
+            "learner_ranks": self.deployment.learner_ranks,
             "model": dataclasses.asdict(self.model),
             "groups": [dataclasses.asdict(g) for g in self.groups],
             "total": self.total,
-            "cluster": self.cluster,
+            "cluster": self.deployment.cluster,
             "gpu_memory_bytes": self.gpu_memory_bytes,
             "learner_on_gpu": self.on_gpu,
             "learner_memory": [dataclasses.asdict(t) for t in self.learner],
@@ -319,13 +319,14 @@ def loss_head_bytes(shape: ModelShape, tokens: int, chunk_tokens: int, act_bytes
     return min(chunk_tokens, tokens) * shape.vocab_size * max(8, act_bytes + 4) + accumulator + 12 * tokens
 
 
-def learner_terms(shape: ModelShape, learner: LearnerConfig, *, dtype: str, on_gpu: bool) -> list[Term]:
-    """One learner rank's memory, term by term (module docstring), for `learner.ranks` ranks.
+def learner_terms(shape: ModelShape, learner: LearnerConfig, *, ranks: int, dtype: str, on_gpu: bool) -> list[Term]:
+    """One learner rank's memory, term by term (module docstring), for a learner of `ranks` ranks (the deployment's
+    learner ranks, or a remedy's).
 
     One rank is the plain Learner: no FSDP, so no buffers and no mixed precision (it computes in the weights'
     dtype), and it applies neither activation checkpointing nor CPU offload. More ranks are FSDP2's.
     """
-    p, ranks, tokens = dtype_bytes(dtype), learner.ranks, learner.micro_batch_tokens
+    p, tokens = dtype_bytes(dtype), learner.micro_batch_tokens
     sharded = ranks > 1
     b = 2 if on_gpu and sharded else p  # FSDP's mixed precision computes in bf16 on GPUs
     offload = learner.cpu_offload and sharded
@@ -392,23 +393,18 @@ def gpu_bytes(terms: list[Term]) -> int:
 # ---- the plan --------------------------------------------------------------------------------------------------
 
 
-def learner_on_gpu(config: TrainConfig) -> bool:
-    """Whether the learner ranks train on GPUs (ray: learner GPUs reserved; local: model.device is CUDA)."""
-    if config.launcher == "ray":
-        return config.ray.learner_gpus > 0
-    return config.model.device.startswith("cuda")
-
-
 def machine_terms(
-    config: TrainConfig, shape: ModelShape, capacity: int, learner: LearnerConfig | None = None
+    config: TrainConfig,
+    deployment: Deployment,
+    shape: ModelShape,
+    capacity: int,
+    learner: LearnerConfig | None = None,
 ) -> list[Term]:
     """Everything the host memory of this machine holds at once when the learner trains on its CPU (module
     docstring), under `learner` (default: the config's) and for a machine of `capacity` available bytes."""
-    from searchgym.agents.engines.torch_engine import MEMORY_FRACTION, PREFILL_TOKENS, PREFIX_CACHE_BYTES
-
     learner = learner or config.learner
-    ranks, gib = learner.ranks, lambda n: f"{n / GIB:.1f} GiB"  # noqa: E731
-    per_rank = learner_terms(shape, learner, dtype=config.model.dtype, on_gpu=False)
+    ranks = deployment.learner_ranks
+    per_rank = learner_terms(shape, learner, ranks=ranks, dtype=config.model.dtype, on_gpu=False)
     times = f" x {ranks} ranks" if ranks > 1 else ""
     terms = [Term(t.name, t.bytes * ranks, "host", t.detail + times) for t in per_rank]
     if ranks > 1:
@@ -420,40 +416,8 @@ def machine_terms(
                 "rank 0's unsharded copy for weight pushes and checkpoints",
             )
         )
-    rollout = config.rollout
-    if rollout.engine == "torch":
-        per_token = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, ENGINE_DTYPE_BYTES)
-        sizes = {
-            "layers": shape.num_layers,
-            "kv_heads": shape.num_kv_heads,
-            "head_dim": shape.head_dim,
-            "hidden": shape.hidden_size,
-            "intermediate": shape.intermediate_size,
-            "vocab": shape.vocab_size,
-        }
-        batch = functools.partial(
-            batch_bytes, sizes, ENGINE_DTYPE_BYTES, tokens=rollout.max_context, prefill_tokens=PREFILL_TOKENS
-        )
-        full = batch(rows=rollout.max_concurrent_rollouts)
-        budget = max(int(capacity * MEMORY_FRACTION) - PREFIX_CACHE_BYTES, 0)
-        capped = (
-            f"; capped by the engine's memory budget ({MEMORY_FRACTION:g} of {gib(capacity)} less its prefix "
-            f"cache): of {gib(full)}, the rest of the episodes wait for a row"
-            if full > budget
-            else ""
-        )
-        terms += [
-            Term("engine weights", shape.parameters * ENGINE_DTYPE_BYTES, "host", "the TorchEngine's own fp32 copy"),
-            Term(
-                "engine batch",
-                max(min(full, budget), batch(rows=1)),  # an empty batch takes one row
-                "host",
-                f"KV cache of {rollout.max_concurrent_rollouts} rollouts x {rollout.max_context:,} tokens x "
-                f"{per_token:,} B (fp32), twice (a joining row's merge copies the batch), decode and prefill "
-                f"activations, x {RSS_FACTOR:g} for the allocator (measured){capped}",
-            ),
-            Term("engine prefix cache", PREFIX_CACHE_BYTES, "host", "finished turns' keys and values, its budget"),
-        ]
+    if deployment.engine == "torch":
+        terms += engine_terms(config, shape, capacity)
     activations = sum(t.bytes for t in per_rank if t.name == "activations") * ranks
     terms += [
         Term("runtime", RUNTIME_BYTES * ranks, "host", f"Python, torch and the libraries, per process{times}"),
@@ -467,10 +431,49 @@ def machine_terms(
     return terms
 
 
-def host_remedies(config: TrainConfig, shape: ModelShape, capacity: int) -> list[str]:
+def engine_terms(config: TrainConfig, shape: ModelShape, capacity: int) -> list[Term]:
+    """The in-process TorchEngine's host memory: its weights, its batch (capped by its budget) and prefix cache."""
+    from searchgym.agents.engines.torch_engine import MEMORY_FRACTION, PREFILL_TOKENS, PREFIX_CACHE_BYTES
+
+    rollout, gib = config.rollout, lambda n: f"{n / GIB:.1f} GiB"  # noqa: E731
+    per_token = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, ENGINE_DTYPE_BYTES)
+    sizes = {
+        "layers": shape.num_layers,
+        "kv_heads": shape.num_kv_heads,
+        "head_dim": shape.head_dim,
+        "hidden": shape.hidden_size,
+        "intermediate": shape.intermediate_size,
+        "vocab": shape.vocab_size,
+    }
+    batch = functools.partial(
+        batch_bytes, sizes, ENGINE_DTYPE_BYTES, tokens=rollout.max_context, prefill_tokens=PREFILL_TOKENS
+    )
+    full = batch(rows=rollout.max_concurrent_rollouts)
+    budget = max(int(capacity * MEMORY_FRACTION) - PREFIX_CACHE_BYTES, 0)
+    capped = (
+        f"; capped by the engine's memory budget ({MEMORY_FRACTION:g} of {gib(capacity)} less its prefix "
+        f"cache): of {gib(full)}, the rest of the episodes wait for a row"
+        if full > budget
+        else ""
+    )
+    return [
+        Term("engine weights", shape.parameters * ENGINE_DTYPE_BYTES, "host", "the TorchEngine's own fp32 copy"),
+        Term(
+            "engine batch",
+            max(min(full, budget), batch(rows=1)),  # an empty batch takes one row
+            "host",
+            f"KV cache of {rollout.max_concurrent_rollouts} rollouts x {rollout.max_context:,} tokens x "
+            f"{per_token:,} B (fp32), twice (a joining row's merge copies the batch), decode and prefill "
+            f"activations, x {RSS_FACTOR:g} for the allocator (measured){capped}",
+        ),
+        Term("engine prefix cache", PREFIX_CACHE_BYTES, "host", "finished turns' keys and values, its budget"),
+    ]
+
+
+def host_remedies(config: TrainConfig, deployment: Deployment, shape: ModelShape, capacity: int) -> list[str]:
     """The largest `learner.micro_batch_tokens` with which a CPU plan fits `capacity`, else the most rollouts that do
     with the smallest micro-batch; each computed with the estimate itself."""
-    total = lambda learner: sum(t.bytes for t in machine_terms(config, shape, capacity, learner))  # noqa: E731
+    total = lambda learner: sum(t.bytes for t in machine_terms(config, deployment, shape, capacity, learner))  # noqa: E731
     learner, found = config.learner, []
     low, high = 0, learner.micro_batch_tokens - 1
     while low < high:
@@ -489,13 +492,13 @@ def host_remedies(config: TrainConfig, shape: ModelShape, capacity: int) -> list
                 f" and rollout.max_context={low} (a trajectory longer than a micro-batch is trained alone: one of "
                 f"{longest:,} tokens would need {alone / GIB:.1f} GiB)"
             )
-    elif config.rollout.engine == "torch":
+    elif deployment.engine == "torch":
         one = dataclasses.replace(learner, micro_batch_tokens=1)
         for rollouts in range(config.rollout.max_concurrent_rollouts - 1, config.rollout.group_size - 1, -1):
             smaller = dataclasses.replace(
                 config, rollout=dataclasses.replace(config.rollout, max_concurrent_rollouts=rollouts)
             )
-            if sum(t.bytes for t in machine_terms(smaller, shape, capacity, one)) <= capacity:
+            if sum(t.bytes for t in machine_terms(smaller, deployment, shape, capacity, one)) <= capacity:
                 found.append(f"rollout.max_concurrent_rollouts={rollouts} and a smaller learner.micro_batch_tokens")
                 break
     return found
@@ -504,21 +507,58 @@ def host_remedies(config: TrainConfig, shape: ModelShape, capacity: int) -> list
 def make_plan(config: TrainConfig, *, gpu_memory_gib: float = 80.0, host_memory_gib: float | None = None) -> Plan:
     """The run's resource plan and memory estimate; `refusal` says why it cannot fit (and what would), else None.
 
-    A CPU learner under the local launcher is checked against this machine's available memory, or
-    `host_memory_gib` when given.
+    The deployment is the one the launchers resolve (settings that cannot be deployed together are refused here
+    too, naming the key). A CPU learner under the local launcher is checked against this machine's available
+    memory, or `host_memory_gib` when given.
     """
     if not (gpu_memory_gib > 0 and math.isfinite(gpu_memory_gib)):
         raise PlanError(f"--gpu-memory-gib must be a positive number of GiB, got {gpu_memory_gib}")
     if host_memory_gib is not None and not (host_memory_gib > 0 and math.isfinite(host_memory_gib)):
         raise PlanError(f"--host-memory-gib must be a positive number of GiB, got {host_memory_gib}")
-    if config.launcher == "ray":
-        check_ray_config(config)
+    deployment = resolve_deployment(config)
     shape = model_shape(config.model.path)
-    on_gpu = learner_on_gpu(config)
+    on_gpu = deployment.learner_on_gpu
     capacity = int(gpu_memory_gib * GIB)
-    terms = learner_terms(shape, config.learner, dtype=config.model.dtype, on_gpu=on_gpu)
+    terms = learner_terms(
+        shape, config.learner, ranks=deployment.learner_ranks, dtype=config.model.dtype, on_gpu=on_gpu
+    )
+    plan = Plan(
+        deployment,
+        shape,
+        capacity,
+        terms,
+        0 if config.learner.cpu_offload or not on_gpu else shape.parameters * dtype_bytes(config.model.dtype),
+        _host_terms(config, deployment, shape, terms),
+        _servers(config, deployment, shape, capacity),
+    )
+    if deployment.launcher == "local" and on_gpu and deployment.engine == "torch":
+        engine = Term(
+            "rollout engine weights",
+            shape.parameters * 4,
+            "gpu",
+            f"rank 0's GPU also holds the in-process TorchEngine's fp32 copy ({deployment.engine_device}), "
+            "plus its KV cache",
+        )
+        plan.learner.append(engine)
+        plan.notes.append("the in-process TorchEngine shares rank 0's GPU: its weights are counted above")
+    plan.notes += _notes(config, deployment, shape)
+    if not on_gpu and deployment.launcher == "local":
+        found = (int(host_memory_gib * GIB), "--host-memory-gib") if host_memory_gib is not None else available_memory()
+        if found is None:
+            plan.notes.append("this machine's available memory is unknown (no psutil, no /proc/meminfo): not checked")
+        else:
+            plan.host_memory_bytes, plan.host_memory_source = found
+            plan.machine = machine_terms(config, deployment, shape, found[0])
+    elif not on_gpu:
+        plan.notes.append("host memory not checked: Ray places the learner and rollout actors over the cluster")
+    plan.refusal = _refusal(plan, config)
+    return plan
+
+
+def _host_terms(config: TrainConfig, deployment: Deployment, shape: ModelShape, terms: list[Term]) -> list[Term]:
+    """What each rank holds in host memory besides its learner terms: the model it loads, rank 0's consolidated copy
+    (sharded), the offloaded state (learner.cpu_offload)."""
     p = dtype_bytes(config.model.dtype)
-    groups, total = _ray_groups(config) if config.launcher == "ray" else _local_groups(config, on_gpu)
     host = [
         Term(
             "model load",
@@ -527,7 +567,7 @@ def make_plan(config: TrainConfig, *, gpu_memory_gib: float = 80.0, host_memory_
             "each rank reads the whole model into host memory before sharding it",
         )
     ]
-    if config.learner.ranks > 1:
+    if deployment.sharded:
         host.append(
             Term(
                 "consolidated copy (rank 0)",
@@ -549,150 +589,48 @@ def make_plan(config: TrainConfig, *, gpu_memory_gib: float = 80.0, host_memory_
                 "parameters, gradients and optimizer state of one rank (pinned)",
             )
         )
-    plan = Plan(
-        config.launcher,
-        config.learner.ranks,
-        shape,
-        groups,
-        total,
-        capacity,
-        on_gpu,
-        terms,
-        0 if config.learner.cpu_offload or not on_gpu else shape.parameters * p,
-        host,
-        _servers(config, shape, capacity),
-        cluster=(config.ray.address or "a local cluster started here") if config.launcher == "ray" else None,
-    )
-    if config.launcher == "local" and on_gpu and config.rollout.engine == "torch":
-        engine = Term(
-            "rollout engine weights",
-            shape.parameters * 4,
-            "gpu",
-            f"rank 0's GPU also holds the in-process TorchEngine's fp32 copy ({config.model.device}), "
-            "plus its KV cache",
-        )
-        plan.learner.append(engine)
-        plan.notes.append("the in-process TorchEngine shares rank 0's GPU: its weights are counted above")
-    if config.learner.ranks == 1 and (config.learner.activation_checkpointing or config.learner.cpu_offload):
-        plan.notes.append(
+    return host
+
+
+def _notes(config: TrainConfig, deployment: Deployment, shape: ModelShape) -> list[str]:
+    """What the estimate leaves out or the settings waste: a plain learner's ignored options, GPUs one rank cannot
+    use, the longest trajectory trained alone."""
+    notes, learner = [], config.learner
+    if not deployment.sharded and (learner.activation_checkpointing or learner.cpu_offload):
+        notes.append(
             "learner.ranks=1 runs the plain Learner, which applies neither learner.activation_checkpointing "
             "nor learner.cpu_offload (the sharded learner does, from 2 ranks): the estimate leaves them out"
         )
-    if config.launcher == "ray" and config.learner.ranks == 1 and config.ray.learner_gpus > 1:
-        plan.notes.append(
+    if deployment.launcher == "ray" and not deployment.sharded and config.ray.learner_gpus > 1:
+        notes.append(
             f"learner.ranks=1 trains on one device: {config.ray.learner_gpus:g} GPUs are reserved for it "
             f"(ray.learner_gpus is per rank); for FSDP2 over them set learner.ranks="
             f"{config.ray.learner_gpus:g} ray.learner_gpus=1"
         )
     longest = config.rollout.max_context
-    if longest > config.learner.micro_batch_tokens:
-        alone = dataclasses.replace(config.learner, micro_batch_tokens=longest)
-        worst = gpu_bytes(learner_terms(shape, alone, dtype=config.model.dtype, on_gpu=on_gpu))
-        plan.notes.append(
-            f"a trajectory longer than learner.micro_batch_tokens ({config.learner.micro_batch_tokens:,}) "
+    if longest > learner.micro_batch_tokens:
+        alone = dataclasses.replace(learner, micro_batch_tokens=longest)
+        worst = gpu_bytes(
+            learner_terms(
+                shape,
+                alone,
+                ranks=deployment.learner_ranks,
+                dtype=config.model.dtype,
+                on_gpu=deployment.learner_on_gpu,
+            )
+        )
+        notes.append(
+            f"a trajectory longer than learner.micro_batch_tokens ({learner.micro_batch_tokens:,}) "
             f"is trained alone in a micro-batch of its own length: one of rollout.max_context "
             f"({longest:,}) tokens, all trained, would need {worst / GIB:.1f} GiB per learner GPU"
         )
-    if not on_gpu and config.launcher == "local":
-        found = (int(host_memory_gib * GIB), "--host-memory-gib") if host_memory_gib is not None else available_memory()
-        if found is None:
-            plan.notes.append("this machine's available memory is unknown (no psutil, no /proc/meminfo): not checked")
-        else:
-            plan.host_memory_bytes, plan.host_memory_source = found
-            plan.machine = machine_terms(config, shape, found[0])
-    elif not on_gpu:
-        plan.notes.append("host memory not checked: Ray places the learner and rollout actors over the cluster")
-    plan.refusal = _refusal(plan, config)
-    return plan
+    return notes
 
 
-def _ray_groups(config: TrainConfig) -> tuple[list[Group], dict[str, float]]:
-    """The Ray launcher's actors: learner ranks in one placement group, SGLang servers, rollout actors."""
-    ray_cfg, ranks = config.ray, config.learner.ranks
-    total = required_resources(config)
-    learner_gpus = (
-        total["GPU"]
-        - ray_cfg.sglang_servers * ray_cfg.sglang_gpus_per_server
-        - ray_cfg.num_rollout_actors * ray_cfg.rollout_gpus
-    )
-    learner_cpus = total["CPU"] - ray_cfg.sglang_servers - ray_cfg.num_rollout_actors * ray_cfg.rollout_cpus
-    if ranks > 1:
-        how = f"one placement group (PACK: as few nodes as hold them), FSDP2 over {'NCCL' if learner_gpus else 'gloo'}"
-    else:
-        how = "the plain Learner" + (" in a placement group" if learner_gpus else "")
-    groups = [Group("learner ranks", ranks, learner_cpus / ranks, learner_gpus / ranks, how)]
-    if ray_cfg.sglang_servers:
-        kind = "SGLang" if ray_cfg.sglang_server == "sglang" else "searchgym serve model"
-        groups.append(
-            Group(
-                "inference servers",
-                ray_cfg.sglang_servers,
-                1,
-                ray_cfg.sglang_gpus_per_server,
-                f"{kind}, --tp-size {ray_cfg.sglang_gpus_per_server}",
-            )
-        )
-    elif config.rollout.engine == "sglang":
-        groups.append(
-            Group(
-                "inference servers",
-                len(config.rollout.sglang_addresses),
-                0,
-                0,
-                "already running (rollout.sglang_addresses): not reserved here",
-            )
-        )
-    engine = "its TorchEngine" if config.rollout.engine == "torch" else "SGLang clients"
-    groups.append(
-        Group(
-            "rollout actors",
-            ray_cfg.num_rollout_actors,
-            ray_cfg.rollout_cpus,
-            ray_cfg.rollout_gpus,
-            f"{engine}, envs and a staleness controller over {config.rollout.batch_size} / "
-            f"{ray_cfg.num_rollout_actors} groups a step",
-        )
-    )
-    return groups, total
-
-
-def _local_groups(config: TrainConfig, on_gpu: bool) -> tuple[list[Group], dict[str, float]]:
-    """The local launcher's processes: this one (loop, rank 0, engine) and the follower ranks."""
-    ranks, device = config.learner.ranks, config.model.device
-    gpu = 1.0 if on_gpu else 0.0
-    engine = (
-        "an in-process TorchEngine"
-        if config.rollout.engine == "torch"
-        else f"SGLang clients of {len(config.rollout.sglang_addresses)} running servers"
-    )
-    groups = [
-        Group(
-            "this process",
-            1,
-            1,
-            gpu,
-            f"the training loop, learner rank 0 and {engine}, on "
-            + (f"{device}:0" if on_gpu and ranks > 1 and ":" not in device else device),
-        )
-    ]
-    if ranks > 1:
-        devices = f"cuda:1..cuda:{ranks - 1}" if on_gpu else "cpu"
-        groups.append(
-            Group(
-                "follower ranks",
-                ranks - 1,
-                1,
-                gpu,
-                f"spawned processes replaying rank 0's collectives, on {devices} ({'NCCL' if on_gpu else 'gloo'})",
-            )
-        )
-    return groups, {"CPU": float(ranks), "GPU": gpu * ranks}
-
-
-def _servers(config: TrainConfig, shape: ModelShape, capacity: int) -> dict[str, Any] | None:
+def _servers(config: TrainConfig, deployment: Deployment, shape: ModelShape, capacity: int) -> dict[str, Any] | None:
     """SGLang servers launched on GPUs: weights per GPU against the static pool, and the KV cache left."""
     ray_cfg = config.ray
-    if config.launcher != "ray" or not ray_cfg.sglang_servers or ray_cfg.sglang_server != "sglang":
+    if deployment.servers != "launched" or deployment.server_program != "sglang":
         return None
     tp = max(ray_cfg.sglang_gpus_per_server, 1)
     args = list(ray_cfg.sglang_args)
@@ -702,9 +640,9 @@ def _servers(config: TrainConfig, shape: ModelShape, capacity: int) -> dict[str,
     pool = int(ray_cfg.sglang_mem_fraction_static * capacity)
     kv_per_token = 2 * shape.num_layers * max(1, math.ceil(shape.num_kv_heads / tp)) * shape.head_dim * size
     kv_tokens = max(pool - weights, 0) // kv_per_token
-    in_flight = math.ceil(config.rollout.max_concurrent_rollouts / ray_cfg.sglang_servers)
+    in_flight = math.ceil(config.rollout.max_concurrent_rollouts / deployment.server_count)
     return {
-        "servers": ray_cfg.sglang_servers,
+        "servers": deployment.server_count,
         "tp": tp,
         "dtype": dtype,
         "weights_per_gpu_bytes": weights,
@@ -720,54 +658,52 @@ def _servers(config: TrainConfig, shape: ModelShape, capacity: int) -> dict[str,
 # ---- the verdict -----------------------------------------------------------------------------------------------
 
 
-def _fits(config: TrainConfig, shape: ModelShape, learner: LearnerConfig, capacity: int, extra: int) -> int:
-    """GPU bytes of one rank under `learner` (with `extra` bytes of other GPU terms), or -1 when it does not fit."""
-    need = gpu_bytes(learner_terms(shape, learner, dtype=config.model.dtype, on_gpu=True)) + extra
+def _fits(config: TrainConfig, shape: ModelShape, learner: LearnerConfig, ranks: int, capacity: int, extra: int) -> int:
+    """GPU bytes of one rank under `learner` on `ranks` ranks (with `extra` bytes of other GPU terms), or -1 when it
+    does not fit."""
+    need = gpu_bytes(learner_terms(shape, learner, ranks=ranks, dtype=config.model.dtype, on_gpu=True)) + extra
     return need if need <= capacity else -1
 
 
-def remedies(config: TrainConfig, shape: ModelShape, capacity: int, extra: int = 0) -> list[str]:
+def remedies(
+    config: TrainConfig, deployment: Deployment, shape: ModelShape, capacity: int, extra: int = 0
+) -> list[str]:
     """Settings that would make one learner rank fit `capacity`, each computed with the estimate itself.
 
     CPU offload and activation checkpointing need the sharded learner: from one rank they are proposed with two.
     """
-    learner, found = config.learner, []
+    learner, ranks, found = config.learner, deployment.learner_ranks, []
     gib = lambda n: f"{n / GIB:.1f} GiB"  # noqa: E731
+    fits = functools.partial(_fits, config, shape, capacity=capacity, extra=extra)
     # from 2 ranks up every sharded term shrinks and nothing grows: the fewest ranks that fit, by bisection
-    low, high = max(learner.ranks + 1, 2), MAX_RANKS
-    if _fits(config, shape, dataclasses.replace(learner, ranks=high), capacity, extra) < 0:
-        unsharded = (
-            gpu_bytes(
-                learner_terms(shape, dataclasses.replace(learner, ranks=high), dtype=config.model.dtype, on_gpu=True)
-            )
-            + extra
-        )
+    low, high = max(ranks + 1, 2), MAX_RANKS
+    if fits(learner, high) < 0:
+        unsharded = gpu_bytes(learner_terms(shape, learner, ranks=high, dtype=config.model.dtype, on_gpu=True)) + extra
         found.append(f"no number of ranks (what FSDP does not shard alone needs {gib(unsharded)})")
     else:
         while low < high:
             mid = (low + high) // 2
-            if _fits(config, shape, dataclasses.replace(learner, ranks=mid), capacity, extra) >= 0:
+            if fits(learner, mid) >= 0:
                 high = mid
             else:
                 low = mid + 1
-        need = _fits(config, shape, dataclasses.replace(learner, ranks=low), capacity, extra)
-        found.append(f"learner.ranks={low} ({gib(need)} per GPU)")
+        found.append(f"learner.ranks={low} ({gib(fits(learner, low))} per GPU)")
     for key in ("cpu_offload", "activation_checkpointing"):
-        if not getattr(learner, key) or learner.ranks == 1:
-            ranks = max(learner.ranks, 2)
-            need = _fits(config, shape, dataclasses.replace(learner, ranks=ranks, **{key: True}), capacity, extra)  # type: ignore[arg-type]  # a bool field
+        if not getattr(learner, key) or ranks == 1:
+            sharded = max(ranks, 2)
+            need = fits(dataclasses.replace(learner, **{key: True}), sharded)  # type: ignore[arg-type]  # a bool field
             if need >= 0:
-                more = f"learner.ranks={ranks} and " if ranks != learner.ranks else ""
+                more = f"learner.ranks={sharded} and " if sharded != ranks else ""
                 found.append(f"{more}learner.{key}=true ({gib(need)} per GPU)")
     low, high = 0, learner.micro_batch_tokens - 1  # the largest token budget that fits
     while low < high:
         mid = (low + high + 1) // 2
-        if _fits(config, shape, dataclasses.replace(learner, micro_batch_tokens=mid), capacity, extra) >= 0:
+        if fits(dataclasses.replace(learner, micro_batch_tokens=mid), ranks) >= 0:
             low = mid
         else:
             high = mid - 1
     if low > 0:
-        need = _fits(config, shape, dataclasses.replace(learner, micro_batch_tokens=low), capacity, extra)
+        need = fits(dataclasses.replace(learner, micro_batch_tokens=low), ranks)
         found.append(f"learner.micro_batch_tokens={low} ({gib(need)} per GPU)")
     return found
 
@@ -780,7 +716,7 @@ def _refusal(plan: Plan, config: TrainConfig) -> str | None:
         ranked = sorted((t for t in plan.learner if t.where == "gpu"), key=lambda t: -t.bytes)
         extra = sum(t.bytes for t in plan.learner if t.name == "rollout engine weights")
         terms = ", ".join(f"{t.name} {gib(t.bytes)}" for t in ranked)
-        fixes = " or ".join(remedies(config, plan.model, capacity, extra)) or (
+        fixes = " or ".join(remedies(config, plan.deployment, plan.model, capacity, extra)) or (
             "none of learner.ranks, cpu_offload, activation_checkpointing or micro_batch_tokens alone"
         )
         problems.append(
@@ -797,7 +733,7 @@ def _refusal(plan: Plan, config: TrainConfig) -> str | None:
     if plan.machine and host is not None and plan.machine_bytes > host:
         ranked = sorted(plan.machine, key=lambda t: -t.bytes)
         terms = ", ".join(f"{t.name} {gib(t.bytes)}" for t in ranked)
-        fixes = " or ".join(host_remedies(config, plan.model, host)) or (
+        fixes = " or ".join(host_remedies(config, plan.deployment, plan.model, host)) or (
             "no micro_batch_tokens or max_concurrent_rollouts: a smaller model or a machine with more memory"
         )
         problems.append(
@@ -839,13 +775,16 @@ def plan_text(plan: Plan) -> str:
         f"vocab {m.vocab_size}{', tied embeddings' if m.tied else ''})",
         f"         shapes from {m.source}",
         "",
-        f"resources (launcher {plan.launcher}" + (f", cluster: {plan.cluster})" if plan.cluster else ")"),
+        *plan.deployment.describe(),
+        "",
+        "resources (the deployment's processes and actors)",
     ]
     for g in plan.groups:
         lines.append(f"  {g.name:<18} {g.count:>3} x {{CPU {g.cpus:g}, GPU {g.gpus:g}}}  {g.detail}")
     lines.append(f"  {'total':<18} {plan.total['GPU']:g} GPUs, {plan.total['CPU']:g} CPUs")
     device = "GPU" if plan.on_gpu else "process (CPU)"
-    kind = f"{plan.ranks} FSDP2 ranks" if plan.ranks > 1 else "one rank: the plain Learner"
+    ranks = plan.deployment.learner_ranks
+    kind = f"{ranks} FSDP2 ranks" if plan.deployment.sharded else "one rank: the plain Learner"
     lines += ["", f"learner memory per rank's {device} ({kind}; an upper bound: every term at once)"]
     for t in plan.learner:
         where = "" if t.where == "gpu" or not plan.on_gpu else " [host]"
@@ -868,9 +807,9 @@ def plan_text(plan: Plan) -> str:
     if plan.machine:
         lines += ["", "this machine's host memory (a CPU learner: every term at once)"]
         learner = {t.name for t in plan.learner}
-        ranks = f" x {plan.ranks} ranks" if plan.ranks > 1 else ""
+        times = f" x {ranks} ranks" if plan.deployment.sharded else ""
         mine = sum(t.bytes for t in plan.machine if t.name in learner)
-        lines.append(f"  {'learner':<24}{gib(mine)}  the terms above{ranks}")
+        lines.append(f"  {'learner':<24}{gib(mine)}  the terms above{times}")
         for t in plan.machine:
             if t.name not in learner:
                 lines.append(f"  {t.name:<24}{gib(t.bytes)}  {t.detail}")

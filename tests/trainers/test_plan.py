@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 from searchgym.cli import main
 from searchgym.trainers.config import LearnerConfig, ModelConfig, TrainConfig, load_config
+from searchgym.trainers.deployment import resolve_deployment
 from searchgym.trainers.plan import (
     GIB,
     PlanError,
@@ -32,7 +33,6 @@ from searchgym.trainers.plan import (
     remedies,
     stored_activation_bytes,
 )
-from searchgym.trainers.topology import required_resources
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 ASEARCHER = sorted(CONFIGS.glob("asearcher-7b-*.yaml"))
@@ -84,7 +84,7 @@ def test_an_unknown_model_is_refused_naming_the_known_ones(capsys, monkeypatch):
 def test_bytes_per_term_are_the_hand_computed_ones(tiny_model_dir):
     shape = model_shape(str(tiny_model_dir))  # P = 223,808; one layer 46,336; h 64, I 176, L 2, 4 heads, 2 kv, V 2048
     two = LearnerConfig(ranks=2, micro_batch_tokens=1000)
-    terms = {t.name: t for t in learner_terms(shape, two, dtype="float32", on_gpu=True)}
+    terms = {t.name: t for t in learner_terms(shape, two, ranks=2, dtype="float32", on_gpu=True)}
     assert terms["parameters"].bytes == terms["gradients"].bytes == 223_808 * 4 // 2 == 447_616
     assert terms["optimizer state"].bytes == 2 * 447_616  # AdamW's two states in the parameters' dtype
     # root (131,136) + 2 layers in bf16, one layer's fp32 gradient
@@ -103,6 +103,7 @@ def test_bytes_per_term_are_the_hand_computed_ones(tiny_model_dir):
         for t in learner_terms(
             shape,
             LearnerConfig(ranks=2, micro_batch_tokens=1000, activation_checkpointing=True),
+            ranks=2,
             dtype="float32",
             on_gpu=True,
         )
@@ -110,7 +111,11 @@ def test_bytes_per_term_are_the_hand_computed_ones(tiny_model_dir):
     assert ckpt["activations"] == 1000 * (2 * 128 + (2 + 4) * 64 + 12) + 2 * 1000 * 2832
     # offload: parameters, gradients and optimizer state move to the host, the rest stays on the GPU
     offload = learner_terms(
-        shape, LearnerConfig(ranks=2, micro_batch_tokens=1000, cpu_offload=True), dtype="float32", on_gpu=True
+        shape,
+        LearnerConfig(ranks=2, micro_batch_tokens=1000, cpu_offload=True),
+        ranks=2,
+        dtype="float32",
+        on_gpu=True,
     )
     assert {t.name for t in offload if t.where == "host"} == {"parameters", "gradients", "optimizer state"}
     assert gpu_bytes(offload) == 632_960 + 8_956_000 + terms["loss head"].bytes
@@ -121,6 +126,7 @@ def test_bytes_per_term_are_the_hand_computed_ones(tiny_model_dir):
         for t in learner_terms(
             shape,
             LearnerConfig(ranks=1, micro_batch_tokens=1000, activation_checkpointing=True),
+            ranks=1,
             dtype="float32",
             on_gpu=True,
         )
@@ -216,7 +222,7 @@ def test_the_estimate_bounds_a_real_learner_steps_peak(tmp_path, dims, tokens, d
     with tracker:
         learner._update([sample])
     peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
-    estimate = gpu_bytes(learner_terms(model_shape(str(tmp_path)), settings, dtype=dtype, on_gpu=True))
+    estimate = gpu_bytes(learner_terms(model_shape(str(tmp_path)), settings, ranks=1, dtype=dtype, on_gpu=True))
     assert peak <= estimate <= 1.3 * peak, (estimate, peak, estimate / peak)
 
 
@@ -235,7 +241,7 @@ def test_the_asearcher_configs_plan_what_they_intend(path, capsys, tmp_path):
     assert plan["model"]["parameters"] == QWEN_7B and "shapes.json" in plan["model"]["source"]
     # resources: the launcher's own totals, split into learner ranks, servers and rollout actors
     groups = {g["name"]: g for g in plan["groups"]}
-    needed = required_resources(config)
+    needed = resolve_deployment(config).resources
     for kind, key in (("GPU", "gpus"), ("CPU", "cpus")):
         assert sum(g["count"] * g[key] for g in plan["groups"]) == pytest.approx(needed[kind]) == plan["total"][kind]
     learner = groups["learner ranks"]
@@ -405,9 +411,9 @@ def test_every_proposed_remedy_fits(ranks, tokens, ckpt, offload, dtype, gib):
     """Whatever the settings, each remedy a refusal would propose, applied to those settings, fits the GPU."""
     learner = LearnerConfig(ranks=ranks, micro_batch_tokens=tokens, activation_checkpointing=ckpt, cpu_offload=offload)
     config = TrainConfig(learner=learner, model=ModelConfig(path="Qwen/Qwen2.5-7B", dtype=dtype))
-    if gpu_bytes(learner_terms(seven_b(), learner, dtype=dtype, on_gpu=True)) <= gib * GIB:
+    if gpu_bytes(learner_terms(seven_b(), learner, ranks=ranks, dtype=dtype, on_gpu=True)) <= gib * GIB:
         return
-    fixes = remedies(config, seven_b(), gib * GIB)
+    fixes = remedies(config, resolve_deployment(config), seven_b(), gib * GIB)
     assert fixes
     for fix in fixes:
         changes = {
@@ -417,8 +423,9 @@ def test_every_proposed_remedy_fits(ranks, tokens, ckpt, offload, dtype, gib):
         if not changes:
             assert fix.startswith("no number of ranks"), fix
             continue
+        fixed_ranks = changes.pop("ranks", ranks)
         fixed = dataclasses.replace(learner, **changes)
-        assert gpu_bytes(learner_terms(seven_b(), fixed, dtype=dtype, on_gpu=True)) <= gib * GIB, fix
+        assert gpu_bytes(learner_terms(seven_b(), fixed, ranks=fixed_ranks, dtype=dtype, on_gpu=True)) <= gib * GIB, fix
 
 
 @pytest.mark.parametrize("path", ASEARCHER, ids=lambda p: p.name)

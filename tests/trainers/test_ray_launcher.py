@@ -17,11 +17,11 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from searchgym.trainers.config import load_config
+from searchgym.trainers.deployment import check_fits, resolve_deployment
 from searchgym.trainers.launchers.ray_actors import global_group
 from searchgym.trainers.launchers.ray_cluster import RayRollouts, RayTrainer, local_cluster_kwargs, train_ray
 from searchgym.trainers.launchers.ray_servers import server_hosts
 from searchgym.trainers.run.checkpoint import latest_checkpoint, load_trainer_state
-from searchgym.trainers.topology import check_fits, check_ray_config, required_resources, weight_route
 from tests.agents.servers import model_server
 from tests.conftest import SMALL
 
@@ -295,49 +295,30 @@ def test_a_local_cluster_keeps_to_this_machine_unless_asked(tiny_model_dir):
 
 
 def test_topology_errors_name_the_setting(tmp_path, tiny_model_dir):
-    def check(*extra):
-        check_ray_config(load_config(None, [*_overrides(tmp_path, tiny_model_dir, 1), *extra]))
+    def resolve(*extra):
+        return resolve_deployment(load_config(None, [*_overrides(tmp_path, tiny_model_dir, 1), *extra]))
 
     with pytest.raises(ValueError, match="batch_size"):
-        check("rollout.batch_size=3")
+        resolve("rollout.batch_size=3")
     with pytest.raises(ValueError, match="max_concurrent_rollouts"):
-        check("rollout.max_concurrent_rollouts=2", "rollout.group_size=2")
+        resolve("rollout.max_concurrent_rollouts=2", "rollout.group_size=2")
     with pytest.raises(ValueError, match="SGLang servers for 2 rollout actors"):
-        check("rollout.engine=sglang", "rollout.sglang_addresses=[127.0.0.1:1]")
+        resolve("rollout.engine=sglang", "rollout.sglang_addresses=[127.0.0.1:1]")
     with pytest.raises(ValueError, match="weight_sync"):
-        check("rollout.engine=sglang", "ray.sglang_servers=2", "ray.weight_sync=object_store")
+        resolve("rollout.engine=sglang", "ray.sglang_servers=2", "ray.weight_sync=object_store")
     with pytest.raises(ValueError, match="rollout.engine=sglang"):
-        check("ray.sglang_servers=2")
+        resolve("ray.sglang_servers=2")
     with pytest.raises(ValueError, match="weight_sync=distributed broadcasts to SGLang servers"):
-        check("ray.weight_sync=distributed")
+        resolve("ray.weight_sync=distributed")
     # by default servers launched here get the broadcast, servers given by address the disk route
-    assert (
-        weight_route(
-            load_config(
-                None, [*_overrides(tmp_path, tiny_model_dir, 1), "rollout.engine=sglang", "ray.sglang_servers=2"]
-            )
-        )
-        == "distributed"
-    )
-    assert (
-        weight_route(
-            load_config(
-                None,
-                [
-                    *_overrides(tmp_path, tiny_model_dir, 1),
-                    "rollout.engine=sglang",
-                    "rollout.sglang_addresses=[h:1,h:2]",
-                ],
-            )
-        )
-        == "disk"
-    )
-    config = load_config(None, [*_overrides(tmp_path, tiny_model_dir, 1), "ray.learner_gpus=1"])
-    assert required_resources(config) == {"CPU": 3.0, "GPU": 1.0}
-    sharded = load_config(None, [*_overrides(tmp_path, tiny_model_dir, 1), "ray.learner_gpus=1", "learner.ranks=4"])
-    assert required_resources(sharded) == {"CPU": 6.0, "GPU": 4.0}  # cpus and gpus per learner rank
+    assert resolve("rollout.engine=sglang", "ray.sglang_servers=2").weight_route == "distributed"
+    assert resolve("rollout.engine=sglang", "rollout.sglang_addresses=[h:1,h:2]").weight_route == "disk"
+    on_gpu = resolve("ray.learner_gpus=1", "model.device=cuda")
+    assert on_gpu.resources == {"CPU": 3.0, "GPU": 1.0}
+    sharded = resolve("ray.learner_gpus=1", "model.device=cuda", "learner.ranks=4")
+    assert sharded.resources == {"CPU": 6.0, "GPU": 4.0}  # cpus and gpus per learner rank
     with pytest.raises(ValueError, match="1 GPU needed, 0 in the cluster"):
-        check_fits(required_resources(config), {"CPU": 4.0})  # refused at once, not a hang on unplaceable actors
+        check_fits(on_gpu.resources, {"CPU": 4.0})  # refused at once, not a hang on unplaceable actors
 
 
 class _SubBatches:

@@ -8,33 +8,37 @@ dir under out_dir/weights, loaded by SGLang's /update_weights_from_disk). In-fli
 continue and their later tokens carry the new version. `mode: sync` is the same code with staleness
 0, so no group starts before the previous batch is trained (the baseline).
 
-With `learner.ranks: N > 1` the learner is sharded (fsdp.py): this process is rank 0 and runs the loop
-with its ShardedLearner leading; N-1 follower processes (local_ranks.py) hold the other shards. The
-weights pushed to the engines are rank 0's consolidated copy; checkpoints are sharded (DCP) plus the
-consolidated model, and `--resume` restores them on the ranks.
+What runs where comes from the run's Deployment (deployment.py), resolved once in `train()`. With a sharded
+deployment (`learner.ranks: N > 1`, fsdp.py) this process is rank 0 and runs the loop with its ShardedLearner
+leading; N-1 follower processes (local_ranks.py) hold the other shards (`ShardedRanks`; `OneRank` is the plain
+Learner behind the same calls, so `_train` branches on the learner's kind once). The weights pushed to the
+engines are rank 0's consolidated copy; checkpoints are sharded (DCP) plus the consolidated model, and `--resume`
+restores them on the ranks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from searchgym.agents.engines.sglang_engine import SGLangEngine
+from searchgym.agents.engines.open import EngineHandle
 from searchgym.core.ports import free_port
 from searchgym.settings import check_settings
 from searchgym.trainers.algorithm.learner import Learner
 from searchgym.trainers.build import build_controller, load_learner, make_env_factory, open_rollout_engine, task_ids
 from searchgym.trainers.config import TrainConfig, config_dict
+from searchgym.trainers.deployment import Deployment, resolve_deployment
 from searchgym.trainers.launchers.local_ranks import FollowerRanks
 from searchgym.trainers.learner_side import InProcessLearner, RankSpec, check_resume
 from searchgym.trainers.loop import Batch, Schedule, train_loop
 from searchgym.trainers.rollout.controller import RolloutController, RolloutStats
 from searchgym.trainers.rollout.weight_sync import DiskSync, InProcessSync, WeightSync
 from searchgym.trainers.run.log import RunLog
-from searchgym.trainers.run.start import start_run
+from searchgym.trainers.run.start import RunStart, start_run
 from searchgym.trainers.run.stopping import StopRequest, TrainingStopped
 from searchgym.trainers.run.watchdog import Watchdog
 
@@ -73,122 +77,173 @@ def train(
     With `resume`, continue from the run directory's latest checkpoint (same version numbering, same
     data order, unfinished groups replayed); without a checkpoint it starts from scratch. SIGTERM or SIGINT
     during the steps stops at a step boundary with the last trained step checkpointed (TrainingStopped).
-    A config that fails its checks is refused (ValueError naming the key) before anything starts.
-    `progress_label` names the progress bar (default "training (MODE, local)"; the quickstart's says which of its
-    stages this is).
+    A config that fails its checks, or whose settings cannot be deployed together, is refused (ValueError naming
+    the key) before anything starts. `progress_label` names the progress bar (default "training (MODE, local)";
+    the quickstart's says which of its stages this is).
     """
     check_settings(config)
-    return asyncio.run(_train(config, resume, progress, progress_label or f"training ({config.mode}, local)"))
+    deployment = resolve_deployment(config)
+    if deployment.launcher != "local":
+        raise ValueError(
+            f"launcher is {deployment.launcher!r}: this is the local launcher (launchers.ray_cluster.train_ray runs "
+            "launcher=ray; `searchgym train` picks the launcher from the config)"
+        )
+    label = progress_label or f"training ({config.mode}, local)"
+    return asyncio.run(_train(config, deployment, resume, progress, label))
 
 
-async def _train(config: TrainConfig, resume: bool, progress: bool, progress_label: str) -> list[dict[str, float]]:
-    rollout = config.rollout
-    if rollout.engine == "sglang" and config.model.path is None:
-        raise ValueError("rollout.engine=sglang needs model.path: the model the SGLang servers serve")
+class OneRank:
+    """The plain Learner, in this process: what `_train` calls on the learner ranks, with nothing to follow."""
+
+    def __init__(self, config: TrainConfig, deployment: Deployment, run: RunStart):
+        self.config, self.deployment, self.run = config, deployment, run
+
+    async def lead(self, pad_id: int | None) -> Learner:
+        config, run = self.config, self.run
+        return load_learner(
+            config.model,
+            config.learner,
+            run.model_dir,
+            device=self.deployment.learner_device,
+            pad_id=pad_id,
+            state=run.state,
+        )
+
+    def failure(self, wait: float = 0.0) -> str | None:
+        return None
+
+    def close(self, learner: Learner | None = None) -> None:
+        pass
+
+
+class ShardedRanks:
+    """Rank 0 of a sharded learner in this process, ranks 1..N-1 spawned at once (local_ranks.FollowerRanks)."""
+
+    def __init__(self, config: TrainConfig, deployment: Deployment, run: RunStart):
+        self.followers = FollowerRanks(rank_spec(config, deployment, run))
+
+    async def lead(self, pad_id: int | None) -> Learner:
+        return await asyncio.to_thread(self.followers.lead)  # every rank loads the pad id from the model dir
+
+    def failure(self, wait: float = 0.0) -> str | None:
+        return self.followers.failure(wait=wait)
+
+    def close(self, learner: Learner | None = None) -> None:
+        self.followers.close(learner)  # type: ignore[arg-type]  # what lead() gave: a ShardedLearner
+
+
+async def _train(
+    config: TrainConfig, deployment: Deployment, resume: bool, progress: bool, label: str
+) -> list[dict[str, float]]:
     run = start_run(config.out_dir, config.model.path, seed=config.seed, resume=resume)
-    [state] = run.rollout_states(1)
-    check_resume(run.checkpoint, config.learner.ranks)
-    # the learner's other ranks start first: their processes import and load while the engine starts here
-    followers = FollowerRanks(rank_spec(config, run)) if config.learner.ranks > 1 else None
-    learner: Learner | None = None
-    finished = False
+    check_resume(run.checkpoint, deployment.learner_ranks)
+    # the one branch on the learner's kind; a sharded learner's other ranks start first: their processes import
+    # and load while the engine starts here
+    ranks = (ShardedRanks if deployment.sharded else OneRank)(config, deployment, run)
     try:
         handle = await open_rollout_engine(
-            rollout,
+            config.rollout,
             run.model_dir,
-            device=config.model.device,
+            device=deployment.engine_device,
             seed=config.seed,
             version=run.version,
-            addresses=rollout.sglang_addresses,
+            addresses=config.rollout.sglang_addresses,
             start_timeout=config.ray.sglang_start_timeout_s,
         )
     except BaseException:
-        if followers is not None:
-            followers.close()
+        ranks.close()
         raise
+    learner: Learner | None = None
+    stop, finished = StopRequest(), False
     try:
-        engine, tokenizer = handle.engine, handle.tokenizer
-        if followers is not None:
-            learner = await asyncio.to_thread(followers.lead)
-        else:
-            learner = load_learner(
-                config.model, config.learner, run.model_dir, pad_id=tokenizer.pad_token_id, state=run.state
-            )
-        sync: WeightSync
-        if isinstance(engine, SGLangEngine):
-            sync = DiskSync([engine], run.out / "weights", tokenizer)
-        else:
-            sync = InProcessSync([engine])  # type: ignore[list-item]  # a TorchEngine: updatable in process
-        side = InProcessLearner(learner, sync, tokenizer, run.out, config.keep_checkpoints)
-        side.watchdog_state = dict(run.state.get("watchdog") or {})
-        if isinstance(engine, SGLangEngine) and (run.checkpoint is not None or engine.version != learner.version):
-            await side.push_weights()  # the servers hold other weights than the learner's
-        make_env = make_env_factory(config.env)
-        controller = build_controller(
-            rollout,
-            handle,
-            task_ids(make_env, config.tasks),
-            make_env=make_env,
-            synchronous=config.mode == "sync",
-            seed=config.seed,
-        )
-        controller.trained_version = learner.version
-        if state is not None:
-            controller.load_state_dict(state)
-        schedule = Schedule(run.first_step, config.steps, run.version, config.save_every)
-        async with controller.running():
-            with (
-                RunLog(run.out, config_dict(config), resume_step=run.first_step - 1) as run_log,
-                StopRequest().installed() as stop,
-            ):
-                watchdog = Watchdog.for_run(
-                    config.watchdog,
-                    run.out,
-                    run.model_dir,
-                    start_step=run.first_step - 1,
-                    state=side.watchdog_state,
-                    can_restore=config.learner.ranks == 1,
-                )
-                try:
-                    history = await train_loop(
-                        InProcessRollouts(controller),
-                        side,
-                        run_log,
-                        schedule,
-                        progress=progress,
-                        desc=progress_label,
-                        watchdog=watchdog,
-                        stop=stop,
-                    )
-                except TrainingStopped:
-                    finished = not stop.abandoned  # a clean stop releases the learner ranks as a finished run does
-                    raise
+        learner = await ranks.lead(handle.tokenizer.pad_token_id)
+        history = await _steps(config, deployment, run, handle, learner, stop, progress, label)
         finished = True
         return history
     except Exception as e:
-        if followers is not None and (failure := followers.failure(wait=FOLLOWER_EXIT_WAIT_S)) is not None:
+        # a clean stop releases the learner ranks as a finished run does
+        finished = isinstance(e, TrainingStopped) and not stop.abandoned
+        if (failure := ranks.failure(wait=FOLLOWER_EXIT_WAIT_S)) is not None:
             raise RuntimeError(failure) from e
         raise
     finally:
-        if followers is not None:
-            followers.close(learner if finished else None)  # type: ignore[arg-type]  # with followers: a ShardedLearner
+        ranks.close(learner if finished else None)
         await handle.aclose()
 
 
-def rank_spec(config: TrainConfig, run: Any) -> RankSpec:
+def local_weight_sync(deployment: Deployment, handle: EngineHandle, out: Path) -> WeightSync:
+    """The deployment's route from the learner to this process's engine: in place, or through disk to SGLang."""
+    if deployment.weight_route == "disk":
+        return DiskSync([handle.engine], out / "weights", handle.tokenizer)  # type: ignore[list-item]
+    return InProcessSync([handle.engine])  # type: ignore[list-item]  # a TorchEngine: updatable in process
+
+
+async def _steps(
+    config: TrainConfig,
+    deployment: Deployment,
+    run: RunStart,
+    handle: EngineHandle,
+    learner: Learner,
+    stop: StopRequest,
+    progress: bool,
+    label: str,
+) -> list[dict[str, float]]:
+    """The learner side and the controller on the opened engine, then the shared loop until `config.steps`."""
+    side = InProcessLearner(
+        learner, local_weight_sync(deployment, handle, run.out), handle.tokenizer, run.out, config.keep_checkpoints
+    )
+    side.watchdog_state = dict(run.state.get("watchdog") or {})
+    engine = handle.engine
+    assert engine is not None  # open_rollout_engine opens a token engine (torch or SGLang), never a chat endpoint
+    if deployment.engine == "sglang" and (run.checkpoint is not None or engine.version != learner.version):
+        await side.push_weights()  # the servers hold other weights than the learner's
+    make_env = make_env_factory(config.env)
+    controller = build_controller(
+        config.rollout,
+        handle,
+        task_ids(make_env, config.tasks),
+        make_env=make_env,
+        synchronous=config.mode == "sync",
+        seed=config.seed,
+    )
+    controller.trained_version = learner.version
+    [state] = run.rollout_states(1)
+    if state is not None:
+        controller.load_state_dict(state)
+    schedule = Schedule(run.first_step, config.steps, run.version, config.save_every)
+    async with controller.running():
+        with (
+            RunLog(run.out, config_dict(config), resume_step=run.first_step - 1) as run_log,
+            stop.installed(),
+        ):
+            watchdog = Watchdog.for_run(
+                config.watchdog,
+                run.out,
+                run.model_dir,
+                start_step=run.first_step - 1,
+                state=side.watchdog_state,
+                can_restore=not deployment.sharded,
+            )
+            return await train_loop(
+                InProcessRollouts(controller),
+                side,
+                run_log,
+                schedule,
+                progress=progress,
+                desc=label,
+                watchdog=watchdog,
+                stop=stop,
+            )
+
+
+def rank_spec(config: TrainConfig, deployment: Deployment, run: RunStart) -> RankSpec:
     """How every rank of the local sharded learner builds it: the run's weights, resumed from its checkpoint."""
     from transformers import AutoTokenizer
 
-    if config.learner.ranks > 1 and config.model.device.startswith("cuda"):
-        available = torch.cuda.device_count()
-        if config.learner.ranks > available:
-            raise ValueError(f"learner.ranks={config.learner.ranks} needs a GPU per rank; {available} are visible")
-    elif config.model.device != "cpu":
-        raise ValueError(
-            f"learner.ranks > 1 runs on 'cpu' (gloo) or 'cuda' (NCCL), not model.device={config.model.device!r}"
-        )
+    if deployment.learner_on_gpu and deployment.learner_ranks > (available := torch.cuda.device_count()):
+        raise ValueError(f"learner.ranks={deployment.learner_ranks} needs a GPU per rank; {available} are visible")
     return RankSpec(
-        world=config.learner.ranks,
+        world=deployment.learner_ranks,
         master_addr="127.0.0.1",
         master_port=free_port(),
         model_dir=os.fspath(run.model_dir),
@@ -197,5 +252,5 @@ def rank_spec(config: TrainConfig, run: Any) -> RankSpec:
         pad_id=AutoTokenizer.from_pretrained(run.model_dir).pad_token_id or 0,
         checkpoint=os.fspath(run.checkpoint) if run.checkpoint else None,
         threads=torch.get_num_threads(),
-        device="cuda" if config.model.device.startswith("cuda") else "cpu",
+        device=deployment.rank_device,
     )

@@ -2,8 +2,9 @@
 
 - `LearnerWorker`: owns the model and the Learner; trains a step on the sub-batches the driver passes
   (as object refs, fetched straight from the rollout actors' results), pushes the new weights to the
-  rollout actors (object store, disk, or broadcast to their servers), and writes checkpoints. With
-  `learner.ranks: N` there are N of them, one ShardedLearner rank each; rank 0 leads, the others follow.
+  rollout actors (object store, disk, or broadcast to their servers: the deployment's weight route), and writes
+  checkpoints. A sharded deployment has one of them per rank, each with a ShardedLearner rank; rank 0 leads, the
+  others follow.
 - `RolloutWorker`: an async actor owning one engine (a TorchEngine, or an SGLangEngine over its own
   SGLang servers), its env instances, and a RolloutController running in the actor's event loop.
 
@@ -25,6 +26,7 @@ from searchgym.core.ports import free_port
 from searchgym.trainers.algorithm.learner import Learner
 from searchgym.trainers.build import build_controller, load_learner, make_env_factory, open_rollout_engine, task_ids
 from searchgym.trainers.config import TrainConfig
+from searchgym.trainers.deployment import Deployment
 from searchgym.trainers.learner_side import InProcessLearner, RankSpec, sharded_learner
 from searchgym.trainers.loop import Batch
 from searchgym.trainers.rollout.controller import RolloutStats
@@ -52,22 +54,36 @@ def global_group(position: int, index: int, count: int) -> int:
 class LearnerWorker:
     """A learner actor: the local launcher's in-process learner side (model, optimizer, weight pushes, checkpoints).
 
-    With `learner.ranks: 1` it holds a Learner from construction. With N > 1 there are N of these actors,
-    `rank` 0..N-1: each `join()`s rank 0's process group and builds its ShardedLearner; rank 0 then leads
+    With one learner rank in the deployment it holds a Learner from construction. With N > 1 there are N of these
+    actors, `rank` 0..N-1: each `join()`s rank 0's process group and builds its ShardedLearner; rank 0 then leads
     (the driver calls it as it calls a single learner) while the others `follow()` its collectives.
     """
 
-    def __init__(self, config: TrainConfig, model_dir: str, checkpoint: str | None, env: dict[str, str], rank: int = 0):
+    def __init__(
+        self,
+        config: TrainConfig,
+        deployment: Deployment,
+        model_dir: str,
+        checkpoint: str | None,
+        env: dict[str, str],
+        rank: int = 0,
+    ):
         os.environ.update(env)
         from transformers import AutoTokenizer
 
-        self.config, self.model_dir, self.checkpoint, self.rank = config, model_dir, checkpoint, rank
+        self.config, self.deployment = config, deployment
+        self.model_dir, self.checkpoint, self.rank = model_dir, checkpoint, rank
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.learner: Learner | None = None
-        if config.learner.ranks == 1:
+        if not deployment.sharded:
             state = load_trainer_state(checkpoint) if checkpoint else None
             self.learner = load_learner(
-                config.model, config.learner, model_dir, pad_id=self.tokenizer.pad_token_id, state=state
+                config.model,
+                config.learner,
+                model_dir,
+                pad_id=self.tokenizer.pad_token_id,
+                state=state,
+                device=deployment.learner_device,
             )
         self.side: InProcessLearner | None = None
 
@@ -81,9 +97,9 @@ class LearnerWorker:
     async def join(self, master_addr: str, master_port: int) -> None:
         """Build this rank's ShardedLearner in rank 0's group (all ranks together: loading a checkpoint is a
         collective); rank 0 then leads."""
-        config = self.config
+        config, deployment = self.config, self.deployment
         spec = RankSpec(
-            world=config.learner.ranks,
+            world=deployment.learner_ranks,
             master_addr=master_addr,
             master_port=master_port,
             model_dir=self.model_dir,
@@ -91,7 +107,7 @@ class LearnerWorker:
             learner=config.learner,
             pad_id=self.tokenizer.pad_token_id or 0,
             checkpoint=self.checkpoint,
-            device="cuda" if config.ray.learner_gpus > 0 else "cpu",
+            device=deployment.rank_device,
         )
         learner = await asyncio.to_thread(sharded_learner, spec, self.rank, 0)  # Ray shows each actor its GPU as 0
         if self.rank == 0:
@@ -100,34 +116,34 @@ class LearnerWorker:
 
     async def follow(self) -> None:
         """On ranks > 0: replay rank 0's collectives until it stops; returns then."""
-        if self.config.learner.ranks == 1 or self.rank == 0 or self.learner is None:
+        if not self.deployment.sharded or self.rank == 0 or self.learner is None:
             raise RuntimeError("follow() is for learner ranks > 0 after join()")
         await asyncio.to_thread(self.learner.follow)
 
     def stop_followers(self) -> None:
         """On rank 0 of a sharded learner: release the followers from follow()."""
-        if self.config.learner.ranks > 1 and self.rank == 0 and self.learner is not None:
+        if self.deployment.sharded and self.rank == 0 and self.learner is not None:
             self.learner.stop()
 
-    async def connect(self, rollout_actors: list[Any], route: str, servers: Sequence[str] = ()) -> None:
-        """Push weights to these rollout actors from now on: "object_store", "disk", or "distributed" (a
-        torch.distributed group with their inference `servers`, host:port, formed here)."""
+    async def connect(self, rollout_actors: list[Any], servers: Sequence[str] = ()) -> None:
+        """Push weights to these rollout actors from now on, by the deployment's route: "object_store", "disk", or
+        "distributed" (a torch.distributed group with their inference `servers`, host:port, formed here)."""
         if self.learner is None:
             raise RuntimeError("join() the learner ranks first")
         sync: WeightSync
+        route = self.deployment.weight_route
         if route == "object_store":
             sync = ObjectStoreSync(rollout_actors)
         elif route == "distributed":
             import ray
 
             host = ray.util.get_node_ip_address()
-            backend = "nccl" if self.config.model.device.startswith("cuda") else "gloo"
             sync = DistributedSync(
                 list(servers),
                 [RemoteEngine(a) for a in rollout_actors],
                 master_address=host,
                 master_port=free_port(host),
-                backend=backend,
+                backend=self.deployment.backend,
             )
             await sync.init()
         else:
@@ -182,6 +198,7 @@ class RolloutWorker:
     def __init__(
         self,
         config: TrainConfig,
+        deployment: Deployment,
         index: int,
         model_dir: str,
         state: dict[str, Any] | None,
@@ -189,7 +206,8 @@ class RolloutWorker:
         env: dict[str, str],
     ):
         os.environ.update(env)
-        self.config, self.index, self.count = config, index, config.ray.num_rollout_actors
+        self.config, self.deployment = config, deployment
+        self.index, self.count = index, deployment.rollout_actors
         self.model_dir, self.state, self.version = model_dir, state, version
         self.handle: Any = None  # the engine this actor opened: its rollouts play on it, weight updates reach it
         self.controller: Any = None
@@ -204,7 +222,7 @@ class RolloutWorker:
         self.handle = await open_rollout_engine(
             config.rollout,
             self.model_dir,
-            device="cuda" if config.ray.rollout_gpus > 0 else "cpu",
+            device=self.deployment.engine_device,
             seed=config.seed + index,
             version=self.version,
             addresses=addresses,

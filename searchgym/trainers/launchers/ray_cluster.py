@@ -1,9 +1,10 @@
 """The Ray launcher: the shared training loop (loop.py) with its handles on Ray actors.
 
-Topology (resources from `config.ray`):
+Topology (the run's Deployment, deployment.py: resolved once in RayTrainer and handed to every actor; resources
+from `config.ray`):
 
     driver          this process: the step loop, RunLog (metrics, TensorBoard, trajectories)
-    learner actors  `learner.ranks` of them in one placement group (PACK), `learner_gpus` each: one
+    learner actors  the deployment's learner ranks in one placement group (PACK), `learner_gpus` each: one
                     Learner, or the ranks of a ShardedLearner (FSDP2) in rank 0's process group
                     (rank 0's node IP and a free port), rank 0 leading and the others following it;
                     rank 0 pushes weights and writes checkpoints
@@ -44,6 +45,7 @@ from typing import Any
 from searchgym.settings import check_settings
 from searchgym.trainers.build import make_env_factory, task_ids
 from searchgym.trainers.config import TrainConfig, config_dict
+from searchgym.trainers.deployment import check_fits, resolve_deployment
 from searchgym.trainers.launchers.ray_actors import LearnerWorker, RolloutWorker, forwarded_env, shard
 from searchgym.trainers.launchers.ray_servers import SGLangServerWorker
 from searchgym.trainers.learner_side import check_resume
@@ -53,7 +55,6 @@ from searchgym.trainers.run.log import RunLog
 from searchgym.trainers.run.start import RunStart, start_run
 from searchgym.trainers.run.stopping import StopRequest
 from searchgym.trainers.run.watchdog import Watchdog
-from searchgym.trainers.topology import check_fits, check_ray_config, required_resources, weight_route
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,12 @@ class RayTrainer:
     """One Ray training run: `start()` builds the actors, `train()` runs the steps, `shutdown()` ends them all."""
 
     def __init__(self, config: TrainConfig, *, resume: bool = False, progress: bool = True):
-        check_ray_config(config)
+        self.deployment = deployment = resolve_deployment(config)  # refused naming the key before anything starts
+        if deployment.launcher != "ray":
+            raise ValueError(
+                f"launcher is {deployment.launcher!r}: this is the Ray launcher (launchers.local.train runs "
+                "launcher=local; `searchgym train` picks the launcher from the config)"
+            )
         self.config, self.resume, self.progress = config, resume, progress
         self.learner: Any = None  # rank 0: the one the loop drives
         self.learner_ranks: list[Any] = []  # every learner actor, rank 0 first
@@ -116,18 +122,19 @@ class RayTrainer:
         """Join or start the cluster, launch servers, learner and rollout actors, and align their weights."""
         import ray
 
-        config, n = self.config, self.config.ray.num_rollout_actors
+        config, deployment = self.config, self.deployment
+        n = deployment.rollout_actors
         # the driver reads only the checkpoint's small parts
         self.run = run = start_run(config.out_dir, config.model.path, seed=config.seed, resume=self.resume, mmap=True)
         states = run.rollout_states(n)
-        check_resume(run.checkpoint, config.learner.ranks)
+        check_resume(run.checkpoint, deployment.learner_ranks)
         tasks = task_ids(
             make_env_factory(config.env), config.tasks
         )  # builds a synthetic world's cache here, once, not in actors
         if len(tasks) < n:
             raise ValueError(f"{len(tasks)} tasks cannot be sharded over {n} rollout actors")
         env = forwarded_env()
-        needed = required_resources(config)
+        needed = deployment.resources
         if not ray.is_initialized():
             # A local cluster's CPUs are scheduling slots: make room for every actor even on a small box
             # (rollout actors mostly wait on their engine and tools); a running cluster is taken as it is.
@@ -144,29 +151,34 @@ class RayTrainer:
         servers = self._launch_servers(model_dir, env)
         # the rollout actors' processes start (imports, envs) while the servers load their model
         Rollout = ray.remote(RolloutWorker).options(num_cpus=config.ray.rollout_cpus, num_gpus=config.ray.rollout_gpus)
-        self.rollout_actors = [Rollout.remote(config, i, model_dir, states[i], run.version, env) for i in range(n)]
+        self.rollout_actors = [
+            Rollout.remote(config, deployment, i, model_dir, states[i], run.version, env) for i in range(n)
+        ]
         self.server_addresses = addresses = list(config.rollout.sglang_addresses) or ray.get(servers)
         engine_versions = ray.get(
             [actor.start.remote(shard(addresses, i, n)) for i, actor in enumerate(self.rollout_actors)]
         )
         ray.get(joining)  # every learner rank has built its shard (and loaded the checkpoint's)
         self._following = [actor.follow.remote() for actor in self.learner_ranks[1:]]
-        ray.get(self.learner.connect.remote(self.rollout_actors, weight_route(config), addresses))
-        if config.rollout.engine == "sglang" and (
+        ray.get(self.learner.connect.remote(self.rollout_actors, addresses))
+        if deployment.engine == "sglang" and (
             run.checkpoint is not None or any(v != run.version for v in engine_versions)
         ):
             ray.get(self.learner.push_weights.remote())  # the servers hold other weights than the learner's
 
     def _start_learners(self, model_dir: str, checkpoint: str | None, env: dict[str, str]) -> list[Any]:
-        """Start the learner actor(s); with `learner.ranks` > 1, refs to their joining rank 0's process group
+        """Start the learner actor(s); for a sharded learner, refs to their joining rank 0's process group
         (each builds its shard while the servers and rollout actors start; then ranks > 0 follow rank 0)."""
         import ray
 
-        ranks = self.config.learner.ranks
+        deployment = self.deployment
         Learner = self._learner_class()
-        self.learner_ranks = [Learner.remote(self.config, model_dir, checkpoint, env, rank) for rank in range(ranks)]
+        self.learner_ranks = [
+            Learner.remote(self.config, deployment, model_dir, checkpoint, env, rank)
+            for rank in range(deployment.learner_ranks)
+        ]
         self.learner = self.learner_ranks[0]
-        if ranks == 1:
+        if not deployment.sharded:
             return []
         master_addr, master_port = ray.get(self.learner.master_address.remote())
         return [actor.join.remote(master_addr, master_port) for actor in self.learner_ranks]
@@ -182,11 +194,12 @@ class RayTrainer:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        settings, ranks = self.config.ray, self.config.learner.ranks
+        settings, ranks = self.config.ray, self.deployment.learner_ranks
         options: dict[str, Any] = {"num_cpus": settings.learner_cpus, "num_gpus": settings.learner_gpus}
-        if settings.learner_gpus or ranks > 1:
+        if self.deployment.learner_on_gpu or self.deployment.sharded:
             bundle = {k: v for k, v in {"CPU": settings.learner_cpus, "GPU": settings.learner_gpus}.items() if v}
-            self._placement = placement_group([bundle] * ranks, strategy="PACK" if ranks > 1 else "STRICT_PACK")
+            strategy = "PACK" if self.deployment.sharded else "STRICT_PACK"
+            self._placement = placement_group([bundle] * ranks, strategy=strategy)
             ready, _ = ray.wait([self._placement.ready()], timeout=PLACEMENT_TIMEOUT_S)
             if not ready:
                 raise TimeoutError(
@@ -201,12 +214,12 @@ class RayTrainer:
         import ray
 
         settings = self.config.ray
-        if not settings.sglang_servers:
+        if self.deployment.servers != "launched":
             return []
         Server = ray.remote(SGLangServerWorker).options(num_cpus=1, num_gpus=settings.sglang_gpus_per_server)
         log_dir = os.fspath(Path(self.config.out_dir) / "sglang")
         self.server_actors = [
-            Server.remote(settings, model_dir, i, log_dir, env) for i in range(settings.sglang_servers)
+            Server.remote(settings, model_dir, i, log_dir, env) for i in range(self.deployment.server_count)
         ]
         return [server.start.remote() for server in self.server_actors]
 
@@ -224,7 +237,7 @@ class RayTrainer:
             run.model_dir,
             start_step=run.first_step - 1,
             state=run.state.get("watchdog"),
-            can_restore=config.learner.ranks == 1,
+            can_restore=not self.deployment.sharded,
         )
 
         async def steps(run_log: RunLog) -> list[dict[str, float]]:

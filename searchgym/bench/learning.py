@@ -158,11 +158,26 @@ def load_learning_config(overrides: list[str] | tuple[str, ...] = (), preset: st
     return config
 
 
+# Settings added after rows were first written, with the value that means "as before they existed": at that value
+# they are left out of the fingerprint, so seeds run before the setting existed and seeds run after still pool.
+LATER_SETTINGS: dict[tuple[str, ...], Any] = {
+    ("rl", "learner", "autocast"): "off",
+    ("rl", "learner", "trainable_layers"): None,
+}
+
+
 def fingerprint(config: LearningConfig) -> str:
     """What a seed's row depends on (everything but the output directory): rows of another config are not mixed."""
     data = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(config)))
     data.pop("out_dir", None)
     data.pop("seed", None)
+    for path, unchanged in LATER_SETTINGS.items():
+        *parents, name = path
+        holder = data
+        for key in parents:
+            holder = holder.get(key, {})
+        if name in holder and holder[name] == unchanged:
+            del holder[name]
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

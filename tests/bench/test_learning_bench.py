@@ -168,6 +168,30 @@ def test_rows_of_another_configuration_are_refused(bench):
         run_learning_bench(other, SEEDS, out=Path(config.out_dir) / "x.json", progress=False)
 
 
+def test_settings_added_later_keep_older_rows_at_their_default_and_part_them_when_used():
+    from searchgym.bench.learning import LATER_SETTINGS, fingerprint
+    from searchgym.settings import settings_dict
+
+    config = load_learning_config(preset="smollm2")
+    older = settings_dict(config)  # what a config written before the settings existed held
+    for path in LATER_SETTINGS:
+        holder = older
+        for key in path[:-1]:
+            holder = holder[key]
+        del holder[path[-1]]
+    assert fingerprint(config) == fingerprint_of(older)
+    assert fingerprint(load_learning_config(["rl.learner.autocast=bf16"], preset="smollm2")) != fingerprint(config)
+    trained = load_learning_config(["rl.learner.trainable_layers=4"], preset="smollm2")
+    assert fingerprint(trained) != fingerprint(config)
+
+
+def fingerprint_of(data):
+    import hashlib
+
+    data = {k: v for k, v in data.items() if k not in ("out_dir", "seed")}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def test_bad_input_is_a_clear_error(tmp_path, capsys):
     assert main(["bench", "learning", "--seeds", "0,x", "--out", str(tmp_path / "r.json")]) == 2
     assert "--seeds takes comma-separated integers" in capsys.readouterr().err

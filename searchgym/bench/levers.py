@@ -13,10 +13,11 @@ arms are interleaved within every repeat:
 - half the micro-batch (`learner.micro_batch_tokens`).
 
 Each arm reports its seconds per step (median, and per-repeat paired ratio to the baseline), its peak memory over
-the step's start (sampled from /proc), and how far its update is from the baseline's: the cosine between the two
-parameter updates, and the mean |difference| of the trained tokens' log-probs after the step. Prefix reuse and
-concurrency are the engine's levers, measured by `searchgym bench engine`. `--run` adds what an RL run's own
-steps cost (its metrics.jsonl: learner seconds, engine busy seconds, wall seconds per step).
+the step's start (sampled from /proc; freed memory the allocator keeps from an earlier arm makes later arms' figures
+low, so run one arm per process to compare memory), and how far its update is from the baseline's: the cosine
+between the two parameter updates, and the mean |difference| of the trained tokens' log-probs after the step.
+Prefix reuse and concurrency are the engine's levers, measured by `searchgym bench engine`. `--run` adds what an
+RL run's own steps cost (its metrics.jsonl: learner seconds, engine busy seconds, wall seconds per step).
 """
 
 from __future__ import annotations
@@ -171,24 +172,29 @@ def run_arm(base: torch.nn.Module, arm: dict[str, Any], groups: list[list[Trajec
 
 
 def step_costs(run: Path) -> dict[str, Any]:
-    """Mean seconds per step of an RL run (metrics.jsonl): the learner's, the engine's busy time, and wall time."""
+    """What an RL run's steps cost on average (its metrics.jsonl): wall time, the learner's time (over all steps,
+    and over the steps that updated: groups without reward spread are dropped, and a step without any skips the
+    learner), and the engine's busy time and generated tokens (cumulative counters there, divided by the steps)."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     if not rows:
         raise ValueError(f"{run / 'metrics.jsonl'} has no steps")
-    walls = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:], strict=False) if "elapsed_s" in a]
+    last, steps = rows[-1], len(rows)
 
-    def mean(key: str) -> float | None:
-        values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
-        return statistics.fmean(values) if values else None
+    def per_step(key: str) -> float | None:
+        value = last.get(key)
+        return float(value) / steps if isinstance(value, (int, float)) else None
 
+    learner = [float(r["learner/step_s"]) for r in rows if isinstance(r.get("learner/step_s"), (int, float))]
+    updates = [t for t, r in zip(learner, rows, strict=False) if float(r.get("trained_tokens") or 0) > 0]
     return {
         "run": str(run),
-        "steps": len(rows),
-        "learner_s_per_step": mean("learner/step_s"),
-        "engine_busy_s_per_step": mean("engine/busy_s"),
-        "wall_s_per_step": statistics.fmean(walls) if walls else None,
-        "generated_tokens_per_step": mean("engine/generated_tokens"),
-        "trained_tokens_per_step": mean("trained_tokens"),
+        "steps": steps,
+        "updated_steps": len(updates),
+        "wall_s_per_step": per_step("elapsed_s"),
+        "learner_s_per_step": statistics.fmean(learner) if learner else None,
+        "learner_s_per_update": statistics.fmean(updates) if updates else None,
+        "engine_busy_s_per_step": per_step("engine/busy_s"),
+        "generated_tokens_per_step": per_step("engine/generated_tokens"),
     }
 
 
@@ -196,6 +202,7 @@ def run_levers_bench(config: LeversConfig, out: str | os.PathLike = "results/ben
     """Every arm `repeats` times, interleaved, on one batch from one set of weights; the report written to `out`."""
     from transformers import AutoModelForCausalLM
 
+    load_before = list(os.getloadavg())
     torch.manual_seed(config.seed)
     torch.set_num_threads(1)
     model_dir = resolve_model(config.model)
@@ -210,7 +217,7 @@ def run_levers_bench(config: LeversConfig, out: str | os.PathLike = "results/ben
     report = {
         "benchmark": "searchgym bench levers",
         "commit": git_commit(),
-        "machine": machine(),
+        "machine": machine(load_average_before=load_before, load_average_after=list(os.getloadavg())),
         "config": asdict(config),
         "model": str(model_dir),
         "batch": {

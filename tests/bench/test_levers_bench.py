@@ -16,7 +16,15 @@ def test_each_lever_changes_the_step_as_it_says(tiny_model_dir, small_bundle, tm
     run.mkdir()
     (run / "metrics.jsonl").write_text(
         "\n".join(
-            json.dumps({"step": s, "elapsed_s": 10.0 * s, "learner/step_s": 4.0, "engine/busy_s": 5.0})
+            json.dumps(
+                {
+                    "step": s,
+                    "elapsed_s": 10.0 * s,  # the engine's counters and the clock are cumulative
+                    "engine/busy_s": 5.0 * s,
+                    "learner/step_s": 6.0 if s < 3 else 0.0,  # step 3 had no group with spread: no update
+                    "trained_tokens": 100 if s < 3 else 0,
+                }
+            )
             for s in (1, 2, 3)
         )
     )
@@ -50,7 +58,8 @@ def test_each_lever_changes_the_step_as_it_says(tiny_model_dir, small_bundle, tm
     assert all(len(arm["seconds"]) == 2 and arm["median_seconds"] > 0 for arm in arms.values())
     assert report["batch"]["episodes"] == 4 and report["batch"]["trained_tokens"] > 0
     costs = report["preset_step_costs"]
-    assert costs["learner_s_per_step"] == 4.0 and costs["wall_s_per_step"] == 10.0 and costs["steps"] == 3
+    assert costs["wall_s_per_step"] == 10.0 and costs["steps"] == 3 and costs["updated_steps"] == 2
+    assert costs["learner_s_per_step"] == 4.0 and costs["learner_s_per_update"] == 6.0
     assert "| bf16 autocast |" in format_levers(report)
     assert step_costs(run)["engine_busy_s_per_step"] == 5.0
 

@@ -70,9 +70,9 @@ def run_retrieval_paraphrase_bench(
         results[retriever] = {}
         for kind in KINDS:
             m = measured[retriever][kind]
-            row = _summary(m["ranks"], m["seconds"])
+            row = _summary(m["answer_ranks"], m["seconds"])
             if retriever != "bm25":
-                row["minus_bm25"] = _paired_difference(m["ranks"], measured["bm25"][kind]["ranks"])
+                row["minus_bm25"] = _paired_difference(m["answer_ranks"], measured["bm25"][kind]["answer_ranks"])
             results[retriever][kind] = row
     report = {
         "commit": git_commit(),
@@ -169,7 +169,9 @@ async def _measure(
                 for task, ids in zip(part, found, strict=True):
                     wanted = task.metadata["answer_doc_id"]
                     ranks[retriever, kind].append(ids.index(wanted) + 1 if wanted in ids else 0)
-    return {r: {kind: {"ranks": ranks[r, kind], "seconds": seconds[r, kind]} for kind in by_kind} for r in RETRIEVERS}
+    return {
+        r: {kind: {"answer_ranks": ranks[r, kind], "seconds": seconds[r, kind]} for kind in by_kind} for r in RETRIEVERS
+    }
 
 
 def _summary(ranks: list[int], seconds: float) -> dict[str, Any]:

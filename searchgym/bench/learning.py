@@ -252,7 +252,14 @@ def shared_base_model(config: LearningConfig, root: Path, *, progress: bool) -> 
         env, _demo_tasks(env, config)[0], where / "demos.jsonl", question_query=config.demos.question_query
     )
     base, history = build_base_model(
-        env, chats, where, config.model, config.copy, seed=config.base_seed, progress=progress
+        env,
+        chats,
+        where,
+        config.model,
+        config.copy,
+        seed=config.base_seed,
+        progress=progress,
+        progress_label="shared base model",
     )
     done.write_text(
         json.dumps(
@@ -295,7 +302,15 @@ class SeedSetup:
         """RL from the warm start on the seed's RL tasks into `out` (`run_rl`): every arm and mode of a seed."""
         tasks = [t.id for t in self.rl_tasks]
         return run_rl(
-            rl, self.warm, out, env_id=env_id, env_kwargs=self.env_kwargs, tasks=tasks, seed=seed, progress=progress
+            rl,
+            self.warm,
+            out,
+            env_id=env_id,
+            env_kwargs=self.env_kwargs,
+            tasks=tasks,
+            seed=seed,
+            progress=progress,
+            progress_label=f"seed {seed}: RL ({out.name.removeprefix('rl-')})",
         )
 
 
@@ -320,7 +335,15 @@ def prepare_seed(
     warm = out / "sft-model"
     sft_config = copy.deepcopy(config.sft)
     sft_config.seed = seed
-    sft(base, chats, warm, sft_config, progress=progress, device=config.rl.model.device)
+    sft(
+        base,
+        chats,
+        warm,
+        sft_config,
+        progress=progress,
+        device=config.rl.model.device,
+        progress_label=f"seed {seed}: warm start",
+    )
     lap("warm start")
     return SeedSetup(env_kwargs, demo_tasks, rl_tasks, len(chats), warm)
 
@@ -343,6 +366,7 @@ def held_out_samples(
         seed=seed,
         progress=progress,
         device=config.rl.model.device,
+        progress_label=f"seed {seed}: evaluate, {out.name.removeprefix('eval-')}",
     )
     return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
 

@@ -266,3 +266,27 @@ def test_the_deep_preset_demonstrates_shallow_questions_and_trains_rl_on_deep_on
     assert len(chats) == 8  # the oracle solves the shallow questions it demonstrates
     test = make_env(config.env.id, {**config.env.kwargs, "seed": 0, "hops": config.hops.eval, "split": "test"}, "test")
     assert test.tasks and {t.metadata["hops"] for t in test.tasks} == {2, 3}
+
+
+def test_each_stage_of_a_seed_names_its_seed_in_its_bar(small_bundle, tmp_path, monkeypatch):
+    import searchgym.bench.learning as learning
+
+    labels: dict[str, str] = {}
+
+    def stage(name):
+        def record(*args, progress_label, **kwargs):
+            labels[name] = progress_label
+            if name == "evaluate":
+                Path(args[1]).mkdir(parents=True, exist_ok=True)
+                (Path(args[1]) / "samples.jsonl").write_text("")
+            return []
+
+        return record
+
+    for name, function in (("sft", "sft"), ("rl", "run_rl"), ("evaluate", "evaluate_policy")):
+        monkeypatch.setattr(learning, function, stage(name))
+    config = load_learning_config([f"out_dir={tmp_path}", *TOY])
+    setup = learning.prepare_seed(config, 3, tmp_path / "base", tmp_path / "seed-3", lambda stage: None, progress=True)
+    setup.train(config.rl, tmp_path / "seed-3" / "rl-async", config.env.id, seed=3, progress=True)
+    learning.held_out_samples(config, tmp_path / "m", tmp_path / "seed-3" / "eval-warm", 3, progress=True)
+    assert labels == {"sft": "seed 3: warm start", "rl": "seed 3: RL (async)", "evaluate": "seed 3: evaluate, warm"}

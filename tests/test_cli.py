@@ -140,3 +140,13 @@ def test_help_is_written_for_users(capsys):
     with pytest.raises(SystemExit):
         main(["quickstart", "--help"])
     assert "The whole pipeline on one CPU box" in capsys.readouterr().out
+
+
+def test_python_dash_m_searchgym_is_the_same_command(tmp_path):
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "searchgym", "view", str(tmp_path / "missing")], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "no run to show" in done.stderr

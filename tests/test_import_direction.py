@@ -35,7 +35,7 @@ FLOORS = {
     "quickstart": 7,
     "demo": 7,
     "cli": 8,
-    "__main__": 8,
+    "__main__": 9,  # `python -m searchgym`: runs the command
     "__init__": 1.5,  # `import searchgym` registers the env ids: it may import envs and nothing else
 }
 

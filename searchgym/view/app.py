@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from aiohttp import web
@@ -34,13 +34,14 @@ from searchgym.view.episode import (
 )
 from searchgym.view.episode_filter import PAGE_SIZE, SORTS, EpisodeFilter
 from searchgym.view.pages import page_text
-from searchgym.view.runs import OUTCOMES, EpisodeSummary, Problem, Run, field_list, find_runs
+from searchgym.view.runs import OUTCOMES, EpisodeSummary, Index, Problem, Run, field_list, find_runs
 
 RUNS: web.AppKey[list[Run]] = web.AppKey("runs", list)
 PROBLEMS: web.AppKey[list[Problem]] = web.AppKey("problems", list)
 TEMPLATES: web.AppKey[Any] = web.AppKey("templates", object)
 POLICY = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; base-uri 'none'"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+T = TypeVar("T")
 
 
 class NotHere(Exception):
@@ -122,11 +123,19 @@ def _run(request: web.Request, value: int | None = None) -> tuple[int, Run]:
     return number, runs[number]
 
 
-async def _index(run: Run) -> Any:
+async def _index(run: Run) -> Index:
+    """The run's episode index, built (or checked for growth) off the event loop."""
     return await asyncio.to_thread(run.index)
 
 
-async def _episode(request: web.Request, run: Run, number: int) -> tuple[EpisodeSummary, dict[str, Any]]:
+def paged(items: list[T], page: int) -> tuple[list[T], int, int]:
+    """The PAGE_SIZE items of page `page` (clamped to the pages there are), that page and how many pages there are."""
+    pages = max(1, math.ceil(len(items) / PAGE_SIZE))
+    page = min(max(page, 1), pages)
+    return items[(page - 1) * PAGE_SIZE : page * PAGE_SIZE], page, pages
+
+
+async def _episode(run: Run, number: int) -> tuple[EpisodeSummary, dict[str, Any]]:
     index = await _index(run)
     if not 0 <= number < len(index.episodes):
         raise NotHere(f"run {run.label!r} has no episode {number} (it has {len(index.episodes)})")
@@ -166,8 +175,7 @@ async def episodes_page(request: web.Request) -> web.Response:
     index = await _index(run)
     chosen, errors = EpisodeFilter.parse(request.query, index.judges)
     shown = chosen.apply(index.episodes)
-    pages = max(1, math.ceil(len(shown) / PAGE_SIZE))
-    page = min(chosen.page, pages)
+    on_page, page, pages = paged(shown, chosen.page)
     stops = sorted({e.stop_reason for e in index.episodes if e.stop_reason})
     hops = sorted({e.hops for e in index.episodes if e.hops is not None})
     return render(
@@ -179,7 +187,7 @@ async def episodes_page(request: web.Request) -> web.Response:
         index=index,
         chosen=chosen,
         errors=errors,
-        shown=shown[(page - 1) * PAGE_SIZE : page * PAGE_SIZE],
+        shown=on_page,
         matched=len(shown),
         page=page,
         pages=pages,
@@ -194,7 +202,7 @@ async def episodes_page(request: web.Request) -> web.Response:
 
 async def episode_page(request: web.Request) -> web.Response:
     number, run = _run(request)
-    summary, row = await _episode(request, run, _int(request, "episode", source="path"))
+    summary, row = await _episode(run, _int(request, "episode", source="path"))
     shown = episode_view(row, run.kind)
     all_turns = request.query.get("turn") == "all"
     turn = 0 if all_turns else _int(request, "turn", 0)
@@ -216,7 +224,7 @@ async def episode_page(request: web.Request) -> web.Response:
 
 async def tokens_page(request: web.Request) -> web.Response:
     number, run = _run(request)
-    summary, row = await _episode(request, run, _int(request, "episode", source="path"))
+    summary, row = await _episode(run, _int(request, "episode", source="path"))
     decode = await asyncio.to_thread(tokenizer_for, run)
     try:
         tokens = token_page(
@@ -239,7 +247,7 @@ async def tokens_page(request: web.Request) -> web.Response:
 
 async def turn_text(request: web.Request) -> web.Response:
     _, run = _run(request)
-    _, row = await _episode(request, run, _int(request, "episode", source="path"))
+    _, row = await _episode(run, _int(request, "episode", source="path"))
     try:
         text = full_text(row, run.kind, _int(request, "turn", source="path"), request.match_info["part"])
     except KeyError as e:
@@ -315,8 +323,7 @@ async def compare_page(request: web.Request) -> web.Response:
     listed = [r for r in rows if r.delta != 0] if changed else rows
     if order == "delta":
         listed.sort(key=lambda r: -abs(r.delta))
-    pages = max(1, math.ceil(len(listed) / PAGE_SIZE))
-    page = min(max(1, _int(request, "page", 1)), pages)
+    on_page, page, pages = paged(listed, _int(request, "page", 1))
     counts = {
         "better": sum(r.delta > 0 for r in rows),
         "worse": sum(r.delta < 0 for r in rows),
@@ -335,7 +342,7 @@ async def compare_page(request: web.Request) -> web.Response:
         b=b,
         na=na,
         nb=nb,
-        rows=listed[(page - 1) * PAGE_SIZE : page * PAGE_SIZE],
+        rows=on_page,
         shared=len(shared),
         only_a=len(qa) - len(shared),
         only_b=len(qb) - len(shared),

@@ -13,7 +13,6 @@ an older version that lacks fields becomes a Problem the page names, never a cra
 from __future__ import annotations
 
 import json
-import os
 import re
 import threading
 from dataclasses import dataclass, field
@@ -331,8 +330,3 @@ def question_of(messages: Any) -> str:
             text = str(message.get("content") or "")
             return text.rsplit("Question:", 1)[-1].strip()
     return ""
-
-
-def run_size(run: Run) -> int:
-    """Bytes in the run's episode files (what opening it reads once)."""
-    return sum(os.path.getsize(p) for p in run.files() if p.exists())

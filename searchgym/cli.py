@@ -559,37 +559,20 @@ def _train_plan(
         raise PlanError(f"this plan does not fit: {plan.refusal}")
 
 
-EVAL_FLAGS = (
-    "env",
-    "engine",
-    "k",
-    "judge",
-    "judge_model",
-    "workflow",
-    "labels",
-    "env_kwargs",
-    "max_tasks",
-    "concurrency",
-    "temperature",
-    "max_new_tokens",
-    "max_context",
-    "context_policy",
-    "seed",
-    "device",
-    "tokenizer",
-)  # `searchgym eval`'s flags that are EvalSettings' fields
-
-
 def _eval(args: argparse.Namespace) -> None:
+    from searchgym.core.settings_flags import settings_values
+    from searchgym.eval.eval_settings import EvalSettings, load_eval_settings
+
+    values = settings_values(args, EvalSettings)
     if args.compare and args.compare[0] == "compare":
-        _eval_compare(args)
+        _eval_compare(args, values)
         return
     overrides = args.compare  # without `compare`, the positionals are dotted overrides (k=2 max_tasks=8)
     missing = [
         flag
         for flag, value in (
-            ("--env", args.env or args.config),
-            ("--engine", args.engine or args.config),
+            ("--env", values.get("env") or args.config),
+            ("--engine", values.get("engine") or args.config),
             ("--out", args.out),
         )
         if value is None
@@ -600,13 +583,9 @@ def _eval(args: argparse.Namespace) -> None:
         )
     if args.allow_different:
         raise ValueError("--allow-different belongs to `searchgym eval compare RUN_DIR...`")
-    from searchgym.eval.eval_settings import load_eval_settings
     from searchgym.eval.harness import run_eval
 
-    values = {name: getattr(args, name) for name in EVAL_FLAGS if getattr(args, name) is not None}
-    if "labels" in values:
-        values["labels"] = str(values["labels"])
-    player = _eval_player(args)  # --agent (an agent program) or --workflow (a Workflow class)
+    player = _eval_player(args, values)  # --agent (an agent program) or --workflow (a Workflow class)
     if player is not None:
         values["workflow"] = player
     summary = run_eval(load_eval_settings(args.config, overrides, values), args.out)
@@ -614,11 +593,11 @@ def _eval(args: argparse.Namespace) -> None:
     print(f"samples, summary.json, plots and report.html in {args.out} ({int(summary['metrics']['samples'])} samples)")
 
 
-def _eval_player(args: argparse.Namespace) -> str | None:
+def _eval_player(args: argparse.Namespace, values: dict) -> str | None:
     """What plays the episodes: `--agent` (an agent program's function) or `--workflow` (a Workflow class)."""
     if args.agent is None:
-        return args.workflow
-    if args.workflow is not None:
+        return values.get("workflow")
+    if values.get("workflow") is not None:
         raise ValueError("--agent and --workflow both name what plays the episodes: give one")
     from searchgym.agents.program import is_agent_program
     from searchgym.agents.workflow import load_object
@@ -628,7 +607,7 @@ def _eval_player(args: argparse.Namespace) -> str | None:
             f"--agent {args.agent}: expected an agent function `async def agent(task, client)`; "
             f"a Workflow class goes to --workflow"
         )
-    if args.engine.startswith("openai:"):
+    if str(values.get("engine", "")).startswith("openai:"):
         raise ValueError(
             "--agent needs a token-level engine (a model directory or sglang:...): the recording proxy "
             "trains and records tokens, which an openai: endpoint does not give"
@@ -636,18 +615,18 @@ def _eval_player(args: argparse.Namespace) -> str | None:
     return args.agent
 
 
-def _eval_compare(args: argparse.Namespace) -> None:
+def _eval_compare(args: argparse.Namespace, values: dict) -> None:
     action, *runs = args.compare
     if action != "compare":
         raise ValueError(
             f"unknown eval action {action!r}: compare runs with `searchgym eval compare RUN_DIR RUN_DIR...`, "
             "or evaluate with --env, --engine and --out"
         )
-    if args.env or args.engine or args.labels:
+    if values.keys() & {"env", "engine", "labels"}:
         raise ValueError("`searchgym eval compare` takes finished run directories, not --env/--engine/--labels")
     from searchgym.eval.compare import compare_runs, comparison_markdown, write_comparison
 
-    comparison = compare_runs(runs, allow_different=args.allow_different, seed=args.seed or 0)
+    comparison = compare_runs(runs, allow_different=args.allow_different, seed=values.get("seed", 0))
     print(comparison_markdown(comparison))
     if args.out:
         write_comparison(comparison, args.out)
@@ -673,6 +652,8 @@ def build_parser() -> argparse.ArgumentParser:
         positive_int,
         seconds,
     )
+    from searchgym.core.settings_flags import add_settings_flags
+    from searchgym.eval.eval_settings import EvalSettings
 
     parser = argparse.ArgumentParser(
         prog="searchgym",
@@ -863,24 +844,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a YAML of the eval's settings (EvalSettings: env, engine, k, ...); flags and overrides win",
     )
-    p.add_argument("--env", default=None, help="a gym id, e.g. searchgym/HotpotQA-v0 or searchgym/SyntheticQA-v0")
-    p.add_argument(
-        "--engine",
-        default=None,
-        help="a model directory (TorchEngine), sglang:HOST:PORT[,HOST:PORT] or openai:http://host/v1[:model]",
-    )
-    p.add_argument("--k", type=int, default=None, help="samples per question (default 4)")
-    p.add_argument("--judge", default=None, help="comma list of em, f1, cover_em, llm (default: the suite's)")
-    p.add_argument(
-        "--judge-model",
-        default=None,
-        help="chat model of the llm judge: openai:http://host/v1[:model], a model directory or sglang:...",
-    )
-    p.add_argument(
-        "--workflow",
-        default=None,
-        help="a custom Workflow class that plays the episodes: module:Class or path/to/file.py:Class",
-    )
+    add_settings_flags(p, EvalSettings)
     p.add_argument(
         "--agent",
         default=None,
@@ -893,31 +857,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="output directory (rerun the command to resume); with compare: where compare.{json,md,html} go",
     )
     p.add_argument(
-        "--labels",
-        type=Path,
-        default=None,
-        help="human verdicts (CSV or JSONL: question id, prediction, verdict) each judge is scored against",
-    )
-    p.add_argument(
         "--allow-different",
         action="store_true",
         help="compare: compare runs whose protocol cards differ, listing every differing field",
     )
-    p.add_argument("--env-kwargs", type=_json_object, default=None, help="JSON kwargs for gym.make")
-    p.add_argument("--max-tasks", type=int, default=None)
-    p.add_argument("--concurrency", type=int, default=None, help="episodes in flight (default 32)")
-    p.add_argument("--temperature", type=float, default=None, help="default 1.0")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="per turn (default 1024)")
-    p.add_argument("--max-context", type=int, default=None, help="tokens per episode (default 32768)")
-    p.add_argument(
-        "--context-policy",
-        default=None,
-        choices=("end", "fold", "summarise"),
-        help="past --max-context: end the episode (default), fold old results, or have the model summarise",
-    )
-    p.add_argument("--seed", type=int, default=None, help="default 0")
-    p.add_argument("--device", default=None, help="of a local model directory (default cpu)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer of sglang servers (default: the served model's)")
     p.set_defaults(run=_eval)
 
     serve = rooms.add_parser(

@@ -35,8 +35,13 @@ def setting(
     at_most: float | None = None,
     below: float | None = None,
     choices: tuple[Any, ...] | None = None,
+    help: str | None = None,
+    metavar: str | None = None,
 ) -> Any:
-    """A dataclass field with its checks declared once (a None value skips the range checks: null means off)."""
+    """A dataclass field with its checks declared once (a None value skips the range checks: null means off).
+
+    `help` and `metavar` are what its generated command-line flag shows (core/settings_flags.py).
+    """
     metadata = {
         name: value
         for name, value in (
@@ -45,6 +50,8 @@ def setting(
             ("at_most", at_most),
             ("below", below),
             ("choices", choices),
+            ("help", help),
+            ("metavar", metavar),
         )
         if value is not None
     }

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,31 +32,35 @@ CONTEXT_POLICIES = ("end", "fold", "summarise")
 class EvalSettings:
     """k judged samples per question of env `env` by engine `engine` (a model directory, sglang:... or openai:...)."""
 
-    env: str  # a gym id, e.g. searchgym/HotpotQA-v0
-    engine: str
-    k: int = setting(4, at_least=1)  # samples per question
-    judge: str | None = None  # comma list of em, f1, cover_em, llm (None: the suite's)
-    env_kwargs: dict[str, Any] = field(default_factory=dict)  # for gym.make
-    max_tasks: int | None = setting(None, at_least=1)  # the first questions only (None: all)
-    concurrency: int = setting(32, at_least=1)  # episodes in flight
+    env: str = setting(help="a gym id, e.g. searchgym/HotpotQA-v0 or searchgym/SyntheticQA-v0")
+    engine: str = setting(
+        help="a model directory (TorchEngine), sglang:HOST:PORT[,HOST:PORT] or openai:http://host/v1[:model]"
+    )
+    k: int = setting(4, at_least=1, help="samples per question")
+    judge: str | None = setting(None, help="comma list of em, f1, cover_em, llm (default: the suite's)")
+    env_kwargs: dict[str, Any] = setting(default_factory=dict, help="JSON kwargs for gym.make")
+    max_tasks: int | None = setting(None, at_least=1, help="the first questions only (default: all)")
+    concurrency: int = setting(32, at_least=1, help="episodes in flight")
     temperature: float = setting(1.0, at_least=0)
-    max_new_tokens: int = setting(1024, at_least=1)  # per turn
-    max_context: int = setting(32_768, at_least=1)  # tokens per episode
+    max_new_tokens: int = setting(1024, at_least=1, help="tokens per turn")
+    max_context: int = setting(32_768, at_least=1, help="tokens per episode")
     seed: int = 0
-    device: str = "cpu"  # of a local model directory
-    tokenizer: str | None = None  # of sglang servers (None: the served model's)
-    judge_model: str | None = None  # chat model of the llm judge (an engine spec)
-    workflow: str | None = None  # a custom Workflow class, module:Class or path/to/file.py:Class
-    labels: str | None = None  # human verdicts (CSV or JSONL) each judge is scored against
-    context_policy: str = "end"  # past max_context: end the episode, fold old results, or summarise
-
-    def check(self) -> Iterator[tuple[str, str]]:
-        """The context policy is one of the built-in ones (agents/context.py)."""
-        if self.context_policy not in CONTEXT_POLICIES:
-            yield (
-                "context_policy",
-                f"must be one of {', '.join(map(repr, CONTEXT_POLICIES))}, got {self.context_policy!r}",
-            )
+    device: str = setting("cpu", help="of a local model directory")
+    tokenizer: str | None = setting(None, help="tokenizer of sglang servers (default: the served model's)")
+    judge_model: str | None = setting(
+        None, help="chat model of the llm judge: openai:http://host/v1[:model], a model directory or sglang:..."
+    )
+    workflow: str | None = setting(
+        None, help="a custom Workflow class that plays the episodes: module:Class or path/to/file.py:Class"
+    )
+    labels: str | None = setting(
+        None, help="human verdicts (CSV or JSONL: question id, prediction, verdict) each judge is scored against"
+    )
+    context_policy: str = setting(
+        "end",
+        choices=CONTEXT_POLICIES,
+        help="past --max-context: end the episode, fold old results, or have the model summarise",
+    )
 
 
 def load_eval_settings(

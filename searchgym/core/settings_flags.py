@@ -60,7 +60,7 @@ def _parser_of(hint: Any) -> Callable[[str], Any] | None:
     hint = _strip_optional(hint)
     origin = typing.get_origin(hint)
     if hint in (int, float, str):
-        return hint  # type: ignore[no-any-return]
+        return hint
     if hint is Path:
         return str  # settings keep paths as given; OmegaConf turns str into Path
     if origin in (dict, typing.Mapping) or hint is dict:

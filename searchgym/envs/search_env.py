@@ -28,7 +28,14 @@ from searchgym.envs.actions import Action, parse_action
 from searchgym.envs.judges import FormatGate, Judge, aug_kwargs, make_judge
 from searchgym.envs.spaces import UnicodeText
 from searchgym.envs.tasks import Task, TaskPool
-from searchgym.envs.tools.base import BackendError, PageBackend, PageNotFound, SearchBackend, backend_stats
+from searchgym.envs.tools.base import (
+    SEARCHING_FOR,
+    BackendError,
+    PageBackend,
+    PageNotFound,
+    SearchBackend,
+    backend_stats,
+)
 from searchgym.envs.tools.chunking import chunk_text
 from searchgym.envs.tools.costs import check_cost_budget
 
@@ -341,12 +348,15 @@ class SearchEnv(gym.Env[str, str]):
     async def _search(self, action: Action, info: dict[str, Any]) -> str:
         self.counts["search"] += 1
         info["query"] = action.argument
+        serving = SEARCHING_FOR.set((self._task.question, tuple(self._task.answers)))
         try:
             hits = await self.search_backend.search(action.argument, self.top_k)
         except (TimeoutError, BackendError, OSError) as e:
             self.counts["backend_errors"] += 1
             info["error"] = f"search failed: {e}"
             return f"The search failed ({e}). Try again or rephrase the query."
+        finally:
+            SEARCHING_FOR.reset(serving)
         info["hits"] = [{"doc_id": h.doc_id, "url": h.url, "title": h.title, "score": h.score} for h in hits]
         if getattr(self.search_backend, "simulated", False):  # written by an LLM, not retrieved (simulated_search.py)
             info["simulated"] = True

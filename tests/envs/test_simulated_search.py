@@ -287,3 +287,33 @@ def test_a_training_run_on_the_simulated_engine_records_its_curriculum_per_step(
     # 0, then (2**0.5 - 1) = 0.41 of 4 results (2 of them), then all
     assert [h["episode/simulated_noise_share"] for h in history] == [0.0, 0.5, 1.0]
     assert all(h["episode/cost/model_calls"] >= 1 for h in history)
+
+
+def test_answer_aware_prompts_tell_the_useful_documents_the_task_and_never_share_them_across_tasks(simulator, tmp_path):
+    double, engine = simulator
+    same_query = [{**t, "question": f"{t['question']} (lighthouse)"} for t in TASKS]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in same_query))
+    env = gym.make(SIM, tasks=tasks, engine=engine, noise=0.5, top_k=2, prompts="answer_aware", cache=tmp_path / "c")
+    for task in same_query:
+        env.reset(options={"task_id": task["id"]})
+        env.step("<search>lighthouse</search>")  # the same query for two tasks
+    useful = [p for p in double.requests if "do not contain" not in p]
+    noisy = [p for p in double.requests if "do not contain" in p]
+    assert [("The answer is: green" in p, "The answer is: Mirela Kost" in p) for p in useful] == [
+        (True, False),
+        (False, True),
+    ]  # each task's own answer, asked again for the second task rather than served from the first one's cache
+    assert all(t["question"] in p for t, p in zip(same_query, useful, strict=True))
+    assert noisy and not any("green" in p or "Mirela" in p for p in noisy)  # the noisy prompt never hears the answer
+    env.close()
+
+
+def test_answer_aware_prompts_outside_an_env_step_are_a_clear_failure(simulator):
+    from searchgym.agents.simulated_env import open_chat
+    from searchgym.envs.tools.base import BackendError
+
+    _, engine = simulator
+    backend = SimulatedSearch(open_chat(engine), prompts="answer_aware")
+    with pytest.raises(BackendError, match=r"need the question and its answers"):
+        asyncio.run(backend.search("lighthouse", 2))

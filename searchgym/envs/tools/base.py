@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+# The question, and its labelled answers, that the search being made serves: SearchEnv sets it around each search.
+# A retriever never reads it; a simulated engine whose prompts ask for it writes ZeroSearch's answer-aware documents.
+SEARCHING_FOR: ContextVar[tuple[str, tuple[str, ...]] | None] = ContextVar("searchgym_searching_for", default=None)
 
 
 @dataclass(frozen=True)

@@ -32,10 +32,14 @@ from typing import Any
 
 from searchgym.core.cost_meter import charge
 from searchgym.core.llm_calls import CallFailed, ChatModel, ReplyRetry, Unparseable, ask
-from searchgym.envs.tools.base import BackendError, Page, PageNotFound, SearchHit
+from searchgym.envs.tools.base import SEARCHING_FOR, BackendError, Page, PageNotFound, SearchHit
 from searchgym.envs.tools.web_cache import WebCache, normalise_query
 
 PROMPTS = Path(__file__).with_name("simulated_search_prompts.json")
+# prompt sets that ship with searchgym, by name; "answer_aware" is ZeroSearch's: the simulator is told the question
+# and its answer, so a useful document can hold what a small simulator could not know (the world is fictional)
+PROMPT_SETS = {"blind": PROMPTS, "answer_aware": Path(__file__).with_name("simulated_search_prompts_answer_aware.json")}
+TASK_FIELDS = ("{question}", "{answers}")
 PROMPT_KEYS = ("system", "useful", "noisy", "style")
 URL_PREFIX = "sim://"
 _FIELD = re.compile(r"^\s*(title|url|text)\s*:\s*(.*)$", re.IGNORECASE)
@@ -67,8 +71,12 @@ class NoiseSchedule:
 
 
 def load_prompts(path: str | os.PathLike | None = None) -> dict[str, str]:
-    """The prompt templates (system, useful, noisy, style) from `path` or the packaged file, checked."""
-    source = Path(path) if path is not None else PROMPTS
+    """The prompt templates (system, useful, noisy, style) from `path`, a packaged set's name, or the default; checked.
+
+    Besides `{query}` and `{n}`, a prompt may use `{question}` and `{answers}`: the task the search serves (ZeroSearch
+    gives its simulator both), which SearchEnv passes along in `SEARCHING_FOR`.
+    """
+    source = PROMPT_SETS.get(str(path), Path(path)) if path is not None else PROMPTS
     try:
         data = json.loads(source.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
@@ -154,6 +162,8 @@ class SimulatedSearch:
         """k documents for `query`, the noisy slots written by the noisy prompt; recorded in the cache."""
         slots = self.noisy_slots(query, k)
         key = f"{k}\x00{self.seed}\x00{''.join('n' if s else 'u' for s in slots)}\x00{normalise_query(query)}"
+        if self.answer_aware:  # the documents depend on the task too: never serve one task's answer to another
+            key += "\x00" + _digest(repr(self._task()))
         rows = self.cache.get("simulated_search", key) if self.cache is not None else None
         if rows is None:
             if self.cache is not None and self.cache.mode == "replay_only":
@@ -217,8 +227,25 @@ class SimulatedSearch:
                 self.cache.put("simulated_page", url, row)
         return rows
 
+    @property
+    def answer_aware(self) -> bool:
+        """Whether the prompts tell the simulator the question and its answers (ZeroSearch's useful documents)."""
+        return any(f in self.prompts[kind] for kind in ("useful", "noisy") for f in TASK_FIELDS)
+
+    def _task(self) -> tuple[str, tuple[str, ...]]:
+        task = SEARCHING_FOR.get()
+        if task is None:
+            raise BackendError(
+                "these simulated-search prompts need the question and its answers ({question}/{answers}), which "
+                "SearchEnv passes along; call search() from an env step, or use prompts without them"
+            )
+        return task
+
     async def _ask(self, query: str, n: int, kind: str) -> list[dict[str, str]]:
-        prompt = self.prompts[kind].format(query=query, n=n, style=self.prompts["style"])
+        question, answers = self._task() if self.answer_aware else ("", ())
+        prompt = self.prompts[kind].format(
+            query=query, n=n, style=self.prompts["style"], question=question, answers=" | ".join(answers)
+        )
         messages = [{"role": "system", "content": self.prompts["system"]}, {"role": "user", "content": prompt}]
         try:
             docs, calls = await ask(

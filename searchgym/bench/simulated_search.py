@@ -1,0 +1,190 @@
+"""`searchgym bench simulated-search`: what a real model writes as ZeroSearch's simulated search engine.
+
+For N one-hop questions of a synthetic world, the simulator (by default the packaged SmolLM2-135M-Instruct) is
+asked for k documents per question (the question is the query), a share `noise` of them from the noisy prompt,
+under each prompt set in one run, interleaved question by question:
+- `blind`: the default prompts, which see only the query (the world is fictional: the model cannot know it);
+- `answer_aware`: ZeroSearch's, which tell the useful documents the question and its answer.
+A document *holds the answer* when a labelled answer appears in its normalised text (SQuAD normalisation). Per
+prompt set: the share of useful and of noisy documents that hold it, with 95% Wilson intervals; searches that
+failed (no parseable document after the retries); empty or repeated documents; seconds; and a few documents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from searchgym.bench.provenance import git_commit, machine
+from searchgym.bench.retrieval_paraphrase import wilson
+from searchgym.core.atomic_file import write_atomic
+from searchgym.envs.answer_text import normalize_answer
+from searchgym.envs.tasks import Task
+from searchgym.envs.tools.base import SEARCHING_FOR, BackendError
+from searchgym.envs.tools.simulated_search import PROMPT_SETS, SimulatedSearch
+from searchgym.settings import setting
+
+EXAMPLES = 3  # documents kept per prompt set and kind
+
+
+@dataclass
+class SimulatedSearchBenchSettings:
+    """`searchgym bench simulated-search`: one simulator model, every packaged prompt set, the same questions."""
+
+    simulator: str = setting(
+        "smollm2-135m-instruct", help="a packaged model name (converted on first use) or a model directory"
+    )
+    questions: int = setting(40, at_least=1, help="one-hop questions of the world asked as queries")
+    world_size: int = setting(1000, at_least=100, help="pages of the synthetic world the questions come from")
+    seed: int = 0
+    k: int = setting(4, at_least=1, help="documents per search")
+    noise: float = setting(0.5, at_least=0, at_most=1, help="share of the k documents from the noisy prompt")
+    prompt_sets: list[str] = field(default_factory=lambda: list(PROMPT_SETS))
+    max_tokens: int = setting(384, at_least=16, help="the simulator's reply budget per call")
+    concurrency: int = setting(8, at_least=1, help="searches in flight")
+    threads: int = setting(1, at_least=1, help="torch threads of the simulator")
+    out: str = setting("results/bench_simulated_search_smollm2.json", help="the results file")
+
+    def check(self) -> Any:
+        """Every prompt set is one that ships with searchgym."""
+        for name in self.prompt_sets:
+            if name not in PROMPT_SETS:
+                yield "prompt_sets", f"has {name!r}; the packaged sets are {', '.join(PROMPT_SETS)}"
+
+
+def holds_answer(text: str, answers: tuple[str, ...]) -> bool:
+    """Whether a labelled answer appears, as whole words, in the normalised text."""
+    padded = f" {normalize_answer(text)} "
+    return any(f" {a} " in padded for a in (normalize_answer(x) for x in answers) if a)
+
+
+async def _search_all(backend: SimulatedSearch, tasks: list[Task], k: int, concurrency: int) -> list[dict[str, Any]]:
+    slots = asyncio.Semaphore(concurrency)
+
+    async def one(task: Task) -> dict[str, Any]:
+        async with slots:
+            serving = SEARCHING_FOR.set((task.question, tuple(task.answers)))
+            try:
+                hits = await backend.search(task.question, k)
+            except BackendError as e:
+                return {"task_id": task.id, "failed": str(e)[:300]}
+            finally:
+                SEARCHING_FOR.reset(serving)
+        docs = []
+        for hit in hits:
+            page = await backend.fetch(hit.url)
+            docs.append(
+                {
+                    "kind": "noisy" if hit.doc_id.startswith("sim-n-") else "useful",
+                    "title": page.title,
+                    "text": page.text,
+                    "holds_answer": holds_answer(f"{page.title} {page.text}", task.answers),
+                }
+            )
+        return {"task_id": task.id, "question": task.question, "answers": list(task.answers), "docs": docs}
+
+    return list(await asyncio.gather(*(one(t) for t in tasks)))
+
+
+def summarise(rows: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """Answer rates of useful and noisy documents with intervals, failures, empty and repeated documents."""
+    out: dict[str, Any] = {"searches": len(rows), "failed_searches": sum("failed" in r for r in rows)}
+    docs = [d for r in rows for d in r.get("docs", [])]
+    for kind in ("useful", "noisy"):
+        mine = [d for d in docs if d["kind"] == kind]
+        hits = sum(d["holds_answer"] for d in mine)
+        low, high = wilson(hits, len(mine))
+        out[kind] = {
+            "documents": len(mine),
+            "hold_answer": hits,
+            "rate": round(hits / len(mine), 4) if mine else None,
+            "rate_95": [round(low, 4), round(high, 4)],
+            "empty_text": sum(not d["text"].strip() for d in mine),
+            "distinct_texts": len({d["text"] for d in mine}),
+        }
+    out["seconds"] = round(seconds, 1)
+    out["failures"] = sorted({r["failed"] for r in rows if "failed" in r})[:5]
+    return out
+
+
+def _examples(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    picked: list[dict[str, Any]] = []
+    for kind in ("useful", "noisy"):
+        for r in rows:
+            doc = next((d for d in r.get("docs", []) if d["kind"] == kind), None)
+            if doc is not None and len([p for p in picked if p["kind"] == kind]) < EXAMPLES:
+                picked.append({"question": r["question"], "answers": r["answers"], **doc, "text": doc["text"][:600]})
+    return picked
+
+
+async def _run(settings: SimulatedSearchBenchSettings, tasks: list[Task]) -> dict[str, Any]:
+    import torch
+
+    from searchgym.agents.chat import EngineChat
+    from searchgym.agents.engines.torch_engine import TorchEngine
+    from searchgym.agents.packaged_models import get_model, model_names
+
+    torch.set_num_threads(settings.threads)
+    model_dir = get_model(settings.simulator) if settings.simulator in model_names() else Path(settings.simulator)
+    engine = TorchEngine(str(model_dir), seed=settings.seed)
+    chat = EngineChat(engine, engine.tokenizer)
+    backends = {
+        name: SimulatedSearch(
+            chat, noise=settings.noise, seed=settings.seed, prompts=name, max_tokens=settings.max_tokens
+        )
+        for name in settings.prompt_sets
+    }
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in backends}
+    seconds = dict.fromkeys(backends, 0.0)
+    step = max(1, settings.concurrency)
+    for start in range(0, len(tasks), step):  # interleaved: each prompt set meets the same load
+        for name, backend in backends.items():
+            began = time.perf_counter()
+            rows[name] += await _search_all(backend, tasks[start : start + step], settings.k, settings.concurrency)
+            seconds[name] += time.perf_counter() - began
+    return {name: {**summarise(rows[name], seconds[name]), "examples": _examples(rows[name])} for name in backends}
+
+
+def run_simulated_search_bench(settings: SimulatedSearchBenchSettings) -> dict[str, Any]:
+    """Ask the simulator for documents on the world's questions under each prompt set; write `settings.out`."""
+    from searchgym.world.paraphrase import paraphrase_set
+    from searchgym.world.world import World
+
+    world = World(settings.world_size, settings.seed)
+    tasks = [
+        t
+        for t in paraphrase_set(world, settings.questions, seed=settings.seed)
+        if t.metadata.get("paraphrase_kind") == "original"
+    ][: settings.questions]
+    load_before = os.getloadavg()
+    results = asyncio.run(_run(settings, tasks))
+    report = {
+        "bench": "simulated-search",
+        "command": "searchgym bench simulated-search",
+        "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
+        "definition": "a document holds the answer when a labelled answer appears as whole words in its "
+        "normalised title and text",
+        "results": results,
+        "commit": git_commit(),
+        "machine": machine(torch_threads=settings.threads, load_before=load_before, load_after=os.getloadavg()),
+    }
+    write_atomic(Path(settings.out), json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """One line per prompt set: useful and noisy answer rates with intervals, failed searches."""
+    lines = []
+    for name, r in report["results"].items():
+        u, n = r["useful"], r["noisy"]
+        lines.append(
+            f"{name:>13}: useful hold the answer {u['hold_answer']}/{u['documents']} {u['rate_95']}, "
+            f"noisy {n['hold_answer']}/{n['documents']} {n['rate_95']}; "
+            f"{r['failed_searches']}/{r['searches']} searches failed; {r['seconds']:.0f} s"
+        )
+    return "\n".join(lines)

@@ -69,7 +69,6 @@ TEMPORARY = {
     ("synthesis/qa_agent.py", "QASynthesisAgent.run"),
     ("synthesis/run.py", "_synthesize_main"),
     ("synthesis/run.py", "synthesize"),
-    ("trainers/algorithm/ppo.py", "decoupled_ppo_loss"),
     ("trainers/rollout/controller.py", "RolloutController.__init__"),
     ("world/validation.py", "synthesize_pool"),
 }

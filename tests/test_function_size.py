@@ -57,10 +57,6 @@ TEMPORARY = {
     # owner: fn helper (this branch), not yet passed whole or split; each goes as it is done
     ("agents/engines/torch_engine.py", "TorchEngine.__init__"),
     ("agents/tiny_model.py", "build_tiny_model"),
-    ("envs/tools/remote_search.py", "RemoteSearch.__init__"),
-    ("envs/tools/simulated_search.py", "SimulatedSearch.__init__"),
-    ("envs/tools/web_fetch.py", "WebFetcher.__init__"),
-    ("envs/tools/web_search.py", "WebSearch.__init__"),
     ("pipeline/stages.py", "build_base_model"),
     ("pipeline/stages.py", "run_rl"),
     ("pipeline/stages.py", "evaluate_policy"),

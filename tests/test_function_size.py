@@ -61,12 +61,7 @@ TEMPORARY = {
     ("pipeline/stages.py", "run_rl"),
     ("pipeline/stages.py", "evaluate_policy"),
     ("quickstart.py", "_run_stages"),
-    ("synthesis/pool.py", "asynthesize"),
-    ("synthesis/qa_agent.py", "QASynthesisAgent.run"),
-    ("synthesis/run.py", "_synthesize_main"),
-    ("synthesis/run.py", "synthesize"),
     ("trainers/rollout/controller.py", "RolloutController.__init__"),
-    ("world/validation.py", "synthesize_pool"),
 }
 
 

@@ -130,7 +130,7 @@ def test_prompts_are_data_and_a_bad_prompt_file_is_refused(tmp_path):
 def test_the_trainers_version_moves_the_noise_of_the_episodes_it_plays(simulator, tasks_file):
     """The rollout controller reports its trained version to each env before an episode: the curriculum moves."""
     from searchgym.agents.simulated_env import make_simulated_qa
-    from searchgym.trainers.rollout.controller import RolloutController
+    from searchgym.trainers.rollout.controller import GroupLimits, RolloutController
     from searchgym.trainers.run.metrics import episode_metrics
 
     _, engine = simulator
@@ -149,10 +149,7 @@ def test_the_trainers_version_moves_the_noise_of_the_episodes_it_plays(simulator
             make_env,
             ScriptedWorkflow(script),
             ["t1", "t2"],
-            group_size=2,
-            batch_size=1,
-            max_staleness=0,
-            max_concurrent_rollouts=2,
+            GroupLimits(group_size=2, batch_size=1, max_staleness=0, max_concurrent_rollouts=2),
             seed=version,
         )
         controller.trained_version = version

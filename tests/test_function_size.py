@@ -54,14 +54,6 @@ TEMPORARY = {
     ("envs/tools/retrieval_server.py", "_RetrievalServer.__init__"),
     ("integrations/openenv.py", "make_app"),
     ("integrations/openenv.py", "serve"),
-    # owner: fn helper (this branch), not yet passed whole or split; each goes as it is done
-    ("agents/engines/torch_engine.py", "TorchEngine.__init__"),
-    ("agents/tiny_model.py", "build_tiny_model"),
-    ("pipeline/stages.py", "build_base_model"),
-    ("pipeline/stages.py", "run_rl"),
-    ("pipeline/stages.py", "evaluate_policy"),
-    ("quickstart.py", "_run_stages"),
-    ("trainers/rollout/controller.py", "RolloutController.__init__"),
 }
 
 

@@ -317,6 +317,6 @@ def test_answer_aware_prompts_outside_an_env_step_are_a_clear_failure(simulator)
     from searchgym.envs.tools.base import BackendError
 
     _, engine = simulator
-    backend = SimulatedSearch(open_chat(engine), prompts="answer_aware")
+    backend = SimulatedSearch(open_chat(engine), SimulatorOptions(prompts="answer_aware"))
     with pytest.raises(BackendError, match=r"need the question and its answers"):
         asyncio.run(backend.search("lighthouse", 2))

@@ -59,15 +59,14 @@ def auto_or_int(text: str) -> int | str:
 def tiny_base_model(env_class: Any, demos: Any, work: Path, *, copy_steps: int, seed: int, device: str) -> Path:
     """The tiny model: its tokenizer trained on the env's pages and the demonstrations (names become few tokens),
     then `copy_steps` of copy pretraining (so it can copy a name out of its context)."""
-    from searchgym.pipeline.stages import TinyModelConfig, build_base_model
+    from searchgym.pipeline.stages import StageRun, TinyModelConfig, build_base_model
     from searchgym.trainers.warm_start.copy_pretrain import CopyPretrainConfig
 
     world = env_class().search_env  # its page backend lists the world's pages
     chats = [[{"content": json.dumps(message)} for message in row["prompt"] + row["completion"]] for row in demos]
     copy = CopyPretrainConfig(steps=copy_steps, seed=seed)
-    base, history = build_base_model(
-        world, chats, work, TinyModelConfig(), copy, seed=seed, progress=False, device=device
-    )
+    run = StageRun(seed=seed, device=device, progress=False)
+    base, history = build_base_model(world, chats, work, TinyModelConfig(), copy, run)
     if history:
         print(json.dumps({"copy_steps": copy_steps, "copy_accuracy": round(history[-1]["copy_accuracy"], 3)}))
     return base

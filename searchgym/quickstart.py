@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ import numpy as np
 from searchgym.eval.compare import compare_runs, write_comparison
 from searchgym.pipeline.stages import (
     QuickstartConfig,
+    StageRun,
     build_base_model,
     deterministic_torch,
     evaluate_policy,
@@ -46,6 +48,7 @@ from searchgym.pipeline.stages import (
     run_rl,
     say,
 )
+from searchgym.trainers.config import EnvConfig
 from searchgym.trainers.warm_start.sft import sft
 
 BENCHMARK = (
@@ -78,110 +81,105 @@ def run_quickstart(config: QuickstartConfig, *, progress: bool = True) -> dict[s
         return _run_stages(config, progress=progress)
 
 
+class _Laps:
+    """Each stage's opening line, and its time when done (the summary's `timings_s`)."""
+
+    def __init__(self, progress: bool) -> None:
+        self.progress, self.clock = progress, time.perf_counter()
+        self.timings: dict[str, float] = {}
+
+    def begin(self, stage: str, what: str) -> None:
+        say(self.progress, f"[quickstart] {stage_label(stage)}: {what}")
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.timings[stage] = round(now - self.clock, 1)
+        self.clock = now
+        say(self.progress, f"[quickstart] {stage_label(stage)}: done in {self.timings[stage]} s")
+
+
+@dataclass
+class _Outcome:
+    """What the stages made that the summary reports: counts of each stage's work, RL's per-step history, the two
+    policies' held-out metrics and their comparison."""
+
+    demos: int
+    copy_history: list[dict[str, Any]]
+    sft_steps: int
+    history: list[dict[str, float]]
+    before: dict[str, float]
+    after: dict[str, float]
+    comparison: dict[str, Any]
+
+
 def _run_stages(config: QuickstartConfig, *, progress: bool) -> dict[str, Any]:
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    timings: dict[str, float] = {}
-    clock = time.perf_counter()
-
-    def begin(stage: str, what: str) -> None:
-        say(progress, f"[quickstart] {stage_label(stage)}: {what}")
-
-    def lap(stage: str) -> None:
-        nonlocal clock
-        now = time.perf_counter()
-        timings[stage] = round(now - clock, 1)
-        clock = now
-        say(progress, f"[quickstart] {stage_label(stage)}: done in {timings[stage]} s")
-
-    judge, k = judge_name(config.env.kwargs), config.eval.k
-    test_kwargs = {**config.env.kwargs, "split": "test"}
-    begin("world", "the fictional encyclopedia, its search index and validated questions (built once, then cached)")
+    laps = _Laps(progress)
+    laps.begin(
+        "world", "the fictional encyclopedia, its search index and validated questions (built once, then cached)"
+    )
     env = make_env(config.env.id, config.env.kwargs, "train", progress=progress)
-    lap("world")
+    laps.lap("world")
 
     train_tasks = list(env.tasks)
     cut = round(config.demos.fraction * len(train_tasks))
-    begin("demos", f"the oracle answers training questions through the env's tools ({cut:,} set aside for it)")
+    laps.begin("demos", f"the oracle answers training questions through the env's tools ({cut:,} set aside for it)")
+    demos = config.demos
     chats = make_demos(
-        env,
-        train_tasks[:cut],
-        out / "demos.jsonl",
-        question_query=config.demos.question_query,
-        limit=config.demos.limit,
+        env, train_tasks[:cut], out / "demos.jsonl", question_query=demos.question_query, limit=demos.limit
     )
-    lap("demos")
+    laps.lap("demos")
 
-    begin(
+    laps.begin(
         "base model",
         "a tiny Qwen2 learns to copy from its context, as a pretrained model can"
         if config.base == "tiny"
         else f"the pretrained {config.base}",
     )
-    base, copy_history = build_base_model(
-        env,
-        chats,
-        out,
-        config.model,
-        config.copy,
-        seed=config.seed,
-        progress=progress,
-        base=config.base,
-        progress_label=stage_label("base model"),
-    )
-    lap("base model")
+    run = StageRun(seed=config.seed, progress=progress, label=stage_label("base model"))  # copy pretraining: on CPU
+    base, copy_history = build_base_model(env, chats, out, config.model, config.copy, run, base=config.base)
+    laps.lap("base model")
     warm = out / "sft-model"
-    device = config.rl.model.device  # every stage runs where RL does (rl.model.device=cuda on a GPU)
-    begin("warm start", f"supervised learning of the {len(chats):,} demonstrations")
+    device = config.rl.model.device  # every later stage runs where RL does (rl.model.device=cuda on a GPU)
+    laps.begin("warm start", f"supervised learning of the {len(chats):,} demonstrations")
     sft_history = sft(
         base, chats, warm, config.sft, progress=progress, device=device, progress_label=stage_label("warm start")
     )
-    lap("warm start")
+    laps.lap("warm start")
 
     rl = config.rl
     rl_tasks = [task.id for task in train_tasks[cut:]] or None  # all of them when every task was demonstrated
-    begin("RL", f"{rl.steps} steps of {rl.mode} decoupled PPO from the warm start, on the other training questions")
-    history = run_rl(
-        rl,
-        warm,
-        out / "rl",
-        env_id=config.env.id,
-        env_kwargs=config.env.kwargs,
-        tasks=rl_tasks,
-        seed=config.seed,
-        progress=progress,
-        progress_label=stage_label("RL"),
+    laps.begin(
+        "RL", f"{rl.steps} steps of {rl.mode} decoupled PPO from the warm start, on the other training questions"
     )
-    lap("RL")
+    run = StageRun(seed=config.seed, device=device, progress=progress, label=stage_label("RL"))
+    history = run_rl(rl, warm, out / "rl", config.env, rl_tasks, run)
+    laps.lap("RL")
 
-    begin("evaluate", f"the warm start, then the RL policy, on held-out questions ({k} samples each)")
-    before = evaluate_policy(
-        warm,
-        out / "eval-sft",
-        config.eval,
-        env_id=config.env.id,
-        env_kwargs=test_kwargs,
-        seed=config.seed,
-        progress=progress,
-        device=device,
-        progress_label=stage_label("evaluate", "warm start"),
-    )
+    laps.begin("evaluate", f"the warm start, then the RL policy, on held-out questions ({config.eval.k} samples each)")
+    test_env = EnvConfig(id=config.env.id, kwargs={**config.env.kwargs, "split": "test"})
+    run = replace(run, label=stage_label("evaluate", "warm start"))
+    before = evaluate_policy(warm, out / "eval-sft", config.eval, test_env, run)
+    run = replace(run, label=stage_label("evaluate", "after RL"))
     after = evaluate_policy(
-        out / "rl" / "checkpoints" / f"step-{rl.steps:05d}",
-        out / "eval-rl",
-        config.eval,
-        env_id=config.env.id,
-        env_kwargs=test_kwargs,
-        seed=config.seed,
-        progress=progress,
-        device=device,
-        progress_label=stage_label("evaluate", "after RL"),
+        out / "rl" / "checkpoints" / f"step-{rl.steps:05d}", out / "eval-rl", config.eval, test_env, run
     )
     comparison = compare_policies(out, seed=config.seed)
-    gain = next(d for d in comparison["deltas"] if d["metric"] == "reward")
-    lap("evaluate")
+    laps.lap("evaluate")
+    outcome = _Outcome(len(chats), copy_history, len(sft_history), history, before, after, comparison)
+    return _summarize(config, out, outcome, laps.timings, progress)
 
-    table = {run["name"]: run["metrics"] for run in comparison["runs"]}
+
+def _summarize(
+    config: QuickstartConfig, out: Path, outcome: _Outcome, timings: dict[str, float], progress: bool
+) -> dict[str, Any]:
+    """summary.json, summary.md (the before/after table, the RL gain and its scope, the timings) and the reward
+    curve, into `out`; returns the summary."""
+    judge, k = judge_name(config.env.kwargs), config.eval.k
+    gain = next(d for d in outcome.comparison["deltas"] if d["metric"] == "reward")
+    table = {run["name"]: run["metrics"] for run in outcome.comparison["runs"]}
+    copy_history = outcome.copy_history
     summary = {
         "table": table,
         "rl_gain": gain,
@@ -189,10 +187,10 @@ def _run_stages(config: QuickstartConfig, *, progress: bool) -> dict[str, Any]:
         "benchmark": BENCHMARK,
         "comparison": str(out / "compare" / "compare.html"),
         "timings_s": timings,
-        "demos": len(chats),
+        "demos": outcome.demos,
         "copy_accuracy": copy_history[-1]["copy_accuracy"] if copy_history else None,
-        "sft_steps": len(sft_history),
-        "rl_steps": len(history),
+        "sft_steps": outcome.sft_steps,
+        "rl_steps": len(outcome.history),
         "env": {"id": config.env.id, "kwargs": config.env.kwargs},
         "out_dir": str(out),
     }
@@ -201,7 +199,7 @@ def _run_stages(config: QuickstartConfig, *, progress: bool) -> dict[str, Any]:
         [format_table(table, k, judge), format_gain(gain, judge, k), format_scope(gain), format_timings(timings)]
     )
     (out / "summary.md").write_text(report + "\n")
-    plot_reward_curve(history, before, after, k, out / "reward_curve.png", judge=judge)
+    plot_reward_curve(outcome.history, outcome.before, outcome.after, k, out / "reward_curve.png", judge=judge)
     say(progress, report)
     return summary
 

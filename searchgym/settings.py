@@ -36,11 +36,10 @@ def setting(
     below: float | None = None,
     choices: tuple[Any, ...] | None = None,
     help: str | None = None,
-    metavar: str | None = None,
 ) -> Any:
     """A dataclass field with its checks declared once (a None value skips the range checks: null means off).
 
-    `help` and `metavar` are what its generated command-line flag shows (core/settings_flags.py).
+    `help` is what its generated command-line flag shows (core/settings_flags.py).
     """
     metadata = {
         name: value
@@ -51,7 +50,6 @@ def setting(
             ("below", below),
             ("choices", choices),
             ("help", help),
-            ("metavar", metavar),
         )
         if value is not None
     }

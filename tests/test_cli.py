@@ -104,7 +104,7 @@ def test_model_tiny_with_copy_pretraining(tmp_path, capsys, one_torch_thread):
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    from searchgym.agents.tiny_model import build_tiny_model
+    from searchgym.agents.tiny_model import TinyShape, build_tiny_model
 
     out = tmp_path / "tiny"
     assert main(["model", "tiny", "--out", str(out), "--hidden", "32", "--vocab", "512", "--copy-steps", "3"]) == 0
@@ -116,7 +116,8 @@ def test_model_tiny_with_copy_pretraining(tmp_path, capsys, one_torch_thread):
     config = AutoConfig.from_pretrained(out)
     assert config.hidden_size == 32 and config.vocab_size <= 512
     # the model it started from (same flags, same seed) is not the one written: three steps trained it
-    fresh = build_tiny_model(tmp_path / "fresh", hidden_size=32, vocab_size=512, intermediate_size=96, init_std=0.02)
+    shape = TinyShape(hidden_size=32, vocab_size=512, intermediate_size=96, init_std=0.02)
+    fresh = build_tiny_model(tmp_path / "fresh", shape)
     before, after = load_file(fresh / "model.safetensors"), load_file(out / "model.safetensors")
     assert before.keys() == after.keys() and all(before[k].shape == after[k].shape for k in before)
     assert any(not before[k].equal(after[k]) for k in before)

@@ -23,7 +23,7 @@ from typing import Any
 from searchgym.core.llm_calls import ChatModel
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import load_pool
-from searchgym.envs.tools.simulated_search import NoiseSchedule, SimulatedSearch
+from searchgym.envs.tools.simulated_search import NoiseSchedule, SimulatedSearch, SimulatorOptions
 from searchgym.envs.tools.web_cache import WebCache
 
 
@@ -75,14 +75,9 @@ def make_simulated_qa(
     schedule: float | NoiseSchedule = NoiseSchedule(**noise_schedule) if noise_schedule is not None else noise
     chat = open_chat(engine, device=simulator_device, seed=simulator_seed) if isinstance(engine, str) else engine
     web_cache = WebCache(cache, cache_mode) if cache is not None else None
-    backend = SimulatedSearch(
-        chat,
-        noise=schedule,
-        seed=simulator_seed,
-        cache=web_cache,
-        prompts=prompts,
-        style=style,
-        max_tokens=simulator_max_tokens,
+    options = SimulatorOptions(
+        noise=schedule, seed=simulator_seed, prompts=prompts, style=style, max_tokens=simulator_max_tokens
     )
+    backend = SimulatedSearch(chat, options, cache=web_cache)
     pool = load_pool(tasks, split=task_split, hops=hops)
     return SearchEnv(pool, backend, backend, **env_kwargs)

@@ -9,6 +9,7 @@ parameters from a seed, and saves both so the usual `Auto*.from_pretrained(dir)`
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from searchgym.agents.formats import CHATML_TOOLS_TEMPLATE as CHAT_TEMPLATE
@@ -92,65 +93,50 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedT
     return tokenizer
 
 
-def tiny_config(
-    tokenizer: PreTrainedTokenizerFast,
-    *,
-    hidden_size: int,
-    num_layers: int,
-    num_heads: int,
-    num_kv_heads: int,
-    intermediate_size: int,
-    max_position_embeddings: int,
-    init_std: float = INIT_STD,
-) -> Qwen2Config:
-    """A Qwen2 config sized by the arguments, with tied embeddings, `init_std` and the tokenizer's special ids."""
+@dataclass
+class TinyShape:
+    """The tiny Qwen2's shape and weight init; the defaults are the small untrained model engine tests use."""
+
+    vocab_size: int = 2048
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 176
+    max_position_embeddings: int = 8192
+    init_std: float = INIT_STD
+
+
+def tiny_config(tokenizer: PreTrainedTokenizerFast, shape: TinyShape) -> Qwen2Config:
+    """A Qwen2 config of `shape`, with tied embeddings and the tokenizer's special ids (its vocabulary's size)."""
     return Qwen2Config(
         vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings,
+        hidden_size=shape.hidden_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        intermediate_size=shape.intermediate_size,
+        max_position_embeddings=shape.max_position_embeddings,
         tie_word_embeddings=True,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
-        initializer_range=init_std,
+        initializer_range=shape.init_std,
     )
 
 
 def build_tiny_model(
-    out_dir: str | Path,
-    *,
-    texts: Iterable[str] | None = None,
-    vocab_size: int = 2048,
-    hidden_size: int = 64,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    intermediate_size: int = 176,
-    max_position_embeddings: int = 8192,
-    seed: int = 0,
-    init_std: float = INIT_STD,
+    out_dir: str | Path, shape: TinyShape | None = None, *, texts: Iterable[str] | None = None, seed: int = 0
 ) -> Path:
-    """Train a tokenizer, initialise a seeded fp32 Qwen2 and save both to `out_dir`; same args, same files.
+    """Train a tokenizer, initialise a seeded fp32 Qwen2 of `shape` and save both to `out_dir`; same args, same files.
 
     The default `init_std` makes an untrained model write varied text (what engine tests need); a model
     that is going to be trained wants a small one (0.02, as Hugging Face initialises Qwen2).
     """
+    shape = shape or TinyShape()
     out = Path(out_dir)
-    tokenizer = train_tokenizer(default_texts() if texts is None else texts, vocab_size)
-    config = tiny_config(
-        tokenizer,
-        hidden_size=hidden_size,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings,
-        init_std=init_std,
-    )
+    tokenizer = train_tokenizer(default_texts() if texts is None else texts, shape.vocab_size)
+    config = tiny_config(tokenizer, shape)
     with torch.random.fork_rng(devices=[]):  # seeded weights without disturbing the caller's random state
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config).to(torch.float32).eval()

@@ -9,20 +9,22 @@ so naming a higher floor imports nothing); without it, they go to `SearchEnv`.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import inspect
 import numbers
 import types
 import typing
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
 DEFAULT_FORWARD = ("searchgym.envs.search_env:SearchEnv",)
 SIMPLE = (bool, int, float, str)
+Options = TypeVar("Options")
 
 
 def check_env_kwargs(env_id: str, kwargs: dict[str, Any]) -> None:
@@ -44,6 +46,19 @@ def check_env_kwargs(env_id: str, kwargs: dict[str, Any]) -> None:
         if expected is not None and not _matches(value, expected):
             names = " or ".join("None" if t is type(None) else t.__name__ for t in expected)
             raise ValueError(f"{env_id}: env kwarg {key!r} must be {names}, got {value!r}")
+
+
+def options_from(cls: type[Options], values: Mapping[str, Any] | None, key: str) -> Options:
+    """A tool's options dataclass from the dict an env kwarg holds (`fetch_options={...}`, ...): an unknown option is
+    a ValueError naming the env kwarg and the option (with the closest accepted one)."""
+    values = dict(values or {})
+    accepted = [f.name for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    for name in values:
+        if name not in accepted:
+            close = difflib.get_close_matches(name, accepted, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"env kwarg {key!r}: unknown option {name!r}{hint}; it takes {', '.join(accepted)}")
+    return cls(**values)
 
 
 def accepted_kwargs(env_id: str) -> set[str] | None:

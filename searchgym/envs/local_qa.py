@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, cast
 
+from searchgym.envs.env_kwargs import options_from
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import load_pool
 from searchgym.envs.tools.indexes import open_index
@@ -51,16 +52,17 @@ def make_local_qa(
             )
     pool = load_pool(tasks, on_error=on_bad_task, split=task_split, hops=hops)
     if servers is not None:
-        from searchgym.envs.tools.remote_search import RemoteSearch
+        from searchgym.envs.tools.remote_search import RemoteOptions, RemoteSearch
 
-        options = {"check": True, **(server_options or {})}  # a wrong URL is an error here, not in every episode
+        # a wrong URL is an error here, not in every episode
+        options = options_from(RemoteOptions, {"check": True, **(server_options or {})}, "server_options")
         if not isinstance(servers, str) and servers and all(isinstance(s, (list, tuple)) for s in servers):
             from searchgym.envs.tools.shards import ShardedSearch
 
-            sharded = ShardedSearch.remote(servers, **options)
+            sharded = ShardedSearch.remote(servers, options)
             return SearchEnv(pool, sharded, sharded, **env_kwargs)
         urls = [servers] if isinstance(servers, str) else [str(s) for s in servers]
-        remote = RemoteSearch(urls, **options)
+        remote = RemoteSearch(urls, options)
         return SearchEnv(pool, remote, remote, **env_kwargs)
     if index is not None and is_sharded(index):
         sharded_index = open_sharded(index)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from searchgym.envs.env_kwargs import options_from
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import load_pool
 from searchgym.envs.tools.url_safety import UrlPolicy
 from searchgym.envs.tools.web_cache import CachedPages, CachedSearch, WebCache
-from searchgym.envs.tools.web_fetch import WebFetcher
-from searchgym.envs.tools.web_search import PROVIDERS
+from searchgym.envs.tools.web_fetch import FetchOptions, WebFetcher
+from searchgym.envs.tools.web_search import PROVIDERS, WebSearchOptions
 
 
 class WebSearchEnv(SearchEnv):
@@ -69,8 +70,9 @@ def make_web_qa(
     if search_endpoint is not None:
         sopts["endpoint"] = search_endpoint
     sopts.setdefault("require_key", mode != "replay_only")
-    search: Any = PROVIDERS[search_provider](search_api_key, policy=policy, **sopts)
-    pages: Any = WebFetcher(policy=policy, **(fetch_options or {}))
+    search_opts = options_from(WebSearchOptions, sopts, "search_options")
+    search: Any = PROVIDERS[search_provider](search_api_key, search_opts, policy=policy)
+    pages: Any = WebFetcher(options_from(FetchOptions, fetch_options, "fetch_options"), policy=policy)
     web_cache = WebCache(cache, mode) if cache is not None else None
     if web_cache is not None:
         search, pages = CachedSearch(search, web_cache), CachedPages(pages, web_cache)

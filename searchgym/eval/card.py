@@ -17,8 +17,11 @@ import re
 import sqlite3
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from searchgym.eval.eval_settings import EvalSettings
 
 CARD_VERSION = 1
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens")
@@ -200,49 +203,62 @@ def software() -> dict[str, Any]:
 # --- the card ---------------------------------------------------------------------------------------
 
 
-def build_card(
-    *,
-    env_id: str,
-    env: Any,
-    tasks: Sequence[Any],
-    judges: Mapping[str, Any],
-    primary: str,
-    judge_model: dict[str, Any] | None,
-    k: int,
-    sampling: Any,
-    max_context: int,
-    engine: str,
-    model: dict[str, Any] | None,
-    workflow: str | None,
-    run: Mapping[str, Any],
-) -> dict[str, Any]:
+@dataclass
+class CardFacts:
+    """What an evaluation learns on the way that its card records beside its settings: the env it played (a
+    probe of it), the questions, the judges, the fingerprints of the judge's and the agent's models, what the
+    episodes were sampled with, and the calls and tool costs counted over the stored samples."""
+
+    env: Any
+    tasks: Sequence[Any]
+    judges: Mapping[str, Any]
+    primary: str
+    sampling: Any
+    judge_model: dict[str, Any] | None = None
+    model: dict[str, Any] | None = None
+    llm_calls: Mapping[str, Any] = field(default_factory=dict)
+    tool_costs: Mapping[str, float] = field(default_factory=dict)
+
+
+def build_card(settings: EvalSettings, facts: CardFacts) -> dict[str, Any]:
     """The card of one evaluation (see the module docstring); `card["hash"]` is sha256 over `protocol`."""
     from searchgym.envs.suites import suite_of
 
-    suite = suite_of(env_id)
+    env, sampling = facts.env, facts.sampling
+    suite = suite_of(settings.env)
     tools, tools_info = tool_stack(env)
     protocol = {
-        "suite": {"env": env_id, "name": suite.name if suite else None, **question_set(tasks)},
-        **judges_card(judges, primary, judge_model),
+        "suite": {"env": settings.env, "name": suite.name if suite else None, **question_set(facts.tasks)},
+        **judges_card(facts.judges, facts.primary, facts.judge_model),
         "reward_judge": getattr(env.judge, "name", type(env.judge).__name__),
-        "k": k,
+        "k": settings.k,
         "sampling": {f: getattr(sampling, f) for f in SAMPLING_FIELDS},
         "budgets": {
             "max_turns": env.max_turns,
             "max_new_tokens_per_turn": sampling.max_new_tokens,
-            "max_context_tokens": max_context,
+            "max_context_tokens": settings.max_context,
             "max_obs_tokens": env.max_obs_tokens,
             **({"cost_budget": dict(env.cost_budget)} if getattr(env, "cost_budget", None) else {}),
         },
         "prompt_sha256": hashlib.sha256(env.instructions.encode()).hexdigest(),
         "tools": tools,
     }
+    run = {
+        "seed": settings.seed,
+        "env_kwargs": dict(settings.env_kwargs),
+        "max_tasks": settings.max_tasks,
+        "concurrency": settings.concurrency,
+        "device": settings.device,
+        "tokenizer": settings.tokenizer,
+        "llm_calls": facts.llm_calls,
+        "tool_costs": facts.tool_costs,
+    }
     return {
         "version": CARD_VERSION,
         "hash": canonical_sha256(protocol),
         "protocol": protocol,
-        "agent": {"engine": engine, "model": model, "workflow": workflow},
-        "run": {**redacted(dict(run)), **tools_info, "judge_model": judge_model, "searchgym": software()},
+        "agent": {"engine": settings.engine, "model": facts.model, "workflow": settings.workflow},
+        "run": {**redacted(run), **tools_info, "judge_model": facts.judge_model, "searchgym": software()},
     }
 
 

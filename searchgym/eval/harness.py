@@ -29,6 +29,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ from searchgym.envs.judges import (
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import Task
 from searchgym.eval.agreement import judge_agreement, label_accuracy, load_labels
-from searchgym.eval.card import build_card
+from searchgym.eval.card import CardFacts, build_card
 from searchgym.eval.eval_settings import RESUME_KEYS, EvalSettings, run_record
 from searchgym.eval.evidence import evidence_metrics, evidence_stats
 from searchgym.eval.fingerprint import engine_fingerprint
@@ -210,6 +211,30 @@ def sample_of(row: dict[str, Any]) -> Sample:
 # --- the run ------------------------------------------------------------------------------------
 
 
+@dataclass
+class EvalJob:
+    """What `run_eval` works out on the way, from its settings and its run directory, for the steps that follow:
+    the questions, the stores of samples and failures, the pairs wanted and those left to play or to judge again,
+    the judges' spec (the suite's where the settings name none) and how episodes are played."""
+
+    make_env: Callable[[], SearchEnv]
+    tasks: list[Task]
+    store: SampleStore
+    failures: JsonlLog
+    judge: str
+    play: WorkflowSettings
+    total: int = 0  # samples of the whole run (the progress bar's length): those stored count as done
+    wanted: set[tuple[str, int]] = field(default_factory=set)
+    todo: list[tuple[int, Task, int]] = field(default_factory=list)
+    rejudge: list[dict[str, Any]] = field(default_factory=list)
+    progress: bool = True
+    progress_label: str = "evaluating"
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The stored samples this run wants (a resumed run's store may hold more)."""
+        return [row for key, row in self.store.rows.items() if key in self.wanted]
+
+
 def run_eval(
     config: EvalSettings | str,
     *where: str | os.PathLike,
@@ -229,145 +254,45 @@ def run_eval(
     `progress_label` names the progress bar. Settings that fail their checks are refused (ValueError naming the
     key) before anything starts.
     """
-    from searchgym.envs.suites import suite_of
-
-    if isinstance(config, EvalSettings):
-        (out,) = where
-    else:  # the keyword form
-        engine, out = where
-        if settings.get("env_kwargs") is None:
-            settings.pop("env_kwargs", None)
-        if settings.get("labels") is not None:
-            settings["labels"] = os.fspath(settings["labels"])
-        config = EvalSettings(env=config, engine=str(engine), **settings)
+    config, out = _settings_and_out(config, where, settings)
     check_settings(config)
-    env_id, engine, k, judge, seed = config.env, config.engine, config.k, config.judge, config.seed
-    max_tasks, concurrency, temperature, device = (
-        config.max_tasks,
-        config.concurrency,
-        config.temperature,
-        config.device,
-    )
-    max_new_tokens, max_context, tokenizer = config.max_new_tokens, config.max_context, config.tokenizer
-    judge_model, workflow, labels, context_policy = (
-        config.judge_model,
-        config.workflow,
-        config.labels,
-        config.context_policy,
-    )
-    policy = make_context_policy(context_policy)
-    env_kwargs = dict(config.env_kwargs)
-    suite = suite_of(env_id)
-    judge = judge or (suite.judge if suite else "em,f1")
-    human = load_labels(labels) if labels is not None else None  # a bad labels file fails before any episode
-    out = Path(out)
+    human = load_labels(config.labels) if config.labels is not None else None  # a bad file fails before any episode
     out.mkdir(parents=True, exist_ok=True)
     with asyncio.Runner() as loop:  # one event loop for the whole command: fingerprints, episodes, judges
-        model = loop.run(engine_fingerprint(engine))
-        judge_fp = loop.run(engine_fingerprint(judge_model)) if judge_model else None
-        run = run_record(config, model["identity"])  # run.json: the settings object and the weights' identity
-        run_path = out / RUN
-        if run_path.exists():
-            try:
-                previous = json.loads(run_path.read_text())
-                if not isinstance(previous, dict):
-                    raise ValueError("not a JSON object")
-            except (ValueError, UnicodeDecodeError) as e:
-                raise ValueError(
-                    f"{run_path} is damaged ({e}); it records what {out}'s samples were made with: "
-                    f"restore it, or evaluate into another --out"
-                ) from None
-            # a model identity of None is unknown (an older run, a server that was down), not a difference;
-            # a run made before context policies existed ended its episodes ("end")
-            before = {"context_policy": "end", **previous}
-            changed = {
-                key: (before.get(key), run[key])
-                for key in (*RESUME_KEYS, "model")
-                if before.get(key) != run[key] and (key != "model" or None not in (before.get(key), run[key]))
-            }
-            if changed:
-                raise ValueError(f"{out} holds samples of another run (differs in {changed}); use another --out")
-        else:
-            run_path.write_text(json.dumps(run, indent=2))
-
-        make_env = make_env or (lambda: make_unwrapped(env_id, **env_kwargs))
+        model = loop.run(engine_fingerprint(config.engine))
+        judge_fp = loop.run(engine_fingerprint(config.judge_model)) if config.judge_model else None
+        _claim_run_dir(out, run_record(config, model["identity"]))  # run.json: the settings and the weights' identity
+        env_kwargs = dict(config.env_kwargs)
+        make_env = make_env or (lambda: make_unwrapped(config.env, **env_kwargs))
         probe = make_env()
         try:
-            tasks = list(probe.tasks)[:max_tasks]
-            store = SampleStore(out / SAMPLES)
-            failures = JsonlLog(out / FAILURES, check=_sample_key)
-            wanted = {(t.id, s) for t in tasks for s in range(k)}
-            todo = [(i, t, s) for i, t in enumerate(tasks) for s in range(k) if (t.id, s) not in store]
-            rejudge = [row for key, row in store.rows.items() if key in wanted and failed_judges(row)]
-            sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
-            play_settings = WorkflowSettings(sampling, max_context=max_context, context=policy)
-            judges, errors = loop.run(
-                _evaluate(
-                    todo,
-                    make_env,
-                    store,
-                    judge,
-                    judge_model,
-                    engine,
-                    workflow=workflow,
-                    settings=play_settings,
-                    concurrency=concurrency,
-                    seed=seed,
-                    device=device,
-                    tokenizer=tokenizer,
-                    progress=progress,
-                    progress_label=progress_label,
-                    total=len(tasks) * k,
-                    rejudge=rejudge,
-                    tasks={t.id: t for t in tasks},
-                    failures=failures,
-                )
-            )
+            job = _job(config, out, make_env, probe, progress, progress_label)
+            judges, errors = loop.run(_evaluate(config, job))
             counted = [n for n, j in judges.judges.items() if hasattr(j, "stats")]  # model-backed judges keep counters
-            calls = call_stats(store, failures, counted, wanted)
-            rows = [row for key, row in store.rows.items() if key in wanted]
+            calls = call_stats(job.store, job.failures, counted, job.wanted)
+            rows = job.rows()
             if not rows and errors:
                 raise DependencyFailed(
                     f"all {len(errors)} episodes failed (rerun the command to retry them); "
                     f"first: {type(errors[0]).__name__}: {errors[0]}"
                 ) from errors[0]
             if model["identity"] is None:  # servers that were not up yet answered while the run played
-                model = loop.run(engine_fingerprint(engine))
-            card = build_card(
-                env_id=env_id,
+                model = loop.run(engine_fingerprint(config.engine))
+            facts = CardFacts(
                 env=probe,
-                tasks=tasks,
+                tasks=job.tasks,
                 judges=judges.judges,
                 primary=judges.primary,
+                sampling=job.play.sampling,
                 judge_model=judge_fp,
-                k=k,
-                sampling=sampling,
-                max_context=max_context,
-                engine=engine,
                 model=model,
-                workflow=workflow,
-                run={
-                    "seed": seed,
-                    "env_kwargs": env_kwargs,
-                    "max_tasks": max_tasks,
-                    "concurrency": concurrency,
-                    "device": device,
-                    "tokenizer": tokenizer,
-                    "llm_calls": calls,
-                    "tool_costs": tool_cost_totals(rows),
-                },
+                llm_calls=calls,
+                tool_costs=tool_cost_totals(rows),
             )
+            card = build_card(config, facts)
         finally:
             probe.close()
-        summary = {"card": card, **summarize_rows(rows, k, env_id=env_id, engine=engine, judges=list(judges.judges))}
-        summary["agreement"] = judge_agreement(rows, summary["judges"])
-        if human is not None:
-            summary["labels"] = {"file": str(labels), **label_accuracy(rows, human, summary["judges"])}
-        summary["judge_stats"] = calls["judges"]
-        summary["failed_calls"] = {
-            "agent": calls["agent"],
-            "judges": {n: {"pending": st["pending"]} for n, st in calls["judges"].items()},
-        }
+        summary = _summary(config, card, rows, judges, calls, human)
         (out / SUMMARY).write_text(json.dumps(_finite(summary), indent=2))  # NaN (no valid verdict) -> null
         if report:
             from searchgym.eval.report import write_report
@@ -375,11 +300,112 @@ def run_eval(
             write_report(out, summary, rows)
         if errors:  # every other episode was finished and stored: a rerun plays only the failed ones
             raise DependencyFailed(
-                f"{len(errors)} of {len(todo)} episodes failed (rerun the command to retry them); "
+                f"{len(errors)} of {len(job.todo)} episodes failed (rerun the command to retry them); "
                 f"first: {type(errors[0]).__name__}: {errors[0]}"
             ) from errors[0]
         _check_judges(calls["judges"], rows)
         return summary
+
+
+def _settings_and_out(
+    config: EvalSettings | str, where: Sequence[str | os.PathLike], settings: dict[str, Any]
+) -> tuple[EvalSettings, Path]:
+    """`run_eval`'s settings object and run directory, from either of its forms: (settings, out) or the keyword
+    form (env_id, engine, out, **EvalSettings' fields)."""
+    if isinstance(config, EvalSettings):
+        (out,) = where
+        return config, Path(out)
+    engine, out = where
+    if settings.get("env_kwargs") is None:
+        settings.pop("env_kwargs", None)
+    if settings.get("labels") is not None:
+        settings["labels"] = os.fspath(settings["labels"])
+    return EvalSettings(env=config, engine=str(engine), **settings), Path(out)
+
+
+def _claim_run_dir(out: Path, run: dict[str, Any]) -> None:
+    """Write `run.json`, or check that the one there records the same run (a rerun resumes it): ValueError naming
+    what differs, or that the file is damaged."""
+    run_path = out / RUN
+    if not run_path.exists():
+        run_path.write_text(json.dumps(run, indent=2))
+        return
+    try:
+        previous = json.loads(run_path.read_text())
+        if not isinstance(previous, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(
+            f"{run_path} is damaged ({e}); it records what {out}'s samples were made with: "
+            f"restore it, or evaluate into another --out"
+        ) from None
+    # a model identity of None is unknown (an older run, a server that was down), not a difference;
+    # a run made before context policies existed ended its episodes ("end")
+    before = {"context_policy": "end", **previous}
+    changed = {
+        key: (before.get(key), run[key])
+        for key in (*RESUME_KEYS, "model")
+        if before.get(key) != run[key] and (key != "model" or None not in (before.get(key), run[key]))
+    }
+    if changed:
+        raise ValueError(f"{out} holds samples of another run (differs in {changed}); use another --out")
+
+
+def _job(
+    config: EvalSettings,
+    out: Path,
+    make_env: Callable[[], SearchEnv],
+    probe: SearchEnv,
+    progress: bool,
+    progress_label: str,
+) -> EvalJob:
+    """The run's questions (the probe env's, the first `max_tasks`), its stores in `out`, and what is left."""
+    from searchgym.envs.suites import suite_of
+
+    suite = suite_of(config.env)
+    tasks = list(probe.tasks)[: config.max_tasks]
+    store = SampleStore(out / SAMPLES)
+    wanted = {(t.id, s) for t in tasks for s in range(config.k)}
+    sampling = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature)
+    return EvalJob(
+        make_env=make_env,
+        tasks=tasks,
+        store=store,
+        failures=JsonlLog(out / FAILURES, check=_sample_key),
+        judge=config.judge or (suite.judge if suite else "em,f1"),
+        play=WorkflowSettings(
+            sampling, max_context=config.max_context, context=make_context_policy(config.context_policy)
+        ),
+        total=len(tasks) * config.k,
+        wanted=wanted,
+        todo=[(i, t, s) for i, t in enumerate(tasks) for s in range(config.k) if (t.id, s) not in store],
+        rejudge=[row for key, row in store.rows.items() if key in wanted and failed_judges(row)],
+        progress=progress,
+        progress_label=progress_label,
+    )
+
+
+def _summary(
+    config: EvalSettings,
+    card: dict[str, Any],
+    rows: list[dict[str, Any]],
+    judges: CompositeJudge,
+    calls: dict[str, Any],
+    human: Any,
+) -> dict[str, Any]:
+    """What `summary.json` holds: the card, the scores, the judges' agreement (and their accuracy against the
+    human labels, if any), their call counts and what failed."""
+    meta = {"env_id": config.env, "engine": config.engine, "judges": list(judges.judges)}
+    summary = {"card": card, **summarize_rows(rows, config.k, **meta)}
+    summary["agreement"] = judge_agreement(rows, summary["judges"])
+    if human is not None:
+        summary["labels"] = {"file": str(config.labels), **label_accuracy(rows, human, summary["judges"])}
+    summary["judge_stats"] = calls["judges"]
+    summary["failed_calls"] = {
+        "agent": calls["agent"],
+        "judges": {n: {"pending": st["pending"]} for n, st in calls["judges"].items()},
+    }
+    return summary
 
 
 def _check_judges(stats: dict[str, dict[str, int]], rows: Sequence[dict[str, Any]]) -> None:
@@ -400,51 +426,22 @@ def _check_judges(stats: dict[str, dict[str, int]], rows: Sequence[dict[str, Any
         warnings.warn(message, stacklevel=3)
 
 
-async def _evaluate(
-    todo: list[tuple[int, Task, int]],
-    make_env: Callable[[], SearchEnv],
-    store: SampleStore,
-    judge_spec: str,
-    judge_model: str | None,
-    engine: str,
-    *,
-    workflow: str | None,
-    settings: WorkflowSettings,
-    concurrency: int,
-    seed: int,
-    device: str,
-    tokenizer: str | None,
-    progress: bool,
-    total: int,
-    progress_label: str = "evaluating",
-    rejudge: Sequence[dict[str, Any]] = (),
-    tasks: dict[str, Task] | None = None,
-    failures: JsonlLog | None = None,
-) -> tuple[CompositeJudge, list[BaseException]]:
+async def _evaluate(config: EvalSettings, job: EvalJob) -> tuple[CompositeJudge, list[BaseException]]:
     """Judge again the stored samples whose judge failed, play and judge the missing ones; returns the judges
-    and the episodes' errors (those samples are not stored, and logged in `failures`)."""
-    judge_handle = await open_engine(judge_model, device=device, seed=seed) if judge_model else None
+    and the episodes' errors (those samples are not stored, and logged in `job.failures`)."""
+    device, seed = config.device, config.seed
+    judge_handle = await open_engine(config.judge_model, device=device, seed=seed) if config.judge_model else None
     try:
-        judge = eval_judge(judge_spec, judge_handle.chat if judge_handle else None)
-        if rejudge:
-            await _rejudge(rejudge, tasks or {}, judge, store, concurrency=concurrency)
+        judge = eval_judge(job.judge, judge_handle.chat if judge_handle else None)
+        if job.rejudge:
+            tasks = {t.id: t for t in job.tasks}
+            await _rejudge(job.rejudge, tasks, judge, job.store, concurrency=config.concurrency)
         errors: list[BaseException] = []
-        if todo:
-            async with opened_engine(engine, device=device, seed=seed, tokenizer=tokenizer) as handle:
-                player = build_player(handle, workflow=workflow, settings=settings)  # a Workflow or an agent program
-                errors = await _play(
-                    todo,
-                    make_env,
-                    store,
-                    judge,
-                    player,
-                    concurrency=concurrency,
-                    seed=seed,
-                    progress=progress,
-                    progress_label=progress_label,
-                    total=total,
-                    failures=failures,
-                )
+        if job.todo:
+            async with opened_engine(config.engine, device=device, seed=seed, tokenizer=config.tokenizer) as handle:
+                # a Workflow or an agent program
+                player = build_player(handle, workflow=config.workflow, settings=job.play)
+                errors = await _play(config, job, judge, player)
         return judge, errors
     finally:
         if judge_handle is not None:
@@ -481,24 +478,12 @@ async def _rejudge(
     await asyncio.gather(*(one(row) for row in rows))
 
 
-async def _play(
-    todo: list[tuple[int, Task, int]],
-    make_env: Callable[[], SearchEnv],
-    store: SampleStore,
-    judge: CompositeJudge,
-    workflow: Workflow,
-    *,
-    concurrency: int,
-    seed: int,
-    progress: bool,
-    total: int,
-    progress_label: str = "evaluating",
-    failures: JsonlLog | None = None,
-) -> list[BaseException]:
+async def _play(config: EvalSettings, job: EvalJob, judge: CompositeJudge, workflow: Workflow) -> list[BaseException]:
     """Play, judge and store each missing sample; an episode that raised is logged in `failures`, not stored."""
-    gate = asyncio.Semaphore(concurrency)
-    envs = EnvPool(make_env)
-    bar = tqdm(total=total, initial=total - len(todo), desc=progress_label, disable=not progress)
+    gate = asyncio.Semaphore(config.concurrency)
+    envs = EnvPool(job.make_env)
+    seed, failures, store, total = config.seed, job.failures, job.store, job.total
+    bar = tqdm(total=total, initial=total - len(job.todo), desc=job.progress_label, disable=not job.progress)
 
     async def one(index: int, task: Task, sample: int) -> None:
         async with gate:
@@ -510,16 +495,15 @@ async def _play(
                     )
                     known = env_verdicts(env.judge, judge, traj.verdict)  # the env judged the answer already
             except Exception as e:  # the agent or its endpoint failed: a failure of this sample, never a score
-                if failures is not None:
-                    failures.append(
-                        {
-                            "task_id": task.id,
-                            "sample": sample,
-                            "stage": "agent",
-                            "time": time.time(),
-                            "error": f"{type(e).__name__}: {e}"[:1000],
-                        }
-                    )
+                failures.append(
+                    {
+                        "task_id": task.id,
+                        "sample": sample,
+                        "stage": "agent",
+                        "time": time.time(),
+                        "error": f"{type(e).__name__}: {e}"[:1000],
+                    }
+                )
                 raise
             verdicts = await judge_all(judge, traj.prediction, task.answers, task.question, task.aug_answers, known)
             counts = traj.counts
@@ -551,7 +535,7 @@ async def _play(
             bar.update()
 
     try:
-        results = await asyncio.gather(*[one(i, t, s) for i, t, s in todo], return_exceptions=True)
+        results = await asyncio.gather(*[one(i, t, s) for i, t, s in job.todo], return_exceptions=True)
         return [r for r in results if isinstance(r, BaseException)]
     finally:
         bar.close()

@@ -19,7 +19,7 @@ from typing import Any
 
 import searchgym  # noqa: F401  (registers the env ids)
 from searchgym.agents.scripted import demonstrations
-from searchgym.agents.tiny_model import build_tiny_model
+from searchgym.agents.tiny_model import TinyShape, build_tiny_model
 from searchgym.envs.factory import make_unwrapped
 from searchgym.eval.eval_settings import EvalSettings
 from searchgym.eval.harness import run_eval
@@ -197,26 +197,37 @@ def make_demos(
     return chats
 
 
+@dataclass
+class StageRun:
+    """How a stage runs, whatever it builds: its seed, its device, and whether it shows progress, its bars and lines
+    opening with `label` ("stage 3 of 6: base model", "seed 3: RL (async)")."""
+
+    seed: int = 0
+    device: str = "cpu"
+    progress: bool = True
+    label: str = ""
+
+
 def build_base_model(
     env: Any,
     chats: list[list[dict[str, str]]],
     out: Path,
     model: TinyModelConfig,
     copy: CopyPretrainConfig,
+    run: StageRun,
     *,
-    seed: int,
-    progress: bool = True,
-    device: str = "cpu",
     base: str = "tiny",
-    progress_label: str = "copy pretraining",
 ) -> tuple[Path, list[dict[str, Any]]]:
-    """The model the warm start begins from: for `base` "tiny", a fresh tiny model (tokenizer trained on the world
-    and `chats`) copy-pretrained into OUT/base-model; else the real model `base` names, as it is (no history)."""
+    """The model the warm start begins from: for `base` "tiny", a fresh tiny model of `model`'s shape (tokenizer
+    trained on the world and `chats`) copy-pretrained into OUT/base-model; else the real model `base` names, as it
+    is (no history)."""
     if base != "tiny":
         return resolve_model(base), []
-    fresh = build_tiny_model(out / "init-model", texts=tokenizer_texts(env, chats), seed=seed, **vars(model))
+    texts = tokenizer_texts(env, chats)
+    fresh = build_tiny_model(out / "init-model", TinyShape(**vars(model)), texts=texts, seed=run.seed)
     copied = out / "base-model"
-    return copied, copy_pretrain(fresh, copied, copy, device=device, progress=progress, progress_label=progress_label)
+    label = run.label or "copy pretraining"
+    return copied, copy_pretrain(fresh, copied, copy, device=run.device, progress=run.progress, progress_label=label)
 
 
 def resolve_model(name: str) -> Path:
@@ -234,54 +245,35 @@ def resolve_model(name: str) -> Path:
 
 
 def run_rl(
-    rl: TrainConfig,
-    model: Path,
-    out: Path,
-    *,
-    env_id: str,
-    env_kwargs: dict[str, Any],
-    tasks: list[str] | None,
-    seed: int,
-    progress: bool = True,
-    progress_label: str | None = None,
+    rl: TrainConfig, model: Path, out: Path, env: EnvConfig, tasks: list[str] | None, run: StageRun
 ) -> list[dict[str, float]]:
-    """`train()` from `model` into `out` on the train split's `tasks` (None: all); a previous run there is removed."""
-    rl.seed, rl.out_dir, rl.model.path = seed, str(out), str(model)
-    rl.env = EnvConfig(id=env_id, kwargs={**env_kwargs, "split": "train"})
+    """`train()` from `model` into `out` on `env`'s train split, its `tasks` (None: all); a previous run there is
+    removed. The device is `rl.model.device`'s."""
+    rl.seed, rl.out_dir, rl.model.path = run.seed, str(out), str(model)
+    rl.env = EnvConfig(id=env.id, kwargs={**env.kwargs, "split": "train"})
     rl.tasks = tasks
     shutil.rmtree(out, ignore_errors=True)  # these stages redo their own work; train() refuses old runs
-    return train(rl, progress=progress, progress_label=progress_label)
+    return train(rl, progress=run.progress, progress_label=run.label or None)
 
 
-def evaluate_policy(
-    model_dir: Path,
-    out: Path,
-    config: EvalConfig,
-    *,
-    env_id: str,
-    env_kwargs: dict[str, Any],
-    seed: int,
-    progress: bool = True,
-    device: str = "cpu",
-    progress_label: str = "evaluating",
-) -> dict[str, float]:
-    """`run_eval` of `model_dir` into `out` (k samples per question, EM and F1 judges) on `device`; returns its
-    metrics."""
+def evaluate_policy(model_dir: Path, out: Path, config: EvalConfig, env: EnvConfig, run: StageRun) -> dict[str, float]:
+    """`run_eval` of `model_dir` into `out` on `env` (k samples per question, EM and F1 judges) on `run.device`;
+    returns its metrics."""
     shutil.rmtree(out, ignore_errors=True)  # run_eval resumes: a rerun's new model must not reuse old samples
     settings = EvalSettings(
-        env=env_id,
+        env=env.id,
         engine=str(model_dir),
         k=config.k,
         judge="em,f1",
-        env_kwargs=env_kwargs,
+        env_kwargs=env.kwargs,
         max_tasks=config.max_tasks,
         concurrency=config.concurrency,
         temperature=config.temperature,
         max_new_tokens=config.max_new_tokens,
-        seed=seed,
-        device=device,
+        seed=run.seed,
+        device=run.device,
     )
-    summary = run_eval(settings, out, progress=progress, progress_label=progress_label)
+    summary = run_eval(settings, out, progress=run.progress, progress_label=run.label or "evaluating")
     return summary["metrics"]
 
 

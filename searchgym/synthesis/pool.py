@@ -15,8 +15,8 @@ import hashlib
 import json
 import time
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import asdict
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,145 +97,162 @@ def summary_path(out: Path) -> Path:
     return out.with_name(out.name.removesuffix(".jsonl") + ".summary.json")
 
 
+@dataclass
+class PoolOptions:
+    """How `asynthesize` drives the agent: seeds in flight, a progress bar, the engines' names each task records,
+    and how many seeds failing in a row on an LLM call stop the run (None: never)."""
+
+    concurrency: int = 4
+    progress: bool = False
+    engine_name: str = ""
+    judge_name: str = ""
+    stop_after: int | None = 16
+
+
 async def asynthesize(
-    agent: QASynthesisAgent,
-    seed_urls: Sequence[str],
-    out: str | Path,
-    n: int,
-    *,
-    concurrency: int = 4,
-    progress: bool = False,
-    engine_name: str = "",
-    judge_name: str = "",
-    stop_after: int | None = 16,
+    agent: QASynthesisAgent, seed_urls: Sequence[str], out: str | Path, n: int, options: PoolOptions | None = None
 ) -> dict[str, Any]:
     """Run `agent` over seed pages (in the given order) until `n` tasks are in `out`; resumable.
 
     `out` gets one task row per accepted candidate; OUT.progress.jsonl one row per finished seed (accepted
     or with its rejection reason) and one per failed try of a seed ({"url", "failed", "detail"}), so a rerun
-    skips finished seeds, tries failed ones again and carries the counts on. `stop_after` consecutive
+    skips finished seeds, tries failed ones again and carries the counts on. `options.stop_after` consecutive
     failed seeds stop the run (None: never).
     """
+    options = options or PoolOptions()
+    stop_after = options.stop_after
     if stop_after is not None and (not isinstance(stop_after, int) or stop_after < 1):
         raise ValueError(f"stop_after must be an integer >= 1 or None, got {stop_after!r}")
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # Both files are repaired on open: a line cut by a kill is dropped (that seed runs again), a damaged
-    # line is set aside in NAME.damaged.jsonl and reported by line, never counted.
-    pool = JsonlLog(out, check=lambda row: Task.from_row(row, fallback_id="-"))
-    log = JsonlLog(_progress_path(out), check=lambda row: str(row["url"]))
-    pooled = {str(row.get("metadata", {}).get("seed_page", "")) for row in pool}
-    done: set[str] = set(pooled)  # a task row written just before a kill counts even if its log row was not
-    rejections: Counter[str] = Counter()
-    failures: Counter[str] = Counter()  # every failed try of a seed, in every process
-    for row in log:
-        if "failed" in row:
-            failures[str(row["failed"])] += 1
-            continue
-        if row.get("reason") is None and row["url"] not in pooled:
-            continue  # logged as accepted, but its task row was set aside as damaged: that seed runs again
-        done.add(row["url"])
-        if row.get("reason"):
-            rejections[row["reason"]] += 1
-    dups = NearDuplicates(agent.config.near_duplicate)
-    for row in pool:
-        dups.add(row["question"])
-    accepted = len(pool)
-    resumed = {
-        "accepted": accepted,
-        "seeds_done": len(done),
-        "damaged_lines": [f"{d.line}: {d.reason}" for d in pool.damaged + log.damaged],
-    }
-    queue = iter([u for u in seed_urls if u not in done])
+    run = _PoolRun(agent, out, n, options)
+    queue = iter([u for u in seed_urls if u not in run.done])
     t0 = time.perf_counter()
-    attempted = 0
-    failed_now: list[CallFailure] = []
-    in_a_row = 0
-    stopped: str | None = None
-    bar = tqdm(total=n, initial=min(n, accepted), desc="synthesizing", unit="task", disable=not progress)
+    await asyncio.gather(*(run.worker(queue) for _ in range(max(1, options.concurrency))))
+    if run.stopped is not None:
+        run.stopped += f"; {sum(1 for _ in queue)} seeds not tried"
+    run.bar.close()
+    report = run.report(time.perf_counter() - t0)
+    summary_path(out).write_text(json.dumps(report, indent=2) + "\n")
+    return report
 
-    def record(url: str, reason: str | None, task: Task | None) -> None:
-        nonlocal accepted, in_a_row
-        in_a_row = 0
-        done.add(url)
+
+class _PoolRun:
+    """One `asynthesize` call's state: the pool and progress files (repaired and read back on open), the seeds
+    finished, the counts carried over from earlier runs and those of this one."""
+
+    def __init__(self, agent: QASynthesisAgent, out: Path, n: int, options: PoolOptions) -> None:
+        self.agent, self.out, self.n, self.options = agent, out, n, options
+        # Both files are repaired on open: a line cut by a kill is dropped (that seed runs again), a damaged
+        # line is set aside in NAME.damaged.jsonl and reported by line, never counted.
+        self.pool = JsonlLog(out, check=lambda row: Task.from_row(row, fallback_id="-"))
+        self.log = JsonlLog(_progress_path(out), check=lambda row: str(row["url"]))
+        pooled = {str(row.get("metadata", {}).get("seed_page", "")) for row in self.pool}
+        self.done: set[str] = set(pooled)  # a task row written just before a kill counts even if its log row was not
+        self.rejections: Counter[str] = Counter()
+        self.failures: Counter[str] = Counter()  # every failed try of a seed, in every process
+        for row in self.log:
+            if "failed" in row:
+                self.failures[str(row["failed"])] += 1
+                continue
+            if row.get("reason") is None and row["url"] not in pooled:
+                continue  # logged as accepted, but its task row was set aside as damaged: that seed runs again
+            self.done.add(row["url"])
+            if row.get("reason"):
+                self.rejections[row["reason"]] += 1
+        self.dups = NearDuplicates(agent.config.near_duplicate)
+        for row in self.pool:
+            self.dups.add(row["question"])
+        self.accepted = len(self.pool)
+        self.resumed = {
+            "accepted": self.accepted,
+            "seeds_done": len(self.done),
+            "damaged_lines": [f"{d.line}: {d.reason}" for d in self.pool.damaged + self.log.damaged],
+        }
+        self.attempted, self.in_a_row = 0, 0
+        self.failed_now: list[CallFailure] = []
+        self.stopped: str | None = None
+        self.bar = tqdm(
+            total=n, initial=min(n, self.accepted), desc="synthesizing", unit="task", disable=not options.progress
+        )
+
+    def record(self, url: str, reason: str | None, task: Task | None) -> None:
+        self.in_a_row = 0
+        self.done.add(url)
         if task is not None:
-            pool.append(task.to_row())
-            accepted += 1
-            bar.update(1)
+            self.pool.append(task.to_row())
+            self.accepted += 1
+            self.bar.update(1)
         else:
-            rejections[reason or "unknown"] += 1
-        log.append({"url": url, "reason": reason})
+            self.rejections[reason or "unknown"] += 1
+        self.log.append({"url": url, "reason": reason})
 
-    def record_failure(url: str, failure: CallFailure) -> None:
-        nonlocal in_a_row, stopped
-        failures[failure.reason] += 1
-        failed_now.append(failure)
-        log.append({"url": url, "failed": failure.reason, "detail": failure.detail[:500]})
-        in_a_row += 1
-        if stop_after is not None and in_a_row >= stop_after and stopped is None:
-            stopped = f"{in_a_row} seeds in a row failed on an LLM call"
+    def record_failure(self, url: str, failure: CallFailure) -> None:
+        self.failures[failure.reason] += 1
+        self.failed_now.append(failure)
+        self.log.append({"url": url, "failed": failure.reason, "detail": failure.detail[:500]})
+        self.in_a_row += 1
+        stop_after = self.options.stop_after
+        if stop_after is not None and self.in_a_row >= stop_after and self.stopped is None:
+            self.stopped = f"{self.in_a_row} seeds in a row failed on an LLM call"
 
-    async def worker() -> None:
-        nonlocal attempted
-        while accepted < n and stopped is None:
+    async def worker(self, queue: Iterator[str]) -> None:
+        while self.accepted < self.n and self.stopped is None:
             url = next(queue, None)
             if url is None:
                 return
-            attempted += 1
+            self.attempted += 1
             try:
-                cand = await agent.run(url)
+                cand = await self.agent.run(url)
             except Rejected as r:
-                record(url, r.reason, None)
+                self.record(url, r.reason, None)
                 continue
             except CallFailure as f:  # not finished: logged as a failure, tried again by a rerun
-                record_failure(url, f)
+                self.record_failure(url, f)
                 continue
             except Exception as e:  # a bug in a backend must not end the whole run either
-                record(url, f"error: {type(e).__name__}", None)
+                self.record(url, f"error: {type(e).__name__}", None)
                 continue
-            if accepted >= n:
+            if self.accepted >= self.n:
                 return  # another worker filled the pool meanwhile; this seed stays unfinished
-            if dups.is_duplicate(cand.question):
-                record(url, "near-duplicate question", None)
+            if self.dups.is_duplicate(cand.question):
+                self.record(url, "near-duplicate question", None)
                 continue
-            dups.add(cand.question)
-            record(url, None, candidate_to_task(cand, url, engine=engine_name, judge=judge_name))
+            self.dups.add(cand.question)
+            names = {"engine": self.options.engine_name, "judge": self.options.judge_name}
+            self.record(url, None, candidate_to_task(cand, url, **names))
 
-    await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
-    if stopped is not None:
-        stopped += f"; {sum(1 for _ in queue)} seeds not tried"
-    bar.close()
-    elapsed = time.perf_counter() - t0
-    total = accepted + sum(rejections.values())
-    pending = {row["url"] for row in log if "failed" in row} - done
-    report = {
-        "out": str(out),
-        "target": n,
-        "accepted": accepted,
-        "seeds_finished": total,
-        "acceptance_rate": round(accepted / total, 4) if total else 0.0,
-        "rejections": dict(sorted(rejections.items())),
-        "failed_calls": {
-            "seeds_pending": len(pending),
-            "tries_failed": sum(failures.values()),
-            "by_reason": dict(sorted(failures.items())),
-        },
-        "stopped": stopped,
-        "this_run": {
-            "seeds_tried": attempted,
-            "seeds_failed": len(failed_now),
-            "first_failure": str(failed_now[0]) if failed_now else None,
-            "seconds": round(elapsed, 2),
-            "seeds_per_s": round(attempted / elapsed, 3) if elapsed > 0 else None,
-            "llm_calls": dict(sorted(agent.calls.items())),
-            "judge_stats": dict(agent.judge.stats),
-        },
-        "resumed_from": resumed,
-        "config": asdict(agent.config),
-        "exhausted_seeds": accepted < n,
-    }
-    summary_path(out).write_text(json.dumps(report, indent=2) + "\n")
-    return report
+    def report(self, elapsed: float) -> dict[str, Any]:
+        """The summary: acceptances, rejection reasons, failed calls (across resumed runs) and this run's counts."""
+        accepted, failed_now = self.accepted, self.failed_now
+        total = accepted + sum(self.rejections.values())
+        pending = {row["url"] for row in self.log if "failed" in row} - self.done
+        return {
+            "out": str(self.out),
+            "target": self.n,
+            "accepted": accepted,
+            "seeds_finished": total,
+            "acceptance_rate": round(accepted / total, 4) if total else 0.0,
+            "rejections": dict(sorted(self.rejections.items())),
+            "failed_calls": {
+                "seeds_pending": len(pending),
+                "tries_failed": sum(self.failures.values()),
+                "by_reason": dict(sorted(self.failures.items())),
+            },
+            "stopped": self.stopped,
+            "this_run": {
+                "seeds_tried": self.attempted,
+                "seeds_failed": len(failed_now),
+                "first_failure": str(failed_now[0]) if failed_now else None,
+                "seconds": round(elapsed, 2),
+                "seeds_per_s": round(self.attempted / elapsed, 3) if elapsed > 0 else None,
+                "llm_calls": dict(sorted(self.agent.calls.items())),
+                "judge_stats": dict(self.agent.judge.stats),
+            },
+            "resumed_from": self.resumed,
+            "config": asdict(self.agent.config),
+            "exhausted_seeds": accepted < self.n,
+        }
 
 
 def raise_on_failures(report: dict[str, Any]) -> None:

@@ -213,8 +213,45 @@ class QASynthesisAgent:
 
     async def run(self, url: str) -> Candidate:
         """Build and check one candidate from the page at `url`; raises Rejected."""
-        cfg = self.config
         page = await self._fetch(url)
+        cand = await self._propose(page)
+        links = await self._linked(page)
+        for _ in range(self.config.max_turns):
+            act = await self._json(
+                self.model,
+                ACT_PROMPT.format(
+                    question=cand.question,
+                    answer=cand.answer,
+                    statements=_bullets(cand.statements),
+                    links=_bullets(links),
+                ),
+                "act",
+                {"action": str},
+                check=_check_action,
+            )
+            action = act["action"].strip().upper()
+            if action == "EXIT":
+                cand.history.append({"action": "EXIT"})
+                break
+            if action == "FUZZ":
+                edit = act
+                self._keep_answer(cand, edit["answer"], "fuzz")
+                cand.history.append(
+                    {
+                        "action": "FUZZ",
+                        "before": cand.question,
+                        "question": edit["question"].strip(),
+                        "reason": str(act.get("reason", "")),
+                    }
+                )
+                cand.question = edit["question"].strip()
+            elif action == "INJECT":
+                await self._inject(cand, act["url"], links)
+        await self.check(cand)
+        return cand
+
+    async def _propose(self, page: Page) -> Candidate:
+        """The seed page read into points and a first question on them (with its answer and the statement)."""
         read = await self._json(
             self.model,
             READ_PROMPT.format(title=page.title, url=page.url, text=page.text[:MAX_PAGE_CHARS]),
@@ -246,69 +283,39 @@ class QASynthesisAgent:
                 "page": page.url,
             }
         )
-        links = await self._linked(page)
-        for _ in range(cfg.max_turns):
-            act = await self._json(
-                self.model,
-                ACT_PROMPT.format(
-                    question=cand.question,
-                    answer=cand.answer,
-                    statements=_bullets(cand.statements),
-                    links=_bullets(links),
-                ),
-                "act",
-                {"action": str},
-                check=_check_action,
-            )
-            action = act["action"].strip().upper()
-            if action == "EXIT":
-                cand.history.append({"action": "EXIT"})
-                break
-            if action == "FUZZ":
-                edit = act
-                self._keep_answer(cand, edit["answer"], "fuzz")
-                cand.history.append(
-                    {
-                        "action": "FUZZ",
-                        "before": cand.question,
-                        "question": edit["question"].strip(),
-                        "reason": str(act.get("reason", "")),
-                    }
-                )
-                cand.question = edit["question"].strip()
-            elif action == "INJECT":
-                target = act["url"]
-                if target.strip() not in links:
-                    raise Rejected("inject: unknown link", target[:200])
-                linked = await self._fetch(target.strip())
-                edit = await self._json(
-                    self.model,
-                    INJECT_PROMPT.format(
-                        question=cand.question,
-                        answer=cand.answer,
-                        title=linked.title,
-                        url=linked.url,
-                        text=linked.text[:MAX_PAGE_CHARS],
-                    ),
-                    "inject",
-                    {"statement": str, "question": str, "answer": str},
-                )
-                self._keep_answer(cand, edit["answer"], "inject")
-                cand.history.append(
-                    {
-                        "action": "INJECT",
-                        "before": cand.question,
-                        "question": edit["question"].strip(),
-                        "page": linked.url,
-                        "statement": edit["statement"].strip(),
-                    }
-                )
-                cand.question = edit["question"].strip()
-                cand.statements.append(edit["statement"].strip())
-                if linked.url not in cand.pages:
-                    cand.pages.append(linked.url)
-        await self.check(cand)
         return cand
+
+    async def _inject(self, cand: Candidate, target: str, links: list[str]) -> None:
+        """INJECT: a fact of the linked page `target` woven into the question (another hop); the answer must stay."""
+        if target.strip() not in links:
+            raise Rejected("inject: unknown link", target[:200])
+        linked = await self._fetch(target.strip())
+        edit = await self._json(
+            self.model,
+            INJECT_PROMPT.format(
+                question=cand.question,
+                answer=cand.answer,
+                title=linked.title,
+                url=linked.url,
+                text=linked.text[:MAX_PAGE_CHARS],
+            ),
+            "inject",
+            {"statement": str, "question": str, "answer": str},
+        )
+        self._keep_answer(cand, edit["answer"], "inject")
+        cand.history.append(
+            {
+                "action": "INJECT",
+                "before": cand.question,
+                "question": edit["question"].strip(),
+                "page": linked.url,
+                "statement": edit["statement"].strip(),
+            }
+        )
+        cand.question = edit["question"].strip()
+        cand.statements.append(edit["statement"].strip())
+        if linked.url not in cand.pages:
+            cand.pages.append(linked.url)
 
     @staticmethod
     def _keep_answer(cand: Candidate, answer: str, step: str) -> None:

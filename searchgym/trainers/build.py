@@ -18,7 +18,7 @@ from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.search_env import SearchEnv
 from searchgym.trainers.algorithm.learner import Learner
 from searchgym.trainers.config import EnvConfig, LearnerConfig, ModelConfig, RolloutConfig
-from searchgym.trainers.rollout.controller import RolloutController
+from searchgym.trainers.rollout.controller import GroupLimits, RolloutController
 
 
 def make_env_factory(env: EnvConfig) -> Callable[[], SearchEnv]:
@@ -124,11 +124,13 @@ def build_controller(
         make_env,
         rollout_workflow(rollout, handle),
         list(tasks),
+        GroupLimits(
+            group_size=rollout.group_size,
+            batch_size=rollout.batch_size // shares,
+            max_staleness=0 if synchronous else rollout.max_staleness,
+            max_concurrent_rollouts=rollout.max_concurrent_rollouts // shares,
+        ),
         engine=handle.engine,
-        group_size=rollout.group_size,
-        batch_size=rollout.batch_size // shares,
-        max_staleness=0 if synchronous else rollout.max_staleness,
-        max_concurrent_rollouts=rollout.max_concurrent_rollouts // shares,
         seed=seed,
     )
 

@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import json
 import math
 from dataclasses import dataclass, field
@@ -80,7 +79,7 @@ from searchgym.trainers.deployment import Deployment, Processes, resolve_deploym
 GIB = 2**30
 SHAPES = "shapes.json"  # package data next to this module
 DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8, "double": 8}
-TINY_MODEL = "a fresh tiny model (agents/tiny_model.py: build_tiny_model's defaults)"
+TINY_MODEL = "a fresh tiny model (agents/tiny_model.py: TinyShape's defaults)"
 MAX_RANKS = 4096  # the most ranks a remedy proposes
 RUNTIME_BYTES = (
     GIB // 2
@@ -214,17 +213,17 @@ def model_shape(path: str | None) -> ModelShape:
     from transformers import AutoConfig
 
     if path is None:
-        from searchgym.agents.tiny_model import build_tiny_model
+        from searchgym.agents.tiny_model import TinyShape
 
-        defaults = {k: v.default for k, v in inspect.signature(build_tiny_model).parameters.items()}
+        shape = TinyShape()
         fields = {
             "model_type": "qwen2",
-            "hidden_size": defaults["hidden_size"],
-            "intermediate_size": defaults["intermediate_size"],
-            "num_hidden_layers": defaults["num_layers"],
-            "num_attention_heads": defaults["num_heads"],
-            "num_key_value_heads": defaults["num_kv_heads"],
-            "vocab_size": defaults["vocab_size"],
+            "hidden_size": shape.hidden_size,
+            "intermediate_size": shape.intermediate_size,
+            "num_hidden_layers": shape.num_layers,
+            "num_attention_heads": shape.num_heads,
+            "num_key_value_heads": shape.num_kv_heads,
+            "vocab_size": shape.vocab_size,
             "tie_word_embeddings": True,
         }
         return _count("searchgym tiny model", TINY_MODEL, AutoConfig.for_model(**fields))

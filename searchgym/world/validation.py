@@ -11,6 +11,7 @@ import hashlib
 from collections import Counter
 from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
@@ -28,34 +29,36 @@ T = TypeVar("T")
 TEST_SHARE = 10  # one task in TEST_SHARE goes to the "test" split
 
 
+@dataclass
+class WalkOptions:
+    """How the KB walk draws candidates (`KBWalker`'s knobs): the share of fuzzed questions, of comparison
+    questions, and the weight of each hop count (None: the walker's own)."""
+
+    fuzz_prob: float = 0.25
+    comparison_prob: float = 0.15
+    hop_weights: dict[int, float] | None = None
+
+
 def synthesize_pool(
     world: World,
     index: LocalIndex,
     n_tasks: int,
     *,
     seed: int = 0,
-    fuzz_prob: float = 0.25,
-    comparison_prob: float = 0.15,
-    hop_weights: dict[int, float] | None = None,
+    walk: WalkOptions | None = None,
     max_turns: int = 32,
     progress: bool = False,
 ) -> tuple[TaskPool, dict[str, Any]]:
-    """Draw KB-walk candidates and keep the first `n_tasks` that the oracle solves through a SearchEnv.
+    """Draw KB-walk candidates (`walk`) and keep the first `n_tasks` that the oracle solves through a SearchEnv.
 
     Blocking; also callable from inside a running event loop (a trainer creating its first env), where
     the work runs on a loop of its own in a worker thread.
     """
-    return run_blocking(
-        _synthesize(
-            world,
-            index,
-            n_tasks,
-            seed,
-            KBWalker(world, seed=seed, fuzz_prob=fuzz_prob, comparison_prob=comparison_prob, hop_weights=hop_weights),
-            max_turns,
-            progress,
-        )
+    walk = walk or WalkOptions()
+    walker = KBWalker(
+        world, seed=seed, fuzz_prob=walk.fuzz_prob, comparison_prob=walk.comparison_prob, hop_weights=walk.hop_weights
     )
+    return run_blocking(_synthesize(world, index, n_tasks, seed, walker, max_turns, progress))
 
 
 def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from searchgym.agents.engines.prefix_cache import PrefixCache
-from searchgym.agents.engines.torch_engine import TorchEngine
+from searchgym.agents.engines.torch_engine import EngineLimits, TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # a tiny model on a shared 2-core machine
@@ -71,7 +71,7 @@ async def run_episodes(engine: TorchEngine, tokenizer, n: int, turns: int) -> li
 async def test_reuse_gives_the_full_prefill_result_and_prefills_only_new_tokens(tiny_model_dir, tokenizer, model):
     n, turns = 6, 3
     reused = TorchEngine(tiny_model_dir)
-    full = TorchEngine(tiny_model_dir, prefix_cache_bytes=0)
+    full = TorchEngine(tiny_model_dir, limits=EngineLimits(prefix_cache_bytes=0))
     with_reuse = await run_episodes(reused, tokenizer, n, turns)
     without = await run_episodes(full, tokenizer, n, turns)
     for (ids_a, turns_a), (ids_b, turns_b) in zip(with_reuse, without, strict=True):
@@ -126,7 +126,7 @@ async def test_lru_eviction_keeps_the_cache_within_its_budget(tiny_model_dir, to
     per_token = probe.prefix_cache.nbytes / (len(first_prompt(tokenizer, 3)) + 11)
     await probe.close()
     budget = int(per_token * 160)  # room for two to four of these episodes' first turns (37 to 70 tokens)
-    engine = TorchEngine(tiny_model_dir, prefix_cache_bytes=budget)
+    engine = TorchEngine(tiny_model_dir, limits=EngineLimits(prefix_cache_bytes=budget))
     lengths, outputs = [], []
     for i in range(8):
         r = await engine.agenerate(GenerateRequest(first_prompt(tokenizer, i), sampling(0), rid=f"e{i}"))
@@ -198,7 +198,7 @@ async def test_a_weight_update_empties_the_cache(tiny_model_dir, tokenizer, mode
 
 async def test_abort_and_cancel_keep_nothing_and_spare_the_other_rows(tiny_model_dir, tokenizer, model):
     engine = TorchEngine(tiny_model_dir)
-    reference = TorchEngine(tiny_model_dir, prefix_cache_bytes=0)
+    reference = TorchEngine(tiny_model_dir, limits=EngineLimits(prefix_cache_bytes=0))
     long = SamplingParams(max_new_tokens=60, temperature=0.0, ignore_eos=True)
     prompts = {rid: first_prompt(tokenizer, i) for i, rid in enumerate(["aborted", "cancelled", "kept"])}
     done = await engine.agenerate(GenerateRequest(prompts["aborted"], sampling(0), rid="aborted"))

@@ -8,7 +8,7 @@ import time
 import openai
 import pytest
 
-from searchgym.agents.engines.torch_engine import TorchEngine
+from searchgym.agents.engines.torch_engine import EngineLimits, TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, SamplingParams
 from searchgym.agents.server import create_app, run_server
 from tests.agents.servers import CONTEXT, GREEDY, PROMPT, generate, model_server, post
@@ -199,7 +199,7 @@ async def test_anonymous_requests_over_http_keep_no_prefix_and_evict_no_conversa
 
 
 async def test_20000_anonymous_requests_leave_the_cache_flat_and_the_conversation_in_it(tiny_model_dir):
-    engine = TorchEngine(tiny_model_dir, max_batch_size=4096)
+    engine = TorchEngine(tiny_model_dir, limits=EngineLimits(max_batch_size=4096))
     once = SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True)
     try:
         conversation = [5, 6, 7, 8, 9, 10]

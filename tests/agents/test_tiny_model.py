@@ -13,6 +13,7 @@ from searchgym.agents.tiny_model import (
     IM_START,
     PAD,
     TOOL_TAGS,
+    TinyShape,
     build_tiny_model,
     default_texts,
     train_tokenizer,
@@ -86,8 +87,8 @@ def test_build_is_deterministic(tmp_path, tiny_model_dir):
 
 
 def test_custom_texts_and_seed(tmp_path):
-    a = build_tiny_model(tmp_path / "a", texts=TEXTS, vocab_size=300, seed=1)
-    b = build_tiny_model(tmp_path / "b", texts=TEXTS, vocab_size=300, seed=2)
+    a = build_tiny_model(tmp_path / "a", TinyShape(vocab_size=300), texts=TEXTS, seed=1)
+    b = build_tiny_model(tmp_path / "b", TinyShape(vocab_size=300), texts=TEXTS, seed=2)
     assert len(AutoTokenizer.from_pretrained(a)) == 300
     assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
     assert (a / "model.safetensors").read_bytes() != (b / "model.safetensors").read_bytes()

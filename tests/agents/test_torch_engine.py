@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
 from searchgym.agents.engines.detokenize import StopStrings
-from searchgym.agents.engines.torch_engine import TorchEngine
+from searchgym.agents.engines.torch_engine import EngineLimits, TorchEngine
 from searchgym.agents.engines.types import FinishReason, GenerateRequest, InferenceEngine, SamplingParams
 
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)
@@ -112,7 +112,7 @@ async def test_greedy_is_batch_invariant_and_matches_generate(engine, model, tok
 
 
 async def test_many_requests_join_while_others_decode(tiny_model_dir, tokenizer):
-    engine = TorchEngine(tiny_model_dir, max_batch_size=8)
+    engine = TorchEngine(tiny_model_dir, limits=EngineLimits(max_batch_size=8))
 
     async def staggered(i: int):
         await asyncio.sleep(0.002 * i)
@@ -385,11 +385,11 @@ async def test_a_memory_budget_caps_the_rows_decoded_at_once(tiny_model_dir, tok
         GenerateRequest(p, SamplingParams(max_new_tokens=12, temperature=1.0, seed=i, ignore_eos=True))
         for i in range(10)
     ]
-    free = TorchEngine(tiny_model_dir, memory_budget_bytes=None)
+    free = TorchEngine(tiny_model_dir, limits=EngineLimits(memory_budget_bytes=None))
     expected = await asyncio.gather(*(free.agenerate(r) for r in requests))
     assert free.stats()["max_rows"] == 10 and free.stats()["memory_waits"] == 0
     budget = free.batch_memory_bytes(rows, len(p) + 12)
-    bounded = TorchEngine(tiny_model_dir, memory_budget_bytes=budget)
+    bounded = TorchEngine(tiny_model_dir, limits=EngineLimits(memory_budget_bytes=budget))
     responses = await asyncio.gather(*(bounded.agenerate(r) for r in requests))
     stats = bounded.stats()
     assert stats["max_rows"] == rows and stats["memory_waits"] > 0 and stats["memory_budget_bytes"] == budget
@@ -406,7 +406,7 @@ def test_a_cpu_engine_bounds_its_batch_by_the_available_memory(tiny_model_dir, m
     from searchgym.agents.engines import torch_engine
 
     monkeypatch.setattr(torch_engine, "available_memory", lambda: (10 << 30, "test"))
-    engine = TorchEngine(tiny_model_dir, prefix_cache_bytes=1 << 30)
+    engine = TorchEngine(tiny_model_dir, limits=EngineLimits(prefix_cache_bytes=1 << 30))
     assert engine.memory_budget_bytes == int((10 << 30) * torch_engine.MEMORY_FRACTION) - (1 << 30)
     monkeypatch.setattr(torch_engine, "available_memory", lambda: None)
     assert TorchEngine(tiny_model_dir).memory_budget_bytes is None  # unknown memory: max_batch_size alone

@@ -74,3 +74,20 @@ def test_trl_configured_refuses_a_typo_at_once(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="'sise'"):
         SearchGymEnv.configured(sise=300)
     assert not any(tmp_path.iterdir())
+
+
+def test_a_tools_unknown_option_is_refused_naming_the_env_kwarg_and_the_option(tmp_path):
+    from searchgym.envs.env_kwargs import options_from
+    from searchgym.envs.tools.remote_search import RemoteOptions
+    from searchgym.envs.tools.web_fetch import FetchOptions
+
+    assert options_from(FetchOptions, {"total_timeout": 5}, "fetch_options") == FetchOptions(total_timeout=5)
+    assert options_from(RemoteOptions, None, "server_options") == RemoteOptions()
+    with pytest.raises(ValueError, match="'fetch_options': unknown option 'total_timout' .*'total_timeout'"):
+        options_from(FetchOptions, {"total_timout": 5}, "fetch_options")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "q1", "question": "q?", "answers": ["a"]}\n')
+    with pytest.raises(ValueError, match="'server_options': unknown option 'retry'"):
+        make_unwrapped(
+            "searchgym/LocalQA-v0", tasks=str(tasks), servers="http://127.0.0.1:9", server_options={"retry": 0}
+        )

@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from searchgym.envs.tools.base import BackendError, SearchHit
-from searchgym.envs.tools.remote_search import RemoteSearch
+from searchgym.envs.tools.remote_search import RemoteOptions, RemoteSearch
 from searchgym.envs.tools.shards import ShardedSearch
 
 
@@ -38,7 +38,7 @@ def hits(*scores: str) -> bytes:
 
 async def search_on(body: bytes, **options) -> list[SearchHit]:
     async with TestServer(reply_with(body)) as server:
-        remote = RemoteSearch(str(server.make_url("")), retries=0, max_batch=1, **options)
+        remote = RemoteSearch(str(server.make_url("")), RemoteOptions(retries=0, max_batch=1, **options))
         try:
             return await remote.search("q", 3)
         finally:

@@ -10,7 +10,7 @@ import pytest
 
 from searchgym.core.llm_calls import MAX_REPLY_CHARS, ReplyRetry
 from searchgym.envs.tools.base import BackendError
-from searchgym.envs.tools.simulated_search import SimulatedSearch
+from searchgym.envs.tools.simulated_search import SimulatedSearch, SimulatorOptions
 
 
 class Flood:
@@ -25,7 +25,7 @@ class Flood:
 
 
 def test_a_30_mb_simulator_reply_is_refused_without_being_parsed():
-    search = SimulatedSearch(Flood(30_000_000), retry=ReplyRetry(attempts=2, backoff=0))
+    search = SimulatedSearch(Flood(30_000_000), SimulatorOptions(retry=ReplyRetry(attempts=2, backoff=0)))
     tracemalloc.start()
     try:
         with pytest.raises(BackendError, match=f"over the {MAX_REPLY_CHARS:,} cap"):
@@ -41,7 +41,7 @@ def test_a_search_providers_reply_past_its_cap_is_a_bad_answer_read_no_further()
     from aiohttp import web
     from aiohttp.test_utils import TestServer
 
-    from searchgym.envs.tools.web_search import MAX_REPLY_BYTES, WebSearch
+    from searchgym.envs.tools.web_search import MAX_REPLY_BYTES, WebSearch, WebSearchOptions
 
     organic = [{"title": "t", "link": "https://example.org/a", "snippet": "s" * 1000}]
 
@@ -52,7 +52,7 @@ def test_a_search_providers_reply_past_its_cap_is_a_bad_answer_read_no_further()
         app = web.Application()
         app.router.add_post("/search", serper)
         async with TestServer(app) as server:
-            search = WebSearch("key", endpoint=str(server.make_url("/search")), retries=0)
+            search = WebSearch("key", WebSearchOptions(endpoint=str(server.make_url("/search")), retries=0))
             try:
                 return await search.search("q", 5)
             finally:

@@ -27,7 +27,7 @@ from searchgym.core.http_session import serve_app
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tools.base import BackendError, PageNotFound, SearchHit
 from searchgym.envs.tools.local_index import LocalIndex
-from searchgym.envs.tools.remote_search import RemoteSearch
+from searchgym.envs.tools.remote_search import RemoteOptions, RemoteSearch
 from searchgym.envs.tools.retrieval_server import MAX_QUERIES, serving
 from tests.servers import ThreadServer, free_port
 
@@ -392,11 +392,11 @@ async def test_concurrent_searches_share_one_request(server, small_index):
         assert client.stats()["remote_requests"] == 3  # one per k
         assert await client.search(QUERY, 3) == results[0]  # a lone search waits for nobody
         assert client.stats()["remote_requests"] == 4
-        small = RemoteSearch(server, max_batch=8)
+        small = RemoteSearch(server, RemoteOptions(max_batch=8))
         await asyncio.gather(*(small.search(q, 3) for q in queries))
         assert small.stats()["remote_requests"] == 4  # 32 queries, at most 8 a request
         await small.close()
-        one = RemoteSearch(server, max_batch=1)
+        one = RemoteSearch(server, RemoteOptions(max_batch=1))
         await asyncio.gather(*(one.search(q, 3) for q in queries[:5]))
         assert one.stats()["remote_requests"] == 5
         await one.close()
@@ -421,7 +421,7 @@ async def test_a_batch_error_reaches_every_caller_and_a_cancelled_caller_is_left
         assert client.stats()["remote_queries"] == 2
     finally:
         await client.close()
-    dead = RemoteSearch(f"http://127.0.0.1:{free_port()}", retries=0, timeout=2)
+    dead = RemoteSearch(f"http://127.0.0.1:{free_port()}", RemoteOptions(retries=0, timeout=2))
     outcomes = await asyncio.gather(*(dead.search(q, 3) for q in ("a", "b", "c")), return_exceptions=True)
     assert all(isinstance(o, BackendError) and "unavailable" in str(o) for o in outcomes)
     assert dead.stats()["remote_requests"] == 1
@@ -521,7 +521,7 @@ async def test_an_asearcher_client_gets_documents_urls_and_pages(wiki_server, ht
 
 async def test_failover_skips_a_dead_server_and_tries_it_again_later(server, small_index):
     dead = f"http://127.0.0.1:{free_port()}"
-    client = RemoteSearch([dead, server], retries=0, dead_s=0.3)
+    client = RemoteSearch([dead, server], RemoteOptions(retries=0, dead_s=0.3))
     try:
         assert await client.search(QUERY, 3) == small_index.search_sync(QUERY, 3)
         assert client.stats()["remote_failovers"] == 1
@@ -579,7 +579,7 @@ async def faulty():
 async def test_5xx_is_retried_with_backoff_then_reported(faulty):
     fault, url = faulty
     fault.mode = "500"
-    client = RemoteSearch(url, retries=2, backoff=0.05)
+    client = RemoteSearch(url, RemoteOptions(retries=2, backoff=0.05))
     t0 = time.perf_counter()
     with pytest.raises(BackendError, match="HTTP 500: index shard offline"):
         await client.search("q", 3)
@@ -590,7 +590,7 @@ async def test_5xx_is_retried_with_backoff_then_reported(faulty):
 async def test_transient_503s_recover(faulty):
     fault, url = faulty
     fault.flaky = 2
-    client = RemoteSearch(url, retries=2, backoff=0.01)
+    client = RemoteSearch(url, RemoteOptions(retries=2, backoff=0.01))
     assert (await client.search("q", 3))[0].title == "T"
     assert fault.hits == 3 and client.stats()["remote_retries"] == 2
     await client.close()
@@ -599,7 +599,7 @@ async def test_transient_503s_recover(faulty):
 async def test_a_hanging_server_times_out(faulty):
     fault, url = faulty
     fault.mode = "hang"
-    client = RemoteSearch(url, timeout=0.3, retries=1, backoff=0.01)
+    client = RemoteSearch(url, RemoteOptions(timeout=0.3, retries=1, backoff=0.01))
     t0 = time.perf_counter()
     with pytest.raises(BackendError, match="no answer within 0.3 s"):
         await client.search("q", 3)
@@ -611,11 +611,11 @@ async def test_garbage_body_and_refused_connection():
     fault = Faulty()
     fault.mode = "garbage"
     async with serve_app(fault.app, shutdown_timeout=0.5) as url:
-        client = RemoteSearch(url, retries=1, backoff=0.01)
+        client = RemoteSearch(url, RemoteOptions(retries=1, backoff=0.01))
         with pytest.raises(BackendError, match="not JSON"):
             await client.search("q", 3)
         await client.close()
-    client = RemoteSearch(f"http://127.0.0.1:{free_port()}", retries=1, backoff=0.01)
+    client = RemoteSearch(f"http://127.0.0.1:{free_port()}", RemoteOptions(retries=1, backoff=0.01))
     with pytest.raises(BackendError, match="cannot connect"):
         await client.fetch("https://t")
     await client.close()
@@ -632,7 +632,7 @@ async def test_truncated_body():
 
     tcp = await asyncio.start_server(half_response, "127.0.0.1", 0)
     port = tcp.sockets[0].getsockname()[1]
-    client = RemoteSearch(f"http://127.0.0.1:{port}", retries=1, backoff=0.01, timeout=2)
+    client = RemoteSearch(f"http://127.0.0.1:{port}", RemoteOptions(retries=1, backoff=0.01, timeout=2))
     t0 = time.perf_counter()
     with pytest.raises(BackendError, match="dropped mid-response|not JSON"):
         await client.search("q", 3)
@@ -647,7 +647,7 @@ async def test_truncated_body():
 
 async def test_episode_survives_the_server_going_away(small_index, small_pool):
     port = free_port()
-    client = RemoteSearch(f"http://127.0.0.1:{port}", timeout=1.0, retries=1, backoff=0.01)
+    client = RemoteSearch(f"http://127.0.0.1:{port}", RemoteOptions(timeout=1.0, retries=1, backoff=0.01))
     env = SearchEnv(small_pool, client)
     task = small_pool.tasks[0] if hasattr(small_pool, "tasks") else next(iter(small_pool))
     async with serving(small_index, port=port):

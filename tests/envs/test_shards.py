@@ -17,6 +17,7 @@ import searchgym  # noqa: F401
 from searchgym.cli import main
 from searchgym.envs.tools.base import BackendError, PageNotFound
 from searchgym.envs.tools.corpus import read_corpus
+from searchgym.envs.tools.remote_search import RemoteOptions
 from searchgym.envs.tools.retrieval_server import serving
 from searchgym.envs.tools.shards import ShardedSearch, is_sharded, open_sharded, shard_of, split_corpus
 
@@ -82,13 +83,13 @@ def test_an_env_over_shard_servers_with_replicas_plays_and_a_dead_shard_fails_th
         shards = [LocalIndex(sharded / f"shard-{i:02d}" / "index") for i in range(SHARDS)]
         async with serving(shards[0]) as s0, serving(shards[1]) as s1, serving(shards[2]) as s2:
             dead = "http://127.0.0.1:9"  # nothing listens: the first replica of shard 0 is down
-            remote = ShardedSearch.remote([[dead, s0], [s1], [s2]], retries=1, backoff=0.01)
+            remote = ShardedSearch.remote([[dead, s0], [s1], [s2]], RemoteOptions(retries=1, backoff=0.01))
             docs = list(read_corpus(small_bundle / "corpus.jsonl"))[:20]
             for doc in docs:
                 hits = await remote.search(doc.title, 3)
                 assert doc.url in [h.url for h in hits]
                 assert (await remote.fetch(doc.url)).title == doc.title
-            failing = ShardedSearch.remote([[s0], [dead], [s2]], retries=0, backoff=0.01)
+            failing = ShardedSearch.remote([[s0], [dead], [s2]], RemoteOptions(retries=0, backoff=0.01))
             with pytest.raises(BackendError, match="shard 1 of 3"):
                 await failing.search(docs[0].title, 3)
             await remote.close()

@@ -16,7 +16,13 @@ from hypothesis import strategies as st
 import searchgym  # noqa: F401
 from searchgym.agents.scripted import ScriptedWorkflow
 from searchgym.agents.workflow import TokenWorkflow
-from searchgym.envs.tools.simulated_search import NoiseSchedule, SimulatedSearch, load_prompts, parse_documents
+from searchgym.envs.tools.simulated_search import (
+    NoiseSchedule,
+    SimulatedSearch,
+    SimulatorOptions,
+    load_prompts,
+    parse_documents,
+)
 from tests.envs.simulator_double import TASKS, ScriptedSimulator, simulator_server
 
 SIM = "searchgym/SimulatedQA-v0"
@@ -91,7 +97,7 @@ def test_a_model_that_writes_no_document_is_a_failed_search_not_results(tasks_fi
 @settings(max_examples=200, deadline=None)
 @given(st.integers(0, 10**6), st.text(max_size=40), st.integers(1, 10), st.floats(0.0, 1.0))
 def test_noisy_slots_are_a_fixed_share_placed_by_seed_and_query(seed, query, k, share):
-    engine = SimulatedSearch(chat=None, noise=share, seed=seed)
+    engine = SimulatedSearch(None, SimulatorOptions(noise=share, seed=seed))
     slots = engine.noisy_slots(query, k)
     assert len(slots) == k and sum(slots) == min(k, int(share * k + 0.5))
     assert engine.noisy_slots(query, k) == slots
@@ -103,7 +109,7 @@ def test_the_curriculum_follows_the_trained_version():
     assert shares[0] == 0.0 and shares[10] == pytest.approx(0.6) and shares[11] == pytest.approx(0.6)
     assert all(a <= b for a, b in itertools.pairwise(shares))
     assert shares[5] < 0.3  # b > 1: slow at first (ZeroSearch's curriculum)
-    engine = SimulatedSearch(chat=None, noise=schedule)
+    engine = SimulatedSearch(None, SimulatorOptions(noise=schedule))
     engine.set_trained_version(10)
     assert sum(engine.noisy_slots("q", 5)) == 3
     for bad, key in (({"start": 1.5}, "start"), ({"steps": 0}, "steps"), ({"base": 1.0}, "base")):
@@ -124,7 +130,7 @@ def test_prompts_are_data_and_a_bad_prompt_file_is_refused(tmp_path):
 def test_the_trainers_version_moves_the_noise_of_the_episodes_it_plays(simulator, tasks_file):
     """The rollout controller reports its trained version to each env before an episode: the curriculum moves."""
     from searchgym.agents.simulated_env import make_simulated_qa
-    from searchgym.trainers.rollout.controller import RolloutController
+    from searchgym.trainers.rollout.controller import GroupLimits, RolloutController
     from searchgym.trainers.run.metrics import episode_metrics
 
     _, engine = simulator
@@ -143,10 +149,7 @@ def test_the_trainers_version_moves_the_noise_of_the_episodes_it_plays(simulator
             make_env,
             ScriptedWorkflow(script),
             ["t1", "t2"],
-            group_size=2,
-            batch_size=1,
-            max_staleness=0,
-            max_concurrent_rollouts=2,
+            GroupLimits(group_size=2, batch_size=1, max_staleness=0, max_concurrent_rollouts=2),
             seed=version,
         )
         controller.trained_version = version
@@ -314,6 +317,6 @@ def test_answer_aware_prompts_outside_an_env_step_are_a_clear_failure(simulator)
     from searchgym.envs.tools.base import BackendError
 
     _, engine = simulator
-    backend = SimulatedSearch(open_chat(engine), prompts="answer_aware")
+    backend = SimulatedSearch(open_chat(engine), SimulatorOptions(prompts="answer_aware"))
     with pytest.raises(BackendError, match=r"need the question and its answers"):
         asyncio.run(backend.search("lighthouse", 2))

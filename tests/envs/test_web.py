@@ -19,8 +19,8 @@ import searchgym  # noqa: F401  (registers the ids)
 from searchgym.envs.tools.base import BackendError, PageNotFound
 from searchgym.envs.tools.url_safety import UnsafeURL, UrlPolicy, is_public, parse_numeric_host
 from searchgym.envs.tools.web_cache import CachedPages, CachedSearch, WebCache, normalise_query, normalise_url
-from searchgym.envs.tools.web_fetch import WebFetcher, decode_body
-from searchgym.envs.tools.web_search import MissingAPIKey, WebSearch
+from searchgym.envs.tools.web_fetch import FetchOptions, WebFetcher, decode_body
+from searchgym.envs.tools.web_search import MissingAPIKey, WebSearch, WebSearchOptions
 from searchgym.world.world import WORLD_URL_PREFIX, World
 from tests.servers import ThreadServer, free_port
 
@@ -178,7 +178,7 @@ def local_web(world_dir):
 
 
 def allowed_fetcher(site: LocalWeb, **kwargs) -> WebFetcher:
-    return WebFetcher(allow=[f"127.0.0.1:{site.port}"], **kwargs)
+    return WebFetcher(FetchOptions(allow=[f"127.0.0.1:{site.port}"], **kwargs))
 
 
 def a_page(site: LocalWeb) -> tuple[str, dict]:
@@ -285,7 +285,7 @@ async def test_dns_answers_are_checked_and_the_checked_address_is_dialled(local_
     with pytest.raises(UnsafeURL, match="non-public"):
         await refusing.fetch(url)
     await refusing.close()
-    by_net = WebFetcher(allow=["127.0.0.0/8"])
+    by_net = WebFetcher(FetchOptions(allow=["127.0.0.0/8"]))
     page = await by_net.fetch(url)
     assert page.title == doc["title"] and len(lookups) == 3  # refused once; then pre-check + resolver
     await by_net.close()
@@ -293,13 +293,13 @@ async def test_dns_answers_are_checked_and_the_checked_address_is_dialled(local_
 
 async def test_blocklist_filters_results_and_refuses_fetches(local_web):
     link, doc = a_page(local_web)
-    fetcher = WebFetcher(allow=["127.0.0.1"], block=["127.0.0.1"])
+    fetcher = WebFetcher(FetchOptions(allow=["127.0.0.1"], block=["127.0.0.1"]))
     with pytest.raises(BackendError, match="blocklist"):
         await fetcher.fetch(link)
     assert fetcher.stats()["fetch"]["blocked"] == 1
     assert UrlPolicy(block=["bench.org"]).is_blocked("https://a.b.bench.org/x")
     assert not UrlPolicy(block=["bench.org"]).is_blocked("https://notbench.org/x")
-    search = WebSearch(KEY, endpoint=local_web.base + "/search", block=["127.0.0.1"])
+    search = WebSearch(KEY, WebSearchOptions(endpoint=local_web.base + "/search", block=["127.0.0.1"]))
     assert await search.search(doc["title"], 5) == []
     assert search.stats()["search"]["blocked_results"] >= 1
     await search.close()
@@ -311,7 +311,7 @@ async def test_blocklist_filters_results_and_refuses_fetches(local_web):
 
 async def test_serper_wire_format_and_key(local_web, monkeypatch):
     _, doc = a_page(local_web)
-    search = WebSearch(KEY, endpoint=local_web.base + "/search")
+    search = WebSearch(KEY, WebSearchOptions(endpoint=local_web.base + "/search"))
     hits = await search.search(doc["title"], 3)
     assert 1 <= len(hits) <= 3 and hits[0].title == doc["title"] and hits[0].url == doc["link"]
     assert hits[0].snippet == doc["text"][:160] and hits[0].score == 1.0
@@ -322,7 +322,7 @@ async def test_serper_wire_format_and_key(local_web, monkeypatch):
         WebSearch()
     monkeypatch.setenv("SERPER_API_KEY", KEY)
     assert WebSearch().api_key == KEY
-    wrong = WebSearch("wrong", endpoint=local_web.base + "/search")
+    wrong = WebSearch("wrong", WebSearchOptions(endpoint=local_web.base + "/search"))
     with pytest.raises(BackendError, match="refused the API key"):
         await wrong.search("x", 3)
     await wrong.close()
@@ -330,7 +330,7 @@ async def test_serper_wire_format_and_key(local_web, monkeypatch):
 
 async def test_search_retries_5xx_then_gives_up_and_survives_refused_connections(local_web):
     _, doc = a_page(local_web)
-    search = WebSearch(KEY, endpoint=local_web.base + "/search", retries=2, backoff=0.01)
+    search = WebSearch(KEY, WebSearchOptions(endpoint=local_web.base + "/search", retries=2, backoff=0.01))
     local_web.flaky = 2
     hits = await search.search(doc["title"], 3)
     assert hits and search.stats()["search"]["retries"] == 2
@@ -339,7 +339,9 @@ async def test_search_retries_5xx_then_gives_up_and_survives_refused_connections
         await search.search(doc["title"], 3)
     local_web.flaky = 0
     await search.close()
-    dead = WebSearch(KEY, endpoint=f"http://127.0.0.1:{free_port()}/search", retries=1, backoff=0.01, timeout=2)
+    dead = WebSearch(
+        KEY, WebSearchOptions(endpoint=f"http://127.0.0.1:{free_port()}/search", retries=1, backoff=0.01, timeout=2)
+    )
     t = time.monotonic()
     with pytest.raises(BackendError, match="could not reach"):
         await dead.search("anything", 3)
@@ -350,7 +352,9 @@ async def test_search_retries_5xx_then_gives_up_and_survives_refused_connections
 @pytest.mark.parametrize("retry_after", ["seconds", "http-date"])
 async def test_search_waits_as_long_as_a_429_retry_after_asks_up_to_the_cap(local_web, retry_after):
     _, doc = a_page(local_web)
-    search = WebSearch(KEY, endpoint=local_web.base + "/search", retries=1, backoff=0.01, max_backoff=0.6)
+    search = WebSearch(
+        KEY, WebSearchOptions(endpoint=local_web.base + "/search", retries=1, backoff=0.01, max_backoff=0.6)
+    )
     local_web.retry_after = "0.4" if retry_after == "seconds" else email.utils.formatdate(time.time() + 60, usegmt=True)
     local_web.flaky = 1
     try:
@@ -400,7 +404,7 @@ async def test_fetch_faults_are_clear_errors(local_web, kind, message, counter):
 
 async def test_refused_connection_truncation_charsets_and_a_50mb_page(local_web):
     fetcher = allowed_fetcher(local_web, max_bytes=1_000_000, total_timeout=10)
-    dead = WebFetcher(allow=["127.0.0.1"])
+    dead = WebFetcher(FetchOptions(allow=["127.0.0.1"]))
     with pytest.raises(BackendError, match="could not connect"):
         await dead.fetch(f"http://127.0.0.1:{free_port()}/")
     assert dead.stats()["fetch"]["connect_error"] == 1
@@ -429,7 +433,7 @@ async def test_refused_connection_truncation_charsets_and_a_50mb_page(local_web)
 
 async def test_jina_reader_when_a_key_is_set(local_web, monkeypatch):
     monkeypatch.setenv("JINA_API_KEY", KEY)
-    fetcher = WebFetcher(jina_endpoint=local_web.base + "/jina", block=["bench.org"])
+    fetcher = WebFetcher(FetchOptions(jina_endpoint=local_web.base + "/jina", block=["bench.org"]))
     page = await fetcher.fetch("https://world.searchgym.test/wiki/Somewhere")
     assert page.title == "Read https://world.searchgym.test/wiki/Somewhere"
     assert page.text == "Body of https://world.searchgym.test/wiki/Somewhere"

@@ -19,7 +19,7 @@ from searchgym.envs.tasks import Task, TaskPool
 from searchgym.envs.tools.base import BackendError, Page, PageNotFound
 from searchgym.envs.tools.url_safety import NON_PUBLIC_NETWORKS, UnsafeURL, UrlPolicy, is_public, parse_numeric_host
 from searchgym.envs.tools.web_cache import CachedPages, CachedSearch, WebCache, normalise_url
-from searchgym.envs.tools.web_fetch import WebFetcher, decode_body
+from searchgym.envs.tools.web_fetch import FetchOptions, WebFetcher, decode_body
 from searchgym.testing.faults import CODEC_NAMES
 from searchgym.testing.faults import DAMAGED_CACHE_ROWS as DAMAGED_ROWS
 
@@ -108,7 +108,7 @@ def test_random_pages_never_raise_from_fetch_or_step(status, content_type, extra
         await site.server.start_server()
         site.response = (status, {"Content-Type": content_type, **extra}, body)
         url = f"http://127.0.0.1:{site.server.port}/page"
-        fetcher = WebFetcher(allow=[f"127.0.0.1:{site.server.port}"], total_timeout=5)
+        fetcher = WebFetcher(FetchOptions(allow=[f"127.0.0.1:{site.server.port}"], total_timeout=5))
         try:
             try:
                 page = await fetcher.fetch(url)

@@ -211,7 +211,8 @@ def test_secrets_in_env_kwargs_never_reach_the_card(small_pool, small_index):
     from searchgym.agents.engines.types import SamplingParams
     from searchgym.envs.judges import ExactMatch
     from searchgym.envs.search_env import SearchEnv
-    from searchgym.eval.card import build_card
+    from searchgym.eval.card import CardFacts, build_card
+    from searchgym.eval.eval_settings import EvalSettings
 
     kwargs = {
         "search_api_key": "sk-1",
@@ -221,21 +222,11 @@ def test_secrets_in_env_kwargs_never_reach_the_card(small_pool, small_index):
         "password": None,
     }
     env = SearchEnv(small_pool, small_index)
-    card = build_card(
-        env_id="searchgym/LocalQA-v0",
-        env=env,
-        tasks=small_pool.tasks[:2],
-        judges={"em": ExactMatch()},
-        primary="em",
-        judge_model=None,
-        k=1,
-        sampling=SamplingParams(),
-        max_context=100,
-        engine="x",
-        model=None,
-        workflow=None,
-        run={"env_kwargs": kwargs, "seed": 0},
+    settings = EvalSettings(env="searchgym/LocalQA-v0", engine="x", k=1, max_context=100, env_kwargs=kwargs)
+    facts = CardFacts(
+        env=env, tasks=small_pool.tasks[:2], judges={"em": ExactMatch()}, primary="em", sampling=SamplingParams()
     )
+    card = build_card(settings, facts)
     assert "sk-1" not in json.dumps(card) and '"t"' not in json.dumps(card)
     assert card["run"]["env_kwargs"] == {
         "search_api_key": "<redacted>",

@@ -15,9 +15,9 @@ from searchgym.agents.engines.openai_engine import OpenAIEngine
 from searchgym.cli import main as cli_main
 from searchgym.core.llm_calls import DependencyFailed
 from searchgym.envs.tasks import TaskPool
-from searchgym.synthesis.pool import NearDuplicates, asynthesize, summary_path
+from searchgym.synthesis.pool import NearDuplicates, PoolOptions, asynthesize, summary_path
 from searchgym.synthesis.qa_agent import QAConfig, QASynthesisAgent, Rejected, parse_json_object
-from searchgym.synthesis.run import synthesize
+from searchgym.synthesis.run import SynthesisSettings, synthesize
 from searchgym.testing.stand_in_llm import StandInLLM, stand_in_server
 
 SCENARIOS = ["accept", "malformed", "missing", "quality", "easy", "nonunique", "answer_changed"]
@@ -37,7 +37,7 @@ def _run(index, url, urls, out, n, *, concurrency=3, config=None):
         )
         agent = QASynthesisAgent(index, index, model, model, config or QAConfig(max_turns=3, k=3, retry_backoff=0.001))
         try:
-            return await asynthesize(agent, urls, out, n, concurrency=concurrency)
+            return await asynthesize(agent, urls, out, n, PoolOptions(concurrency=concurrency))
         finally:
             await model.close()
 
@@ -234,7 +234,15 @@ def test_tiny_model_never_crashes(small_bundle, tiny_model_dir, tmp_path):
     fast = {"max_tokens": 24, "k": 2, "max_turns": 2, "retry_backoff": 0.001}
     with pytest.raises(DependencyFailed, match=r"all 3 seeds tried failed .* read: cut off: .*max_tokens=24"):
         synthesize(
-            small_bundle / "index", str(tiny_model_dir), 2, out, concurrency=2, max_seeds=3, config=QAConfig(**fast)
+            SynthesisSettings(
+                str(small_bundle / "index"),
+                str(tiny_model_dir),
+                2,
+                str(out),
+                concurrency=2,
+                max_seeds=3,
+                qa=QAConfig(**fast),
+            )
         )
     report = json.loads(summary_path(out).read_text())
     assert report["seeds_finished"] == 0 and report["rejections"] == {} and report["accepted"] == 0
@@ -242,16 +250,17 @@ def test_tiny_model_never_crashes(small_bundle, tiny_model_dir, tmp_path):
     # the stand-in reasons, the tiny model judges: its verdicts are cut off, so the seeds stay unfinished
     with stand_in_server(StandInLLM()) as url:
         with pytest.raises(DependencyFailed, match="quality: cut off"):
-            synthesize(
-                small_bundle / "index",
+            settings = SynthesisSettings(
+                str(small_bundle / "index"),
                 f"openai:{url}",
                 1,
-                tmp_path / "mixed.jsonl",
+                str(tmp_path / "mixed.jsonl"),
                 judge_engine=str(tiny_model_dir),
                 concurrency=2,
                 max_seeds=2,
-                config=QAConfig(**fast),
+                qa=QAConfig(**fast),
             )
+            synthesize(settings)
     mixed = json.loads(summary_path(tmp_path / "mixed.jsonl").read_text())
     assert mixed["accepted"] == 0 and mixed["rejections"] == {}
     assert mixed["failed_calls"]["by_reason"] == {"quality: cut off": 2}

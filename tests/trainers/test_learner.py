@@ -12,7 +12,7 @@ from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.workflow import TokenWorkflow, WorkflowSettings
 from searchgym.envs.search_env import SearchEnv
 from searchgym.trainers.algorithm.learner import Learner, LearnerConfig, has_train_mode_noise, next_token_logits
-from searchgym.trainers.algorithm.ppo import decoupled_ppo_loss, token_logprobs
+from searchgym.trainers.algorithm.ppo import PPOCoefficients, decoupled_ppo_loss, token_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -167,8 +167,7 @@ def reference_step(model, groups, *, minibatches, lr, eps_clip, grad_clip, behav
                 behav,
                 torch.full_like(mask, advantages[k]),
                 mask,
-                eps_clip=eps_clip,
-                behav_weight_cap=behav_weight_cap,
+                PPOCoefficients(eps_clip=eps_clip, behav_weight_cap=behav_weight_cap),
                 normalizer=normalizer,
             )
             loss.backward()

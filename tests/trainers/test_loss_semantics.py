@@ -8,16 +8,16 @@ import pytest
 import torch
 
 from searchgym.trainers.algorithm.learner import aggregate_stats
-from searchgym.trainers.algorithm.ppo import LOG_RATIO_CLAMP, decoupled_ppo_loss, loss_normalizer
+from searchgym.trainers.algorithm.ppo import LOG_RATIO_CLAMP, PPOCoefficients, decoupled_ppo_loss, loss_normalizer
 from searchgym.trainers.config import load_config
 
 
-def run(logp, prox, behav, adv, mask=None, **kwargs):
-    """Loss, d loss / d logp and statistics of a one-row batch given as Python lists."""
+def run(logp, prox, behav, adv, mask=None, **coefficients):
+    """Loss, d loss / d logp and statistics of a one-row batch given as Python lists (PPOCoefficients' fields)."""
     logp = torch.tensor([logp], dtype=torch.float64, requires_grad=True)
     tensors = [torch.tensor([x], dtype=torch.float64) for x in (prox, behav, adv)]
     mask = torch.ones_like(logp, dtype=torch.bool) if mask is None else torch.tensor([mask], dtype=torch.bool)
-    loss, stats = decoupled_ppo_loss(logp, *tensors, mask, **kwargs)
+    loss, stats = decoupled_ppo_loss(logp, *tensors, mask, PPOCoefficients(**coefficients))
     loss.backward()
     return loss.item(), logp.grad[0].tolist(), {k: v.item() for k, v in stats.items()}
 
@@ -67,7 +67,12 @@ def test_an_overflowing_behaviour_weight_is_capped_not_multiplied():
     # prox - behav = 100: w = exp(100) overflows float32 to inf; the cap drops it and nothing becomes NaN
     logp = torch.zeros(1, 2, requires_grad=True)
     loss, stats = decoupled_ppo_loss(
-        logp, torch.zeros(1, 2), torch.tensor([[0.0, -100.0]]), torch.ones(1, 2), torch.ones(1, 2), behav_weight_cap=5.0
+        logp,
+        torch.zeros(1, 2),
+        torch.tensor([[0.0, -100.0]]),
+        torch.ones(1, 2),
+        torch.ones(1, 2),
+        PPOCoefficients(behav_weight_cap=5.0),
     )
     loss.backward()
     assert loss.item() == pytest.approx(-0.5) and logp.grad.tolist() == [[-0.5, 0.0]]

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from searchgym.envs.rewards import refine_process_rewards
 from searchgym.trainers.algorithm.ppo import (
+    PPOCoefficients,
     decoupled_ppo_loss,
     entropy_from_logits,
     group_advantages,
@@ -106,7 +107,7 @@ def test_loss_gradient_and_stats_match_a_per_token_loop(batch, clip):
     logp, prox, behav, adv, mask = random_batch(**batch)
     logp.requires_grad_(True)
     loss, stats = decoupled_ppo_loss(
-        logp, prox, behav, adv, mask, eps_clip=eps, eps_clip_high=eps_high, behav_weight_cap=cap
+        logp, prox, behav, adv, mask, PPOCoefficients(eps_clip=eps, eps_clip_high=eps_high, behav_weight_cap=cap)
     )
     loss.backward()
     want, want_grad, want_stats = reference_loss(
@@ -137,8 +138,7 @@ def one_token_loss(log_ratio, advantage, *, eps=0.2, eps_high=None, log_behav_we
         zero - log_behav_weight,
         torch.tensor([[advantage]], dtype=torch.float64),
         torch.ones(1, 1, dtype=torch.bool),
-        eps_clip=eps,
-        eps_clip_high=eps_high,
+        PPOCoefficients(eps_clip=eps, eps_clip_high=eps_high),
     )
     loss.backward()
     return loss.item(), logp.grad.item(), stats
@@ -183,13 +183,13 @@ def test_capped_tokens_leave_the_numerator_but_stay_in_the_denominator():
     behav = torch.tensor([[0.0, 0.0, -math.log(6.0)]])  # third token: behaviour weight 6 > cap 5
     adv = torch.tensor([[1.0, 3.0, 100.0]])
     mask = torch.ones(1, 3, dtype=torch.bool)
-    loss, stats = decoupled_ppo_loss(logp, prox, behav, adv, mask, behav_weight_cap=5.0)
+    loss, stats = decoupled_ppo_loss(logp, prox, behav, adv, mask, PPOCoefficients(behav_weight_cap=5.0))
     assert loss.item() == pytest.approx(-4.0 / 3)  # -A summed over the two kept tokens, over all three (AReaL 1.0.4)
     assert stats["valid_tokens"].item() == 2 and valid_tokens(mask, prox, behav, 5.0).item() == 2
     assert stats["behav_capped_fraction"].item() == pytest.approx(1 / 3)
     loss.backward()
     assert logp.grad[0, 2].item() == 0.0
-    unweighted, _ = decoupled_ppo_loss(logp, prox, behav, adv, mask, behav_weight_cap=None)
+    unweighted, _ = decoupled_ppo_loss(logp, prox, behav, adv, mask, PPOCoefficients(behav_weight_cap=None))
     assert unweighted.item() == pytest.approx(-(1 + 3 + 100) / 3)  # no cap: no behaviour weighting at all
 
 
@@ -212,7 +212,7 @@ def test_token_mean_over_the_whole_batch_weighs_every_token_equally():
 def test_micro_batches_with_the_whole_batch_normalizer_reproduce_the_full_batch(batch, chunks, cap):
     logp, prox, behav, adv, mask = random_batch(**batch)
     full_logp = logp.clone().requires_grad_(True)
-    full, _ = decoupled_ppo_loss(full_logp, prox, behav, adv, mask, behav_weight_cap=cap)
+    full, _ = decoupled_ppo_loss(full_logp, prox, behav, adv, mask, PPOCoefficients(behav_weight_cap=cap))
     full.backward()
 
     normalizer = loss_normalizer(mask)
@@ -224,7 +224,7 @@ def test_micro_batches_with_the_whole_batch_normalizer_reproduce_the_full_batch(
         part = [
             x[rows, :width] for x in (micro_logp, prox, behav, adv, mask)
         ]  # trimmed padding, as in dynamic batching
-        loss, _ = decoupled_ppo_loss(*part, behav_weight_cap=cap, normalizer=normalizer)
+        loss, _ = decoupled_ppo_loss(*part, PPOCoefficients(behav_weight_cap=cap), normalizer=normalizer)
         loss.backward()
         total += loss.item()
     assert total == pytest.approx(full.item(), rel=1e-12, abs=1e-12)
@@ -243,7 +243,9 @@ def test_gradcheck_away_from_the_clip_kinks(eps_high):
     mask = torch.rand(3, 6, generator=gen) < 0.7
     logp = (prox + log_ratio).requires_grad_(True)
     assert torch.autograd.gradcheck(
-        lambda lp: decoupled_ppo_loss(lp, prox, behav, adv, mask, eps_clip_high=eps_high, behav_weight_cap=1.5)[0],
+        lambda lp: decoupled_ppo_loss(
+            lp, prox, behav, adv, mask, PPOCoefficients(eps_clip_high=eps_high, behav_weight_cap=1.5)
+        )[0],
         (logp,),
     )
 
@@ -290,7 +292,7 @@ def test_extreme_and_infinite_log_ratios_stay_finite():
         torch.tensor([[0.0, 0.0, 0.0, 90.0]]),
         torch.tensor([[-1.0, 1.0, 1.0, 1.0]]),
         mask,
-        behav_weight_cap=None,
+        PPOCoefficients(behav_weight_cap=None),
     )
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()

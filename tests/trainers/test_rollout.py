@@ -8,7 +8,7 @@ from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.workflow import TokenWorkflow, WorkflowSettings
 from searchgym.envs.search_env import SearchEnv
-from searchgym.trainers.rollout.controller import ENGINE_COUNTERS, RolloutController, RolloutStats
+from searchgym.trainers.rollout.controller import ENGINE_COUNTERS, GroupLimits, RolloutController, RolloutStats
 from searchgym.trainers.run.metrics import OccupancyWindow, engine_metrics
 
 SAMPLING = SamplingParams(max_new_tokens=32, temperature=1.0)
@@ -30,11 +30,8 @@ def make_controller(engine, pool, index, *, max_staleness, make_env=None, **kwar
         make_env,
         workflow,
         pool,
+        GroupLimits(GROUP, BATCH, max_staleness, MAX_CONCURRENT),
         engine=engine,
-        group_size=GROUP,
-        batch_size=BATCH,
-        max_staleness=max_staleness,
-        max_concurrent_rollouts=MAX_CONCURRENT,
         seed=1,
         **kwargs,
     )

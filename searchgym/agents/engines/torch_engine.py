@@ -115,12 +115,22 @@ class _Sequence:
         return self.finish is None and not self.cancelled
 
 
+@dataclass
+class EngineLimits:
+    """What a `TorchEngine` holds at once: rows decoded together (`max_batch_size`), the keys and values kept between
+    an episode's turns (`prefix_cache_bytes`, 0: no reuse), and the bound on the batch's memory
+    (`memory_budget_bytes`, module docstring): "auto", a number of bytes, or None for no bound."""
+
+    max_batch_size: int = 64
+    prefix_cache_bytes: int = PREFIX_CACHE_BYTES
+    memory_budget_bytes: int | None | Literal["auto"] = "auto"
+
+
 class TorchEngine:
     """Token-in, token-out generation from a local HF causal LM; satisfies `types.InferenceEngine`.
 
     A model given as an object is owned by the engine from then on (moved, cast, updated in place).
-    `prefix_cache_bytes` bounds the keys and values kept between an episode's turns (0: no reuse).
-    `memory_budget_bytes` bounds the batch (module docstring): "auto", a number of bytes, or None for no bound.
+    `limits` bounds its batch, prefix cache and memory (`EngineLimits`).
     """
 
     def __init__(
@@ -130,12 +140,12 @@ class TorchEngine:
         *,
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
-        max_batch_size: int = 64,
         seed: int = 0,
         version: int = 0,
-        prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
-        memory_budget_bytes: int | None | Literal["auto"] = "auto",
+        limits: EngineLimits | None = None,
     ):
+        limits = limits or EngineLimits()
+        prefix_cache_bytes, memory_budget_bytes = limits.prefix_cache_bytes, limits.memory_budget_bytes
         if not isinstance(model, PreTrainedModel):
             check_policy_dir(model, chat_template=tokenizer is None)
             tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
@@ -145,7 +155,7 @@ class TorchEngine:
         self.device = torch.device(device)
         self.model = model.to(device=self.device, dtype=dtype).eval()
         self._cache_kwarg = cache_kwarg(self.model)
-        self.max_batch_size = max_batch_size
+        self.max_batch_size = limits.max_batch_size
         self.max_context = model.config.max_position_embeddings
         self.vocab_size = model.get_input_embeddings().num_embeddings
         self.eos_ids = frozenset(_as_ids(self.tokenizer.eos_token_id) + _as_ids(model.generation_config.eos_token_id))

@@ -28,6 +28,7 @@ import urllib.error
 import urllib.request
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -50,48 +51,57 @@ class _Retryable(Exception):
         self.dead = dead
 
 
+@dataclass
+class RemoteOptions:
+    """How `RemoteSearch` talks to its servers: LocalQA-v0's `server_options` env kwarg, by field name.
+
+    `check=True` asks each server one query at construction (see `RemoteSearch.check`); concurrent searches are
+    sent together, up to `max_batch` a request (1: one request each), waiting `batch_window` seconds for company
+    after the loop's current turn; a server that failed is skipped for `dead_s` seconds."""
+
+    timeout: float = 10.0
+    connect_timeout: float | None = None  # None: timeout
+    retries: int = 2
+    backoff: float = 0.1
+    max_backoff: float = 2.0
+    dead_s: float = 10.0
+    max_connections: int = 256
+    check: bool = False
+    max_batch: int = 64
+    batch_window: float = 0.0
+    max_reply_bytes: int = MAX_REPLY_BYTES  # a reply past this is a failed try, read no further
+
+
 class RemoteSearch:
     """Search and page access against one or more retrieval servers, with retries and failover."""
 
-    def __init__(
-        self,
-        servers: str | Sequence[str],
-        *,
-        timeout: float = 10.0,
-        connect_timeout: float | None = None,
-        retries: int = 2,
-        backoff: float = 0.1,
-        max_backoff: float = 2.0,
-        dead_s: float = 10.0,
-        max_connections: int = 256,
-        check: bool = False,
-        max_batch: int = 64,
-        batch_window: float = 0.0,
-        max_reply_bytes: int = MAX_REPLY_BYTES,
-    ) -> None:
-        """`servers`: base URLs (http://host:port) or /retrieve URLs; `check=True` asks each one query now (see check);
-        concurrent searches are sent together, up to `max_batch` a request (1: one request each), waiting
-        `batch_window` seconds for company after the loop's current turn."""
+    def __init__(self, servers: str | Sequence[str], options: RemoteOptions | None = None) -> None:
+        """`servers`: base URLs (http://host:port) or /retrieve URLs; `options`: see `RemoteOptions`."""
+        o = self.options = options or RemoteOptions()
         urls = [servers] if isinstance(servers, str) else list(servers)
         if not urls or not all(isinstance(u, str) and u.strip() for u in urls):
             raise ValueError(f"RemoteSearch needs at least one server url, got {servers!r}")
-        if timeout <= 0 or retries < 0:
+        if o.timeout <= 0 or o.retries < 0:
             raise ValueError("timeout must be positive and retries at least 0")
-        if max_batch < 1 or batch_window < 0:
+        if o.max_batch < 1 or o.batch_window < 0:
             raise ValueError("max_batch must be at least 1 and batch_window at least 0")
-        self.max_batch, self.batch_window = max_batch, batch_window
-        if max_reply_bytes < 1:
-            raise ValueError(f"max_reply_bytes must be at least 1, got {max_reply_bytes!r}")
-        self.max_reply_bytes = max_reply_bytes  # a reply past this is a failed try, read no further
+        self.max_batch, self.batch_window = o.max_batch, o.batch_window
+        if o.max_reply_bytes < 1:
+            raise ValueError(f"max_reply_bytes must be at least 1, got {o.max_reply_bytes!r}")
+        self.max_reply_bytes = o.max_reply_bytes  # a reply past this is a failed try, read no further
         self.servers = [base_url(u) for u in urls]
-        self.timeout, self.retries, self.backoff, self.max_backoff = timeout, retries, backoff, max_backoff
-        self.connect_timeout, self.dead_s, self.max_connections = connect_timeout or timeout, dead_s, max_connections
+        self.timeout, self.retries, self.backoff, self.max_backoff = o.timeout, o.retries, o.backoff, o.max_backoff
+        self.connect_timeout, self.dead_s, self.max_connections = (
+            o.connect_timeout or o.timeout,
+            o.dead_s,
+            o.max_connections,
+        )
         self._dead_until = {s: 0.0 for s in self.servers}
         self._next = 0  # round-robin start among live servers
         self._stats = {"requests": 0, "queries": 0, "retries": 0, "failovers": 0, "errors": 0}
         self._sessions = LoopSession(self._new_session)
         self._reset_batching()
-        if check:
+        if o.check:
             self.check()
 
     def _reset_batching(self) -> None:

@@ -27,13 +27,16 @@ import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from searchgym.core.atomic_file import write_atomic
 from searchgym.envs.source_files import SourceFileError, read_json
 from searchgym.envs.tools.base import BackendError, Page, SearchHit, backend_stats
 from searchgym.envs.tools.corpus import read_corpus
 from searchgym.envs.tools.index_files import MANIFEST
+
+if TYPE_CHECKING:
+    from searchgym.envs.tools.remote_search import RemoteOptions
 
 SHARDS_MANIFEST = "shards.json"
 SHARD_DIR = re.compile(r"shard-\d{2,}")
@@ -156,11 +159,11 @@ class ShardedSearch:
         self.shards = list(shards)
 
     @classmethod
-    def remote(cls, servers: Sequence[Sequence[str]], **options: Any) -> ShardedSearch:
+    def remote(cls, servers: Sequence[Sequence[str]], options: RemoteOptions | None = None) -> ShardedSearch:
         """Shard i served by the retrieval servers `servers[i]` (its replicas, failed over by RemoteSearch)."""
         from searchgym.envs.tools.remote_search import RemoteSearch
 
-        return cls([RemoteSearch(list(replicas), **options) for replicas in servers])
+        return cls([RemoteSearch(list(replicas), options) for replicas in servers])
 
     async def search(self, query: str, k: int) -> list[SearchHit]:
         """The top-k of every shard's top-k, by score (ties: lower shard first, then each shard's order)."""

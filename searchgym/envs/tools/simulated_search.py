@@ -26,7 +26,7 @@ import math
 import os
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -111,31 +111,39 @@ def parse_documents(text: str) -> list[dict[str, str]]:
     return docs
 
 
+@dataclass
+class SimulatorOptions:
+    """How `SimulatedSearch` writes its results: the share of noise (fixed, or a schedule over the trained version),
+    the seed of what is written, the prompts file and a style line, and the chat model's sampling and retries."""
+
+    noise: float | NoiseSchedule = 0.0
+    seed: int = 0
+    prompts: str | os.PathLike | None = None  # None: the built-in prompts
+    style: str | None = None  # replaces the prompts' style line
+    max_tokens: int = 768
+    temperature: float = 0.0
+    retry: ReplyRetry = field(default_factory=ReplyRetry)
+
+
 class SimulatedSearch:
-    """Search and pages written by a chat model (see the module docstring); one instance serves many envs."""
+    """Search and pages written by a chat model (see the module docstring); one instance serves many envs.
+
+    `cache` keeps what was written, so that a query asked again (by any env, in any run) gets the same results."""
 
     simulated = True
 
     def __init__(
-        self,
-        chat: ChatModel,
-        *,
-        noise: float | NoiseSchedule = 0.0,
-        seed: int = 0,
-        cache: WebCache | None = None,
-        prompts: str | os.PathLike | None = None,
-        style: str | None = None,
-        max_tokens: int = 768,
-        temperature: float = 0.0,
-        retry: ReplyRetry | None = None,
+        self, chat: ChatModel, options: SimulatorOptions | None = None, *, cache: WebCache | None = None
     ) -> None:
+        o = self.options = options or SimulatorOptions()
+        noise = o.noise
         if not isinstance(noise, NoiseSchedule) and not (isinstance(noise, (int, float)) and 0.0 <= noise <= 1.0):
             raise ValueError(f"noise must be a share in [0, 1] or a NoiseSchedule, got {noise!r}")
-        self.chat, self.noise, self.seed, self.cache = chat, noise, seed, cache
-        self.prompts = load_prompts(prompts)
-        if style is not None:
-            self.prompts["style"] = style
-        self.max_tokens, self.temperature, self.retry = max_tokens, temperature, retry or ReplyRetry()
+        self.chat, self.noise, self.seed, self.cache = chat, noise, o.seed, cache
+        self.prompts = load_prompts(o.prompts)
+        if o.style is not None:
+            self.prompts["style"] = o.style
+        self.max_tokens, self.temperature, self.retry = o.max_tokens, o.temperature, o.retry
         self.trained_version = 0
         self.pages: dict[str, Page] = {}  # url -> the document written for it
         self.counters: Counter[str] = Counter()

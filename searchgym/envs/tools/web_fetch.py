@@ -15,6 +15,7 @@ import codecs
 import os
 import re
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin
 
@@ -97,37 +98,42 @@ def extract_html(html: str, url: str) -> tuple[str, str, tuple[str, ...]]:
     return title, text, tuple(dict.fromkeys(links))[:MAX_LINKS]
 
 
-class WebFetcher:
-    """PageBackend over HTTP(S): guarded, size- and time-bounded, with text extraction (or the Jina reader)."""
+@dataclass
+class FetchOptions:
+    """How `WebFetcher` fetches: WebQA-v0's `fetch_options` env kwarg, by field name."""
 
-    def __init__(
-        self,
-        *,
-        policy: UrlPolicy | None = None,
-        allow: tuple[str, ...] | list[str] = (),
-        block: tuple[str, ...] | list[str] = (),
-        connect_timeout: float = 5.0,
-        read_timeout: float = 10.0,
-        total_timeout: float = 20.0,
-        max_bytes: int = 2_000_000,
-        max_redirects: int = 5,
-        max_concurrency: int = 16,
-        user_agent: str = "searchgym-webfetch/0.1 (+https://github.com/searchgym)",
-        jina_api_key: str | None = None,
-        use_jina: bool | None = None,
-        jina_endpoint: str = JINA_ENDPOINT,
-    ):
-        self.policy = policy or UrlPolicy(allow=allow, block=block)
-        self.connect_timeout, self.read_timeout, self.total_timeout = connect_timeout, read_timeout, total_timeout
-        self.max_bytes, self.max_redirects = max_bytes, max_redirects
-        self.max_concurrency, self.user_agent = max_concurrency, user_agent
-        self.jina_api_key = jina_api_key if jina_api_key is not None else os.environ.get("JINA_API_KEY")
-        self.use_jina = bool(self.jina_api_key) if use_jina is None else use_jina
+    allow: tuple[str, ...] | list[str] = ()  # hosts, host:port or networks the SSRF guard lets through
+    block: tuple[str, ...] | list[str] = ()  # domains never fetched (benchmark answer pages)
+    connect_timeout: float = 5.0
+    read_timeout: float = 10.0
+    total_timeout: float = 20.0
+    max_bytes: int = 2_000_000
+    max_redirects: int = 5
+    max_concurrency: int = 16
+    user_agent: str = "searchgym-webfetch/0.1 (+https://github.com/searchgym)"
+    jina_api_key: str | None = None  # None: the JINA_API_KEY environment variable
+    use_jina: bool | None = None  # None: when a Jina key is given
+    jina_endpoint: str = JINA_ENDPOINT
+
+
+class WebFetcher:
+    """PageBackend over HTTP(S): guarded, size- and time-bounded, with text extraction (or the Jina reader).
+
+    `policy` (shared with the search tool) replaces the one `options.allow` / `options.block` would make."""
+
+    def __init__(self, options: FetchOptions | None = None, *, policy: UrlPolicy | None = None):
+        o = self.options = options or FetchOptions()
+        self.policy = policy or UrlPolicy(allow=o.allow, block=o.block)
+        self.connect_timeout, self.read_timeout, self.total_timeout = o.connect_timeout, o.read_timeout, o.total_timeout
+        self.max_bytes, self.max_redirects = o.max_bytes, o.max_redirects
+        self.max_concurrency, self.user_agent = o.max_concurrency, o.user_agent
+        self.jina_api_key = o.jina_api_key if o.jina_api_key is not None else os.environ.get("JINA_API_KEY")
+        self.use_jina = bool(self.jina_api_key) if o.use_jina is None else o.use_jina
         if self.use_jina and not self.jina_api_key:
             raise ValueError("use_jina=True needs jina_api_key=... or the JINA_API_KEY environment variable")
         if not self.use_jina:  # pages are extracted here: fail now, not at the first page
             require("reading web pages", "trafilatura", "lxml")
-        self.jina_endpoint = jina_endpoint if jina_endpoint.endswith("/") else jina_endpoint + "/"
+        self.jina_endpoint = o.jina_endpoint if o.jina_endpoint.endswith("/") else o.jina_endpoint + "/"
         self.counters: Counter[str] = Counter()
         self._guarded = LoopSession(self._guarded_session)  # agent-chosen URLs: dials only checked addresses
         self._plain = LoopSession(self._plain_session)  # the trusted Jina endpoint

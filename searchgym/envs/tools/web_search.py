@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -31,37 +32,43 @@ class MissingAPIKey(ValueError):
     """No API key was given for a web search provider that needs one."""
 
 
+@dataclass
+class WebSearchOptions:
+    """How `WebSearch` asks its provider: WebQA-v0's `search_options` env kwarg, by field name."""
+
+    endpoint: str = SERPER_ENDPOINT
+    block: tuple[str, ...] | list[str] = ()  # domains dropped from the results (benchmark answer pages)
+    timeout: float = 15.0
+    connect_timeout: float = 5.0
+    retries: int = 3
+    backoff: float = 0.5
+    max_backoff: float = 8.0
+    max_concurrency: int = 8
+    require_key: bool = True  # False: a replay-only cache answers, no key needed
+    extra_params: dict[str, Any] | None = None  # sent with every query
+
+
 class WebSearch:
-    """SearchBackend for the Serper Google-search API (or anything speaking its wire format)."""
+    """SearchBackend for the Serper Google-search API (or anything speaking its wire format).
+
+    `policy` (shared with the page tool) replaces the one `options.block` would make."""
 
     def __init__(
-        self,
-        api_key: str | None = None,
-        *,
-        endpoint: str = SERPER_ENDPOINT,
-        block: tuple[str, ...] | list[str] = (),
-        policy: UrlPolicy | None = None,
-        timeout: float = 15.0,
-        connect_timeout: float = 5.0,
-        retries: int = 3,
-        backoff: float = 0.5,
-        max_backoff: float = 8.0,
-        max_concurrency: int = 8,
-        require_key: bool = True,
-        extra_params: dict[str, Any] | None = None,
+        self, api_key: str | None = None, options: WebSearchOptions | None = None, *, policy: UrlPolicy | None = None
     ):
+        o = self.options = options or WebSearchOptions()
         self.api_key = api_key if api_key is not None else os.environ.get("SERPER_API_KEY")
-        if require_key and not self.api_key:
+        if o.require_key and not self.api_key:
             raise MissingAPIKey(
                 "web search needs a Serper API key: set SERPER_API_KEY or pass api_key=... "
                 "(get one at https://serper.dev)"
             )
-        self.endpoint = endpoint
-        self.policy = policy or UrlPolicy(block=block)
-        self.timeout, self.connect_timeout = timeout, connect_timeout
-        self.retries, self.backoff, self.max_backoff = retries, backoff, max_backoff
-        self.max_concurrency = max_concurrency
-        self.extra_params = dict(extra_params or {})
+        self.endpoint = o.endpoint
+        self.policy = policy or UrlPolicy(block=o.block)
+        self.timeout, self.connect_timeout = o.timeout, o.connect_timeout
+        self.retries, self.backoff, self.max_backoff = o.retries, o.backoff, o.max_backoff
+        self.max_concurrency = o.max_concurrency
+        self.extra_params = dict(o.extra_params or {})
         self.counters: Counter[str] = Counter()
         self._sessions = LoopSession(self._new_session)
         self._sem: asyncio.Semaphore | None = None

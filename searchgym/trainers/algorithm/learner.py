@@ -322,10 +322,7 @@ class Learner:
                 layout.behav,
                 layout.adv,
                 mask,
-                eps_clip=cfg.eps_clip,
-                eps_clip_high=cfg.eps_clip_high,
-                behav_weight_cap=cfg.behav_weight_cap,
-                c_clip=cfg.c_clip,
+                cfg,  # the coefficients (eps_clip, eps_clip_high, behav_weight_cap, c_clip) by name
                 normalizer=max(normalizer, 1),
             )
             (loss * self._gradient_scale).backward()

@@ -21,6 +21,8 @@ Read top to bottom:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -156,23 +158,62 @@ STAT_WEIGHTS = {
 }
 
 
+class LossCoefficients(Protocol):
+    """The loss's coefficients, read by name: `PPOCoefficients`, or the trainer's `LearnerConfig` passed whole."""
+
+    @property
+    def eps_clip(self) -> float: ...
+    @property
+    def eps_clip_high(self) -> float | None: ...
+    @property
+    def behav_weight_cap(self) -> float | None: ...
+    @property
+    def c_clip(self) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class PPOCoefficients:
+    """`decoupled_ppo_loss`'s coefficients (AReaL 1.0.4's defaults), for callers without a `LearnerConfig`."""
+
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = None  # None: eps_clip; a larger one is DAPO's clip-higher
+    behav_weight_cap: float | None = 5.0  # None: no behaviour weighting at all
+    c_clip: float | None = None  # dual clip (> 1); None: off
+
+
+AREAL_COEFFICIENTS = PPOCoefficients()
+
+
+def _clipped_surrogate(ratio: Tensor, advantages: Tensor, coef: LossCoefficients) -> tuple[Tensor, Tensor, Tensor]:
+    """PPO's clipped per-token objective to minimise, max(-A * r, -A * clip(r)), then the dual clip where c_clip is
+    given; with where the clip bit (for clip_fraction) and where the dual clip bit."""
+    eps_high = coef.eps_clip if coef.eps_clip_high is None else coef.eps_clip_high
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - coef.eps_clip, 1.0 + eps_high)
+    pg = torch.maximum(unclipped, clipped)
+    dual_clipped = torch.zeros_like(pg, dtype=torch.bool)
+    if coef.c_clip is not None:
+        bound = coef.c_clip * advantages.abs()
+        dual_clipped = bound < pg.detach()
+        pg = torch.minimum(pg, bound)
+    return pg, unclipped < clipped, dual_clipped
+
+
 def decoupled_ppo_loss(
     logp: Tensor,
     prox_logp: Tensor,
     behav_logp: Tensor,
     advantages: Tensor,
     mask: Tensor,
+    coef: LossCoefficients = AREAL_COEFFICIENTS,
     *,
-    eps_clip: float = 0.2,
-    eps_clip_high: float | None = None,
-    behav_weight_cap: float | None = 5.0,
-    c_clip: float | None = None,
     normalizer: float | Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """AReaL 1.0.4's decoupled PPO loss (`ppo_actor_loss_fn`, token level, mask mode), to minimise, and statistics.
 
     All tensors share one shape (e.g. [B, T]); `mask` (bool or 0/1) marks the trained (generated) tokens.
     Only `logp` (current policy) carries gradient; `prox_logp`, `behav_logp` and `advantages` are constants.
+    `coef` holds eps_clip, eps_clip_high, behav_weight_cap and c_clip (`PPOCoefficients`, or a `LearnerConfig`).
     Per token, with r = pi_theta / pi_prox and w = pi_prox / pi_behav:
         pg_t   = max(-A * r, -A * clip(r, 1 - eps_clip, 1 + eps_clip_high))
         pg_t   = min(pg_t, c_clip * |A|)                 (dual clip, only when c_clip is given; c_clip > 1)
@@ -194,24 +235,15 @@ def decoupled_ppo_loss(
     behav_capped_fraction (over trained tokens), approx_kl (k3 estimator of KL(prox || current):
     mean((r - 1) - log r)), loss, valid_tokens (kept), normalizer_tokens (trained). See `STAT_WEIGHTS`.
     """
-    if c_clip is not None and not c_clip > 1.0:
-        raise ValueError(f"c_clip (dual clip) must be > 1, got {c_clip}")
-    eps_high = eps_clip if eps_clip_high is None else eps_clip_high
+    if coef.c_clip is not None and not coef.c_clip > 1.0:
+        raise ValueError(f"c_clip (dual clip) must be > 1, got {coef.c_clip}")
     raw_weight = _behaviour_weight(prox_logp, behav_logp)
-    valid = _kept_mask(mask, raw_weight, behav_weight_cap)
-    behav_weight = raw_weight if behav_weight_cap is not None else torch.ones_like(raw_weight)
+    valid = _kept_mask(mask, raw_weight, coef.behav_weight_cap)
+    behav_weight = raw_weight if coef.behav_weight_cap is not None else torch.ones_like(raw_weight)
 
     log_ratio = (logp - prox_logp.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
-    advantages = advantages.detach()
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - eps_clip, 1.0 + eps_high)
-    pg = torch.maximum(unclipped, clipped)
-    dual_clipped = torch.zeros_like(valid)
-    if c_clip is not None:
-        bound = c_clip * advantages.abs()
-        dual_clipped = bound < pg.detach()
-        pg = torch.minimum(pg, bound)
+    pg, clip_hit, dual_clipped = _clipped_surrogate(ratio, advantages.detach(), coef)
     # torch.where, not a product: whatever sits on a padding or capped token (garbage, inf) cannot leak into the loss
     # (the weight too: an inf weight on a dropped token would make its gradient 0 * inf = NaN)
     per_token = torch.where(valid, torch.where(valid, behav_weight, 0.0).to(pg.dtype) * pg, 0.0)
@@ -225,7 +257,7 @@ def decoupled_ppo_loss(
         masked_in = mask.bool()
         ratio, log_ratio = ratio.detach(), log_ratio.detach()
         stats = {
-            "clip_fraction": _masked_mean((unclipped < clipped).to(loss.dtype), valid),
+            "clip_fraction": _masked_mean(clip_hit.to(loss.dtype), valid),
             "dual_clip_fraction": _masked_mean(dual_clipped.to(loss.dtype), valid),
             "importance_weight_mean": _masked_mean(ratio, valid),
             "importance_weight_max": _masked_max(ratio, valid),

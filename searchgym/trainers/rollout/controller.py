@@ -66,13 +66,25 @@ def judge_failures(group: list[Trajectory]) -> list[str]:
     ]
 
 
+@dataclass
+class GroupLimits:
+    """What the controller plays and keeps: `group_size` episodes a group (one task), `batch_size` groups a batch,
+    groups at most `max_staleness` weight versions behind the trained one, `max_concurrent_rollouts` episodes in
+    flight (the staleness rule, `GroupLedger`)."""
+
+    group_size: int
+    batch_size: int
+    max_staleness: int
+    max_concurrent_rollouts: int
+
+
 class RolloutController:
     """Keeps episode groups in flight without ever waiting for training.
 
     Admits groups under the staleness rule, plays each task's `group_size` episodes concurrently with
     the workflow (each on its own env, lent from a pool of `make_env`'s envs, with its own seed and rid,
     all on the same task), and buffers finished groups the filter accepts. A rejected or failed group
-    gives its slot back. `max_concurrent_rollouts` counts episodes; `batch_size` counts groups.
+    gives its slot back. `limits` (`GroupLimits`) sizes the groups, the batches and what is in flight.
     `engine`, the one the workflow plays on (its caller owns it), gives the starting version and the busy-time
     statistics; without it the version starts at 0 and the stats have no engine counters.
     """
@@ -82,12 +94,9 @@ class RolloutController:
         make_env: Callable[[], SearchEnv],
         workflow: Workflow,
         tasks: TaskPool | Sequence[str],
+        limits: GroupLimits,
         *,
         engine: InferenceEngine | None = None,
-        group_size: int,
-        batch_size: int,
-        max_staleness: int,
-        max_concurrent_rollouts: int,
         seed: int = 0,
         filter_group: Callable[[list[Trajectory]], bool] | None = None,
     ):
@@ -96,8 +105,10 @@ class RolloutController:
             raise ValueError("no tasks to play")
         self.envs, self.workflow = EnvPool(make_env), workflow
         self.engine = engine
-        self.group_size, self.seed, self.filter_group = group_size, seed, filter_group
-        self.ledger = GroupLedger(batch_size, max_staleness, max_concurrent_rollouts, group_size)
+        self.group_size, self.seed, self.filter_group = limits.group_size, seed, filter_group
+        self.ledger = GroupLedger(
+            limits.batch_size, limits.max_staleness, limits.max_concurrent_rollouts, limits.group_size
+        )
         self._trained_version = self.engine.version if self.engine is not None else 0
         self._stats = RolloutStats()
         self._wake = asyncio.Event()

@@ -49,13 +49,14 @@ def _index_build(args: argparse.Namespace) -> None:
 def _tasks_build(args: argparse.Namespace) -> None:
     _refuse_to_replace(Path(args.out), args.overwrite)
     from searchgym.envs.tools.indexes import open_index
-    from searchgym.world.validation import synthesize_pool
+    from searchgym.world.validation import WalkOptions, synthesize_pool
     from searchgym.world.world import World
 
     meta = json.loads((Path(args.world) / "world.json").read_text())
     world = World(meta["size"], meta["seed"])
     index = open_index(args.index or args.world, progress=True)  # WORLD/index is built on first use
-    pool, report = synthesize_pool(world, index, args.n, seed=args.seed, fuzz_prob=args.fuzz, progress=True)
+    walk = WalkOptions(fuzz_prob=args.fuzz)
+    pool, report = synthesize_pool(world, index, args.n, seed=args.seed, walk=walk, progress=True)
     pool.to_jsonl(args.out)
     if args.dataset:
         pool.to_dataset(args.dataset)
@@ -95,7 +96,7 @@ def _synthesize(args: argparse.Namespace) -> None:
         print(json.dumps(report, indent=2))
         return
     from searchgym.synthesis.qa_agent import QAConfig
-    from searchgym.synthesis.run import synthesize
+    from searchgym.synthesis.run import SynthesisSettings, synthesize
 
     if not args.engine:
         raise ValueError("--method agent needs --engine (openai:http://host/v1[:model] or a local model directory)")
@@ -110,19 +111,19 @@ def _synthesize(args: argparse.Namespace) -> None:
             "max_tokens": args.max_tokens,
         },
     )
-    report = synthesize(
-        args.corpus,
+    settings = SynthesisSettings(
+        str(args.corpus),
         args.engine,
         args.n,
-        args.out,
+        str(args.out),
         judge_engine=args.judge_engine,
         concurrency=args.concurrency,
         seed=args.seed,
-        config=config,
         max_seeds=args.max_seeds,
-        progress=True,
         device=args.device,
+        qa=config,
     )
+    report = synthesize(settings, progress=True)
     print(
         json.dumps({k: report[k] for k in ("out", "accepted", "acceptance_rate", "rejections", "this_run")}, indent=2)
     )
@@ -352,11 +353,11 @@ def _bench_search(args: argparse.Namespace) -> None:
 def _tiny_model(args: argparse.Namespace) -> None:
     import tempfile
 
-    from searchgym.agents.tiny_model import build_tiny_model
+    from searchgym.agents.tiny_model import TinyShape, build_tiny_model
 
-    sizes = {"hidden_size": args.hidden, "num_layers": args.layers, "vocab_size": args.vocab, "seed": args.seed}
+    sizes = {"hidden_size": args.hidden, "num_layers": args.layers, "vocab_size": args.vocab}
     if not args.copy_steps:
-        path = build_tiny_model(args.out, **sizes)
+        path = build_tiny_model(args.out, TinyShape(**sizes), seed=args.seed)
         print(f"tiny Qwen2 model written to {path}")
         return
     from searchgym.settings import load_settings
@@ -364,7 +365,8 @@ def _tiny_model(args: argparse.Namespace) -> None:
 
     copy = load_settings(CopyPretrainConfig, values={"steps": args.copy_steps, "seed": args.seed})
     with tempfile.TemporaryDirectory() as tmp:  # a model that will be trained starts from a small init (0.02)
-        fresh = build_tiny_model(Path(tmp) / "fresh", intermediate_size=3 * args.hidden, init_std=0.02, **sizes)
+        shape = TinyShape(intermediate_size=3 * args.hidden, init_std=0.02, **sizes)
+        fresh = build_tiny_model(Path(tmp) / "fresh", shape, seed=args.seed)
         history = copy_pretrain(fresh, args.out, copy)
     print(
         f"tiny Qwen2 model written to {args.out}; copy accuracy after {args.copy_steps} copy-pretraining steps: "

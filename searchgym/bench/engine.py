@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from searchgym.agents.engines.torch_engine import TorchEngine
+from searchgym.agents.engines.torch_engine import EngineLimits, TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, SamplingParams
 from searchgym.world.world import World
 
@@ -96,7 +96,9 @@ def run_engine_bench(
 
 def _multi_turn(engine: TorchEngine, episodes: int, turns: int, turn_tokens: int, repeats: int) -> dict[str, Any]:
     """Interleaved repetitions of (a) reuse on, (b) reuse off, (c) batched generate; medians and ratios."""
-    no_reuse = TorchEngine(engine.model, engine.tokenizer, device=str(engine.device), prefix_cache_bytes=0)
+    no_reuse = TorchEngine(
+        engine.model, engine.tokenizer, device=str(engine.device), limits=EngineLimits(prefix_cache_bytes=0)
+    )
     conversations = _conversations(engine.tokenizer, episodes, turns)
     systems = {
         "engine_prefix_reuse": lambda rep: asyncio.run(_episodes(engine, conversations, turn_tokens, rep)),

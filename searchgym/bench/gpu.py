@@ -167,12 +167,12 @@ def run_gpu_bench(
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("searchgym's GPU check needs a CUDA GPU; none is visible")
     from searchgym.agents.engines.torch_engine import TorchEngine
-    from searchgym.agents.tiny_model import build_tiny_model
+    from searchgym.agents.tiny_model import TinyShape, build_tiny_model
     from searchgym.trainers.algorithm.fsdp import load_sharded_learner
     from searchgym.trainers.config import LearnerConfig
 
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_tiny_model(Path(tmp) / "qwen2-shape", init_std=0.02, **shape)
+        model_dir = build_tiny_model(Path(tmp) / "qwen2-shape", TinyShape(init_std=0.02, **shape))
         _join_one_rank()
         learner = load_sharded_learner(
             model_dir, LearnerConfig(lr=1e-6, micro_batch_tokens=16_384, activation_checkpointing=True)

@@ -41,6 +41,7 @@ from searchgym.eval.metrics import summarize
 from searchgym.pipeline.stages import (
     REAL_MODEL_PRESETS,
     QuickstartConfig,
+    StageRun,
     build_base_model,
     deterministic_torch,
     evaluate_policy,
@@ -251,16 +252,8 @@ def shared_base_model(config: LearningConfig, root: Path, *, progress: bool) -> 
     chats = make_demos(
         env, _demo_tasks(env, config)[0], where / "demos.jsonl", question_query=config.demos.question_query
     )
-    base, history = build_base_model(
-        env,
-        chats,
-        where,
-        config.model,
-        config.copy,
-        seed=config.base_seed,
-        progress=progress,
-        progress_label="shared base model",
-    )
+    run = StageRun(seed=config.base_seed, progress=progress, label="shared base model")
+    base, history = build_base_model(env, chats, where, config.model, config.copy, run)
     done.write_text(
         json.dumps(
             {
@@ -301,17 +294,8 @@ class SeedSetup:
     def train(self, rl: TrainConfig, out: Path, env_id: str, *, seed: int, progress: bool) -> list[dict[str, float]]:
         """RL from the warm start on the seed's RL tasks into `out` (`run_rl`): every arm and mode of a seed."""
         tasks = [t.id for t in self.rl_tasks]
-        return run_rl(
-            rl,
-            self.warm,
-            out,
-            env_id=env_id,
-            env_kwargs=self.env_kwargs,
-            tasks=tasks,
-            seed=seed,
-            progress=progress,
-            progress_label=f"seed {seed}: RL ({out.name.removeprefix('rl-')})",
-        )
+        run = StageRun(seed=seed, progress=progress, label=f"seed {seed}: RL ({out.name.removeprefix('rl-')})")
+        return run_rl(rl, self.warm, out, EnvConfig(id=env_id, kwargs=self.env_kwargs), tasks, run)
 
 
 def prepare_seed(
@@ -357,17 +341,9 @@ def held_out_samples(
     config: LearningConfig, model: Path, out: Path, seed: int, *, progress: bool
 ) -> list[dict[str, Any]]:
     """`model` evaluated on the seed's held-out questions (k samples each), as the samples' rows."""
-    evaluate_policy(
-        model,
-        out,
-        config.eval,
-        env_id=config.env.id,
-        env_kwargs=held_out_kwargs(config, seed),
-        seed=seed,
-        progress=progress,
-        device=config.rl.model.device,
-        progress_label=f"seed {seed}: evaluate, {out.name.removeprefix('eval-')}",
-    )
+    env = EnvConfig(id=config.env.id, kwargs=held_out_kwargs(config, seed))
+    label = f"seed {seed}: evaluate, {out.name.removeprefix('eval-')}"
+    evaluate_policy(model, out, config.eval, env, StageRun(seed, config.rl.model.device, progress, label))
     return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
 
 

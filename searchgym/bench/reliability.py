@@ -166,7 +166,7 @@ async def web_pages(rng: random.Random, n: int) -> dict[str, Any]:
     from searchgym.envs.search_env import SearchEnv
     from searchgym.envs.tasks import Task, TaskPool
     from searchgym.envs.tools.base import BackendError, PageNotFound
-    from searchgym.envs.tools.web_fetch import WebFetcher
+    from searchgym.envs.tools.web_fetch import FetchOptions, WebFetcher
 
     tally = _Tally("web pages (fetch, env.step)")
     current: list[Any] = [(200, {}, b"")]
@@ -183,7 +183,7 @@ async def web_pages(rng: random.Random, n: int) -> dict[str, Any]:
     app.router.add_get("/page", page)
     async with serve_app(app, "127.0.0.1", 0, shutdown_timeout=0.1) as base:
         port = int(base.rsplit(":", 1)[1].rstrip("/"))
-        fetcher = WebFetcher(allow=[f"127.0.0.1:{port}"], total_timeout=5)
+        fetcher = WebFetcher(FetchOptions(allow=[f"127.0.0.1:{port}"], total_timeout=5))
         env = SearchEnv(TaskPool([Task("t", "q?", ("a",))]), NoSearch(), fetcher, max_turns=10_000)
         await env.areset(options={"index": 0})
         try:

@@ -146,13 +146,11 @@ async def _load(
     servers: list[list[str]], queries: list[tuple[str, str]], clients: int, seconds: float
 ) -> dict[str, Any]:
     """`clients` coroutines querying for `seconds` through the layout's client; latencies, errors, top-k hits."""
-    from searchgym.envs.tools.remote_search import RemoteSearch
+    from searchgym.envs.tools.remote_search import RemoteOptions, RemoteSearch
     from searchgym.envs.tools.shards import ShardedSearch
 
-    options: dict[str, Any] = {"max_connections": clients, "timeout": 60.0}
-    backend: Any = (
-        RemoteSearch(servers[0], **options) if len(servers) == 1 else ShardedSearch.remote(servers, **options)
-    )
+    options = RemoteOptions(max_connections=clients, timeout=60.0)
+    backend: Any = RemoteSearch(servers[0], options) if len(servers) == 1 else ShardedSearch.remote(servers, options)
     latencies: list[float] = []
     errors: Counter[str] = Counter()
     found = 0

@@ -47,7 +47,7 @@ from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import TaskPool
 from searchgym.envs.tools.indexes import open_index
 from searchgym.envs.tools.local_index import LocalIndex, batch_threads
-from searchgym.envs.tools.remote_search import RemoteSearch
+from searchgym.envs.tools.remote_search import RemoteOptions, RemoteSearch
 from searchgym.world.kbwalk import KBWalker
 from searchgym.world.oracle import OracleAgent
 from searchgym.world.validation import synthesize_pool
@@ -204,7 +204,7 @@ def _in_process(index: LocalIndex, queries: list[str], concurrency: tuple[int, .
 
 async def _remote(url: str, queries: list[str], concurrency: tuple[int, ...], batch: int) -> dict[str, Any]:
     """RemoteSearch with c searches in flight (coalescing into shared requests), then `batch` queries a request."""
-    client = RemoteSearch(url, timeout=60, retries=0)
+    client = RemoteSearch(url, RemoteOptions(timeout=60, retries=0))
     try:
         for q in queries[:50]:  # warm the connection pool and the server
             await client.search(q, K)
@@ -238,8 +238,8 @@ async def _envs(world: World, index: LocalIndex, url: str, n_envs: int, n_tasks:
     pool, _ = synthesize_pool(world, index, n_tasks, seed=1)
     setups = {
         "in_process": lambda: index,
-        "server_coalesced": lambda: RemoteSearch(url, timeout=60, retries=0),
-        "server_one_query_per_request": lambda: RemoteSearch(url, timeout=60, retries=0, max_batch=1),
+        "server_coalesced": lambda: RemoteSearch(url, RemoteOptions(timeout=60, retries=0)),
+        "server_one_query_per_request": lambda: RemoteSearch(url, RemoteOptions(timeout=60, retries=0, max_batch=1)),
     }
     totals: dict[str, dict[str, float]] = {name: {"steps": 0, "seconds": 0.0, "requests": 0} for name in setups}
     for _ in range(2):

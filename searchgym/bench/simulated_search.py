@@ -26,7 +26,7 @@ from searchgym.core.atomic_file import write_atomic
 from searchgym.envs.answer_text import normalize_answer
 from searchgym.envs.tasks import Task
 from searchgym.envs.tools.base import SEARCHING_FOR, BackendError
-from searchgym.envs.tools.simulated_search import PROMPT_SETS, SimulatedSearch
+from searchgym.envs.tools.simulated_search import PROMPT_SETS, SimulatedSearch, SimulatorOptions
 from searchgym.settings import setting
 
 EXAMPLES = 3  # documents kept per prompt set and kind
@@ -135,7 +135,8 @@ async def _run(settings: SimulatedSearchBenchSettings, tasks: list[Task]) -> dic
     chat = EngineChat(engine, engine.tokenizer)
     backends = {
         name: SimulatedSearch(
-            chat, noise=settings.noise, seed=settings.seed, prompts=name, max_tokens=settings.max_tokens
+            chat,
+            SimulatorOptions(noise=settings.noise, seed=settings.seed, prompts=name, max_tokens=settings.max_tokens),
         )
         for name in settings.prompt_sets
     }

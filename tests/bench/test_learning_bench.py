@@ -274,8 +274,8 @@ def test_each_stage_of_a_seed_names_its_seed_in_its_bar(small_bundle, tmp_path, 
     labels: dict[str, str] = {}
 
     def stage(name):
-        def record(*args, progress_label, **kwargs):
-            labels[name] = progress_label
+        def record(*args, progress_label=None, **kwargs):
+            labels[name] = progress_label or args[-1].label  # sft's keyword, or the stages' StageRun
             if name == "evaluate":
                 Path(args[1]).mkdir(parents=True, exist_ok=True)
                 (Path(args[1]) / "samples.jsonl").write_text("")

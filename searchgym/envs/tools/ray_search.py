@@ -43,9 +43,9 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from searchgym.core.extras import needs
+from searchgym.core.extras import MissingExtra, hint
 from searchgym.core.http_session import BadRequest
 from searchgym.envs.tools.base import PageBackend
 from searchgym.envs.tools.retrieval_server import (
@@ -64,6 +64,7 @@ from searchgym.envs.tools.retrieval_server import (
 from searchgym.envs.tools.shards import is_sharded, read_shards_manifest, shard_dir, shard_of
 
 logger = logging.getLogger(__name__)
+serve_log = logging.getLogger("ray.serve")  # a replica's own log file (logs/serve/replica_*.log), where operators look
 
 APP_NAME = "searchgym-retrieval"
 Rows = list[list[tuple[dict[str, str], float]]]  # each query's (doc row, score) pairs, as the shards send them
@@ -182,12 +183,19 @@ class RetrievalIngress:
     def __init__(self, shards: list[Any], layout: RayServeLayout) -> None:
         self.shards, self.layout = shards, layout  # shards: one DeploymentHandle per shard, in shard order
         self.checks = layout.checker()
+        self.counts = {"requests": 0, "shard_calls": 0, "shard_retries": 0, "shard_failures": 0}
+
+    def stats(self) -> dict[str, int]:
+        """This replica's counters (through its handle: `serve.get_app_handle(name).stats.remote()`): requests,
+        shard calls, calls sent again after their replica died, and calls that failed the request."""
+        return dict(self.counts)
 
     async def __call__(self, request: Any) -> Any:
         """Route a Starlette request (Ray Serve's HTTP proxy hands it over) and answer it; errors as {"error": ...}."""
         from starlette.responses import Response
 
         status, body = 200, b""
+        self.counts["requests"] += 1
         try:
             body = await self._route(request)
         except BadRequest as e:
@@ -238,7 +246,7 @@ class RetrievalIngress:
             rows: list[list[Any]] = [[{"document": doc, "score": s} for doc, s in docs] for docs in results]
         else:
             rows = [[doc for doc, _ in docs] for docs in results]
-        return await asyncio.to_thread(lambda: self.checks._reply({"result": rows}, advice).body)
+        return await asyncio.to_thread(self._encode, {"result": rows}, advice)
 
     async def _access(self, raw: bytes) -> bytes:
         """POST /access: each url from the shard it hashes to; a url that shard lacks from the others."""
@@ -252,7 +260,11 @@ class RetrievalIngress:
         missing = [j for j, row in enumerate(rows) if row is None]
         if missing and n > 1:  # a doc id, or a url no shard holds: asked of the shards it did not hash to
             await self._fill(rows, urls, {i: [j for j in missing if shard_of(urls[j], n) != i] for i in range(n)})
-        return await asyncio.to_thread(lambda: self.checks._reply({"result": rows}, "ask for fewer urls").body)
+        return await asyncio.to_thread(self._encode, {"result": rows}, "ask for fewer urls")
+
+    def _encode(self, payload: dict[str, Any], advice: str) -> bytes:
+        """The reply's JSON as `serve search` encodes it, or its 400 when longer than max_reply_bytes (on a thread)."""
+        return cast(bytes, self.checks._reply(payload, advice).body)
 
     async def _fill(self, rows: list[dict[str, Any] | None], urls: list[str], asks: dict[int, list[int]]) -> None:
         """Ask shard i for the urls at positions asks[i], every shard at once; fill the rows still empty."""
@@ -280,19 +292,23 @@ class RetrievalIngress:
         for attempt in range(layout.shard_retries + 1):
             if attempt:
                 await asyncio.sleep(min(0.05 * 2 ** (attempt - 1), 1.0))
+            self.counts["shard_calls"] += 1
             response = getattr(self.shards[shard], method).remote(*args)
             try:
                 return await asyncio.wait_for(_resolve(response), layout.shard_timeout_s)
             except TimeoutError:
                 response.cancel()
+                self.counts["shard_failures"] += 1
                 raise ShardCallFailed(
                     f"shard {shard} of {n} did not answer within {layout.shard_timeout_s:g} s (shard_timeout_s)"
                 ) from None
             except (RayActorError, BackPressureError) as e:  # a replica that died mid-call, or a full queue
                 last = e
-                logger.warning(
+                self.counts["shard_retries"] += 1
+                serve_log.warning(
                     "shard %d: %s; trying again (%d/%d)", shard, type(e).__name__, attempt + 1, layout.shard_retries
                 )
+        self.counts["shard_failures"] += 1
         raise ShardCallFailed(
             f"shard {shard} of {n} failed after {layout.shard_retries + 1} tries: {type(last).__name__}: {last}"
         )
@@ -338,12 +354,24 @@ def merge_shards(parts: list[Rows], k: int) -> Rows:
     return merged
 
 
+def ray_serve() -> Any:
+    """The `ray.serve` module, or MissingExtra naming `searchgym[serve-ray]` (Ray without its Serve dependencies
+    imports, and `ray.serve` then fails on starlette or fastapi, which no other extra should be blamed for)."""
+    try:
+        from ray import serve
+    except ModuleNotFoundError as e:
+        raise MissingExtra(
+            f"serving retrieval on Ray Serve needs searchgym[serve-ray] ({e.name} is not installed): "
+            f"{hint('serve-ray')}",
+            name=e.name,
+        ) from e
+    return serve
+
+
 def build_app(layout: RayServeLayout) -> Any:
     """The Ray Serve application (unstarted): one deployment per shard, `layout.replicas` replicas each, behind
     the ingress deployment that holds their handles."""
-    with needs("serving retrieval on Ray Serve"):
-        from ray import serve
-
+    serve = ray_serve()
     for key in ("replicas", "ingress_replicas", "threads", "max_ongoing_requests", "shard_retries"):
         value = getattr(layout, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "shard_retries" else 1):
@@ -380,19 +408,14 @@ def deploy(layout: RayServeLayout, *, name: str = APP_NAME, route_prefix: str = 
     """Start the application on the running Ray (a trainer's cluster: `ray.init(address=...)` first) and Serve
     (`start_serve`, or Serve's defaults: port 8000 on the head node); its ingress's DeploymentHandle. Returns once
     every replica is up; clients reach it at Serve's HTTP address plus `route_prefix`."""
-    with needs("serving retrieval on Ray Serve"):
-        from ray import serve
-
-    return serve.run(build_app(layout), name=name, route_prefix=route_prefix, blocking=False)
+    return ray_serve().run(build_app(layout), name=name, route_prefix=route_prefix, blocking=False)
 
 
 def start_serve(host: str = "127.0.0.1", port: int = 0) -> str:
     """Start Ray Serve's HTTP proxy on the running Ray at host:port (0: a free port); its base URL."""
-    with needs("serving retrieval on Ray Serve"):
-        from ray import serve
-
     from searchgym.core.ports import free_port
 
+    serve = ray_serve()
     port = port or free_port(host)
     serve.start(http_options={"host": host, "port": port})
     return f"http://{host}:{port}"
@@ -404,9 +427,8 @@ def serve_local(
 ) -> Iterator[str]:
     """The application on a local Ray (started here unless one runs) for the block; yields its base URL. Replicas
     that reserve no CPU (`shard_cpus=0`, `ingress_cpus=0`) let a 2-CPU Ray hold any number of them."""
-    with needs("serving retrieval on Ray Serve"):
-        import ray
-        from ray import serve
+    serve = ray_serve()
+    import ray
 
     started = not ray.is_initialized()
     if started:
@@ -448,8 +470,9 @@ def main(argv: list[str] | None = None) -> None:
         shard_cpus=args.shard_cpus,
         snippets=args.snippets,
     )
-    with needs("serving retrieval on Ray Serve"):
-        import ray
+    ray_serve()
+    import ray
+
     if args.address is not None:
         ray.init(address=args.address)
     with serve_local(layout, port=args.port) if args.address is None else _on_cluster(layout, args) as url:

@@ -12,6 +12,7 @@ import time
 import aiohttp
 import pytest
 
+from searchgym.envs.tools.base import BackendError
 from searchgym.envs.tools.corpus import read_corpus
 from searchgym.envs.tools.remote_search import RemoteSearch
 from searchgym.envs.tools.retrieval_server import serving
@@ -24,8 +25,8 @@ from searchgym.envs.tools.ray_search import RayServeLayout, deploy, merge_shards
 
 SHARDS = 2
 TIMEOUT = 30.0
-BATCH = 1024  # queries per request of the kill test's 4 big clients: their shard calls are long, so the kill lands
-# on calls in flight  # every client call has one: a hang is a failure, never a stuck test
+BATCH = 2048  # queries per request of the kill tests' 8 big clients: their calls are long, so a kill lands on calls
+# in flight  # every client call has one: a hang is a failure, never a stuck test
 
 
 @pytest.fixture(scope="module")
@@ -193,59 +194,104 @@ def _replicas(app: str, deployment: str) -> list[str]:
 
 
 def test_a_replica_killed_mid_load_loses_no_query(ray_serve, sharded_dir, docs):
-    """16 clients (4 sending 1,024 queries a request, 12 one) query the sharded application with no retries of their
-    own while one of shard 0's two replicas is killed (ray.kill, as a crash) with calls in flight: every query is
-    answered with the right hits, or with a clear error; none hangs, none is wrong, none is lost. Then Ray Serve
-    brings the shard back to two replicas."""
+    """16 clients (8 sending 2,048 queries a request, 8 one) query the sharded application over plain HTTP, with no
+    retries of their own, while one of shard 0's two replicas is killed (ray.kill, as a crash) with calls in flight:
+    every query is answered with the right hits, or with a clear error; none hangs, none is wrong, none is lost. Then
+    Ray Serve brings the shard back to two replicas."""
     queries = [d.title for d in random.Random(4).sample(docs, 40)]
     want = asyncio.run(_expected(sharded_dir, queries))
     victim = _replicas("sharded", "shard-00")[0]
-    tally = {"right": 0, "clear_error": 0, "wrong": 0, "lost": 0, "after_kill": 0}
-    killed_at: list[float] = []
+    url = ray_serve["sharded"] + "/retrieve"
 
-    async def client(s: aiohttp.ClientSession, i: int, stop: float) -> None:
-        n = i
-        while time.monotonic() < stop:
-            batch = [queries[(n + j) % len(queries)] for j in range(BATCH if i < 4 else 1)]  # big: long shard calls
-            n += 1
-            body = {"queries": batch, "topk": 5, "return_scores": True}
-            try:
-                status, raw = await asyncio.wait_for(_post(s, ray_serve["sharded"] + "/retrieve", body), TIMEOUT)
-            except (TimeoutError, aiohttp.ClientError):
-                tally["lost"] += len(batch)
-                continue
-            if status == 200:
-                for query, rows in zip(batch, json.loads(raw)["result"], strict=True):
-                    got = [(r["document"]["id"], r["score"]) for r in rows]
-                    tally["right" if got == want[query] else "wrong"] += 1
-                tally["after_kill"] += len(batch) * bool(killed_at)
-            else:
-                tally["clear_error" if "error" in json.loads(raw) else "lost"] += len(batch)
-
-    async def killer(stop: float) -> None:
-        await asyncio.sleep(2.0)
-        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
-        killed_at.append(time.monotonic())
-
-    async def run():
-        stop = time.monotonic() + 10.0
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(TIMEOUT)) as s:
-            await asyncio.gather(killer(stop), *(client(s, i, stop) for i in range(16)))
+    async def ask(s: aiohttp.ClientSession, batch: list[str]) -> list[list[tuple[str, float]]] | None:
+        """The hits, or None for a clear error (a status with {"error": ...}); anything else raises (lost)."""
+        status, raw = await _post(s, url, {"queries": batch, "topk": 5, "return_scores": True, "snippet": True})
+        if status != 200:
+            assert "error" in json.loads(raw), raw[:200]
+            return None
+        return [[(r["document"]["id"], r["score"]) for r in rows] for rows in json.loads(raw)["result"]]
 
     before = _ingress_stats()
-    asyncio.run(run())
+    tally = asyncio.run(_load_while_killing(ask, want, victim))
     stats = {k: v - before[k] for k, v in _ingress_stats().items()}
-    print("kill test tally:", tally, "ingress:", stats)
-    assert killed_at and tally["after_kill"] > 0 and tally["right"] > 100
+    print("shard replica kill:", tally, "ingress:", stats)
+    assert tally["after_kill"] > 0 and tally["right"] > 100
     assert tally["lost"] == 0 and tally["wrong"] == 0, tally
     assert stats["shard_retries"] >= 1, stats  # the kill caught shard calls in flight; the ingress sent them again
+    _wait_for_replicas("sharded", "shard-00", 2, victim)
+
+
+def test_an_ingress_replica_killed_mid_load_loses_no_query(ray_serve, small_bundle, small_index, docs):
+    """The whole index behind two ingress replicas; one is killed while 16 RemoteSearch clients query (RemoteSearch
+    retries what the proxy could not deliver): every query is answered right or fails with a clear BackendError."""
+    queries = [d.title for d in random.Random(5).sample(docs, 40)]
+    want = {q: [(h.doc_id, h.score) for h in small_index.search_sync(q, 5)] for q in queries}
+    layout = RayServeLayout(str(small_bundle / "index"), ingress_replicas=2, shard_cpus=0, ingress_cpus=0, threads=2)
+    deploy(layout, name="two-fronts", route_prefix="/two-fronts")
+    try:
+        victim = _replicas("two-fronts", "ingress")[0]
+        remote = RemoteSearch(ray_serve["whole"].replace("/whole", "/two-fronts"), timeout=TIMEOUT, max_batch=1)
+
+        async def ask(_: aiohttp.ClientSession, batch: list[str]) -> list[list[tuple[str, float]]] | None:
+            try:
+                hits = await remote.search_batch(batch, 5)
+            except BackendError:
+                return None
+            return [[(h.doc_id, h.score) for h in row] for row in hits]
+
+        tally = asyncio.run(_load_while_killing(ask, want, victim))
+        print("ingress replica kill:", tally, remote.stats())
+        assert tally["after_kill"] > 0 and tally["right"] > 100
+        assert tally["lost"] == 0 and tally["wrong"] == 0, tally
+        _wait_for_replicas("two-fronts", "ingress", 2, victim)
+    finally:
+        serve.delete("two-fronts")
+
+
+async def _load_while_killing(ask, want: dict[str, list[tuple[str, float]]], victim: str) -> dict[str, int]:
+    """16 clients calling `ask` for 10 s (8 with BATCH queries a call, 8 with one), every call under TIMEOUT, while
+    the replica actor `victim` is killed after 2 s; each query tallied: right, clear error, wrong or lost."""
+    queries = list(want)
+    tally = {"right": 0, "clear_error": 0, "wrong": 0, "lost": 0, "after_kill": 0}
+    killed: list[bool] = []
+    stop = time.monotonic() + 10.0
+
+    async def client(s: aiohttp.ClientSession, i: int) -> None:
+        n = i
+        while time.monotonic() < stop:
+            batch = [queries[(n + j) % len(queries)] for j in range(BATCH if i < 8 else 1)]  # big: long calls
+            n += 1
+            try:
+                got = await asyncio.wait_for(ask(s, batch), TIMEOUT)
+            except Exception:  # noqa: BLE001 -- a hang, a dropped connection, an unreadable reply: lost
+                tally["lost"] += len(batch)
+                continue
+            if got is None:
+                tally["clear_error"] += len(batch)
+                continue
+            for query, hits in zip(batch, got, strict=True):
+                tally["right" if hits == want[query] else "wrong"] += 1
+            tally["after_kill"] += len(batch) * bool(killed)
+
+    async def killer() -> None:
+        await asyncio.sleep(2.0)
+        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+        killed.append(True)
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(TIMEOUT)) as s:
+        await asyncio.gather(killer(), *(client(s, i) for i in range(16)))
+    return tally
+
+
+def _wait_for_replicas(app: str, deployment: str, n: int, gone: str) -> None:
+    """Ray Serve's health checks notice a death and start a new replica: wait (up to 2 minutes) for n again."""
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # Ray Serve's health checks notice the death and start a new replica
-        replicas = _replicas("sharded", "shard-00")
-        if len(replicas) == 2 and victim not in replicas:
-            break
+    while time.monotonic() < deadline:
+        replicas = _replicas(app, deployment)
+        if len(replicas) == n and gone not in replicas:
+            return
         time.sleep(1)
-    assert len(replicas) == 2 and victim not in replicas, replicas
+    raise AssertionError(f"{app}/{deployment} has replicas {replicas}, not {n} new ones")
 
 
 def _ingress_stats() -> dict[str, int]:

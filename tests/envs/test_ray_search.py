@@ -302,3 +302,19 @@ async def _expected(sharded_dir, queries: list[str]) -> dict[str, list[tuple[str
     """Each query's top 5 (doc id, score) as our own fan-out, ShardedSearch, ranks them."""
     fanout = open_sharded(sharded_dir)
     return {q: [(h.doc_id, h.score) for h in await fanout.search(q, 5)] for q in queries}
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({"replicas": 0}, "replicas must be a whole number of at least 1"),
+        ({"shard_retries": -1}, "shard_retries must be a whole number of at least 0"),
+        ({"default_topk": 200}, r"default_topk \(200\) must be at most max_topk \(100\)"),
+        ({"max_queries": 0}, "max_queries must be an integer of at least 1"),
+    ],
+)
+def test_a_bad_layout_is_refused_before_anything_starts(small_bundle, change, error):
+    from searchgym.envs.tools.ray_search import build_app
+
+    with pytest.raises(ValueError, match=error):
+        build_app(RayServeLayout(str(small_bundle / "index"), **change))

@@ -58,6 +58,7 @@ from searchgym.envs.tools.retrieval_server import (
     MAX_URLS,
     _RetrievalServer,
     _strings,
+    create_app,
     page_row,
     parse_body,
 )
@@ -378,7 +379,17 @@ def build_app(layout: RayServeLayout) -> Any:
             raise ValueError(
                 f"{key} must be a whole number of at least {0 if key == 'shard_retries' else 1}, got {value!r}"
             )
-    layout.checker()  # the request caps, checked as `serve search` checks them (ValueError naming the bad one)
+    create_app(  # the request caps, checked as `serve search` checks them (ValueError naming the bad one)
+        None,  # type: ignore[arg-type]  # only the checks run: the app is never served
+        threads=layout.threads,
+        max_queries=layout.max_queries,
+        max_urls=layout.max_urls,
+        max_topk=layout.max_topk,
+        default_topk=layout.default_topk,
+        client_max_size=layout.client_max_size,
+        max_docs=layout.max_docs,
+        max_reply_bytes=layout.max_reply_bytes,
+    )
     shards = [
         serve.deployment(ShardReplica)
         .options(

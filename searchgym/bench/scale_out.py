@@ -12,9 +12,9 @@ whole and as `--shards` shards (`index build --shards`). Then, with each layout'
   answered, p50/p99 latency, errors, and whether each hit list holds the queried page in its top k;
 - memory: each server's resident set after the load (a shard holds a share of the index).
 
-Beside them, the whole index as a Ray Serve application with 1 and with 2 replicas (`ray_1`, `ray_2`; see
-scale_out_ray.py), loaded the same way in the same rounds, so one run compares one server, Ray Serve's replicas and
-the shards.
+Beside them, the whole index as a Ray Serve application with 1 and with 2 replicas (`ray_1`, `ray_2`) and the shards
+as one (`ray_sharded`; see scale_out_ray.py), loaded the same way in the same rounds, so one run compares one server,
+Ray Serve's replicas and the shards.
 
 Numbers go to results/bench_scale_out.json (with the machine), never asserted in tests.
 """
@@ -78,7 +78,7 @@ def run_scale_out(
                 stack, [root / "shards" / f"shard-{i:02d}" / "index" for i in range(shards)], starts, "sharded"
             )
             layouts = {"single": [[s.url] for s in single], "sharded": [[s.url] for s in sharded]}
-            layouts |= stack.enter_context(ray_arms(root / "index", RAY_REPLICAS, starts, report))
+            layouts |= stack.enter_context(ray_arms(root / "index", root / "shards", RAY_REPLICAS, starts, report))
             report["startup_s"] = {
                 name: {"servers": [round(s, 2) for s in times], "ready": round(max(times), 2)}
                 for name, times in starts.items()

@@ -1,6 +1,6 @@
 """`searchgym bench scale-out` end to end on a small world: every layout (one server, shards, Ray Serve with 1 and 2
-replicas) starts, answers every query under concurrent clients and finds the queried page, and the report holds the
-side-by-side figures (never asserted as speeds)."""
+replicas and over the shards) starts, answers every query under concurrent clients and finds the queried page, and
+the report holds the side-by-side figures (never asserted as speeds)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_scale_out_bench_runs_both_layouts_side_by_side(tmp_path):
     ) in (0, None)
     report = json.loads(out.read_text())
     assert report["shards"] == 2 and len(report["startup_s"]["sharded"]["servers"]) == 2
-    ray_arms = () if "ray_skipped" in report else ("ray_1", "ray_2")  # Ray Serve with 1 and 2 replicas, same rounds
+    ray_arms = () if "ray_skipped" in report else ("ray_1", "ray_2", "ray_sharded")  # Ray Serve, same rounds
     for layout in ("single", "sharded", *ray_arms):
         rows = report["rounds_by_layout"][layout]
         assert len(rows) == 2 and all(r["answered"] > 0 for r in rows)

@@ -12,6 +12,10 @@ whole and as `--shards` shards (`index build --shards`). Then, with each layout'
   answered, p50/p99 latency, errors, and whether each hit list holds the queried page in its top k;
 - memory: each server's resident set after the load (a shard holds a share of the index).
 
+Beside them, the whole index as a Ray Serve application with 1 and with 2 replicas (`ray_1`, `ray_2`) and the shards
+as one (`ray_sharded`; see scale_out_ray.py), loaded the same way in the same rounds, so one run compares one server,
+Ray Serve's replicas and the shards.
+
 Numbers go to results/bench_scale_out.json (with the machine), never asserted in tests.
 """
 
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.bench.load import ServerProcess
+from searchgym.bench.scale_out_ray import RAY_REPLICAS, ray_arms
 from searchgym.core.atomic_file import write_atomic
 from searchgym.core.server_limits import raise_open_files_limit
 from searchgym.envs.tools.corpus import read_corpus
@@ -72,14 +77,15 @@ def run_scale_out(
             sharded = _start(
                 stack, [root / "shards" / f"shard-{i:02d}" / "index" for i in range(shards)], starts, "sharded"
             )
+            layouts = {"single": [[s.url] for s in single], "sharded": [[s.url] for s in sharded]}
+            layouts |= stack.enter_context(ray_arms(root / "index", root / "shards", RAY_REPLICAS, starts, report))
             report["startup_s"] = {
                 name: {"servers": [round(s, 2) for s in times], "ready": round(max(times), 2)}
                 for name, times in starts.items()
             }
-            layouts = {"single": [[s.url] for s in single], "sharded": [[s.url] for s in sharded]}
-            results: dict[str, list[dict[str, Any]]] = {"single": [], "sharded": []}
-            for r in range(rounds):
-                for name in ("single", "sharded") if r % 2 == 0 else ("sharded", "single"):
+            results: dict[str, list[dict[str, Any]]] = {name: [] for name in layouts}
+            for r in range(rounds):  # A B C D, then D C B A: every layout sees the same machine
+                for name in list(layouts) if r % 2 == 0 else list(reversed(layouts)):
                     results[name].append(asyncio.run(_load(layouts[name], queries, clients, seconds)))
             report["rounds_by_layout"] = results
             report["rss_mb"] = {
@@ -88,9 +94,11 @@ def run_scale_out(
             }
         report["summary"] = {name: _summary(rows) for name, rows in results.items()}
         qps = {name: s["queries_per_s"] for name, s in report["summary"].items()}
-        report["summary"]["sharded_over_single_qps"] = (
-            round(qps["sharded"] / qps["single"], 3) if qps["single"] else None
-        )
+        for name in results:
+            if name != "single":
+                report["summary"][f"{name}_over_single_qps"] = (
+                    round(qps[name] / qps["single"], 3) if qps["single"] else None
+                )
     if out is not None:
         write_atomic(Path(out), json.dumps(report, indent=2) + "\n")
     return report

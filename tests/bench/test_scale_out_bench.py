@@ -1,6 +1,6 @@
-"""`searchgym bench scale-out` end to end on a small world: both layouts start, answer every query under
-concurrent clients, find the queried page, and the report holds the side-by-side figures (never asserted as
-speeds)."""
+"""`searchgym bench scale-out` end to end on a small world: every layout (one server, shards, Ray Serve with 1 and 2
+replicas and over the shards) starts, answers every query under concurrent clients and finds the queried page, and
+the report holds the side-by-side figures (never asserted as speeds)."""
 
 from __future__ import annotations
 
@@ -33,9 +33,11 @@ def test_scale_out_bench_runs_both_layouts_side_by_side(tmp_path):
     ) in (0, None)
     report = json.loads(out.read_text())
     assert report["shards"] == 2 and len(report["startup_s"]["sharded"]["servers"]) == 2
-    for layout in ("single", "sharded"):
+    ray_arms = () if "ray_skipped" in report else ("ray_1", "ray_2", "ray_sharded")  # Ray Serve, same rounds
+    for layout in ("single", "sharded", *ray_arms):
         rows = report["rounds_by_layout"][layout]
         assert len(rows) == 2 and all(r["answered"] > 0 for r in rows)
         assert report["summary"][layout]["errors"] == 0
         assert report["summary"][layout]["page_in_top_k"] >= 0.9  # a title query finds its page in either layout
     assert len(report["rss_mb"]["sharded"]) == 2 and report["summary"]["sharded_over_single_qps"] > 0
+    assert all(report["summary"][f"{arm}_over_single_qps"] > 0 for arm in ray_arms)

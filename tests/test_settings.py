@@ -314,7 +314,7 @@ def test_bench_trainer_flags_file_and_overrides_reach_the_run(tmp_path, capsys, 
             ["synthesize", "--corpus", "c", "--engine", "e", "--out", "p.jsonl", "--max-solve-rate", "1.5"],
             "max_solve_rate",
         ),
-        (["model", "tiny", "--out", "m", "--copy-steps", "-2"], "steps"),
+        (["model", "tiny", "--out", "m", "--copy-steps", "-2"], "copy_steps"),
     ],
 )
 def test_other_commands_check_their_flags_through_the_loader(argv, key, capsys, tmp_path, monkeypatch):

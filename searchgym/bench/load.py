@@ -23,6 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ import aiohttp
 
 from searchgym.bench.load_targets import EnvTarget, ModelTarget, SearchTarget, error_kind
 from searchgym.core.server_limits import raise_open_files_limit
+from searchgym.settings import setting
 
 CLIENTS = (50, 200, 1000)
 ENV_ID = "searchgym/SyntheticQA-v0"
@@ -374,3 +376,30 @@ def markdown_table(report: dict[str, Any]) -> str:
                 f"{released['fds']:,} |"
             )
     return "\n".join(lines) + "\n"
+
+
+@dataclass
+class LoadBenchSettings:
+    """`searchgym bench load`: the servers driven at many clients, or (`markdown`) the table of a report."""
+
+    servers: str = setting("model,search,env", help="comma-separated: model, search, env")
+    quick: bool = setting(False, help="a smoke test: 20 and 50 clients, 50 idle sockets, 1 MB")
+    out: Path | None = setting(None, help="default results/bench_load.json (--quick: results/bench_load_quick.json)")
+    markdown: bool = setting(False, help="only print docs/reliability.md's table of --out")
+
+
+def load_bench_command(settings: LoadBenchSettings) -> None:
+    # a --quick smoke test never replaces the committed report that README and docs render
+    quick_out = settings.quick and not settings.markdown
+    out = settings.out or Path("results/bench_load_quick.json" if quick_out else "results/bench_load.json")
+    if settings.markdown:  # docs/reliability.md's load table is this output
+        print(markdown_table(json.loads(out.read_text())), end="")
+        return
+    quick: dict[str, Any] = (
+        {"clients": (20, 50), "rounds": 1, "idle": 50, "oversized_mb": 1.0, "header_timeout": 3.0}
+        if settings.quick
+        else {}
+    )
+    report = run_load(out, servers=tuple(settings.servers.split(",")), **quick)
+    print(markdown_table(report), end="")
+    print(f"written to {out}")

@@ -27,9 +27,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from searchgym.settings import setting
 from searchgym.testing import faults
 from searchgym.testing.kills import DrillResult, drill_agent_synthesis, drill_eval, drill_kbwalk_synthesis, drill_train
 
@@ -536,3 +538,36 @@ def generated_block(text: str, mark: str) -> str:
             break
         rows.append(line)
     return "\n".join(rows) + "\n"
+
+
+@dataclass
+class ReliabilitySettings:
+    """`searchgym bench reliability`: every fault class with fixed seeds, or (`markdown`) a table of the report."""
+
+    seed: int = setting(SEED, help="the seed of every fuzzed class")
+    n: int = setting(200, at_least=1, help="forms per fuzzed class")
+    kills: bool = setting(True, help="the kill-and-resume drills (subprocesses, minutes); --no-kills skips them")
+    workdir: Path | None = setting(None, help="where the drills write (default: a temp dir)")
+    out: Path = setting(Path("results/reliability.json"), help="the report JSON")
+    markdown: str | None = setting(
+        None,
+        choices=(None, "readme", "docs"),
+        help="only print README's (short) or docs/reliability.md's table of the existing --out report",
+    )
+    load: Path = setting(
+        Path("results/bench_load.json"), help="the `bench load` report README's table also renders (when it exists)"
+    )
+
+
+def reliability_command(settings: ReliabilitySettings) -> None:
+    """Run every fault class and print the table, or (`markdown`) render a table of the existing report."""
+    if settings.markdown:  # README's and docs/reliability.md's tables are this output
+        report = json.loads(Path(settings.out).read_text())
+        load = json.loads(settings.load.read_text()) if settings.load.exists() else None  # README's row renders both
+        print(readme_table(report, load) if settings.markdown == "readme" else markdown_table(report), end="")
+        return
+    report = run_reliability(
+        settings.out, workdir=settings.workdir, seed=settings.seed, n=settings.n, kills=settings.kills
+    )
+    print(markdown_table(report), end="")
+    print(f"written to {settings.out}")

@@ -28,7 +28,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,38 +52,52 @@ STALENESS_SWEEP = (0, 1, 2, 4, 8)
 class TrainerBenchConfig:
     """`searchgym bench trainer`'s settings (its flags, `--config FILE` and dotted overrides, one loader)."""
 
-    steps: int = setting(5, at_least=1)  # learner steps per run
-    warmup_steps: int = setting(1, at_least=0)  # steps left out of the steady-state throughput
-    final_steps: int = setting(2, at_least=1)  # last steps whose episodes give the final reward
-    rounds: int = setting(1, at_least=1)  # passes over the sweep, alternately forwards and backwards
-    staleness: list[int] = field(default_factory=lambda: list(STALENESS_SWEEP))  # 0: the synchronous baseline
-    headline_staleness: int = setting(4, at_least=0)  # the bound the headline speedup quotes
+    steps: int = setting(5, at_least=1, help="learner steps per run")
+    warmup_steps: int = setting(1, at_least=0, help="steps left out of the steady-state throughput")
+    final_steps: int = setting(2, at_least=1, help="last steps whose episodes give the final reward")
+    rounds: int = setting(1, at_least=1, help="passes over the sweep, alternately forwards and backwards")
+    staleness: list[int] = setting(
+        default_factory=lambda: list(STALENESS_SWEEP),
+        help="staleness bounds to sweep, comma-separated (0: the synchronous baseline, required)",
+    )
+    headline_staleness: int = setting(4, at_least=0, help="the bound the headline speedup quotes")
     # learner.proximal per run, crossed with the sweep (issue 29's objective axis): "recompute" is decoupled PPO,
     # "behaviour" plain PPO without the proximal forward pass; the first one gives `sweep` and the headline
-    proximal: list[str] = field(default_factory=lambda: ["recompute"])
-    size: int = setting(1000, at_least=1)  # pages in the synthetic world
-    n_tasks: int = setting(200, at_least=1)
-    seed: int = 0  # training seed (and the latency and workload seeds)
-    group_size: int = setting(4, at_least=1)  # episodes per task
-    batch_size: int = setting(2, at_least=1)  # groups per learner step
-    max_concurrent: int = setting(64, at_least=1)  # rollout.max_concurrent_rollouts (episodes)
-    lr: float = setting(1e-2, above=0)  # learning rate of the tiny policy
-    turns_median: float = setting(3.0, at_least=1)  # the workload (workload.py)
-    turns_p90: float = 16.0
-    turns_max: int = 40
-    turn_tokens_median: float = setting(48.0, at_least=1)
-    turn_tokens_sigma: float = setting(0.5, at_least=0)
-    turn_tokens_max: int = 192
-    episode_tokens_min: int = setting(58, at_least=1)
-    episode_tokens_max: int = 1920
-    tail_share: float = setting(0.0, at_least=0, at_most=1)
-    context_policy: str = setting("end", choices=("end", "fold", "summarise"))  # rollout.context_policy
-    latency_ms: float = setting(250.0, at_least=0)  # median tool latency
-    latency_alpha: float = setting(1.2, above=0)  # Pareto tail index (smaller: heavier tail)
-    latency_max_s: float = setting(10.0, at_least=0)  # cap on one tool call's latency
-    threads: int = setting(1, at_least=0)  # torch intra-op threads (0: torch's default)
-    out: str = "results/bench_trainer.json"
-    workdir: str | None = None  # where the runs write (None: a temp dir)
+    proximal: list[str] = setting(
+        default_factory=lambda: ["recompute"], help="learner.proximal per run, comma-separated: recompute, behaviour"
+    )
+    size: int = setting(1000, at_least=1, help="pages in the synthetic world")
+    n_tasks: int = setting(200, at_least=1, help="tasks in the pool")
+    seed: int = setting(0, help="training seed (and the latency and workload seeds)")
+    group_size: int = setting(4, at_least=1, help="episodes per task")
+    batch_size: int = setting(2, at_least=1, help="groups per learner step")
+    max_concurrent: int = setting(64, at_least=1, help="rollout.max_concurrent_rollouts (episodes)")
+    lr: float = setting(1e-2, above=0, help="learning rate of the tiny policy")
+    turns_median: float = setting(3.0, at_least=1, help="median turns per episode")  # the workload (workload.py)
+    turns_p90: float = setting(16.0, help="90th percentile of turns per episode")
+    turns_max: int = setting(40, help="most turns an episode plays")
+    turn_tokens_median: float = setting(48.0, at_least=1, help="median tokens one turn generates")
+    turn_tokens_sigma: float = setting(0.5, at_least=0, help="log-normal sigma of a turn's tokens")
+    turn_tokens_max: int = setting(192, help="most tokens one turn generates")
+    episode_tokens_min: int = setting(58, at_least=1, help="fewest tokens an episode generates")
+    episode_tokens_max: int = setting(1920, help="most tokens an episode generates")
+    tail_share: float = setting(
+        0.0,
+        at_least=0,
+        at_most=1,
+        help="share of episodes that play exactly --turns-max turns (a long tail on purpose)",
+    )
+    context_policy: str = setting(
+        "end",
+        choices=("end", "fold", "summarise"),
+        help="what an episode does when its context is full (rollout.context_policy)",
+    )
+    latency_ms: float = setting(250.0, at_least=0, help="median tool latency")
+    latency_alpha: float = setting(1.2, above=0, help="Pareto tail index (smaller: heavier tail)")
+    latency_max_s: float = setting(10.0, at_least=0, help="cap on one tool call's latency")
+    threads: int = setting(1, at_least=0, help="torch intra-op threads (0: torch's default)")
+    out: str = setting("results/bench_trainer.json", help="the report JSON")
+    workdir: str | None = setting(None, help="where the runs write (default: a temp dir)")
 
     def check(self) -> Iterator[tuple[str, str]]:
         """The checks that span fields: the sweep, the step windows and the workload's shape."""
@@ -573,3 +587,7 @@ def _sweep(runs: list[dict[str, Any]], staleness: Sequence[int]) -> dict[str, An
 def _mean(values: Any) -> float | None:
     present = [v for v in values if v is not None]
     return round(statistics.fmean(present), 4) if present else None
+
+
+def trainer_bench_command(config: TrainerBenchConfig) -> None:
+    print(json.dumps(run_trainer_bench_config(config), indent=2))

@@ -91,7 +91,9 @@ def run_engine_bench(settings: EngineBenchSettings) -> dict[str, Any]:
     }
     if settings.traffic in ("single", "both"):  # the single-turn figures and their setup stay at the top level
         results.update(setup)
-        results.update(_single_turn(engine, tuple(settings.concurrency), settings.new_tokens, settings.baseline_requests))
+        results.update(
+            _single_turn(engine, tuple(settings.concurrency), settings.new_tokens, settings.baseline_requests)
+        )
     if settings.traffic in ("multiturn", "both"):  # each concurrency in turn; `multiturn` keeps the last, the sweep all
         sweep = {str(n): _multi_turn(engine, n, settings) for n in counts}
         results["multiturn"] = {**setup, **sweep[str(counts[-1])]}

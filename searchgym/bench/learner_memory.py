@@ -194,59 +194,85 @@ def estimate_gib(head: str, length: int, trained_share: float, chunk_tokens: int
     return positions * VOCAB * (dtype_bytes + 12) / 2**30 + 0.5
 
 
-def run_learner_memory_bench(
-    out: str | os.PathLike = "results/bench_learner_memory.json",
-    *,
-    lengths: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768),
-    device: str = "cpu",
-    dtype: str | None = None,
-    trained_share: float = 0.25,
-    steps: int = 2,
-    chunk_tokens: int = 512,
-    max_gib: float = 16.0,
-    agreement_length: int = 2048,
-) -> dict[str, Any]:
+@dataclass
+class LearnerBenchSettings:
+    """`searchgym bench learner` (and `python -m searchgym.bench.learner_memory`): lengths, device, heads' settings."""
+
+    lengths: str = setting("1024,2048,4096,8192,16384,32768", help="trajectory lengths, comma-separated")
+    device: str = setting("cpu", help="cpu or cuda")
+    dtype: str | None = setting(None, help="model dtype (default: bfloat16 on cuda, float32 on cpu)")
+    trained_share: float = setting(0.25, help="share of a trajectory's tokens generated")
+    steps: int = setting(2, at_least=1, help="timed steps after the warm-up step")
+    chunk_tokens: int = setting(512, at_least=1, help="learner.logit_chunk_tokens")
+    max_gib: float = setting(16.0, help="skip runs whose loss head alone is estimated above it")
+    out: Path = setting(Path("results/bench_learner_memory.json"), help="the results JSON")
+    agreement_length: int = setting(2048, at_least=2, help="trajectory length of the fp32 agreement row")
+
+    def lengths_list(self) -> tuple[int, ...]:
+        """`lengths` as integers (ValueError naming --lengths for anything else)."""
+        try:
+            lengths = tuple(int(x) for x in str(self.lengths).split(",") if x.strip())
+        except ValueError:
+            lengths = ()
+        if not lengths or min(lengths) < 2:
+            raise ValueError(f"--lengths must be integers >= 2, got {self.lengths!r}")
+        return lengths
+
+
+def run_learner_memory_bench(settings: LearnerBenchSettings) -> dict[str, Any]:
     """Every length with both heads (interleaved, each in its own process), plus the fp32 agreement row."""
     import torch
 
-    if device == "cuda" and not torch.cuda.is_available():
+    if not 0 < settings.trained_share <= 1:
+        raise ValueError(f"--trained-share must be in (0, 1], got {settings.trained_share}")
+    lengths = settings.lengths_list()
+
+    if settings.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda needs a CUDA GPU; none is visible")
-    dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
+    dtype = settings.dtype or ("bfloat16" if settings.device == "cuda" else "float32")
     rows = []
     for i, length in enumerate(lengths):
         for head in HEADS if i % 2 == 0 else HEADS[::-1]:
             if (
-                estimate_gib(head, length, trained_share, chunk_tokens, torch.finfo(getattr(torch, dtype)).bits // 8)
-                > max_gib
+                estimate_gib(
+                    head,
+                    length,
+                    settings.trained_share,
+                    settings.chunk_tokens,
+                    torch.finfo(getattr(torch, dtype)).bits // 8,
+                )
+                > settings.max_gib
             ):
-                rows.append({"head": head, "length": length, "skipped": f"estimated over --max-gib {max_gib:g}"})
+                rows.append(
+                    {"head": head, "length": length, "skipped": f"estimated over --max-gib {settings.max_gib:g}"}
+                )
                 continue
             rows.append(
                 _in_subprocess(
                     head,
                     length,
-                    device=device,
+                    device=settings.device,
                     dtype=dtype,
-                    trained_share=trained_share,
-                    steps=steps,
-                    chunk_tokens=chunk_tokens,
+                    trained_share=settings.trained_share,
+                    steps=settings.steps,
+                    chunk_tokens=settings.chunk_tokens,
                 )
             )
             print(json.dumps(rows[-1]), flush=True)
     result = {
-        "device": torch.cuda.get_device_name() if device == "cuda" else f"cpu ({os.cpu_count()} cores)",
+        "device": torch.cuda.get_device_name() if settings.device == "cuda" else f"cpu ({os.cpu_count()} cores)",
         "vocab_size": VOCAB,
         "shape": SHAPE,
         "dtype": dtype,
-        "trained_share": trained_share,
-        "logit_chunk_tokens": chunk_tokens,
-        "timed_steps": steps,
+        "trained_share": settings.trained_share,
+        "logit_chunk_tokens": settings.chunk_tokens,
+        "timed_steps": settings.steps,
         "rows": rows,
         "ratios": _ratios(rows),
-        "agreement_fp32": agreement(device=device, length=agreement_length),
+        "agreement_fp32": agreement(device=settings.device, length=settings.agreement_length),
     }
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    Path(settings.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(settings.out).write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
@@ -278,44 +304,8 @@ def _in_subprocess(head: str, length: int, **kwargs: Any) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@dataclass
-class LearnerBenchSettings:
-    """`searchgym bench learner` (and `python -m searchgym.bench.learner_memory`): lengths, device, heads' settings."""
-
-    lengths: str = setting("1024,2048,4096,8192,16384,32768", help="trajectory lengths, comma-separated")
-    device: str = setting("cpu", help="cpu or cuda")
-    dtype: str | None = setting(None, help="model dtype (default: bfloat16 on cuda, float32 on cpu)")
-    trained_share: float = setting(0.25, help="share of a trajectory's tokens generated")
-    steps: int = setting(2, at_least=1, help="timed steps after the warm-up step")
-    chunk_tokens: int = setting(512, at_least=1, help="learner.logit_chunk_tokens")
-    max_gib: float = setting(16.0, help="skip runs whose loss head alone is estimated above it")
-    out: Path = setting(Path("results/bench_learner_memory.json"), help="the results JSON")
-
-
-def run_learner_bench(settings: LearnerBenchSettings) -> dict[str, Any]:
-    """Run the whole bench with these settings (the flags' names in what it refuses)."""
-    if not 0 < settings.trained_share <= 1:
-        raise ValueError(f"--trained-share must be in (0, 1], got {settings.trained_share}")
-    try:
-        lengths = tuple(int(x) for x in str(settings.lengths).split(",") if x.strip())
-    except ValueError:
-        lengths = ()
-    if not lengths or min(lengths) < 2:
-        raise ValueError(f"--lengths must be integers >= 2, got {settings.lengths!r}")
-    return run_learner_memory_bench(
-        settings.out,
-        lengths=lengths,
-        device=settings.device,
-        dtype=settings.dtype,
-        trained_share=settings.trained_share,
-        steps=settings.steps,
-        chunk_tokens=settings.chunk_tokens,
-        max_gib=settings.max_gib,
-    )
-
-
 def learner_bench_command(settings: LearnerBenchSettings) -> None:
-    print(json.dumps(run_learner_bench(settings)["ratios"], indent=2))
+    print(json.dumps(run_learner_memory_bench(settings)["ratios"], indent=2))
 
 
 def main(argv: list[str] | None = None) -> None:

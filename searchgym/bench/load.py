@@ -13,6 +13,7 @@ and after they are released. Numbers go to results/bench_load.json, never assert
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import socket
@@ -242,20 +243,28 @@ async def _drive(target: Any, server: ServerProcess, clients: tuple[int, ...], *
     return {"runs": [await one_run(target, server, mode, c, **kw) for c in clients for mode in target.modes]}
 
 
-def run_load(
-    out: str | os.PathLike | None = "results/bench_load.json",
-    *,
-    clients: tuple[int, ...] = CLIENTS,
-    rounds: int = 2,
-    idle: int = 1000,
-    oversized_mb: float = 10.0,
-    timeout: float = 60.0,
-    servers: tuple[str, ...] = ("model", "search", "env"),
-    model: Path | None = None,
-    workdir: str | os.PathLike | None = None,
-    references: int = 32,
-    header_timeout: float = 10.0,
-) -> dict[str, Any]:
+@dataclass
+class LoadBenchSettings:
+    """`searchgym bench load`: the servers driven at many clients, or (`markdown`) the table of a report."""
+
+    servers: list[str] = setting(
+        default_factory=lambda: ["model", "search", "env"], help="comma-separated: model, search, env"
+    )
+    quick: bool = setting(False, help="a smoke test: 20 and 50 clients, 50 idle sockets, 1 MB")
+    out: Path | None = setting(None, help="default results/bench_load.json (--quick: results/bench_load_quick.json)")
+    markdown: bool = setting(False, help="only print docs/reliability.md's table of --out")
+    clients: list[int] = setting(default_factory=lambda: list(CLIENTS), help="client counts, comma-separated")
+    rounds: int = setting(2, at_least=1, help="rounds per client count")
+    idle: int = setting(1000, at_least=0, help="idle sockets held open beside the clients")
+    oversized_mb: float = setting(10.0, above=0, help="size of the one oversized request")
+    timeout: float = setting(60.0, above=0, help="seconds a client waits for a reply")
+    model: Path | None = setting(None, help="the model server's model directory (default: a tiny model)")
+    workdir: Path | None = setting(None, help="where the tiny model is built (default: a temp dir)")
+    references: int = setting(32, at_least=1, help="distinct prompts, queries and tasks, each asked alone first")
+    header_timeout: float = setting(10.0, above=0, help="every server's --header-timeout (idle sockets closed)")
+
+
+def run_load(settings: LoadBenchSettings) -> dict[str, Any]:
     """Drive each server at each client count; write the report to `out` (unless None) and return it.
 
     Every server runs with `--header-timeout header_timeout`: idle sockets are counted closed after it.
@@ -266,65 +275,71 @@ def run_load(
     from searchgym.envs.factory import make_unwrapped
     from searchgym.world.bundle import ensure_bundle
 
-    unknown = [s for s in servers if s not in ("model", "search", "env")]
+    unknown = [s for s in settings.servers if s not in ("model", "search", "env")]
     if unknown:
         raise ValueError(f"servers: unknown {unknown}; choose from model, search, env")
     limits = raise_open_files_limit()
     t_start = time.perf_counter()
     env = make_unwrapped(ENV_ID, **ENV_KWARGS)
-    tasks = [(t.id, t.metadata["start_query"], t.answers[0]) for t in list(env.tasks)[:references]]
+    tasks = [(t.id, t.metadata["start_query"], t.answers[0]) for t in list(env.tasks)[: settings.references]]
     env.close()
     kw = {
-        "rounds": rounds,
-        "idle": idle,
-        "oversized_bytes": int(oversized_mb * 1_000_000),
-        "timeout": timeout,
-        "header_timeout": header_timeout,
+        "rounds": settings.rounds,
+        "idle": settings.idle,
+        "oversized_bytes": int(settings.oversized_mb * 1_000_000),
+        "timeout": settings.timeout,
+        "header_timeout": settings.header_timeout,
     }
-    report: dict[str, Any] = {
-        "machine": {**_machine(), "load_before": os.getloadavg()},
-        "config": {
-            "clients": list(clients),
-            "rounds_per_client": rounds,
-            "idle_sockets": idle,
-            "oversized_mb": oversized_mb,
-            "timeout_s": timeout,
-            "references": references,
-            "header_timeout_s": header_timeout,
-            "open_files_limit": list(limits),
-        },
-        "servers": {},
-    }
+    report = _report_head(settings, limits, _machine())
     with ExitStack() as stack:
-        work = Path(workdir) if workdir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        work = Path(settings.workdir) if settings.workdir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         targets: dict[str, Callable[[], Any]] = {
             "search": lambda: SearchTarget(
                 ensure_bundle(size=1000, seed=0, n_tasks=200) / "index", [q for _, q, _ in tasks]
             ),
-            "env": lambda: EnvTarget(ENV_ID, ENV_KWARGS, tasks, max_sessions=max(clients) + 64),
+            "env": lambda: EnvTarget(ENV_ID, ENV_KWARGS, tasks, max_sessions=max(settings.clients) + 64),
         }
-        if "model" in servers:
+        model = settings.model
+        if "model" in settings.servers:
             if model is None:
                 model = work / "tiny-model"
                 if not (model / "config.json").exists():
                     build_tiny_model(model, seed=0)
             elif not (Path(model) / "config.json").exists():
                 raise ValueError(f"model: {model} is not a model directory (no config.json)")
-            targets["model"] = lambda: ModelTarget(Path(model), n_prompts=references)
-        for name in servers:
+            targets["model"] = lambda: ModelTarget(Path(model), n_prompts=settings.references)
+        for name in settings.servers:
             target = targets[name]()
             with ServerProcess(
-                lambda port, target=target: [*target.argv(port), "--header-timeout", str(header_timeout)]
+                lambda port, target=target: [*target.argv(port), "--header-timeout", str(settings.header_timeout)]
             ) as server:
-                row = asyncio.run(_drive(target, server, clients, **kw))
+                row = asyncio.run(_drive(target, server, tuple(settings.clients), **kw))
                 report["servers"][name] = {"argv": target.argv(0)[:2], "pid_open_files_limit": _limit(server), **row}
     report["machine"]["load_after"] = os.getloadavg()
     report["summary"] = summary(report)
     report["seconds"] = round(time.perf_counter() - t_start, 1)
-    if out is not None:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(report, indent=2) + "\n")
+    if settings.out is not None:
+        Path(settings.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(settings.out).write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _report_head(settings: LoadBenchSettings, limits: tuple[int, int], machine: dict[str, Any]) -> dict[str, Any]:
+    """The report before any server ran: the machine and the settings."""
+    return {
+        "machine": {**machine, "load_before": os.getloadavg()},
+        "config": {
+            "clients": list(settings.clients),
+            "rounds_per_client": settings.rounds,
+            "idle_sockets": settings.idle,
+            "oversized_mb": settings.oversized_mb,
+            "timeout_s": settings.timeout,
+            "references": settings.references,
+            "header_timeout_s": settings.header_timeout,
+            "open_files_limit": list(limits),
+        },
+        "servers": {},
+    }
 
 
 def summary(report: dict[str, Any]) -> dict[str, Any]:
@@ -378,16 +393,6 @@ def markdown_table(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-@dataclass
-class LoadBenchSettings:
-    """`searchgym bench load`: the servers driven at many clients, or (`markdown`) the table of a report."""
-
-    servers: str = setting("model,search,env", help="comma-separated: model, search, env")
-    quick: bool = setting(False, help="a smoke test: 20 and 50 clients, 50 idle sockets, 1 MB")
-    out: Path | None = setting(None, help="default results/bench_load.json (--quick: results/bench_load_quick.json)")
-    markdown: bool = setting(False, help="only print docs/reliability.md's table of --out")
-
-
 def load_bench_command(settings: LoadBenchSettings) -> None:
     # a --quick smoke test never replaces the committed report that README and docs render
     quick_out = settings.quick and not settings.markdown
@@ -396,10 +401,10 @@ def load_bench_command(settings: LoadBenchSettings) -> None:
         print(markdown_table(json.loads(out.read_text())), end="")
         return
     quick: dict[str, Any] = (
-        {"clients": (20, 50), "rounds": 1, "idle": 50, "oversized_mb": 1.0, "header_timeout": 3.0}
+        {"clients": [20, 50], "rounds": 1, "idle": 50, "oversized_mb": 1.0, "header_timeout": 3.0}
         if settings.quick
         else {}
     )
-    report = run_load(out, servers=tuple(settings.servers.split(",")), **quick)
+    report = run_load(dataclasses.replace(settings, out=out, **quick))
     print(markdown_table(report), end="")
     print(f"written to {out}")

@@ -368,34 +368,45 @@ def _timed(drill: Callable[[], DrillResult]) -> dict[str, Any]:
     return _kill_row(result, time.perf_counter() - t0)
 
 
-def run_reliability(
-    out: str | Path | None = "results/reliability.json",
-    *,
-    workdir: str | Path | None = None,
-    seed: int = SEED,
-    n: int = 200,
-    kills: bool = True,
-    model: Path | None = None,
-) -> dict[str, Any]:
-    """Run every fault class (kills too unless `kills=False`); write the report to `out` and return it.
+@dataclass
+class ReliabilitySettings:
+    """`searchgym bench reliability`: every fault class with fixed seeds, or (`markdown`) a table of the report."""
+
+    seed: int = setting(SEED, help="the seed of every fuzzed class")
+    n: int = setting(200, at_least=1, help="forms per fuzzed class")
+    kills: bool = setting(True, help="the kill-and-resume drills (subprocesses, minutes); --no-kills skips them")
+    workdir: Path | None = setting(None, help="where the drills write (default: a temp dir)")
+    out: Path = setting(Path("results/reliability.json"), help="the report JSON")
+    markdown: str | None = setting(
+        None,
+        choices=(None, "readme", "docs"),
+        help="only print README's (short) or docs/reliability.md's table of the existing --out report",
+    )
+    load: Path = setting(
+        Path("results/bench_load.json"), help="the `bench load` report README's table also renders (when it exists)"
+    )
+
+
+def run_reliability(settings: ReliabilitySettings, model: Path | None = None) -> dict[str, Any]:
+    """Run every fault class (kills too unless `settings.kills` is off); write the report to `settings.out` (unless
+    None) and return it.
 
     `model` is the tiny model the model server and the eval/train drills use (default: one built in workdir).
     """
     from searchgym.agents.tiny_model import build_tiny_model
     from searchgym.envs.tools.local_index import LocalIndex
-    from searchgym.testing.stand_in_llm import StandInLLM, stand_in_server
     from searchgym.world.bundle import ensure_bundle
 
     t0 = time.perf_counter()
-    rng = random.Random(seed)
+    rng, n = random.Random(settings.seed), settings.n
     with ExitStack() as stack:
-        work = Path(workdir) if workdir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        work = Path(settings.workdir) if settings.workdir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         work.mkdir(parents=True, exist_ok=True)
         bundle = ensure_bundle(size=1000, seed=0, n_tasks=200)
         if model is None:
             model = work / "tiny-model"
             if not (model / "config.json").exists():
-                build_tiny_model(model, seed=seed)
+                build_tiny_model(model, seed=settings.seed)
         rows = [
             asyncio.run(ssrf(rng)),
             actions(rng, n),
@@ -404,81 +415,89 @@ def run_reliability(
             asyncio.run(caches(rng, _fresh(work / "caches"))),
             *round_three(rng, max(n // 10, 5)),
         ]
-        if kills:
-            kill_rng = random.Random(seed)
-            env = {
-                "size": 1000,
-                "seed": 0,
-                "n_tasks": 200,
-                "hops": 1,
-                "instructions": "{question}",
-                "top_k": 1,
-                "doc_chars": 120,
-                "max_turns": 4,
-            }
-            rows.append(
-                _timed(
-                    lambda: drill_eval(
-                        _fresh(work / "eval"),
-                        model,
-                        env,
-                        kill_rows=sorted(kill_rng.sample(range(3, 14), 2)),
-                        tasks=8,
-                        k=2,
-                    )
-                )
-            )
-            with stand_in_server(StandInLLM()) as url:
-                rows.append(
-                    _timed(
-                        lambda: drill_agent_synthesis(
-                            _fresh(work / "agent"),
-                            bundle / "index",
-                            url,
-                            kill_rows=sorted(kill_rng.sample(range(2, 20), 3)),
-                            n=24,
-                        )
-                    )
-                )
-            rows.append(
-                _timed(
-                    lambda: drill_kbwalk_synthesis(
-                        _fresh(work / "kbwalk"),
-                        bundle,
-                        kill_after_s=[round(kill_rng.uniform(0.3, 3.0), 2) for _ in range(4)],
-                        n=400,
-                    )
-                )
-            )
-            overrides = [
-                f"model.path={model}",
-                "env.kwargs.size=1000",
-                "env.kwargs.n_tasks=200",
-                "env.kwargs.max_turns=2",
-                "rollout.group_size=2",
-                "rollout.batch_size=2",
-                "rollout.max_new_tokens=8",
-                "rollout.max_staleness=1",
-                "learner.drop_no_spread=false",
-            ]
-            rows.append(
-                _timed(
-                    lambda: drill_train(
-                        _fresh(work / "train"), overrides, kill_rows=sorted(kill_rng.sample(range(1, 5), 2)), steps=5
-                    )
-                )
-            )
+        if settings.kills:
+            rows += _kill_drills(random.Random(settings.seed), work, bundle, model)
     report = {
-        "seed": seed,
+        "seed": settings.seed,
         "forms_per_class": n,
         "seconds": round(time.perf_counter() - t0, 1),
         "classes": rows,
         "total": {c: sum(r[c] for r in rows) for c in COLUMNS},
     }
-    if out is not None:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(report, indent=2) + "\n")
+    if settings.out is not None:
+        Path(settings.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(settings.out).write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _kill_drills(kill_rng: random.Random, work: Path, bundle: Path, model: Path) -> list[dict[str, Any]]:
+    """SIGKILL of eval, synthesize (agent, kbwalk) and train at seeded points, each resumed: one row each."""
+    from searchgym.testing.stand_in_llm import StandInLLM, stand_in_server
+
+    rows = []
+    env = {
+        "size": 1000,
+        "seed": 0,
+        "n_tasks": 200,
+        "hops": 1,
+        "instructions": "{question}",
+        "top_k": 1,
+        "doc_chars": 120,
+        "max_turns": 4,
+    }
+    rows.append(
+        _timed(
+            lambda: drill_eval(
+                _fresh(work / "eval"),
+                model,
+                env,
+                kill_rows=sorted(kill_rng.sample(range(3, 14), 2)),
+                tasks=8,
+                k=2,
+            )
+        )
+    )
+    with stand_in_server(StandInLLM()) as url:
+        rows.append(
+            _timed(
+                lambda: drill_agent_synthesis(
+                    _fresh(work / "agent"),
+                    bundle / "index",
+                    url,
+                    kill_rows=sorted(kill_rng.sample(range(2, 20), 3)),
+                    n=24,
+                )
+            )
+        )
+    rows.append(
+        _timed(
+            lambda: drill_kbwalk_synthesis(
+                _fresh(work / "kbwalk"),
+                bundle,
+                kill_after_s=[round(kill_rng.uniform(0.3, 3.0), 2) for _ in range(4)],
+                n=400,
+            )
+        )
+    )
+    overrides = [
+        f"model.path={model}",
+        "env.kwargs.size=1000",
+        "env.kwargs.n_tasks=200",
+        "env.kwargs.max_turns=2",
+        "rollout.group_size=2",
+        "rollout.batch_size=2",
+        "rollout.max_new_tokens=8",
+        "rollout.max_staleness=1",
+        "learner.drop_no_spread=false",
+    ]
+    rows.append(
+        _timed(
+            lambda: drill_train(
+                _fresh(work / "train"), overrides, kill_rows=sorted(kill_rng.sample(range(1, 5), 2)), steps=5
+            )
+        )
+    )
+    return rows
 
 
 def _fresh(path: Path) -> Path:
@@ -540,25 +559,6 @@ def generated_block(text: str, mark: str) -> str:
     return "\n".join(rows) + "\n"
 
 
-@dataclass
-class ReliabilitySettings:
-    """`searchgym bench reliability`: every fault class with fixed seeds, or (`markdown`) a table of the report."""
-
-    seed: int = setting(SEED, help="the seed of every fuzzed class")
-    n: int = setting(200, at_least=1, help="forms per fuzzed class")
-    kills: bool = setting(True, help="the kill-and-resume drills (subprocesses, minutes); --no-kills skips them")
-    workdir: Path | None = setting(None, help="where the drills write (default: a temp dir)")
-    out: Path = setting(Path("results/reliability.json"), help="the report JSON")
-    markdown: str | None = setting(
-        None,
-        choices=(None, "readme", "docs"),
-        help="only print README's (short) or docs/reliability.md's table of the existing --out report",
-    )
-    load: Path = setting(
-        Path("results/bench_load.json"), help="the `bench load` report README's table also renders (when it exists)"
-    )
-
-
 def reliability_command(settings: ReliabilitySettings) -> None:
     """Run every fault class and print the table, or (`markdown`) render a table of the existing report."""
     if settings.markdown:  # README's and docs/reliability.md's tables are this output
@@ -566,8 +566,6 @@ def reliability_command(settings: ReliabilitySettings) -> None:
         load = json.loads(settings.load.read_text()) if settings.load.exists() else None  # README's row renders both
         print(readme_table(report, load) if settings.markdown == "readme" else markdown_table(report), end="")
         return
-    report = run_reliability(
-        settings.out, workdir=settings.workdir, seed=settings.seed, n=settings.n, kills=settings.kills
-    )
+    report = run_reliability(settings)
     print(markdown_table(report), end="")
     print(f"written to {settings.out}")

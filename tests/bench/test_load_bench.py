@@ -50,16 +50,18 @@ def test_a_server_answers_every_small_request_beside_idle_sockets_and_an_oversiz
     model = request.getfixturevalue("tiny_model_dir") if name == "model" else None
     out = tmp_path / "load.json"
     report = load.run_load(
-        out,
-        clients=(20,),
-        rounds=1,
-        idle=20,
-        oversized_mb=0.2,
-        timeout=60,
-        servers=(name,),
-        model=model,
-        references=8,
-        header_timeout=2,
+        load.LoadBenchSettings(
+            out=out,
+            clients=[20],
+            rounds=1,
+            idle=20,
+            oversized_mb=0.2,
+            timeout=60,
+            servers=[name],
+            model=model,
+            references=8,
+            header_timeout=2,
+        )
     )
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert set(report["servers"]) == {name}

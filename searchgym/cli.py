@@ -34,7 +34,7 @@ COMMANDS = (  # a table: one command per entry, in the order `searchgym --help` 
     Command("sft", "fine-tune a model on chat demonstrations: the warm start before RL",
             "trainers.warm_start.commands", "SFTSettings", "run_sft"),
     Command("quickstart", "the whole pipeline on one CPU box: world, warm start, RL, evaluation before and after",
-            "quickstart", "QuickstartCommand", "quickstart_command", {"overrides": "*"}),
+            "pipeline.commands", "QuickstartCommand", "searchgym.quickstart:quickstart_command", {"overrides": "*"}),
     Command("demo", "build the default world and watch a scripted agent play it", "demo", "DemoSettings",
             "demo_command"),
     Command("train", "train an agent with RL (asynchronous PPO) on this machine or a Ray cluster", "trainers.command",

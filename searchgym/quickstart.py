@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from searchgym.eval.compare import compare_runs, write_comparison
+from searchgym.pipeline.commands import QuickstartCommand
 from searchgym.pipeline.stages import (
     QuickstartConfig,
     build_base_model,
@@ -48,7 +48,6 @@ from searchgym.pipeline.stages import (
     run_rl,
     say,
 )
-from searchgym.settings import setting
 from searchgym.trainers.warm_start.sft import sft
 
 BENCHMARK = (
@@ -318,23 +317,6 @@ def reward_curve_figure(
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, fontsize="small", frameon=False)
     fig.tight_layout()
     return fig
-
-
-@dataclass
-class QuickstartCommand:
-    """`searchgym quickstart`'s flags: which settings (a file, a preset, dotted overrides) and where results go."""
-
-    out: str | None = setting(None, help="output directory (default runs/quickstart)")
-    config: Path | None = setting(
-        None, help="a quickstart YAML (default: the built-in settings, spelt out in configs/quickstart.yaml)"
-    )
-    preset: str | None = setting(
-        None,
-        choices=(None, "smollm2"),
-        help="smollm2: a real pretrained model (SmolLM2-135M-Instruct, needs searchgym[models]) instead of the tiny "
-        "one; output in runs/quickstart-smollm2 unless --out",
-    )
-    overrides: list[str] = setting(default_factory=list, help="dotted overrides, e.g. rl.steps=10 eval.k=2")
 
 
 def quickstart_command(command: QuickstartCommand) -> None:

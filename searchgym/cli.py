@@ -229,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with needs(name):  # a command used without its extra names the extra to install
             args = build_parser(argv).parse_args(argv)
-            run_command(args.entry, args) if hasattr(args, "entry") else args.run(args)
+            if hasattr(args, "entry"):  # a row of the table
+                run_command(args.entry, args)
+            else:  # `searchgym serve ...`
+                args.run(args)
     except MissingExtra as e:
         where = "" if str(e).startswith(f"{name} ") else f"{name}: "
         print(f"searchgym: error: {where}{e}", file=sys.stderr)

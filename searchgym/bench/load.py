@@ -168,22 +168,25 @@ def _percentile(ordered: list[float], q: float) -> float:
     return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1) if ordered else 0.0
 
 
-async def one_run(
-    target: Any,
-    server: ServerProcess,
-    mode: str,
-    clients: int,
-    *,
-    rounds: int,
-    idle: int,
-    oversized_bytes: int,
-    timeout: float,
-    header_timeout: float | None = None,
-) -> dict[str, Any]:
-    """`clients` clients at once beside `idle` held sockets and one oversized request; the run's row.
+@dataclass(frozen=True)
+class RunShape:
+    """What one run does besides its clients: rounds per client, idle sockets held beside them, the oversized
+    request's size, a client's reply timeout, and the server's header timeout (None: idle sockets are counted at
+    once after the load)."""
 
-    With `header_timeout` (the server's), idle sockets are counted closed once it has passed since they were
+    rounds: int
+    idle: int
+    oversized_bytes: int
+    timeout: float
+    header_timeout: float | None = None
+
+
+async def one_run(target: Any, server: ServerProcess, mode: str, clients: int, shape: RunShape) -> dict[str, Any]:
+    """`clients` clients at once beside `shape.idle` held sockets and one oversized request; the run's row.
+
+    With a header timeout (the server's), idle sockets are counted closed once it has passed since they were
     opened (and a 10 s grace); without, at once after the load."""
+    rounds, idle, timeout, header_timeout = shape.rounds, shape.idle, shape.timeout, shape.header_timeout
     before = server.stats()
     opened = time.perf_counter()
     conns = await open_idle(server.port, idle)
@@ -200,7 +203,7 @@ async def one_run(
 
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as http:
-        path, body = target.oversized(oversized_bytes)
+        path, body = target.oversized(shape.oversized_bytes)
         big = asyncio.create_task(send_oversized(http, server.url, path, body, max(timeout, 120)))
         t0 = time.perf_counter()
         await asyncio.gather(
@@ -237,10 +240,10 @@ async def one_run(
     }
 
 
-async def _drive(target: Any, server: ServerProcess, clients: tuple[int, ...], **kw: Any) -> dict[str, Any]:
+async def _drive(target: Any, server: ServerProcess, clients: list[int], shape: RunShape) -> dict[str, Any]:
     async with aiohttp.ClientSession() as http:
         await target.prepare(http, server.url)
-    return {"runs": [await one_run(target, server, mode, c, **kw) for c in clients for mode in target.modes]}
+    return {"runs": [await one_run(target, server, mode, c, shape) for c in clients for mode in target.modes]}
 
 
 @dataclass
@@ -283,13 +286,13 @@ def run_load(settings: LoadBenchSettings) -> dict[str, Any]:
     env = make_unwrapped(ENV_ID, **ENV_KWARGS)
     tasks = [(t.id, t.metadata["start_query"], t.answers[0]) for t in list(env.tasks)[: settings.references]]
     env.close()
-    kw = {
-        "rounds": settings.rounds,
-        "idle": settings.idle,
-        "oversized_bytes": int(settings.oversized_mb * 1_000_000),
-        "timeout": settings.timeout,
-        "header_timeout": settings.header_timeout,
-    }
+    shape = RunShape(
+        settings.rounds,
+        settings.idle,
+        int(settings.oversized_mb * 1_000_000),
+        settings.timeout,
+        settings.header_timeout,
+    )
     report = _report_head(settings, limits, _machine())
     with ExitStack() as stack:
         work = Path(settings.workdir) if settings.workdir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -313,7 +316,7 @@ def run_load(settings: LoadBenchSettings) -> dict[str, Any]:
             with ServerProcess(
                 lambda port, target=target: [*target.argv(port), "--header-timeout", str(settings.header_timeout)]
             ) as server:
-                row = asyncio.run(_drive(target, server, tuple(settings.clients), **kw))
+                row = asyncio.run(_drive(target, server, settings.clients, shape))
                 report["servers"][name] = {"argv": target.argv(0)[:2], "pid_open_files_limit": _limit(server), **row}
     report["machine"]["load_after"] = os.getloadavg()
     report["summary"] = summary(report)

@@ -39,29 +39,32 @@ SEED = 15
 COLUMNS = ("forms_tried", "faults_injected", "handled", "kills_survived", "crashes", "items_lost")
 
 
-def _row(
-    name: str,
-    forms: int,
-    injected: int,
-    handled: int,
-    crashes: int,
-    *,
-    kills: int = 0,
-    lost: int = 0,
-    notes: list[str] | None = None,
-    seconds: float = 0.0,
-) -> dict[str, Any]:
-    return {
-        "class": name,
-        "forms_tried": forms,
-        "faults_injected": injected,
-        "handled": handled,
-        "kills_survived": kills,
-        "crashes": crashes,
-        "items_lost": lost,
-        "notes": (notes or [])[:10],
-        "seconds": round(seconds, 1),
-    }
+@dataclass
+class _Row:
+    """One class's counts, as a row of the report's table."""
+
+    name: str
+    forms: int
+    injected: int
+    handled: int
+    crashes: int
+    kills: int = 0
+    lost: int = 0
+    notes: list[str] | None = None
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "class": self.name,
+            "forms_tried": self.forms,
+            "faults_injected": self.injected,
+            "handled": self.handled,
+            "kills_survived": self.kills,
+            "crashes": self.crashes,
+            "items_lost": self.lost,
+            "notes": (self.notes or [])[:10],
+            "seconds": round(self.seconds, 1),
+        }
 
 
 class _Tally:
@@ -82,7 +85,7 @@ class _Tally:
         self.notes.append(what[:300])
 
     def row(self) -> dict[str, Any]:
-        return _row(
+        return _Row(
             self.name,
             self.forms,
             self.forms,
@@ -90,7 +93,7 @@ class _Tally:
             self.crashes,
             notes=self.notes,
             seconds=time.perf_counter() - self.t0,
-        )
+        ).as_dict()
 
 
 # --- classes that run in this process ---------------------------------------------------------------------
@@ -349,7 +352,7 @@ def round_three(rng: random.Random, n: int) -> list[dict[str, Any]]:
 def _kill_row(result: DrillResult, seconds: float) -> dict[str, Any]:
     injected = result.kills + result.damaged_injected + result.files_truncated
     handled = result.kills_survived + result.damaged_reported + result.files_named
-    return _row(
+    return _Row(
         f"kill: {result.name}",
         result.kills + result.damaged_injected + result.files_truncated,
         injected,
@@ -359,7 +362,7 @@ def _kill_row(result: DrillResult, seconds: float) -> dict[str, Any]:
         lost=result.items_lost + result.items_repeated,
         notes=result.notes,
         seconds=seconds,
-    )
+    ).as_dict()
 
 
 def _timed(drill: Callable[[], DrillResult]) -> dict[str, Any]:

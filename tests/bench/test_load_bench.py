@@ -115,7 +115,8 @@ def test_a_wrong_answer_under_load_is_counted(small_bundle):
         async with aiohttp.ClientSession() as http:
             await target.prepare(http, server.url)
         target.reference = [[*ids, "not-a-hit"] for ids in target.reference]  # as if the server lost a hit
-        return await load.one_run(target, server, "single", 5, rounds=2, idle=4, oversized_bytes=1000, timeout=30)
+        shape = load.RunShape(rounds=2, idle=4, oversized_bytes=1000, timeout=30)
+        return await load.one_run(target, server, "single", 5, shape)
 
     with load.ServerProcess(target.argv) as server:
         run = asyncio.run(drive(server))

@@ -171,7 +171,7 @@ def test_run_without_kills_writes_the_report(tmp_path, small_bundle, tiny_model_
 
 
 async def _no_servers(rng, n, index, model_dir):
-    return reliability._row("server request bodies", 0, 0, 0, 0)
+    return reliability._Row("server request bodies", 0, 0, 0, 0).as_dict()
 
 
 def test_round_threes_surfaces_are_counted_with_no_crash_and_a_hole_is_a_crash(monkeypatch):

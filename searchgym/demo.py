@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 from searchgym.agents.scripted import SearchOnceAgent
@@ -13,6 +14,7 @@ from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import TaskPool
 from searchgym.envs.tools.indexes import open_index
 from searchgym.envs.tools.local_index import LocalIndex
+from searchgym.settings import setting
 from searchgym.world.bundle import DEFAULT_TASKS, ensure_bundle
 from searchgym.world.mincalls import PROOF_ENV, ensure_min_calls_pool, parse_min_calls
 from searchgym.world.oracle import OracleAgent
@@ -86,3 +88,26 @@ def _show_min_calls(bundle: Path, min_calls: int, episodes: int) -> None:
             print(textwrap.indent(textwrap.shorten(turn["observation"], 300, placeholder=" ..."), "    "))
         print(f"reward {result.reward} after {len(result.turns) - 1} tool calls (references: {list(task.answers)})")
     env.close()
+
+
+@dataclass
+class DemoSettings:
+    """`searchgym demo`: the default world built (cached) and a scripted agent watched playing it."""
+
+    size: int = setting(10_000, help="pages in the world")
+    episodes: int = setting(3, at_least=1, help="episodes shown")
+    seed: int = setting(0, help="the world's seed")
+    cache: Path | None = setting(None, help="bundle cache (default $SEARCHGYM_CACHE or ~/.cache/searchgym)")
+    min_calls: int | None = setting(
+        None, help="show questions proven to need this many tool calls, played by the oracle"
+    )
+
+
+def demo_command(settings: DemoSettings) -> None:
+    run_demo(
+        size=settings.size,
+        episodes=settings.episodes,
+        seed=settings.seed,
+        cache_dir=settings.cache,
+        min_calls=settings.min_calls,
+    )

@@ -37,12 +37,14 @@ from typing import Any
 import numpy as np
 
 from searchgym.eval.compare import compare_runs, write_comparison
+from searchgym.pipeline.commands import QuickstartCommand
 from searchgym.pipeline.stages import (
     QuickstartConfig,
     StageRun,
     build_base_model,
     deterministic_torch,
     evaluate_policy,
+    load_quickstart_config,
     make_demos,
     make_env,
     run_rl,
@@ -313,3 +315,12 @@ def reward_curve_figure(
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, fontsize="small", frameon=False)
     fig.tight_layout()
     return fig
+
+
+def quickstart_command(command: QuickstartCommand) -> None:
+    """The quickstart with the command's settings; says where the results are."""
+    out = command.out or (f"runs/quickstart-{command.preset}" if command.preset else None)
+    values = {"out_dir": str(out)} if out else None
+    config = load_quickstart_config(command.overrides, command.config, values, command.preset)
+    summary = run_quickstart(config)
+    print(f"results in {summary['out_dir']}: summary.md, reward_curve.png, rl/tensorboard")

@@ -36,10 +36,11 @@ def setting(
     below: float | None = None,
     choices: tuple[Any, ...] | None = None,
     help: str | None = None,
+    metavar: str | None = None,
 ) -> Any:
     """A dataclass field with its checks declared once (a None value skips the range checks: null means off).
 
-    `help` is what its generated command-line flag shows (core/settings_flags.py).
+    `help` and `metavar` are what its generated command-line flag shows (core/settings_flags.py).
     """
     metadata = {
         name: value
@@ -50,6 +51,7 @@ def setting(
             ("below", below),
             ("choices", choices),
             ("help", help),
+            ("metavar", metavar),
         )
         if value is not None
     }

@@ -32,21 +32,16 @@ GYM_KWARGS = {
     ("bench/slow_env.py", "make_slow_synthetic_qa"),
 }
 
+# the declaration of a dataclass field: its parameters are the field's declared checks (as dataclasses.field's are
+# its options), the one place a field's range, choices and flag text are written
+FIELD_DECLARATIONS = {("settings.py", "setting")}
+
 # TEMPORARY: over the limits today, in files two other helpers are rewriting at the same time (issue 42, item 3:
 # the command line, and one serve/ room for the servers). Empty this when their branches are merged.
 TEMPORARY = {
-    # owner: cli helper (searchgym/cli.py and searchgym/bench/)
-    ("cli.py", "build_parser"),
-    ("bench/engine.py", "run_engine_bench"),
-    ("bench/learner_memory.py", "run_learner_memory_bench"),
-    ("bench/load.py", "one_run"),
-    ("bench/load.py", "run_load"),
-    ("bench/reliability.py", "_row"),
-    ("bench/reliability.py", "run_reliability"),
-    ("bench/search.py", "run_search_bench"),
-    ("bench/trainer.py", "run_trainer_bench"),
-    ("bench/trainer.py", "_overrides"),
-    # owner: serve helper (agents/server/, agents/proxy.py, retrieval_server.py, integrations/openenv.py)
+    # owner: serve helper (agents/server/, agents/proxy.py, retrieval_server.py, integrations/openenv.py, and the
+    # `serve` block of cli.py, which becomes table rows when each server has its settings)
+    ("cli.py", "_add_serve"),
     ("agents/proxy.py", "RecordingProxy.__init__"),
     ("agents/server/app.py", "create_app"),
     ("agents/server/app.py", "run_server"),
@@ -105,7 +100,7 @@ def oversized(source: str, filename: str = "<source>") -> Iterator[tuple[int, st
 
 
 def test_no_function_is_over_80_lines_or_8_parameters():
-    allowed = GYM_KWARGS | TEMPORARY
+    allowed = GYM_KWARGS | FIELD_DECLARATIONS | TEMPORARY
     found, seen = [], set()
     for path in sorted(PACKAGE.rglob("*.py")):
         module = path.relative_to(PACKAGE).as_posix()

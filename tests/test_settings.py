@@ -267,7 +267,7 @@ def test_junk_llm_retry_settings_are_refused_naming_the_variable(raw):
 def test_bench_trainer_refuses_a_bad_setting_naming_the_key(flags, key, capsys, monkeypatch):
     import searchgym.bench.trainer
 
-    monkeypatch.setattr(searchgym.bench.trainer, "run_trainer_bench", lambda **kw: pytest.fail("the bench ran"))
+    monkeypatch.setattr(searchgym.bench.trainer, "run_trainer_bench", lambda *a, **kw: pytest.fail("the bench ran"))
     assert main(["bench", "trainer", *flags]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"searchgym: error: {key} ") or err.startswith(f"searchgym: error: {key}: "), err
@@ -277,7 +277,7 @@ def test_bench_trainer_flags_file_and_overrides_reach_the_run(tmp_path, capsys, 
     import searchgym.bench.trainer
 
     seen = []
-    monkeypatch.setattr(searchgym.bench.trainer, "run_trainer_bench", lambda **kw: seen.append(kw) or {})
+    monkeypatch.setattr(searchgym.bench.trainer, "run_trainer_bench", lambda config: seen.append(config) or {})
     path = tmp_path / "bench.yaml"
     path.write_text("steps: 7\nlr: 0.5\nturns_max: 30\n")
     assert (
@@ -299,9 +299,9 @@ def test_bench_trainer_flags_file_and_overrides_reach_the_run(tmp_path, capsys, 
         == 0
     )
     run = seen[0]
-    assert (run["steps"], run["staleness"], run["lr"], run["out"]) == (4, [0, 2], 0.25, str(tmp_path / "r.json"))
-    assert run["workload"].turns_max == 30 and run["torch_threads"] == 1  # the file's, and the default
-    assert run["overrides"] == ["rollout.context_policy=end"]
+    assert (run.steps, run.staleness, run.lr, run.out) == (4, [0, 2], 0.25, str(tmp_path / "r.json"))
+    assert run.workload().turns_max == 30 and run.threads == 1  # the file's, and the default
+    assert run.context_policy == "end" and run.train_overrides == []
 
 
 @pytest.mark.parametrize(
@@ -314,7 +314,7 @@ def test_bench_trainer_flags_file_and_overrides_reach_the_run(tmp_path, capsys, 
             ["synthesize", "--corpus", "c", "--engine", "e", "--out", "p.jsonl", "--max-solve-rate", "1.5"],
             "max_solve_rate",
         ),
-        (["model", "tiny", "--out", "m", "--copy-steps", "-2"], "steps"),
+        (["model", "tiny", "--out", "m", "--copy-steps", "-2"], "copy_steps"),
     ],
 )
 def test_other_commands_check_their_flags_through_the_loader(argv, key, capsys, tmp_path, monkeypatch):

@@ -49,3 +49,11 @@ def hierarchical_bootstrap(
         "bootstrap": "hierarchical: seeds with replacement, then questions within each drawn seed",
         "resamples": resamples,
     }
+
+
+def seed_list(text: str) -> list[int]:
+    """A `--seeds` value: comma-separated integers."""
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds takes comma-separated integers, got {text!r}") from None

@@ -22,6 +22,7 @@ import platform
 import random
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,44 +30,57 @@ import torch
 
 from searchgym.agents.engines.torch_engine import EngineLimits, TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, SamplingParams
+from searchgym.settings import setting
 from searchgym.world.world import World
 
 TRAFFIC = ("multiturn", "single", "both")
 
 
-def run_engine_bench(
-    model_dir: str | os.PathLike,
-    *,
-    out: str | os.PathLike = "results/bench_engine.json",
-    traffic: str = "multiturn",
-    concurrency: tuple[int, ...] = (1, 8, 64),
-    new_tokens: int = 64,
-    device: str = "cpu",
-    baseline_requests: int = 8,
-    episodes: int | tuple[int, ...] = 8,
-    turns: int = 8,
-    turn_tokens: int = 32,
-    repeats: int = 5,
-    threads: int | None = None,
-) -> dict[str, Any]:
+@dataclass
+class EngineBenchSettings:
+    """`searchgym bench engine`: TorchEngine's tokens/s on one model, multi-turn episodes or one-turn requests."""
+
+    model: str | None = setting(None, help="a model directory or a packaged model's name (default: a fresh tiny model)")
+    out: Path = setting(Path("results/bench_engine.json"), help="the results JSON (other traffic's figures are kept)")
+    device: str = setting("cpu", help="cpu or cuda")
+    traffic: str = setting(
+        "multiturn",
+        choices=TRAFFIC,
+        help="multiturn: concurrent agent episodes; single: 1/8/64 one-turn requests (default multiturn)",
+    )
+    episodes: list[int] = setting(
+        default_factory=lambda: [8], help="multiturn: concurrent episodes, or a comma list measured in turn (1,8,32)"
+    )
+    turns: int = setting(8, at_least=1, help="multiturn: turns per episode")
+    turn_tokens: int = setting(32, at_least=1, help="multiturn: tokens generated per turn")
+    repeats: int = setting(5, at_least=1, help="multiturn: interleaved repetitions of the three systems")
+    threads: int | None = setting(None, at_least=1, help="torch intra-op threads (default: torch's own)")
+    concurrency: list[int] = setting(default_factory=lambda: [1, 8, 64], help="single: concurrent requests")
+    new_tokens: int = setting(64, at_least=1, help="single: tokens per request")
+    baseline_requests: int = setting(8, at_least=1, help="single: requests of the model.generate loop")
+
+
+def run_engine_bench(settings: EngineBenchSettings) -> dict[str, Any]:
     """Measure the chosen traffic on one model; merge the results into `out` and return them all.
 
     `threads` sets torch's intra-op threads (None: torch's default); on a shared machine one thread avoids
     stalls where a step waits for a descheduled worker thread.
     """
-    if traffic not in TRAFFIC:
-        raise ValueError(f"traffic must be one of {TRAFFIC}, not {traffic!r}")
-    counts = (episodes,) if isinstance(episodes, int) else tuple(episodes)
-    if not counts or min(*counts, turns, turn_tokens, repeats) < 1:
+    if settings.model is None:
+        raise ValueError("run_engine_bench needs settings.model (a model directory)")
+    if settings.traffic not in TRAFFIC:
+        raise ValueError(f"traffic must be one of {TRAFFIC}, not {settings.traffic!r}")
+    counts = (settings.episodes,) if isinstance(settings.episodes, int) else tuple(settings.episodes)
+    if not counts or min(*counts, settings.turns, settings.turn_tokens, settings.repeats) < 1:
         raise ValueError("episodes, turns, turn_tokens and repeats must be >= 1")
-    if threads is not None:
-        torch.set_num_threads(threads)
-    engine = TorchEngine(model_dir, device=device)
-    path = Path(out)
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
+    engine = TorchEngine(settings.model, device=settings.device)
+    path = Path(settings.out)
     results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     setup = {
-        "model": str(model_dir),
-        "device": device,
+        "model": str(settings.model),
+        "device": settings.device,
         "parameters": sum(p.numel() for p in engine.model.parameters()),
         "machine": {
             "cpus": os.cpu_count(),
@@ -75,11 +89,13 @@ def run_engine_bench(
             "torch_threads": torch.get_num_threads(),
         },
     }
-    if traffic in ("single", "both"):  # the single-turn figures and their setup stay at the top level
+    if settings.traffic in ("single", "both"):  # the single-turn figures and their setup stay at the top level
         results.update(setup)
-        results.update(_single_turn(engine, concurrency, new_tokens, baseline_requests))
-    if traffic in ("multiturn", "both"):  # each concurrency in turn; `multiturn` keeps the last, the sweep all of them
-        sweep = {str(n): _multi_turn(engine, n, turns, turn_tokens, repeats) for n in counts}
+        results.update(
+            _single_turn(engine, tuple(settings.concurrency), settings.new_tokens, settings.baseline_requests)
+        )
+    if settings.traffic in ("multiturn", "both"):  # each concurrency in turn; `multiturn` keeps the last, the sweep all
+        sweep = {str(n): _multi_turn(engine, n, settings) for n in counts}
         results["multiturn"] = {**setup, **sweep[str(counts[-1])]}
         if len(counts) > 1:
             results["multiturn_sweep"] = {
@@ -94,8 +110,9 @@ def run_engine_bench(
 # ---- multi-turn agent traffic ---------------------------------------------------------------------------------------
 
 
-def _multi_turn(engine: TorchEngine, episodes: int, turns: int, turn_tokens: int, repeats: int) -> dict[str, Any]:
+def _multi_turn(engine: TorchEngine, episodes: int, settings: EngineBenchSettings) -> dict[str, Any]:
     """Interleaved repetitions of (a) reuse on, (b) reuse off, (c) batched generate; medians and ratios."""
+    turns, turn_tokens, repeats = settings.turns, settings.turn_tokens, settings.repeats
     no_reuse = TorchEngine(
         engine.model, engine.tokenizer, device=str(engine.device), limits=EngineLimits(prefix_cache_bytes=0)
     )
@@ -292,3 +309,20 @@ def _generate_loop(engine: TorchEngine, prompts: list[list[int]], new_tokens: in
             )
             tokens += y.shape[1] - x.shape[1]
     return round(tokens / (time.perf_counter() - t0), 1)
+
+
+def engine_bench_command(settings: EngineBenchSettings) -> None:
+    """The bench on `settings.model` (a packaged model's name resolved), or on a fresh tiny model."""
+    import dataclasses
+    import tempfile
+
+    from searchgym.agents.tiny_model import build_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if settings.model:
+            from searchgym.pipeline.stages import resolve_model
+
+            model = resolve_model(settings.model)
+        else:
+            model = build_tiny_model(Path(tmp) / "tiny")
+        print(json.dumps(run_engine_bench(dataclasses.replace(settings, model=str(model))), indent=2))

@@ -12,30 +12,37 @@ import platform
 import random
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import TaskPool
 from searchgym.envs.tools.local_index import LocalIndex
+from searchgym.settings import setting
 from searchgym.world.oracle import OracleAgent
 from searchgym.world.validation import synthesize_pool
-from searchgym.world.world import World
+from searchgym.world.world import MAX_SIZE, MIN_SIZE, World
 
 
-def run_env_bench(
-    *,
-    size: int = 100_000,
-    out: str | os.PathLike = "results/bench_env.json",
-    workdir: str | os.PathLike | None = None,
-    n_queries: int = 3000,
-    n_tasks: int = 300,
-) -> dict[str, Any]:
+@dataclass
+class EnvBenchSettings:
+    """`searchgym bench env`: a `size`-page world built, indexed, searched and played; results to `out`."""
+
+    size: int = setting(100_000, at_least=MIN_SIZE, at_most=MAX_SIZE, help="pages in the synthetic world")
+    out: Path = setting(Path("results/bench_env.json"), help="the results JSON")
+    workdir: Path | None = setting(None, help="where to build the world (default: a temp dir)")
+    n_queries: int = setting(3000, at_least=1, help="queries of each kind timed")
+    n_tasks: int = setting(300, at_least=1, help="tasks the oracle plays")
+
+
+def run_env_bench(settings: EnvBenchSettings) -> dict[str, Any]:
     """Build a `size`-page world and measure each stage; write the results to `out`."""
+    n_queries, n_tasks, out = settings.n_queries, settings.n_tasks, settings.out
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(workdir or tmp)
-        results: dict[str, Any] = {"size": size, "machine": _machine()}
-        world = World(size, seed=0)
+        root = Path(settings.workdir or tmp)
+        results: dict[str, Any] = {"size": settings.size, "machine": _machine()}
+        world = World(settings.size, seed=0)
         t0 = time.perf_counter()
         world.write(root, progress=True)
         results["world_write_s"] = round(time.perf_counter() - t0, 2)
@@ -89,3 +96,7 @@ async def _env_steps(pool: TaskPool, index: LocalIndex) -> dict[str, float]:
 
 def _machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+
+
+def env_bench_command(settings: EnvBenchSettings) -> None:
+    print(json.dumps(run_env_bench(settings), indent=2))

@@ -22,8 +22,12 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from searchgym.core.settings_flags import add_settings_flags, settings_values
+from searchgym.settings import load_settings, setting
 
 if TYPE_CHECKING:  # torch is imported where it runs, so `searchgym --help` needs no torch
     import torch
@@ -190,59 +194,85 @@ def estimate_gib(head: str, length: int, trained_share: float, chunk_tokens: int
     return positions * VOCAB * (dtype_bytes + 12) / 2**30 + 0.5
 
 
-def run_learner_memory_bench(
-    out: str | os.PathLike = "results/bench_learner_memory.json",
-    *,
-    lengths: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768),
-    device: str = "cpu",
-    dtype: str | None = None,
-    trained_share: float = 0.25,
-    steps: int = 2,
-    chunk_tokens: int = 512,
-    max_gib: float = 16.0,
-    agreement_length: int = 2048,
-) -> dict[str, Any]:
+@dataclass
+class LearnerBenchSettings:
+    """`searchgym bench learner` (and `python -m searchgym.bench.learner_memory`): lengths, device, heads' settings."""
+
+    lengths: str = setting("1024,2048,4096,8192,16384,32768", help="trajectory lengths, comma-separated")
+    device: str = setting("cpu", help="cpu or cuda")
+    dtype: str | None = setting(None, help="model dtype (default: bfloat16 on cuda, float32 on cpu)")
+    trained_share: float = setting(0.25, help="share of a trajectory's tokens generated")
+    steps: int = setting(2, at_least=1, help="timed steps after the warm-up step")
+    chunk_tokens: int = setting(512, at_least=1, help="learner.logit_chunk_tokens")
+    max_gib: float = setting(16.0, help="skip runs whose loss head alone is estimated above it")
+    out: Path = setting(Path("results/bench_learner_memory.json"), help="the results JSON")
+    agreement_length: int = setting(2048, at_least=2, help="trajectory length of the fp32 agreement row")
+
+    def lengths_list(self) -> tuple[int, ...]:
+        """`lengths` as integers (ValueError naming --lengths for anything else)."""
+        try:
+            lengths = tuple(int(x) for x in str(self.lengths).split(",") if x.strip())
+        except ValueError:
+            lengths = ()
+        if not lengths or min(lengths) < 2:
+            raise ValueError(f"--lengths must be integers >= 2, got {self.lengths!r}")
+        return lengths
+
+
+def run_learner_memory_bench(settings: LearnerBenchSettings) -> dict[str, Any]:
     """Every length with both heads (interleaved, each in its own process), plus the fp32 agreement row."""
     import torch
 
-    if device == "cuda" and not torch.cuda.is_available():
+    if not 0 < settings.trained_share <= 1:
+        raise ValueError(f"--trained-share must be in (0, 1], got {settings.trained_share}")
+    lengths = settings.lengths_list()
+
+    if settings.device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda needs a CUDA GPU; none is visible")
-    dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
+    dtype = settings.dtype or ("bfloat16" if settings.device == "cuda" else "float32")
     rows = []
     for i, length in enumerate(lengths):
         for head in HEADS if i % 2 == 0 else HEADS[::-1]:
             if (
-                estimate_gib(head, length, trained_share, chunk_tokens, torch.finfo(getattr(torch, dtype)).bits // 8)
-                > max_gib
+                estimate_gib(
+                    head,
+                    length,
+                    settings.trained_share,
+                    settings.chunk_tokens,
+                    torch.finfo(getattr(torch, dtype)).bits // 8,
+                )
+                > settings.max_gib
             ):
-                rows.append({"head": head, "length": length, "skipped": f"estimated over --max-gib {max_gib:g}"})
+                rows.append(
+                    {"head": head, "length": length, "skipped": f"estimated over --max-gib {settings.max_gib:g}"}
+                )
                 continue
             rows.append(
                 _in_subprocess(
                     head,
                     length,
-                    device=device,
+                    device=settings.device,
                     dtype=dtype,
-                    trained_share=trained_share,
-                    steps=steps,
-                    chunk_tokens=chunk_tokens,
+                    trained_share=settings.trained_share,
+                    steps=settings.steps,
+                    chunk_tokens=settings.chunk_tokens,
                 )
             )
             print(json.dumps(rows[-1]), flush=True)
     result = {
-        "device": torch.cuda.get_device_name() if device == "cuda" else f"cpu ({os.cpu_count()} cores)",
+        "device": torch.cuda.get_device_name() if settings.device == "cuda" else f"cpu ({os.cpu_count()} cores)",
         "vocab_size": VOCAB,
         "shape": SHAPE,
         "dtype": dtype,
-        "trained_share": trained_share,
-        "logit_chunk_tokens": chunk_tokens,
-        "timed_steps": steps,
+        "trained_share": settings.trained_share,
+        "logit_chunk_tokens": settings.chunk_tokens,
+        "timed_steps": settings.steps,
         "rows": rows,
         "ratios": _ratios(rows),
-        "agreement_fp32": agreement(device=device, length=agreement_length),
+        "agreement_fp32": agreement(device=settings.device, length=settings.agreement_length),
     }
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    Path(settings.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(settings.out).write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
@@ -274,62 +304,32 @@ def _in_subprocess(head: str, length: int, **kwargs: Any) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The bench's flags (shared by `searchgym bench learner` and `python -m searchgym.bench.learner_memory`)."""
-    parser.add_argument(
-        "--lengths", default="1024,2048,4096,8192,16384,32768", help="trajectory lengths, comma-separated"
-    )
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--dtype", default=None, help="model dtype (default: bfloat16 on cuda, float32 on cpu)")
-    parser.add_argument("--trained-share", type=float, default=0.25, help="share of a trajectory's tokens generated")
-    parser.add_argument("--steps", type=int, default=2, help="timed steps after the warm-up step")
-    parser.add_argument("--chunk-tokens", type=int, default=512, help="learner.logit_chunk_tokens")
-    parser.add_argument(
-        "--max-gib", type=float, default=16.0, help="skip runs whose loss head alone is estimated above it"
-    )
-    parser.add_argument("--out", type=Path, default=Path("results/bench_learner_memory.json"))
-
-
-def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the whole bench from parsed flags."""
-    if not 0 < args.trained_share <= 1:
-        raise ValueError(f"--trained-share must be in (0, 1], got {args.trained_share}")
-    lengths = tuple(int(x) for x in str(args.lengths).split(",") if x.strip())
-    if not lengths or min(lengths) < 2:
-        raise ValueError(f"--lengths must be integers >= 2, got {args.lengths!r}")
-    return run_learner_memory_bench(
-        args.out,
-        lengths=lengths,
-        device=args.device,
-        dtype=args.dtype,
-        trained_share=args.trained_share,
-        steps=args.steps,
-        chunk_tokens=args.chunk_tokens,
-        max_gib=args.max_gib,
-    )
+def learner_bench_command(settings: LearnerBenchSettings) -> None:
+    print(json.dumps(run_learner_memory_bench(settings)["ratios"], indent=2))
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_arguments(parser)
+    add_settings_flags(parser, LearnerBenchSettings)
     parser.add_argument("--one", nargs=2, metavar=("HEAD", "LENGTH"), help="measure one (head, length) and print it")
     args = parser.parse_args(argv)
+    settings = load_settings(LearnerBenchSettings, values=settings_values(args, LearnerBenchSettings))
     if args.one:
         print(
             json.dumps(
                 measure_one(
                     args.one[0],
                     int(args.one[1]),
-                    device=args.device,
-                    dtype=args.dtype or ("bfloat16" if args.device == "cuda" else "float32"),
-                    trained_share=args.trained_share,
-                    steps=args.steps,
-                    chunk_tokens=args.chunk_tokens,
+                    device=settings.device,
+                    dtype=settings.dtype or ("bfloat16" if settings.device == "cuda" else "float32"),
+                    trained_share=settings.trained_share,
+                    steps=settings.steps,
+                    chunk_tokens=settings.chunk_tokens,
                 )
             )
         )
     else:
-        print(json.dumps(run_from_args(args)["ratios"], indent=2))
+        learner_bench_command(settings)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from typing import Any, cast
 
 from omegaconf import OmegaConf
 
-from searchgym.bench.bootstrap import hierarchical_bootstrap
+from searchgym.bench.bootstrap import hierarchical_bootstrap, seed_list
 from searchgym.bench.provenance import machine
 from searchgym.core.jsonl_log import JsonlLog
 from searchgym.eval.compare import paired_delta
@@ -633,3 +633,25 @@ def plot_learning(report: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+@dataclass
+class LearningBenchCommand:
+    """`searchgym bench learning`: the seeds, the preset and overrides of its `LearningConfig`, and the report."""
+
+    seeds: str = setting("0,1,2,3,4", help="comma-separated seeds; finished ones are reused")
+    preset: str = setting(
+        "headroom",
+        help="headroom (demos on 1-hop and a tenth of the rest, RL on 1- and 2-hop), quickstart, deep "
+        "(issue 29 claim 1: demos on 1-2 hops, RL on 2-3 hops with 16 turns and exact match), or smollm2 (the "
+        "real-model quickstart, SmolLM2-135M-Instruct, over seeds)",
+    )
+    out: Path = setting(Path("results/bench_learning.json"), help="the report JSON")
+    overrides: list[str] = setting(
+        default_factory=list, help="config overrides, e.g. rl.steps=20 out_dir=runs/bench_learning"
+    )
+
+
+def learning_bench_command(command: LearningBenchCommand) -> None:
+    config = load_learning_config(command.overrides, preset=command.preset)
+    run_learning_bench(config, seed_list(command.seeds), out=command.out)

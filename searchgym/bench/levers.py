@@ -55,18 +55,19 @@ ENV = {"hops": 1, "top_k": 2, "doc_chars": 200, "max_turns": 4, "judge": "f1", "
 class LeversConfig:
     """One levers run: the model, the batch it plays, and the arms' settings."""
 
-    model: str = "smollm2-135m-instruct"
-    groups: int = setting(4, at_least=1)
-    group_size: int = setting(4, at_least=2)
-    max_new_tokens: int = setting(48, at_least=1)
-    repeats: int = setting(3, at_least=1)
-    trainable_layers: int = setting(6, at_least=1)
-    micro_batch_tokens: int = setting(2048, at_least=2)
-    lr: float = 1e-5
-    seed: int = 0
-    world_size: int = setting(20000, at_least=10)  # the preset's world (bench learning --preset smollm2)
-    world_tasks: int = setting(20000, at_least=10)
-    run: str | None = None  # an RL run dir whose metrics.jsonl gives the preset's own step costs
+    model: str = setting("smollm2-135m-instruct", help="a model directory or a packaged model's name")
+    groups: int = setting(4, at_least=1, help="groups in the batch played")
+    group_size: int = setting(4, at_least=2, help="episodes per group")
+    max_new_tokens: int = setting(48, at_least=1, help="tokens per turn")
+    repeats: int = setting(3, at_least=1, help="interleaved repetitions of every arm")
+    trainable_layers: int = setting(6, at_least=1, help="the top layers trained in the frozen-layers arm")
+    micro_batch_tokens: int = setting(2048, at_least=2, help="the baseline's micro-batch (one arm halves it)")
+    lr: float = setting(1e-5, help="learning rate of the step")
+    seed: int = setting(0, help="the torch seed and the episodes'")
+    world_size: int = setting(20000, at_least=10, help="the preset's world (bench learning --preset smollm2)")
+    world_tasks: int = setting(20000, at_least=10, help="the world's tasks")
+    run: str | None = setting(None, help="an RL run dir whose metrics.jsonl gives the preset's own step costs")
+    out: str = setting("results/bench_levers.json", help="the report JSON")
 
 
 def arms(config: LeversConfig) -> dict[str, dict[str, Any]]:
@@ -198,7 +199,7 @@ def step_costs(run: Path) -> dict[str, Any]:
     }
 
 
-def run_levers_bench(config: LeversConfig, out: str | os.PathLike = "results/bench_levers.json") -> dict[str, Any]:
+def run_levers_bench(config: LeversConfig, out: str | os.PathLike | None = None) -> dict[str, Any]:
     """Every arm `repeats` times, interleaved, on one batch from one set of weights; the report written to `out`."""
     from transformers import AutoModelForCausalLM
 
@@ -229,7 +230,7 @@ def run_levers_bench(config: LeversConfig, out: str | os.PathLike = "results/ben
     }
     if config.run:
         report["preset_step_costs"] = step_costs(Path(config.run))
-    path = Path(out)
+    path = Path(config.out if out is None else out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     return report
@@ -273,3 +274,7 @@ def format_levers(report: dict[str, Any]) -> str:
             f"{arm['logprob_mean_abs_diff_after_step']:.2e} |"
         )
     return "\n".join(lines)
+
+
+def levers_bench_command(config: LeversConfig) -> None:
+    print(format_levers(run_levers_bench(config)))

@@ -13,6 +13,7 @@ and after they are released. Numbers go to results/bench_load.json, never assert
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import socket
@@ -23,6 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ import aiohttp
 
 from searchgym.bench.load_targets import EnvTarget, ModelTarget, SearchTarget, error_kind
 from searchgym.core.server_limits import raise_open_files_limit
+from searchgym.settings import setting
 
 CLIENTS = (50, 200, 1000)
 ENV_ID = "searchgym/SyntheticQA-v0"
@@ -165,22 +168,25 @@ def _percentile(ordered: list[float], q: float) -> float:
     return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1) if ordered else 0.0
 
 
-async def one_run(
-    target: Any,
-    server: ServerProcess,
-    mode: str,
-    clients: int,
-    *,
-    rounds: int,
-    idle: int,
-    oversized_bytes: int,
-    timeout: float,
-    header_timeout: float | None = None,
-) -> dict[str, Any]:
-    """`clients` clients at once beside `idle` held sockets and one oversized request; the run's row.
+@dataclass(frozen=True)
+class RunShape:
+    """What one run does besides its clients: rounds per client, idle sockets held beside them, the oversized
+    request's size, a client's reply timeout, and the server's header timeout (None: idle sockets are counted at
+    once after the load)."""
 
-    With `header_timeout` (the server's), idle sockets are counted closed once it has passed since they were
+    rounds: int
+    idle: int
+    oversized_bytes: int
+    timeout: float
+    header_timeout: float | None = None
+
+
+async def one_run(target: Any, server: ServerProcess, mode: str, clients: int, shape: RunShape) -> dict[str, Any]:
+    """`clients` clients at once beside `shape.idle` held sockets and one oversized request; the run's row.
+
+    With a header timeout (the server's), idle sockets are counted closed once it has passed since they were
     opened (and a 10 s grace); without, at once after the load."""
+    rounds, idle, timeout, header_timeout = shape.rounds, shape.idle, shape.timeout, shape.header_timeout
     before = server.stats()
     opened = time.perf_counter()
     conns = await open_idle(server.port, idle)
@@ -197,7 +203,7 @@ async def one_run(
 
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as http:
-        path, body = target.oversized(oversized_bytes)
+        path, body = target.oversized(shape.oversized_bytes)
         big = asyncio.create_task(send_oversized(http, server.url, path, body, max(timeout, 120)))
         t0 = time.perf_counter()
         await asyncio.gather(
@@ -234,26 +240,34 @@ async def one_run(
     }
 
 
-async def _drive(target: Any, server: ServerProcess, clients: tuple[int, ...], **kw: Any) -> dict[str, Any]:
+async def _drive(target: Any, server: ServerProcess, clients: list[int], shape: RunShape) -> dict[str, Any]:
     async with aiohttp.ClientSession() as http:
         await target.prepare(http, server.url)
-    return {"runs": [await one_run(target, server, mode, c, **kw) for c in clients for mode in target.modes]}
+    return {"runs": [await one_run(target, server, mode, c, shape) for c in clients for mode in target.modes]}
 
 
-def run_load(
-    out: str | os.PathLike | None = "results/bench_load.json",
-    *,
-    clients: tuple[int, ...] = CLIENTS,
-    rounds: int = 2,
-    idle: int = 1000,
-    oversized_mb: float = 10.0,
-    timeout: float = 60.0,
-    servers: tuple[str, ...] = ("model", "search", "env"),
-    model: Path | None = None,
-    workdir: str | os.PathLike | None = None,
-    references: int = 32,
-    header_timeout: float = 10.0,
-) -> dict[str, Any]:
+@dataclass
+class LoadBenchSettings:
+    """`searchgym bench load`: the servers driven at many clients, or (`markdown`) the table of a report."""
+
+    servers: list[str] = setting(
+        default_factory=lambda: ["model", "search", "env"], help="comma-separated: model, search, env"
+    )
+    quick: bool = setting(False, help="a smoke test: 20 and 50 clients, 50 idle sockets, 1 MB")
+    out: Path | None = setting(None, help="default results/bench_load.json (--quick: results/bench_load_quick.json)")
+    markdown: bool = setting(False, help="only print docs/reliability.md's table of --out")
+    clients: list[int] = setting(default_factory=lambda: list(CLIENTS), help="client counts, comma-separated")
+    rounds: int = setting(2, at_least=1, help="rounds per client count")
+    idle: int = setting(1000, at_least=0, help="idle sockets held open beside the clients")
+    oversized_mb: float = setting(10.0, above=0, help="size of the one oversized request")
+    timeout: float = setting(60.0, above=0, help="seconds a client waits for a reply")
+    model: Path | None = setting(None, help="the model server's model directory (default: a tiny model)")
+    workdir: Path | None = setting(None, help="where the tiny model is built (default: a temp dir)")
+    references: int = setting(32, at_least=1, help="distinct prompts, queries and tasks, each asked alone first")
+    header_timeout: float = setting(10.0, above=0, help="every server's --header-timeout (idle sockets closed)")
+
+
+def run_load(settings: LoadBenchSettings) -> dict[str, Any]:
     """Drive each server at each client count; write the report to `out` (unless None) and return it.
 
     Every server runs with `--header-timeout header_timeout`: idle sockets are counted closed after it.
@@ -264,65 +278,71 @@ def run_load(
     from searchgym.envs.factory import make_unwrapped
     from searchgym.world.bundle import ensure_bundle
 
-    unknown = [s for s in servers if s not in ("model", "search", "env")]
+    unknown = [s for s in settings.servers if s not in ("model", "search", "env")]
     if unknown:
         raise ValueError(f"servers: unknown {unknown}; choose from model, search, env")
     limits = raise_open_files_limit()
     t_start = time.perf_counter()
     env = make_unwrapped(ENV_ID, **ENV_KWARGS)
-    tasks = [(t.id, t.metadata["start_query"], t.answers[0]) for t in list(env.tasks)[:references]]
+    tasks = [(t.id, t.metadata["start_query"], t.answers[0]) for t in list(env.tasks)[: settings.references]]
     env.close()
-    kw = {
-        "rounds": rounds,
-        "idle": idle,
-        "oversized_bytes": int(oversized_mb * 1_000_000),
-        "timeout": timeout,
-        "header_timeout": header_timeout,
-    }
-    report: dict[str, Any] = {
-        "machine": {**_machine(), "load_before": os.getloadavg()},
-        "config": {
-            "clients": list(clients),
-            "rounds_per_client": rounds,
-            "idle_sockets": idle,
-            "oversized_mb": oversized_mb,
-            "timeout_s": timeout,
-            "references": references,
-            "header_timeout_s": header_timeout,
-            "open_files_limit": list(limits),
-        },
-        "servers": {},
-    }
+    shape = RunShape(
+        settings.rounds,
+        settings.idle,
+        int(settings.oversized_mb * 1_000_000),
+        settings.timeout,
+        settings.header_timeout,
+    )
+    report = _report_head(settings, limits, _machine())
     with ExitStack() as stack:
-        work = Path(workdir) if workdir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        work = Path(settings.workdir) if settings.workdir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         targets: dict[str, Callable[[], Any]] = {
             "search": lambda: SearchTarget(
                 ensure_bundle(size=1000, seed=0, n_tasks=200) / "index", [q for _, q, _ in tasks]
             ),
-            "env": lambda: EnvTarget(ENV_ID, ENV_KWARGS, tasks, max_sessions=max(clients) + 64),
+            "env": lambda: EnvTarget(ENV_ID, ENV_KWARGS, tasks, max_sessions=max(settings.clients) + 64),
         }
-        if "model" in servers:
+        model = settings.model
+        if "model" in settings.servers:
             if model is None:
                 model = work / "tiny-model"
                 if not (model / "config.json").exists():
                     build_tiny_model(model, seed=0)
             elif not (Path(model) / "config.json").exists():
                 raise ValueError(f"model: {model} is not a model directory (no config.json)")
-            targets["model"] = lambda: ModelTarget(Path(model), n_prompts=references)
-        for name in servers:
+            targets["model"] = lambda: ModelTarget(Path(model), n_prompts=settings.references)
+        for name in settings.servers:
             target = targets[name]()
             with ServerProcess(
-                lambda port, target=target: [*target.argv(port), "--header-timeout", str(header_timeout)]
+                lambda port, target=target: [*target.argv(port), "--header-timeout", str(settings.header_timeout)]
             ) as server:
-                row = asyncio.run(_drive(target, server, clients, **kw))
+                row = asyncio.run(_drive(target, server, settings.clients, shape))
                 report["servers"][name] = {"argv": target.argv(0)[:2], "pid_open_files_limit": _limit(server), **row}
     report["machine"]["load_after"] = os.getloadavg()
     report["summary"] = summary(report)
     report["seconds"] = round(time.perf_counter() - t_start, 1)
-    if out is not None:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(report, indent=2) + "\n")
+    if settings.out is not None:
+        Path(settings.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(settings.out).write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _report_head(settings: LoadBenchSettings, limits: tuple[int, int], machine: dict[str, Any]) -> dict[str, Any]:
+    """The report before any server ran: the machine and the settings."""
+    return {
+        "machine": {**machine, "load_before": os.getloadavg()},
+        "config": {
+            "clients": list(settings.clients),
+            "rounds_per_client": settings.rounds,
+            "idle_sockets": settings.idle,
+            "oversized_mb": settings.oversized_mb,
+            "timeout_s": settings.timeout,
+            "references": settings.references,
+            "header_timeout_s": settings.header_timeout,
+            "open_files_limit": list(limits),
+        },
+        "servers": {},
+    }
 
 
 def summary(report: dict[str, Any]) -> dict[str, Any]:
@@ -374,3 +394,20 @@ def markdown_table(report: dict[str, Any]) -> str:
                 f"{released['fds']:,} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def load_bench_command(settings: LoadBenchSettings) -> None:
+    # a --quick smoke test never replaces the committed report that README and docs render
+    quick_out = settings.quick and not settings.markdown
+    out = settings.out or Path("results/bench_load_quick.json" if quick_out else "results/bench_load.json")
+    if settings.markdown:  # docs/reliability.md's load table is this output
+        print(markdown_table(json.loads(out.read_text())), end="")
+        return
+    quick: dict[str, Any] = (
+        {"clients": [20, 50], "rounds": 1, "idle": 50, "oversized_mb": 1.0, "header_timeout": 3.0}
+        if settings.quick
+        else {}
+    )
+    report = run_load(dataclasses.replace(settings, out=out, **quick))
+    print(markdown_table(report), end="")
+    print(f"written to {out}")

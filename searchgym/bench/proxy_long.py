@@ -17,6 +17,7 @@ import platform
 import time
 import tracemalloc
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from searchgym.agents.trajectory import Trajectory
 from searchgym.agents.workflow import WorkflowSettings
 from searchgym.bench.provenance import machine
 from searchgym.envs.factory import make_unwrapped
+from searchgym.settings import setting
 from searchgym.testing.scripted_engine import ScriptedEngine
 
 TURNS = (8, 16, 32, 64, 128)
@@ -132,3 +134,24 @@ def run_proxy_long_bench(
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(results, indent=2) + "\n")
     return results
+
+
+@dataclass
+class ProxyBenchSettings:
+    """`searchgym bench proxy`: the recording proxy at depth, an agent-program episode of 8 to 128 turns."""
+
+    model: Path | None = setting(None, help="tokenizer's model directory (default: a fresh tiny model)")
+    repeats: int = setting(3, at_least=1, help="timed episodes per depth (the median is reported)")
+    out: Path = setting(Path("results/bench_proxy_long.json"), help="the results JSON")
+
+
+def proxy_bench_command(settings: ProxyBenchSettings) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = settings.model
+        if model is None:
+            from searchgym.agents.tiny_model import build_tiny_model
+
+            model = build_tiny_model(tmp)
+        run_proxy_long_bench(model, repeats=settings.repeats, out=settings.out)

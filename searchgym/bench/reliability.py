@@ -27,9 +27,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from searchgym.settings import setting
 from searchgym.testing import faults
 from searchgym.testing.kills import DrillResult, drill_agent_synthesis, drill_eval, drill_kbwalk_synthesis, drill_train
 
@@ -37,29 +39,32 @@ SEED = 15
 COLUMNS = ("forms_tried", "faults_injected", "handled", "kills_survived", "crashes", "items_lost")
 
 
-def _row(
-    name: str,
-    forms: int,
-    injected: int,
-    handled: int,
-    crashes: int,
-    *,
-    kills: int = 0,
-    lost: int = 0,
-    notes: list[str] | None = None,
-    seconds: float = 0.0,
-) -> dict[str, Any]:
-    return {
-        "class": name,
-        "forms_tried": forms,
-        "faults_injected": injected,
-        "handled": handled,
-        "kills_survived": kills,
-        "crashes": crashes,
-        "items_lost": lost,
-        "notes": (notes or [])[:10],
-        "seconds": round(seconds, 1),
-    }
+@dataclass
+class _Row:
+    """One class's counts, as a row of the report's table."""
+
+    name: str
+    forms: int
+    injected: int
+    handled: int
+    crashes: int
+    kills: int = 0
+    lost: int = 0
+    notes: list[str] | None = None
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "class": self.name,
+            "forms_tried": self.forms,
+            "faults_injected": self.injected,
+            "handled": self.handled,
+            "kills_survived": self.kills,
+            "crashes": self.crashes,
+            "items_lost": self.lost,
+            "notes": (self.notes or [])[:10],
+            "seconds": round(self.seconds, 1),
+        }
 
 
 class _Tally:
@@ -80,7 +85,7 @@ class _Tally:
         self.notes.append(what[:300])
 
     def row(self) -> dict[str, Any]:
-        return _row(
+        return _Row(
             self.name,
             self.forms,
             self.forms,
@@ -88,7 +93,7 @@ class _Tally:
             self.crashes,
             notes=self.notes,
             seconds=time.perf_counter() - self.t0,
-        )
+        ).as_dict()
 
 
 # --- classes that run in this process ---------------------------------------------------------------------
@@ -347,7 +352,7 @@ def round_three(rng: random.Random, n: int) -> list[dict[str, Any]]:
 def _kill_row(result: DrillResult, seconds: float) -> dict[str, Any]:
     injected = result.kills + result.damaged_injected + result.files_truncated
     handled = result.kills_survived + result.damaged_reported + result.files_named
-    return _row(
+    return _Row(
         f"kill: {result.name}",
         result.kills + result.damaged_injected + result.files_truncated,
         injected,
@@ -357,7 +362,7 @@ def _kill_row(result: DrillResult, seconds: float) -> dict[str, Any]:
         lost=result.items_lost + result.items_repeated,
         notes=result.notes,
         seconds=seconds,
-    )
+    ).as_dict()
 
 
 def _timed(drill: Callable[[], DrillResult]) -> dict[str, Any]:
@@ -366,34 +371,45 @@ def _timed(drill: Callable[[], DrillResult]) -> dict[str, Any]:
     return _kill_row(result, time.perf_counter() - t0)
 
 
-def run_reliability(
-    out: str | Path | None = "results/reliability.json",
-    *,
-    workdir: str | Path | None = None,
-    seed: int = SEED,
-    n: int = 200,
-    kills: bool = True,
-    model: Path | None = None,
-) -> dict[str, Any]:
-    """Run every fault class (kills too unless `kills=False`); write the report to `out` and return it.
+@dataclass
+class ReliabilitySettings:
+    """`searchgym bench reliability`: every fault class with fixed seeds, or (`markdown`) a table of the report."""
+
+    seed: int = setting(SEED, help="the seed of every fuzzed class")
+    n: int = setting(200, at_least=1, help="forms per fuzzed class")
+    kills: bool = setting(True, help="the kill-and-resume drills (subprocesses, minutes); --no-kills skips them")
+    workdir: Path | None = setting(None, help="where the drills write (default: a temp dir)")
+    out: Path = setting(Path("results/reliability.json"), help="the report JSON")
+    markdown: str | None = setting(
+        None,
+        choices=(None, "readme", "docs"),
+        help="only print README's (short) or docs/reliability.md's table of the existing --out report",
+    )
+    load: Path = setting(
+        Path("results/bench_load.json"), help="the `bench load` report README's table also renders (when it exists)"
+    )
+
+
+def run_reliability(settings: ReliabilitySettings, model: Path | None = None) -> dict[str, Any]:
+    """Run every fault class (kills too unless `settings.kills` is off); write the report to `settings.out` (unless
+    None) and return it.
 
     `model` is the tiny model the model server and the eval/train drills use (default: one built in workdir).
     """
     from searchgym.agents.tiny_model import build_tiny_model
     from searchgym.envs.tools.local_index import LocalIndex
-    from searchgym.testing.stand_in_llm import StandInLLM, stand_in_server
     from searchgym.world.bundle import ensure_bundle
 
     t0 = time.perf_counter()
-    rng = random.Random(seed)
+    rng, n = random.Random(settings.seed), settings.n
     with ExitStack() as stack:
-        work = Path(workdir) if workdir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        work = Path(settings.workdir) if settings.workdir else Path(stack.enter_context(tempfile.TemporaryDirectory()))
         work.mkdir(parents=True, exist_ok=True)
         bundle = ensure_bundle(size=1000, seed=0, n_tasks=200)
         if model is None:
             model = work / "tiny-model"
             if not (model / "config.json").exists():
-                build_tiny_model(model, seed=seed)
+                build_tiny_model(model, seed=settings.seed)
         rows = [
             asyncio.run(ssrf(rng)),
             actions(rng, n),
@@ -402,81 +418,89 @@ def run_reliability(
             asyncio.run(caches(rng, _fresh(work / "caches"))),
             *round_three(rng, max(n // 10, 5)),
         ]
-        if kills:
-            kill_rng = random.Random(seed)
-            env = {
-                "size": 1000,
-                "seed": 0,
-                "n_tasks": 200,
-                "hops": 1,
-                "instructions": "{question}",
-                "top_k": 1,
-                "doc_chars": 120,
-                "max_turns": 4,
-            }
-            rows.append(
-                _timed(
-                    lambda: drill_eval(
-                        _fresh(work / "eval"),
-                        model,
-                        env,
-                        kill_rows=sorted(kill_rng.sample(range(3, 14), 2)),
-                        tasks=8,
-                        k=2,
-                    )
-                )
-            )
-            with stand_in_server(StandInLLM()) as url:
-                rows.append(
-                    _timed(
-                        lambda: drill_agent_synthesis(
-                            _fresh(work / "agent"),
-                            bundle / "index",
-                            url,
-                            kill_rows=sorted(kill_rng.sample(range(2, 20), 3)),
-                            n=24,
-                        )
-                    )
-                )
-            rows.append(
-                _timed(
-                    lambda: drill_kbwalk_synthesis(
-                        _fresh(work / "kbwalk"),
-                        bundle,
-                        kill_after_s=[round(kill_rng.uniform(0.3, 3.0), 2) for _ in range(4)],
-                        n=400,
-                    )
-                )
-            )
-            overrides = [
-                f"model.path={model}",
-                "env.kwargs.size=1000",
-                "env.kwargs.n_tasks=200",
-                "env.kwargs.max_turns=2",
-                "rollout.group_size=2",
-                "rollout.batch_size=2",
-                "rollout.max_new_tokens=8",
-                "rollout.max_staleness=1",
-                "learner.drop_no_spread=false",
-            ]
-            rows.append(
-                _timed(
-                    lambda: drill_train(
-                        _fresh(work / "train"), overrides, kill_rows=sorted(kill_rng.sample(range(1, 5), 2)), steps=5
-                    )
-                )
-            )
+        if settings.kills:
+            rows += _kill_drills(random.Random(settings.seed), work, bundle, model)
     report = {
-        "seed": seed,
+        "seed": settings.seed,
         "forms_per_class": n,
         "seconds": round(time.perf_counter() - t0, 1),
         "classes": rows,
         "total": {c: sum(r[c] for r in rows) for c in COLUMNS},
     }
-    if out is not None:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(report, indent=2) + "\n")
+    if settings.out is not None:
+        Path(settings.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(settings.out).write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _kill_drills(kill_rng: random.Random, work: Path, bundle: Path, model: Path) -> list[dict[str, Any]]:
+    """SIGKILL of eval, synthesize (agent, kbwalk) and train at seeded points, each resumed: one row each."""
+    from searchgym.testing.stand_in_llm import StandInLLM, stand_in_server
+
+    rows = []
+    env = {
+        "size": 1000,
+        "seed": 0,
+        "n_tasks": 200,
+        "hops": 1,
+        "instructions": "{question}",
+        "top_k": 1,
+        "doc_chars": 120,
+        "max_turns": 4,
+    }
+    rows.append(
+        _timed(
+            lambda: drill_eval(
+                _fresh(work / "eval"),
+                model,
+                env,
+                kill_rows=sorted(kill_rng.sample(range(3, 14), 2)),
+                tasks=8,
+                k=2,
+            )
+        )
+    )
+    with stand_in_server(StandInLLM()) as url:
+        rows.append(
+            _timed(
+                lambda: drill_agent_synthesis(
+                    _fresh(work / "agent"),
+                    bundle / "index",
+                    url,
+                    kill_rows=sorted(kill_rng.sample(range(2, 20), 3)),
+                    n=24,
+                )
+            )
+        )
+    rows.append(
+        _timed(
+            lambda: drill_kbwalk_synthesis(
+                _fresh(work / "kbwalk"),
+                bundle,
+                kill_after_s=[round(kill_rng.uniform(0.3, 3.0), 2) for _ in range(4)],
+                n=400,
+            )
+        )
+    )
+    overrides = [
+        f"model.path={model}",
+        "env.kwargs.size=1000",
+        "env.kwargs.n_tasks=200",
+        "env.kwargs.max_turns=2",
+        "rollout.group_size=2",
+        "rollout.batch_size=2",
+        "rollout.max_new_tokens=8",
+        "rollout.max_staleness=1",
+        "learner.drop_no_spread=false",
+    ]
+    rows.append(
+        _timed(
+            lambda: drill_train(
+                _fresh(work / "train"), overrides, kill_rows=sorted(kill_rng.sample(range(1, 5), 2)), steps=5
+            )
+        )
+    )
+    return rows
 
 
 def _fresh(path: Path) -> Path:
@@ -536,3 +560,15 @@ def generated_block(text: str, mark: str) -> str:
             break
         rows.append(line)
     return "\n".join(rows) + "\n"
+
+
+def reliability_command(settings: ReliabilitySettings) -> None:
+    """Run every fault class and print the table, or (`markdown`) render a table of the existing report."""
+    if settings.markdown:  # README's and docs/reliability.md's tables are this output
+        report = json.loads(Path(settings.out).read_text())
+        load = json.loads(settings.load.read_text()) if settings.load.exists() else None  # README's row renders both
+        print(readme_table(report, load) if settings.markdown == "readme" else markdown_table(report), end="")
+        return
+    report = run_reliability(settings)
+    print(markdown_table(report), end="")
+    print(f"written to {settings.out}")

@@ -25,7 +25,7 @@ from typing import Any, cast
 
 from omegaconf import OmegaConf
 
-from searchgym.bench.bootstrap import hierarchical_bootstrap
+from searchgym.bench.bootstrap import hierarchical_bootstrap, seed_list
 from searchgym.bench.learning import (
     PRESETS,
     LearningConfig,
@@ -43,7 +43,7 @@ from searchgym.bench.learning import (
 from searchgym.bench.provenance import git_commit, machine
 from searchgym.core.jsonl_log import JsonlLog
 from searchgym.pipeline.stages import REAL_MODEL_PRESETS, deterministic_torch, say
-from searchgym.settings import load_settings
+from searchgym.settings import load_settings, setting
 
 WARM = "warm"
 
@@ -733,3 +733,47 @@ def update_doc(text: str, mark: str, block: str) -> str:
         i += 1
     tail = "\n".join(lines[i:]).lstrip("\n")
     return f"{head}{mark}\n{block.rstrip()}\n\n{tail}".rstrip() + "\n"
+
+
+@dataclass
+class ReproduceCommand:
+    """`searchgym bench reproduce`: a claim's arms over seeds, or (`markdown`, `readme`, `render`) its tables."""
+
+    claim: str = setting("", help="long_horizon, staleness or shaping")
+    seeds: str = setting("0,1,2,3,4", help="comma-separated seeds; finished (seed, arm) pairs are reused")
+    out: Path | None = setting(None, help="default results/reproduce_CLAIM.json")
+    markdown: bool = setting(False, help="only print docs/reproductions.md's table of --out")
+    readme: bool = setting(False, help="only print README's table of every claim's results file")
+    render: bool = setting(False, help="rewrite README's and docs/reproductions.md's tables")
+    arms: str = setting("", help="comma-separated subset of the claim's arms (default: all)")
+    model: str | None = setting(
+        None,
+        choices=(None, "smollm2"),
+        help="the claim on a real model (SmolLM2-135M-Instruct); default out results/reproduce_CLAIM_MODEL.json",
+    )
+    overrides: list[str] = setting(
+        default_factory=list, help="config overrides, right after CLAIM: e.g. rl.steps=20 out_dir=runs/r"
+    )
+
+
+def reproduce_command(command: ReproduceCommand) -> None:
+    """Run the claim, or print (`markdown`, `readme`) or rewrite (`render`) the pages' tables."""
+    if command.render:  # README's and docs/reproductions.md's tables rewritten from the results files
+        changed = render_pages()
+        print("\n".join(f"rewrote {page}" for page in changed) or "README.md and docs/reproductions.md are up to date")
+        return
+    if command.readme:  # README's table of the papers' claims is this output
+        print(readme_table(committed_reports()), end="")
+        return
+    seeds = seed_list(command.seeds)
+    if command.markdown:  # docs/reproductions.md's table and verdict are this output
+        report = json.loads(Path(command.out or f"results/reproduce_{command.claim}.json").read_text())
+        print(markdown_table(report) + f"\n**Verdict: {verdict(report)}**")
+        return
+    config = load_reproduce_config(command.claim, command.overrides, command.model)
+    arms = select_arms(command.claim, command.arms)
+    picked = ["--arms", command.arms] if command.arms else []
+    picked += ["--model", command.model] if command.model else []
+    words = ["searchgym", "bench", "reproduce", command.claim, *command.overrides, "--seeds", command.seeds, *picked]
+    out = command.out or (Path(f"results/reproduce_{command.claim}_{command.model}.json") if command.model else None)
+    run_reproduce(command.claim, config, seeds, out=out, arms=arms, command=" ".join(words))

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from searchgym.envs.tools.hybrid import HybridIndex
 from searchgym.envs.tools.index_files import has_manifest
 from searchgym.envs.tools.indexes import open_index
 from searchgym.envs.tools.retrievers import DENSE_ENCODER
+from searchgym.settings import setting
 from searchgym.world.bundle import default_cache_dir
 from searchgym.world.paraphrase import KINDS, paraphrase_set
 from searchgym.world.world import World
@@ -40,31 +42,40 @@ DEFAULT_SIZE = 20_000  # the world of `bench learning`
 WARMUP = 8  # queries per retriever before the clock starts (the encoder loads on its first query)
 
 
-def run_retrieval_paraphrase_bench(
-    *,
-    size: int = DEFAULT_SIZE,
-    seed: int = 0,
-    questions: int = 400,
-    threads: int = 1,
-    chunks: int = 10,
-    workdir: str | os.PathLike | None = None,
-    out: str | os.PathLike = "results/bench_retrieval_paraphrase.json",
-) -> dict[str, Any]:
+@dataclass
+class RetrievalParaphraseSettings:
+    """`searchgym bench retrieval-paraphrase`: BM25, dense and hybrid retrieval on questions and paraphrases."""
+
+    size: int = setting(DEFAULT_SIZE, at_least=100, help="pages in the synthetic world (bench learning's: 20,000)")
+    seed: int = setting(0, help="the world's seed and the questions'")
+    questions: int = setting(400, at_least=1, help="questions of each kind")
+    threads: int = setting(1, at_least=1, help="torch and faiss threads (encoding and search)")
+    chunks: int = setting(10, at_least=1, help="interleaved chunks each retriever's queries are timed in")
+    workdir: Path | None = setting(
+        None,
+        help="where the world and its indexes are built once and reused, or a world or SyntheticQA bundle "
+        "directory (default: $SEARCHGYM_CACHE/worlds/sizeN-seedS)",
+    )
+    out: Path = setting(Path("results/bench_retrieval_paraphrase.json"), help="the results JSON")
+
+
+def run_retrieval_paraphrase_bench(settings: RetrievalParaphraseSettings) -> dict[str, Any]:
     """Build (or reuse) the world and both indexes, then measure every retriever on every kind of question."""
     import faiss
     import torch
 
     started = time.perf_counter()
-    torch.set_num_threads(threads)
-    faiss.omp_set_num_threads(threads)
+    torch.set_num_threads(settings.threads)
+    faiss.omp_set_num_threads(settings.threads)
     load_before = os.getloadavg()
-    root = Path(workdir) if workdir is not None else default_cache_dir() / "worlds" / f"size{size}-seed{seed}"
-    world = World(size, seed)
+    cached = default_cache_dir() / "worlds" / f"size{settings.size}-seed{settings.seed}"
+    root = Path(settings.workdir) if settings.workdir is not None else cached
+    world = World(settings.size, settings.seed)
     bm25, dense, builds = _build(world, root)
     hybrid = HybridIndex(bm25, dense)
-    tasks = paraphrase_set(world, questions, seed=seed)
+    tasks = paraphrase_set(world, settings.questions, seed=settings.seed)
     by_kind = {kind: [t for t in tasks if t.metadata["paraphrase_kind"] == kind] for kind in KINDS}
-    measured = asyncio.run(_measure(bm25, dense, hybrid, by_kind, chunks))
+    measured = asyncio.run(_measure(bm25, dense, hybrid, by_kind, settings.chunks))
     results: dict[str, dict[str, Any]] = {}
     for retriever in RETRIEVERS:
         results[retriever] = {}
@@ -77,12 +88,15 @@ def run_retrieval_paraphrase_bench(
     report = {
         "commit": git_commit(),
         "machine": machine(
-            torch_threads=threads, faiss_threads=threads, load_before=load_before, load_after=os.getloadavg()
+            torch_threads=settings.threads,
+            faiss_threads=settings.threads,
+            load_before=load_before,
+            load_after=os.getloadavg(),
         ),
         "config": {
-            "size": size,
-            "seed": seed,
-            "questions_per_kind": questions,
+            "size": settings.size,
+            "seed": settings.seed,
+            "questions_per_kind": settings.questions,
             "k": K,
             "kinds": list(KINDS),
             "retrievers": {
@@ -90,7 +104,7 @@ def run_retrieval_paraphrase_bench(
                 "dense": f"DenseIndex.search_sync, encoder {DENSE_ENCODER} (all-MiniLM-L6-v2), flat inner product",
                 "hybrid": f"HybridIndex.search: RRF (k_rrf={hybrid.k_rrf}) of the top {hybrid.depth} of each",
             },
-            "chunks": chunks,
+            "chunks": settings.chunks,
             "workdir": str(root),
         },
         "builds": builds,
@@ -98,8 +112,8 @@ def run_retrieval_paraphrase_bench(
         "results": results,
         "seconds_total": round(time.perf_counter() - started, 1),
     }
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(report, indent=2) + "\n")
+    Path(settings.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(settings.out).write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
@@ -227,3 +241,9 @@ def format_table(report: dict[str, Any]) -> str:
                 f"{shown} | {row['mrr_at_5']:.3f} | {row['qps']:,.1f} |"
             )
     return "\n".join(lines)
+
+
+def retrieval_paraphrase_command(settings: RetrievalParaphraseSettings) -> None:
+    report = run_retrieval_paraphrase_bench(settings)
+    print(format_table(report))
+    print(f"{report['seconds_total']:.0f} s in all; results in {settings.out}")

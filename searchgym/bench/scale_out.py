@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections import Counter
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,35 +38,40 @@ from searchgym.bench.scale_out_ray import RAY_REPLICAS, ray_arms
 from searchgym.core.atomic_file import write_atomic
 from searchgym.core.server_limits import raise_open_files_limit
 from searchgym.envs.tools.corpus import read_corpus
+from searchgym.settings import setting
 
 K = 5
 
 
-def run_scale_out(
-    out: str | os.PathLike | None = "results/bench_scale_out.json",
-    *,
-    size: int = 1_000_000,
-    shards: int = 4,
-    clients: int = 1000,
-    seconds: float = 20.0,
-    rounds: int = 2,
-    world: str | os.PathLike | None = None,
-    n_queries: int = 5000,
-) -> dict[str, Any]:
+@dataclass
+class ScaleOutSettings:
+    """`searchgym bench scale-out`: one retrieval server against `shards` shard servers, side by side."""
+
+    size: int = setting(1_000_000, at_least=100, help="pages in the synthetic world")
+    shards: int = setting(4, at_least=1, help="shard servers")
+    clients: int = setting(1000, at_least=1, help="concurrent clients")
+    seconds: float = setting(20.0, above=0, help="per round")
+    rounds: int = setting(2, at_least=1, help="each layout's rounds, alternated")
+    world: Path | None = setting(None, help="a directory to build the world and indexes in (kept)")
+    out: Path | None = setting(Path("results/bench_scale_out.json"), help="the report JSON")
+    n_queries: int = setting(5000, at_least=1, help="distinct queries the clients cycle through")
+
+
+def run_scale_out(settings: ScaleOutSettings) -> dict[str, Any]:
     """Build (or reuse) the world and both layouts, then measure them side by side; the report (written to `out`)."""
     import json
 
     raise_open_files_limit()  # 1,000 clients hold 1,000 sockets
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(world) if world is not None else Path(tmp) / "world"
-        built = _prepare(root, size, shards)
-        queries = _queries(root / "corpus.jsonl", n_queries)
+        root = Path(settings.world) if settings.world is not None else Path(tmp) / "world"
+        built = _prepare(root, settings.size, settings.shards)
+        queries = _queries(root / "corpus.jsonl", settings.n_queries)
         report: dict[str, Any] = {
-            "size": size,
-            "shards": shards,
-            "clients": clients,
-            "seconds_per_round": seconds,
-            "rounds": rounds,
+            "size": settings.size,
+            "shards": settings.shards,
+            "clients": settings.clients,
+            "seconds_per_round": settings.seconds,
+            "rounds": settings.rounds,
             "k": K,
             "queries": len(queries),
             "build_s": built,
@@ -75,7 +81,7 @@ def run_scale_out(
             starts: dict[str, list[float]] = {}
             single = _start(stack, [root / "index"], starts, "single")
             sharded = _start(
-                stack, [root / "shards" / f"shard-{i:02d}" / "index" for i in range(shards)], starts, "sharded"
+                stack, [root / "shards" / f"shard-{i:02d}" / "index" for i in range(settings.shards)], starts, "sharded"
             )
             layouts = {"single": [[s.url] for s in single], "sharded": [[s.url] for s in sharded]}
             layouts |= stack.enter_context(ray_arms(root / "index", root / "shards", RAY_REPLICAS, starts, report))
@@ -84,9 +90,9 @@ def run_scale_out(
                 for name, times in starts.items()
             }
             results: dict[str, list[dict[str, Any]]] = {name: [] for name in layouts}
-            for r in range(rounds):  # A B C D, then D C B A: every layout sees the same machine
+            for r in range(settings.rounds):  # A B C D, then D C B A: every layout sees the same machine
                 for name in list(layouts) if r % 2 == 0 else list(reversed(layouts)):
-                    results[name].append(asyncio.run(_load(layouts[name], queries, clients, seconds)))
+                    results[name].append(asyncio.run(_load(layouts[name], queries, settings.clients, settings.seconds)))
             report["rounds_by_layout"] = results
             report["rss_mb"] = {
                 "single": [s.stats()["rss_mb"] for s in single],
@@ -99,8 +105,8 @@ def run_scale_out(
                 report["summary"][f"{name}_over_single_qps"] = (
                     round(qps[name] / qps["single"], 3) if qps["single"] else None
                 )
-    if out is not None:
-        write_atomic(Path(out), json.dumps(report, indent=2) + "\n")
+    if settings.out is not None:
+        write_atomic(Path(settings.out), json.dumps(report, indent=2) + "\n")
     return report
 
 
@@ -215,3 +221,11 @@ def _machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "load_before": os.getloadavg(),
     }
+
+
+def scale_out_command(settings: ScaleOutSettings) -> None:
+    import json
+
+    report = run_scale_out(settings)
+    print(json.dumps({"startup_s": report["startup_s"], "summary": report["summary"]}, indent=2))
+    print(f"written to {settings.out}")

@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ from searchgym.envs.tasks import TaskPool
 from searchgym.envs.tools.indexes import open_index
 from searchgym.envs.tools.local_index import LocalIndex, batch_threads
 from searchgym.envs.tools.remote_search import RemoteOptions, RemoteSearch
+from searchgym.settings import setting
 from searchgym.world.kbwalk import KBWalker
 from searchgym.world.oracle import OracleAgent
 from searchgym.world.validation import synthesize_pool
@@ -56,33 +58,38 @@ from searchgym.world.world import World
 K = 5
 
 
-def run_search_bench(
-    *,
-    size: int = 100_000,
-    n_queries: int = 2000,
-    out: str | os.PathLike = "results/bench_search.json",
-    workdir: str | os.PathLike | None = None,
-    concurrency: tuple[int, ...] = (1, 64),
-    batch: int = 64,
-    rank_bm25_queries: int = 200,
-    n_envs: int = 32,
-    n_tasks: int = 256,
-) -> dict[str, Any]:
+@dataclass
+class SearchBenchSettings:
+    """`searchgym bench search`: LocalIndex vs tantivy, bm25s, rank-bm25; the retrieval server and envs over it."""
+
+    size: int = setting(100_000, at_least=100, help="pages in the synthetic world")
+    queries: int = setting(2000, at_least=1, help="queries of each kind per measurement")
+    out: Path = setting(Path("results/bench_search.json"), help="the results JSON")
+    workdir: Path | None = setting(None, help="where to build the world (default: a temp dir)")
+    concurrency: list[int] = setting(default_factory=lambda: [1, 64], help="concurrent queries measured")
+    batch: int = setting(64, at_least=1, help="queries per /retrieve request")
+    rank_bm25_queries: int = setting(200, at_least=1, help="queries rank-bm25 (slow) answers")
+    n_envs: int = setting(32, at_least=1, help="envs over the server")
+    n_tasks: int = setting(256, at_least=1, help="tasks the envs play")
+
+
+def run_search_bench(settings: SearchBenchSettings) -> dict[str, Any]:
     """Build (or reuse) a `size`-page world and its index, then race the peers, the server and the envs."""
+    size, n_queries, out, concurrency = settings.size, settings.queries, settings.out, tuple(settings.concurrency)
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(workdir or tmp)
+        root = Path(settings.workdir or tmp)
         world = World(size, seed=0)
         if not (root / "corpus.jsonl").exists():
             world.write(root, progress=True)
         index = open_index(root)  # root/index, built on first use
         results: dict[str, Any] = {"size": size, "k": K, "machine": {**_machine(), "load_before": os.getloadavg()}}
-        results["peers"] = _peers(world, index, root, n_queries, rank_bm25_queries)
+        results["peers"] = _peers(world, index, root, n_queries, settings.rank_bm25_queries)
         queries = _mixed_queries(world, n_queries)
         results["queries"] = len(queries)
         results["in_process"] = _in_process(index, queries, concurrency)
         with _server_process(root / "index") as url:
-            results["server"] = asyncio.run(_remote(url, queries, concurrency, batch))
-            results["envs"] = asyncio.run(_envs(world, index, url, n_envs, n_tasks))
+            results["server"] = asyncio.run(_remote(url, queries, concurrency, settings.batch))
+            results["envs"] = asyncio.run(_envs(world, index, url, settings.n_envs, settings.n_tasks))
         c1 = results["in_process"]["concurrency_1"]["qps"]
         results["server_vs_in_process_at_1"] = round(results["server"]["concurrency_1"]["qps"] / c1, 3)
         results["machine"]["load_after"] = os.getloadavg()
@@ -326,3 +333,7 @@ class _server_process:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def search_bench_command(settings: SearchBenchSettings) -> None:
+    print(json.dumps(run_search_bench(settings), indent=2))

@@ -28,7 +28,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,38 +52,59 @@ STALENESS_SWEEP = (0, 1, 2, 4, 8)
 class TrainerBenchConfig:
     """`searchgym bench trainer`'s settings (its flags, `--config FILE` and dotted overrides, one loader)."""
 
-    steps: int = setting(5, at_least=1)  # learner steps per run
-    warmup_steps: int = setting(1, at_least=0)  # steps left out of the steady-state throughput
-    final_steps: int = setting(2, at_least=1)  # last steps whose episodes give the final reward
-    rounds: int = setting(1, at_least=1)  # passes over the sweep, alternately forwards and backwards
-    staleness: list[int] = field(default_factory=lambda: list(STALENESS_SWEEP))  # 0: the synchronous baseline
-    headline_staleness: int = setting(4, at_least=0)  # the bound the headline speedup quotes
+    steps: int = setting(5, at_least=1, help="learner steps per run")
+    warmup_steps: int = setting(1, at_least=0, help="steps left out of the steady-state throughput")
+    final_steps: int = setting(2, at_least=1, help="last steps whose episodes give the final reward")
+    rounds: int = setting(1, at_least=1, help="passes over the sweep, alternately forwards and backwards")
+    staleness: list[int] = setting(
+        default_factory=lambda: list(STALENESS_SWEEP),
+        help="staleness bounds to sweep, comma-separated (0: the synchronous baseline, required)",
+    )
+    headline_staleness: int = setting(4, at_least=0, help="the bound the headline speedup quotes")
     # learner.proximal per run, crossed with the sweep (issue 29's objective axis): "recompute" is decoupled PPO,
     # "behaviour" plain PPO without the proximal forward pass; the first one gives `sweep` and the headline
-    proximal: list[str] = field(default_factory=lambda: ["recompute"])
-    size: int = setting(1000, at_least=1)  # pages in the synthetic world
-    n_tasks: int = setting(200, at_least=1)
-    seed: int = 0  # training seed (and the latency and workload seeds)
-    group_size: int = setting(4, at_least=1)  # episodes per task
-    batch_size: int = setting(2, at_least=1)  # groups per learner step
-    max_concurrent: int = setting(64, at_least=1)  # rollout.max_concurrent_rollouts (episodes)
-    lr: float = setting(1e-2, above=0)  # learning rate of the tiny policy
-    turns_median: float = setting(3.0, at_least=1)  # the workload (workload.py)
-    turns_p90: float = 16.0
-    turns_max: int = 40
-    turn_tokens_median: float = setting(48.0, at_least=1)
-    turn_tokens_sigma: float = setting(0.5, at_least=0)
-    turn_tokens_max: int = 192
-    episode_tokens_min: int = setting(58, at_least=1)
-    episode_tokens_max: int = 1920
-    tail_share: float = setting(0.0, at_least=0, at_most=1)
-    context_policy: str = setting("end", choices=("end", "fold", "summarise"))  # rollout.context_policy
-    latency_ms: float = setting(250.0, at_least=0)  # median tool latency
-    latency_alpha: float = setting(1.2, above=0)  # Pareto tail index (smaller: heavier tail)
-    latency_max_s: float = setting(10.0, at_least=0)  # cap on one tool call's latency
-    threads: int = setting(1, at_least=0)  # torch intra-op threads (0: torch's default)
-    out: str = "results/bench_trainer.json"
-    workdir: str | None = None  # where the runs write (None: a temp dir)
+    proximal: list[str] = setting(
+        default_factory=lambda: ["recompute"], help="learner.proximal per run, comma-separated: recompute, behaviour"
+    )
+    size: int = setting(1000, at_least=1, help="pages in the synthetic world")
+    n_tasks: int = setting(200, at_least=1, help="tasks in the pool")
+    seed: int = setting(0, help="training seed (and the latency and workload seeds)")
+    group_size: int = setting(4, at_least=1, help="episodes per task")
+    batch_size: int = setting(2, at_least=1, help="groups per learner step")
+    max_concurrent: int = setting(64, at_least=1, help="rollout.max_concurrent_rollouts (episodes)")
+    lr: float = setting(1e-2, above=0, help="learning rate of the tiny policy")
+    turns_median: float = setting(3.0, at_least=1, help="median turns per episode")  # the workload (workload.py)
+    turns_p90: float = setting(16.0, help="90th percentile of turns per episode")
+    turns_max: int = setting(40, help="most turns an episode plays")
+    turn_tokens_median: float = setting(48.0, at_least=1, help="median tokens one turn generates")
+    turn_tokens_sigma: float = setting(0.5, at_least=0, help="log-normal sigma of a turn's tokens")
+    turn_tokens_max: int = setting(192, help="most tokens one turn generates")
+    episode_tokens_min: int = setting(58, at_least=1, help="fewest tokens an episode generates")
+    episode_tokens_max: int = setting(1920, help="most tokens an episode generates")
+    tail_share: float = setting(
+        0.0,
+        at_least=0,
+        at_most=1,
+        help="share of episodes that play exactly --turns-max turns (a long tail on purpose)",
+    )
+    context_policy: str = setting(
+        "end",
+        choices=("end", "fold", "summarise"),
+        help="what an episode does when its context is full (rollout.context_policy)",
+    )
+    latency_ms: float = setting(250.0, at_least=0, help="median tool latency")
+    latency_alpha: float = setting(1.2, above=0, help="Pareto tail index (smaller: heavier tail)")
+    latency_max_s: float = setting(10.0, at_least=0, help="cap on one tool call's latency")
+    threads: int = setting(1, at_least=0, help="torch intra-op threads (0: torch's default)")
+    out: str = setting("results/bench_trainer.json", help="the report JSON")
+    workdir: str | None = setting(None, help="where the runs write (default: a temp dir)")
+    world_seed: int = setting(0, help="the synthetic world's seed")
+    workload_seed: int | None = setting(None, help="the workload's and the latency's seed (default: --seed)")
+    top_k: int = setting(2, at_least=1, help="search results per call (env.kwargs.top_k)")
+    doc_chars: int = setting(160, at_least=1, help="characters of each result shown (env.kwargs.doc_chars)")
+    train_overrides: list[str] = setting(
+        default_factory=list, help="dotted overrides of every run's training config, comma-separated"
+    )
 
     def check(self) -> Iterator[tuple[str, str]]:
         """The checks that span fields: the sweep, the step windows and the workload's shape."""
@@ -141,69 +162,20 @@ class TrainerBenchConfig:
             self.turn_tokens_max,
             self.episode_tokens_min,
             self.episode_tokens_max,
-            self.seed,
+            self.seed if self.workload_seed is None else self.workload_seed,
             self.tail_share,
         )
 
-
-def run_trainer_bench_config(config: TrainerBenchConfig, *, progress: bool = True) -> dict[str, Any]:
-    """`run_trainer_bench` with the settings of `config` (checked first, naming the key)."""
-    check_settings(config)
-    return run_trainer_bench(
-        steps=config.steps,
-        warmup_steps=config.warmup_steps,
-        final_steps=config.final_steps,
-        rounds=config.rounds,
-        staleness=config.staleness,
-        headline_staleness=config.headline_staleness,
-        proximal=config.proximal,
-        size=config.size,
-        n_tasks=config.n_tasks,
-        seed=config.seed,
-        out=config.out,
-        workdir=config.workdir,
-        group_size=config.group_size,
-        batch_size=config.batch_size,
-        max_concurrent_rollouts=config.max_concurrent,
-        lr=config.lr,
-        workload=config.workload(),
-        latency=ParetoLatency(config.latency_ms / 1000, config.latency_alpha, config.latency_max_s, config.seed),
-        torch_threads=config.threads or None,
-        overrides=[f"rollout.context_policy={config.context_policy}"],
-        progress=progress,
-    )
+    def latency(self) -> ParetoLatency:
+        """The tools' heavy-tailed latency these settings describe."""
+        seed = self.seed if self.workload_seed is None else self.workload_seed
+        return ParetoLatency(self.latency_ms / 1000, self.latency_alpha, self.latency_max_s, seed)
 
 
-def run_trainer_bench(
-    *,
-    steps: int = 5,
-    warmup_steps: int = 1,
-    final_steps: int = 2,
-    rounds: int = 1,
-    staleness: Sequence[int] = STALENESS_SWEEP,
-    headline_staleness: int = 4,
-    proximal: Sequence[str] = ("recompute",),
-    size: int = 1000,
-    n_tasks: int = 200,
-    world_seed: int = 0,
-    seed: int = 0,
-    out: str | os.PathLike = "results/bench_trainer.json",
-    workdir: str | os.PathLike | None = None,
-    group_size: int = 4,
-    batch_size: int = 2,
-    max_concurrent_rollouts: int = 64,
-    top_k: int = 2,
-    doc_chars: int = 160,
-    lr: float = 1e-2,
-    workload: Workload | None = None,
-    latency: ParetoLatency | None = None,
-    overrides: Sequence[str] = (),
-    torch_threads: int | None = 1,
-    progress: bool = True,
-) -> dict[str, Any]:
+def run_trainer_bench(config: TrainerBenchConfig, *, progress: bool = True) -> dict[str, Any]:
     """Train once per staleness bound per round, summarise each run and the sweep, write the results to `out`.
 
-    `torch_threads` sets torch's intra-op threads for the runs (None: leave torch's default). One
+    `threads` sets torch's intra-op threads for the runs (0: leave torch's default). One
     thread by default: on a small shared box, intra-op threads that outnumber the free cores make
     every tiny-model op wait on a descheduled thread; with one thread each, the engine and the
     learner's thread still run on two cores at once.
@@ -213,20 +185,52 @@ def run_trainer_bench(
     from searchgym.agents.tiny_model import build_tiny_model
     from searchgym.world.bundle import ensure_bundle
 
-    if 0 not in staleness:
-        raise ValueError("the sweep needs staleness 0 (the synchronous baseline) to compare against")
-    if any(eta < 0 for eta in staleness) or len(set(staleness)) != len(staleness):
-        raise ValueError(f"staleness bounds must be distinct and >= 0, got {list(staleness)}")
-    if not 0 <= warmup_steps < steps or not 1 <= final_steps <= steps or rounds < 1:
-        raise ValueError("need 0 <= warmup_steps < steps, 1 <= final_steps <= steps and rounds >= 1")
-    workload, latency = workload or Workload(seed=seed), latency or ParetoLatency(seed=seed)
+    check_settings(config)  # the sweep holds 0, the step windows fit: refused naming the key, before any work
+    staleness, proximal = config.staleness, config.proximal
+    overrides = [f"rollout.context_policy={config.context_policy}", *config.train_overrides]
     threads_before = torch.get_num_threads()
-    if torch_threads is not None:
-        torch.set_num_threads(torch_threads)
+    if config.threads:  # 0: leave torch's default
+        torch.set_num_threads(config.threads)
     # Built here, outside train()'s event loop: a bundle built inside it would call asyncio.run in a running loop.
-    ensure_bundle(size=size, seed=world_seed, n_tasks=n_tasks, progress=progress)
-    results: dict[str, Any] = {
-        "machine": _machine(torch),
+    ensure_bundle(size=config.size, seed=config.world_seed, n_tasks=config.n_tasks, progress=progress)
+    results = _setup(config, overrides, _machine(torch))
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(config.workdir or tmp)
+            model = build_tiny_model(root / "model", seed=config.seed)  # one policy for every run (and no rebuilds)
+            positions = json.loads((model / "config.json").read_text())["max_position_embeddings"]
+            base = _overrides(config, model, positions)
+            cells = [(eta, p) for eta in staleness for p in proximal]  # each (bound, objective) once per round
+            for r in range(config.rounds):
+                for eta, p in cells if r % 2 == 0 else list(reversed(cells)):
+                    run = root / f"round{r}-eta{eta}" if p == proximal[0] else root / f"round{r}-eta{eta}-{p}"
+                    summary = _run_one([*base, *overrides, f"learner.proximal={p}"], eta, run, config, progress)
+                    results["runs"].append({"round": r, "staleness": eta, "proximal": p, **summary})
+                    results["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    finally:
+        torch.set_num_threads(threads_before)
+    by_objective = {p: _sweep([run for run in results["runs"] if run["proximal"] == p], staleness) for p in proximal}
+    results["sweep"] = by_objective[proximal[0]]
+    if len(proximal) > 1:  # each objective's speedups are over its own sync run of the same round
+        results["sweep_by_proximal"] = by_objective
+    head = results["sweep"].get(str(config.headline_staleness))
+    if head is not None:
+        results["headline"] = {
+            "staleness": config.headline_staleness,
+            **{k: head[k] for k in ("speedup_median", "speedup_pooled", "final_reward", "steady_tokens_per_s")},
+            "sync_final_reward": results["sweep"]["0"]["final_reward"],
+            "sync_steady_tokens_per_s": results["sweep"]["0"]["steady_tokens_per_s"],
+        }
+    Path(config.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(config.out).write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def _setup(config: TrainerBenchConfig, overrides: list[str], machine: dict[str, Any]) -> dict[str, Any]:
+    """The report's head: the machine, the workload and latency drawn from, the reward and the settings."""
+    workload, latency = config.workload(), config.latency()
+    return {
+        "machine": machine,
         "workload": {
             **asdict(workload),
             "turns_sigma": round(workload.turns_sigma, 4),
@@ -241,70 +245,22 @@ def run_trainer_bench(
         "reward": "shaped: share of the episode's turns whose first generated token starts a word (a space and "
         "letters); plan_workflow.word_start_share",
         "settings": {
-            "steps": steps,
-            "warmup_steps": warmup_steps,
-            "final_steps": final_steps,
-            "rounds": rounds,
-            "staleness": list(staleness),
-            "proximal": list(proximal),
-            "group_size": group_size,
-            "batch_size": batch_size,
-            "max_concurrent_rollouts": max_concurrent_rollouts,
-            "lr": lr,
-            "top_k": top_k,
-            "doc_chars": doc_chars,
-            "overrides": list(overrides),
+            "steps": config.steps,
+            "warmup_steps": config.warmup_steps,
+            "final_steps": config.final_steps,
+            "rounds": config.rounds,
+            "staleness": list(config.staleness),
+            "proximal": list(config.proximal),
+            "group_size": config.group_size,
+            "batch_size": config.batch_size,
+            "max_concurrent_rollouts": config.max_concurrent,
+            "lr": config.lr,
+            "top_k": config.top_k,
+            "doc_chars": config.doc_chars,
+            "overrides": overrides,
         },
         "runs": [],
     }
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            root = Path(workdir or tmp)
-            model = build_tiny_model(root / "model", seed=seed)  # one policy for every run (and no rebuilds)
-            positions = json.loads((model / "config.json").read_text())["max_position_embeddings"]
-            base = _overrides(
-                steps=steps,
-                seed=seed,
-                size=size,
-                world_seed=world_seed,
-                n_tasks=n_tasks,
-                top_k=top_k,
-                doc_chars=doc_chars,
-                positions=positions,
-                workload=workload,
-                latency=latency,
-                group_size=group_size,
-                batch_size=batch_size,
-                max_concurrent_rollouts=max_concurrent_rollouts,
-                lr=lr,
-                model=model,
-            )
-            cells = [(eta, p) for eta in staleness for p in proximal]  # each (bound, objective) once per round
-            for r in range(rounds):
-                for eta, p in cells if r % 2 == 0 else list(reversed(cells)):
-                    run = root / f"round{r}-eta{eta}" if p == proximal[0] else root / f"round{r}-eta{eta}-{p}"
-                    summary = _run_one(
-                        [*base, *overrides, f"learner.proximal={p}"], eta, run, warmup_steps, final_steps, progress
-                    )
-                    results["runs"].append({"round": r, "staleness": eta, "proximal": p, **summary})
-                    results["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
-    finally:
-        torch.set_num_threads(threads_before)
-    by_objective = {p: _sweep([run for run in results["runs"] if run["proximal"] == p], staleness) for p in proximal}
-    results["sweep"] = by_objective[proximal[0]]
-    if len(proximal) > 1:  # each objective's speedups are over its own sync run of the same round
-        results["sweep_by_proximal"] = by_objective
-    head = results["sweep"].get(str(headline_staleness))
-    if head is not None:
-        results["headline"] = {
-            "staleness": headline_staleness,
-            **{k: head[k] for k in ("speedup_median", "speedup_pooled", "final_reward", "steady_tokens_per_s")},
-            "sync_final_reward": results["sweep"]["0"]["final_reward"],
-            "sync_steady_tokens_per_s": results["sweep"]["0"]["steady_tokens_per_s"],
-        }
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(results, indent=2) + "\n")
-    return results
 
 
 def _machine(torch: Any) -> dict[str, Any]:
@@ -319,65 +275,47 @@ def _machine(torch: Any) -> dict[str, Any]:
     }
 
 
-def _overrides(
-    *,
-    steps: int,
-    seed: int,
-    size: int,
-    world_seed: int,
-    n_tasks: int,
-    top_k: int,
-    doc_chars: int,
-    workload: Workload,
-    latency: ParetoLatency,
-    group_size: int,
-    batch_size: int,
-    max_concurrent_rollouts: int,
-    lr: float,
-    model: Path,
-    positions: int,
-) -> list[str]:
+def _overrides(config: TrainerBenchConfig, model: Path, positions: int) -> list[str]:
     """The config every run shares (its staleness and mode set per run).
 
     The context budget is the model's positions: an episode that reaches them ends there ("context
     budget", counted in `episodes_cut_by_context`) instead of playing turns the model cannot extend.
     """
+    workload, latency = config.workload(), config.latency()
     fields = [f"env.kwargs.workload.{k}={v}" for k, v in asdict(workload).items()]
     context = min(positions, workload.turns_max * (workload.turn_tokens_max + 256) + 1024)
     return [
-        f"steps={steps}",
-        f"seed={seed}",
-        f"save_every={steps}",
+        f"steps={config.steps}",
+        f"seed={config.seed}",
+        f"save_every={config.steps}",
         "keep_checkpoints=1",
         f"model.path={model}",
         f"env.id={SLOW_SYNTHETIC_QA}",
-        f"env.kwargs.size={size}",
-        f"env.kwargs.seed={world_seed}",
-        f"env.kwargs.n_tasks={n_tasks}",
+        f"env.kwargs.size={config.size}",
+        f"env.kwargs.seed={config.world_seed}",
+        f"env.kwargs.n_tasks={config.n_tasks}",
         "env.kwargs.split=train",
         f"env.kwargs.max_turns={workload.turns_max}",
-        f"env.kwargs.top_k={top_k}",
-        f"env.kwargs.doc_chars={doc_chars}",
+        f"env.kwargs.top_k={config.top_k}",
+        f"env.kwargs.doc_chars={config.doc_chars}",
         f"env.kwargs.latency_median_s={latency.median_s}",
         f"env.kwargs.latency_alpha={latency.alpha}",
         f"env.kwargs.latency_max_s={latency.max_s}",
         f"env.kwargs.latency_seed={latency.seed}",
         *fields,
         f"rollout.workflow={PLANNED_WORKFLOW}",
-        f"rollout.group_size={group_size}",
-        f"rollout.batch_size={batch_size}",
-        f"rollout.max_concurrent_rollouts={max_concurrent_rollouts}",
+        f"rollout.group_size={config.group_size}",
+        f"rollout.batch_size={config.batch_size}",
+        f"rollout.max_concurrent_rollouts={config.max_concurrent}",
         f"rollout.max_new_tokens={workload.turn_tokens_max}",
         f"rollout.max_context={context}",
-        f"learner.lr={lr}",
+        f"learner.lr={config.lr}",
         "learner.drop_no_spread=false",
         "learner.std_normalize=true",
     ]
 
 
-def _run_one(
-    overrides: list[str], eta: int, run: Path, warmup_steps: int, final_steps: int, progress: bool
-) -> dict[str, Any]:
+def _run_one(overrides: list[str], eta: int, run: Path, bench: TrainerBenchConfig, progress: bool) -> dict[str, Any]:
     """One training run at staleness `eta` (0: mode sync), summarised."""
     from searchgym.trainers.config import load_config
     from searchgym.trainers.launchers.local import train
@@ -393,7 +331,7 @@ def _run_one(
         "mode": mode,
         "wall_s": round(wall, 2),
         "load_average_1min": load,
-        **summarize_run(history, run / "trajectories", warmup_steps, final_steps, list(TOOL_DELAYS)),
+        **summarize_run(history, run / "trajectories", bench.warmup_steps, bench.final_steps, list(TOOL_DELAYS)),
     }
 
 
@@ -573,3 +511,7 @@ def _sweep(runs: list[dict[str, Any]], staleness: Sequence[int]) -> dict[str, An
 def _mean(values: Any) -> float | None:
     present = [v for v in values if v is not None]
     return round(statistics.fmean(present), 4) if present else None
+
+
+def trainer_bench_command(config: TrainerBenchConfig) -> None:
+    print(json.dumps(run_trainer_bench(config), indent=2))

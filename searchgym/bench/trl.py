@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import runpy
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from searchgym.bench.bootstrap import hierarchical_bootstrap
+from searchgym.bench.bootstrap import hierarchical_bootstrap, seed_list
 from searchgym.bench.provenance import accelerator, git_commit, machine
 from searchgym.core.jsonl_log import JsonlLog
+from searchgym.settings import setting
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_with_trl.py"
 TRL_ARGS = ["--tasks", "16", "--held-out", "12", "--steps", "80"]  # the default setting
@@ -103,3 +105,17 @@ def rise(rows: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
         early = sum(values[:half]) / half
         rises[row["seed"]] = [v - early for v in values[n_steps - half :]]
     return {"early_steps": half, "late_steps": half, **hierarchical_bootstrap(rises)}
+
+
+@dataclass
+class TrlBenchCommand:
+    """`searchgym bench trl`: the seeds, the report, and the example's arguments (after --)."""
+
+    seeds: str = setting("0,1,2", help="comma-separated seeds; finished ones are reused")
+    out: Path = setting(Path("results/bench_trl.json"), help="the report JSON")
+    example_args: list[str] = setting(default_factory=list, help="after --: examples/train_with_trl.py's arguments")
+
+
+def trl_bench_command(command: TrlBenchCommand) -> None:
+    example_args = [a for a in command.example_args if a != "--"] or TRL_ARGS
+    print(json.dumps(run_trl_bench(seed_list(command.seeds), example_args, out=command.out)["held_out"], indent=2))

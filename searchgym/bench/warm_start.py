@@ -18,10 +18,11 @@ from __future__ import annotations
 import copy
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from searchgym.bench.bootstrap import hierarchical_bootstrap
+from searchgym.bench.bootstrap import hierarchical_bootstrap, seed_list
 from searchgym.bench.learning import (
     fingerprint,
     held_out_samples,
@@ -36,6 +37,7 @@ from searchgym.bench.learning import (
 from searchgym.bench.provenance import machine
 from searchgym.core.jsonl_log import JsonlLog
 from searchgym.pipeline.stages import deterministic_torch, say
+from searchgym.settings import setting
 
 ARMS: dict[str, list[str]] = {
     "tags-full": ["env.kwargs.tool_format=tags", "env.kwargs.instructions=full"],
@@ -159,3 +161,21 @@ def format_report(report: dict[str, Any]) -> str:
 def _check_row(row: Any) -> None:
     if not isinstance(row, dict) or not {"seed", "arm", "fingerprint", "per_question"} <= set(row):
         raise ValueError("not a bench warmstart row")
+
+
+@dataclass
+class WarmStartBenchCommand:
+    """`searchgym bench warmstart`: the arms and seeds, the bench learning preset they override, and the report."""
+
+    arms: str = setting("tags-full,hermes-full,tags-brief", help="comma-separated arms; the first is the reference")
+    seeds: str = setting("0,1", help="comma-separated seeds; finished (seed, arm) units are reused")
+    preset: str = setting("smollm2", help="the bench learning preset the arms override")
+    out: Path = setting(Path("results/bench_warmstart.json"), help="the report JSON")
+    overrides: list[str] = setting(default_factory=list, help="config overrides for every arm, e.g. eval.max_tasks=64")
+
+
+def warm_start_bench_command(command: WarmStartBenchCommand) -> None:
+    arms = [a.strip() for a in command.arms.split(",") if a.strip()]
+    run_warm_start_bench(
+        arms, seed_list(command.seeds), preset=command.preset, overrides=command.overrides, out=command.out
+    )

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import types
 import typing
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -76,13 +76,16 @@ def add_settings_flags(
     *,
     skip: Collection[str] = (),
     required: Collection[str] = (),
+    positional: Mapping[str, str | None] | None = None,
 ) -> list[str]:
     """One flag per field of `cls` that a flag can carry (not nested dataclasses, not `skip`); returns their names.
 
     Help is the field's `setting(help=...)` with its default; a bool is `--x/--no-x`. No flag has a default of its
     own, so `settings_values` sees only what was typed and a `--config` file is not overridden by defaults.
     `required` names fields whose flag must be given (for fields without a default, prefer a `--config` file).
+    `positional` maps fields to argparse `nargs` (None: exactly one) for those given by position, not by flag.
     """
+    positional = positional or {}
     hints = typing.get_type_hints(cls)
     added = []
     for f in dataclasses.fields(cls):
@@ -94,14 +97,23 @@ def add_settings_flags(
         if default not in (None, "", False) and not isinstance(default, (dict, list)):
             help_text = f"{help_text} (default: {default})".strip()
         kwargs: dict[str, Any] = {"dest": FLAG_DEST + f.name, "default": argparse.SUPPRESS, "help": help_text}
-        if _strip_optional(hint) is bool:
+        if f.name in positional:
+            element = _strip_optional(hint)
+            if typing.get_origin(element) in (list, tuple):
+                element = typing.get_args(element)[0]
+            metavar = f.metadata.get("metavar", f.name.upper())
+            kwargs.pop("dest")
+            parser.add_argument(
+                FLAG_DEST + f.name, nargs=positional[f.name], type=_parser_of(element) or str, metavar=metavar, **kwargs
+            )
+        elif _strip_optional(hint) is bool:
             parser.add_argument(flag_name(f.name), action=argparse.BooleanOptionalAction, **kwargs)
         else:
             parse = _parser_of(hint)
             if parse is None:
                 continue
-            if "choices" in f.metadata:
-                kwargs["choices"] = f.metadata["choices"]
+            if "choices" in f.metadata:  # None (off) is no value a flag can type
+                kwargs["choices"] = [c for c in f.metadata["choices"] if c is not None]
             else:
                 kwargs["metavar"] = f.metadata.get("metavar", f.name.upper())
             parser.add_argument(flag_name(f.name), type=parse, required=f.name in required, **kwargs)

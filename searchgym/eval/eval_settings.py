@@ -44,7 +44,7 @@ class EvalSettings:
     temperature: float = setting(1.0, at_least=0)
     max_new_tokens: int = setting(1024, at_least=1, help="tokens per turn")
     max_context: int = setting(32_768, at_least=1, help="tokens per episode")
-    seed: int = 0
+    seed: int = setting(0, help="the sampling seed")
     device: str = setting("cpu", help="of a local model directory")
     tokenizer: str | None = setting(None, help="tokenizer of sglang servers (default: the served model's)")
     judge_model: str | None = setting(

@@ -255,12 +255,16 @@ def test_bench_engine_multiturn_counts_what_each_system_reads(tiny_model_dir, tm
     given token once (plus each turn's last sampled token); without it, and `model.generate`, every prompt."""
     import json
 
-    from searchgym.bench.engine import _conversations, run_engine_bench
+    from searchgym.bench.engine import EngineBenchSettings, _conversations, run_engine_bench
 
     out = tmp_path / "bench_engine.json"
     out.write_text(json.dumps({"engine_tokens_per_s": {"64": 5399.1}}))  # single-turn figures already there
     episodes, turns, tokens = 3, 3, 5
-    results = run_engine_bench(tiny_model_dir, out=out, episodes=episodes, turns=turns, turn_tokens=tokens, repeats=2)
+    results = run_engine_bench(
+        EngineBenchSettings(
+            model=str(tiny_model_dir), out=out, episodes=[episodes], turns=turns, turn_tokens=tokens, repeats=2
+        )
+    )
     assert json.loads(out.read_text()) == results and results["engine_tokens_per_s"] == {"64": 5399.1}
     multiturn = results["multiturn"]
     conversations = _conversations(AutoTokenizer.from_pretrained(tiny_model_dir), episodes, turns)
@@ -285,7 +289,7 @@ def test_bench_engine_multiturn_counts_what_each_system_reads(tiny_model_dir, tm
     )
     assert multiturn["speedup_reuse_vs_no_reuse"] == round(ratio, 2)
     with pytest.raises(ValueError, match="traffic"):
-        run_engine_bench(tiny_model_dir, out=out, traffic="chat")
+        run_engine_bench(EngineBenchSettings(model=str(tiny_model_dir), out=out, traffic="chat"))
 
 
 @pytest.fixture(scope="module")
@@ -331,10 +335,12 @@ def test_prefill_over_cached_prefixes_equals_a_full_prefill(bare_engine, rows, s
 
 
 def test_bench_engine_sweeps_concurrencies_in_one_run(tiny_model_dir, tmp_path):
-    from searchgym.bench.engine import run_engine_bench
+    from searchgym.bench.engine import EngineBenchSettings, run_engine_bench
 
     out = tmp_path / "bench_engine.json"
-    results = run_engine_bench(tiny_model_dir, out=out, episodes=(1, 3), turns=2, turn_tokens=4, repeats=1)
+    results = run_engine_bench(
+        EngineBenchSettings(model=str(tiny_model_dir), out=out, episodes=[1, 3], turns=2, turn_tokens=4, repeats=1)
+    )
     assert set(results["multiturn_sweep"]) == {"1", "3"} and results["multiturn"]["episodes"] == 3
     for run in results["multiturn_sweep"].values():
         assert run["median"]["engine_prefix_reuse"]["tokens_per_s"] > 0 and run["speedup_reuse_vs_batched_generate"] > 0

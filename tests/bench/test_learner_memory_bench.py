@@ -2,13 +2,15 @@
 
 import json
 
-from searchgym.bench.learner_memory import estimate_gib, run_learner_memory_bench
+from searchgym.bench.learner_memory import LearnerBenchSettings, estimate_gib, run_learner_memory_bench
 from searchgym.cli import main
 
 
 def test_the_bench_measures_both_heads_and_skips_what_cannot_fit(tmp_path):
     out = tmp_path / "bench.json"
-    result = run_learner_memory_bench(out, lengths=(256,), steps=1, chunk_tokens=64, agreement_length=256)
+    result = run_learner_memory_bench(
+        LearnerBenchSettings(out=out, lengths="256", steps=1, chunk_tokens=64, agreement_length=256)
+    )
     assert json.loads(out.read_text()) == result and result["vocab_size"] == 151_936
     measured = {r["head"]: r for r in result["rows"] if r["length"] == 256}
     assert set(measured) == {"chunked", "whole_logits"}

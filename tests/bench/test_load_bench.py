@@ -50,16 +50,18 @@ def test_a_server_answers_every_small_request_beside_idle_sockets_and_an_oversiz
     model = request.getfixturevalue("tiny_model_dir") if name == "model" else None
     out = tmp_path / "load.json"
     report = load.run_load(
-        out,
-        clients=(20,),
-        rounds=1,
-        idle=20,
-        oversized_mb=0.2,
-        timeout=60,
-        servers=(name,),
-        model=model,
-        references=8,
-        header_timeout=2,
+        load.LoadBenchSettings(
+            out=out,
+            clients=[20],
+            rounds=1,
+            idle=20,
+            oversized_mb=0.2,
+            timeout=60,
+            servers=[name],
+            model=model,
+            references=8,
+            header_timeout=2,
+        )
     )
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))
     assert set(report["servers"]) == {name}
@@ -113,7 +115,8 @@ def test_a_wrong_answer_under_load_is_counted(small_bundle):
         async with aiohttp.ClientSession() as http:
             await target.prepare(http, server.url)
         target.reference = [[*ids, "not-a-hit"] for ids in target.reference]  # as if the server lost a hit
-        return await load.one_run(target, server, "single", 5, rounds=2, idle=4, oversized_bytes=1000, timeout=30)
+        shape = load.RunShape(rounds=2, idle=4, oversized_bytes=1000, timeout=30)
+        return await load.one_run(target, server, "single", 5, shape)
 
     with load.ServerProcess(target.argv) as server:
         run = asyncio.run(drive(server))

@@ -13,6 +13,7 @@ from searchgym.bench import reliability
 from searchgym.bench.reliability import (
     DOCS_MARK,
     README_MARK,
+    ReliabilitySettings,
     generated_block,
     markdown_table,
     readme_table,
@@ -157,7 +158,9 @@ def test_a_server_that_answers_5xx_is_counted(status, monkeypatch, tmp_path, sma
 
 def test_run_without_kills_writes_the_report(tmp_path, small_bundle, tiny_model_dir, monkeypatch):
     monkeypatch.setattr(reliability, "server_bodies", _no_servers)
-    report = run_reliability(tmp_path / "r.json", workdir=tmp_path / "w", n=10, kills=False, model=tiny_model_dir)
+    report = run_reliability(
+        ReliabilitySettings(out=tmp_path / "r.json", workdir=tmp_path / "w", n=10, kills=False), model=tiny_model_dir
+    )
     assert json.loads((tmp_path / "r.json").read_text()) == report
     assert [row["class"] for row in report["classes"]][:3] == [
         "ssrf url forms",
@@ -168,7 +171,7 @@ def test_run_without_kills_writes_the_report(tmp_path, small_bundle, tiny_model_
 
 
 async def _no_servers(rng, n, index, model_dir):
-    return reliability._row("server request bodies", 0, 0, 0, 0)
+    return reliability._Row("server request bodies", 0, 0, 0, 0).as_dict()
 
 
 def test_round_threes_surfaces_are_counted_with_no_crash_and_a_hole_is_a_crash(monkeypatch):

@@ -7,13 +7,21 @@ from __future__ import annotations
 
 import json
 
-from searchgym.bench.retrieval_paraphrase import RETRIEVERS, format_table, run_retrieval_paraphrase_bench, wilson
+from searchgym.bench.retrieval_paraphrase import (
+    RETRIEVERS,
+    RetrievalParaphraseSettings,
+    format_table,
+    run_retrieval_paraphrase_bench,
+    wilson,
+)
 from searchgym.world.paraphrase import KINDS
 
 
 def test_the_bench_measures_every_retriever_on_every_kind_and_reuses_its_indexes(tmp_path):
     out = tmp_path / "paraphrase.json"
-    report = run_retrieval_paraphrase_bench(size=300, questions=30, chunks=2, workdir=tmp_path / "world", out=out)
+    report = run_retrieval_paraphrase_bench(
+        RetrievalParaphraseSettings(size=300, questions=30, chunks=2, workdir=tmp_path / "world", out=out)
+    )
     assert json.loads(out.read_text())["results"] == report["results"]
     results = report["results"]
     assert set(results) == set(RETRIEVERS) and all(set(results[r]) == set(KINDS) for r in RETRIEVERS)
@@ -29,5 +37,7 @@ def test_the_bench_measures_every_retriever_on_every_kind_and_reuses_its_indexes
     assert "minus_bm25" in results["hybrid"]["misspelled"] and "minus_bm25" not in results["bm25"]["misspelled"]
     assert "misspelled" in format_table(report)
     assert report["builds"]["dense_index_s"] is not None and report["builds"]["dense_pages"] == 300
-    again = run_retrieval_paraphrase_bench(size=300, questions=30, chunks=2, workdir=tmp_path / "world", out=out)
+    again = run_retrieval_paraphrase_bench(
+        RetrievalParaphraseSettings(size=300, questions=30, chunks=2, workdir=tmp_path / "world", out=out)
+    )
     assert again["builds"]["world_s"] is None and again["builds"]["dense_index_s"] is None  # built once, reused

@@ -2,6 +2,7 @@
 sweep."""
 
 import asyncio
+import dataclasses
 import json
 import os
 import statistics
@@ -12,7 +13,7 @@ import pytest
 
 from searchgym.bench.plan_workflow import PLANNED_WORKFLOW, word_start_ids, word_start_share
 from searchgym.bench.slow_env import SLOW_SYNTHETIC_QA, TOOL_DELAYS, ParetoLatency, SlowSearch, SlowSearchEnv
-from searchgym.bench.trainer import run_trainer_bench
+from searchgym.bench.trainer import TrainerBenchConfig, run_trainer_bench
 from searchgym.bench.workload import EpisodePlan, Workload
 from searchgym.envs.tools.base import SearchHit
 from tests.conftest import SMALL
@@ -233,10 +234,10 @@ def test_bench_sweeps_staleness_at_equal_workload_with_reward(tmp_path, small_bu
 
 
 def test_bench_refuses_a_sweep_without_the_sync_baseline(tmp_path):
-    with pytest.raises(ValueError, match="staleness 0"):
-        run_trainer_bench(staleness=(1, 2), out=tmp_path / "x.json")
+    with pytest.raises(ValueError, match="staleness must be .* including 0"):
+        run_trainer_bench(TrainerBenchConfig(staleness=[1, 2], out=str(tmp_path / "x.json")))
     with pytest.raises(ValueError, match="warmup_steps"):
-        run_trainer_bench(steps=2, warmup_steps=2, out=tmp_path / "x.json")
+        run_trainer_bench(TrainerBenchConfig(steps=2, warmup_steps=2, out=str(tmp_path / "x.json")))
 
 
 def test_planned_workflow_names_an_importable_class():
@@ -307,24 +308,28 @@ def test_bench_crosses_the_sweep_with_the_ppo_objective(tmp_path, small_bundle):
 
 def small_trainer_bench(out, runs, workload, **settings):
     """bench trainer on the small world: 2 steps (1 warm-up) at staleness 0 and 2, tiny groups, fast tool latency."""
-    return run_trainer_bench(
+    shape = {k: v for k, v in dataclasses.asdict(workload).items() if k != "seed"}
+    config = TrainerBenchConfig(
         **{
             "steps": 2,
             "warmup_steps": 1,
             "final_steps": 1,
-            "staleness": (0, 2),
+            "staleness": [0, 2],
             "headline_staleness": 2,
             "size": SMALL["size"],
             "n_tasks": SMALL["n_tasks"],
             "world_seed": SMALL["seed"],
-            "out": out,
-            "workdir": runs,
+            "out": str(out),
+            "workdir": str(runs),
             "group_size": 2,
             "batch_size": 1,
-            "max_concurrent_rollouts": 8,
-            "workload": workload,
-            "latency": ParetoLatency(0.002, 1.2, 0.02),
-            "progress": False,
+            "max_concurrent": 8,
+            "workload_seed": workload.seed,
+            "latency_ms": 2.0,
+            "latency_alpha": 1.2,
+            "latency_max_s": 0.02,
+            **shape,
             **settings,
         }
     )
+    return run_trainer_bench(config, progress=False)

@@ -7,7 +7,10 @@ import shlex
 import pytest
 
 from searchgym.bench import trl as bench_trl
+from searchgym.bench.trl import TrlBenchCommand
 from searchgym.cli import build_parser
+from searchgym.core.settings_flags import settings_values
+from searchgym.settings import load_settings
 
 ARGS = ["--tasks", "2", "--held-out", "2", "--steps", "4"]
 
@@ -76,7 +79,8 @@ def test_the_recorded_command_is_one_the_cli_accepts(tmp_path, ran):
     argv = shlex.split(summary["command"])
     assert argv[:3] == ["searchgym", "bench", "trl"]
     args = build_parser().parse_args(argv[1:])
-    assert args.seeds == "0,2" and [a for a in args.example_args if a != "--"] == ARGS
+    command = load_settings(TrlBenchCommand, values=settings_values(args, TrlBenchCommand))
+    assert command.seeds == "0,2" and [a for a in command.example_args if a != "--"] == ARGS
     assert summary["commit"] and summary["machine"]["torch_threads"] == 1
 
 

@@ -702,8 +702,12 @@ async def test_cli_has_serve_search_and_bench_search():
         ):
             with pytest.raises(SystemExit):
                 build_parser().parse_args([*command, flag, value])
+    from searchgym.core.commands import load
+    from searchgym.core.settings_flags import settings_values
+
     args = build_parser().parse_args(["bench", "search", "--size", "500"])
-    assert args.run.__name__ == "_bench_search" and args.size == 500
+    settings = load(args.entry, args.entry.settings)
+    assert args.entry.name == "bench search" and settings_values(args, settings) == {"size": 500}
 
 
 async def test_searchgym_serve_search_process_answers_then_stops_cleanly_on_sigterm(small_bundle, http, tmp_path):

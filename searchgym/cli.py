@@ -62,6 +62,12 @@ COMMANDS = (  # a table: one command per entry, in the order `searchgym --help` 
     Command("bench retrieval-paraphrase", "BM25, dense (MiniLM) and hybrid on the world's questions and on "
             "paraphrases of them (synonyms, a misspelled name, a description): recall@5 and queries/s",
             "bench.retrieval_paraphrase", "RetrievalParaphraseSettings", "retrieval_paraphrase_command"),
+    Command("bench judge", "the LLM judge on a real model against EM and F1 over stored answers: Cohen's kappa, the "
+            "confusion table, unreadable replies counted apart", "bench.judge_agreement", "JudgeBenchSettings",
+            "judge_bench_command"),
+    Command("bench simulated-search", "what a real model writes as the simulated search engine, blind and "
+            "answer-aware: how often useful and noisy documents hold the answer", "bench.simulated_search",
+            "SimulatedSearchBenchSettings", "simulated_search_command"),
     Command("bench trainer", "async vs sync RL on heavy-tailed agent episodes: the staleness sweep, trained "
             "tokens/s at steady state and final reward", "bench.trainer", "TrainerBenchConfig",
             "trainer_bench_command", config=True),

@@ -241,3 +241,10 @@ def format_report(report: dict[str, Any]) -> str:
             f"agreement={pair.get('agreement')}"
         )
     return "\n".join(lines)
+
+
+def judge_bench_command(settings: JudgeBenchSettings) -> None:
+    """`searchgym bench judge`: run it and print the headline figures."""
+    report = run_judge_bench(settings)
+    print(format_report(report))
+    print(f"results in {settings.out}")

@@ -16,7 +16,7 @@ import asyncio
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +39,16 @@ class SimulatedSearchBenchSettings:
     simulator: str = setting(
         "smollm2-135m-instruct", help="a packaged model name (converted on first use) or a model directory"
     )
-    questions: int = setting(40, at_least=1, help="one-hop questions of the world asked as queries")
+    questions: int = setting(16, at_least=1, help="one-hop questions of the world asked as queries")
     world_size: int = setting(1000, at_least=100, help="pages of the synthetic world the questions come from")
-    seed: int = 0
+    seed: int = setting(0, help="seed of the world, its questions and the simulator")
     k: int = setting(4, at_least=1, help="documents per search")
     noise: float = setting(0.5, at_least=0, at_most=1, help="share of the k documents from the noisy prompt")
-    prompt_sets: list[str] = field(default_factory=lambda: list(PROMPT_SETS))
-    max_tokens: int = setting(384, at_least=16, help="the simulator's reply budget per call")
-    concurrency: int = setting(8, at_least=1, help="searches in flight")
+    prompt_sets: list[str] = setting(
+        default_factory=lambda: list(PROMPT_SETS), help="comma list of packaged prompt sets: blind, answer_aware"
+    )
+    max_tokens: int = setting(192, at_least=16, help="the simulator's reply budget per call")
+    concurrency: int = setting(16, at_least=1, help="searches in flight")
     threads: int = setting(1, at_least=1, help="torch threads of the simulator")
     out: str = setting("results/bench_simulated_search_smollm2.json", help="the results file")
 
@@ -189,3 +191,10 @@ def format_report(report: dict[str, Any]) -> str:
             f"{r['failed_searches']}/{r['searches']} searches failed; {r['seconds']:.0f} s"
         )
     return "\n".join(lines)
+
+
+def simulated_search_command(settings: SimulatedSearchBenchSettings) -> None:
+    """`searchgym bench simulated-search`: run it and print one line per prompt set."""
+    report = run_simulated_search_bench(settings)
+    print(format_report(report))
+    print(f"results in {settings.out}")

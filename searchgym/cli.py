@@ -246,8 +246,8 @@ def _bench_env(args: argparse.Namespace) -> None:
 
 
 def _serve_model(args: argparse.Namespace) -> None:
-    from searchgym.agents.server import run_server
-    from searchgym.core.server_limits import limits_from_args
+    from searchgym.serve.limits import limits_from_args
+    from searchgym.serve.model import run_server
 
     run_server(
         args.model,
@@ -262,8 +262,8 @@ def _serve_model(args: argparse.Namespace) -> None:
 
 
 def _serve_search(args: argparse.Namespace) -> None:
-    from searchgym.core.server_limits import limits_from_args
-    from searchgym.envs.tools.retrieval_server import run_server
+    from searchgym.serve.limits import limits_from_args
+    from searchgym.serve.retrieval import run_server
 
     run_server(
         args.index,
@@ -279,12 +279,12 @@ def _serve_search(args: argparse.Namespace) -> None:
 
 
 def _serve_env(args: argparse.Namespace) -> None:
-    from searchgym.integrations.openenv import serve
+    from searchgym.serve.env_host import serve
 
     print(
         f"serving {args.env_id} as an OpenEnv environment on http://{args.host}:{args.port} (WebSocket /ws)", flush=True
     )
-    from searchgym.core.server_limits import limits_from_args
+    from searchgym.serve.limits import limits_from_args
 
     serve(
         args.env_id,
@@ -300,8 +300,8 @@ def _serve_env(args: argparse.Namespace) -> None:
 
 
 def _serve_mcp(args: argparse.Namespace) -> None:
-    from searchgym.core.server_limits import limits_from_args
-    from searchgym.integrations.mcp_server import serve
+    from searchgym.serve.limits import limits_from_args
+    from searchgym.serve.mcp import serve
 
     serve(
         args.env_id,
@@ -599,8 +599,8 @@ def _eval_player(args: argparse.Namespace, values: dict) -> str | None:
         return values.get("workflow")
     if values.get("workflow") is not None:
         raise ValueError("--agent and --workflow both name what plays the episodes: give one")
-    from searchgym.agents.program import is_agent_program
     from searchgym.agents.workflow import load_object
+    from searchgym.serve.program import is_agent_program
 
     if not is_agent_program(load_object(args.agent)):
         raise ValueError(
@@ -646,14 +646,14 @@ Run `searchgym COMMAND --help` for a command's options. README.md and docs/ expl
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from searchgym.core.server_limits import (  # light: no aiohttp
+    from searchgym.core.settings_flags import add_settings_flags
+    from searchgym.eval.eval_settings import EvalSettings
+    from searchgym.serve.limits import (  # light: no aiohttp
         add_limit_flags,
         add_request_limit_flags,
         positive_int,
         seconds,
     )
-    from searchgym.core.settings_flags import add_settings_flags
-    from searchgym.eval.eval_settings import EvalSettings
 
     parser = argparse.ArgumentParser(
         prog="searchgym",
@@ -891,7 +891,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-queries",
         type=int,
         default=4096,
-        metavar="N",  # retrieval_server.MAX_QUERIES (not imported:
+        metavar="N",  # serve.retrieval.MAX_QUERIES (not imported:
         help="most queries one /retrieve request may hold; more is a 400 "  # the CLI stays light)
         "(default 4096, above the 2,560 Search-R1's training sends)",
     )
@@ -899,7 +899,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-docs",
         type=positive_int,
         default=16384,
-        metavar="N",  # retrieval_server.MAX_DOCS
+        metavar="N",  # serve.retrieval.MAX_DOCS
         help="most documents (queries x topk) one /retrieve reply may hold; more is a 400 (default 16384)",
     )
     p.add_argument(

@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 
 from searchgym.bench.load_targets import EnvTarget, ModelTarget, SearchTarget, error_kind
-from searchgym.core.server_limits import raise_open_files_limit
+from searchgym.serve.limits import raise_open_files_limit
 
 CLIENTS = (50, 200, 1000)
 ENV_ID = "searchgym/SyntheticQA-v0"

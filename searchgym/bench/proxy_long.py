@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.agents.engines.types import GenerateRequest, SamplingParams
-from searchgym.agents.program import AgentProgramWorkflow, AgentTask
 from searchgym.agents.trajectory import Trajectory
 from searchgym.agents.workflow import WorkflowSettings
 from searchgym.bench.provenance import machine
 from searchgym.envs.factory import make_unwrapped
+from searchgym.serve.program import AgentProgramWorkflow, AgentTask
 from searchgym.testing.scripted_engine import ScriptedEngine
 
 TURNS = (8, 16, 32, 64, 128)

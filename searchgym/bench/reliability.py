@@ -162,11 +162,11 @@ async def web_pages(rng: random.Random, n: int) -> dict[str, Any]:
     """Lying pages from a loopback server: fetch gives a page or a clear error, env.step an observation."""
     from aiohttp import web
 
-    from searchgym.core.http_session import serve_app
     from searchgym.envs.search_env import SearchEnv
     from searchgym.envs.tasks import Task, TaskPool
     from searchgym.envs.tools.base import BackendError, PageNotFound
     from searchgym.envs.tools.web_fetch import WebFetcher
+    from searchgym.serve.http import serve_app
 
     tally = _Tally("web pages (fetch, env.step)")
     current: list[Any] = [(200, {}, b"")]
@@ -220,8 +220,8 @@ async def server_bodies(
     import aiohttp
 
     from searchgym.agents.engines.torch_engine import TorchEngine
-    from searchgym.agents.server.app import serving as serve_model
-    from searchgym.envs.tools.retrieval_server import serving as serve_search
+    from searchgym.serve.model.app import serving as serve_model
+    from searchgym.serve.retrieval import serving as serve_search
 
     tally = _Tally("server request bodies")
     search_routes = {

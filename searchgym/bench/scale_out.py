@@ -30,8 +30,8 @@ from typing import Any
 
 from searchgym.bench.load import ServerProcess
 from searchgym.core.atomic_file import write_atomic
-from searchgym.core.server_limits import raise_open_files_limit
 from searchgym.envs.tools.corpus import read_corpus
+from searchgym.serve.limits import raise_open_files_limit
 
 K = 5
 

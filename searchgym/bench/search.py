@@ -297,7 +297,7 @@ class _server_process:
             [
                 sys.executable,
                 "-m",
-                "searchgym.envs.tools.retrieval_server",
+                "searchgym.serve.retrieval",
                 "--index",
                 str(self.index_dir),
                 "--port",

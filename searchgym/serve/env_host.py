@@ -1,4 +1,5 @@
-"""OpenEnv: any registered searchgym env id served as an OpenEnv environment, and the client for it.
+"""OpenEnv's server half: any registered searchgym env id served as an OpenEnv environment, and the action,
+observation and state types its clients send and read (the client, `SearchGymClient`, is integrations/openenv.py).
 
 `searchgym serve env searchgym/SyntheticQA-v0` hosts the env with OpenEnv's own server (reset, step
 and state over a WebSocket session per client, plus /health, /schema, /metadata and the stateless
@@ -12,8 +13,6 @@ HTTP routes). Each client session gets its own env, closed when the client goes.
 - The reward is 0 until the episode ends; then it is the judge's verdict (plus Clip/Delta-refined
   process rewards when the server is started with them). A judge failure ends the episode with
   reward None and `judge_error` set: not a 0.
-- `SearchGymClient(base_url=...)` is an OpenEnv `EnvClient` (`.sync()` for blocking use), usable as it is
-  inside a TRL `environment_factory` class, as OpenEnv's TRL examples use their clients.
 
 Needs `pip install 'searchgym[openenv]'`.
 """
@@ -30,14 +29,12 @@ import gymnasium as gym
 
 import searchgym
 from searchgym.core.extras import needs
-from searchgym.core.server_limits import ServerLimits
+from searchgym.envs.actions import ARGUMENTS, tool_call_action
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.rewards import PROCESS_MODES, episode_reward, judge_error
-from searchgym.integrations.actions import ARGUMENTS, tool_call_action
+from searchgym.serve.limits import ServerLimits
 
-with needs("searchgym.integrations.openenv"):
-    from openenv.core.client_types import StepResult
-    from openenv.core.env_client import EnvClient
+with needs("searchgym.serve.env_host"):
     from openenv.core.env_server.interfaces import Environment
     from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
     from pydantic import Field
@@ -358,7 +355,7 @@ def make_app(
     from openenv.core.env_server.http_server import create_fastapi_app
     from openenv.core.env_server.types import ConcurrencyConfig
 
-    from searchgym.integrations.asgi_limits import BodyLimit, WebSocketIdleTimeout
+    from searchgym.serve.asgi_limits import BodyLimit, WebSocketIdleTimeout
 
     _check_setting("max_sessions", max_sessions, whole=True)
     _check_setting("max_body_bytes", max_body_bytes, whole=True)
@@ -442,7 +439,7 @@ def serve(
 def uvicorn_options(limits: ServerLimits, max_body_bytes: int = MAX_BODY_BYTES) -> dict[str, Any]:
     """uvicorn.Config options that enforce `limits`: the header timeout (our protocol), keep-alive, the connection
     cap (uvicorn answers 503 past it), the request-head size and the WebSocket message size."""
-    from searchgym.integrations.asgi_limits import guarded_http_protocol
+    from searchgym.serve.asgi_limits import guarded_http_protocol
 
     return {
         "http": guarded_http_protocol(limits.header_timeout, limits.idle_timeout),
@@ -451,19 +448,3 @@ def uvicorn_options(limits: ServerLimits, max_body_bytes: int = MAX_BODY_BYTES) 
         "h11_max_incomplete_event_size": 64 * 2**10,
         "ws_max_size": max_body_bytes,
     }
-
-
-class SearchGymClient(EnvClient[SearchAction, SearchObservation, SearchState]):
-    """OpenEnv client for a searchgym env server (async; `.sync()` gives the blocking form)."""
-
-    def _step_payload(self, action: SearchAction) -> dict[str, Any]:
-        return action.model_dump(exclude_none=True)
-
-    def _parse_result(self, payload: dict[str, Any]) -> StepResult[SearchObservation]:
-        observation = SearchObservation(
-            **payload.get("observation", {}), done=payload.get("done", False), reward=payload.get("reward")
-        )
-        return StepResult(observation=observation, reward=payload.get("reward"), done=payload.get("done", False))
-
-    def _parse_state(self, payload: dict[str, Any]) -> SearchState:
-        return SearchState(**payload)

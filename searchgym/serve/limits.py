@@ -138,7 +138,7 @@ def limits_from_args(args: argparse.Namespace) -> ServerLimits:
 
 
 def add_request_limit_flags(parser: argparse.ArgumentParser) -> None:
-    """The model server's per-request limit flags (agents/server/core.Limits), for its own parser and `searchgym
+    """The model server's per-request limit flags (serve/model/core.Limits), for its own parser and `searchgym
     serve model`."""
     parser.add_argument(
         "--max-prompt-chars",

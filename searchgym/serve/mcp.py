@@ -39,10 +39,10 @@ from searchgym.agents.mcp_tools import (
     output_schema,
 )
 from searchgym.core.extras import needs
-from searchgym.core.server_limits import ServerLimits
+from searchgym.envs.actions import tool_call_action
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.rewards import judge_error
-from searchgym.integrations.actions import tool_call_action
+from searchgym.serve.limits import ServerLimits
 
 with needs("searchgym serve mcp"):
     from mcp import types
@@ -268,7 +268,7 @@ class McpEnvServer:
         from starlette.routing import Route
 
         from searchgym.agents.json_guard import JsonBodyGuard
-        from searchgym.integrations.asgi_limits import BodyLimit
+        from searchgym.serve.asgi_limits import BodyLimit
 
         if not (isinstance(session_idle_timeout, (int, float)) and 0 < session_idle_timeout < float("inf")):
             raise ValueError(f"session_idle_timeout must be a positive number of seconds, got {session_idle_timeout!r}")
@@ -342,7 +342,7 @@ def serve(
 def uvicorn_options(limits: ServerLimits) -> dict[str, Any]:
     """uvicorn.Config options that enforce `limits`: header and keep-alive timeouts, the connection cap (503 past
     it), the request-head size."""
-    from searchgym.integrations.asgi_limits import guarded_http_protocol
+    from searchgym.serve.asgi_limits import guarded_http_protocol
 
     return {
         "http": guarded_http_protocol(limits.header_timeout, limits.idle_timeout),

@@ -26,11 +26,12 @@ from typing import Any
 from aiohttp import web
 
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, InferenceEngine
-from searchgym.agents.server.core import ServedModel
-from searchgym.agents.server.openai_api import OpenAIAPI, error_body
-from searchgym.agents.server.wire import json_response
 from searchgym.agents.trajectory import Trajectory
-from searchgym.core.http_session import BadRequest, error_middleware, serve_app
+from searchgym.core.http_session import BadRequest
+from searchgym.serve.http import error_middleware, serve_app
+from searchgym.serve.model.core import ServedModel
+from searchgym.serve.model.openai_api import OpenAIAPI, error_body
+from searchgym.serve.model.wire import json_response
 
 DEFAULT_MODEL_NAME = "policy"
 REWRITE = "history rewritten"  # a segment's end when the next prompt does not extend it

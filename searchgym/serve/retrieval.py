@@ -23,7 +23,7 @@ JSON, bytes that are not UTF-8, strings holding lone surrogates, wrong types, mo
 is a 400 with a JSON {"error": message}, never a 500; bodies over `client_max_size` (16 MiB by
 default) are a 413. A reply is bounded too: more than `max_docs` documents (queries x topk, 16,384 by default) is
 a 400 before any search, and an encoded reply over `max_reply_bytes` (64 MiB) a 400 naming what to shrink.
-Connections obey ServerLimits (header and idle timeouts, a connection cap; see server_limits.py). Unknown request
+Connections obey ServerLimits (header and idle timeouts, a connection cap; see serve/limits.py). Unknown request
 fields are ignored, as Search-R1's server (pydantic) ignores them.
 """
 
@@ -43,10 +43,11 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from searchgym.core.http_session import BadRequest, check, error_middleware, read_body, serve_app, wait_for_signal
-from searchgym.core.server_limits import ServerLimits, add_limit_flags, limits_from_args
+from searchgym.core.http_session import BadRequest, check
 from searchgym.envs.tools.base import Page, PageBackend, PageNotFound, SearchBackend, SearchHit
 from searchgym.envs.tools.corpus import join_contents
+from searchgym.serve.http import error_middleware, read_body, serve_app, wait_for_signal
+from searchgym.serve.limits import ServerLimits, add_limit_flags, limits_from_args
 
 logger = logging.getLogger(__name__)
 
@@ -385,7 +386,7 @@ async def _serve_until_signal(index: Any, host: str, port: int, app_kwargs: dict
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m searchgym.envs.tools.retrieval_server --index DIR`."""
+    """`python -m searchgym.serve.retrieval --index DIR`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--index", required=True)
     parser.add_argument("--host", default="127.0.0.1")

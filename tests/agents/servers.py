@@ -9,8 +9,8 @@ from transformers import AutoModelForCausalLM
 
 from searchgym.agents.engines.sglang_engine import wait_until_ready
 from searchgym.agents.engines.torch_engine import TorchEngine
-from searchgym.agents.server import create_app
-from searchgym.core.http_session import serve_app
+from searchgym.serve.http import serve_app
+from searchgym.serve.model import create_app
 from tests.agents.sglang_contract import with_contract_check
 
 CONTEXT = 256  # the server's context length: bounds the work any accepted request can ask for

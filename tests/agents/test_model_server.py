@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from searchgym.agents.engines.sglang_engine import wait_until_ready
 from searchgym.agents.engines.torch_engine import TorchEngine
-from searchgym.agents.server import serving
+from searchgym.serve.model import serving
 from tests.agents.servers import (
     CONTEXT,
     GREEDY,

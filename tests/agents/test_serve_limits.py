@@ -10,7 +10,7 @@ import pytest
 
 from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, SamplingParams
-from searchgym.agents.server import create_app, run_server
+from searchgym.serve.model import create_app, run_server
 from tests.agents.servers import CONTEXT, GREEDY, PROMPT, generate, model_server, post
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -235,8 +235,8 @@ def _rss_mb() -> float:
 async def test_a_body_that_stalls_after_its_head_is_a_408_on_the_model_server(tiny_model_dir, http, path, dialect):
     """--body-timeout holds for the model server's routes too: a client that sends a head and part of a body cannot
     keep its connection and handler forever (4,096 of them would fill the connection cap)."""
-    from searchgym.core.http_session import serve_app
-    from searchgym.core.server_limits import ServerLimits
+    from searchgym.serve.http import serve_app
+    from searchgym.serve.limits import ServerLimits
 
     engine = TorchEngine(tiny_model_dir, seed=0)
     try:

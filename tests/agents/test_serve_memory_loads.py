@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from searchgym.agents.engines.sglang_engine import wait_until_ready
 from searchgym.agents.engines.torch_engine import TorchEngine
-from searchgym.agents.server import create_app
-from searchgym.agents.server.memory import TAGS
-from searchgym.core.http_session import serve_app
+from searchgym.serve.http import serve_app
+from searchgym.serve.model import create_app
+from searchgym.serve.model.memory import TAGS
 from tests.agents.servers import GREEDY, PROMPT, generate, post, wait_for_tokens
 from tests.servers import JSON_VALUES
 

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from searchgym.agents.engines.torch_engine import TorchEngine
-from searchgym.agents.server import create_app, run_server
-from searchgym.agents.server.wire import dumps, finite
-from searchgym.core.http_session import serve_app
+from searchgym.serve.http import serve_app
+from searchgym.serve.model import create_app, run_server
+from searchgym.serve.model.wire import dumps, finite
 from tests.agents.servers import GREEDY, PROMPT, generate, post
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -94,7 +94,7 @@ def test_32_episodes_through_the_model_server_with_sglang_and_openai_clients(tin
     """(b) SGLangEngine and (c) OpenAIEngine against `searchgym serve model` on loopback."""
     from searchgym.agents.engines.openai_engine import OpenAIEngine
     from searchgym.agents.engines.sglang_engine import SGLangEngine
-    from searchgym.agents.server.app import serving
+    from searchgym.serve.model.app import serving
 
     served = TorchEngine(tiny_model_dir, seed=3)
 

@@ -23,12 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import searchgym  # noqa: F401  (registers the ids)
-from searchgym.core.http_session import serve_app
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tools.base import BackendError, PageNotFound, SearchHit
 from searchgym.envs.tools.local_index import LocalIndex
 from searchgym.envs.tools.remote_search import RemoteSearch
-from searchgym.envs.tools.retrieval_server import MAX_QUERIES, serving
+from searchgym.serve.http import serve_app
+from searchgym.serve.retrieval import MAX_QUERIES, serving
 from tests.servers import ThreadServer, free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -288,7 +288,7 @@ async def test_a_reply_is_bounded_in_documents_and_bytes_with_a_400_naming_the_s
 )
 @pytest.mark.parametrize("value", [0, -1, 2.5, True, "8"])
 async def test_bad_server_settings_are_refused_naming_the_key(small_index, key, value):
-    from searchgym.envs.tools.retrieval_server import create_app
+    from searchgym.serve.retrieval import create_app
 
     with pytest.raises(ValueError, match=key):
         create_app(small_index, **{key: value})

@@ -69,7 +69,7 @@ def test_large_models_are_sampled_and_the_card_says_so(tiny_model_dir, tmp_path)
 
 async def test_servers_are_named_by_what_they_say_they_serve(tiny_model_dir):
     from searchgym.agents.engines.torch_engine import TorchEngine
-    from searchgym.agents.server import serving
+    from searchgym.serve.model import serving
 
     engine = TorchEngine(tiny_model_dir, seed=0)
     try:

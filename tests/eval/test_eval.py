@@ -249,7 +249,7 @@ def serve_model(model_dir):
     """Our model server (SGLang's native API and /v1) for `model_dir` on a loopback port, in a thread with its own
     event loop; yields its URL."""
     from searchgym.agents.engines.torch_engine import TorchEngine
-    from searchgym.agents.server.app import serving
+    from searchgym.serve.model.app import serving
 
     urls, stop = queue.Queue(), threading.Event()
 

@@ -24,10 +24,10 @@ from mcp.client.stdio import stdio_client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from searchgym.core.extras import MissingExtra  # noqa: E402
-from searchgym.core.server_limits import ServerLimits  # noqa: E402
 from searchgym.envs.actions import MAX_ARGUMENT_CHARS  # noqa: E402
 from searchgym.envs.factory import make_unwrapped  # noqa: E402
-from searchgym.integrations.mcp_server import Episode, McpEnvServer, ToolError, serve, uvicorn_options  # noqa: E402
+from searchgym.serve.limits import ServerLimits  # noqa: E402
+from searchgym.serve.mcp import Episode, McpEnvServer, ToolError, serve, uvicorn_options  # noqa: E402
 from tests.integrations.conftest import BrokenJudge, uvicorn_in_thread  # noqa: E402
 
 ENV_ID = "searchgym/SyntheticQA-v0"
@@ -455,6 +455,6 @@ def test_bad_env_kwargs_fail_at_start_naming_the_key(capsys):
 
 def test_without_the_extra_the_error_names_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "mcp", None)
-    monkeypatch.delitem(sys.modules, "searchgym.integrations.mcp_server")
+    monkeypatch.delitem(sys.modules, "searchgym.serve.mcp")
     with pytest.raises(MissingExtra, match=r"searchgym\[mcp\].*pip install 'searchgym\[mcp\]'"):
-        importlib.import_module("searchgym.integrations.mcp_server")
+        importlib.import_module("searchgym.serve.mcp")

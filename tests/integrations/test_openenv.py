@@ -18,13 +18,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from openenv.core import GenericEnvClient  # noqa: E402
 
-from searchgym.integrations.openenv import (  # noqa: E402
-    SearchAction,
-    SearchGymClient,
-    SearchGymEnvironment,
-    make_app,
-    open_sessions,
-)
+from searchgym.integrations.openenv import SearchAction, SearchGymClient  # noqa: E402
+from searchgym.serve.env_host import SearchGymEnvironment, make_app, open_sessions  # noqa: E402
 from tests.integrations.conftest import ENV_KWARGS, BrokenJudge, free_port, wait_until  # noqa: E402
 
 ENV_ID = "searchgym/SyntheticQA-v0"
@@ -258,7 +253,7 @@ def test_a_text_only_action_type_has_text_as_its_one_required_field(task_ids):
     """`serve env --action text`: TextAction's schema requires only `text`, so a plain reply maps into it."""
     from fastapi.testclient import TestClient
 
-    from searchgym.integrations.openenv import TextAction, make_app
+    from searchgym.serve.env_host import TextAction, make_app
 
     with TestClient(make_app(ENV_ID, ENV_KWARGS, action="text")) as http:
         schema = http.get("/schema").json()["action"]

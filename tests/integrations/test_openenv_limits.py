@@ -19,8 +19,9 @@ from hypothesis import strategies as st  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
-from searchgym.core.server_limits import ServerLimits  # noqa: E402
-from searchgym.integrations.openenv import SearchAction, SearchGymClient, make_app, open_sessions, uvicorn_options  # noqa: E402
+from searchgym.integrations.openenv import SearchAction, SearchGymClient  # noqa: E402
+from searchgym.serve.env_host import make_app, open_sessions, uvicorn_options  # noqa: E402
+from searchgym.serve.limits import ServerLimits  # noqa: E402
 from tests.integrations.conftest import ENV_KWARGS, uvicorn_in_thread, wait_until  # noqa: E402
 
 ENV_ID = "searchgym/SyntheticQA-v0"

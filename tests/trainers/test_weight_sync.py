@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from searchgym.agents.engines.torch_engine import TorchEngine
-from searchgym.agents.server.app import serving
+from searchgym.serve.model.app import serving
 from searchgym.trainers.config import load_config
 from searchgym.trainers.launchers.local import train
 from searchgym.trainers.rollout.weight_sync import DiskSync, InProcessSync, weights_dir

@@ -1,6 +1,6 @@
-"""`python -m searchgym.agents.server --model-path DIR [--host H --port N ...]`."""
+"""`python -m searchgym.serve.model --model-path DIR [--host H --port N ...]`."""
 
-from searchgym.agents.server.app import main
+from searchgym.serve.model.app import main
 
 if __name__ == "__main__":
     main()

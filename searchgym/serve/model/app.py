@@ -19,13 +19,13 @@ from typing import Any
 from aiohttp import web
 
 from searchgym.agents.engines.torch_engine import TorchEngine
-from searchgym.agents.server.core import Limits, ServedModel
-from searchgym.agents.server.openai_api import OpenAIAPI, error_body
-from searchgym.agents.server.sglang_api import SGLangAPI
-from searchgym.agents.server.sglang_control import ControlAPI
-from searchgym.agents.server.wire import json_response
-from searchgym.core.http_session import error_middleware, serve_app, wait_for_signal
-from searchgym.core.server_limits import ServerLimits, add_limit_flags, add_request_limit_flags, limits_from_args
+from searchgym.serve.http import error_middleware, serve_app, wait_for_signal
+from searchgym.serve.limits import ServerLimits, add_limit_flags, add_request_limit_flags, limits_from_args
+from searchgym.serve.model.core import Limits, ServedModel
+from searchgym.serve.model.openai_api import OpenAIAPI, error_body
+from searchgym.serve.model.sglang_api import SGLangAPI
+from searchgym.serve.model.sglang_control import ControlAPI
+from searchgym.serve.model.wire import json_response
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ async def _serve_until_signal(
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line flags, named like sglang.launch_server's where they mean the same."""
     parser = argparse.ArgumentParser(
-        prog="python -m searchgym.agents.server",
+        prog="python -m searchgym.serve.model",
         description="Serve a Hugging Face causal LM with SGLang's native HTTP API and OpenAI's (CPU or one GPU).",
     )
     parser.add_argument("--model-path", required=True)
@@ -181,7 +181,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m searchgym.agents.server --model-path DIR --port N`."""
+    """`python -m searchgym.serve.model --model-path DIR --port N`."""
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_server(

@@ -222,6 +222,7 @@ async def server_bodies(
     from searchgym.agents.engines.torch_engine import TorchEngine
     from searchgym.serve.model.app import serving as serve_model
     from searchgym.serve.retrieval import serving as serve_search
+    from searchgym.serve.settings import ModelServerSettings
 
     tally = _Tally("server request bodies")
     search_routes = {
@@ -264,7 +265,8 @@ async def server_bodies(
     try:
         async with aiohttp.ClientSession() as http:
             # a short context: a junk body that drops max_tokens (null: up to the context) stays a short request
-            async with serve_model(engine, model_path=str(model_dir), context_length=64) as base:
+            settings = ModelServerSettings(model_path=str(model_dir), port=0, context_length=64)
+            async with serve_model(engine, settings) as base:
                 await send(http, base, model_routes)
     finally:
         await engine.close()

@@ -297,7 +297,9 @@ class _server_process:
             [
                 sys.executable,
                 "-m",
-                "searchgym.serve.retrieval",
+                "searchgym",
+                "serve",
+                "search",
                 "--index",
                 str(self.index_dir),
                 "--port",

@@ -33,6 +33,7 @@ from searchgym.envs.actions import ARGUMENTS, tool_call_action
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.rewards import PROCESS_MODES, episode_reward, judge_error
 from searchgym.serve.limits import ServerLimits
+from searchgym.serve.settings import ENV_MAX_BODY_BYTES, EnvHostSettings, checked
 
 with needs("searchgym.serve.env_host"):
     from openenv.core.env_server.interfaces import Environment
@@ -52,8 +53,7 @@ _OPEN_ENVS: weakref.WeakSet[SearchGymEnvironment] = weakref.WeakSet()  # server-
 
 RESET_FIELDS = ("seed", "episode_id", "task_id", "index")
 STEP_FIELDS = ("timeout_s", "request_id")  # OpenEnv's StepRequest fields besides the action
-MAX_BODY_BYTES = 1 * 2**20  # an action or reset body; a whole model turn is tens of kB
-SESSION_IDLE_TIMEOUT = 600.0  # a WebSocket session silent this long is closed and its slot freed
+MAX_BODY_BYTES = ENV_MAX_BODY_BYTES  # an action or reset body; a whole model turn is tens of kB
 
 
 class BadField(ValueError):
@@ -330,24 +330,12 @@ def open_sessions() -> int:
     return len(_OPEN_ENVS)
 
 
-def make_app(
-    env_id: str,
-    env_kwargs: dict[str, Any] | None = None,
-    *,
-    max_sessions: int = 64,
-    process_reward: str | None = None,
-    process_weight: float = 0.0,
-    process_threshold: float = 0.0,
-    max_body_bytes: int = MAX_BODY_BYTES,
-    session_idle_timeout: float = SESSION_IDLE_TIMEOUT,
-    body_timeout: float = 60.0,
-    action: str = "structured",
-) -> Any:
-    """The FastAPI app that serves `env_id` with OpenEnv's server (one env per WebSocket session).
+def make_app(settings: EnvHostSettings) -> Any:
+    """The FastAPI app that serves `settings.env_id` with OpenEnv's server (one env per WebSocket session).
 
-    A body over `max_body_bytes` is a 413 before it is read, one not whole `body_timeout` s after its head a 408;
-    a session silent for `session_idle_timeout` seconds is closed and its slot freed (WebSocket sessions here, HTTP
-    MCP sessions by OpenEnv's reaper); a reset or step field of the wrong type or range, or unknown, is a 422
+    A body over `max_body_bytes` is a 413 before it is read, one not whole `limits.body_timeout` s after its head a
+    408; a session silent for `session_idle_timeout` seconds is closed and its slot freed (WebSocket sessions here,
+    HTTP MCP sessions by OpenEnv's reaper); a reset or step field of the wrong type or range, or unknown, is a 422
     naming it. `action` is the action type clients send: "structured" (`SearchAction`: a tool call or a whole
     turn's text) or "text" (`TextAction`: only the turn's text, its one required field).
     """
@@ -357,12 +345,11 @@ def make_app(
 
     from searchgym.serve.asgi_limits import BodyLimit, WebSocketIdleTimeout
 
-    _check_setting("max_sessions", max_sessions, whole=True)
-    _check_setting("max_body_bytes", max_body_bytes, whole=True)
-    _check_setting("session_idle_timeout", session_idle_timeout)
-    _check_setting("body_timeout", body_timeout)
-    if action not in ACTION_TYPES:
-        raise ValueError(f"action must be one of {', '.join(ACTION_TYPES)}, got {action!r}")
+    _check_setting("max_sessions", settings.max_sessions, whole=True)
+    _check_setting("max_body_bytes", settings.max_body_bytes, whole=True)
+    _check_setting("session_idle_timeout", settings.session_idle_timeout)
+    checked(settings)
+    env_id = settings.env_id
     if env_id not in gym.registry:
         raise ValueError(
             f"unknown env id {env_id!r}; registered searchgym ids: "
@@ -371,18 +358,20 @@ def make_app(
     factory = functools.partial(
         SearchGymEnvironment,
         env_id,
-        dict(env_kwargs or {}),
-        process_reward=process_reward,
-        process_weight=process_weight,
-        process_threshold=process_threshold,
+        dict(settings.env_kwargs or {}),
+        process_reward=settings.process_reward,
+        process_weight=settings.process_weight,
+        process_threshold=settings.process_threshold,
     )
     factory().close()  # fail now, not at the first client, if the env cannot be built with these kwargs
     app = create_fastapi_app(
         factory,
-        ACTION_TYPES[action],
+        ACTION_TYPES[settings.action],
         SearchObservation,
         state_cls=SearchState,
-        concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions, session_timeout=session_idle_timeout),
+        concurrency_config=ConcurrencyConfig(
+            max_concurrent_envs=settings.max_sessions, session_timeout=settings.session_idle_timeout
+        ),
     )
 
     async def bad_field(request: Any, exc: BadField) -> JSONResponse:
@@ -391,8 +380,8 @@ def make_app(
         )
 
     app.add_exception_handler(BadField, bad_field)
-    app.add_middleware(WebSocketIdleTimeout, idle_s=session_idle_timeout)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, timeout_s=body_timeout)
+    app.add_middleware(WebSocketIdleTimeout, idle_s=settings.session_idle_timeout)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.limits.body_timeout)
     return app
 
 
@@ -406,34 +395,19 @@ def _check_setting(key: str, value: Any, *, whole: bool = False) -> None:
         raise ValueError(f"{key} must be a positive {'whole number' if whole else 'number'}, got {value!r}")
 
 
-def serve(
-    env_id: str,
-    env_kwargs: dict[str, Any] | None = None,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    max_sessions: int = 64,
-    limits: ServerLimits | None = None,
-    max_body_bytes: int = MAX_BODY_BYTES,
-    session_idle_timeout: float = SESSION_IDLE_TIMEOUT,
-    action: str = "structured",
-    **reward_options: Any,
-) -> None:
-    """Serve `env_id` until interrupted (what `searchgym serve env` runs), its connections under `limits`."""
+def serve(settings: EnvHostSettings) -> None:
+    """Serve `settings.env_id` until interrupted (what `searchgym serve env` runs), its connections under
+    `settings.limits`."""
     import uvicorn
 
-    limits = limits or ServerLimits()
-    app = make_app(
-        env_id,
-        env_kwargs,
-        max_sessions=max_sessions,
-        max_body_bytes=max_body_bytes,
-        session_idle_timeout=session_idle_timeout,
-        body_timeout=limits.body_timeout,
-        action=action,
-        **reward_options,
+    print(
+        f"serving {settings.env_id} as an OpenEnv environment on http://{settings.host}:{settings.port} "
+        "(WebSocket /ws)",
+        flush=True,
     )
-    uvicorn.run(app, host=host, port=port, log_level="warning", **uvicorn_options(limits, max_body_bytes))
+    app = make_app(settings)
+    options = uvicorn_options(settings.limits, settings.max_body_bytes)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", **options)
 
 
 def uvicorn_options(limits: ServerLimits, max_body_bytes: int = MAX_BODY_BYTES) -> dict[str, Any]:

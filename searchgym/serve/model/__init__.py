@@ -7,5 +7,6 @@ its lifecycle and the command line (`python -m searchgym.serve.model --model-pat
 """
 
 from searchgym.serve.model.app import create_app, main, run_server, serving
+from searchgym.serve.settings import ModelServerSettings
 
-__all__ = ["create_app", "main", "run_server", "serving"]
+__all__ = ["ModelServerSettings", "create_app", "main", "run_server", "serving"]

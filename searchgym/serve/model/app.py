@@ -1,5 +1,6 @@
 """The model server's application and lifecycle: routes of both APIs, errors in each one's dialect, warm-up,
-serving on a port, and the command line (flags named like `sglang.launch_server`'s).
+serving on a port, and `python -m searchgym.serve.model`, whose flags are `searchgym serve model`'s
+(ModelServerSettings, named like `sglang.launch_server`'s).
 
 Every client path written for SGLang (SGLangEngine, AReaL, slime, verl, curl scripts) or for OpenAI (the
 `openai` client) runs for real against it on a CPU machine and in CI. Bad input is always a 400 with a
@@ -12,25 +13,26 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator
-from typing import Any
 
 from aiohttp import web
 
 from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.serve.http import error_middleware, serve_app, wait_for_signal
-from searchgym.serve.limits import ServerLimits, add_limit_flags, add_request_limit_flags, limits_from_args
 from searchgym.serve.model.core import Limits, ServedModel
 from searchgym.serve.model.openai_api import OpenAIAPI, error_body
 from searchgym.serve.model.sglang_api import SGLangAPI
 from searchgym.serve.model.sglang_control import ControlAPI
 from searchgym.serve.model.wire import json_response
+from searchgym.serve.settings import (
+    ModelServerSettings,
+    add_model_flags,
+    checked,
+    server_settings,
+)
 
 logger = logging.getLogger(__name__)
 
-MAX_REQUEST_BYTES = 64 * 2**20
-DEFAULT_MAX_RUNNING_REQUESTS = 256
 _MODEL = web.AppKey("model", ServedModel)
 _WARM_UP = web.AppKey("warm_up", asyncio.Task)
 
@@ -42,33 +44,23 @@ def error_response(request: web.Request, status: int, message: str) -> web.Respo
     return json_response({"error": {"message": message, "code": status}}, status=status)
 
 
-def create_app(
-    engine: TorchEngine,
-    *,
-    model_path: str,
-    served_model_name: str | None = None,
-    context_length: int | None = None,
-    max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS,
-    weight_version: str | None = None,
-    client_max_size: int = MAX_REQUEST_BYTES,
-    max_prompt_chars: int | None = None,
-    max_reply_tokens: int | None = None,
-) -> web.Application:
+def create_app(engine: TorchEngine, settings: ModelServerSettings) -> web.Application:
     """The aiohttp app serving `engine` (a TorchEngine) with SGLang's and OpenAI's routes; warms up on startup.
 
-    Per-request limits (core.Limits; None: the defaults) are checked here, a bad one a ValueError naming it.
+    `settings.model_path` is the label replies carry; its per-request limits (core.Limits; None: the defaults) are
+    checked here, a bad one a ValueError naming it. Host, port, device and socket limits are run_server's.
     """
     model = ServedModel(
         engine,
-        model_path=model_path,
-        served_model_name=served_model_name,
-        context_length=context_length,
-        max_running_requests=max_running_requests,
-        weight_version=weight_version,
-        max_prompt_chars=max_prompt_chars,
-        max_reply_tokens=max_reply_tokens,
+        model_path=settings.model_path,
+        served_model_name=settings.served_model_name,
+        context_length=settings.context_length,
+        max_running_requests=settings.max_running_requests,
+        weight_version=settings.weight_version,
+        max_prompt_chars=settings.max_prompt_chars,
+        max_reply_tokens=settings.max_reply_tokens,
     )
-    app = web.Application(client_max_size=client_max_size, middlewares=[error_middleware(error_response)])
+    app = web.Application(client_max_size=settings.client_max_size, middlewares=[error_middleware(error_response)])
     app[_MODEL] = model
     SGLangAPI(model).add_routes(app)
     ControlAPI(model).add_routes(app)
@@ -96,63 +88,32 @@ async def _stop_threads(app: web.Application) -> None:
 
 
 @contextlib.asynccontextmanager
-async def serving(
-    engine: TorchEngine,
-    *,
-    model_path: str,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    limits: ServerLimits | None = None,
-    **app_kwargs: Any,
-) -> AsyncIterator[str]:
-    """Serve `engine` (see create_app) on host:port for the duration of the block, its connections under `limits`
-    (header and idle timeouts, a connection cap); yields the base URL."""
-    async with serve_app(create_app(engine, model_path=model_path, **app_kwargs), host, port, limits=limits) as url:
+async def serving(engine: TorchEngine, settings: ModelServerSettings) -> AsyncIterator[str]:
+    """Serve `engine` (see create_app) on the settings' host:port (0: a free port) for the duration of the block,
+    its connections under `settings.limits` (header and idle timeouts, a connection cap); yields the base URL."""
+    app = create_app(engine, settings)
+    async with serve_app(app, settings.host, settings.port, limits=settings.limits) as url:
         yield url
 
 
-def run_server(
-    model_dir: str | os.PathLike,
-    host: str = "127.0.0.1",
-    port: int = 30000,
-    *,
-    served_model_name: str | None = None,
-    context_length: int | None = None,
-    max_running_requests: int = DEFAULT_MAX_RUNNING_REQUESTS,
-    weight_version: str | None = None,
-    max_prompt_chars: int | None = None,
-    max_reply_tokens: int | None = None,
-    limits: ServerLimits | None = None,
-    **engine_kwargs: Any,
-) -> None:
-    """Load `model_dir` into a TorchEngine and serve it until SIGINT or SIGTERM (blocking); then shut down cleanly.
-
-    Weights holding NaN or infinite values are refused (ValueError) before the server starts.
-    """
-    Limits.check(context_length, max_prompt_chars, max_reply_tokens)  # before the minutes a model takes to load
-    app_kwargs = {
-        "served_model_name": served_model_name,
-        "context_length": context_length,
-        "max_running_requests": max_running_requests,
-        "weight_version": weight_version,
-        "max_prompt_chars": max_prompt_chars,
-        "max_reply_tokens": max_reply_tokens,
-        "limits": limits,
-    }
-    asyncio.run(_serve_until_signal(model_dir, host, port, engine_kwargs, app_kwargs))
+def run_server(settings: ModelServerSettings) -> None:
+    """Load `settings.model_path` into a TorchEngine and serve it until SIGINT or SIGTERM (blocking); then shut down
+    cleanly. Weights holding NaN or infinite values are refused (ValueError) before the server starts."""
+    Limits.check(settings.context_length, settings.max_prompt_chars, settings.max_reply_tokens)
+    checked(settings)  # before the minutes a model takes to load
+    asyncio.run(_serve_until_signal(settings))
 
 
-async def _serve_until_signal(
-    model_dir: str | os.PathLike, host: str, port: int, engine_kwargs: dict, app_kwargs: dict
-) -> None:
+async def _serve_until_signal(settings: ModelServerSettings) -> None:
     """The body of run_server: engine, serve until a signal, close."""
-    engine = TorchEngine(model_dir, **engine_kwargs)
+    model_dir = settings.model_path
+    engine = TorchEngine(model_dir, device=settings.device, seed=settings.random_seed)
     bad = engine.nonfinite_weights()
     if bad:
         await engine.close()
         raise ValueError(f"{model_dir}: the weights hold non-finite values (NaN or Infinity): {bad[:5]}")
     try:
-        async with serving(engine, model_path=str(model_dir), host=host, port=port, **app_kwargs) as url:
+        async with serving(engine, settings) as url:
             logger.info("serving %s at %s", model_dir, url)
             await wait_for_signal()
             logger.info("shutting down")
@@ -160,41 +121,17 @@ async def _serve_until_signal(
         await engine.close()
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line flags, named like sglang.launch_server's where they mean the same."""
+def main(argv: list[str] | None = None) -> None:
+    """`python -m searchgym.serve.model --model-path DIR --port N`: the flags of `searchgym serve model`."""
     parser = argparse.ArgumentParser(
         prog="python -m searchgym.serve.model",
         description="Serve a Hugging Face causal LM with SGLang's native HTTP API and OpenAI's (CPU or one GPU).",
     )
-    parser.add_argument("--model-path", required=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--served-model-name", default=None)
-    parser.add_argument("--context-length", type=int, default=None)
-    add_request_limit_flags(parser)
-    parser.add_argument("--max-running-requests", type=int, default=DEFAULT_MAX_RUNNING_REQUESTS)
-    parser.add_argument("--weight-version", default=None, help="the initial weight_version label (default: 0)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--random-seed", type=int, default=0)
-    add_limit_flags(parser)
-    return parser.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m searchgym.serve.model --model-path DIR --port N`."""
-    args = parse_args(argv)
+    add_model_flags(parser, "--model-path", "--model")
+    args = parser.parse_args(argv)
+    try:
+        settings = server_settings(args, ModelServerSettings)
+    except ValueError as e:
+        parser.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_server(
-        args.model_path,
-        args.host,
-        args.port,
-        served_model_name=args.served_model_name,
-        context_length=args.context_length,
-        max_running_requests=args.max_running_requests,
-        weight_version=args.weight_version,
-        max_prompt_chars=args.max_prompt_chars,
-        max_reply_tokens=args.max_reply_tokens,
-        device=args.device,
-        seed=args.random_seed,
-        limits=limits_from_args(args),
-    )
+    run_server(settings)

@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from searchgym.core.commands import Command, add_flags, load, run_command
@@ -106,84 +104,42 @@ COMMANDS = (  # a table: one command per entry, in the order `searchgym --help` 
 
 
 def _serve_model(args: argparse.Namespace) -> None:
-    from searchgym.agents.server import run_server
-    from searchgym.core.server_limits import limits_from_args
+    from searchgym.serve.model import run_server
+    from searchgym.serve.settings import ModelServerSettings, server_settings
 
-    run_server(
-        args.model,
-        host=args.host,
-        port=args.port,
-        device=args.device,
-        context_length=args.context_length,
-        max_prompt_chars=args.max_prompt_chars,
-        max_reply_tokens=args.max_reply_tokens,
-        limits=limits_from_args(args),
-    )
+    run_server(server_settings(args, ModelServerSettings))
 
 
 def _serve_search(args: argparse.Namespace) -> None:
-    from searchgym.core.server_limits import limits_from_args
-    from searchgym.envs.tools.retrieval_server import run_server
+    from searchgym.serve.retrieval import run_server
+    from searchgym.serve.settings import SearchServerSettings, server_settings
 
-    run_server(
-        args.index,
-        host=args.host,
-        port=args.port,
-        threads=args.threads,
-        snippets=args.snippets,
-        max_queries=args.max_queries,
-        max_docs=args.max_docs,
-        max_reply_bytes=args.max_reply_bytes,
-        limits=limits_from_args(args),
-    )
+    run_server(server_settings(args, SearchServerSettings))
 
 
 def _serve_env(args: argparse.Namespace) -> None:
-    from searchgym.integrations.openenv import serve
+    from searchgym.serve.settings import EnvHostSettings, server_settings
 
-    print(
-        f"serving {args.env_id} as an OpenEnv environment on http://{args.host}:{args.port} (WebSocket /ws)", flush=True
-    )
-    from searchgym.core.server_limits import limits_from_args
+    settings = server_settings(args, EnvHostSettings)
+    from searchgym.serve.env_host import serve
 
-    serve(
-        args.env_id,
-        args.env_kwargs,
-        host=args.host,
-        port=args.port,
-        max_sessions=args.max_sessions,
-        limits=limits_from_args(args),
-        max_body_bytes=args.max_body_bytes,
-        session_idle_timeout=args.session_idle_timeout,
-        action=args.action,
-    )
+    serve(settings)
+
+
+def _serve_ray_search(args: argparse.Namespace) -> None:
+    from searchgym.core.settings_flags import settings_values
+    from searchgym.serve.ray_search import run_ray_search
+    from searchgym.serve.settings import RaySearchSettings
+    from searchgym.settings import load_settings
+
+    run_ray_search(load_settings(RaySearchSettings, values=settings_values(args, RaySearchSettings)))
 
 
 def _serve_mcp(args: argparse.Namespace) -> None:
-    from searchgym.core.server_limits import limits_from_args
-    from searchgym.integrations.mcp_server import serve
+    from searchgym.serve.mcp import serve
+    from searchgym.serve.settings import McpHostSettings, server_settings
 
-    serve(
-        args.env_id,
-        args.env_kwargs,
-        transport=args.transport,
-        host=args.host,
-        port=args.port,
-        max_sessions=args.max_sessions,
-        session_idle_timeout=args.session_idle_timeout,
-        limits=limits_from_args(args),
-    )
-
-
-def _json_object(text: str) -> dict:
-    """argparse type: a JSON object, with a clear message for anything else."""
-    try:
-        value = json.loads(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"not JSON ({e}): {text!r}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object of keyword arguments, got {text!r}")
-    return value
+    serve(server_settings(args, McpHostSettings))
 
 
 DESCRIPTION = """\
@@ -256,114 +212,45 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _add_serve(rooms: Any) -> None:
-    from searchgym.core.server_limits import (  # light: no aiohttp
-        add_limit_flags,
-        add_request_limit_flags,
-        positive_int,
-        seconds,
+    """`searchgym serve model|search|env|mcp`: each server's flags generated from its settings (serve/settings.py)."""
+    from searchgym.core.settings_flags import add_settings_flags
+    from searchgym.serve.settings import (  # light: no aiohttp
+        EnvHostSettings,
+        McpHostSettings,
+        RaySearchSettings,
+        add_env_flags,
+        add_model_flags,
+        add_search_flags,
     )
 
     serve = rooms.add_parser(
         "serve", help="serve a model, a search index, an environment or its tools over HTTP"
     ).add_subparsers(dest="action", required=True)
     p = serve.add_parser("model", help="a model behind SGLang's native HTTP API and /v1/chat/completions")
-    p.add_argument("--model", type=Path, required=True, help="a Hugging Face model directory")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--device", default="cpu")
-    add_limit_flags(p)
-    p.add_argument("--context-length", type=int, default=None, help="default: the model's")
-    add_request_limit_flags(p)
+    add_model_flags(p)
     p.set_defaults(run=_serve_model)
     p = serve.add_parser(
         "search", help="a search index behind the Search-R1/ASearcher retrieval API (/retrieve, /access)"
     )
-    p.add_argument("--index", type=Path, required=True, help="an index directory from `searchgym index build`")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--threads", type=int, default=8, help="search threads (queries of a batch run concurrently)")
-    p.add_argument(
-        "--snippets",
-        action="store_true",
-        help='answer hits with query-focused snippets instead of whole documents (a request\'s "snippet" wins)',
-    )
-    p.add_argument(
-        "--max-queries",
-        type=int,
-        default=4096,
-        metavar="N",  # retrieval_server.MAX_QUERIES (not imported:
-        help="most queries one /retrieve request may hold; more is a 400 "  # the CLI stays light)
-        "(default 4096, above the 2,560 Search-R1's training sends)",
-    )
-    p.add_argument(
-        "--max-docs",
-        type=positive_int,
-        default=16384,
-        metavar="N",  # retrieval_server.MAX_DOCS
-        help="most documents (queries x topk) one /retrieve reply may hold; more is a 400 (default 16384)",
-    )
-    p.add_argument(
-        "--max-reply-bytes",
-        type=positive_int,
-        default=64 * 2**20,
-        metavar="N",
-        help="longest encoded reply; a longer one is a 400 naming the fields to shrink (default 64 MiB)",
-    )
-    add_limit_flags(p)
+    add_search_flags(p)
     p.set_defaults(run=_serve_search)
     p = serve.add_parser("env", help="a registered env id as an OpenEnv environment server (needs searchgym[openenv])")
-    p.add_argument("env_id", help="e.g. searchgym/SyntheticQA-v0")
-    p.add_argument("--env-kwargs", type=_json_object, default={}, help="JSON kwargs for gym.make")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-sessions", type=positive_int, default=64, help="concurrent client sessions (one env each)")
-    p.add_argument(
-        "--session-idle-timeout",
-        type=seconds,
-        default=600.0,
-        metavar="S",
-        help="close a session whose client has sent nothing for S seconds, freeing its slot (default 600)",
-    )
-    p.add_argument(
-        "--max-body-bytes",
-        type=positive_int,
-        default=2**20,
-        metavar="N",
-        help="largest request body or WebSocket message; a larger body is a 413 (default 1 MiB)",
-    )
-    p.add_argument(
-        "--action",
-        choices=("structured", "text"),
-        default="structured",
-        help="the action type: a tool call or a turn's text (SearchAction), or only the text (TextAction)",
-    )
-    add_limit_flags(p)
+    add_env_flags(p, EnvHostSettings)
     p.set_defaults(run=_serve_env)
     p = serve.add_parser(
         "mcp",
         help="a registered env id's tools (start, search, access, answer) as an MCP server, "
         "one episode per session (needs searchgym[mcp])",
     )
-    p.add_argument("env_id", help="e.g. searchgym/SyntheticQA-v0")
-    p.add_argument("--env-kwargs", type=_json_object, default={}, help="JSON kwargs for gym.make")
-    p.add_argument(
-        "--transport",
-        choices=("streamable-http", "stdio"),
-        default="streamable-http",
-        help="streamable-http: http://HOST:PORT/mcp; stdio: one session over stdin/stdout",
-    )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--max-sessions", type=positive_int, default=64, help="episodes open at once (one env each)")
-    p.add_argument(
-        "--session-idle-timeout",
-        type=seconds,
-        default=600.0,
-        metavar="S",
-        help="close an HTTP session with no request in flight for S seconds, and its env (default 600)",
-    )
-    add_limit_flags(p)
+    add_env_flags(p, McpHostSettings)
     p.set_defaults(run=_serve_mcp)
+    p = serve.add_parser(
+        "ray-search",
+        help="a search index as a Ray Serve application: shards and replicas as deployments behind the same "
+        "/retrieve and /access (needs searchgym[serve-ray])",
+    )
+    add_settings_flags(p, RaySearchSettings)
+    p.set_defaults(run=_serve_ray_search)
 
 
 if __name__ == "__main__":

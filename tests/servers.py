@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 from hypothesis import strategies as st
 
-from searchgym.core.http_session import serve_app
+from searchgym.serve.http import serve_app
 
 # any JSON value, small and nested: what the property tests put where a server expects a field
 JSON_VALUES = st.recursive(

@@ -24,6 +24,8 @@ FLOORS = {
     "envs": 1,
     "world": 2,
     "agents": 3,
+    "serve": 3.5,  # every server: the model server, the recording proxy and agent programs played through it,
+    # retrieval, the OpenEnv and MCP env hosts, and their limits (needs agents' engines and envs)
     "synthesis": 4,
     "trainers": 4,
     "eval": 4,

@@ -84,7 +84,7 @@ class Trajectory:
     segments: list[Segment] = field(default_factory=list)  # closed context segments before the live one
     run_turns: list[int] = field(default_factory=list)  # the live segment's runs -> turn index (empty: one per turn)
     context_events: list[dict[str, Any]] = field(default_factory=list)  # each rebuild: policy, sizes, fallbacks
-    proxy_calls: list[dict[str, Any]] = field(default_factory=list)  # an agent program's calls (agents/proxy.py)
+    proxy_calls: list[dict[str, Any]] = field(default_factory=list)  # an agent program's calls (serve/proxy.py)
 
     def start_segment(self, prompt_ids: list[int], end: str) -> None:
         """Close the live token sequence as a Segment (ended by `end`) and start a new one from `prompt_ids`."""

@@ -31,7 +31,7 @@ from typing import Any
 import aiohttp
 
 from searchgym.bench.load_targets import EnvTarget, ModelTarget, SearchTarget, error_kind
-from searchgym.core.server_limits import raise_open_files_limit
+from searchgym.serve.limits import raise_open_files_limit
 from searchgym.settings import setting
 
 CLIENTS = (50, 200, 1000)

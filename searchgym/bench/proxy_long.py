@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.agents.engines.types import GenerateRequest, SamplingParams
-from searchgym.agents.program import AgentProgramWorkflow, AgentTask
 from searchgym.agents.trajectory import Trajectory
 from searchgym.agents.workflow import WorkflowSettings
 from searchgym.bench.provenance import machine
 from searchgym.envs.factory import make_unwrapped
+from searchgym.serve.program import AgentProgramWorkflow, AgentTask
 from searchgym.settings import setting
 from searchgym.testing.scripted_engine import ScriptedEngine
 

@@ -167,11 +167,11 @@ async def web_pages(rng: random.Random, n: int) -> dict[str, Any]:
     """Lying pages from a loopback server: fetch gives a page or a clear error, env.step an observation."""
     from aiohttp import web
 
-    from searchgym.core.http_session import serve_app
     from searchgym.envs.search_env import SearchEnv
     from searchgym.envs.tasks import Task, TaskPool
     from searchgym.envs.tools.base import BackendError, PageNotFound
     from searchgym.envs.tools.web_fetch import FetchOptions, WebFetcher
+    from searchgym.serve.http import serve_app
 
     tally = _Tally("web pages (fetch, env.step)")
     current: list[Any] = [(200, {}, b"")]
@@ -225,8 +225,9 @@ async def server_bodies(
     import aiohttp
 
     from searchgym.agents.engines.torch_engine import TorchEngine
-    from searchgym.agents.server.app import serving as serve_model
-    from searchgym.envs.tools.retrieval_server import serving as serve_search
+    from searchgym.serve.model.app import serving as serve_model
+    from searchgym.serve.retrieval import serving as serve_search
+    from searchgym.serve.settings import ModelServerSettings
 
     tally = _Tally("server request bodies")
     search_routes = {
@@ -269,7 +270,8 @@ async def server_bodies(
     try:
         async with aiohttp.ClientSession() as http:
             # a short context: a junk body that drops max_tokens (null: up to the context) stays a short request
-            async with serve_model(engine, model_path=str(model_dir), context_length=64) as base:
+            settings = ModelServerSettings(model_path=str(model_dir), port=0, context_length=64)
+            async with serve_model(engine, settings) as base:
                 await send(http, base, model_routes)
     finally:
         await engine.close()

@@ -36,8 +36,8 @@ from typing import Any
 from searchgym.bench.load import ServerProcess
 from searchgym.bench.scale_out_ray import RAY_REPLICAS, ray_arms
 from searchgym.core.atomic_file import write_atomic
-from searchgym.core.server_limits import raise_open_files_limit
 from searchgym.envs.tools.corpus import read_corpus
+from searchgym.serve.limits import raise_open_files_limit
 from searchgym.settings import setting
 
 K = 5

@@ -1,5 +1,5 @@
 """The Ray Serve arms of `searchgym bench scale-out`: the whole index as a Ray Serve application with 1 and with 2
-replicas (`envs/tools/ray_search.py`), and the shards as one (a deployment per shard), beside the one server and the
+replicas (`serve/ray_search.py`), and the shards as one (a deployment per shard), beside the one server and the
 shard servers, in the same run.
 
 Each arm is its own application on one local Ray (started here unless one runs) behind Serve's HTTP proxy, at
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.core.extras import MissingExtra
-from searchgym.envs.tools.ray_search import RayServeLayout, deploy, ray_serve, start_serve
+from searchgym.serve.ray_search import RayServeLayout, deploy, ray_serve, start_serve
 
 RAY_REPLICAS = (1, 2)  # the arms: replicas of the whole index
 

@@ -304,7 +304,9 @@ class _server_process:
             [
                 sys.executable,
                 "-m",
-                "searchgym.envs.tools.retrieval_server",
+                "searchgym",
+                "serve",
+                "search",
                 "--index",
                 str(self.index_dir),
                 "--port",

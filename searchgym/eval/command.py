@@ -79,8 +79,8 @@ def _player(command: EvalCommand, values: dict[str, Any]) -> str | None:
         return values.get("workflow")
     if values.get("workflow") is not None:
         raise ValueError("--agent and --workflow both name what plays the episodes: give one")
-    from searchgym.agents.program import is_agent_program
     from searchgym.agents.workflow import load_object
+    from searchgym.serve.program import is_agent_program
 
     if not is_agent_program(load_object(command.agent)):
         raise ValueError(

@@ -40,7 +40,6 @@ from searchgym.agents.context import context_policy as make_context_policy
 from searchgym.agents.engines.open import open_engine, opened_engine
 from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.env_pool import EnvPool
-from searchgym.agents.program import build_player
 from searchgym.agents.workflow import Workflow, WorkflowSettings
 from searchgym.core.jsonl_log import JsonlLog
 from searchgym.core.llm_calls import DependencyFailed
@@ -65,6 +64,7 @@ from searchgym.eval.fingerprint import engine_fingerprint
 from searchgym.eval.metrics import BREAKDOWN_KEYS, Sample, breakdown, summarize
 from searchgym.eval.sample_rows import ROW_FIELDS, STATS_FIELDS, check_row  # noqa: F401 -- the row's fields, re-exported
 from searchgym.eval.sample_rows import sample_key as _sample_key
+from searchgym.serve.program import build_player
 from searchgym.settings import check_settings
 
 SAMPLES = "samples.jsonl"

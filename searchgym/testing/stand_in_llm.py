@@ -19,8 +19,8 @@ from typing import Any
 
 from aiohttp import web
 
-from searchgym.core.http_session import serve_app
 from searchgym.envs.judges import normalize_answer
+from searchgym.serve.http import serve_app
 
 
 def _find(pattern: str, text: str, flags: int = 0) -> str:

@@ -12,10 +12,10 @@ from searchgym.agents.context import ContextPolicy, context_policy
 from searchgym.agents.engines.open import EngineHandle, open_engine
 from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.hf_bars import no_hf_bars
-from searchgym.agents.program import build_player
 from searchgym.agents.workflow import Workflow, WorkflowSettings, load_object
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.search_env import SearchEnv
+from searchgym.serve.program import build_player
 from searchgym.trainers.algorithm.learner import Learner
 from searchgym.trainers.config import EnvConfig, LearnerConfig, ModelConfig, RolloutConfig
 from searchgym.trainers.rollout.controller import GroupLimits, RolloutController
@@ -98,7 +98,7 @@ async def open_rollout_engine(
 
 def rollout_workflow(rollout: RolloutConfig, handle: EngineHandle) -> Workflow:
     """The run's workflow on its engine: `rollout.workflow` names a custom Workflow class, `rollout.agent` an agent
-    program played through the recording proxy (agents/program.py); the env's own `tool_format` decides the stop
+    program played through the recording proxy (serve/program.py); the env's own `tool_format` decides the stop
     strings."""
     if rollout.agent is not None and rollout.workflow is not None:
         raise ValueError("rollout.agent and rollout.workflow both name what plays the episodes: set one")

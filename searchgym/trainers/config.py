@@ -129,7 +129,7 @@ class RolloutConfig:
     # default); the warm start must have used the same (sft's system_prompt)
     system_prompt: str | None = None
     workflow: str | None = None  # a custom Workflow class, "module:Class" or "file.py:Class" (default: TokenWorkflow)
-    agent: str | None = None  # an agent program, "module:function" or "file.py:function" (agents/program.py)
+    agent: str | None = None  # an agent program, "module:function" or "file.py:function" (serve/program.py)
     engine: str = setting(
         "torch", choices=("torch", "sglang")
     )  # "torch": an in-process TorchEngine; "sglang": SGLang servers, weights synced via disk

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from searchgym.core.http_session import serve_app
+from searchgym.serve.http import serve_app
 from searchgym.view.app import PROBLEMS, RUNS, viewer_app
 
 HOST = "127.0.0.1"  # the viewer shows what a run holds to whoever can reach it: this machine only

@@ -9,8 +9,8 @@ from transformers import AutoModelForCausalLM
 
 from searchgym.agents.engines.sglang_engine import wait_until_ready
 from searchgym.agents.engines.torch_engine import TorchEngine
-from searchgym.agents.server import create_app
-from searchgym.core.http_session import serve_app
+from searchgym.serve.http import serve_app
+from searchgym.serve.model import ModelServerSettings, create_app
 from tests.agents.sglang_contract import with_contract_check
 
 CONTEXT = 256  # the server's context length: bounds the work any accepted request can ask for
@@ -25,7 +25,9 @@ async def model_server(model_dir, **app_kwargs):
     Every JSON answer of a native route is checked against SGLang's contract (a violation is a 500).
     """
     engine = TorchEngine(model_dir, seed=0)
-    app = create_app(engine, model_path=str(model_dir), **{"context_length": CONTEXT, **app_kwargs})
+    app = create_app(
+        engine, ModelServerSettings(model_path=str(model_dir), **{"context_length": CONTEXT, **app_kwargs})
+    )
     app = with_contract_check(app)
     try:
         async with serve_app(app) as url:

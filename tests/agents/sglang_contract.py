@@ -87,11 +87,11 @@ def with_contract_check(app: web.Application) -> web.Application:
     return app
 
 
-_SERVER_APP = "searchgym.agents.server.app"
+_SERVER_APP = "searchgym.serve.model.app"
 
 
 def check_every_model_server() -> None:
-    """From now on, every app `searchgym.agents.server.app.create_app` makes checks its answers against the contract.
+    """From now on, every app `searchgym.serve.model.app.create_app` makes checks its answers against the contract.
 
     Tests anywhere in the suite that start `serve model` (through `serving`, `create_app` or a subprocess-free
     helper) are then judged by SGLang's contract too. The server module is patched when it is first imported

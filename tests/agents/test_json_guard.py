@@ -71,7 +71,7 @@ def test_any_body_is_answered_without_a_5xx():
 def test_serve_mcp_answers_the_same_bodies_with_a_parse_error():
     from starlette.testclient import TestClient
 
-    from searchgym.integrations.mcp_server import McpEnvServer
+    from searchgym.serve.mcp import McpEnvServer
 
     app = McpEnvServer("searchgym/SyntheticQA-v0", {"size": 300, "seed": 0, "n_tasks": 40}).http_app()
     with TestClient(app, base_url="http://127.0.0.1:8000") as client:

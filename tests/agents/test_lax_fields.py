@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from searchgym.agents.engines.fields import InvalidRequest
-from searchgym.agents.server.lax_fields import lax_boolean, lax_integer, shapes
+from searchgym.serve.model.lax_fields import lax_boolean, lax_integer, shapes
 from tests.agents.servers import model_server
 from tests.agents.sglang_source import require_sglang
 

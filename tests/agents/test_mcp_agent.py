@@ -11,9 +11,9 @@ import pytest
 
 from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import SamplingParams
-from searchgym.agents.program import AgentProgramWorkflow
 from searchgym.agents.workflow import WorkflowSettings
 from searchgym.envs.factory import make_unwrapped
+from searchgym.serve.program import AgentProgramWorkflow
 from tests.agents.forced_engine import ForcedEngine
 from tests.conftest import SMALL
 from tests.stock_commands import eval_small, train_small

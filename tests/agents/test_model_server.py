@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from searchgym.agents.engines.sglang_engine import wait_until_ready
 from searchgym.agents.engines.torch_engine import TorchEngine
-from searchgym.agents.server import serving
+from searchgym.serve.model import ModelServerSettings, serving
 from tests.agents.servers import (
     CONTEXT,
     GREEDY,
@@ -389,7 +389,7 @@ async def test_bounded_concurrency(tiny_model_dir, http):
 async def test_health_generate_is_503_until_a_token_is_generated(tiny_model_dir, http):
     engine = TorchEngine(tiny_model_dir)
     await engine.pause()  # the server's warm-up generation waits
-    async with serving(engine, model_path=str(tiny_model_dir)) as url:
+    async with serving(engine, ModelServerSettings(model_path=str(tiny_model_dir), port=0)) as url:
         for path, status in (("/health", 200), ("/health_generate", 503), ("/ready", 503)):
             async with http.get(url + path) as resp:
                 assert resp.status == status

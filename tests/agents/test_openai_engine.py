@@ -13,8 +13,9 @@ import pytest_asyncio
 from aiohttp import web
 
 from searchgym.agents.engines.openai_engine import OpenAIEngine, OpenAIError
-from searchgym.core.http_session import retry_after_seconds, serve_app
+from searchgym.core.http_session import retry_after_seconds
 from searchgym.envs.llm_judge import LLMJudge
+from searchgym.serve.http import serve_app
 from tests.agents.servers import model_server
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")  # shares the loop of the module's server

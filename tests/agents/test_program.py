@@ -1,4 +1,4 @@
-"""Agent programs (agents/program.py): an `async def agent(task, client)` played on a real env through the recording
+"""Agent programs (serve/program.py): an `async def agent(task, client)` played on a real env through the recording
 proxy over a real tiny model; its tool calls reach the env, its answer is judged, its tokens are the engine's, and
 the learner trains on them; `searchgym eval --agent` and `train rollout.agent=` run the example program."""
 
@@ -12,10 +12,10 @@ from transformers import AutoModelForCausalLM
 
 from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import SamplingParams
-from searchgym.agents.program import AgentProgramWorkflow, tool_argument
 from searchgym.agents.trajectory import Trajectory
 from searchgym.agents.workflow import WorkflowSettings
 from searchgym.envs.factory import make_unwrapped
+from searchgym.serve.program import AgentProgramWorkflow, tool_argument
 from searchgym.trainers.algorithm.learner import Learner, LearnerConfig
 from tests.agents.test_proxy import LoggedEngine, check_against_engine
 from tests.conftest import SMALL

@@ -1,4 +1,4 @@
-"""The recording proxy (agents/proxy.py) through the official `openai` client, on a real tiny model in a TorchEngine:
+"""The recording proxy (serve/proxy.py) through the official `openai` client, on a real tiny model in a TorchEngine:
 every trained token is one the engine produced for exactly the prompt before it, tool calls and streaming work as
 in `serve model`, a rewritten history starts a segment, and calls it cannot train on are recorded as such."""
 
@@ -10,8 +10,8 @@ import pytest_asyncio
 
 from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import FinishReason, GenerateRequest, GenerateResponse
-from searchgym.agents.proxy import REWRITE, RecordingProxy
 from searchgym.agents.trajectory import Trajectory
+from searchgym.serve.proxy import REWRITE, RecordingProxy
 from tests.agents.tool_model import ANSWER, ARGUMENTS, RESULT, TOOLS, exchange
 
 in_module_loop = pytest.mark.asyncio(loop_scope="module")
@@ -251,7 +251,7 @@ def calls_strategy():
 def test_linking_keeps_every_trained_token_after_exactly_its_prompt():
     from hypothesis import given, settings
 
-    from searchgym.agents.proxy import EpisodeRecord
+    from searchgym.serve.proxy import EpisodeRecord
 
     @settings(max_examples=200, deadline=None)
     @given(calls_strategy())

@@ -5,8 +5,8 @@ prompt is rebuilt exactly."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from searchgym.agents.proxy import EpisodeRecord
 from searchgym.agents.trajectory import Trajectory
+from searchgym.serve.proxy import EpisodeRecord
 
 tokens = st.lists(st.integers(0, 50), max_size=6)
 

@@ -10,7 +10,7 @@ import pytest
 
 from searchgym.agents.engines.torch_engine import EngineLimits, TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, SamplingParams
-from searchgym.agents.server import create_app, run_server
+from searchgym.serve.model import ModelServerSettings, create_app, run_server
 from tests.agents.servers import CONTEXT, GREEDY, PROMPT, generate, model_server, post
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -148,12 +148,13 @@ async def test_limit_settings_are_checked_when_given(tiny_model_dir, setting, va
     engine = TorchEngine(tiny_model_dir)
     try:
         with pytest.raises(ValueError, match=rf"^{setting} \(--{setting.replace('_', '-')}\) must be an integer"):
-            create_app(engine, model_path="m", **{setting: value})
+            create_app(engine, ModelServerSettings(model_path="m", **{setting: value}))
     finally:
         await engine.close()
     if setting != "max_running_requests":  # run_server refuses before spending time on loading a model
         with pytest.raises(ValueError, match=rf"^{setting} "):
-            await asyncio.to_thread(run_server, "/nonexistent-model", port=0, **{setting: value})
+            settings = ModelServerSettings(model_path="/nonexistent-model", port=0, **{setting: value})
+            await asyncio.to_thread(run_server, settings)
 
 
 # ---- the prefix cache keeps conversations ------------------------------------------------------------------------
@@ -235,12 +236,12 @@ def _rss_mb() -> float:
 async def test_a_body_that_stalls_after_its_head_is_a_408_on_the_model_server(tiny_model_dir, http, path, dialect):
     """--body-timeout holds for the model server's routes too: a client that sends a head and part of a body cannot
     keep its connection and handler forever (4,096 of them would fill the connection cap)."""
-    from searchgym.core.http_session import serve_app
-    from searchgym.core.server_limits import ServerLimits
+    from searchgym.serve.http import serve_app
+    from searchgym.serve.limits import ServerLimits
 
     engine = TorchEngine(tiny_model_dir, seed=0)
     try:
-        app = create_app(engine, model_path=str(tiny_model_dir), context_length=CONTEXT)
+        app = create_app(engine, ModelServerSettings(model_path=str(tiny_model_dir), context_length=CONTEXT))
         async with serve_app(app, limits=ServerLimits(body_timeout=1.0), shutdown_timeout=0.5) as url:
             reader, writer = await asyncio.open_connection("127.0.0.1", int(url.rsplit(":", 1)[1]))
             writer.write(

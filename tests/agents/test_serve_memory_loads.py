@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from searchgym.agents.engines.sglang_engine import wait_until_ready
 from searchgym.agents.engines.torch_engine import TorchEngine
-from searchgym.agents.server import create_app
-from searchgym.agents.server.memory import TAGS
-from searchgym.core.http_session import serve_app
+from searchgym.serve.http import serve_app
+from searchgym.serve.model import ModelServerSettings, create_app
+from searchgym.serve.model.memory import TAGS
 from tests.agents.servers import GREEDY, PROMPT, generate, post, wait_for_tokens
 from tests.servers import JSON_VALUES
 
@@ -126,7 +126,9 @@ async def test_release_after_a_pause_lets_held_requests_wait(server, http):
 async def test_on_a_gpu_release_frees_the_weights_memory(tiny_model_dir, http):
     engine = TorchEngine(tiny_model_dir, device="cuda", seed=0)
     try:
-        async with serve_app(create_app(engine, model_path=str(tiny_model_dir), context_length=256)) as url:
+        async with serve_app(
+            create_app(engine, ModelServerSettings(model_path=str(tiny_model_dir), context_length=256))
+        ) as url:
             await wait_until_ready(http, url, 60, interval=0.05)
             await check_gpu_release(http, url, engine)
     finally:

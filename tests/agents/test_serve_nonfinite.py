@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from searchgym.agents.engines.torch_engine import TorchEngine
-from searchgym.agents.server import create_app, run_server
-from searchgym.agents.server.wire import dumps, finite
-from searchgym.core.http_session import serve_app
+from searchgym.serve.http import serve_app
+from searchgym.serve.model import ModelServerSettings, create_app, run_server
+from searchgym.serve.model.wire import dumps, finite
 from tests.agents.servers import GREEDY, PROMPT, generate, post
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -80,7 +80,7 @@ async def test_a_tensor_update_with_nan_is_refused_and_a_relabel_still_works(ser
 def test_run_server_refuses_a_nan_checkpoint_before_serving(tiny_model_dir, tmp_path):
     bad = nan_checkpoint(tiny_model_dir, tmp_path / "bad")
     with pytest.raises(ValueError, match=rf"non-finite values \(NaN or Infinity\): \['{POISONED}'\]"):
-        run_server(bad, port=0)
+        run_server(ModelServerSettings(model_path=str(bad), port=0))
 
 
 async def test_answers_are_strict_json_when_the_model_computes_nan(tiny_model_dir):
@@ -89,7 +89,7 @@ async def test_answers_are_strict_json_when_the_model_computes_nan(tiny_model_di
     engine = TorchEngine(tiny_model_dir)
     with torch.no_grad():
         engine.model.state_dict()[POISONED].fill_(float("nan"))
-    app = create_app(engine, model_path=str(tiny_model_dir), context_length=256)
+    app = create_app(engine, ModelServerSettings(model_path=str(tiny_model_dir), context_length=256))
     try:
         async with serve_app(app) as url, aiohttp.ClientSession() as http:
             reason = "warming up"

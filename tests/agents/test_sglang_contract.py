@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from searchgym.agents.server import sglang_api
+from searchgym.serve.model import sglang_api
 from tests.agents.servers import PROMPT, model_server
 from tests.agents.sglang_contract import require_contract
 
@@ -180,10 +180,10 @@ async def test_what_sglang_refuses_is_refused_and_nothing_is_a_500(server, body)
 
 
 def test_every_server_the_suite_starts_is_judged_by_the_contract_and_the_server_module_runs():
-    from searchgym.agents.server import app
+    from searchgym.serve.model import app
 
     assert app.create_app.contract_checked  # tests/agents/conftest.py: serving() and create_app() check answers
     run = subprocess.run(
-        [sys.executable, "-m", "searchgym.agents.server", "--help"], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "searchgym.serve.model", "--help"], capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 0 and "--model-path" in run.stdout and "--weight-version" in run.stdout

@@ -17,7 +17,7 @@ from searchgym.agents.engines.sglang_engine import (
     sglang_launch_command,
 )
 from searchgym.agents.engines.types import FinishReason, GenerateRequest, SamplingParams
-from searchgym.core.http_session import serve_app
+from searchgym.serve.http import serve_app
 from tests.agents.servers import model_server, perturbed_copy, teacher_forced, wait_for_tokens
 from tests.agents.sglang_contract import check_generate_request
 
@@ -301,7 +301,7 @@ async def test_server_process_runs_our_model_server_and_stops_gracefully(tiny_mo
     command = [
         sys.executable,
         "-m",
-        "searchgym.agents.server",
+        "searchgym.serve.model",
         "--model-path",
         str(tiny_model_dir),
         "--host",

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from searchgym.agents.chat import parse_tool_calls
 from searchgym.agents.engines.detokenize import output_text
 from searchgym.agents.engines.types import FinishReason
-from searchgym.agents.server.streaming import TextDeltas
+from searchgym.serve.model.streaming import TextDeltas
 
 CALL = '<tool_call>\n{"name": "search", "arguments": {"query": "Aldra"}}\n</tool_call>'
 PIECES = st.sampled_from(

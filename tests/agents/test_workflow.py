@@ -94,12 +94,15 @@ def test_32_episodes_through_the_model_server_with_sglang_and_openai_clients(tin
     """(b) SGLangEngine and (c) OpenAIEngine against `searchgym serve model` on loopback."""
     from searchgym.agents.engines.openai_engine import OpenAIEngine
     from searchgym.agents.engines.sglang_engine import SGLangEngine
-    from searchgym.agents.server.app import serving
+    from searchgym.serve.model.app import serving
+    from searchgym.serve.settings import ModelServerSettings
 
     served = TorchEngine(tiny_model_dir, seed=3)
 
     async def main():
-        async with serving(served, model_path=str(tiny_model_dir), host="127.0.0.1") as url:
+        async with serving(
+            served, ModelServerSettings(model_path=str(tiny_model_dir), host="127.0.0.1", port=0)
+        ) as url:
             sglang = await SGLangEngine([url]).start(timeout=60)
             chat = OpenAIEngine(f"{url}/v1", model=str(tiny_model_dir))
             token_envs = [SearchEnv(small_pool, small_index, max_turns=4) for _ in range(32)]

@@ -140,7 +140,7 @@ def test_agent_turns_and_damaged_caches_in_process(tmp_path, small_bundle):
 def test_a_server_that_answers_5xx_is_counted(status, monkeypatch, tmp_path, small_bundle, tiny_model_dir):
     """The bench's server class must see a 5xx: a retrieval server whose /retrieve fails is counted, not passed."""
     from searchgym.envs.tools.local_index import LocalIndex
-    from searchgym.envs.tools.retrieval_server import _RetrievalServer
+    from searchgym.serve.retrieval import _RetrievalServer
 
     async def broken(self, request):
         from aiohttp import web

@@ -7,7 +7,7 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from searchgym.core.http_session import error_middleware, json_body, lone_surrogate, serve_app
+from searchgym.serve.http import error_middleware, json_body, lone_surrogate, serve_app
 
 SURROGATES = st.integers(0xD800, 0xDFFF).map(chr)
 json_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=10)

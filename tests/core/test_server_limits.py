@@ -13,8 +13,8 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
-from searchgym.core.http_session import json_body, serve_app
-from searchgym.core.server_limits import ServerLimits
+from searchgym.serve.http import json_body, serve_app
+from searchgym.serve.limits import ServerLimits
 
 
 def open_fds() -> int:

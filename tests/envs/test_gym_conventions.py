@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import searchgym  # noqa: F401  (registers the ids)
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.spaces import UnicodeText
-from searchgym.envs.tools.retrieval_server import serving
+from searchgym.serve.retrieval import serving
 from tests.conftest import SMALL
 from tests.servers import ThreadServer, free_port
 

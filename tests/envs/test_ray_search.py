@@ -15,13 +15,13 @@ import pytest
 from searchgym.envs.tools.base import BackendError
 from searchgym.envs.tools.corpus import read_corpus
 from searchgym.envs.tools.remote_search import RemoteSearch
-from searchgym.envs.tools.retrieval_server import serving
 from searchgym.envs.tools.shards import ShardedSearch, build_shards, open_sharded
+from searchgym.serve.retrieval import serving
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
-from searchgym.envs.tools.ray_search import RayServeLayout, deploy, merge_shards, start_serve  # noqa: E402
+from searchgym.serve.ray_search import RayServeLayout, deploy, merge_shards, start_serve  # noqa: E402
 
 SHARDS = 2
 TIMEOUT = 30.0
@@ -314,7 +314,7 @@ async def _expected(sharded_dir, queries: list[str]) -> dict[str, list[tuple[str
     ],
 )
 def test_a_bad_layout_is_refused_before_anything_starts(small_bundle, change, error):
-    from searchgym.envs.tools.ray_search import build_app
+    from searchgym.serve.ray_search import build_app
 
     with pytest.raises(ValueError, match=error):
         build_app(RayServeLayout(str(small_bundle / "index"), **change))

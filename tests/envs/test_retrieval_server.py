@@ -23,12 +23,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import searchgym  # noqa: F401  (registers the ids)
-from searchgym.core.http_session import serve_app
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tools.base import BackendError, PageNotFound, SearchHit
 from searchgym.envs.tools.local_index import LocalIndex
 from searchgym.envs.tools.remote_search import RemoteOptions, RemoteSearch
-from searchgym.envs.tools.retrieval_server import MAX_QUERIES, serving
+from searchgym.serve.http import serve_app
+from searchgym.serve.retrieval import MAX_QUERIES, serving
+from searchgym.serve.settings import ModelServerSettings, SearchServerSettings, server_settings
 from tests.servers import ThreadServer, free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -82,7 +83,7 @@ async def test_snippets_on_request_or_by_server_default(server, http, small_inde
     hit = small_index.search_sync(QUERY, 2)[0]
     status, body = await post(http, server + "/retrieve", {"queries": [QUERY], "topk": 2, "snippet": True})
     assert status == 200 and body["result"][0][0]["contents"] == f'"{hit.title}"\n{hit.snippet}'
-    async with serving(small_index, snippets=True) as url:
+    async with serving(small_index, SearchServerSettings(port=0, snippets=True)) as url:
         _, body = await post(http, url + "/retrieve", {"queries": [QUERY], "topk": 2})
         assert body["result"][0][0]["text"] == hit.snippet
         _, body = await post(http, url + "/retrieve", {"queries": [QUERY], "topk": 2, "snippet": "false"})
@@ -162,7 +163,7 @@ async def test_bad_input_is_a_400_that_says_why(server, http, path, body, words)
 
 
 async def test_size_limit_unknown_route_and_method(small_index, http):
-    async with serving(small_index, client_max_size=1024) as url:
+    async with serving(small_index, SearchServerSettings(port=0, client_max_size=1024)) as url:
         status, out = await post(http, url + "/retrieve", {"queries": ["x" * 2000]})
         assert status == 413 and "error" in out
         async with http.get(url + "/nope") as resp:
@@ -261,7 +262,7 @@ async def test_a_reply_is_bounded_in_documents_and_bytes_with_a_400_naming_the_s
         assert len(body) < 7000
         status, out = await post(http, url + "/retrieve", body, raw=True)
         assert status == 400 and all(w in out["error"] for w in ("max_docs", "queries", "topk", "100000"))
-    async with serving(small_index, max_docs=100, max_reply_bytes=20_000) as url:
+    async with serving(small_index, SearchServerSettings(port=0, max_docs=100, max_reply_bytes=20_000)) as url:
         status, out = await post(http, url + "/retrieve", {"queries": ["Sadesh"] * 26, "topk": 4})
         assert status == 400 and "104 documents" in out["error"] and "max_docs" in out["error"]
         status, out = await post(http, url + "/retrieve", {"queries": ["Sadesh"] * 25, "topk": 4})  # 100: in bound,
@@ -288,10 +289,10 @@ async def test_a_reply_is_bounded_in_documents_and_bytes_with_a_400_naming_the_s
 )
 @pytest.mark.parametrize("value", [0, -1, 2.5, True, "8"])
 async def test_bad_server_settings_are_refused_naming_the_key(small_index, key, value):
-    from searchgym.envs.tools.retrieval_server import create_app
+    from searchgym.serve.retrieval import create_app
 
     with pytest.raises(ValueError, match=key):
-        create_app(small_index, **{key: value})
+        create_app(small_index, SearchServerSettings(**{key: value}))
 
 
 # ---- concurrency and shutdown ---------------------------------------------------------------------------------------
@@ -302,7 +303,7 @@ async def test_health_answers_within_a_second_while_a_10_mb_request_is_handled(s
     words = "Sadesh Whispers river company founded year " * 470  # ~20 kB of query per entry
     body = json.dumps({"queries": [words] * 512, "topk": 5}).encode()
     assert len(body) > 10_000_000
-    async with serving(small_index, threads=2) as url:
+    async with serving(small_index, SearchServerSettings(port=0, threads=2)) as url:
         big = asyncio.create_task(post(http, url + "/retrieve", body, raw=True))
         answered_while_busy = 0
         while not big.done():
@@ -332,7 +333,7 @@ class SlowIndex:
 
 
 async def test_batch_runs_concurrently_off_the_loop_and_health_stays_responsive(http):
-    async with serving(SlowIndex(0.3), threads=8) as url:
+    async with serving(SlowIndex(0.3), SearchServerSettings(port=0, threads=8)) as url:
         t0 = time.perf_counter()
         batch = asyncio.create_task(post(http, url + "/retrieve", {"queries": [f"q{i}" for i in range(8)]}))
         await asyncio.sleep(0.05)
@@ -650,7 +651,7 @@ async def test_episode_survives_the_server_going_away(small_index, small_pool):
     client = RemoteSearch(f"http://127.0.0.1:{port}", RemoteOptions(timeout=1.0, retries=1, backoff=0.01))
     env = SearchEnv(small_pool, client)
     task = small_pool.tasks[0] if hasattr(small_pool, "tasks") else next(iter(small_pool))
-    async with serving(small_index, port=port):
+    async with serving(small_index, SearchServerSettings(port=port)):
         obs, info = await env.areset(options={"task_id": task.id})
         obs, reward, terminated, truncated, info = await env.astep(f"<search>{QUERY}</search>")
         assert "<information>" in obs and info["hits"] and info["counts"]["backend_errors"] == 0
@@ -661,7 +662,7 @@ async def test_episode_survives_the_server_going_away(small_index, small_pool):
     obs, *_, info = await env.astep("<access>https://world.searchgym.test/wiki/The_Sadesh_Whispers</access>")
     assert "failed" in obs and info["counts"]["backend_errors"] == 2
     assert time.perf_counter() - t0 < 3
-    async with serving(small_index, port=port):  # back again: the episode goes on where it was
+    async with serving(small_index, SearchServerSettings(port=port)):  # back again: the episode goes on where it was
         obs, *_, info = await env.astep("<access>https://world.searchgym.test/wiki/The_Sadesh_Whispers</access>")
         assert "Milan Amarsh" in obs and info["counts"]["backend_errors"] == 2
     obs, reward, terminated, truncated, info = await env.astep("<answer>Milan Amarsh</answer>")
@@ -684,15 +685,28 @@ async def test_page_access_on_a_search_r1_server_is_an_observation(small_pool):
 async def test_cli_has_serve_search_and_bench_search():
     from searchgym.cli import build_parser
 
-    args = build_parser().parse_args(["serve", "search", "--index", "idx", "--port", "8123"])
-    assert args.run.__name__ == "_serve_search" and args.port == 8123 and args.host == "127.0.0.1"
-    assert not args.snippets and build_parser().parse_args(["serve", "search", "--index", "i", "--snippets"]).snippets
-    assert args.max_queries == MAX_QUERIES >= 2560  # Search-R1's train_grpo.sh: 512 questions x 5 in one request
-    assert build_parser().parse_args(["serve", "search", "--index", "i", "--max-queries", "7"]).max_queries == 7
-    assert (args.header_timeout, args.idle_timeout, args.max_connections, args.max_docs) == (15.0, 75.0, None, 16384)
-    for command in (["serve", "search", "--index", "i"], ["serve", "model", "--model", "m"]):
-        args = build_parser().parse_args([*command, "--header-timeout", "2.5", "--max-connections", "9"])
-        assert (args.header_timeout, args.max_connections) == (2.5, 9)
+    def parsed(*argv):
+        args = build_parser().parse_args(["serve", *argv])
+        kind = {"_serve_search": SearchServerSettings, "_serve_model": ModelServerSettings}[args.run.__name__]
+        return args, server_settings(args, kind)
+
+    args, settings = parsed("search", "--index", "idx", "--port", "8123")
+    assert args.run.__name__ == "_serve_search" and settings.port == 8123 and settings.host == "127.0.0.1"
+    assert (
+        settings.index == "idx" and not settings.snippets and parsed("search", "--index", "i", "--snippets")[1].snippets
+    )
+    assert settings.max_queries == MAX_QUERIES >= 2560  # Search-R1's train_grpo.sh: 512 questions x 5 in one request
+    assert parsed("search", "--index", "i", "--max-queries", "7")[1].max_queries == 7
+    limits = settings.limits
+    assert (limits.header_timeout, limits.idle_timeout, limits.max_connections, settings.max_docs) == (
+        15.0,
+        75.0,
+        None,
+        16384,
+    )
+    for command in (["search", "--index", "i"], ["model", "--model", "m"]):
+        limits = parsed(*command, "--header-timeout", "2.5", "--max-connections", "9")[1].limits
+        assert (limits.header_timeout, limits.max_connections) == (2.5, 9)
         for flag, value in (
             ("--header-timeout", "0"),
             ("--idle-timeout", "inf"),
@@ -700,8 +714,8 @@ async def test_cli_has_serve_search_and_bench_search():
             ("--max-connections", "x"),
             ("--idle-timeout", "-1"),
         ):
-            with pytest.raises(SystemExit):
-                build_parser().parse_args([*command, flag, value])
+            with pytest.raises((SystemExit, ValueError)):  # argparse's type (exit 2), or the settings' check
+                parsed(*command, flag, value)
     from searchgym.core.commands import load
     from searchgym.core.settings_flags import settings_values
 

@@ -18,8 +18,8 @@ from searchgym.cli import main
 from searchgym.envs.tools.base import BackendError, PageNotFound
 from searchgym.envs.tools.corpus import read_corpus
 from searchgym.envs.tools.remote_search import RemoteOptions
-from searchgym.envs.tools.retrieval_server import serving
 from searchgym.envs.tools.shards import ShardedSearch, is_sharded, open_sharded, shard_of, split_corpus
+from searchgym.serve.retrieval import serving
 
 SHARDS = 3
 
@@ -115,7 +115,7 @@ def test_localqa_over_shard_servers_given_as_lists_of_replicas(sharded, small_bu
     import contextlib
 
     from searchgym.envs.tools.local_index import LocalIndex
-    from searchgym.envs.tools.retrieval_server import create_app
+    from searchgym.serve.retrieval import create_app
     from searchgym.testing.stand_in_llm import serve_in_thread
 
     with contextlib.ExitStack() as stack:

@@ -249,14 +249,15 @@ def serve_model(model_dir):
     """Our model server (SGLang's native API and /v1) for `model_dir` on a loopback port, in a thread with its own
     event loop; yields its URL."""
     from searchgym.agents.engines.torch_engine import TorchEngine
-    from searchgym.agents.server.app import serving
+    from searchgym.serve.model.app import serving
+    from searchgym.serve.settings import ModelServerSettings
 
     urls, stop = queue.Queue(), threading.Event()
 
     async def serve():
         engine = TorchEngine(model_dir, seed=0)
         try:
-            async with serving(engine, model_path=str(model_dir)) as url:
+            async with serving(engine, ModelServerSettings(model_path=str(model_dir), port=0)) as url:
                 urls.put(url)
                 while not stop.is_set():
                     await asyncio.sleep(0.05)

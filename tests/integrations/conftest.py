@@ -72,7 +72,10 @@ def uvicorn_in_thread(app, **options):
 def server_url():
     """The env served in this process (so the test can see its sessions) by uvicorn on 127.0.0.1."""
     pytest.importorskip("openenv")
-    from searchgym.integrations.openenv import make_app
+    from searchgym.serve.env_host import make_app
+    from searchgym.serve.settings import EnvHostSettings
 
-    with uvicorn_in_thread(make_app("searchgym/SyntheticQA-v0", ENV_KWARGS, max_sessions=16)) as url:
+    with uvicorn_in_thread(
+        make_app(EnvHostSettings(env_id="searchgym/SyntheticQA-v0", env_kwargs=ENV_KWARGS, max_sessions=16))
+    ) as url:
         yield url

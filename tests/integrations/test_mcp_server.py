@@ -24,10 +24,11 @@ from mcp.client.stdio import stdio_client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from searchgym.core.extras import MissingExtra  # noqa: E402
-from searchgym.core.server_limits import ServerLimits  # noqa: E402
 from searchgym.envs.actions import MAX_ARGUMENT_CHARS  # noqa: E402
 from searchgym.envs.factory import make_unwrapped  # noqa: E402
-from searchgym.integrations.mcp_server import Episode, McpEnvServer, ToolError, serve, uvicorn_options  # noqa: E402
+from searchgym.serve.limits import ServerLimits  # noqa: E402
+from searchgym.serve.mcp import Episode, McpEnvServer, ToolError, serve, uvicorn_options  # noqa: E402
+from searchgym.serve.settings import McpHostSettings, server_settings  # noqa: E402
 from tests.integrations.conftest import BrokenJudge, uvicorn_in_thread  # noqa: E402
 
 ENV_ID = "searchgym/SyntheticQA-v0"
@@ -421,7 +422,7 @@ async def test_a_judge_failure_is_no_reward_not_a_zero(tasks):
 def test_serve_mcp_settings_are_checked_naming_them():
     from searchgym.cli import build_parser
 
-    args = build_parser().parse_args(["serve", "mcp", ENV_ID])
+    args = server_settings(build_parser().parse_args(["serve", "mcp", ENV_ID]), McpHostSettings)
     assert (args.transport, args.host, args.max_sessions, args.session_idle_timeout) == (
         "streamable-http",
         "127.0.0.1",
@@ -434,14 +435,14 @@ def test_serve_mcp_settings_are_checked_naming_them():
         ("--max-sessions", "0"),
         ("--header-timeout", "nan"),
     ):
-        with pytest.raises(SystemExit):
-            build_parser().parse_args(["serve", "mcp", ENV_ID, flag, value])
+        with pytest.raises((SystemExit, ValueError)):  # argparse's type or choices (exit 2), or the settings' check
+            server_settings(build_parser().parse_args(["serve", "mcp", ENV_ID, flag, value]), McpHostSettings)
     with pytest.raises(ValueError, match="max_sessions"):
         McpEnvServer(ENV_ID, KWARGS, max_sessions=0)
     with pytest.raises(ValueError, match="session_idle_timeout"):
         McpEnvServer(ENV_ID, KWARGS).http_app(session_idle_timeout=-1)
     with pytest.raises(ValueError, match="transport"):
-        serve(ENV_ID, KWARGS, transport="sse")
+        serve(McpHostSettings(env_id=ENV_ID, env_kwargs=KWARGS, transport="sse"))
     with pytest.raises(ValueError, match="unknown env id"):
         McpEnvServer("searchgym/Nonesuch-v0")
 
@@ -455,6 +456,6 @@ def test_bad_env_kwargs_fail_at_start_naming_the_key(capsys):
 
 def test_without_the_extra_the_error_names_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "mcp", None)
-    monkeypatch.delitem(sys.modules, "searchgym.integrations.mcp_server")
+    monkeypatch.delitem(sys.modules, "searchgym.serve.mcp")
     with pytest.raises(MissingExtra, match=r"searchgym\[mcp\].*pip install 'searchgym\[mcp\]'"):
-        importlib.import_module("searchgym.integrations.mcp_server")
+        importlib.import_module("searchgym.serve.mcp")

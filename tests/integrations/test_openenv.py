@@ -18,13 +18,9 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from openenv.core import GenericEnvClient  # noqa: E402
 
-from searchgym.integrations.openenv import (  # noqa: E402
-    SearchAction,
-    SearchGymClient,
-    SearchGymEnvironment,
-    make_app,
-    open_sessions,
-)
+from searchgym.integrations.openenv import SearchAction, SearchGymClient  # noqa: E402
+from searchgym.serve.env_host import SearchGymEnvironment, make_app, open_sessions  # noqa: E402
+from searchgym.serve.settings import EnvHostSettings  # noqa: E402
 from tests.integrations.conftest import ENV_KWARGS, BrokenJudge, free_port, wait_until  # noqa: E402
 
 ENV_ID = "searchgym/SyntheticQA-v0"
@@ -251,21 +247,21 @@ def test_serve_env_refuses_bad_kwargs_clearly():
     )
     assert bad.returncode == 2 and "expected a JSON object" in bad.stderr
     with pytest.raises(ValueError, match="unknown env id"):
-        make_app("searchgym/Nope-v0")
+        make_app(EnvHostSettings(env_id="searchgym/Nope-v0"))
 
 
 def test_a_text_only_action_type_has_text_as_its_one_required_field(task_ids):
     """`serve env --action text`: TextAction's schema requires only `text`, so a plain reply maps into it."""
     from fastapi.testclient import TestClient
 
-    from searchgym.integrations.openenv import TextAction, make_app
+    from searchgym.serve.env_host import TextAction, make_app
 
-    with TestClient(make_app(ENV_ID, ENV_KWARGS, action="text")) as http:
+    with TestClient(make_app(EnvHostSettings(env_id=ENV_ID, env_kwargs=ENV_KWARGS, action="text"))) as http:
         schema = http.get("/schema").json()["action"]
         assert schema["required"] == ["text"] and set(schema["properties"]) >= {"text"}
         assert "tool" not in schema["properties"]
     with pytest.raises(ValueError, match="action must be one of"):
-        make_app(ENV_ID, ENV_KWARGS, action="xml")
+        make_app(EnvHostSettings(env_id=ENV_ID, env_kwargs=ENV_KWARGS, action="xml"))
     env = SearchGymEnvironment(ENV_ID, ENV_KWARGS)
     try:
         env.reset(task_id=task_ids[0])

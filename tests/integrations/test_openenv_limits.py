@@ -19,8 +19,10 @@ from hypothesis import strategies as st  # noqa: E402
 from websockets.exceptions import ConnectionClosed  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
-from searchgym.core.server_limits import ServerLimits  # noqa: E402
-from searchgym.integrations.openenv import SearchAction, SearchGymClient, make_app, open_sessions, uvicorn_options  # noqa: E402
+from searchgym.integrations.openenv import SearchAction, SearchGymClient  # noqa: E402
+from searchgym.serve.env_host import make_app, open_sessions, uvicorn_options  # noqa: E402
+from searchgym.serve.limits import ServerLimits  # noqa: E402
+from searchgym.serve.settings import EnvHostSettings, server_settings  # noqa: E402
 from tests.integrations.conftest import ENV_KWARGS, uvicorn_in_thread, wait_until  # noqa: E402
 
 ENV_ID = "searchgym/SyntheticQA-v0"
@@ -41,9 +43,15 @@ def n_tasks():
 @pytest.fixture(scope="module")
 def limited_url():
     """The env served as `serve env` serves it (our uvicorn options), with small limits, on 127.0.0.1."""
-    app = make_app(
-        ENV_ID, ENV_KWARGS, max_sessions=4, max_body_bytes=MAX_BODY, session_idle_timeout=IDLE_S, body_timeout=1.0
+    settings = EnvHostSettings(
+        env_id=ENV_ID,
+        env_kwargs=ENV_KWARGS,
+        max_sessions=4,
+        max_body_bytes=MAX_BODY,
+        session_idle_timeout=IDLE_S,
+        limits=ServerLimits(body_timeout=1.0),
     )
+    app = make_app(settings)
     limits = ServerLimits(header_timeout=1.0, idle_timeout=2.0, max_connections=CAP)
     with uvicorn_in_thread(app, **uvicorn_options(limits, MAX_BODY)) as url:
         yield url
@@ -260,8 +268,9 @@ def test_uvicorn_closes_an_idle_keep_alive_connection_and_a_late_half_head_after
 def test_serve_env_flags_are_checked():
     from searchgym.cli import build_parser
 
-    args = build_parser().parse_args(["serve", "env", ENV_ID])
-    assert (args.session_idle_timeout, args.max_body_bytes, args.header_timeout, args.body_timeout) == (
+    settings = server_settings(build_parser().parse_args(["serve", "env", ENV_ID]), EnvHostSettings)
+    limits = settings.limits
+    assert (settings.session_idle_timeout, settings.max_body_bytes, limits.header_timeout, limits.body_timeout) == (
         600.0,
         2**20,
         15.0,
@@ -274,8 +283,11 @@ def test_serve_env_flags_are_checked():
         ("--max-connections", "x"),
         ("--header-timeout", "nan"),
     ):
-        with pytest.raises(SystemExit):
-            build_parser().parse_args(["serve", "env", ENV_ID, flag, value])
+        with pytest.raises((SystemExit, ValueError)):  # argparse's type (exit 2), or the settings' check
+            server_settings(build_parser().parse_args(["serve", "env", ENV_ID, flag, value]), EnvHostSettings)
     for key, value in (("max_sessions", 0), ("max_body_bytes", 1.5), ("session_idle_timeout", -1), ("body_timeout", 0)):
         with pytest.raises(ValueError, match=key):
-            make_app(ENV_ID, ENV_KWARGS, **{key: value})
+            if key == "body_timeout":  # a socket limit: ServerLimits'
+                make_app(EnvHostSettings(env_id=ENV_ID, env_kwargs=ENV_KWARGS, limits=ServerLimits(body_timeout=value)))
+            else:
+                make_app(EnvHostSettings(env_id=ENV_ID, env_kwargs=ENV_KWARGS, **{key: value}))

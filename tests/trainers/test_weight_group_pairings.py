@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from searchgym.agents.server.dist_weights import close_group, open_group, send
+from searchgym.serve.model.dist_weights import close_group, open_group, send
 from tests.agents.servers import model_server, post
 from tests.agents.sglang_source import require_sglang
 from tests.trainers.sglang_weight_peer import Peer, sglang_receiver, sglang_trainer

@@ -12,7 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from searchgym.agents.engines.torch_engine import TorchEngine
-from searchgym.agents.server.app import serving
+from searchgym.serve.model.app import serving
+from searchgym.serve.settings import ModelServerSettings
 from searchgym.trainers.config import load_config
 from searchgym.trainers.launchers.local import train
 from searchgym.trainers.rollout.weight_sync import DiskSync, InProcessSync, weights_dir
@@ -76,7 +77,7 @@ def model_server_thread(model_dir):
         stop = asyncio.Event()
         engine = TorchEngine(model_dir, seed=0)
         try:
-            async with serving(engine, model_path=str(model_dir)) as url:
+            async with serving(engine, ModelServerSettings(model_path=str(model_dir), port=0)) as url:
                 box["url"], box["loop"] = url, asyncio.get_running_loop()
                 ready.set()
                 await stop.wait()

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from searchgym.cli import main
-from searchgym.core.http_session import serve_app
+from searchgym.serve.http import serve_app
 from searchgym.view.app import viewer_app
 from searchgym.view.episode_filter import PAGE_SIZE, EpisodeFilter
 from searchgym.view.runs import OUTCOMES, EpisodeSummary, find_runs

@@ -16,7 +16,7 @@ from typing import Any
 from searchgym.core.ports import free_port
 from searchgym.trainers.config import RayConfig
 
-STAND_IN_MODULE = "searchgym.agents.server"  # `python -m` module of our model server (sglang_server: searchgym)
+STAND_IN_MODULE = "searchgym.serve.model"  # `python -m` module of our model server (sglang_server: searchgym)
 
 
 class SGLangServerWorker:

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import torch
 
-from searchgym.agents.server.dist_weights import close_group, open_group, send
+from searchgym.serve.model.dist_weights import close_group, open_group, send
 
 
 def buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:

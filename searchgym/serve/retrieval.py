@@ -23,18 +23,16 @@ JSON, bytes that are not UTF-8, strings holding lone surrogates, wrong types, mo
 is a 400 with a JSON {"error": message}, never a 500; bodies over `client_max_size` (16 MiB by
 default) are a 413. A reply is bounded too: more than `max_docs` documents (queries x topk, 16,384 by default) is
 a 400 before any search, and an encoded reply over `max_reply_bytes` (64 MiB) a 400 naming what to shrink.
-Connections obey ServerLimits (header and idle timeouts, a connection cap; see server_limits.py). Unknown request
+Connections obey ServerLimits (header and idle timeouts, a connection cap; see serve/limits.py). Unknown request
 fields are ignored, as Search-R1's server (pydantic) ignores them.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import logging
-import os
 import re
 import reprlib
 from collections.abc import AsyncIterator, Callable
@@ -43,21 +41,41 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from searchgym.core.http_session import BadRequest, check, error_middleware, read_body, serve_app, wait_for_signal
-from searchgym.core.server_limits import ServerLimits, add_limit_flags, limits_from_args
+from searchgym.core.http_session import BadRequest, check
 from searchgym.envs.tools.base import Page, PageBackend, PageNotFound, SearchBackend, SearchHit
 from searchgym.envs.tools.corpus import join_contents
+from searchgym.serve.http import error_middleware, read_body, serve_app, wait_for_signal
+from searchgym.serve.settings import (
+    DEFAULT_THREADS,
+    DEFAULT_TOPK,
+    MAX_DOCS,
+    MAX_QUERIES,
+    MAX_REPLY_BYTES,
+    MAX_SEARCH_REQUEST_BYTES,
+    MAX_TOPK,
+    MAX_URLS,
+    SearchServerSettings,
+    checked,
+)
+
+__all__ = [
+    "DEFAULT_THREADS",
+    "DEFAULT_TOPK",
+    "MAX_DOCS",
+    "MAX_QUERIES",
+    "MAX_REPLY_BYTES",
+    "MAX_REQUEST_BYTES",
+    "MAX_TOPK",
+    "MAX_URLS",
+    "SearchServerSettings",
+    "create_app",
+    "run_server",
+    "serving",
+]
 
 logger = logging.getLogger(__name__)
 
-MAX_REQUEST_BYTES = 16 * 2**20
-MAX_QUERIES = 4096  # per /retrieve request: above Search-R1's train_grpo.sh, which sends up to 512 x 5 = 2,560
-MAX_URLS = 64  # per /access request
-MAX_TOPK = 100
-MAX_DOCS = 16384  # queries x topk per /retrieve request: above Search-R1's 2,560 x 5
-MAX_REPLY_BYTES = 64 * 2**20  # an encoded reply past this is refused: a 6 kB request must not pull 100s of MB
-DEFAULT_TOPK = 3  # Search-R1's --topk default, used when topk is 0, null or missing
-DEFAULT_THREADS = 8
+MAX_REQUEST_BYTES = MAX_SEARCH_REQUEST_BYTES
 _TRUE, _FALSE = {"1", "true", "t", "yes", "y", "on"}, {"0", "false", "f", "no", "n", "off"}  # pydantic's bool strings
 _show = reprlib.repr  # short reprs of client values for error messages
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -133,31 +151,14 @@ def _error(request: web.Request, status: int, message: str) -> web.Response:
 class _RetrievalServer:
     """The handlers and what they share: the backend, its thread pool and the request caps."""
 
-    def __init__(
-        self,
-        backend: SearchBackend,
-        pages: PageBackend | None,
-        *,
-        threads: int,
-        max_queries: int,
-        max_urls: int,
-        max_topk: int,
-        default_topk: int,
-        snippets: bool,
-        max_docs: int,
-        max_reply_bytes: int,
-    ) -> None:
+    def __init__(self, backend: SearchBackend, pages: PageBackend | None, settings: SearchServerSettings) -> None:
         self.backend, self.pages = backend, pages
-        self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="retrieval")
-        self.threads = threads
-        self.max_queries, self.max_urls, self.max_topk, self.default_topk = (
-            max_queries,
-            max_urls,
-            max_topk,
-            default_topk,
-        )
-        self.snippets = snippets
-        self.max_docs, self.max_reply_bytes = max_docs, max_reply_bytes
+        self.executor = ThreadPoolExecutor(max_workers=settings.threads, thread_name_prefix="retrieval")
+        self.threads = settings.threads
+        self.max_queries, self.max_urls = settings.max_queries, settings.max_urls
+        self.max_topk, self.default_topk = settings.max_topk, settings.default_topk
+        self.snippets = settings.snippets
+        self.max_docs, self.max_reply_bytes = settings.max_docs, settings.max_reply_bytes
 
     async def _off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking backend call on the thread pool, so the event loop stays responsive."""
@@ -292,53 +293,36 @@ class _RetrievalServer:
         return web.json_response({"status": "ok", "docs": docs, "access": self.pages is not None})
 
 
+_WHOLE_SETTINGS = (
+    "threads",
+    "max_queries",
+    "max_urls",
+    "max_topk",
+    "default_topk",
+    "client_max_size",
+    "max_docs",
+    "max_reply_bytes",
+)
+
+
 def create_app(
-    backend: SearchBackend,
-    pages: PageBackend | None = None,
-    *,
-    threads: int = DEFAULT_THREADS,
-    max_queries: int = MAX_QUERIES,
-    max_urls: int = MAX_URLS,
-    max_topk: int = MAX_TOPK,
-    default_topk: int = DEFAULT_TOPK,
-    snippets: bool = False,
-    client_max_size: int = MAX_REQUEST_BYTES,
-    max_docs: int = MAX_DOCS,
-    max_reply_bytes: int = MAX_REPLY_BYTES,
+    backend: SearchBackend, settings: SearchServerSettings | None = None, pages: PageBackend | None = None
 ) -> web.Application:
     """The aiohttp app serving `backend` (pages default to the backend itself when it is a PageBackend);
-    `snippets=True` answers hits with their snippets unless a request asks otherwise; a /retrieve request of more
-    than `max_queries` queries, or of more than `max_docs` documents (queries x topk), is a 400, as is a reply
-    longer than `max_reply_bytes` (`serve search --max-queries / --max-docs / --max-reply-bytes`)."""
-    for key, value in (
-        ("threads", threads),
-        ("max_queries", max_queries),
-        ("max_urls", max_urls),
-        ("max_topk", max_topk),
-        ("default_topk", default_topk),
-        ("client_max_size", client_max_size),
-        ("max_docs", max_docs),
-        ("max_reply_bytes", max_reply_bytes),
-    ):
+    `settings.snippets` answers hits with their snippets unless a request asks otherwise; a /retrieve request of
+    more than `max_queries` queries, or of more than `max_docs` documents (queries x topk), is a 400, as is a reply
+    longer than `max_reply_bytes` (`serve search --max-queries / --max-docs / --max-reply-bytes`). A setting out
+    of range is a ValueError naming it."""
+    settings = settings or SearchServerSettings()
+    for key in _WHOLE_SETTINGS:
+        value = getattr(settings, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{key} must be an integer of at least 1, got {value!r}")
-    if default_topk > max_topk:
-        raise ValueError(f"default_topk ({default_topk}) must be at most max_topk ({max_topk})")
+    checked(settings)
     if pages is None and isinstance(backend, PageBackend):
         pages = backend
-    server = _RetrievalServer(
-        backend,
-        pages,
-        threads=threads,
-        max_queries=max_queries,
-        max_urls=max_urls,
-        max_topk=max_topk,
-        default_topk=default_topk,
-        snippets=snippets,
-        max_docs=max_docs,
-        max_reply_bytes=max_reply_bytes,
-    )
-    app = web.Application(client_max_size=client_max_size, middlewares=[error_middleware(_error)])
+    server = _RetrievalServer(backend, pages, settings)
+    app = web.Application(client_max_size=settings.client_max_size, middlewares=[error_middleware(_error)])
     app.router.add_post("/retrieve", server.handle_retrieve)
     app.router.add_post("/access", server.handle_access)
     app.router.add_get("/health", server.handle_health)
@@ -353,93 +337,30 @@ def create_app(
 @contextlib.asynccontextmanager
 async def serving(
     backend: SearchBackend,
+    settings: SearchServerSettings | None = None,
     pages: PageBackend | None = None,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 0,
     shutdown_timeout: float = 5.0,
-    limits: ServerLimits | None = None,
-    **app_kwargs: Any,
 ) -> AsyncIterator[str]:
-    """Serve `backend` (see create_app) on host:port (0: a free port) for the block, its connections under
-    `limits` (header and idle timeouts, a connection cap); yields the base URL."""
-    async with serve_app(create_app(backend, pages, **app_kwargs), host, port, shutdown_timeout, limits) as url:
+    """Serve `backend` (see create_app) on the settings' host:port (0: a free port; the default settings' port
+    here is 0) for the block, its connections under `settings.limits`; yields the base URL."""
+    settings = settings or SearchServerSettings(port=0)
+    app = create_app(backend, settings, pages)
+    async with serve_app(app, settings.host, settings.port, shutdown_timeout, settings.limits) as url:
         yield url
 
 
-def run_server(index_dir: str | os.PathLike, host: str = "127.0.0.1", port: int = 8000, **app_kwargs: Any) -> None:
-    """Open the index (BM25 or dense; see open_index) and serve it until SIGINT or SIGTERM, then shut down
+def run_server(settings: SearchServerSettings) -> None:
+    """Open `settings.index` (BM25 or dense; see open_index) and serve it until SIGINT or SIGTERM, then shut down
     gracefully."""
     from searchgym.envs.tools.indexes import open_index
 
-    index = open_index(index_dir)
-    asyncio.run(_serve_until_signal(index, host, port, app_kwargs))
+    index = open_index(checked(settings).index)
+    asyncio.run(_serve_until_signal(index, settings))
 
 
-async def _serve_until_signal(index: Any, host: str, port: int, app_kwargs: dict) -> None:
+async def _serve_until_signal(index: Any, settings: SearchServerSettings) -> None:
     """The body of run_server: signal handlers, serve until a signal."""
-    async with serving(index, host=host, port=port, **app_kwargs) as url:
+    async with serving(index, settings) as url:
         print(f"serving {len(index)} documents at {url} (POST /retrieve, POST /access, GET /health)", flush=True)
         await wait_for_signal()
         logger.info("shutting down")
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m searchgym.envs.tools.retrieval_server --index DIR`."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--index", required=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--snippets", action="store_true", help="answer hits with snippets, not whole documents")
-    add_max_queries_flag(parser)
-    add_limit_flags(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO)
-    run_server(
-        args.index,
-        args.host,
-        args.port,
-        snippets=args.snippets,
-        max_queries=args.max_queries,
-        max_docs=args.max_docs,
-        max_reply_bytes=args.max_reply_bytes,
-        limits=limits_from_args(args),
-    )
-
-
-def _positive_int(text: str) -> int:
-    """argparse type: an integer of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def add_max_queries_flag(parser: argparse.ArgumentParser) -> None:
-    """`--max-queries N`, shared by `searchgym serve search` and this module's own entry point."""
-    parser.add_argument(
-        "--max-queries",
-        type=_positive_int,
-        default=MAX_QUERIES,
-        metavar="N",
-        help=f"most queries one /retrieve request may hold, more is a 400 (default {MAX_QUERIES}; "
-        "Search-R1's training sends up to 2,560)",
-    )
-    parser.add_argument(
-        "--max-docs",
-        type=_positive_int,
-        default=MAX_DOCS,
-        metavar="N",
-        help=f"most documents (queries x topk) one /retrieve reply may hold (default {MAX_DOCS})",
-    )
-    parser.add_argument(
-        "--max-reply-bytes",
-        type=_positive_int,
-        default=MAX_REPLY_BYTES,
-        metavar="N",
-        help=f"longest encoded reply; longer is a 400 (default {MAX_REPLY_BYTES})",
-    )
-
-
-if __name__ == "__main__":
-    main()

@@ -25,11 +25,11 @@ from searchgym.agents.engines import fields as f
 from searchgym.agents.engines.detokenize import output_text
 from searchgym.agents.engines.fields import require, show
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, SamplingParams
-from searchgym.agents.server.core import ServedModel
-from searchgym.agents.server.lax_fields import lax_boolean, lax_integer, shapes, strings
-from searchgym.agents.server.logprob_extras import LogprobAsk, LogprobExtras, check_ask, render, score
-from searchgym.agents.server.sglang_stream import stream_generate
-from searchgym.agents.server.wire import encode, json_response, raw_json_response
+from searchgym.serve.model.core import ServedModel
+from searchgym.serve.model.lax_fields import lax_boolean, lax_integer, shapes, strings
+from searchgym.serve.model.logprob_extras import LogprobAsk, LogprobExtras, check_ask, render, score
+from searchgym.serve.model.sglang_stream import stream_generate
+from searchgym.serve.model.wire import encode, json_response, raw_json_response
 
 OFFLOAD_TOKENS = 4096  # answers with more output tokens than this are detokenized and encoded in a request thread
 
@@ -462,7 +462,7 @@ class SGLangAPI:
 
     async def init_weights_update_group(self, request: web.Request) -> web.Response:
         """POST /init_weights_update_group: join a trainer's weight-update group (answers once all members joined)."""
-        from searchgym.agents.server.dist_weights import close_group, open_group
+        from searchgym.serve.model.dist_weights import close_group, open_group
 
         body, _ = await self.model.json_body(request)  # SGLang's lax ints: AReaL sends "master_port": str(port)
         address = f.string(body.get("master_address"), "master_address")
@@ -489,7 +489,7 @@ class SGLangAPI:
 
     async def update_weights_from_distributed(self, request: web.Request) -> web.Response:
         """POST /update_weights_from_distributed: receive a bucket of tensors broadcast by rank 0 and load them."""
-        from searchgym.agents.server.dist_weights import DTYPES, receive
+        from searchgym.serve.model.dist_weights import DTYPES, receive
 
         body, _ = await self.model.json_body(request)
         names, dtypes = strings(body.get("names"), "names"), strings(body.get("dtypes"), "dtypes")
@@ -592,7 +592,7 @@ class SGLangAPI:
 
     async def close_weight_groups(self, _app: web.Application) -> None:
         """Leave every weight-update group on shutdown, so a later server in this process can form one by that name."""
-        from searchgym.agents.server.dist_weights import close_group
+        from searchgym.serve.model.dist_weights import close_group
 
         while self.weight_groups:
             _, (group, _backend) = self.weight_groups.popitem()

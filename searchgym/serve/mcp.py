@@ -39,18 +39,17 @@ from searchgym.agents.mcp_tools import (
     output_schema,
 )
 from searchgym.core.extras import needs
-from searchgym.core.server_limits import ServerLimits
+from searchgym.envs.actions import tool_call_action
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.rewards import judge_error
-from searchgym.integrations.actions import tool_call_action
+from searchgym.serve.limits import ServerLimits
+from searchgym.serve.settings import MAX_SESSIONS, SESSION_IDLE_TIMEOUT, TRANSPORTS, McpHostSettings, checked
 
 with needs("searchgym serve mcp"):
     from mcp import types
     from mcp.server.lowlevel import Server
 
-TRANSPORTS = ("streamable-http", "stdio")
-MAX_SESSIONS = 64  # episodes open at once on one server
-SESSION_IDLE_TIMEOUT = 600.0  # an HTTP session with no request in flight this long is closed (a vanished client)
+__all__ = ["MAX_SESSIONS", "SESSION_IDLE_TIMEOUT", "TRANSPORTS", "McpEnvServer", "McpHostSettings", "serve"]
 MAX_BODY_BYTES = 4 * 2**20  # an HTTP request body (the SDK's own cap from 1.29): room for a 1 MiB junk argument,
 #                             which gets a tool error naming the field rather than a 413
 
@@ -268,7 +267,7 @@ class McpEnvServer:
         from starlette.routing import Route
 
         from searchgym.agents.json_guard import JsonBodyGuard
-        from searchgym.integrations.asgi_limits import BodyLimit
+        from searchgym.serve.asgi_limits import BodyLimit
 
         if not (isinstance(session_idle_timeout, (int, float)) and 0 < session_idle_timeout < float("inf")):
             raise ValueError(f"session_idle_timeout must be a positive number of seconds, got {session_idle_timeout!r}")
@@ -305,22 +304,12 @@ class McpEnvServer:
             await server.run(read, write, server.create_initialization_options())
 
 
-def serve(
-    env_id: str,
-    env_kwargs: dict[str, Any] | None = None,
-    *,
-    transport: str = "streamable-http",
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    max_sessions: int = MAX_SESSIONS,
-    session_idle_timeout: float = SESSION_IDLE_TIMEOUT,
-    limits: ServerLimits | None = None,
-) -> None:
-    """Serve `env_id`'s tools over MCP until interrupted (stdio: until the client closes stdin); HTTP connections
-    under `limits` (header, idle and body timeouts, the connection cap)."""
-    if transport not in TRANSPORTS:
-        raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
-    if transport == "stdio":  # stdout carries the protocol: anything else printed goes to stderr
+def serve(settings: McpHostSettings) -> None:
+    """Serve `settings.env_id`'s tools over MCP until interrupted (stdio: until the client closes stdin); HTTP
+    connections under `settings.limits` (header, idle and body timeouts, the connection cap)."""
+    checked(settings)
+    env_id, env_kwargs = settings.env_id, settings.env_kwargs
+    if settings.transport == "stdio":  # stdout carries the protocol: anything else printed goes to stderr
         import anyio
 
         protocol_out = sys.stdout
@@ -329,9 +318,9 @@ def serve(
         return
     import uvicorn
 
-    limits = limits or ServerLimits()
-    app = McpEnvServer(env_id, env_kwargs, max_sessions=max_sessions).http_app(
-        session_idle_timeout=session_idle_timeout, host=host, body_timeout=limits.body_timeout
+    host, port, limits = settings.host, settings.port, settings.limits
+    app = McpEnvServer(env_id, env_kwargs, max_sessions=settings.max_sessions).http_app(
+        session_idle_timeout=settings.session_idle_timeout, host=host, body_timeout=limits.body_timeout
     )
     print(
         f"serving {env_id}'s tools over MCP on http://{host}:{port}/mcp (streamable HTTP)", file=sys.stderr, flush=True
@@ -342,7 +331,7 @@ def serve(
 def uvicorn_options(limits: ServerLimits) -> dict[str, Any]:
     """uvicorn.Config options that enforce `limits`: header and keep-alive timeouts, the connection cap (503 past
     it), the request-head size."""
-    from searchgym.integrations.asgi_limits import guarded_http_protocol
+    from searchgym.serve.asgi_limits import guarded_http_protocol
 
     return {
         "http": guarded_http_protocol(limits.header_timeout, limits.idle_timeout),

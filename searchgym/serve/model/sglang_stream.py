@@ -19,8 +19,8 @@ from aiohttp import web
 from searchgym.agents.engines import fields as f
 from searchgym.agents.engines.fields import InvalidRequest, require
 from searchgym.agents.engines.types import FinishReason, GenerateResponse
-from searchgym.agents.server.core import ServedModel
-from searchgym.agents.server.streaming import Partial, Stream, open_sse, send, send_done
+from searchgym.serve.model.core import ServedModel
+from searchgym.serve.model.streaming import Partial, Stream, open_sse, send, send_done
 
 _RUNNING = FinishReason("running")  # not SGLang's: a partial's meta_info.finish_reason is replaced by null
 

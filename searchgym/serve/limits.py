@@ -1,4 +1,5 @@
-"""Socket-level limits of our aiohttp servers (`serve search`, `serve model`): the settings and their flags.
+"""Socket-level limits of our servers (`serve search`, `serve model`, and `serve env`/`serve mcp` through
+asgi_limits.py): the settings, whose fields are every `searchgym serve` command's limit flags (serve/settings.py).
 
 aiohttp closes a connection that connects and sends nothing, or only part of a request head, only after its
 3,630 s keep-alive (older releases never), and it accepts connections until the process runs out of file
@@ -16,11 +17,14 @@ import argparse
 import resource
 from dataclasses import dataclass
 
+from searchgym.settings import setting
+
 PROMPT_CHARS_PER_TOKEN = 32  # the model server's default --max-prompt-chars per context token (real text: ~4)
 DEFAULT_HEADER_TIMEOUT = 15.0
 DEFAULT_IDLE_TIMEOUT = 75.0  # above aiohttp's client-side 15 s pool keep-alive, so a pooled request never races a close
 DEFAULT_BODY_TIMEOUT = 60.0  # a 64 MiB body at 10 Mbit/s takes ~55 s; over loopback it is milliseconds
 DEFAULT_MAX_CONNECTIONS = 4096  # above SGLangEngine's 1,024-connection pool and 1,000 load-bench clients
+FINITE = float("inf")  # a number of seconds must be below this
 FD_RESERVE = 128  # descriptors kept for files, the listening socket and refused connections' short lives
 
 
@@ -48,12 +52,39 @@ def default_max_connections() -> int:
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """How long a client may take to send a request head, stay idle between requests, and how many may connect."""
+    """How long a client may take to send a request head, stay idle between requests, and how many may connect.
 
-    header_timeout: float = DEFAULT_HEADER_TIMEOUT
-    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
-    max_connections: int | None = None  # None: DEFAULT_MAX_CONNECTIONS within the descriptor limit
-    body_timeout: float = DEFAULT_BODY_TIMEOUT  # a request body must arrive whole this long after its head
+    Every server's settings hold one as `limits`; its fields are the flags `--header-timeout`, `--idle-timeout`,
+    `--body-timeout` and `--max-connections` of each `searchgym serve` command (serve/settings.py)."""
+
+    header_timeout: float = setting(
+        DEFAULT_HEADER_TIMEOUT,
+        above=0,
+        below=FINITE,
+        metavar="S",
+        help="close a connection whose request head is not whole S seconds after it connects",
+    )
+    idle_timeout: float = setting(
+        DEFAULT_IDLE_TIMEOUT,
+        above=0,
+        below=FINITE,
+        metavar="S",
+        help="close a keep-alive connection idle for S seconds",
+    )
+    max_connections: int | None = setting(  # None: DEFAULT_MAX_CONNECTIONS within the descriptor limit
+        None,
+        at_least=1,
+        metavar="N",
+        help="open connections past which new ones get a 503 with Retry-After "
+        f"(default {DEFAULT_MAX_CONNECTIONS}, fewer under a lower `ulimit -n`)",
+    )
+    body_timeout: float = setting(  # a request body must arrive whole this long after its head
+        DEFAULT_BODY_TIMEOUT,
+        above=0,
+        below=FINITE,
+        metavar="S",
+        help="answer 408 to a request whose body is not whole S seconds after its head",
+    )
 
     def __post_init__(self) -> None:
         for key in ("header_timeout", "idle_timeout", "body_timeout"):
@@ -90,66 +121,3 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
-
-
-def add_limit_flags(parser: argparse.ArgumentParser) -> None:
-    """`--header-timeout`, `--idle-timeout`, `--max-connections`: shared by `serve search` and `serve model`."""
-    parser.add_argument(
-        "--header-timeout",
-        type=seconds,
-        default=DEFAULT_HEADER_TIMEOUT,
-        metavar="S",
-        help="close a connection whose request head is not whole S seconds after it connects "
-        f"(default {DEFAULT_HEADER_TIMEOUT:g})",
-    )
-    parser.add_argument(
-        "--idle-timeout",
-        type=seconds,
-        default=DEFAULT_IDLE_TIMEOUT,
-        metavar="S",
-        help=f"close a keep-alive connection idle for S seconds (default {DEFAULT_IDLE_TIMEOUT:g})",
-    )
-    parser.add_argument(
-        "--body-timeout",
-        type=seconds,
-        default=DEFAULT_BODY_TIMEOUT,
-        metavar="S",
-        help="answer 408 to a request whose body is not whole S seconds after its head "
-        f"(default {DEFAULT_BODY_TIMEOUT:g})",
-    )
-    parser.add_argument(
-        "--max-connections",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help="open connections past which new ones get a 503 with Retry-After "
-        f"(default {DEFAULT_MAX_CONNECTIONS}, fewer under a lower `ulimit -n`)",
-    )
-
-
-def limits_from_args(args: argparse.Namespace) -> ServerLimits:
-    """The ServerLimits that add_limit_flags' flags ask for."""
-    return ServerLimits(
-        header_timeout=args.header_timeout,
-        idle_timeout=args.idle_timeout,
-        max_connections=args.max_connections,
-        body_timeout=args.body_timeout,
-    )
-
-
-def add_request_limit_flags(parser: argparse.ArgumentParser) -> None:
-    """The model server's per-request limit flags (agents/server/core.Limits), for its own parser and `searchgym
-    serve model`."""
-    parser.add_argument(
-        "--max-prompt-chars",
-        type=positive_int,
-        default=None,
-        help="characters of one text prompt (text, prompt, or chat messages), refused with a 400 "
-        f"before tokenizing (default: {PROMPT_CHARS_PER_TOKEN} x the context length)",
-    )
-    parser.add_argument(
-        "--max-reply-tokens",
-        type=positive_int,
-        default=None,
-        help="most tokens one reply may ask for (max_new_tokens, max_tokens); default: what the context length leaves",
-    )

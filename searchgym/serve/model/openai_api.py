@@ -23,9 +23,9 @@ from searchgym.agents.engines import fields as f
 from searchgym.agents.engines.detokenize import output_text
 from searchgym.agents.engines.fields import require, show
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, SamplingParams
-from searchgym.agents.server.core import ServedModel
-from searchgym.agents.server.openai_stream import stream_chat, stream_completion, stream_settings
-from searchgym.agents.server.wire import json_response, text_chars
+from searchgym.serve.model.core import ServedModel
+from searchgym.serve.model.openai_stream import stream_chat, stream_completion, stream_settings
+from searchgym.serve.model.wire import json_response, text_chars
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's (and SGLang's) default for /v1/completions
 OFFLOAD_TOKENS = 4096  # replies longer than this are detokenized in a request thread

@@ -1,5 +1,5 @@
 """Agent programs: an ordinary `async def agent(task, client) -> str` written against the `openai` client, played
-and trained as a searchgym Workflow through the recording proxy (agents/proxy.py).
+and trained as a searchgym Workflow through the recording proxy (serve/proxy.py).
 
 The contract (docs/agents.md, "Agent programs"):
 
@@ -34,12 +34,12 @@ from searchgym.agents.budget import Abandoned, run_within
 from searchgym.agents.engines.open import EngineHandle
 from searchgym.agents.engines.types import InferenceEngine
 from searchgym.agents.mcp_endpoint import FEATURE, EpisodeToolServer, mcp_available
-from searchgym.agents.proxy import DEFAULT_MODEL_NAME, RecordingProxy
 from searchgym.agents.trajectory import Trajectory
 from searchgym.agents.workflow import Workflow, WorkflowSettings, build_workflow, load_object
 from searchgym.core.extras import MissingExtra, hint
 from searchgym.envs.actions import ARGUMENT_KEYS, tool_call_action
 from searchgym.envs.search_env import SearchEnv
+from searchgym.serve.proxy import DEFAULT_MODEL_NAME, RecordingProxy
 
 EPISODE_OVER = "The episode is over ({why}); no more tools run. Return your final answer."
 

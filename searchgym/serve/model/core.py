@@ -29,10 +29,10 @@ from searchgym.agents.chat import EngineChat, context_overflow
 from searchgym.agents.engines.fields import require, show
 from searchgym.agents.engines.torch_engine import Progress, TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, SamplingParams
-from searchgym.agents.server.memory import MemoryOccupation, memory_tags
-from searchgym.agents.server.wire import OFFLOAD_BYTES
-from searchgym.core.http_session import parse_json, read_body
-from searchgym.core.server_limits import PROMPT_CHARS_PER_TOKEN
+from searchgym.serve.http import parse_json, read_body
+from searchgym.serve.limits import PROMPT_CHARS_PER_TOKEN
+from searchgym.serve.model.memory import MemoryOccupation, memory_tags
+from searchgym.serve.model.wire import OFFLOAD_BYTES
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

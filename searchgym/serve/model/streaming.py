@@ -18,8 +18,8 @@ from typing import Any
 from aiohttp import web
 
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse
-from searchgym.agents.server.core import ServedModel
-from searchgym.agents.server.wire import dumps
+from searchgym.serve.model.core import ServedModel
+from searchgym.serve.model.wire import dumps
 
 DISCONNECT_POLL_S = 0.5  # how often a stream with nothing to send checks that its client is still there
 TOOL_CALL_OPEN = "<tool_call>"

@@ -27,12 +27,11 @@ loses no query. A request is never answered from fewer than all the shards.
 
 `deploy(layout)` starts the application on a running Ray (the trainer's cluster: `ray.init(address=...)` first);
 `serve_local(layout)` starts a small local Ray and Serve on a free port for the block (tests, one machine);
-`python -m searchgym.envs.tools.ray_search --index DIR --replicas 2` serves until SIGINT or SIGTERM.
+`searchgym serve ray-search --index DIR --replicas 2` serves until SIGINT or SIGTERM.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
@@ -48,7 +47,8 @@ from typing import Any, cast
 from searchgym.core.extras import MissingExtra, hint
 from searchgym.core.http_session import BadRequest
 from searchgym.envs.tools.base import PageBackend
-from searchgym.envs.tools.retrieval_server import (
+from searchgym.envs.tools.shards import is_sharded, read_shards_manifest, shard_dir, shard_of
+from searchgym.serve.retrieval import (
     DEFAULT_TOPK,
     MAX_DOCS,
     MAX_QUERIES,
@@ -62,7 +62,7 @@ from searchgym.envs.tools.retrieval_server import (
     page_row,
     parse_body,
 )
-from searchgym.envs.tools.shards import is_sharded, read_shards_manifest, shard_dir, shard_of
+from searchgym.serve.settings import RaySearchSettings, SearchServerSettings
 
 logger = logging.getLogger(__name__)
 serve_log = logging.getLogger("ray.serve")  # a replica's own log file (logs/serve/replica_*.log), where operators look
@@ -102,19 +102,22 @@ class RayServeLayout:
             return [str(shard_dir(self.index, i) / "index") for i in range(read_shards_manifest(self.index))]
         return [str(Path(self.index))]
 
+    def server_settings(self, threads: int | None = None) -> SearchServerSettings:
+        """The request caps as `serve search`'s settings (threads: each shard replica's pool)."""
+        caps = ("max_queries", "max_urls", "max_topk", "default_topk", "snippets", "max_docs", "max_reply_bytes")
+        return SearchServerSettings(
+            index=self.index,
+            threads=self.threads if threads is None else threads,
+            client_max_size=self.client_max_size,
+            **{key: getattr(self, key) for key in caps},
+        )
+
     def checker(self) -> _RetrievalServer:
         """A retrieval server with no backend, for its request checks (the very ones `serve search` makes)."""
         return _RetrievalServer(
             None,  # type: ignore[arg-type]  # only its checks are used, never its backend
             None,
-            threads=1,
-            max_queries=self.max_queries,
-            max_urls=self.max_urls,
-            max_topk=self.max_topk,
-            default_topk=self.default_topk,
-            snippets=self.snippets,
-            max_docs=self.max_docs,
-            max_reply_bytes=self.max_reply_bytes,
+            self.server_settings(threads=1),
         )
 
 
@@ -127,16 +130,7 @@ class ShardReplica:
         index = open_index(index_dir)
         self.index_dir = index_dir
         self.server = _RetrievalServer(
-            index,
-            index if isinstance(index, PageBackend) else None,
-            threads=threads,
-            max_queries=MAX_QUERIES,
-            max_urls=MAX_URLS,
-            max_topk=MAX_TOPK,
-            default_topk=DEFAULT_TOPK,
-            snippets=False,
-            max_docs=MAX_DOCS,
-            max_reply_bytes=MAX_REPLY_BYTES,
+            index, index if isinstance(index, PageBackend) else None, SearchServerSettings(threads=threads)
         )
 
     async def retrieve(self, queries: list[str], k: int, snippet: bool) -> Rows:
@@ -381,14 +375,7 @@ def build_app(layout: RayServeLayout) -> Any:
             )
     create_app(  # the request caps, checked as `serve search` checks them (ValueError naming the bad one)
         None,  # type: ignore[arg-type]  # only the checks run: the app is never served
-        threads=layout.threads,
-        max_queries=layout.max_queries,
-        max_urls=layout.max_urls,
-        max_topk=layout.max_topk,
-        default_topk=layout.default_topk,
-        client_max_size=layout.client_max_size,
-        max_docs=layout.max_docs,
-        max_reply_bytes=layout.max_reply_bytes,
+        layout.server_settings(),
     )
     shards = [
         serve.deployment(ShardReplica)
@@ -460,39 +447,31 @@ def serve_local(
             ray.shutdown()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`python -m searchgym.envs.tools.ray_search --index DIR [--replicas N] [--address auto]`: serve until SIGINT or
-    SIGTERM, on the Ray at `--address` or on a local one."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--index", required=True, help="an index directory, or a sharded one (index build --shards)")
-    parser.add_argument("--replicas", type=int, default=1, help="replicas of each shard (default 1)")
-    parser.add_argument("--ingress-replicas", type=int, default=1)
-    parser.add_argument("--shard-cpus", type=float, default=1.0, help="CPUs each shard replica reserves")
-    parser.add_argument("--address", default=None, help="a running Ray cluster (`auto`); default: a local Ray")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--snippets", action="store_true", help="answer hits with snippets, not whole documents")
-    args = parser.parse_args(argv)
+def run_ray_search(settings: RaySearchSettings) -> None:
+    """Serve until SIGINT or SIGTERM, on the Ray at `settings.address` or on a local one."""
+    if not settings.index:
+        raise ValueError("serve ray-search needs --index DIR")
     logging.basicConfig(level=logging.INFO)
     layout = RayServeLayout(
-        args.index,
-        replicas=args.replicas,
-        ingress_replicas=args.ingress_replicas,
-        shard_cpus=args.shard_cpus,
-        snippets=args.snippets,
+        settings.index,
+        replicas=settings.replicas,
+        ingress_replicas=settings.ingress_replicas,
+        shard_cpus=settings.shard_cpus,
+        snippets=settings.snippets,
     )
     ray_serve()
     import ray
 
-    if args.address is not None:
-        ray.init(address=args.address)
-    with serve_local(layout, port=args.port) if args.address is None else _on_cluster(layout, args) as url:
-        print(f"serving {args.index} on Ray Serve at {url} (POST /retrieve, POST /access, GET /health)", flush=True)
+    if settings.address is not None:
+        ray.init(address=settings.address)
+    on_cluster = settings.address is not None
+    with _on_cluster(layout, settings) if on_cluster else serve_local(layout, port=settings.port) as url:
+        print(f"serving {settings.index} on Ray Serve at {url} (POST /retrieve, POST /access, GET /health)", flush=True)
         _wait_for_signal()
 
 
 @contextlib.contextmanager
-def _on_cluster(layout: RayServeLayout, args: argparse.Namespace) -> Iterator[str]:
+def _on_cluster(layout: RayServeLayout, args: RaySearchSettings) -> Iterator[str]:
     """The application on the connected cluster for the block (deleted after it, Serve left running)."""
     from ray import serve
 
@@ -510,7 +489,3 @@ def _wait_for_signal() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stop.wait()
-
-
-if __name__ == "__main__":
-    main()

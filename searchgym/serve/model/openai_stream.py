@@ -26,8 +26,8 @@ from searchgym.agents.engines import fields as f
 from searchgym.agents.engines.detokenize import output_text
 from searchgym.agents.engines.fields import require, show
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse
-from searchgym.agents.server.core import ServedModel
-from searchgym.agents.server.streaming import Partial, Stream, TextDeltas, open_sse, send, send_done
+from searchgym.serve.model.core import ServedModel
+from searchgym.serve.model.streaming import Partial, Stream, TextDeltas, open_sse, send, send_done
 
 STREAM_OPTIONS = ("include_usage", "continuous_usage_stats", "include_obfuscation")
 

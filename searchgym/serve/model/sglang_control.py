@@ -23,8 +23,8 @@ import torch
 from aiohttp import web
 
 from searchgym.agents.engines.fields import show
-from searchgym.agents.server.core import ServedModel
-from searchgym.agents.server.wire import json_response
+from searchgym.serve.model.core import ServedModel
+from searchgym.serve.model.wire import json_response
 
 SGLANG_VERSION = "0.5.23"  # the SGLang whose API this server speaks
 LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from searchgym.core.server_limits import ServerLimits
+from searchgym.serve.limits import ServerLimits
 
 REFUSED_LINGER_S = 1.0  # a refused connection reads (and drops) what the client sends this long, then closes
 

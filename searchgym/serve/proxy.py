@@ -26,11 +26,12 @@ from typing import Any
 from aiohttp import web
 
 from searchgym.agents.engines.types import GenerateRequest, GenerateResponse, InferenceEngine
-from searchgym.agents.server.core import ServedModel
-from searchgym.agents.server.openai_api import OpenAIAPI, error_body
-from searchgym.agents.server.wire import json_response
 from searchgym.agents.trajectory import Trajectory
-from searchgym.core.http_session import BadRequest, error_middleware, serve_app
+from searchgym.core.http_session import BadRequest
+from searchgym.serve.http import error_middleware, serve_app
+from searchgym.serve.model.core import ServedModel
+from searchgym.serve.model.openai_api import OpenAIAPI, error_body
+from searchgym.serve.model.wire import json_response
 
 DEFAULT_MODEL_NAME = "policy"
 REWRITE = "history rewritten"  # a segment's end when the next prompt does not extend it
@@ -259,8 +260,6 @@ class RecordingProxy:
         max_reply_tokens: int | None = None,
         temperature: float | None = None,
         reuse_prefix: bool = True,
-        host: str = "127.0.0.1",
-        port: int = 0,
     ) -> None:
         context = context_length or getattr(engine, "max_context", None) or 32_768
         self.engine = RecordingEngine(engine, tokenizer, context, reuse_prefix)
@@ -277,7 +276,7 @@ class RecordingProxy:
         self.model.defaults = {} if temperature is None else {"temperature": temperature}
         self.api = OpenAIAPI(self.model)
         self.episodes: dict[str, EpisodeRecord] = {}
-        self.host, self.port = host, port
+        self.host, self.port = "127.0.0.1", 0  # loopback only, on a free port: agent programs run on this machine
         self.url: str | None = None
         self._serving: contextlib.AbstractAsyncContextManager[str] | None = None
 

@@ -14,7 +14,7 @@ import pytest
 
 from searchgym.envs.tools.base import BackendError
 from searchgym.envs.tools.corpus import read_corpus
-from searchgym.envs.tools.remote_search import RemoteSearch
+from searchgym.envs.tools.remote_search import RemoteOptions, RemoteSearch
 from searchgym.envs.tools.shards import ShardedSearch, build_shards, open_sharded
 from searchgym.serve.retrieval import serving
 
@@ -122,7 +122,7 @@ def test_remote_search_over_the_application_finds_what_sharded_search_finds(ray_
 
     async def run():
         local = ShardedSearch(open_sharded(sharded_dir).shards)
-        remote = RemoteSearch(ray_serve["sharded"], timeout=TIMEOUT)
+        remote = RemoteSearch(ray_serve["sharded"], RemoteOptions(timeout=TIMEOUT))
         try:
             got = await remote.search_batch(queries, 5)
             for query, hits in zip(queries, got, strict=True):
@@ -211,14 +211,20 @@ def test_a_replica_killed_mid_load_loses_no_query(ray_serve, sharded_dir, docs):
             return None
         return [[(r["document"]["id"], r["score"]) for r in rows] for rows in json.loads(raw)["result"]]
 
-    before = _ingress_stats()
-    tally = asyncio.run(_load_while_killing(ask, want, victim))
-    stats = {k: v - before[k] for k, v in _ingress_stats().items()}
-    print("shard replica kill:", tally, "ingress:", stats)
-    assert tally["after_kill"] > 0 and tally["right"] > 100
-    assert tally["lost"] == 0 and tally["wrong"] == 0, tally
-    assert stats["shard_retries"] >= 1, stats  # the kill caught shard calls in flight; the ingress sent them again
-    _wait_for_replicas("sharded", "shard-00", 2, victim)
+    retried = []
+    for _ in range(4):  # a kill between two shard calls catches none in flight: kill again until one is caught
+        before = _ingress_stats()
+        tally = asyncio.run(_load_while_killing(ask, want, victim))
+        stats = {k: v - before[k] for k, v in _ingress_stats().items()}
+        print("shard replica kill:", tally, "ingress:", stats)
+        assert tally["after_kill"] > 0 and tally["right"] > 100
+        assert tally["lost"] == 0 and tally["wrong"] == 0, tally  # every attempt: nothing lost, nothing wrong
+        _wait_for_replicas("sharded", "shard-00", 2, victim)
+        retried.append(stats["shard_retries"])
+        if stats["shard_retries"]:
+            break
+        victim = _replicas("sharded", "shard-00")[0]
+    assert retried[-1] >= 1, retried  # a kill caught shard calls in flight, and the ingress sent them again
 
 
 def test_an_ingress_replica_killed_mid_load_loses_no_query(ray_serve, small_bundle, small_index, docs):
@@ -230,7 +236,9 @@ def test_an_ingress_replica_killed_mid_load_loses_no_query(ray_serve, small_bund
     deploy(layout, name="two-fronts", route_prefix="/two-fronts")
     try:
         victim = _replicas("two-fronts", "ingress")[0]
-        remote = RemoteSearch(ray_serve["whole"].replace("/whole", "/two-fronts"), timeout=TIMEOUT, max_batch=1)
+        remote = RemoteSearch(
+            ray_serve["whole"].replace("/whole", "/two-fronts"), RemoteOptions(timeout=TIMEOUT, max_batch=1)
+        )
 
         async def ask(_: aiohttp.ClientSession, batch: list[str]) -> list[list[tuple[str, float]]] | None:
             try:

@@ -23,7 +23,7 @@ from typing import Any
 from searchgym.bench.provenance import git_commit, machine
 from searchgym.bench.retrieval_paraphrase import wilson
 from searchgym.core.atomic_file import write_atomic
-from searchgym.envs.answer_text import normalize_answer
+from searchgym.envs.answer_text import holds_answer
 from searchgym.envs.tasks import Task
 from searchgym.envs.tools.base import SEARCHING_FOR, BackendError
 from searchgym.envs.tools.simulated_search import PROMPT_SETS, SimulatedSearch, SimulatorOptions
@@ -57,12 +57,6 @@ class SimulatedSearchBenchSettings:
         for name in self.prompt_sets:
             if name not in PROMPT_SETS:
                 yield "prompt_sets", f"has {name!r}; the packaged sets are {', '.join(PROMPT_SETS)}"
-
-
-def holds_answer(text: str, answers: tuple[str, ...]) -> bool:
-    """Whether a labelled answer appears, as whole words, in the normalised text."""
-    padded = f" {normalize_answer(text)} "
-    return any(f" {a} " in padded for a in (normalize_answer(x) for x in answers) if a)
 
 
 async def _search_all(backend: SimulatedSearch, tasks: list[Task], k: int, concurrency: int) -> list[dict[str, Any]]:

@@ -34,6 +34,9 @@ from searchgym.world.world import World
 
 KINDS = ("useful", "noisy")
 MAX_WORDS = 40  # a passage grows by a sentence only while it stays this short (a small simulator's reply budget)
+# one-hop questions asked of a world at most, per page: the paraphraser's stream skips repeated questions and never
+# ends, so asking past the world's stock would wait forever (a 100-page world gives 400 and more)
+QUESTIONS_PER_PAGE = 2
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9])")
 
 
@@ -46,9 +49,15 @@ def one_hop_tasks(world: World, n: int, seed: int) -> list[Task]:
 def demo_tasks(world: World, n: int, held_out: list[Task], seed: int) -> list[Task]:
     """n questions disjoint from `held_out` (the first len(held_out) questions of the same seed): the ones after
     them, none about an entity a held-out question asks about. Fewer when the world runs out."""
+    drawn = len(held_out) + 2 * n + 8
+    if drawn > QUESTIONS_PER_PAGE * len(world):  # the question stream is endless: past the world's stock it stalls
+        raise ValueError(
+            f"{n} demonstration questions beside {len(held_out)} held-out ones need up to {drawn} one-hop questions; "
+            f"a world of {len(world)} pages is asked for at most {QUESTIONS_PER_PAGE * len(world)}"
+        )
     questions = {t.question for t in held_out}
     entities = {t.metadata["entity_id"] for t in held_out}
-    later = one_hop_tasks(world, len(held_out) + 2 * n + 8, seed)[len(held_out) :]
+    later = one_hop_tasks(world, drawn, seed)[len(held_out) :]
     picked = [t for t in later if t.question not in questions and t.metadata["entity_id"] not in entities]
     return picked[:n]
 
@@ -129,7 +138,7 @@ def simulator_demos(
     """A useful and a noisy demonstration per task, under the packaged prompt set `prompt_set`; rows are
     {"messages": [system, user, assistant], "kind", "task_id"} (JSONL-ready for `searchgym sft`)."""
     prompts = load_prompts(prompt_set)
-    out = []
+    out: list[dict[str, Any]] = []
     for task in tasks:
         n = random.Random(f"{seed}\x00{task.id}").randint(1, max_docs)
         if not useful_passages(world, task):

@@ -33,7 +33,7 @@ from searchgym.world.paraphrase import paraphrase_set
 from searchgym.world.world import World
 
 KINDS = ("useful", "noisy")
-MAX_WORDS = 40  # a passage grows by a sentence only while it stays this short (a small simulator's reply budget)
+MAX_WORDS = 30  # a passage grows by a sentence only while it stays this short: two documents fit the bench's 192 tokens
 # one-hop questions asked of a world at most, per page: the paraphraser's stream skips repeated questions and never
 # ends, so asking past the world's stock would wait forever (a 100-page world gives 400 and more)
 QUESTIONS_PER_PAGE = 2

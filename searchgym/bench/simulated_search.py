@@ -70,7 +70,7 @@ class SimulatedSearchBenchSettings:
     sft_epochs: float = setting(3.0, above=0, help="passes over the demonstrations")
     sft_lr: float = setting(1e-4, above=0, help="the fine-tune's learning rate")
     sft_batch_tokens: int = setting(4096, at_least=1, help="tokens (padded) per fine-tune step")
-    device: str = setting("cpu", help="where the fine-tune runs: cpu or cuda")
+    device: str = setting("cpu", help="where the fine-tune and the simulators run: cpu or cuda")
 
     def check(self) -> Any:
         """Every prompt set is one that ships with searchgym."""
@@ -153,7 +153,7 @@ def _simulators(settings: SimulatedSearchBenchSettings, models: dict[str, Path])
 
     arms = {}
     for model, model_dir in models.items():
-        engine = TorchEngine(str(model_dir), seed=settings.seed)
+        engine = TorchEngine(str(model_dir), device=settings.device, seed=settings.seed)
         chat = EngineChat(engine, engine.tokenizer)
         for name in settings.prompt_sets:
             options = SimulatorOptions(

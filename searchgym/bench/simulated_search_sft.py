@@ -101,7 +101,7 @@ def tuned_simulator(settings: Any, base_dir: Path, world: World, held_out: list[
         "epochs": settings.sft_epochs,
         "lr": settings.sft_lr,
         "batch_tokens": settings.sft_batch_tokens,
-        "micro_batch_tokens": min(settings.sft_batch_tokens, 2048),
+        "micro_batch_tokens": min(settings.sft_batch_tokens, settings.sft_micro_batch_tokens),
         "warmup_steps": 2,
         "system_prompt": system,
         "seed": settings.seed,

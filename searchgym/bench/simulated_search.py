@@ -7,7 +7,13 @@ under each prompt set in one run, interleaved question by question:
 - `answer_aware`: ZeroSearch's, which tell the useful documents the question and its answer.
 A document *holds the answer* when a labelled answer appears in its normalised text (SQuAD normalisation). Per
 prompt set: the share of useful and of noisy documents that hold it, with 95% Wilson intervals; searches that
-failed (no parseable document after the retries); empty or repeated documents; seconds; and a few documents.
+failed (no parseable document after the retries), counted by reason; empty or repeated documents; seconds; and
+a few documents.
+
+With `--sft-demos N` the run also makes ZeroSearch's light fine-tune (`bench/simulated_search_sft.py`): N
+demonstrations written from the world's pages on other questions than the measured ones, the simulator fine-tuned
+on them (cached beside the results file, reused when finished), and both models measured in one run. The arms are
+`model/prompt set`: `base/blind`, `base/answer_aware`, `tuned/blind`, `tuned/answer_aware`.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import asyncio
 import json
 import os
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +30,7 @@ from typing import Any
 from searchgym.bench.provenance import git_commit, machine
 from searchgym.bench.retrieval_paraphrase import wilson
 from searchgym.core.atomic_file import write_atomic
-from searchgym.envs.answer_text import normalize_answer
+from searchgym.envs.answer_text import holds_answer
 from searchgym.envs.tasks import Task
 from searchgym.envs.tools.base import SEARCHING_FOR, BackendError
 from searchgym.envs.tools.simulated_search import PROMPT_SETS, SimulatedSearch, SimulatorOptions
@@ -51,18 +58,32 @@ class SimulatedSearchBenchSettings:
     concurrency: int = setting(16, at_least=1, help="searches in flight")
     threads: int = setting(1, at_least=1, help="torch threads of the simulator")
     out: str = setting("results/bench_simulated_search_smollm2.json", help="the results file")
+    sft_demos: int = setting(
+        0,
+        at_least=0,
+        help="ZeroSearch's fine-tune: demonstrations (chats, a useful and a noisy one per question) written from the "
+        "world on other questions; the tuned simulator is measured beside the base one (0: no fine-tune)",
+    )
+    sft_prompt_sets: list[str] = setting(
+        default_factory=lambda: ["answer_aware"], help="comma list of prompt sets the demonstrations are written in"
+    )
+    sft_epochs: float = setting(3.0, above=0, help="passes over the demonstrations")
+    sft_lr: float = setting(1e-4, above=0, help="the fine-tune's learning rate")
+    sft_batch_tokens: int = setting(4096, at_least=1, help="tokens (padded) per fine-tune step")
+    sft_micro_batch_tokens: int = setting(
+        1024,
+        at_least=1,
+        help="tokens per forward/backward pass of a fine-tune step (the same update in less memory: SmolLM2-135M "
+        "peaked at 7.7 GB resident with 2048)",
+    )
+    device: str = setting("cpu", help="where the fine-tune and the simulators run: cpu or cuda")
 
     def check(self) -> Any:
         """Every prompt set is one that ships with searchgym."""
-        for name in self.prompt_sets:
-            if name not in PROMPT_SETS:
-                yield "prompt_sets", f"has {name!r}; the packaged sets are {', '.join(PROMPT_SETS)}"
-
-
-def holds_answer(text: str, answers: tuple[str, ...]) -> bool:
-    """Whether a labelled answer appears, as whole words, in the normalised text."""
-    padded = f" {normalize_answer(text)} "
-    return any(f" {a} " in padded for a in (normalize_answer(x) for x in answers) if a)
+        for key in ("prompt_sets", "sft_prompt_sets"):
+            for name in getattr(self, key):
+                if name not in PROMPT_SETS:
+                    yield key, f"has {name!r}; the packaged sets are {', '.join(PROMPT_SETS)}"
 
 
 async def _search_all(backend: SimulatedSearch, tasks: list[Task], k: int, concurrency: int) -> list[dict[str, Any]]:
@@ -124,54 +145,77 @@ def _examples(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return picked
 
 
-async def _run(settings: SimulatedSearchBenchSettings, tasks: list[Task]) -> dict[str, Any]:
-    import torch
+def failure_reasons(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Failed searches counted by reason: the engine's message cut to its first clause ("cut off", "unparseable")."""
+    prefix = "the simulated search engine failed: "
+    reasons = [r["failed"].removeprefix(prefix).split(":")[0].strip() for r in rows if "failed" in r]
+    return dict(sorted(Counter(reasons).items()))
 
+
+def _simulators(settings: SimulatedSearchBenchSettings, models: dict[str, Path]) -> dict[str, SimulatedSearch]:
+    """One engine per model, one backend per (model, prompt set): the arms, named `model/prompt set`."""
     from searchgym.agents.chat import EngineChat
     from searchgym.agents.engines.torch_engine import TorchEngine
-    from searchgym.agents.packaged_models import get_model, model_names
 
-    torch.set_num_threads(settings.threads)
-    model_dir = get_model(settings.simulator) if settings.simulator in model_names() else Path(settings.simulator)
-    engine = TorchEngine(str(model_dir), seed=settings.seed)
-    chat = EngineChat(engine, engine.tokenizer)
-    backends = {
-        name: SimulatedSearch(
-            chat,
-            SimulatorOptions(noise=settings.noise, seed=settings.seed, prompts=name, max_tokens=settings.max_tokens),
-        )
-        for name in settings.prompt_sets
-    }
+    arms = {}
+    for model, model_dir in models.items():
+        engine = TorchEngine(str(model_dir), device=settings.device, seed=settings.seed)
+        chat = EngineChat(engine, engine.tokenizer)
+        for name in settings.prompt_sets:
+            options = SimulatorOptions(
+                noise=settings.noise, seed=settings.seed, prompts=name, max_tokens=settings.max_tokens
+            )
+            arms[f"{model}/{name}"] = SimulatedSearch(chat, options)
+    return arms
+
+
+async def _run(settings: SimulatedSearchBenchSettings, models: dict[str, Path], tasks: list[Task]) -> dict[str, Any]:
+    backends = _simulators(settings, models)
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in backends}
     seconds = dict.fromkeys(backends, 0.0)
     step = max(1, settings.concurrency)
-    for start in range(0, len(tasks), step):  # interleaved: each prompt set meets the same load
+    for start in range(0, len(tasks), step):  # interleaved: each arm meets the same load
         for name, backend in backends.items():
             began = time.perf_counter()
             rows[name] += await _search_all(backend, tasks[start : start + step], settings.k, settings.concurrency)
             seconds[name] += time.perf_counter() - began
-    return {name: {**summarise(rows[name], seconds[name]), "examples": _examples(rows[name])} for name in backends}
+    return {
+        name: {
+            **summarise(rows[name], seconds[name]),
+            "failed_by_reason": failure_reasons(rows[name]),
+            "examples": _examples(rows[name]),
+        }
+        for name in backends
+    }
 
 
 def run_simulated_search_bench(settings: SimulatedSearchBenchSettings) -> dict[str, Any]:
-    """Ask the simulator for documents on the world's questions under each prompt set; write `settings.out`."""
-    from searchgym.world.paraphrase import paraphrase_set
+    """Ask each simulator (the base model, and the fine-tuned one with `sft_demos`) for documents on the world's
+    questions under each prompt set; write `settings.out`."""
+    import torch
+
+    from searchgym.agents.packaged_models import get_model, model_names
+    from searchgym.bench.simulated_search_sft import tuned_simulator
+    from searchgym.world.simulator_demos import one_hop_tasks
     from searchgym.world.world import World
 
+    torch.set_num_threads(settings.threads)
     world = World(settings.world_size, settings.seed)
-    tasks = [
-        t
-        for t in paraphrase_set(world, settings.questions, seed=settings.seed)
-        if t.metadata.get("paraphrase_kind") == "original"
-    ][: settings.questions]
+    tasks = one_hop_tasks(world, settings.questions, settings.seed)
+    base = get_model(settings.simulator) if settings.simulator in model_names() else Path(settings.simulator)
+    models, sft_info = {"base": base}, None
+    if settings.sft_demos:
+        models["tuned"], sft_info = tuned_simulator(settings, base, world, tasks)
     load_before = os.getloadavg()
-    results = asyncio.run(_run(settings, tasks))
+    results = asyncio.run(_run(settings, models, tasks))
     report = {
         "bench": "simulated-search",
         "command": "searchgym bench simulated-search",
         "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
         "definition": "a document holds the answer when a labelled answer appears as whole words in its "
-        "normalised title and text",
+        "normalised title and text; arms are simulator/prompt set (tuned: fine-tuned on sft_demos demonstrations "
+        "written from the world on other questions)",
+        "sft": sft_info,
         "results": results,
         "commit": git_commit(),
         "machine": machine(torch_threads=settings.threads, load_before=load_before, load_after=os.getloadavg()),
@@ -183,12 +227,21 @@ def run_simulated_search_bench(settings: SimulatedSearchBenchSettings) -> dict[s
 def format_report(report: dict[str, Any]) -> str:
     """One line per prompt set: useful and noisy answer rates with intervals, failed searches."""
     lines = []
+    sft = report.get("sft")
+    if sft:
+        trained = "reused" if sft["reused"] else f"{sft.get('steps')} steps, {sft.get('sft_seconds')} s"
+        lines.append(
+            f"fine-tune: {sft['demos']} demonstrations on {sft['demo_questions']} other questions; {trained}; "
+            f"loss {sft.get('first_loss')} -> {sft.get('final_loss')}; model {sft['model_dir']}"
+        )
     for name, r in report["results"].items():
         u, n = r["useful"], r["noisy"]
+        reasons = ", ".join(f"{why} {count}" for why, count in r.get("failed_by_reason", {}).items())
         lines.append(
-            f"{name:>13}: useful hold the answer {u['hold_answer']}/{u['documents']} {u['rate_95']}, "
+            f"{name:>19}: useful hold the answer {u['hold_answer']}/{u['documents']} {u['rate_95']}, "
             f"noisy {n['hold_answer']}/{n['documents']} {n['rate_95']}; "
-            f"{r['failed_searches']}/{r['searches']} searches failed; {r['seconds']:.0f} s"
+            f"{r['failed_searches']}/{r['searches']} searches failed{f' ({reasons})' if reasons else ''}; "
+            f"{r['seconds']:.0f} s"
         )
     return "\n".join(lines)
 

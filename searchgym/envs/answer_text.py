@@ -55,3 +55,9 @@ def normalize_answer(s: str) -> str:
 def answer_tokens(s: str) -> list[str]:
     """Normalised tokens, with each CJK character its own token since those scripts do not mark word boundaries."""
     return _normalize(s, _PUNCTUATION_AND_CJK).split()
+
+
+def holds_answer(text: str, answers: tuple[str, ...] | list[str]) -> bool:
+    """Whether a labelled answer appears, as whole words, in the normalised text."""
+    padded = f" {normalize_answer(text)} "
+    return any(f" {a} " in padded for a in (normalize_answer(x) for x in answers) if a)

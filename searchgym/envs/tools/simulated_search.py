@@ -111,6 +111,19 @@ def parse_documents(text: str) -> list[dict[str, str]]:
     return docs
 
 
+def simulator_messages(
+    prompts: dict[str, str], kind: str, query: str, n: int, task: tuple[str, tuple[str, ...]] = ("", ())
+) -> list[dict[str, str]]:
+    """The chat `SimulatedSearch` sends for n documents of `kind` ("useful" or "noisy") for `query`: the system
+    prompt, then the kind's prompt; `task` is the (question, answers) the search serves, for answer-aware prompts.
+    Demonstrations of the simulator (`world.simulator_demos`) are written in these very messages."""
+    question, answers = task
+    prompt = prompts[kind].format(
+        query=query, n=n, style=prompts["style"], question=question, answers=" | ".join(answers)
+    )
+    return [{"role": "system", "content": prompts["system"]}, {"role": "user", "content": prompt}]
+
+
 @dataclass
 class SimulatorOptions:
     """How `SimulatedSearch` writes its results: the share of noise (fixed, or a schedule over the trained version),
@@ -251,10 +264,7 @@ class SimulatedSearch:
 
     async def _ask(self, query: str, n: int, kind: str) -> list[dict[str, str]]:
         question, answers = self._task() if self.answer_aware else ("", ())
-        prompt = self.prompts[kind].format(
-            query=query, n=n, style=self.prompts["style"], question=question, answers=" | ".join(answers)
-        )
-        messages = [{"role": "system", "content": self.prompts["system"]}, {"role": "user", "content": prompt}]
+        messages = simulator_messages(self.prompts, kind, query, n, (question, tuple(answers)))
         try:
             docs, calls = await ask(
                 self.chat,

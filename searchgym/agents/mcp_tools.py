@@ -1,7 +1,7 @@
 """The env's tools over MCP: their JSON schemas, and the check of a call's arguments against them.
 
 Plain data and jsonschema (a dependency of the `mcp` SDK), no server: `serve/mcp.py` (an env served over MCP)
-and `agents/mcp_endpoint` (an agent program's episode over MCP) turn these into `mcp.types.Tool`s.
+and `serve/mcp_endpoint` (an agent program's episode over MCP) turn these into `mcp.types.Tool`s.
 A call's arguments are checked here so a bad one is a short tool error naming the field, never an echo of a
 megabyte argument (as jsonschema's own messages would give) and never an exception in the server.
 """

@@ -305,7 +305,7 @@ def cost_budgets(tally: Tally, rng: random.Random, n: int) -> None:
 
 async def mcp_bodies(tally: Tally, rng: random.Random, n: int) -> None:
     """Junk, non-UTF-8 and deeply nested bodies to an agent's MCP episode endpoint: 4xx or 2xx, never a 5xx."""
-    from searchgym.agents.mcp_endpoint import EpisodeToolServer, mcp_available
+    from searchgym.serve.mcp_endpoint import EpisodeToolServer, mcp_available
 
     if not mcp_available():
         return

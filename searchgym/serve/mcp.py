@@ -27,7 +27,6 @@ from typing import Any, TextIO
 import gymnasium as gym
 
 import searchgym
-from searchgym.agents.mcp_endpoint import loopback_security, quiet_closed_streams
 from searchgym.agents.mcp_tools import (
     DESCRIPTIONS,
     ENV_TOOLS,
@@ -43,6 +42,7 @@ from searchgym.envs.actions import tool_call_action
 from searchgym.envs.factory import make_unwrapped
 from searchgym.envs.rewards import judge_error
 from searchgym.serve.limits import ServerLimits
+from searchgym.serve.mcp_endpoint import loopback_security, quiet_closed_streams
 from searchgym.serve.settings import MAX_SESSIONS, SESSION_IDLE_TIMEOUT, TRANSPORTS, McpHostSettings, checked
 
 with needs("searchgym serve mcp"):
@@ -266,8 +266,8 @@ class McpEnvServer:
         from starlette.applications import Starlette
         from starlette.routing import Route
 
-        from searchgym.agents.json_guard import JsonBodyGuard
         from searchgym.serve.asgi_limits import BodyLimit
+        from searchgym.serve.json_guard import JsonBodyGuard
 
         if not (isinstance(session_idle_timeout, (int, float)) and 0 < session_idle_timeout < float("inf")):
             raise ValueError(f"session_idle_timeout must be a positive number of seconds, got {session_idle_timeout!r}")

@@ -7,7 +7,7 @@ The contract (docs/agents.md, "Agent programs"):
   text-format agents), the `model` name to ask for, `tools` (the env's `search` and `access` as OpenAI
   function tools) and `await task.call_tool(name, arguments)`, which runs one tool on the env and returns its
   observation (`arguments` as the model wrote them: a JSON string or a dict), and `task.mcp_url`, the same tools
-  (and `answer`) over MCP: a streamable-HTTP endpoint of this episode (agents/mcp_endpoint.py; the `mcp` extra).
+  (and `answer`) over MCP: a streamable-HTTP endpoint of this episode (serve/mcp_endpoint.py; the `mcp` extra).
 - `client` is an `openai.AsyncOpenAI` pointed at this episode's proxy URL.
 - The agent returns its final answer; the workflow submits it as the env's `answer` action, so the reward is the
   env's verdict. An agent that already answered (`call_tool("answer", ...)`) or ran out of turns has its return
@@ -33,12 +33,12 @@ from typing import Any, cast
 from searchgym.agents.budget import Abandoned, run_within
 from searchgym.agents.engines.open import EngineHandle
 from searchgym.agents.engines.types import InferenceEngine
-from searchgym.agents.mcp_endpoint import FEATURE, EpisodeToolServer, mcp_available
 from searchgym.agents.trajectory import Trajectory
 from searchgym.agents.workflow import Workflow, WorkflowSettings, build_workflow, load_object
 from searchgym.core.extras import MissingExtra, hint
 from searchgym.envs.actions import ARGUMENT_KEYS, tool_call_action
 from searchgym.envs.search_env import SearchEnv
+from searchgym.serve.mcp_endpoint import FEATURE, EpisodeToolServer, mcp_available
 from searchgym.serve.proxy import DEFAULT_MODEL_NAME, RecordingProxy
 
 EPISODE_OVER = "The episode is over ({why}); no more tools run. Return your final answer."

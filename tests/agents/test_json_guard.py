@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from searchgym.agents.json_guard import body_error  # noqa: E402
-from searchgym.agents.mcp_endpoint import EpisodeToolServer  # noqa: E402
+from searchgym.serve.json_guard import body_error  # noqa: E402
+from searchgym.serve.mcp_endpoint import EpisodeToolServer  # noqa: E402
 
 HEAD = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
 DEEP = b"[" * 100_000 + b"]" * 100_000

@@ -1,4 +1,4 @@
-"""An agent program that reaches its tools over MCP (agents/mcp_endpoint.py, examples/mcp_agent_program.py): the
+"""An agent program that reaches its tools over MCP (serve/mcp_endpoint.py, examples/mcp_agent_program.py): the
 official `mcp` client on `task.mcp_url`, the official `openai` client on the recording proxy, a real tiny model made
 to write the tool calls; the calls reach the env being played, its verdict is the reward, and every trained token is
 the engine's."""

@@ -9,7 +9,7 @@ judged, recorded and trained exactly as one that calls `task.call_tool`.
   error naming the field; calls on one episode run one at a time.
 - On loopback, requests with another Host or Origin header are refused (DNS rebinding), as `serve mcp` does.
 - A body over 16 MiB, not UTF-8, not JSON or nested past 64 levels is a 4xx JSON-RPC error before the SDK's
-  handler sees it (agents/json_guard.py), as in `serve mcp`.
+  handler sees it (serve/json_guard.py), as in `serve mcp`.
 
 Needs the `mcp` extra (`pip install 'searchgym[mcp]'`).
 """
@@ -24,9 +24,9 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
-from searchgym.agents.json_guard import JsonBodyGuard
 from searchgym.agents.mcp_tools import DESCRIPTIONS, ENV_TOOLS, ToolError, argument_error, input_schema
 from searchgym.core.extras import needs
+from searchgym.serve.json_guard import JsonBodyGuard
 
 FEATURE = "an agent program's MCP endpoint (task.mcp_url)"
 EPISODE_PATH = re.compile(r"^/episodes/([0-9a-f]{1,64})/mcp/?$")

@@ -115,7 +115,8 @@ async def test_many_requests_join_while_others_decode(tiny_model_dir, tokenizer)
     engine = TorchEngine(tiny_model_dir, limits=EngineLimits(max_batch_size=8))
 
     async def staggered(i: int):
-        await asyncio.sleep(0.002 * i)
+        while engine.stats()["decode_steps"] < i // 2:  # two arrivals per decode step, however fast the box is
+            await asyncio.sleep(0.001)
         params = SamplingParams(max_new_tokens=4 + i % 13, temperature=1.0, ignore_eos=True)
         return await engine.agenerate(GenerateRequest(prompt(tokenizer, i), params, rid=str(i)))
 

@@ -110,12 +110,12 @@ async def served_judge(spec: str, threads: int) -> AsyncIterator[str]:
     import torch
 
     from searchgym.agents.engines.torch_engine import TorchEngine
-    from searchgym.agents.packaged_models import get_model, model_names
+    from searchgym.pipeline.stages import resolve_model
     from searchgym.serve.model.app import serving
     from searchgym.serve.settings import ModelServerSettings
 
     torch.set_num_threads(threads)
-    model_dir = get_model(spec) if spec in model_names() else Path(spec)
+    model_dir = resolve_model(spec)
     engine = TorchEngine(str(model_dir))
     async with serving(engine, ModelServerSettings(model_path=str(model_dir), port=0)) as base:
         yield f"openai:{base}/v1:{model_dir.name}"

@@ -194,15 +194,15 @@ def run_simulated_search_bench(settings: SimulatedSearchBenchSettings) -> dict[s
     questions under each prompt set; write `settings.out`."""
     import torch
 
-    from searchgym.agents.packaged_models import get_model, model_names
     from searchgym.bench.simulated_search_sft import tuned_simulator
+    from searchgym.pipeline.stages import resolve_model
     from searchgym.world.simulator_demos import one_hop_tasks
     from searchgym.world.world import World
 
     torch.set_num_threads(settings.threads)
     world = World(settings.world_size, settings.seed)
     tasks = one_hop_tasks(world, settings.questions, settings.seed)
-    base = get_model(settings.simulator) if settings.simulator in model_names() else Path(settings.simulator)
+    base = resolve_model(settings.simulator)
     models, sft_info = {"base": base}, None
     if settings.sft_demos:
         models["tuned"], sft_info = tuned_simulator(settings, base, world, tasks)

@@ -127,12 +127,10 @@ def _serve_env(args: argparse.Namespace) -> None:
 
 
 def _serve_ray_search(args: argparse.Namespace) -> None:
-    from searchgym.core.settings_flags import settings_values
     from searchgym.serve.ray_search import run_ray_search
-    from searchgym.serve.settings import RaySearchSettings
-    from searchgym.settings import load_settings
+    from searchgym.serve.settings import RaySearchSettings, server_settings
 
-    run_ray_search(load_settings(RaySearchSettings, values=settings_values(args, RaySearchSettings)))
+    run_ray_search(server_settings(args, RaySearchSettings))
 
 
 def _serve_mcp(args: argparse.Namespace) -> None:

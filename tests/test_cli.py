@@ -151,3 +151,14 @@ def test_python_dash_m_searchgym_is_the_same_command(tmp_path):
         [sys.executable, "-m", "searchgym", "view", str(tmp_path / "missing")], capture_output=True, text=True
     )
     assert done.returncode == 2 and "no run to show" in done.stderr
+
+
+def test_serve_ray_search_flags_reach_its_settings_and_a_bad_one_names_the_key():
+    from searchgym.cli import build_parser
+    from searchgym.serve.settings import RaySearchSettings, server_settings
+
+    args = build_parser().parse_args(["serve", "ray-search", "--index", "idx", "--replicas", "2", "--snippets"])
+    settings = server_settings(args, RaySearchSettings)
+    assert (settings.index, settings.replicas, settings.snippets, settings.host) == ("idx", 2, True, "127.0.0.1")
+    with pytest.raises(ValueError, match="replicas must be at least 1"):
+        server_settings(build_parser().parse_args(["serve", "ray-search", "--replicas", "0"]), RaySearchSettings)

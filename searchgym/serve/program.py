@@ -283,6 +283,6 @@ def build_player(
     """`build_workflow`, where `workflow` may also name an agent program's function (`"file.py:agent"`: an
     AgentProgramWorkflow), so `eval --agent` and `rollout.agent` run wherever a custom Workflow class runs."""
     loaded = load_object(workflow) if isinstance(workflow, str) else workflow
-    if is_agent_program(loaded):
-        return AgentProgramWorkflow.on_handle(handle, cast(AgentFunction, loaded), settings)
-    return build_workflow(handle, workflow=cast("str | type[Workflow] | None", workflow), settings=settings)
+    if not is_agent_program(loaded):
+        return build_workflow(handle, workflow=cast("str | type[Workflow] | None", workflow), settings=settings)
+    return AgentProgramWorkflow.on_handle(handle, cast(AgentFunction, loaded), settings)

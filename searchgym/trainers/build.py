@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from searchgym.agents.context import ContextPolicy, context_policy
-from searchgym.agents.engines.open import EngineHandle, open_engine
+from searchgym.agents.engines.open import EngineHandle
 from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.hf_bars import no_hf_bars
 from searchgym.agents.workflow import Workflow, WorkflowSettings, load_object
@@ -71,38 +71,14 @@ def rollout_context_policy(rollout: RolloutConfig) -> ContextPolicy:
     return cls()
 
 
-async def open_rollout_engine(
-    rollout: RolloutConfig,
-    model_dir: Path | str,
-    *,
-    device: str,
-    seed: int,
-    version: int = 0,
-    addresses: Sequence[str] = (),
-    start_timeout: float = 1800,
-) -> EngineHandle:
-    """The run's rollout engine: an in-process TorchEngine on `model_dir`, or SGLang servers (the caller closes it).
-
-    With SGLang, `model_dir` gives the tokenizer and `start_timeout` bounds the wait for the servers.
-    """
-    if rollout.engine == "sglang":
-        if not addresses:
-            raise ValueError("rollout.engine=sglang needs SGLang servers (rollout.sglang_addresses, host:port)")
-        spec, tokenizer = "sglang:" + ",".join(addresses), str(model_dir)
-    else:
-        spec, tokenizer = str(model_dir), None
-    return await open_engine(
-        spec, device=device, seed=seed, version=version, tokenizer=tokenizer, start_timeout=start_timeout
-    )
-
-
 def rollout_workflow(rollout: RolloutConfig, handle: EngineHandle) -> Workflow:
     """The run's workflow on its engine: `rollout.workflow` names a custom Workflow class, `rollout.agent` an agent
     program played through the recording proxy (serve/program.py); the env's own `tool_format` decides the stop
     strings."""
     if rollout.agent is not None and rollout.workflow is not None:
         raise ValueError("rollout.agent and rollout.workflow both name what plays the episodes: set one")
-    return build_player(handle, workflow=rollout.agent or rollout.workflow, settings=workflow_settings(rollout))
+    settings = workflow_settings(rollout)
+    return build_player(handle, workflow=rollout.agent or rollout.workflow, settings=settings)
 
 
 def build_controller(
@@ -120,19 +96,14 @@ def build_controller(
 
     `synchronous` (`mode: sync`) means staleness 0: no group starts before the previous batch is trained.
     """
-    return RolloutController(
-        make_env,
-        rollout_workflow(rollout, handle),
-        list(tasks),
-        GroupLimits(
-            group_size=rollout.group_size,
-            batch_size=rollout.batch_size // shares,
-            max_staleness=0 if synchronous else rollout.max_staleness,
-            max_concurrent_rollouts=rollout.max_concurrent_rollouts // shares,
-        ),
-        engine=handle.engine,
-        seed=seed,
+    workflow = rollout_workflow(rollout, handle)
+    limits = GroupLimits(
+        group_size=rollout.group_size,
+        batch_size=rollout.batch_size // shares,
+        max_staleness=0 if synchronous else rollout.max_staleness,
+        max_concurrent_rollouts=rollout.max_concurrent_rollouts // shares,
     )
+    return RolloutController(make_env, workflow, list(tasks), limits, engine=handle.engine, seed=seed)
 
 
 def torch_dtype(name: str) -> torch.dtype:

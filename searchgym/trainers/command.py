@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from searchgym.settings import setting
 
@@ -34,36 +33,30 @@ class TrainCommand:
 
 
 def train_command(command: TrainCommand) -> None:
-    """Train (locally or on Ray, as the config says) and print the last step's episode figures; or plan only."""
+    """Train (locally or on Ray, as the config says) and print the last step's episode figures; or plan only.
+
+    The config is loaded and checked once and its deployment resolved once, here; the plan and the launchers take
+    both as they are."""
     from searchgym.trainers.config import load_config
+    from searchgym.trainers.deployment import resolve_deployment
 
     config = load_config(command.config, command.overrides)
+    deployment = resolve_deployment(config)
     if command.dry_run:
-        print_plan(config, command)
+        from searchgym.trainers.plan import PlanRequest, print_plan
+
+        print_plan(config, deployment, PlanRequest(command.gpu_memory_gib, command.host_memory_gib, command.json))
         return
     if command.json or command.gpu_memory_gib is not None or command.host_memory_gib is not None:
         raise ValueError("--json, --gpu-memory-gib and --host-memory-gib describe a plan: add --dry-run")
-    if config.launcher == "ray":
-        from searchgym.trainers.launchers.ray_cluster import train_ray as train
+    if deployment.launcher == "local":
+        from searchgym.trainers.launchers.local import run_local
+
+        history = run_local(config, deployment, resume=command.resume)
     else:
-        from searchgym.trainers.launchers.local import train
-    history = train(config, resume=command.resume)
+        from searchgym.trainers.launchers.ray_cluster import run_ray
+
+        history = run_ray(config, deployment, resume=command.resume)
     last = history[-1] if history else {}
     shown = {k: last[k] for k in sorted(last) if k.startswith("episode/") or k in ("loss", "version")}
     print(json.dumps(shown, indent=2))
-
-
-def print_plan(config: Any, command: TrainCommand) -> None:
-    """`train --dry-run`: print the resource plan and the per-GPU (or, on CPU, host) memory estimate; refuse
-    (status 2) what cannot fit."""
-    from searchgym.trainers.plan import PlanError, make_plan, plan_text
-
-    gpu = 80.0 if command.gpu_memory_gib is None else command.gpu_memory_gib
-    plan = make_plan(config, gpu_memory_gib=gpu, host_memory_gib=command.host_memory_gib)
-    if command.json:
-        print(json.dumps(plan.to_json(), indent=2))
-    else:
-        print("dry run: nothing started, nothing written\n")
-        print(plan_text(plan))
-    if plan.refusal:
-        raise PlanError(f"this plan does not fit: {plan.refusal}")

@@ -3,9 +3,9 @@
     deployment = resolve_deployment(config)      # reads the config alone: imports no torch or Ray, starts nothing
     deployment.sharded, deployment.weight_route, deployment.processes, deployment.resources, ...
 
-The launchers (`launchers/local.py`; `launchers/ray_cluster.py`, which hands it to its actors) and the resource
-plan (`plan.py`, `train --dry-run`, which prints `describe()`) read this object; none of them decides again what
-it says. `learner.ranks` in particular is read here and in config.py's own checks only (a test greps the package).
+`searchgym train` resolves it once and hands it to the launcher (`launchers/local.py`; `launchers/ray_cluster.py`,
+which hands it to its actors) or to the resource plan (`plan.py`, `train --dry-run`); none of them decides again
+what it says. `learner.ranks` in particular is read here and in config.py's own checks only (a test greps the package).
 
 What each field is, and the one rule that decides it:
 
@@ -128,38 +128,6 @@ class Deployment:
             resources=self.resources,
         )
         return data
-
-    def describe(self) -> list[str]:
-        """The deployment as a block of aligned lines (`train --dry-run`)."""
-        where = f"{self.launcher}" + (f" (cluster: {self.cluster})" if self.cluster else "")
-        kind = f"{self.learner_ranks} ranks, FSDP2 over {self.backend}" if self.sharded else "1 rank, the plain Learner"
-        return [
-            "deployment (resolved once from the config: trainers/deployment.py)",
-            f"  {'launcher':<15}{where}",
-            f"  {'engine':<15}{self._engine_text()}",
-            f"  {'learner':<15}{kind}, on {self.learner_device}",
-            f"  {'weight route':<15}{self.weight_route}: {ROUTES[self.weight_route]}",
-        ]
-
-    def _engine_text(self) -> str:
-        if self.engine == "torch":
-            where = (
-                "in this process" if self.launcher == "local" else f"in each of {self.rollout_actors} rollout actors"
-            )
-            return f"torch: a TorchEngine {where}, on {self.engine_device}"
-        clients = "in this process" if self.launcher == "local" else f"in {self.rollout_actors} rollout actors"
-        if self.servers == "given":
-            return f"sglang: clients {clients} of {self.server_count} running servers (rollout.sglang_addresses)"
-        program = "SGLang" if self.server_program == "sglang" else "searchgym serve model"
-        return f"sglang: clients {clients} of {self.server_count} {program} servers launched here (ray.sglang_servers)"
-
-
-ROUTES = {
-    "in_process": "the engine loads the learner's state dict in this process",
-    "disk": "a model dir under out_dir/weights that each engine loads (SGLang: /update_weights_from_disk)",
-    "object_store": "one ray.put copy of the weights, read by every rollout actor's engine",
-    "distributed": "learner rank 0 broadcasts to the servers over a torch.distributed group (SGLang's protocol)",
-}
 
 
 def resolve_deployment(config: TrainConfig) -> Deployment:

@@ -2,8 +2,8 @@
 
 `InProcessLearner` is what the shared training loop (loop.py) calls on the learner side: the local launcher
 holds one in its process, each Ray learner actor wraps one. `RankSpec` and `sharded_learner` build one rank
-of a sharded learner, whichever launcher started the rank; `check_resume` refuses a checkpoint of the other
-kind before any rank starts. Learner kinds differ by their methods (`full_model`, `save_checkpoint`,
+of a sharded learner, whichever launcher started the rank (run/start.py refuses a checkpoint of the other kind
+before any rank starts). Learner kinds differ by their methods (`full_model`, `save_checkpoint`,
 `restorable`), never by type checks here.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from searchgym.trainers.algorithm.fsdp import SHARDED, ShardedLearner, load_sharded_learner
+from searchgym.trainers.algorithm.fsdp import ShardedLearner, load_sharded_learner
 from searchgym.trainers.algorithm.learner import Learner
 from searchgym.trainers.config import LearnerConfig
 from searchgym.trainers.loop import Batch
@@ -39,20 +39,6 @@ class RankSpec:
     checkpoint: str | None = None  # resume every rank from this checkpoint's sharded/ directory
     threads: int = 0  # torch threads per follower (0: torch's default)
     device: str | None = None  # "cpu" (gloo) or "cuda" (NCCL); None: CUDA when available
-
-
-def check_resume(checkpoint: str | os.PathLike | None, ranks: int) -> None:
-    """Refuse, before any rank starts, to resume a sharded checkpoint with one rank or a single-rank one sharded."""
-    if checkpoint is None:
-        return
-    sharded = (Path(checkpoint) / SHARDED).is_dir()
-    if ranks > 1 and not sharded:
-        raise ValueError(f"{checkpoint} was written by a single-rank learner: resume it with learner.ranks=1")
-    if ranks == 1 and sharded:
-        raise ValueError(
-            f"{checkpoint} was written by a sharded learner: resume it with learner.ranks set to its "
-            "ranks (trainer.pt's learner.sharded_ranks)"
-        )
 
 
 def sharded_learner(spec: RankSpec, rank: int, device_index: int | None = None) -> ShardedLearner:

@@ -1,7 +1,7 @@
 """A training run's resource plan and per-GPU memory estimate, computed before anything starts (`train --dry-run`).
 
-    plan = make_plan(config, gpu_memory_gib=80)    # reads the model's config.json (or shapes.json); starts nothing
-    print(plan_text(plan)); plan.refusal           # None, or why it cannot fit and what would make it fit
+    plan = make_plan(config, resolve_deployment(config))  # reads the model's config.json; starts nothing
+    print(plan_text(plan)); plan.refusal                    # None, or why it cannot fit and what would
 
 What it counts, per learner rank (every term at once: an upper bound of the step's peak):
 
@@ -74,7 +74,7 @@ from typing import Any
 
 from searchgym.agents.engines.memory import RSS_FACTOR, available_memory, batch_bytes, kv_bytes_per_token
 from searchgym.trainers.config import LearnerConfig, TrainConfig
-from searchgym.trainers.deployment import Deployment, Processes, resolve_deployment
+from searchgym.trainers.deployment import Deployment, Processes
 
 GIB = 2**30
 SHAPES = "shapes.json"  # package data next to this module
@@ -503,18 +503,18 @@ def host_remedies(config: TrainConfig, deployment: Deployment, shape: ModelShape
     return found
 
 
-def make_plan(config: TrainConfig, *, gpu_memory_gib: float = 80.0, host_memory_gib: float | None = None) -> Plan:
+def make_plan(
+    config: TrainConfig, deployment: Deployment, *, gpu_memory_gib: float = 80.0, host_memory_gib: float | None = None
+) -> Plan:
     """The run's resource plan and memory estimate; `refusal` says why it cannot fit (and what would), else None.
 
-    The deployment is the one the launchers resolve (settings that cannot be deployed together are refused here
-    too, naming the key). A CPU learner under the local launcher is checked against this machine's available
-    memory, or `host_memory_gib` when given.
+    `deployment` is the config's, resolved once (`resolve_deployment`), as the launchers take it. A CPU learner
+    under the local launcher is checked against this machine's available memory, or `host_memory_gib` when given.
     """
     if not (gpu_memory_gib > 0 and math.isfinite(gpu_memory_gib)):
         raise PlanError(f"--gpu-memory-gib must be a positive number of GiB, got {gpu_memory_gib}")
     if host_memory_gib is not None and not (host_memory_gib > 0 and math.isfinite(host_memory_gib)):
         raise PlanError(f"--host-memory-gib must be a positive number of GiB, got {host_memory_gib}")
-    deployment = resolve_deployment(config)
     shape = model_shape(config.model.path)
     on_gpu = deployment.learner_on_gpu
     capacity = int(gpu_memory_gib * GIB)
@@ -765,6 +765,39 @@ def _refusal(plan: Plan, config: TrainConfig) -> str | None:
 # ---- output ----------------------------------------------------------------------------------------------------
 
 
+ROUTES = {
+    "in_process": "the engine loads the learner's state dict in this process",
+    "disk": "a model dir under out_dir/weights that each engine loads (SGLang: /update_weights_from_disk)",
+    "object_store": "one ray.put copy of the weights, read by every rollout actor's engine",
+    "distributed": "learner rank 0 broadcasts to the servers over a torch.distributed group (SGLang's protocol)",
+}
+
+
+def deployment_lines(d: Deployment) -> list[str]:
+    """The deployment as a block of aligned lines (`train --dry-run`)."""
+    where = f"{d.launcher}" + (f" (cluster: {d.cluster})" if d.cluster else "")
+    kind = f"{d.learner_ranks} ranks, FSDP2 over {d.backend}" if d.sharded else "1 rank, the plain Learner"
+    return [
+        "deployment (resolved once from the config: trainers/deployment.py)",
+        f"  {'launcher':<15}{where}",
+        f"  {'engine':<15}{_engine_text(d)}",
+        f"  {'learner':<15}{kind}, on {d.learner_device}",
+        f"  {'weight route':<15}{d.weight_route}: {ROUTES[d.weight_route]}",
+    ]
+
+
+def _engine_text(d: Deployment) -> str:
+    """Which engine the rollouts use, where, and (for servers) whose."""
+    if d.engine == "torch":
+        where = "in this process" if d.launcher == "local" else f"in each of {d.rollout_actors} rollout actors"
+        return f"torch: a TorchEngine {where}, on {d.engine_device}"
+    clients = "in this process" if d.launcher == "local" else f"in {d.rollout_actors} rollout actors"
+    if d.servers == "given":
+        return f"sglang: clients {clients} of {d.server_count} running servers (rollout.sglang_addresses)"
+    program = "SGLang" if d.server_program == "sglang" else "searchgym serve model"
+    return f"sglang: clients {clients} of {d.server_count} {program} servers launched here (ray.sglang_servers)"
+
+
 def plan_text(plan: Plan) -> str:
     """The plan as a few aligned lines for a terminal."""
     gib = lambda n: f"{n / GIB:7.2f} GiB"  # noqa: E731
@@ -774,7 +807,7 @@ def plan_text(plan: Plan) -> str:
         f"vocab {m.vocab_size}{', tied embeddings' if m.tied else ''})",
         f"         shapes from {m.source}",
         "",
-        *plan.deployment.describe(),
+        *deployment_lines(plan.deployment),
         "",
         "resources (the deployment's processes and actors)",
     ]
@@ -821,3 +854,27 @@ def plan_text(plan: Plan) -> str:
     lines.append("")
     lines.append("fits: yes" if plan.refusal is None else "fits: NO (why, and what would fit: below)")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What `train --dry-run` asks of the plan: the GPU's memory (default 80 GiB), the host's (default: this
+    machine's available memory), and JSON or text."""
+
+    gpu_memory_gib: float | None = None
+    host_memory_gib: float | None = None
+    json: bool = False
+
+
+def print_plan(config: TrainConfig, deployment: Deployment, request: PlanRequest) -> None:
+    """`train --dry-run`: print the resource plan and the per-GPU (or, on CPU, host) memory estimate; refuse
+    (PlanError, status 2) what cannot fit."""
+    gpu = 80.0 if request.gpu_memory_gib is None else request.gpu_memory_gib
+    plan = make_plan(config, deployment, gpu_memory_gib=gpu, host_memory_gib=request.host_memory_gib)
+    if request.json:
+        print(json.dumps(plan.to_json(), indent=2))
+    else:
+        print("dry run: nothing started, nothing written\n")
+        print(plan_text(plan))
+    if plan.refusal:
+        raise PlanError(f"this plan does not fit: {plan.refusal}")

@@ -5,6 +5,7 @@ refused naming the key; the very object the plan and both launchers use; and not
 from __future__ import annotations
 
 import ast
+import asyncio
 import dataclasses
 import json
 from pathlib import Path
@@ -259,14 +260,35 @@ def test_the_plan_reports_the_deployment_the_launchers_resolve(overrides):
     config = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, sglang_addresses=[]))
     if config.ray.weight_sync == "distributed":
         config = dataclasses.replace(config, ray=dataclasses.replace(config.ray, weight_sync="auto"))
-    plan = make_plan(config, host_memory_gib=1024)
     deployment = resolve_deployment(config)
+    plan = make_plan(config, deployment, host_memory_gib=1024)
     assert plan.deployment == deployment and plan.groups == list(deployment.processes)
     assert plan.total == deployment.resources and plan.on_gpu == deployment.learner_on_gpu
     data = plan.to_json()
     assert data["deployment"] == json.loads(json.dumps(deployment.to_json()))
     assert data["learner_ranks"] == deployment.learner_ranks and data["launcher"] == deployment.launcher
     assert plan_text(plan).count("deployment (resolved once") == 1  # one block in `train --dry-run`
+
+
+def test_searchgym_train_resolves_once_and_hands_it_to_the_plan_or_the_launcher(monkeypatch, tmp_path, capsys):
+    from searchgym.trainers import deployment as deployment_module
+    from searchgym.trainers import plan as plan_module
+    from searchgym.trainers.command import TrainCommand, train_command
+    from searchgym.trainers.launchers import local
+
+    resolved, handed = [], []
+    real = deployment_module.resolve_deployment
+    monkeypatch.setattr(deployment_module, "resolve_deployment", lambda c: resolved.append(real(c)) or resolved[-1])
+    monkeypatch.setattr(local, "resolve_deployment", None)  # the launcher must not resolve again
+    monkeypatch.setattr(local, "check_settings", None)  # nor check again: load_config checked
+    monkeypatch.setattr(local, "_train", lambda config, deployment, *a: handed.append(deployment) or asyncio.sleep(0))
+    train_command(TrainCommand(overrides=[f"out_dir={tmp_path / 'run'}"]))
+    assert len(resolved) == 1 and handed == resolved
+    capsys.readouterr()
+    monkeypatch.setattr(plan_module, "resolve_deployment", None, raising=False)
+    train_command(TrainCommand(dry_run=True, json=True, host_memory_gib=1024, overrides=["learner.ranks=2"]))
+    shown = json.loads(capsys.readouterr().out)["deployment"]
+    assert len(resolved) == 2 and shown == json.loads(json.dumps(resolved[-1].to_json()))
 
 
 def test_the_local_launcher_resolves_once_and_runs_that_deployment(monkeypatch, tmp_path):
@@ -291,15 +313,17 @@ def test_the_local_launcher_resolves_once_and_runs_that_deployment(monkeypatch, 
     assert not (tmp_path / "run").exists()
 
 
-def test_the_ray_launcher_resolves_once_and_hands_that_deployment_on():
-    from searchgym.trainers.launchers.ray_cluster import RayTrainer
+def test_the_ray_launcher_takes_the_deployment_resolved_once():
+    from searchgym.trainers.launchers.ray_cluster import RayTrainer, train_ray
 
     config = load_config(None, [*RAY, "learner.ranks=2"])
-    assert RayTrainer(config).deployment == resolve_deployment(config)  # starts nothing until start()
+    deployment = resolve_deployment(config)
+    assert RayTrainer(config, deployment).deployment is deployment  # starts nothing until start()
+    local_config = load_config(None, [])
     with pytest.raises(ValueError, match="launcher is 'local'"):
-        RayTrainer(load_config(None, []))
-    with pytest.raises(DeploymentError, match="^rollout.batch_size"):
-        RayTrainer(load_config(None, [*RAY, "rollout.batch_size=3"]))
+        RayTrainer(local_config, resolve_deployment(local_config))
+    with pytest.raises(DeploymentError, match="^rollout.batch_size"):  # refused before a cluster starts
+        train_ray(load_config(None, [*RAY, "rollout.batch_size=3"]))
 
 
 def test_the_dry_run_shows_the_deployment_as_one_block(capsys, tmp_path):

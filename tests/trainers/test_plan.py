@@ -25,6 +25,7 @@ from searchgym.trainers.config import LearnerConfig, ModelConfig, TrainConfig, l
 from searchgym.trainers.deployment import resolve_deployment
 from searchgym.trainers.plan import (
     GIB,
+    Plan,
     PlanError,
     gpu_bytes,
     learner_terms,
@@ -37,6 +38,11 @@ from searchgym.trainers.plan import (
 CONFIGS = Path(__file__).parents[2] / "configs"
 ASEARCHER = sorted(CONFIGS.glob("asearcher-7b-*.yaml"))
 QWEN_7B = 7_615_616_512  # sum(p.numel()) of Qwen2.5-7B (the model card's 7.61B)
+
+
+def plan_of(config: TrainConfig, **limits: float) -> Plan:
+    """The plan of `config` on its deployment, resolved as `searchgym train` resolves it."""
+    return make_plan(config, resolve_deployment(config), **limits)
 
 
 @functools.cache
@@ -296,7 +302,7 @@ def test_plan_flags_need_dry_run_and_a_real_gpu_size(capsys):
 
 def test_a_one_rank_learner_on_several_gpus_is_pointed_at_fsdp():
     config = load_config(CONFIGS / "asearcher-7b-local.yaml", ["learner.ranks=1", "ray.learner_gpus=4"])
-    assert any("set learner.ranks=4 ray.learner_gpus=1" in note for note in make_plan(config).notes)
+    assert any("set learner.ranks=4 ray.learner_gpus=1" in note for note in plan_of(config).notes)
 
 
 # ---- refusals ------------------------------------------------------------------------------------------------
@@ -335,9 +341,9 @@ def test_a_7b_single_rank_plan_is_refused_naming_the_optimizer_state(capsys):
     }
     for fix in fixes:
         config = load_config(asearcher, ["learner.ranks=1", "ray.learner_gpus=1", *fix])
-        assert make_plan(config).refusal is None, fix
+        assert plan_of(config).refusal is None, fix
     ranks = next(int(k.split("=")[1]) for fix in fixes if len(fix) == 1 for k in fix if k.startswith("learner.ranks"))
-    assert make_plan(load_config(asearcher, [f"learner.ranks={ranks - 1}", "ray.learner_gpus=1"])).refusal is not None
+    assert plan_of(load_config(asearcher, [f"learner.ranks={ranks - 1}", "ray.learner_gpus=1"])).refusal is not None
 
 
 def test_fp32_full_parameter_training_names_the_optimizer_state_as_the_biggest_term(capsys):
@@ -364,7 +370,7 @@ def test_sglang_weights_that_overflow_the_static_pool_are_refused():
             "ray.sglang_mem_fraction_static=0.1",
         ],
     )
-    refusal = make_plan(config).refusal
+    refusal = plan_of(config).refusal
     assert refusal and "ray.sglang_mem_fraction_static above 0.18" in refusal  # 14.2 GiB of 80
     assert "ray.sglang_gpus_per_server=2" in refusal  # 7.1 GiB per GPU < 8 GiB
     fixed = load_config(
@@ -378,22 +384,20 @@ def test_sglang_weights_that_overflow_the_static_pool_are_refused():
             "ray.sglang_gpus_per_server=2",
         ],
     )
-    assert make_plan(fixed).refusal is None
+    assert plan_of(fixed).refusal is None
 
 
 def test_the_local_launcher_counts_the_engine_on_rank_0s_gpu(tiny_model_dir):
     config = load_config(
         CONFIGS / "train-cpu.yaml", [f"model.path={tiny_model_dir}", "model.device=cuda", "learner.ranks=2"]
     )
-    plan = make_plan(config, gpu_memory_gib=1)
+    plan = plan_of(config, gpu_memory_gib=1)
     names = [g.name for g in plan.groups]
     assert names == ["this process", "follower ranks"] and plan.total == {"CPU": 2.0, "GPU": 2.0}
     assert any(t.name == "rollout engine weights" and t.bytes == 223_808 * 4 for t in plan.learner)
-    assert make_plan(config, gpu_memory_gib=0.001).refusal  # a GPU smaller than the terms: refused
+    assert plan_of(config, gpu_memory_gib=0.001).refusal  # a GPU smaller than the terms: refused
     assert (
-        make_plan(
-            load_config(CONFIGS / "train-cpu.yaml", [f"model.path={tiny_model_dir}"]), gpu_memory_gib=0.001
-        ).refusal
+        plan_of(load_config(CONFIGS / "train-cpu.yaml", [f"model.path={tiny_model_dir}"]), gpu_memory_gib=0.001).refusal
         is None
     )  # on CPU there is no GPU to overflow
 
@@ -473,10 +477,10 @@ def test_a_cpu_plan_counts_the_host_memory_and_names_the_micro_batch_that_fits(c
     assert "the biggest term is activations (21.2 GiB" in err
     tokens = int(re.search(r"learner\.micro_batch_tokens=(\d+)", err).group(1))
     config = load_config(CONFIGS / "train-cpu.yaml", [f"model.path={model}", f"learner.micro_batch_tokens={tokens}"])
-    plan = make_plan(config, host_memory_gib=24)
+    plan = plan_of(config, host_memory_gib=24)
     assert plan.refusal is None and plan.machine_bytes <= 24 * GIB == plan.host_memory_bytes
     over = dataclasses.replace(config, learner=dataclasses.replace(config.learner, micro_batch_tokens=tokens + 1))
-    assert make_plan(over, host_memory_gib=24).machine_bytes > 24 * GIB
+    assert plan_of(over, host_memory_gib=24).machine_bytes > 24 * GIB
     terms = {t.name: t.bytes for t in plan.machine}
     parameters = plan.model.parameters
     assert terms["parameters"] == terms["gradients"] == terms["engine weights"] == parameters * 4
@@ -492,14 +496,14 @@ def test_a_cpu_plan_is_checked_against_the_available_memory(tmp_path, tiny_model
 
     config = load_config(CONFIGS / "train-cpu.yaml", [f"model.path={tiny_model_dir}"])
     monkeypatch.setattr(plan_module, "available_memory", lambda: (64 * GIB, "test"))
-    assert make_plan(config).host_memory_bytes == 64 * GIB and make_plan(config).refusal is None
+    assert plan_of(config).host_memory_bytes == 64 * GIB and plan_of(config).refusal is None
     monkeypatch.setattr(plan_module, "available_memory", lambda: (GIB, "test"))
-    assert "of this machine's 1.0 GiB available memory (test)" in make_plan(config).refusal
+    assert "of this machine's 1.0 GiB available memory (test)" in plan_of(config).refusal
     monkeypatch.setattr(plan_module, "available_memory", lambda: None)
-    unknown = make_plan(config)
+    unknown = plan_of(config)
     assert unknown.refusal is None and not unknown.machine and any("not checked" in n for n in unknown.notes)
     gpu = load_config(CONFIGS / "train-cpu.yaml", [f"model.path={tiny_model_dir}", "model.device=cuda"])
-    assert not make_plan(gpu, host_memory_gib=0.001).machine  # a GPU learner: the GPU path, as before
+    assert not plan_of(gpu, host_memory_gib=0.001).machine  # a GPU learner: the GPU path, as before
 
 
 def test_the_host_memory_flag_needs_dry_run_and_a_real_size(capsys):
@@ -515,7 +519,7 @@ def test_a_cpu_remedy_below_the_context_also_bounds_the_context(tmp_path):
     rollout.max_context also lowers the context, so the longest trajectory fits too."""
     model = smollm2_shapes(tmp_path / "smollm2")
     config = load_config(CONFIGS / "train-cpu.yaml", [f"model.path={model}", "rollout.max_context=8192"])
-    refusal = make_plan(config, host_memory_gib=12).refusal
+    refusal = plan_of(config, host_memory_gib=12).refusal
     tokens, context = (
         int(n) for n in re.search(r"micro_batch_tokens=(\d+) .*? and rollout\.max_context=(\d+)", refusal).groups()
     )
@@ -524,4 +528,4 @@ def test_a_cpu_remedy_below_the_context_also_bounds_the_context(tmp_path):
         CONFIGS / "train-cpu.yaml",
         [f"model.path={model}", f"learner.micro_batch_tokens={tokens}", f"rollout.max_context={context}"],
     )
-    assert make_plan(fixed, host_memory_gib=12).refusal is None
+    assert plan_of(fixed, host_memory_gib=12).refusal is None

@@ -70,7 +70,8 @@ def _groups_by_version(run_dir: Path) -> list[list[int]]:
 
 def test_two_rollout_actors_feed_each_step_and_get_the_new_weights(tmp_path, small_bundle, tiny_model_dir, ray_cluster):
     run_dir = tmp_path / "run"
-    with RayTrainer(load_config(None, _overrides(run_dir, tiny_model_dir, steps=2)), progress=False) as trainer:
+    config = load_config(None, _overrides(run_dir, tiny_model_dir, steps=2))
+    with RayTrainer(config, resolve_deployment(config), progress=False) as trainer:
         history = trainer.train()
         engine_versions = ray.get([actor.engine_version.remote() for actor in trainer.rollout_actors])
         engine_weights = ray.get([actor.engine_weight.remote(NAME) for actor in trainer.rollout_actors])
@@ -151,7 +152,7 @@ def test_disk_weight_sync_reaches_model_server_actors(tmp_path, small_bundle, ti
         ],
     )
     prompt = list(range(5, 25))
-    with RayTrainer(config, progress=False) as trainer:
+    with RayTrainer(config, resolve_deployment(config), progress=False) as trainer:
         servers = trainer.server_addresses
         for address in servers:  # a local cluster's servers listen on loopback only (ray.local_host)
             port = int(address.rpartition(":")[2])
@@ -228,7 +229,7 @@ def test_two_learner_ranks_broadcast_weights_to_model_server_actors(
         ],
     )
     prompt = list(range(5, 25))
-    with RayTrainer(config, progress=False) as trainer:
+    with RayTrainer(config, resolve_deployment(config), progress=False) as trainer:
         servers = trainer.server_addresses
         history = trainer.train()
         engine_versions = ray.get([actor.engine_version.remote() for actor in trainer.rollout_actors])

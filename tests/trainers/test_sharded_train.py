@@ -20,8 +20,8 @@ from searchgym.trainers.algorithm.learner import Learner
 from searchgym.trainers.build import load_learner
 from searchgym.trainers.config import load_config
 from searchgym.trainers.launchers.local import train
-from searchgym.trainers.learner_side import check_resume
 from searchgym.trainers.run.checkpoint import latest_checkpoint, load_trainer_state
+from searchgym.trainers.run.start import check_resume
 from tests.conftest import SMALL
 from tests.test_quickstart import SHAPED_ID  # a SyntheticQA whose unanswered episodes earn different rewards
 

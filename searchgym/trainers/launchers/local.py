@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,14 +28,15 @@ from searchgym.agents.engines.open import EngineHandle
 from searchgym.core.ports import free_port
 from searchgym.settings import check_settings
 from searchgym.trainers.algorithm.learner import Learner
-from searchgym.trainers.build import build_controller, load_learner, make_env_factory, open_rollout_engine, task_ids
+from searchgym.trainers.build import build_controller, load_learner, make_env_factory, task_ids
 from searchgym.trainers.config import TrainConfig, config_dict
 from searchgym.trainers.deployment import Deployment, resolve_deployment
 from searchgym.trainers.launchers.local_ranks import FollowerRanks
-from searchgym.trainers.learner_side import InProcessLearner, RankSpec, check_resume
+from searchgym.trainers.learner_side import InProcessLearner, RankSpec
 from searchgym.trainers.loop import Batch, Schedule, train_loop
 from searchgym.trainers.rollout.controller import RolloutController, RolloutStats
-from searchgym.trainers.rollout.weight_sync import DiskSync, InProcessSync, WeightSync
+from searchgym.trainers.rollout.engine import open_rollout_engine
+from searchgym.trainers.rollout.weight_sync import local_weight_sync
 from searchgym.trainers.run.log import RunLog
 from searchgym.trainers.run.start import RunStart, start_run
 from searchgym.trainers.run.stopping import StopRequest, TrainingStopped
@@ -82,7 +82,20 @@ def train(
     the quickstart's says which of its stages this is).
     """
     check_settings(config)
-    deployment = resolve_deployment(config)
+    return run_local(
+        config, resolve_deployment(config), resume=resume, progress=progress, progress_label=progress_label
+    )
+
+
+def run_local(
+    config: TrainConfig,
+    deployment: Deployment,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    progress_label: str | None = None,
+) -> list[dict[str, float]]:
+    """`train` on a config already checked and its deployment already resolved (what `searchgym train` does once)."""
     if deployment.launcher != "local":
         raise ValueError(
             f"launcher is {deployment.launcher!r}: this is the local launcher (launchers.ray_cluster.train_ray runs "
@@ -135,8 +148,9 @@ class ShardedRanks:
 async def _train(
     config: TrainConfig, deployment: Deployment, resume: bool, progress: bool, label: str
 ) -> list[dict[str, float]]:
-    run = start_run(config.out_dir, config.model.path, seed=config.seed, resume=resume)
-    check_resume(run.checkpoint, deployment.learner_ranks)
+    run = start_run(
+        config.out_dir, config.model.path, seed=config.seed, resume=resume, learner_ranks=deployment.learner_ranks
+    )
     # the one branch on the learner's kind; a sharded learner's other ranks start first: their processes import
     # and load while the engine starts here
     ranks = (ShardedRanks if deployment.sharded else OneRank)(config, deployment, run)
@@ -171,13 +185,6 @@ async def _train(
         await handle.aclose()
 
 
-def local_weight_sync(deployment: Deployment, handle: EngineHandle, out: Path) -> WeightSync:
-    """The deployment's route from the learner to this process's engine: in place, or through disk to SGLang."""
-    if deployment.weight_route == "disk":
-        return DiskSync([handle.engine], out / "weights", handle.tokenizer)  # type: ignore[list-item]
-    return InProcessSync([handle.engine])  # type: ignore[list-item]  # a TorchEngine: updatable in process
-
-
 async def _steps(
     config: TrainConfig,
     deployment: Deployment,
@@ -189,25 +196,20 @@ async def _steps(
     label: str,
 ) -> list[dict[str, float]]:
     """The learner side and the controller on the opened engine, then the shared loop until `config.steps`."""
-    side = InProcessLearner(
-        learner, local_weight_sync(deployment, handle, run.out), handle.tokenizer, run.out, config.keep_checkpoints
-    )
+    sync = local_weight_sync(deployment.weight_route, handle.engine, handle.tokenizer, run.out)
+    side = InProcessLearner(learner, sync, handle.tokenizer, run.out, config.keep_checkpoints)
     side.watchdog_state = dict(run.state.get("watchdog") or {})
     engine = handle.engine
     assert engine is not None  # open_rollout_engine opens a token engine (torch or SGLang), never a chat endpoint
     if deployment.engine == "sglang" and (run.checkpoint is not None or engine.version != learner.version):
         await side.push_weights()  # the servers hold other weights than the learner's
     make_env = make_env_factory(config.env)
+    tasks = task_ids(make_env, config.tasks)
     controller = build_controller(
-        config.rollout,
-        handle,
-        task_ids(make_env, config.tasks),
-        make_env=make_env,
-        synchronous=config.mode == "sync",
-        seed=config.seed,
+        config.rollout, handle, tasks, make_env=make_env, synchronous=config.mode == "sync", seed=config.seed
     )
     controller.trained_version = learner.version
-    [state] = run.rollout_states(1)
+    [state] = run.rollouts
     if state is not None:
         controller.load_state_dict(state)
     schedule = Schedule(run.first_step, config.steps, run.version, config.save_every)

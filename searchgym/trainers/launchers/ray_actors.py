@@ -24,12 +24,13 @@ import torch
 from searchgym.agents.trajectory import Trajectory
 from searchgym.core.ports import free_port
 from searchgym.trainers.algorithm.learner import Learner
-from searchgym.trainers.build import build_controller, load_learner, make_env_factory, open_rollout_engine, task_ids
+from searchgym.trainers.build import build_controller, load_learner, make_env_factory, task_ids
 from searchgym.trainers.config import TrainConfig
 from searchgym.trainers.deployment import Deployment
 from searchgym.trainers.learner_side import InProcessLearner, RankSpec, sharded_learner
 from searchgym.trainers.loop import Batch
 from searchgym.trainers.rollout.controller import RolloutStats
+from searchgym.trainers.rollout.engine import open_rollout_engine
 from searchgym.trainers.rollout.weight_sync import DiskSync, DistributedSync, ObjectStoreSync, RemoteEngine, WeightSync
 from searchgym.trainers.run.checkpoint import load_trainer_state
 

@@ -45,10 +45,9 @@ from typing import Any
 from searchgym.settings import check_settings
 from searchgym.trainers.build import make_env_factory, task_ids
 from searchgym.trainers.config import TrainConfig, config_dict
-from searchgym.trainers.deployment import check_fits, resolve_deployment
+from searchgym.trainers.deployment import Deployment, check_fits, resolve_deployment
 from searchgym.trainers.launchers.ray_actors import LearnerWorker, RolloutWorker, forwarded_env, shard
 from searchgym.trainers.launchers.ray_servers import SGLangServerWorker
-from searchgym.trainers.learner_side import check_resume
 from searchgym.trainers.loop import Batch, Schedule, train_loop
 from searchgym.trainers.rollout.controller import RolloutStats
 from searchgym.trainers.run.log import RunLog
@@ -64,7 +63,14 @@ PLACEMENT_TIMEOUT_S = 300
 def train_ray(config: TrainConfig, *, resume: bool = False, progress: bool = True) -> list[dict[str, float]]:
     """Train until step `config.steps` on a Ray cluster: the same outputs and `resume` as local.train()."""
     check_settings(config)  # a config built in Python is refused naming the key, before a cluster starts
-    with RayTrainer(config, resume=resume, progress=progress) as trainer:
+    return run_ray(config, resolve_deployment(config), resume=resume, progress=progress)
+
+
+def run_ray(
+    config: TrainConfig, deployment: Deployment, *, resume: bool = False, progress: bool = True
+) -> list[dict[str, float]]:
+    """`train_ray` on a config already checked and its deployment already resolved (what `searchgym train` does)."""
+    with RayTrainer(config, deployment, resume=resume, progress=progress) as trainer:
         return trainer.train()
 
 
@@ -87,8 +93,8 @@ def local_cluster_kwargs(config: TrainConfig, cpus_needed: float) -> dict[str, A
 class RayTrainer:
     """One Ray training run: `start()` builds the actors, `train()` runs the steps, `shutdown()` ends them all."""
 
-    def __init__(self, config: TrainConfig, *, resume: bool = False, progress: bool = True):
-        self.deployment = deployment = resolve_deployment(config)  # refused naming the key before anything starts
+    def __init__(self, config: TrainConfig, deployment: Deployment, *, resume: bool = False, progress: bool = True):
+        self.deployment = deployment  # the config's, resolved once (resolve_deployment) by the caller
         if deployment.launcher != "ray":
             raise ValueError(
                 f"launcher is {deployment.launcher!r}: this is the Ray launcher (launchers.local.train runs "
@@ -125,9 +131,16 @@ class RayTrainer:
         config, deployment = self.config, self.deployment
         n = deployment.rollout_actors
         # the driver reads only the checkpoint's small parts
-        self.run = run = start_run(config.out_dir, config.model.path, seed=config.seed, resume=self.resume, mmap=True)
-        states = run.rollout_states(n)
-        check_resume(run.checkpoint, deployment.learner_ranks)
+        self.run = run = start_run(
+            config.out_dir,
+            config.model.path,
+            seed=config.seed,
+            resume=self.resume,
+            mmap=True,
+            learner_ranks=deployment.learner_ranks,
+            controllers=n,
+        )
+        states = run.rollouts
         tasks = task_ids(
             make_env_factory(config.env), config.tasks
         )  # builds a synthetic world's cache here, once, not in actors

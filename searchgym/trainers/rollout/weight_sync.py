@@ -70,6 +70,14 @@ def save_weights(
     return path
 
 
+def local_weight_sync(route: str, engine: Any, tokenizer: Any, out: str | os.PathLike) -> WeightSync:
+    """The local launcher's route (its deployment's `weight_route`) from the learner to its one engine: "disk" to
+    SGLang servers through a model dir under out/weights, else in place into the TorchEngine."""
+    if route == "disk":
+        return DiskSync([engine], Path(out) / "weights", tokenizer)
+    return InProcessSync([engine])
+
+
 class DiskSync:
     """Save a Hugging Face checkpoint, then have every engine load it from disk (the SGLang route)."""
 

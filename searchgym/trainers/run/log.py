@@ -40,8 +40,8 @@ class RunLog:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        self.logs = {name: _open_cut(self.dir / name, resume_step) for name in LOGS}
         self._cut_trajectories(resume_step)
+        self.logs = {name: _open_cut(self.dir / name, resume_step) for name in LOGS}
         self.writer = SummaryWriter(str(self.dir / "tensorboard"), purge_step=resume_step + 1 if resume_step else None)
 
     def record(self, step: int, stats: dict[str, float], batch: list[list[Trajectory]], trained_version: int) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from searchgym.agents.tiny_model import build_tiny_model
+from searchgym.trainers.algorithm.fsdp import SHARDED
 from searchgym.trainers.run.checkpoint import checkpoint_root, latest_checkpoint, load_trainer_state, rollout_states
 from searchgym.trainers.run.partials import remove_stale
 
@@ -23,6 +24,7 @@ class RunStart:
     model_dir: Path | str
     checkpoint: Path | None = None
     state: dict[str, Any] = field(default_factory=dict)  # trainer.pt of the checkpoint, or {}
+    rollouts: list[dict[str, Any] | None] = field(default_factory=lambda: [None])  # each controller's saved state
 
     @property
     def version(self) -> int:
@@ -33,19 +35,6 @@ class RunStart:
     def first_step(self) -> int:
         """The first step this process trains."""
         return int(self.state.get("step", 0)) + 1
-
-    def rollout_states(self, count: int) -> list[dict[str, Any] | None]:
-        """The `count` rollout controllers' saved states (None each for a fresh run); refuses another count."""
-        if not self.state:
-            return [None] * count
-        states = rollout_states(self.state)
-        if len(states) != count:
-            raise ValueError(
-                f"{self.checkpoint} holds {len(states)} rollout controller states: resume it with "
-                f"{'launcher=local' if len(states) == 1 else 'launcher=ray'} and "
-                f"ray.num_rollout_actors={len(states)} (this run has {count})"
-            )
-        return list(states)
 
 
 def refuse_existing_run(out: Path) -> None:
@@ -68,11 +57,20 @@ def refuse_existing_run(out: Path) -> None:
 
 
 def start_run(
-    out_dir: str | os.PathLike, model_path: str | None, *, seed: int, resume: bool, mmap: bool = False
+    out_dir: str | os.PathLike,
+    model_path: str | None,
+    *,
+    seed: int,
+    resume: bool,
+    mmap: bool = False,
+    learner_ranks: int = 1,
+    controllers: int = 1,
 ) -> RunStart:
     """The checkpoint to resume from (with `resume`, if any), else `model_path` or a fresh tiny model (`seed`).
 
-    `mmap` reads the checkpoint's tensors lazily, for a process that needs only its small parts.
+    A checkpoint written by another kind of learner (`learner_ranks`) or another number of rollout controllers
+    (`controllers`) is refused here, before any rank or actor starts. `mmap` reads the checkpoint's tensors lazily,
+    for a process that needs only its small parts.
     """
     out = Path(out_dir)
     if not resume:
@@ -82,7 +80,36 @@ def start_run(
             log.info("removed %s, left by an earlier process's unfinished write", path)
     checkpoint = latest_checkpoint(out) if resume else None
     if checkpoint is None:
-        return RunStart(out, model_path or build_tiny_model(out / "init-model", seed=seed))
+        model_dir = model_path or build_tiny_model(out / "init-model", seed=seed)
+        return RunStart(out, model_dir, rollouts=[None] * controllers)
     state = load_trainer_state(checkpoint, mmap=mmap)
+    check_resume(checkpoint, learner_ranks)
+    rollouts = _rollout_states(checkpoint, state, controllers)
     log.info("resuming from %s (step %d, version %d)", checkpoint, state["step"], state["learner"]["version"])
-    return RunStart(out, checkpoint, checkpoint, state)
+    return RunStart(out, checkpoint, checkpoint, state, rollouts)
+
+
+def check_resume(checkpoint: str | os.PathLike | None, ranks: int) -> None:
+    """Refuse to resume a sharded checkpoint with one learner rank, or a single-rank one with several."""
+    if checkpoint is None:
+        return
+    sharded = (Path(checkpoint) / SHARDED).is_dir()
+    if ranks > 1 and not sharded:
+        raise ValueError(f"{checkpoint} was written by a single-rank learner: resume it with learner.ranks=1")
+    if ranks == 1 and sharded:
+        raise ValueError(
+            f"{checkpoint} was written by a sharded learner: resume it with learner.ranks set to its "
+            "ranks (trainer.pt's learner.sharded_ranks)"
+        )
+
+
+def _rollout_states(checkpoint: Path, state: dict[str, Any], count: int) -> list[dict[str, Any] | None]:
+    """The `count` rollout controllers' saved states in `state`; refuses another count."""
+    states = rollout_states(state)
+    if len(states) != count:
+        raise ValueError(
+            f"{checkpoint} holds {len(states)} rollout controller states: resume it with "
+            f"{'launcher=local' if len(states) == 1 else 'launcher=ray'} and "
+            f"ray.num_rollout_actors={len(states)} (this run has {count})"
+        )
+    return list(states)

@@ -24,6 +24,7 @@ FLOORS = {
     "envs": 1,
     "world": 2,
     "agents": 3,
+    "registration": 3.25,  # registers the gym ids: its entry-point strings name world's and agents' factories
     "serve": 3.5,  # every server: the model server, the recording proxy and agent programs played through it,
     # retrieval, the OpenEnv and MCP env hosts, and their limits (needs agents' engines and envs)
     "synthesis": 4,
@@ -38,7 +39,7 @@ FLOORS = {
     "demo": 7,
     "cli": 8,
     "__main__": 9,  # `python -m searchgym`: runs the command
-    "__init__": 1.5,  # `import searchgym` registers the env ids: it may import envs and nothing else
+    "__init__": 3.3,  # `import searchgym` calls registration (which, by import statement, reaches only envs)
 }
 
 

@@ -83,7 +83,7 @@ def add_old_flags(parser: argparse.ArgumentParser, old_flags: tuple[OldFlag, ...
         action = sub._option_string_actions.get(old.new)
         if action is None:
             raise ValueError(f"searchgym {old.command}: old flag {old.old} aliases {old.new}, which it does not have")
-        action.option_strings.append(old.old)
+        action.option_strings = [*action.option_strings, old.old]
         sub._option_string_actions[old.old] = action
 
 

@@ -22,7 +22,7 @@ MAX_LINES = 80
 MAX_PARAMETERS = 8
 
 # (module path under searchgym/, function name): constructors and factories that `gym.make` calls with the env's
-# keyword arguments (the entry points in envs/registration.py); issue 42 exempts them by name
+# keyword arguments (the entry points in registration.py); issue 42 exempts them by name
 GYM_KWARGS = {
     ("envs/search_env.py", "SearchEnv.__init__"),
     ("envs/web_env.py", "make_web_qa"),

@@ -5,12 +5,15 @@ module off the ground floor (the floors below envs: settings, core) is imported 
 Every rule counts every import statement, module-level and function-level alike: a lazy import only defers
 the dependency, it is upward (or circular) all the same. A module's import of its own package is not an
 edge (Python imports the package first anyway); `from package import name` is an edge to the submodule
-`package.name` when that is a module, else to the package."""
+`package.name` when that is a module, else to the package. The floors rule also counts a `"searchgym.room.module:name"`
+string (a gym `entry_point=`, gem's or SkyRL's, a `forwards_kwargs_to`, the CLI's table): it is an import
+deferred to `gym.make`, so it too must name the module's floor or one below."""
 
 from __future__ import annotations
 
 import ast
 import graphlib
+import re
 from pathlib import Path
 
 import searchgym
@@ -24,6 +27,7 @@ FLOORS = {
     "envs": 1,
     "world": 2,
     "agents": 3,
+    "registration": 3.25,  # registers the gym ids: its entry-point strings name world's and agents' factories
     "serve": 3.5,  # every server: the model server, the recording proxy and agent programs played through it,
     # retrieval, the OpenEnv and MCP env hosts, and their limits (needs agents' engines and envs)
     "synthesis": 4,
@@ -38,16 +42,19 @@ FLOORS = {
     "demo": 7,
     "cli": 8,
     "__main__": 9,  # `python -m searchgym`: runs the command
-    "__init__": 1.5,  # `import searchgym` registers the env ids: it may import envs and nothing else
+    "__init__": 3.3,  # `import searchgym` calls registration; both import only envs (test_import_searchgym_is_light)
 }
+# "searchgym.room.module:name": a module named by string, imported when gym.make (or the CLI) loads it
+ENTRY_POINT = re.compile(r"searchgym(\.\w+)+:[\w.]+")
 
 
 def room_of(path: Path) -> str:
     return path.relative_to(PACKAGE).parts[0].removesuffix(".py")
 
 
-def imported_rooms(path: Path) -> set[tuple[str, int]]:
-    """The searchgym rooms a module imports, with the line of each import."""
+def imported_rooms(path: Path, strings: bool = True) -> set[tuple[str, int]]:
+    """The searchgym rooms a module imports, with the line of each import (and, with `strings`, of each
+    `"searchgym.room.module:name"` string)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     out = set()
     for node in ast.walk(tree):
@@ -56,6 +63,10 @@ def imported_rooms(path: Path) -> set[tuple[str, int]]:
             names = [node.module] + [f"{node.module}.{a.name}" for a in node.names if node.module == "searchgym"]
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
+        elif strings and isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if not ENTRY_POINT.fullmatch(node.value):
+                continue
+            names = [node.value.partition(":")[0]]
         for name in names:
             parts = name.split(".")
             if parts[0] == "searchgym" and len(parts) > 1 and parts[1] in FLOORS:
@@ -99,6 +110,30 @@ def test_the_checker_catches_an_upward_import(tmp_path):
     fake = tmp_path / "m.py"
     fake.write_text("def f():\n    from searchgym.trainers.algorithm.learner import Learner\n")
     assert ("trainers", 2) in imported_rooms(fake)
+
+
+def test_the_checker_counts_entry_point_strings(tmp_path):
+    fake = tmp_path / "m.py"
+    fake.write_text(
+        'import gym\nSPECS = {"a": "searchgym.world.synthetic_env:make_synthetic_qa"}\n'
+        'gym.register(id="b", entry_point="searchgym.agents.simulated_env:make_simulated_qa")\n'
+        '"""Docs naming searchgym.serve.model:main in a sentence are no import."""\n'
+    )
+    assert imported_rooms(fake) == {("world", 2), ("agents", 3)}
+
+
+# what `import searchgym` loads: the package and the registration it runs, each importing at most these rooms
+LIGHT = {"__init__": {"registration"}, "registration": {"envs"}}
+
+
+def test_import_searchgym_is_light():
+    """`__init__` and `registration` sit above agents only because registration's entry-point strings name agents'
+    and world's factories; by import statement they reach envs and no further, so `import searchgym` stays light
+    (tests/test_light_core.py runs it with every extra unimportable)."""
+    ground = {room for room, floor in FLOORS.items() if floor < 1}
+    for room, allowed in LIGHT.items():
+        imports = {target for target, _ in imported_rooms(PACKAGE / f"{room}.py", strings=False)}
+        assert imports <= allowed | ground, f"{room}.py imports {sorted(imports - allowed - ground)}"
 
 
 def module_name(path: Path) -> str:

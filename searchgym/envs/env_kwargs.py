@@ -3,8 +3,9 @@
 `gym.make(id, sise=300)` would otherwise fail only where the kwarg finally lands (after a world was built), or,
 where an integration stores kwargs for later (TRL's `environment_factory`, OpenEnv's server), at the first
 rollout. `check_env_kwargs` names the unknown key (with the closest accepted one) or the wrongly typed one.
-A constructor that passes `**env_kwargs` on says where with `forwards_kwargs_to` ("module:function" strings,
-so naming a higher floor imports nothing); without it, they go to `SearchEnv`.
+A constructor that passes `**env_kwargs` on says where with `forwards_kwargs_to`: "module:function" strings on
+its floor or below (tests/test_import_direction.py counts them as imports), or the registered gym id of a factory
+on a higher floor; without it, they go to `SearchEnv`.
 """
 
 from __future__ import annotations
@@ -81,6 +82,10 @@ def _accepted(entry_point: str) -> dict[str, tuple[type, ...] | None]:
         if name in seen:
             continue
         seen.add(name)
+        if name in gym.registry:  # a gym id (a forward to a factory on a higher floor): its entry point
+            target = gym.spec(name).entry_point
+            pending.extend([target] if isinstance(target, str) else [])
+            continue
         creator = load_env_creator(name)
         params = inspect.signature(creator).parameters
         hints = _hints(creator.__init__ if inspect.isclass(creator) else creator)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 from typing import Any, cast
 
+from searchgym.envs.env_ids import LOCAL_QA  # the id these errors name
 from searchgym.envs.env_kwargs import options_from
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import load_pool
 from searchgym.envs.tools.indexes import open_index
 from searchgym.envs.tools.retrievers import check_retriever, open_retriever
 from searchgym.envs.tools.shards import is_sharded, open_sharded
-
-LOCAL_QA = "searchgym/LocalQA-v0"  # the id these errors name (registration.py registers it)
 
 
 def make_local_qa(

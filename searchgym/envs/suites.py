@@ -18,6 +18,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from searchgym.envs.env_ids import SYNTHETIC_QA
 from searchgym.envs.factory import make_unwrapped
 
 DATA_ENV = "SEARCHGYM_DATA"
@@ -139,7 +140,7 @@ def make_suite_env(
     by `searchgym eval`, which needs a chat model)."""
     spec = SUITES[suite]
     if spec.kind == "embedded":
-        return make_unwrapped("searchgym/SyntheticQA-v0", **env_kwargs)
+        return make_unwrapped(SYNTHETIC_QA, **env_kwargs)
     tasks = data if data is not None else resolve_data(spec, data_root, split)
     if isinstance(tasks, (str, os.PathLike)) and Path(tasks).is_dir():
         from searchgym.envs.tasks import TaskPool
@@ -160,9 +161,10 @@ def make_suite_env(
     return make_web_qa(tasks, **env_kwargs)
 
 
-# its **env_kwargs reach one of these, by the suite's kind (envs/env_kwargs.py checks them by name)
+# its **env_kwargs reach one of these, by the suite's kind (envs/env_kwargs.py checks them by name); SyntheticQA's
+# factory is named by its gym id, as make_suite_env builds it: its module is in world/, a floor above envs
 make_suite_env.forwards_kwargs_to = (  # type: ignore[attr-defined]
     "searchgym.envs.local_qa:make_local_qa",
     "searchgym.envs.web_env:make_web_qa",
-    "searchgym.world.synthetic_env:make_synthetic_qa",
+    SYNTHETIC_QA,
 )

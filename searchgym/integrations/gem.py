@@ -21,8 +21,8 @@ import gymnasium as gym
 
 import searchgym
 from searchgym.core.extras import needs
+from searchgym.envs.env_ids import SYNTHETIC_QA
 from searchgym.envs.factory import make_unwrapped
-from searchgym.envs.registration import SYNTHETIC_QA
 from searchgym.envs.rewards import JudgeFailed, judge_error
 
 with needs("searchgym.integrations.gem"):

@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from searchgym.core.extras import needs
+from searchgym.envs.env_ids import SYNTHETIC_QA
 from searchgym.envs.factory import make_unwrapped
-from searchgym.envs.registration import SYNTHETIC_QA
 from searchgym.envs.rewards import JudgeFailed, judge_error
 
 with needs("searchgym.integrations.skyrl"):

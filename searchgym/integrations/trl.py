@@ -38,9 +38,9 @@ import gymnasium as gym
 import searchgym  # noqa: F401 - registers the env ids
 from searchgym.agents.formats import CHATML_TOOLS_TEMPLATE
 from searchgym.core.extras import needs
+from searchgym.envs.env_ids import SYNTHETIC_QA
 from searchgym.envs.env_kwargs import check_env_kwargs
 from searchgym.envs.factory import make_unwrapped
-from searchgym.envs.registration import SYNTHETIC_QA
 from searchgym.envs.rewards import PROCESS_MODES, episode_reward, judge_error
 from searchgym.integrations.actions import ARGUMENTS, tool_call_action
 

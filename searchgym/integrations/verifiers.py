@@ -33,9 +33,9 @@ from pydantic import Field, model_validator
 
 import searchgym  # noqa: F401 - registers the env ids
 from searchgym.core.extras import needs
+from searchgym.envs.env_ids import SYNTHETIC_QA
 from searchgym.envs.env_kwargs import check_env_kwargs
 from searchgym.envs.factory import make_unwrapped
-from searchgym.envs.registration import SYNTHETIC_QA
 from searchgym.envs.rewards import JudgeFailed, episode_reward, judge_error
 
 with needs("searchgym.integrations.verifiers"):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from searchgym.envs.env_ids import SYNTHETIC_QA
 from searchgym.envs.env_kwargs import check_env_kwargs as check_kwargs_of
-from searchgym.envs.registration import SYNTHETIC_QA
 from searchgym.envs.search_env import SearchEnv
 from searchgym.envs.tasks import load_pool
 from searchgym.envs.tools.index_files import has_manifest

@@ -1,15 +1,16 @@
-"""Gym ids of searchgym. Entry points are strings, so registering imports no higher floor."""
+"""Registers searchgym's gym ids, benchmark suites included: what `import searchgym` runs.
+
+Entry points are strings, so registering imports only envs (gymnasium, the ids, the suites) and `import
+searchgym` stays light; the factories load when `gym.make` builds an env. The strings still name modules
+(world's SyntheticQA, agents' SimulatedQA), so this room sits above agents, on no lower floor than what it names
+(tests/test_import_direction.py counts entry-point strings as imports)."""
 
 from __future__ import annotations
 
 import gymnasium as gym
 
+from searchgym.envs.env_ids import LOCAL_QA, SIMULATED_QA, SYNTHETIC_QA, WEB_QA
 from searchgym.envs.suites import register_suites
-
-LOCAL_QA = "searchgym/LocalQA-v0"
-SYNTHETIC_QA = "searchgym/SyntheticQA-v0"
-WEB_QA = "searchgym/WebQA-v0"
-SIMULATED_QA = "searchgym/SimulatedQA-v0"
 
 
 def register_envs() -> None:

@@ -81,11 +81,11 @@ def check_sharding(index: str | os.PathLike | None, servers: Any) -> None:
         raise ValueError(
             f"{LOCAL_QA}: env kwarg 'index' is a sharded index ({os.fspath(index)} has shards.json, from `index "
             f"build --shards N`), which an env does not search shard by shard: serve it as one address with "
-            f"{serve.replace('DIR', os.fspath(index))} and pass servers=[\"http://host:8000\"]"
+            f'{serve.replace("DIR", os.fspath(index))} and pass servers=["http://host:8000"]'
         )
     if isinstance(servers, (list, tuple)) and any(isinstance(s, (list, tuple)) for s in servers):
         raise ValueError(
             f"{LOCAL_QA}: env kwarg 'servers' is a list of shard lists ([[shard 0's replicas], ...]), which an env "
             f"no longer fans out to: serve the sharded index as one address with {serve} (a deployment per shard, "
-            f"with its replicas) and pass servers=[\"http://host:8000\"]"
+            f'with its replicas) and pass servers=["http://host:8000"]'
         )

@@ -77,3 +77,12 @@ def test_localqa_refuses_shard_lists_saying_to_serve_them_as_one_address(small_b
         gym.make("searchgym/LocalQA-v0", tasks=small_bundle / "tasks.jsonl", servers=servers, max_turns=3)
     message = str(refused.value)
     assert "searchgym serve ray-search --index DIR" in message and 'servers=["http://host:8000"]' in message
+
+
+def test_serve_search_and_open_index_refuse_a_sharded_index_naming_serve_ray_search(sharded):
+    """`serve search --index OUT` (open_index) would otherwise say OUT is no index at all: it names what serves it."""
+    from searchgym.envs.tools.indexes import open_index
+
+    with pytest.raises(FileNotFoundError, match=r"is a sharded index .* `searchgym serve ray-search --index "):
+        open_index(sharded)
+    assert open_index(shard_dir(sharded, 0) / "index").search_sync("a", 1) is not None  # each shard is an index

@@ -88,9 +88,9 @@ COMMANDS = (  # a table: one command per entry, in the order `searchgym --help` 
     Command("bench load", "serve model, search and env at 50, 200 and 1,000 clients beside 1,000 idle sockets and "
             "one oversized request: items/s, p50/p99, errors, RSS, fds", "bench.load", "LoadBenchSettings",
             "load_bench_command"),
-    Command("bench scale-out", "one retrieval server against N shard servers on a 1,000,000-page world: start-up, "
-            "queries/s, p99 and errors at 1,000 clients, side by side", "bench.scale_out", "ScaleOutSettings",
-            "scale_out_command"),
+    Command("bench scale-out", "one retrieval server against Ray Serve with 1 and 2 replicas and over N shards on a "
+            "1,000,000-page world: start-up, queries/s, p99 and errors at 1,000 clients, side by side",
+            "bench.scale_out", "ScaleOutSettings", "scale_out_command"),
     Command("bench levers", "what each CPU lever (threads, bf16 autocast, frozen lower layers, micro-batch) does to "
             "a real model's learner step: speed, memory and how close its update stays", "bench.levers",
             "LeversConfig", "levers_bench_command", config=True),

@@ -97,23 +97,26 @@ def browsecomp_files(tally: Tally, rng: random.Random, work: Path, n: int) -> No
             shutil.rmtree(root, ignore_errors=True)
 
 
-async def every_page_found(index_dir: Path, docs: list[dict[str, Any]]) -> bool:
-    """Whether every document is searchable by its title and its page reachable through the sharded index."""
-    from searchgym.envs.tools.shards import open_sharded
+def every_page_found(index_dir: Path, docs: list[dict[str, Any]]) -> bool:
+    """Whether every document is reachable through the shards `serve ray-search` would deploy for `index_dir` (its
+    layout reads and checks shards.json): in the shard its url hashes to, found there by its title, its page there."""
+    from searchgym.envs.tools.local_index import LocalIndex
+    from searchgym.envs.tools.shards import shard_of
+    from searchgym.serve.ray_search import RayServeLayout
 
-    index = open_sharded(index_dir)
-    try:
-        for doc in docs:
-            hits = await index.search(doc["title"], 10)
-            if doc["url"] not in [h.url for h in hits] or (await index.fetch(doc["url"])).title != doc["title"]:
-                return False
-        return True
-    finally:
-        await index.close()
+    shards = [LocalIndex(path) for path in RayServeLayout(str(index_dir)).shard_indexes()]
+    for doc in docs:
+        home = shards[shard_of(doc["url"], len(shards))]
+        if doc["url"] not in [h.url for h in home.search_sync(doc["title"], 10)]:
+            return False
+        if home.get_page(doc["url"]).title != doc["title"]:
+            return False
+    return True
 
 
 def shard_manifests(tally: Tally, rng: random.Random, work: Path, n: int) -> None:
-    """`n` tampered sharded indexes: an error naming shards.json, or every page still found."""
+    """`n` tampered sharded indexes read as `serve ray-search` reads them: an error naming shards.json, or every page
+    still found in its shard."""
     from searchgym.envs.source_files import SourceFileError
     from searchgym.envs.tools.shards import build_shards
 
@@ -138,7 +141,7 @@ def shard_manifests(tally: Tally, rng: random.Random, work: Path, n: int) -> Non
             else:
                 manifest.write_text(json.dumps(rng.choice([None, [], "3", 3.0, True, {"shards": "3"}])))
             try:
-                found = asyncio.run(every_page_found(index, docs))
+                found = every_page_found(index, docs)
             except SourceFileError as e:
                 if str(e).startswith(str(manifest)):
                     tally.ok()
@@ -330,28 +333,22 @@ async def mcp_bodies(tally: Tally, rng: random.Random, n: int) -> None:
 
 
 async def shard_scores(tally: Tally, rng: random.Random, n: int) -> None:
-    """Shards sending NaN or infinite scores fail the search; finite ones are merged."""
-    from searchgym.envs.tools.base import BackendError, SearchHit
-    from searchgym.envs.tools.shards import ShardedSearch
-
-    class Shard:
-        def __init__(self, scores: list[float]) -> None:
-            self.scores = scores
-
-        async def search(self, query: str, k: int) -> list[SearchHit]:
-            return [SearchHit(f"d{i}", "t", f"u{id(self)}-{i}", "", s) for i, s in enumerate(self.scores)]
+    """Shards sending NaN or infinite scores fail the Ray Serve ingress's merge (a 503 naming the shard); finite
+    ones are merged."""
+    from searchgym.serve.ray_search import ShardCallFailed, merge_shards
 
     choices = [1.0, 0.5, -2.0, 0.0, math.nan, math.inf, -math.inf]
     for _ in range(n):
         shards = [[rng.choice(choices) for _ in range(rng.randrange(1, 4))] for _ in range(rng.randrange(1, 4))]
         finite = all(math.isfinite(s) for scores in shards for s in scores)
+        parts = [[[({"id": f"d{i}-{j}"}, s) for j, s in enumerate(scores)]] for i, scores in enumerate(shards)]
         try:
-            hits = await ShardedSearch([Shard(s) for s in shards]).search("q", 5)
-            if finite and all(math.isfinite(h.score) for h in hits):
+            merged = merge_shards(parts, 5)
+            if finite and all(math.isfinite(s) for _, s in merged[0]):
                 tally.ok()
             else:
                 tally.bad(f"scores {shards} were merged")
-        except BackendError:
+        except ShardCallFailed:
             if finite:
                 tally.bad(f"finite scores {shards} failed the search")
             else:

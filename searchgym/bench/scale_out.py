@@ -1,20 +1,23 @@
-"""`searchgym bench scale-out`: one retrieval server against N shard servers, side by side in one run.
+"""`searchgym bench scale-out`: one retrieval server against Ray Serve's replicas and shards, side by side in one run.
 
 On one synthetic world (1,000,000 pages by default; `--world DIR` reuses a written one), the corpus is indexed
-whole and as `--shards` shards (`index build --shards`). Then, with each layout's servers in their own processes
-(`searchgym serve search`, one per index or shard):
+whole and as `--shards` shards (`index build --shards`). Then the arms, each reached by its clients at one address:
 
-- start-up: seconds from launch to /health answering, per server (the sharded layout is ready when its slowest
-  shard is);
+- `single`: the whole index behind one `searchgym serve search` in its own process;
+- `ray_1`, `ray_2`: the whole index as a Ray Serve application (`serve ray-search`) with 1 and with 2 replicas;
+- `ray_sharded`: the shards as one Ray Serve application, a deployment per shard (scale_out_ray.py).
+
+Measured per arm:
+
+- start-up: seconds from launch to answering (/health for the server, every replica up for an application);
 - load: `clients` concurrent clients (1,000 by default), each sending entity-name queries one after another for
-  `seconds`, through the client a run uses (`RemoteSearch` for one server, `ShardedSearch` over the shards), in
-  rounds that alternate the layouts (A B A B ...) so both see the same machine; recorded per round: queries/s
-  answered, p50/p99 latency, errors, and whether each hit list holds the queried page in its top k;
-- memory: each server's resident set after the load (a shard holds a share of the index).
+  `seconds`, through the client a run uses (`RemoteSearch` on the arm's URL), in rounds that alternate the arms
+  (A B C D, D C B A) so all see the same machine; recorded per round: queries/s answered, p50/p99 latency, errors,
+  and whether each hit list holds the queried page in its top k;
+- memory: the one server's resident set after the load.
 
-Beside them, the whole index as a Ray Serve application with 1 and with 2 replicas (`ray_1`, `ray_2`) and the shards
-as one (`ray_sharded`; see scale_out_ray.py), loaded the same way in the same rounds, so one run compares one server,
-Ray Serve's replicas and the shards.
+Without `searchgym[serve-ray]` only `single` runs and the report says why. (Reports written before the client-side
+shard fan-out was removed also hold a `sharded` arm: shard servers searched by `ShardedSearch`.)
 
 Numbers go to results/bench_scale_out.json (with the machine), never asserted in tests.
 """
@@ -45,20 +48,22 @@ K = 5
 
 @dataclass
 class ScaleOutSettings:
-    """`searchgym bench scale-out`: one retrieval server against `shards` shard servers, side by side."""
+    """`searchgym bench scale-out`: one retrieval server against Ray Serve with 1 and 2 replicas and over `shards`
+    shards, side by side."""
 
     size: int = setting(1_000_000, at_least=100, help="pages in the synthetic world")
-    shards: int = setting(4, at_least=1, help="shard servers")
+    shards: int = setting(4, at_least=1, help="shards of the Ray Serve sharded arm")
     clients: int = setting(1000, at_least=1, help="concurrent clients")
     seconds: float = setting(20.0, above=0, help="per round")
-    rounds: int = setting(2, at_least=1, help="each layout's rounds, alternated")
+    rounds: int = setting(2, at_least=1, help="each arm's rounds, alternated")
     world: Path | None = setting(None, help="a directory to build the world and indexes in (kept)")
     out: Path | None = setting(Path("results/bench_scale_out.json"), help="the report JSON")
     n_queries: int = setting(5000, at_least=1, help="distinct queries the clients cycle through")
 
 
 def run_scale_out(settings: ScaleOutSettings) -> dict[str, Any]:
-    """Build (or reuse) the world and both layouts, then measure them side by side; the report (written to `out`)."""
+    """Build (or reuse) the world, its index and its shards, then measure the arms side by side; the report (written
+    to `out`)."""
     import json
 
     raise_open_files_limit()  # 1,000 clients hold 1,000 sockets
@@ -79,25 +84,19 @@ def run_scale_out(settings: ScaleOutSettings) -> dict[str, Any]:
         }
         with ExitStack() as stack:
             starts: dict[str, list[float]] = {}
-            single = _start(stack, [root / "index"], starts, "single")
-            sharded = _start(
-                stack, [root / "shards" / f"shard-{i:02d}" / "index" for i in range(settings.shards)], starts, "sharded"
-            )
-            layouts = {"single": [[s.url] for s in single], "sharded": [[s.url] for s in sharded]}
+            single = _start(stack, root / "index", starts)
+            layouts = {"single": single.url}
             layouts |= stack.enter_context(ray_arms(root / "index", root / "shards", RAY_REPLICAS, starts, report))
             report["startup_s"] = {
                 name: {"servers": [round(s, 2) for s in times], "ready": round(max(times), 2)}
                 for name, times in starts.items()
             }
             results: dict[str, list[dict[str, Any]]] = {name: [] for name in layouts}
-            for r in range(settings.rounds):  # A B C D, then D C B A: every layout sees the same machine
+            for r in range(settings.rounds):  # A B C D, then D C B A: every arm sees the same machine
                 for name in list(layouts) if r % 2 == 0 else list(reversed(layouts)):
                     results[name].append(asyncio.run(_load(layouts[name], queries, settings.clients, settings.seconds)))
             report["rounds_by_layout"] = results
-            report["rss_mb"] = {
-                "single": [s.stats()["rss_mb"] for s in single],
-                "sharded": [s.stats()["rss_mb"] for s in sharded],
-            }
+            report["rss_mb"] = {"single": [single.stats()["rss_mb"]]}
         report["summary"] = {name: _summary(rows) for name, rows in results.items()}
         qps = {name: s["queries_per_s"] for name, s in report["summary"].items()}
         for name in results:
@@ -139,32 +138,22 @@ def _queries(corpus: Path, n: int) -> list[tuple[str, str]]:
     return docs[::step][:n]
 
 
-def _start(stack: ExitStack, indexes: list[Path], starts: dict[str, list[float]], name: str) -> list[ServerProcess]:
-    servers, times = [], []
-    for index in indexes:
-        t0 = time.perf_counter()
-        servers.append(
-            stack.enter_context(
-                ServerProcess(
-                    lambda port, index=index: ["serve", "search", "--index", str(index), "--port", str(port)],
-                    startup_s=1800,
-                )
-            )
-        )
-        times.append(time.perf_counter() - t0)
-    starts[name] = times
-    return servers
+def _start(stack: ExitStack, index: Path, starts: dict[str, list[float]]) -> ServerProcess:
+    """`serve search` over `index` in its own process for the block, its start-up seconds in `starts["single"]`."""
+    t0 = time.perf_counter()
+    server = stack.enter_context(
+        ServerProcess(lambda port: ["serve", "search", "--index", str(index), "--port", str(port)], startup_s=1800)
+    )
+    starts["single"] = [time.perf_counter() - t0]
+    return server
 
 
-async def _load(
-    servers: list[list[str]], queries: list[tuple[str, str]], clients: int, seconds: float
-) -> dict[str, Any]:
-    """`clients` coroutines querying for `seconds` through the layout's client; latencies, errors, top-k hits."""
+async def _load(url: str, queries: list[tuple[str, str]], clients: int, seconds: float) -> dict[str, Any]:
+    """`clients` coroutines querying the arm at `url` for `seconds` through RemoteSearch; latencies, errors, top-k
+    hits."""
     from searchgym.envs.tools.remote_search import RemoteOptions, RemoteSearch
-    from searchgym.envs.tools.shards import ShardedSearch
 
-    options = RemoteOptions(max_connections=clients, timeout=60.0)
-    backend: Any = RemoteSearch(servers[0], options) if len(servers) == 1 else ShardedSearch.remote(servers, options)
+    backend = RemoteSearch(url, RemoteOptions(max_connections=clients, timeout=60.0))
     latencies: list[float] = []
     errors: Counter[str] = Counter()
     found = 0

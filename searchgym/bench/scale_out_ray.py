@@ -1,6 +1,6 @@
 """The Ray Serve arms of `searchgym bench scale-out`: the whole index as a Ray Serve application with 1 and with 2
-replicas (`serve/ray_search.py`), and the shards as one (a deployment per shard), beside the one server and the
-shard servers, in the same run.
+replicas (`serve/ray_search.py`), and the shards as one (a deployment per shard), beside the one server, in the same
+run.
 
 Each arm is its own application on one local Ray (started here unless one runs) behind Serve's HTTP proxy, at
 `/ray-N` (`/ray-sharded`); its ingress has as many replicas as each shard, and no replica reserves a CPU, so every
@@ -26,12 +26,11 @@ RAY_REPLICAS = (1, 2)  # the arms: replicas of the whole index
 @contextlib.contextmanager
 def ray_arms(
     index: Path, shards: Path, replicas: Sequence[int], starts: dict[str, list[float]], report: dict[str, Any]
-) -> Iterator[dict[str, list[list[str]]]]:
+) -> Iterator[dict[str, str]]:
     """For the block, one Ray Serve application per count in `replicas` over the whole `index`, and one over the
-    `shards` (one replica each: what would replace the shard servers and ShardedSearch); yields each arm's layout
-    (`{"ray_N": [[url]], "ray_sharded": [[url]]}`, as scale_out names a layout's servers), records each arm's start-up
-    seconds in `starts` and Ray's own in `report["ray_start_s"]` (or why the arms were skipped in
-    `report["ray_skipped"]`)."""
+    `shards` (a deployment per shard, one replica each); yields each arm's URL (`{"ray_N": url, "ray_sharded":
+    url}`), records each arm's start-up seconds in `starts` and Ray's own in `report["ray_start_s"]` (or why the arms
+    were skipped in `report["ray_skipped"]`)."""
     try:
         serve = ray_serve()
     except MissingExtra as e:
@@ -60,7 +59,7 @@ def ray_arms(
             route = "/" + name.replace("_", "-")
             deploy(layout, name=name, route_prefix=route)  # returns once every replica is up
             starts[name] = [time.perf_counter() - t0]
-            layouts[name] = [[base + route]]
+            layouts[name] = base + route
         yield layouts
     finally:
         with contextlib.suppress(Exception):

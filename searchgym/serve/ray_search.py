@@ -1,10 +1,11 @@
 """`serve search` as a Ray Serve application: shards and their replicas as Ray Serve deployments.
 
-The retrieval server (`retrieval_server.py`) is one process over one index; `ShardedSearch` (`shards.py`) fans a
-query out to shard servers from the client, with replicas and failover written by us (`RemoteSearch`). Here the same
-index, whole or split by `index build --shards N`, runs inside the Ray cluster a trainer already has, and Ray Serve
-does what we otherwise wrote ourselves: it places each shard's replicas, routes each call to a live replica, checks
-their health and replaces one that dies.
+The retrieval server (`retrieval.py`) is one process over one index. This is how an index past one machine, split by
+`index build --shards N` (`envs/tools/shards.py`: the layout and its checked `shards.json`), or one needing more
+replicas, is served: inside the Ray cluster a trainer already has, where Ray Serve places each shard's replicas,
+routes each call to a live replica, checks their health and replaces one that dies. It is the only place shards are
+searched as one (envs do not fan out to shards themselves: `LocalQA-v0` refuses a sharded index and shard lists,
+pointing here), and clients reach it at one address as they reach one server.
 
 The application (`build_app`), for an index of N shards (a plain index is one shard):
 
@@ -15,10 +16,10 @@ The application (`build_app`), for an index of N shards (a plain index is one sh
 - `ingress`: the only deployment reached over HTTP, `ingress_replicas` replicas. It keeps the Search-R1 `/retrieve`
   and ASearcher `/access` contracts of `serve search` byte for byte (the same request checks and error messages, the
   same JSON, 400s with {"error": ...} for bad input, never a 500): a `/retrieve` batch goes to every shard through
-  its deployment handle, and each query's hits are merged by score the way `ShardedSearch` merges them (ties: lower
-  shard first, then each shard's order); an `/access` url goes to the shard its url hashes to (`shard_of`), and a
-  url that shard does not know is asked of the others (a doc id, which `serve search` also accepts, hashes
-  anywhere). `GET /health` sums the shards' documents.
+  its deployment handle, and each query's hits are merged by score (`merge_shards`: ties to the lower shard, then to
+  each shard's order; a score that is not finite fails the request); an `/access` url goes to the shard its url
+  hashes to (`shard_of`), and a url that shard does not know is asked of the others (a doc id, which `serve search`
+  also accepts, hashes anywhere). `GET /health` sums the shards' documents.
 
 A shard call whose replica dies under it (RayActorError) is sent again, to a live replica as Ray Serve routes it,
 up to `shard_retries` times; a call still failing, or unanswered within `shard_timeout_s`, fails the request with a
@@ -333,9 +334,13 @@ async def _read_body(request: Any, cap: int) -> bytes:
 
 
 def merge_shards(parts: list[Rows], k: int) -> Rows:
-    """Each query's top-k over every shard's top-k, by score; ties as ShardedSearch breaks them (lower shard first,
-    then each shard's own order). A score that is not a finite number fails the request (ShardCallFailed): a NaN
-    would sort anywhere and an inf would take the whole top-k."""
+    """Each query's top-k over every shard's top-k, by score; ties to the lower shard, then to each shard's own order
+    (so a reply is the same whichever replicas answered). A score that is not a finite number fails the request
+    (ShardCallFailed, a 503 naming the shard): a NaN would sort anywhere and an inf would take the whole top-k.
+
+    BM25 scores from different shards are merged as they are: each shard computes IDF over its own documents, which
+    for a hash split of a large corpus is close to the whole corpus's (the usual trade of sharded BM25; the merged
+    ranking can differ from one index's near ties)."""
     merged: Rows = []
     for q in range(len(parts[0])):
         ranked = []

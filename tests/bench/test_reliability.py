@@ -189,3 +189,19 @@ def test_round_threes_surfaces_are_counted_with_no_crash_and_a_hole_is_a_crash(m
     leaky = reliability._Tally("leaky")
     reliability_sources.cost_budgets(leaky, random.Random(44), 30)
     assert leaky.crashes > 0 and any("was accepted" in note for note in leaky.notes)
+
+
+def test_a_shard_merge_that_ranks_a_nan_is_counted_as_a_crash(monkeypatch):
+    """The shard-scores drill runs against Ray Serve's ingress merge: one that ranks non-finite scores is caught."""
+    from searchgym.bench import reliability_sources
+    from searchgym.serve import ray_search
+
+    clean = reliability._Tally("clean")
+    asyncio.run(reliability_sources.shard_scores(clean, random.Random(44), 40))
+    assert clean.crashes == 0 and clean.handled == 40
+    monkeypatch.setattr(
+        ray_search, "merge_shards", lambda parts, k: [sorted(sum((p[0] for p in parts), []), key=lambda r: -r[1])[:k]]
+    )
+    leaky = reliability._Tally("leaky")
+    asyncio.run(reliability_sources.shard_scores(leaky, random.Random(44), 40))
+    assert leaky.crashes > 0 and any("were merged" in note for note in leaky.notes)

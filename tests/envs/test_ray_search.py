@@ -1,10 +1,11 @@
-"""`serve search` as a Ray Serve application, on a local Ray on CPU: byte for byte the replies of `serve search`
-(a whole index, and shards merged as ShardedSearch merges them), 4xx for junk, and a shard replica killed while
-clients query losing no query."""
+"""`serve search` as a Ray Serve application, on a local Ray on CPU: byte for byte the replies of `serve search` over
+a whole index, over shards the replies of `serve search` on each shard merged by score (ties: lower shard first, then
+each shard's order), 4xx for junk, and a shard replica killed while clients query losing no query."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -14,8 +15,9 @@ import pytest
 
 from searchgym.envs.tools.base import BackendError
 from searchgym.envs.tools.corpus import read_corpus
+from searchgym.envs.tools.local_index import LocalIndex
 from searchgym.envs.tools.remote_search import RemoteOptions, RemoteSearch
-from searchgym.envs.tools.shards import ShardedSearch, build_shards, open_sharded
+from searchgym.envs.tools.shards import build_shards, shard_dir
 from searchgym.serve.retrieval import serving
 
 ray = pytest.importorskip("ray")
@@ -94,40 +96,61 @@ def test_a_whole_index_answers_byte_for_byte_as_serve_search(ray_serve, small_in
     asyncio.run(run())
 
 
-def test_shards_answer_byte_for_byte_as_serve_search_over_sharded_search(ray_serve, sharded_dir, docs):
-    """The same shards searched by our fan-out (ShardedSearch behind `serve search`) and by Ray Serve's deployments:
-    the same bytes, so the same hits, scores and tie order; every page from the shard its url hashes to."""
+def _shards(sharded_dir) -> list[LocalIndex]:
+    return [LocalIndex(shard_dir(sharded_dir, i) / "index") for i in range(SHARDS)]
+
+
+def _merged(replies: list[list[list[dict]]], k: int, scores: bool) -> list[list[dict]]:
+    """The test's own merge of each shard's /retrieve rows (with scores): each query's top k by score, ties to the
+    lower shard, then to the shard's own order; the rows without their scores unless asked for."""
+    out = []
+    for q in range(len(replies[0])):
+        ranked = sorted(
+            ((-row["score"], i, rank, row) for i, reply in enumerate(replies) for rank, row in enumerate(reply[q])),
+            key=lambda item: item[:3],
+        )
+        out.append([row if scores else row["document"] for *_, row in ranked[:k]])
+    return out
+
+
+def test_shards_answer_as_serve_search_on_each_shard_merged_by_score(ray_serve, sharded_dir, small_index, docs):
+    """Every /retrieve over the sharded application equals `serve search` on each shard merged by score (the same
+    hits, scores, tie order and documents); every /access equals `serve search` over the whole index, a page from
+    the shard its url hashes to, a doc id from whichever shard holds it."""
     urls = [d.url for d in random.Random(2).sample(docs, 8)]
     access = [{"urls": urls}, {"urls": [urls[0], "https://nowhere.test/none", urls[1]]}]
+    checks = RayServeLayout(str(sharded_dir)).checker()
 
     async def run():
-        fanout = open_sharded(sharded_dir)
-        async with serving(fanout) as plain, aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(TIMEOUT)) as s:
-            for path, bodies in (("/retrieve", _bodies(docs)), ("/access", access)):
-                for body in bodies:
-                    want = await _post(s, plain + path, body)
-                    assert want[0] == 200
-                    assert await _post(s, ray_serve["sharded"] + path, body) == want, (path, body)
+        async with contextlib.AsyncExitStack() as stack:
+            s = await stack.enter_async_context(aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(TIMEOUT)))
+            shards = [await stack.enter_async_context(serving(shard)) for shard in _shards(sharded_dir)]
+            whole = await stack.enter_async_context(serving(small_index))
+            for body in _bodies(docs):
+                _, k, scores, _ = checks._retrieve_args(json.dumps(body).encode())
+                replies = [await _post(s, u + "/retrieve", {**body, "return_scores": True}) for u in shards]
+                assert all(status == 200 for status, _ in replies)
+                want = _merged([json.loads(raw)["result"] for _, raw in replies], k, scores)
+                status, raw = await _post(s, ray_serve["sharded"] + "/retrieve", body)
+                assert status == 200 and json.loads(raw) == {"result": want}, body
+            for body in access + [{"urls": [d.id for d in docs[:6]]}]:  # a doc id hashes to any shard
+                assert await _post(s, ray_serve["sharded"] + "/access", body) == await _post(s, whole + "/access", body)
             async with s.get(ray_serve["sharded"] + "/health") as resp:
                 assert (await resp.json())["docs"] == len(docs)
-            # a doc id hashes to any shard: the other shards are asked, as one server is asked by id
-            status, raw = await _post(s, ray_serve["sharded"] + "/access", {"urls": [d.id for d in docs[:6]]})
-            assert status == 200 and [row["url"] for row in json.loads(raw)["result"]] == [d.url for d in docs[:6]]
 
     asyncio.run(run())
 
 
-def test_remote_search_over_the_application_finds_what_sharded_search_finds(ray_serve, sharded_dir, docs):
+def test_remote_search_over_the_application_finds_the_shards_top_hits_by_score(ray_serve, sharded_dir, docs):
     queries = [d.title for d in random.Random(3).sample(docs, 20)]
+    want = _expected(sharded_dir, queries)
 
     async def run():
-        local = ShardedSearch(open_sharded(sharded_dir).shards)
         remote = RemoteSearch(ray_serve["sharded"], RemoteOptions(timeout=TIMEOUT))
         try:
             got = await remote.search_batch(queries, 5)
             for query, hits in zip(queries, got, strict=True):
-                want = await local.search(query, 5)
-                assert [(h.doc_id, h.url, h.score) for h in hits] == [(h.doc_id, h.url, h.score) for h in want]
+                assert [(h.doc_id, h.score) for h in hits] == want[query]
             page = await remote.fetch(docs[5].url)
             assert page.title == docs[5].title and page.text == docs[5].text
         finally:
@@ -199,7 +222,7 @@ def test_a_replica_killed_mid_load_loses_no_query(ray_serve, sharded_dir, docs):
     every query is answered with the right hits, or with a clear error; none hangs, none is wrong, none is lost. Then
     Ray Serve brings the shard back to two replicas."""
     queries = [d.title for d in random.Random(4).sample(docs, 40)]
-    want = asyncio.run(_expected(sharded_dir, queries))
+    want = _expected(sharded_dir, queries)
     victim = _replicas("sharded", "shard-00")[0]
     url = ray_serve["sharded"] + "/retrieve"
 
@@ -306,10 +329,18 @@ def _ingress_stats() -> dict[str, int]:
     return serve.get_app_handle("sharded").stats.remote().result(timeout_s=TIMEOUT)
 
 
-async def _expected(sharded_dir, queries: list[str]) -> dict[str, list[tuple[str, float]]]:
-    """Each query's top 5 (doc id, score) as our own fan-out, ShardedSearch, ranks them."""
-    fanout = open_sharded(sharded_dir)
-    return {q: [(h.doc_id, h.score) for h in await fanout.search(q, 5)] for q in queries}
+def _expected(sharded_dir, queries: list[str]) -> dict[str, list[tuple[str, float]]]:
+    """Each query's top 5 (doc id, score) over every shard's top 5, by score (ties: lower shard, then its order)."""
+    shards = _shards(sharded_dir)
+    want = {}
+    for q in queries:
+        ranked = sorted(
+            (-h.score, i, rank, h.doc_id)
+            for i, shard in enumerate(shards)
+            for rank, h in enumerate(shard.search_sync(q, 5))
+        )
+        want[q] = [(doc_id, -neg) for neg, _, _, doc_id in ranked[:5]]
+    return want
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """What a retrieval server sends is checked before it is ranked: a score that is not a finite number (NaN, inf) fails
-the search (a shard that sends one is a failed shard, never one that takes the whole top-k), and a reply past
-`max_reply_bytes` is a failed try, read no further."""
+the search (a shard that sends one to Ray Serve's ingress is a failed shard, never one that takes the whole top-k),
+and a reply past `max_reply_bytes` is a failed try, read no further."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestServer
 
 from searchgym.envs.tools.base import BackendError, SearchHit
 from searchgym.envs.tools.remote_search import RemoteOptions, RemoteSearch
-from searchgym.envs.tools.shards import ShardedSearch
+from searchgym.serve.ray_search import ShardCallFailed, merge_shards
 
 
 def reply_with(body: bytes) -> web.Application:
@@ -59,18 +59,14 @@ def test_a_reply_past_the_cap_is_refused_without_reading_it_whole():
     assert len(asyncio.run(search_on(big))) == 1  # under the default cap (64 MiB) it is a result
 
 
-class Shard:
-    """A shard that answers fixed scores."""
-
-    def __init__(self, *scores: float) -> None:
-        self.scores = scores
-
-    async def search(self, query: str, k: int) -> list[SearchHit]:
-        return [SearchHit(f"d{s}", "t", f"u{s}", "", s) for s in self.scores]
-
-
 def test_a_shard_sending_inf_or_nan_is_a_failed_shard():
-    for bad in (float("inf"), float("nan")):
-        with pytest.raises(BackendError, match="shard 1 of 2 failed: it sent a score that is not finite"):
-            asyncio.run(ShardedSearch([Shard(2.0, 1.0), Shard(bad)]).search("q", 3))
-    assert [h.score for h in asyncio.run(ShardedSearch([Shard(2.0, 1.0), Shard(1.5)]).search("q", 3))] == [2, 1.5, 1]
+    """The ingress's merge of each shard's (doc, score) pairs (`serve ray-search`): a non-finite score fails the
+    request naming the shard (a 503 clients retry), finite ones are ranked by score, ties by shard then rank."""
+
+    def shard(*scores: float) -> list[list[tuple[dict[str, str], float]]]:
+        return [[({"id": f"d{s}"}, s) for s in scores]]  # one query's pairs
+
+    for bad in (float("inf"), float("nan"), -float("inf")):
+        with pytest.raises(ShardCallFailed, match="shard 1 of 2 failed: it sent a score that is not finite"):
+            merge_shards([shard(2.0, 1.0), shard(bad)], 3)
+    assert [s for _, s in merge_shards([shard(2.0, 1.0), shard(1.5)], 3)[0]] == [2, 1.5, 1]

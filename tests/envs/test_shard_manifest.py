@@ -1,10 +1,10 @@
-"""A sharded index's manifest checked against its shard directories on every open (an edited `shards.json` or a
-half-replaced index is an error naming the manifest, never shards silently lost), and what a killed index build
+"""A sharded index's manifest checked against its shard directories whenever it is read (as `serve ray-search` reads
+it to deploy a shard each: an edited `shards.json` or a half-replaced index is an error naming the manifest, never
+shards silently lost), and what a killed index build
 leaves beside its target removed by the next build."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from searchgym.bench.reliability_sources import every_page_found
 from searchgym.envs.source_files import SourceFileError
 from searchgym.envs.tools.local_index import LocalIndex
-from searchgym.envs.tools.shards import build_shards, open_sharded
+from searchgym.envs.tools.shards import build_shards
+from searchgym.serve.ray_search import RayServeLayout
 
 SHARDS = 3
 DOCS = [
@@ -39,8 +40,8 @@ def built(tmp_path_factory) -> Path:
 
 
 def every_page_is_found(index_dir: Path) -> bool:
-    """Whether every document is searchable and its page reachable through the sharded index."""
-    return asyncio.run(every_page_found(index_dir, DOCS))
+    """Whether every document is searchable and its page reachable in the shards `serve ray-search` would deploy."""
+    return every_page_found(index_dir, DOCS)
 
 
 def test_a_manifest_edited_to_fewer_shards_is_refused_naming_it(built, tmp_path):
@@ -50,10 +51,10 @@ def test_a_manifest_edited_to_fewer_shards_is_refused_naming_it(built, tmp_path)
     assert manifest["shards"] == SHARDS and len(manifest["shard_docs"]) == SHARDS
     (index / "shards.json").write_text(json.dumps({**manifest, "shards": 2}))
     with pytest.raises(SourceFileError, match=r"shards\.json says 2 shard\(s\) but .* holds shard directories \[0,"):
-        open_sharded(index)
+        RayServeLayout(str(index)).shard_indexes()
     (index / "shards.json").write_text("{ junk")
     with pytest.raises(SourceFileError, match=r"shards\.json:1: a shards manifest is not JSON"):
-        open_sharded(index)
+        RayServeLayout(str(index)).shard_indexes()
 
 
 def test_a_rebuild_with_fewer_shards_leaves_no_old_shard_behind(built, tmp_path):
@@ -75,8 +76,8 @@ MANIFEST_DAMAGES = st.one_of(
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(damage=MANIFEST_DAMAGES)
 def test_any_damaged_sharded_index_is_an_error_naming_its_manifest_or_serves_every_page(built, damage):
-    """Property: whatever is done to shards.json or the shard directories, opening gives a SourceFileError naming the
-    manifest, or an index from which every page is found; never a traceback, never shards silently lost."""
+    """Property: whatever is done to shards.json or the shard directories, reading the layout gives a SourceFileError
+    naming the manifest, or an index from which every page is found; never a traceback, never shards silently lost."""
     with tempfile.TemporaryDirectory() as tmp:
         index = shutil.copytree(built, Path(tmp) / "index")
         manifest_path = index / "shards.json"

@@ -1,10 +1,9 @@
-"""A sharded index searched as one: the corpus split by url, every page reachable from its shard, title searches
-finding their page as the whole index does, shards behind retrieval servers with replicas failed over, and a
-shard that is down failing the search instead of silently losing its documents."""
+"""A sharded index's layout: the corpus split by url, each page in the shard its url hashes to and found there by its
+title. Searching the shards as one is Ray Serve's (`serve ray-search`, tests/envs/test_ray_search.py): an env given a
+sharded index or a list of shard lists is refused, naming the key and what to run instead."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 
@@ -15,11 +14,9 @@ from hypothesis import strategies as st
 
 import searchgym  # noqa: F401
 from searchgym.cli import main
-from searchgym.envs.tools.base import BackendError, PageNotFound
 from searchgym.envs.tools.corpus import read_corpus
-from searchgym.envs.tools.remote_search import RemoteOptions
-from searchgym.envs.tools.shards import ShardedSearch, is_sharded, open_sharded, shard_of, split_corpus
-from searchgym.serve.retrieval import serving
+from searchgym.envs.tools.local_index import LocalIndex
+from searchgym.envs.tools.shards import is_sharded, read_shards_manifest, shard_dir, shard_of, split_corpus
 
 SHARDS = 3
 
@@ -50,87 +47,42 @@ def test_the_split_puts_each_document_in_exactly_one_shard(small_bundle, tmp_pat
     assert seen == docs
 
 
-def test_local_shards_search_as_one_index(sharded, small_bundle, small_index):
-    assert is_sharded(sharded)
-    index = open_sharded(sharded)
-    docs = list(read_corpus(small_bundle / "corpus.jsonl"))
-    sample = random.Random(0).sample(docs, 60)
-
-    async def top(backend, query, k):
-        return [h.url for h in await backend.search(query, k)]
-
-    async def run():
-        whole = sharded_found = 0
-        for doc in sample:
-            whole += (await top(small_index, doc.title, 1)) == [doc.url]
-            sharded_found += doc.url in await top(index, doc.title, 3)
-            page = await index.fetch(doc.url)  # every page from the shard its url names
-            assert page.title == doc.title
-        with pytest.raises(PageNotFound):
-            await index.fetch("https://nowhere.test/none")
-        hits = await index.search(sample[0].title, 5)
-        assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True) and len(hits) == 5
-        return whole, sharded_found
-
-    whole, sharded_found = asyncio.run(run())
-    assert sharded_found >= whole  # a title search finds its page in the top 3 wherever the whole index ranks it 1st
-
-
-def test_an_env_over_shard_servers_with_replicas_plays_and_a_dead_shard_fails_the_search(sharded, small_bundle):
-    from searchgym.envs.tools.local_index import LocalIndex
-
-    async def run():
-        shards = [LocalIndex(sharded / f"shard-{i:02d}" / "index") for i in range(SHARDS)]
-        async with serving(shards[0]) as s0, serving(shards[1]) as s1, serving(shards[2]) as s2:
-            dead = "http://127.0.0.1:9"  # nothing listens: the first replica of shard 0 is down
-            remote = ShardedSearch.remote([[dead, s0], [s1], [s2]], RemoteOptions(retries=1, backoff=0.01))
-            docs = list(read_corpus(small_bundle / "corpus.jsonl"))[:20]
-            for doc in docs:
-                hits = await remote.search(doc.title, 3)
-                assert doc.url in [h.url for h in hits]
-                assert (await remote.fetch(doc.url)).title == doc.title
-            failing = ShardedSearch.remote([[s0], [dead], [s2]], RemoteOptions(retries=0, backoff=0.01))
-            with pytest.raises(BackendError, match="shard 1 of 3"):
-                await failing.search(docs[0].title, 3)
-            await remote.close()
-            await failing.close()
-            return [s0, s1, s2]
-
-    urls = asyncio.run(run())
-    assert len(urls) == 3
-
-
-def test_localqa_takes_a_sharded_index_dir_and_shard_servers(sharded, small_bundle):
-    env = gym.make("searchgym/LocalQA-v0", tasks=small_bundle / "tasks.jsonl", index=sharded, max_turns=3)
-    obs, _ = env.reset(seed=0)
-    task = env.unwrapped.task
-    obs, *_, info = env.step(f"<search>{task.question}</search>")
-    assert info["hits"] and "search failed" not in obs
-    env.close()
+def test_each_page_is_in_its_urls_shard_and_found_there_by_title(sharded, small_bundle):
+    """The layout Ray Serve's deployments serve: shards.json names the shards, and the shard a url hashes to holds
+    its page and ranks it first for its title (so the merged top-k can hold it)."""
+    assert is_sharded(sharded) and read_shards_manifest(sharded) == SHARDS
     manifest = json.loads((sharded / "shards.json").read_text())
-    assert manifest["shards"] == SHARDS
+    docs = list(read_corpus(small_bundle / "corpus.jsonl"))
+    assert sum(manifest["shard_docs"]) == len(docs)
+    shards = [LocalIndex(shard_dir(sharded, i) / "index") for i in range(SHARDS)]
+    found = 0
+    for doc in random.Random(0).sample(docs, 60):
+        home = shards[shard_of(doc.url, SHARDS)]
+        assert home.get_page(doc.url).title == doc.title
+        found += doc.url in [h.url for h in home.search_sync(doc.title, 3)]
+    assert found >= 57  # a title search finds its page in its shard's top 3 (as the whole index does, near ties aside)
 
 
-def test_localqa_over_shard_servers_given_as_lists_of_replicas(sharded, small_bundle):
-    import contextlib
+def test_localqa_refuses_a_sharded_index_dir_saying_to_serve_it_on_ray_serve(sharded, small_bundle):
+    with pytest.raises(ValueError, match=r"env kwarg 'index' is a sharded index") as refused:
+        gym.make("searchgym/LocalQA-v0", tasks=small_bundle / "tasks.jsonl", index=sharded, max_turns=3)
+    message = str(refused.value)
+    assert f"searchgym serve ray-search --index {sharded}" in message and 'servers=["http://host:8000"]' in message
 
-    from searchgym.envs.tools.local_index import LocalIndex
-    from searchgym.serve.retrieval import create_app
-    from searchgym.testing.stand_in_llm import serve_in_thread
 
-    with contextlib.ExitStack() as stack:
-        urls = [
-            stack.enter_context(serve_in_thread(create_app(LocalIndex(sharded / f"shard-{i:02d}" / "index"))))
-            for i in range(SHARDS)
-        ]
-        env = gym.make(
-            "searchgym/LocalQA-v0", tasks=small_bundle / "tasks.jsonl", servers=[[u] for u in urls], max_turns=3
-        )
-        doc = next(read_corpus(small_bundle / "corpus.jsonl"))
-        env.reset(seed=0)
-        obs, *_, info = env.step(f"<search>{doc.title}</search>")
-        assert doc.url in [h["url"] for h in info["hits"]]
-        obs, *_, info = env.step(f"<access>{doc.url}</access>")
-        assert info["page"]["url"] == doc.url and "error" not in info
-        assert info["backend"]["shards"] == SHARDS
-        env.close()
+@pytest.mark.parametrize("servers", [[["http://127.0.0.1:9"], ["http://127.0.0.1:10"]], ["http://a:1", ["http://b:2"]]])
+def test_localqa_refuses_shard_lists_saying_to_serve_them_as_one_address(small_bundle, servers):
+    """Refused before any server is asked (nothing listens at these addresses): the error, not a connection one."""
+    with pytest.raises(ValueError, match=r"env kwarg 'servers' is a list of shard lists") as refused:
+        gym.make("searchgym/LocalQA-v0", tasks=small_bundle / "tasks.jsonl", servers=servers, max_turns=3)
+    message = str(refused.value)
+    assert "searchgym serve ray-search --index DIR" in message and 'servers=["http://host:8000"]' in message
+
+
+def test_serve_search_and_open_index_refuse_a_sharded_index_naming_serve_ray_search(sharded):
+    """`serve search --index OUT` (open_index) would otherwise say OUT is no index at all: it names what serves it."""
+    from searchgym.envs.tools.indexes import open_index
+
+    with pytest.raises(FileNotFoundError, match=r"is a sharded index .* `searchgym serve ray-search --index "):
+        open_index(sharded)
+    assert open_index(shard_dir(sharded, 0) / "index").search_sync("a", 1) is not None  # each shard is an index

@@ -31,8 +31,8 @@ class IndexBuildSettings:
         None,
         at_least=1,
         metavar="N",
-        help="split the corpus by url into N BM25 indexes (OUT/shard-NN/index, OUT/shards.json): one "
-        "`serve search` each, or LocalQA index=OUT searches them as one",
+        help="split the corpus by url into N BM25 indexes (OUT/shard-NN/index, OUT/shards.json), served as "
+        "one by `searchgym serve ray-search --index OUT`",
     )
 
 

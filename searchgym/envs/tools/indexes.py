@@ -31,8 +31,19 @@ def open_index(path: str | os.PathLike, *, dense: bool | str | Any = None, progr
 
     `dense`: None takes whatever kind is there (BM25 when it must build); False or True insist on BM25 or dense;
     an encoder preset name ("minilm", "e5", "bge") or an `Encoder` builds dense with that encoder.
+
+    A sharded index (`index build --shards N`) is no one index: it is refused, saying to serve it with
+    `searchgym serve ray-search` (a deployment per shard behind one address), the one place shards are searched.
     """
+    from searchgym.envs.tools.shards import is_sharded
+
     path = Path(path)
+    if path.is_dir() and is_sharded(path):
+        raise FileNotFoundError(
+            f"{path} is a sharded index (shards.json, from `searchgym index build --shards N`), not one index: serve "
+            f"its shards as one address with `searchgym serve ray-search --index {path}` (pip install "
+            "'searchgym[serve-ray]') and search that address"
+        )
     if path.is_dir() and has_manifest(path):
         return _open(path, dense)
     want_dense = dense is not None and dense is not False

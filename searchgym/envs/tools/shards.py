@@ -1,42 +1,29 @@
-"""An index split into shards, searched as one: for corpora past one machine's memory, or for more throughput.
+"""An index split into shards: for corpora past one machine's memory, or for more throughput.
 
 `split_corpus` deals a corpus's documents to N shards by a stable hash of their url, so the shard that holds a
-page is known from its url alone; `searchgym index build --shards N` builds one index per shard
+page is known from its url alone (`shard_of`); `searchgym index build --shards N` builds one index per shard
 (`OUT/shard-00/`, ... with `shards.json`, which records the count and each shard's documents, and is checked against
-the shard directories on every open: an edited or half-replaced index is an error, never a silent loss of shards).
-`ShardedSearch` searches every shard at once and merges their hits by score into one top-k, and sends each page
-request to the shard that holds the url. The shards are any search backends: local indexes (`open_sharded`) or
-retrieval servers, each shard a `RemoteSearch` over its replicas (health checks and failover among them are
-RemoteSearch's).
+the shard directories whenever it is read: an edited or half-replaced index is an error, never a silent loss of
+shards).
 
-BM25 scores from different shards are merged as they are: each shard computes IDF over its own documents, which
-for a hash split of a large corpus is close to the whole corpus's (the usual trade of sharded BM25; the merged
-ranking can differ from one index's near ties). A shard that fails after its own retries fails the search
-(BackendError naming it): a search that silently lost a shard's documents would be a wrong result. So does a
-shard whose scores are not finite numbers: a NaN would sort anywhere and an inf would take the whole top-k.
+Searching the shards as one is Ray Serve's (`searchgym serve ray-search --index OUT`, `serve/ray_search.py`): a
+deployment per shard, their replicas placed, routed and replaced by Ray, and an ingress that merges each query's
+hits by score and sends a page request to the shard its url hashes to. This module is only the layout it serves.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from searchgym.core.atomic_file import write_atomic
 from searchgym.envs.source_files import SourceFileError, read_json
-from searchgym.envs.tools.base import BackendError, Page, SearchHit, backend_stats
 from searchgym.envs.tools.corpus import read_corpus
 from searchgym.envs.tools.index_files import MANIFEST
-
-if TYPE_CHECKING:
-    from searchgym.envs.tools.remote_search import RemoteOptions
 
 SHARDS_MANIFEST = "shards.json"
 SHARD_DIR = re.compile(r"shard-\d{2,}")
@@ -140,60 +127,5 @@ def read_shards_manifest(root: str | os.PathLike) -> int:
 
 
 def is_sharded(path: str | os.PathLike) -> bool:
+    """Whether `path` is a sharded index (it holds shards.json), not a plain one."""
     return (Path(path) / SHARDS_MANIFEST).is_file()
-
-
-def open_sharded(path: str | os.PathLike) -> ShardedSearch:
-    """The local shards `build_shards` wrote at `path`, searched as one index."""
-    from searchgym.envs.tools.local_index import LocalIndex
-
-    return ShardedSearch([LocalIndex(shard_dir(path, i) / "index") for i in range(read_shards_manifest(path))])
-
-
-class ShardedSearch:
-    """Search and pages over shards: every search fans out to all of them, a page goes to its url's shard."""
-
-    def __init__(self, shards: Sequence[Any]) -> None:
-        if not shards:
-            raise ValueError("ShardedSearch needs at least one shard")
-        self.shards = list(shards)
-
-    @classmethod
-    def remote(cls, servers: Sequence[Sequence[str]], options: RemoteOptions | None = None) -> ShardedSearch:
-        """Shard i served by the retrieval servers `servers[i]` (its replicas, failed over by RemoteSearch)."""
-        from searchgym.envs.tools.remote_search import RemoteSearch
-
-        return cls([RemoteSearch(list(replicas), options) for replicas in servers])
-
-    async def search(self, query: str, k: int) -> list[SearchHit]:
-        """The top-k of every shard's top-k, by score (ties: lower shard first, then each shard's order)."""
-        results = await asyncio.gather(*(shard.search(query, k) for shard in self.shards), return_exceptions=True)
-        merged = []
-        for i, result in enumerate(results):
-            if isinstance(result, BaseException):
-                if isinstance(result, (BackendError, TimeoutError, OSError)):
-                    raise BackendError(f"shard {i} of {len(self.shards)} failed: {result}") from result
-                raise result
-            if not all(isinstance(hit.score, (int, float)) and math.isfinite(hit.score) for hit in result):
-                raise BackendError(f"shard {i} of {len(self.shards)} failed: it sent a score that is not finite")
-            merged += [(-hit.score, i, rank, hit) for rank, hit in enumerate(result)]
-        merged.sort(key=lambda item: item[:3])
-        return [hit for *_, hit in merged[:k]]
-
-    async def fetch(self, url: str) -> Page:
-        """The page from the shard its url hashes to (PageNotFound from there when no shard has it)."""
-        return await self.shards[shard_of(url, len(self.shards))].fetch(url)
-
-    def stats(self) -> dict[str, Any]:
-        return {
-            "shards": len(self.shards),
-            **{f"shard_{i}": backend_stats(s) for i, s in enumerate(self.shards) if backend_stats(s)},
-        }
-
-    async def close(self) -> None:
-        for shard in self.shards:
-            close = getattr(shard, "close", None)
-            if close is not None:
-                result = close()
-                if asyncio.iscoroutine(result):
-                    await result

@@ -3,7 +3,8 @@
 The agent (`synthesis/qa_agent.py`) runs with one local model (by default the packaged SmolLM2-135M-Instruct) as
 both reasoner and judge over the first `seeds` pages (in seeded order) of a synthetic world's index, through
 `synthesis.run.synthesize`: the same code as `searchgym synthesize --method agent`, with the run never stopped by
-failed calls (each is a figure here). The pool, its progress file and summary stay in `--work` (a rerun resumes).
+failed calls (each is a figure here). The pool, its progress file (a row per seed: the last stage it passed, the
+candidate's question and answer, why it ended) and summary stay in `--work`; a rerun resumes.
 The results file keeps the yield at each stage (seeds tried, a candidate proposed, after the FUZZ/INJECT turns,
 past quality, difficulty and uniqueness, accepted), each stage's losses split into judged rejections and failed
 LLM calls (counted apart: a failed call is never a rejection), rejections and failures by reason, a sample of
@@ -45,7 +46,9 @@ class SynthesisBenchSettings:
     concurrency: int = setting(4, at_least=1, help="seeds in flight")
     threads: int = setting(1, at_least=1, help="torch threads of the model")
     work: str = setting(
-        "results/synthesis_smollm2", help="directory of the pool, its progress file and summary (a rerun resumes)"
+        "runs/bench_synthesis",
+        help="directory of the pool, its progress file and summary (a rerun resumes: finished seeds are kept, seeds "
+        "whose LLM call failed are tried again)",
     )
     examples: int = setting(8, at_least=0, help="accepted and rejected questions kept in the results file, each")
     out: str = setting("results/synthesis_smollm2.json", help="the results file")

@@ -63,6 +63,9 @@ COMMANDS = (  # a table: one command per entry, in the order `searchgym --help` 
     Command("bench judge", "the LLM judge on a real model against EM and F1 over stored answers: Cohen's kappa, the "
             "confusion table, unreadable replies counted apart", "bench.judge_agreement", "JudgeBenchSettings",
             "judge_bench_command"),
+    Command("bench synthesis", "ASearcher's QA-synthesis agent on a real model: the yield at each stage (proposed, "
+            "FUZZ/INJECT, quality, difficulty, uniqueness), rejections by reason, failed calls apart",
+            "bench.synthesis", "SynthesisBenchSettings", "synthesis_bench_command"),
     Command("bench simulated-search", "what a real model writes as the simulated search engine, blind and "
             "answer-aware: how often useful and noisy documents hold the answer", "bench.simulated_search",
             "SimulatedSearchBenchSettings", "simulated_search_command"),

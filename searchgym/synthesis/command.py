@@ -60,7 +60,7 @@ def run_synthesize(settings: SynthesizeSettings) -> None:
         qa=config,
     )
     report = synthesize(run, progress=True)
-    shown = ("out", "accepted", "acceptance_rate", "rejections", "this_run")
+    shown = ("out", "accepted", "acceptance_rate", "stages", "rejections", "this_run")
     print(json.dumps({k: report[k] for k in shown}, indent=2))
 
 

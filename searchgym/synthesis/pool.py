@@ -15,7 +15,7 @@ import hashlib
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from searchgym.core.jsonl_log import JsonlLog
 from searchgym.core.llm_calls import DependencyFailed
 from searchgym.envs.judges import normalize_answer
 from searchgym.envs.tasks import Task
-from searchgym.synthesis.qa_agent import CallFailure, Candidate, QASynthesisAgent, Rejected
+from searchgym.synthesis.qa_agent import STAGES, CallFailure, Candidate, QASynthesisAgent, Rejected
 
 TEST_SHARE = 10
 
@@ -176,7 +176,8 @@ class _PoolRun:
             total=n, initial=min(n, self.accepted), desc="synthesizing", unit="task", disable=not options.progress
         )
 
-    def record(self, url: str, reason: str | None, task: Task | None) -> None:
+    def record(self, url: str, reason: str | None, task: Task | None, outcome: dict[str, Any] | None = None) -> None:
+        """A finished seed: accepted (`task`) or rejected for `reason`; `outcome` (see `_outcome`) goes in its row."""
         self.in_a_row = 0
         self.done.add(url)
         if task is not None:
@@ -185,12 +186,12 @@ class _PoolRun:
             self.bar.update(1)
         else:
             self.rejections[reason or "unknown"] += 1
-        self.log.append({"url": url, "reason": reason})
+        self.log.append({"url": url, "reason": reason, **(outcome or {})})
 
     def record_failure(self, url: str, failure: CallFailure) -> None:
         self.failures[failure.reason] += 1
         self.failed_now.append(failure)
-        self.log.append({"url": url, "failed": failure.reason, "detail": failure.detail[:500]})
+        self.log.append({"url": url, "failed": failure.reason, "detail": failure.detail[:500], **_outcome(failure)})
         self.in_a_row += 1
         stop_after = self.options.stop_after
         if stop_after is not None and self.in_a_row >= stop_after and self.stopped is None:
@@ -205,22 +206,22 @@ class _PoolRun:
             try:
                 cand = await self.agent.run(url)
             except Rejected as r:
-                self.record(url, r.reason, None)
+                self.record(url, r.reason, None, {"detail": r.detail[:500], **_outcome(r)})
                 continue
             except CallFailure as f:  # not finished: logged as a failure, tried again by a rerun
                 self.record_failure(url, f)
                 continue
             except Exception as e:  # a bug in a backend must not end the whole run either
-                self.record(url, f"error: {type(e).__name__}", None)
+                self.record(url, f"error: {type(e).__name__}", None, {"detail": str(e)[:500]})
                 continue
             if self.accepted >= self.n:
                 return  # another worker filled the pool meanwhile; this seed stays unfinished
             if self.dups.is_duplicate(cand.question):
-                self.record(url, "near-duplicate question", None)
+                self.record(url, "near-duplicate question", None, _outcome(cand))
                 continue
             self.dups.add(cand.question)
             names = {"engine": self.options.engine_name, "judge": self.options.judge_name}
-            self.record(url, None, candidate_to_task(cand, url, **names))
+            self.record(url, None, candidate_to_task(cand, url, **names), {**_outcome(cand), "stage": "accepted"})
 
     def report(self, elapsed: float) -> dict[str, Any]:
         """The summary: acceptances, rejection reasons, failed calls (across resumed runs) and this run's counts."""
@@ -240,6 +241,7 @@ class _PoolRun:
                 "by_reason": dict(sorted(self.failures.items())),
             },
             "stopped": self.stopped,
+            "stages": stage_yields(self.log, self.done),
             "this_run": {
                 "seeds_tried": self.attempted,
                 "seeds_failed": len(failed_now),
@@ -253,6 +255,48 @@ class _PoolRun:
             "config": asdict(self.agent.config),
             "exhausted_seeds": accepted < self.n,
         }
+
+
+def _outcome(source: Candidate | BaseException) -> dict[str, Any]:
+    """What a progress row keeps of a seed's end: the last stage passed and, once proposed, the candidate's
+    question, answer and actions (so rejections can be read back with their questions)."""
+    cand = source if isinstance(source, Candidate) else getattr(source, "candidate", None)
+    if not isinstance(cand, Candidate):
+        return {"stage": STAGES[0]}
+    actions = [h["action"] for h in cand.history if h.get("action") != "PROPOSE"]
+    return {"stage": cand.stage, "question": cand.question, "answer": cand.answer, "actions": actions}
+
+
+def stage_yields(log: Iterable[dict[str, Any]], done: set[str]) -> list[dict[str, Any]]:
+    """Seeds reaching each of STAGES, from the progress rows (every process's): a finished seed by its finishing row,
+    a pending one by its latest failed try. Each stage after the first also counts the seeds lost on the way to it:
+    `rejected` (a judged outcome, near-duplicates included) and `failed_call` (pending after an LLM call failed).
+    Rows of older runs without a stage, and seeds pooled without a row, are `unknown_stage` on the first stage."""
+    last: dict[str, dict[str, Any]] = {}
+    for row in log:
+        if "failed" in last.get(row["url"], {"failed": True}):  # a finished seed keeps its finishing row
+            last[row["url"]] = row
+    for url in done - last.keys():
+        last[url] = {"url": url, "stage": "accepted"}  # pooled just before a kill cut its progress row
+    reached = {stage: 0 for stage in STAGES}
+    lost = {stage: Counter[str]() for stage in STAGES}
+    unknown = 0
+    for row in last.values():
+        if row.get("stage") not in reached:
+            unknown += 1
+            continue
+        at = STAGES.index(row["stage"])
+        for stage in STAGES[: at + 1]:
+            reached[stage] += 1
+        if at + 1 < len(STAGES):
+            lost[STAGES[at + 1]]["failed_call" if "failed" in row else "rejected"] += 1
+    table: list[dict[str, Any]] = [{"stage": STAGES[0], "seeds": reached[STAGES[0]] + unknown}]
+    if unknown:
+        table[0]["unknown_stage"] = unknown
+    for stage in STAGES[1:]:
+        losses = {k: lost[stage][k] for k in ("rejected", "failed_call")}
+        table.append({"stage": stage, "seeds": reached[stage], **losses})
+    return table
 
 
 def raise_on_failures(report: dict[str, Any]) -> None:

@@ -41,6 +41,9 @@ from searchgym.synthesis.prompts import (
 
 MAX_PAGE_CHARS = 3000
 MAX_PARSED_CHARS = 20_000
+# The stages a seed goes through, in order; a seed's `stage` is the last one it passed ("tried": none yet).
+# "edited": after the FUZZ/INJECT turns; "accepted" (past the pool's near-duplicate check) is the pool's.
+STAGES = ("tried", "proposed", "edited", "quality", "difficulty", "uniqueness", "accepted")
 
 
 class Rejected(Exception):
@@ -50,6 +53,7 @@ class Rejected(Exception):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+        self.candidate: Candidate | None = None  # the candidate rejected, once one was proposed
 
 
 def parse_json_object(text: Any, required: dict[str, type | tuple[type, ...]], step: str) -> dict[str, Any]:
@@ -82,6 +86,7 @@ class CallFailure(Exception):
         self.kind = failure.kind
         self.detail = failure.detail
         self.reason = f"{step}: {failure.kind}"
+        self.candidate: Candidate | None = None  # the candidate whose step failed, once one was proposed
         super().__init__(f"{self.reason}: {failure.detail}")
 
 
@@ -127,6 +132,7 @@ class Candidate:
     points: list[str] = field(default_factory=list)
     solver: list[dict[str, Any]] = field(default_factory=list)
     solve_rate: float | None = None
+    stage: str = "proposed"  # the last of STAGES it passed
 
 
 def _same_answer(a: str, b: str) -> bool:
@@ -212,10 +218,21 @@ class QASynthesisAgent:
         return links[: self.config.max_links]
 
     async def run(self, url: str) -> Candidate:
-        """Build and check one candidate from the page at `url`; raises Rejected."""
+        """Build and check one candidate from the page at `url`; raises Rejected (or CallFailure), which carries the
+        candidate (`.candidate`, its `stage` the last one passed) once one was proposed."""
         page = await self._fetch(url)
         cand = await self._propose(page)
-        links = await self._linked(page)
+        try:
+            await self._edit(cand, await self._linked(page))
+            cand.stage = "edited"
+            await self.check(cand)
+        except (Rejected, CallFailure) as e:
+            e.candidate = cand
+            raise
+        return cand
+
+    async def _edit(self, cand: Candidate, links: list[str]) -> None:
+        """Up to `max_turns` actions on the candidate: FUZZ, INJECT (a fact of one of `links`) or EXIT."""
         for _ in range(self.config.max_turns):
             act = await self._json(
                 self.model,
@@ -232,23 +249,20 @@ class QASynthesisAgent:
             action = act["action"].strip().upper()
             if action == "EXIT":
                 cand.history.append({"action": "EXIT"})
-                break
+                return
             if action == "FUZZ":
-                edit = act
-                self._keep_answer(cand, edit["answer"], "fuzz")
+                self._keep_answer(cand, act["answer"], "fuzz")
                 cand.history.append(
                     {
                         "action": "FUZZ",
                         "before": cand.question,
-                        "question": edit["question"].strip(),
+                        "question": act["question"].strip(),
                         "reason": str(act.get("reason", "")),
                     }
                 )
-                cand.question = edit["question"].strip()
+                cand.question = act["question"].strip()
             elif action == "INJECT":
                 await self._inject(cand, act["url"], links)
-        await self.check(cand)
-        return cand
 
     async def _propose(self, page: Page) -> Candidate:
         """The seed page read into points and a first question on them (with its answer and the statement)."""
@@ -337,6 +351,7 @@ class QASynthesisAgent:
         failed = [k for k in flags if not quality[k]]
         if failed:
             raise Rejected("quality: failed", ",".join(failed) + f" ({str(quality.get('reason', ''))[:150]})")
+        cand.stage = "quality"
         attempts = await asyncio.gather(*(self._solve(cand.question) for _ in range(cfg.k)), return_exceptions=True)
         for attempt in attempts:  # every attempt ran to its end; the first failure of a call fails the seed
             if isinstance(attempt, BaseException):
@@ -352,6 +367,7 @@ class QASynthesisAgent:
         cand.solve_rate = correct / max(1, cfg.k)
         if cand.solve_rate > cfg.max_solve_rate:
             raise Rejected("difficulty: too easy", f"solved {correct}/{cfg.k}")
+        cand.stage = "difficulty"
         wrong = list(dict.fromkeys(s["answer"] for s in cand.solver if s["answer"] and not s["correct"]))
         for alternative in wrong:
             fits = await self._json(
@@ -365,6 +381,7 @@ class QASynthesisAgent:
             )
             if fits["satisfies_all"]:
                 raise Rejected("uniqueness: another answer fits", alternative[:200])
+        cand.stage = "uniqueness"
 
     async def _solve(self, question: str) -> str:
         """One tool-free solver answer; a reply without one is asked again, then fails the seed (CallFailure)."""

@@ -36,6 +36,9 @@ class SynthesisSettings:
     seed: int = 0
     max_seeds: int | None = setting(None, help="the first seed pages only (default: all)")
     device: str = setting("cpu", help="of a local model directory")
+    stop_after: int | None = setting(
+        16, at_least=1, help="seeds failing in a row on an LLM call that stop the run (None: never)"
+    )
     qa: QAConfig = field(default_factory=QAConfig)
 
 
@@ -57,17 +60,25 @@ async def _synthesize_main(settings: SynthesisSettings, progress: bool) -> dict[
         model = await chat_model(settings.engine)
         judge = await chat_model(judge_engine)
         agent = QASynthesisAgent(index, index, model, judge, settings.qa)
-        options = PoolOptions(settings.concurrency, progress, engine_name=settings.engine, judge_name=judge_engine)
+        options = PoolOptions(
+            settings.concurrency,
+            progress,
+            engine_name=settings.engine,
+            judge_name=judge_engine,
+            stop_after=settings.stop_after,
+        )
         return await asynthesize(agent, urls, settings.out, settings.n, options)
 
 
-def synthesize(settings: SynthesisSettings, *, progress: bool = False) -> dict[str, Any]:
+def synthesize(settings: SynthesisSettings, *, progress: bool = False, raise_failures: bool = True) -> dict[str, Any]:
     """Blocking entry point of `searchgym synthesize --method agent`; returns the summary (also written).
 
     Settings that fail their checks are refused (ValueError naming the key) before anything starts. Raises
     DependencyFailed (naming the cause) after writing the summary when seeds failed on LLM calls and the target
-    was not reached: the command then exits non-zero, and its rerun tries them again."""
+    was not reached: the command then exits non-zero, and its rerun tries them again. With `raise_failures` False
+    (a measurement of a model's yields, where failed calls are a figure) the summary is returned instead."""
     check_settings(settings)
     report = asyncio.run(_synthesize_main(settings, progress))
-    raise_on_failures(report)
+    if raise_failures:
+        raise_on_failures(report)
     return report

@@ -43,8 +43,9 @@ class StandInLLM:
         self, scenarios: dict[str, str] | None = None, faults: Callable[[int, str], str | None] | None = None
     ) -> None:
         self.scenarios = dict(scenarios or {})
-        # faults(request number, prompt) -> None, "503" or "429" (an error with Retry-After: 0) or "cut" (half
-        # the reply, finish_reason "length"): an endpoint that fails as real ones do, for outage tests
+        # faults(request number, prompt) -> None, "503" or "429" (an error with Retry-After: 0), "cut" (half
+        # the reply, finish_reason "length") or "empty" (an empty reply): an endpoint that fails as real ones do,
+        # and a model that loops to its token budget or says nothing, for outage and bad-output tests
         self.faults = faults
         self.questions: dict[str, dict[str, Any]] = {}  # question -> {"scenario", "answer", "turn"}
         self.requests = 0
@@ -143,6 +144,8 @@ class StandInLLM:
         finish = "stop"
         if fault == "cut":
             content, finish = content[: len(content) // 2], "length"
+        elif fault == "empty":
+            content = ""
         return chat_completion(content, body.get("model", "stand-in"), finish=finish, rid=f"standin-{self.requests}")
 
 

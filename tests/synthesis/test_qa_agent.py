@@ -15,7 +15,7 @@ from searchgym.agents.engines.openai_engine import OpenAIEngine
 from searchgym.cli import main as cli_main
 from searchgym.core.llm_calls import DependencyFailed
 from searchgym.envs.tasks import TaskPool
-from searchgym.synthesis.pool import NearDuplicates, PoolOptions, asynthesize, summary_path
+from searchgym.synthesis.pool import NearDuplicates, PoolOptions, asynthesize, stage_yields, summary_path
 from searchgym.synthesis.qa_agent import QAConfig, QASynthesisAgent, Rejected, parse_json_object
 from searchgym.synthesis.run import SynthesisSettings, synthesize
 from searchgym.testing.stand_in_llm import StandInLLM, stand_in_server
@@ -83,6 +83,30 @@ def test_near_duplicates():
     assert not d.is_duplicate("Which city hosted the Grand Fair of 1900?")
 
 
+def test_stage_yields_count_each_seed_once_by_how_it_ended():
+    """A retried seed counts by its finishing row, a pending one by its latest failed try; rows of older runs
+    without a stage and a seed pooled without its row (a kill between the two writes) are still counted."""
+    rows = [
+        {"url": "a", "failed": "read: cut off", "stage": "tried"},
+        {"url": "a", "reason": "quality: failed", "stage": "edited", "question": "q?"},
+        {"url": "b", "failed": "act: unparseable", "stage": "tried"},
+        {"url": "b", "failed": "act: unparseable", "stage": "proposed"},
+        {"url": "c", "reason": None, "stage": "accepted"},
+        {"url": "d", "reason": "near-duplicate question", "stage": "uniqueness"},
+        {"url": "e", "reason": "quality: failed"},  # an older run's row
+    ]
+    table = {row["stage"]: row for row in stage_yields(rows, {"a", "c", "d", "e", "f"})}
+    assert table["tried"] == {"stage": "tried", "seeds": 6, "unknown_stage": 1}
+    assert [(s, r["seeds"], r["rejected"], r["failed_call"]) for s, r in list(table.items())[1:]] == [
+        ("proposed", 5, 0, 0),
+        ("edited", 4, 0, 1),  # b: its act step failed
+        ("quality", 3, 1, 0),  # a: retried, then rejected
+        ("difficulty", 3, 0, 0),
+        ("uniqueness", 3, 0, 0),
+        ("accepted", 2, 1, 0),  # c and f (pooled, row lost); d a near-duplicate
+    ]
+
+
 def test_every_path_with_the_stand_in(small_index, seed_docs, tmp_path):
     double = StandInLLM({d.title: s for d, s in zip(seed_docs, SCENARIOS, strict=True)})
     out = tmp_path / "pool.jsonl"
@@ -102,6 +126,7 @@ def test_every_path_with_the_stand_in(small_index, seed_docs, tmp_path):
         "by_reason": {"propose: unparseable": 1, "read: unparseable": 1},
     }
     assert json.loads(summary_path(out).read_text())["accepted"] == 1
+    assert [row["seeds"] for row in report["stages"]] == [7, 5, 4, 3, 2, 1, 1]
     (task,) = TaskPool.from_jsonl(out)
     meta = task.metadata
     assert task.answers == (seed_docs[0].title,)

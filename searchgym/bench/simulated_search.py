@@ -77,6 +77,11 @@ class SimulatedSearchBenchSettings:
         "peaked at 7.7 GB resident with 2048)",
     )
     device: str = setting("cpu", help="where the fine-tune and the simulators run: cpu or cuda")
+    work: str = setting(
+        "runs/bench_simulated_search",
+        help="where the tuned simulator is kept, by a digest of its recipe, for a rerun to reuse (never in results/: "
+        "it is a 0.5 GB model)",
+    )
 
     def check(self) -> Any:
         """Every prompt set is one that ships with searchgym."""

@@ -2,9 +2,9 @@
 
 Demonstrations are written from the world (`world.simulator_demos`) on questions disjoint from the measured ones,
 and the simulator is fine-tuned on them with searchgym's own SFT, each reply closed by the tokenizer's end token
-(so the model learns to stop after the documents). The tuned model is cached under `<out stem>_sft/<digest>/`
-next to the results file, the digest naming everything that shapes it: a rerun reuses a finished one (the SFT
-writes it atomically) and a changed setting trains a new one.
+(so the model learns to stop after the documents). The tuned model is cached under `<work>/<digest>/` (default
+runs/bench_simulated_search, git-ignored), the digest naming everything that shapes it: a rerun reuses a finished
+one (the SFT writes it atomically) and a changed setting trains a new one.
 """
 
 from __future__ import annotations
@@ -34,10 +34,9 @@ SFT_KEYS = (
 
 
 def sft_dir(settings: Any) -> Path:
-    """Where the tuned model of these settings lives: beside the results file, named by a digest of its recipe."""
+    """Where the tuned model of these settings lives: in the work folder, named by a digest of its recipe."""
     recipe = json.dumps({key: getattr(settings, key) for key in SFT_KEYS}, sort_keys=True)
-    out = Path(settings.out)
-    return out.parent / f"{out.stem}_sft" / hashlib.sha256(recipe.encode()).hexdigest()[:12]
+    return Path(settings.work) / hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 
 def build_demos(settings: Any, world: World, held_out: list[Task]) -> list[dict[str, Any]]:

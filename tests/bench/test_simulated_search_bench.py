@@ -61,11 +61,13 @@ def test_the_fine_tune_is_measured_beside_the_base_model_and_reused_on_a_rerun(t
         sft_demos=4,
         sft_epochs=1,
         sft_batch_tokens=512,
+        work=str(tmp_path / "work"),
     )
     report = run_simulated_search_bench(settings)
     assert set(report["results"]) == {f"{m}/{p}" for m in ("base", "tuned") for p in ("blind", "answer_aware")}
     sft = report["sft"]
     assert sft["demos"] == 4 and sft["useful_demos"] == 2 and not sft["reused"] and sft["steps"] >= 1
+    assert Path(sft["model_dir"]).is_relative_to(tmp_path / "work")  # the 0.5 GB model never lands beside results
     for arm in report["results"].values():
         assert arm["searches"] == 2
         assert sum(arm["failed_by_reason"].values()) == arm["failed_searches"]

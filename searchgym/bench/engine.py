@@ -7,7 +7,8 @@ traffic; `--model smollm2-135m-instruct --episodes 1,8,32` measures the real mod
   episode runners do. Measured for (a) the engine with prefix reuse, (b) the same engine with reuse off
   and (c) one batched Hugging Face `model.generate` call per turn over the same conversations (the
   prompts (a) sent), in interleaved repetitions (the order rotates) in one process; reported: prompt
-  tokens processed per generated token and generated tokens/s, medians and their ratios.
+  tokens processed per generated token and generated tokens/s, medians and their ratios. With `--llama-cpp GGUF`
+  llama.cpp plays the same episodes too, the CPU reference (bench/engine_llama_cpp.py).
 - single: 1, 8 and 64 concurrent one-turn requests against a loop of per-request `model.generate`.
 
 Results go to one JSON file; a run of one kind keeps the other kind's figures already there.
@@ -30,6 +31,7 @@ import torch
 
 from searchgym.agents.engines.torch_engine import EngineLimits, TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, SamplingParams
+from searchgym.bench.engine_llama_cpp import gguf_path, llama_cpp_system
 from searchgym.settings import setting
 from searchgym.world.world import World
 
@@ -58,6 +60,11 @@ class EngineBenchSettings:
     concurrency: list[int] = setting(default_factory=lambda: [1, 8, 64], help="single: concurrent requests")
     new_tokens: int = setting(64, at_least=1, help="single: tokens per request")
     baseline_requests: int = setting(8, at_least=1, help="single: requests of the model.generate loop")
+    llama_cpp: str | None = setting(
+        None,
+        help="multiturn: also play the episodes on llama.cpp over this GGUF, or a packaged model's (its wheel's "
+        "GGUF): the CPU reference (needs searchgym[llama-cpp])",
+    )
 
 
 def run_engine_bench(settings: EngineBenchSettings) -> dict[str, Any]:
@@ -122,8 +129,14 @@ def _multi_turn(engine: TorchEngine, episodes: int, settings: EngineBenchSetting
         "engine_no_reuse": lambda rep: asyncio.run(_episodes(no_reuse, conversations, turn_tokens, rep)),
         "batched_generate": lambda rep: _batched_generate(engine, conversations, turn_tokens, rep),
     }
-    load_before = os.getloadavg()
     warm, warm_rep = [c[:2] for c in conversations], repeats + 1  # warm-up: each system on two turns, own rids
+    if settings.llama_cpp is not None:
+        longest = max(sum(map(len, c)) + turns * turn_tokens for c in conversations)
+        gguf = gguf_path(settings.llama_cpp)
+        llama = llama_cpp_system(gguf, longest, len(engine.tokenizer), torch.get_num_threads())
+        systems["llama_cpp"] = lambda rep: llama(conversations, turn_tokens, rep)
+        llama(warm, turn_tokens, warm_rep)
+    load_before = os.getloadavg()
     asyncio.run(_episodes(engine, warm, turn_tokens, warm_rep))
     asyncio.run(_episodes(no_reuse, warm, turn_tokens, warm_rep))
     _batched_generate(engine, warm, turn_tokens, warm_rep)
@@ -157,6 +170,11 @@ def _multi_turn(engine: TorchEngine, episodes: int, settings: EngineBenchSetting
         "speedup_reuse_vs_no_reuse": round(tps["engine_prefix_reuse"] / tps["engine_no_reuse"], 2),
         "speedup_reuse_vs_batched_generate": round(tps["engine_prefix_reuse"] / tps["batched_generate"], 2),
         "speedup_no_reuse_vs_batched_generate": round(tps["engine_no_reuse"] / tps["batched_generate"], 2),
+        **(
+            {"speedup_reuse_vs_llama_cpp": round(tps["engine_prefix_reuse"] / tps["llama_cpp"], 2)}
+            if "llama_cpp" in tps
+            else {}
+        ),
     }
 
 

@@ -78,9 +78,8 @@ def test_the_base_install_is_the_core():
     assert {"torch", "ray", "transformers", "trafilatura", "tensorboard", "matplotlib", "datasets"} <= heavy
 
 
-# extras that are not installed with the others: verifiers 0.4 needs mcp 2, openenv mcp<2 (its own venv in .ci/run);
-# llama-cpp-python ships only its source on PyPI, so installing it compiles llama.cpp (minutes): an opt-in reference
-OWN_VENV = ("verifiers", "llama-cpp")
+# extras that cannot be installed with the others: verifiers 0.4 needs mcp 2, openenv mcp<2 (its own venv in .ci/run)
+OWN_VENV = ("verifiers",)
 
 
 def test_all_holds_every_extra_and_test_holds_all():
@@ -88,7 +87,7 @@ def test_all_holds_every_extra_and_test_holds_all():
     for name, reqs in deps.items():
         if name not in ("core", "all", "test", *OWN_VENV):
             assert reqs <= deps["all"], f"all lacks {name}'s {reqs - deps['all']}"
-    for name in OWN_VENV:  # installed apart: `all` would not resolve, or would compile
+    for name in OWN_VENV:  # installed apart, or `all` would not resolve
         assert deps[name] and not deps[name] & deps["all"], f"{name} must stay out of all"
     assert deps["all"] <= deps["test"], f"test lacks {deps['all'] - deps['test']}"  # README's test command
     assert set(EXTRA_OF.values()) <= set(deps), "an extra named in an error message must exist in setup.cfg"

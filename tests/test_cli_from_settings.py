@@ -152,3 +152,21 @@ def test_cli_is_a_short_table_of_commands():
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name not in SERVE_BLOCK:
             length = node.end_lineno - node.lineno + 1
             assert length <= 80, f"{node.name} is {length} lines"
+
+
+def test_a_results_files_recorded_command_parses_back_to_its_settings(parser):
+    """`settings_argv` (the command a bench writes into its results file) is what the CLI reads as those settings:
+    strings, numbers, comma lists and booleans alike, and only the fields off their defaults."""
+    from searchgym.bench.simulated_search import SimulatedSearchBenchSettings
+    from searchgym.core.settings_flags import settings_argv, settings_values
+    from searchgym.settings import load_settings
+
+    settings = SimulatedSearchBenchSettings(
+        sft_demos=128, prompt_sets=["answer_aware"], noise=0.25, out="results/x.json", simulator="some/dir"
+    )
+    argv = settings_argv(settings)
+    assert argv[:2] == ["--simulator", "some/dir"] and len(argv) == 10
+    args = parser.parse_args(["bench", "simulated-search", *argv])
+    again = load_settings(SimulatedSearchBenchSettings, values=settings_values(args, SimulatedSearchBenchSettings))
+    assert again == settings
+    assert settings_argv(SimulatedSearchBenchSettings()) == []

@@ -30,6 +30,7 @@ from typing import Any
 from searchgym.bench.provenance import git_commit, machine
 from searchgym.bench.retrieval_paraphrase import wilson
 from searchgym.core.atomic_file import write_atomic
+from searchgym.core.settings_flags import settings_argv
 from searchgym.envs.answer_text import holds_answer
 from searchgym.envs.tasks import Task
 from searchgym.envs.tools.base import SEARCHING_FOR, BackendError
@@ -215,7 +216,7 @@ def run_simulated_search_bench(settings: SimulatedSearchBenchSettings) -> dict[s
     results = asyncio.run(_run(settings, models, tasks))
     report = {
         "bench": "simulated-search",
-        "command": "searchgym bench simulated-search",
+        "command": " ".join(["searchgym bench simulated-search", *settings_argv(settings)]),
         "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
         "definition": "a document holds the answer when a labelled answer appears as whole words in its "
         "normalised title and text; arms are simulator/prompt set (tuned: fine-tuned on sft_demos demonstrations "

@@ -24,6 +24,7 @@ from typing import Any
 
 from searchgym.bench.provenance import git_commit, machine
 from searchgym.core.atomic_file import write_atomic
+from searchgym.core.settings_flags import settings_argv
 from searchgym.settings import setting
 
 WORLD_TASKS = 200  # the world bundle's own KB-walk pool (only its index is used here)
@@ -56,8 +57,9 @@ class SynthesisBenchSettings:
 
 def model_record(model_dir: Path, name: str) -> dict[str, Any]:
     """The model as `model get` recorded it: name, the source file's sha256, versions (a plain dir: its path)."""
-    meta_path = model_dir / "searchgym_model.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    from searchgym.agents.packaged_models import read_manifest
+
+    meta = read_manifest(model_dir) or {}
     return {
         "name": meta.get("name", name),
         "source_sha256": meta.get("source_sha256"),
@@ -68,15 +70,11 @@ def model_record(model_dir: Path, name: str) -> dict[str, Any]:
 
 
 def progress_rows(pool: Path) -> list[dict[str, Any]]:
-    """The pool's progress rows (a cut last line skipped)."""
-    path = pool.with_name(pool.name + ".progress.jsonl")
-    rows = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
+    """The pool's progress rows, read as the synthesis run keeps them (`JsonlLog`: a cut last line set aside)."""
+    from searchgym.core.jsonl_log import JsonlLog
+    from searchgym.synthesis.pool import progress_path
+
+    return list(JsonlLog(progress_path(pool)).rows)
 
 
 def samples(rows: list[dict[str, Any]], tasks: list[Any], limit: int) -> dict[str, list[dict[str, Any]]]:
@@ -122,17 +120,6 @@ def play_one(pool: Path, index: Path, task: Any) -> dict[str, Any]:
         env.close()
 
 
-def command_line(settings: SynthesisBenchSettings) -> str:
-    """The `searchgym bench synthesis` command that gives these settings (flags for those not at their default)."""
-    defaults = SynthesisBenchSettings()
-    flags = [
-        f"--{key.replace('_', '-')} {getattr(settings, key)}"
-        for key in settings.__dataclass_fields__
-        if getattr(settings, key) != getattr(defaults, key)
-    ]
-    return " ".join(["searchgym bench synthesis", *flags])
-
-
 def run_synthesis_bench(settings: SynthesisBenchSettings) -> dict[str, Any]:
     """Run the agent over the seeds (resuming `work`), write `settings.out`; returns the report."""
     import torch
@@ -166,7 +153,7 @@ def run_synthesis_bench(settings: SynthesisBenchSettings) -> dict[str, Any]:
     tasks = list(TaskPool.from_jsonl(pool)) if pool.exists() else []
     report = {
         "bench": "synthesis",
-        "command": command_line(settings),
+        "command": " ".join(["searchgym bench synthesis", *settings_argv(settings)]),
         "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
         "model": {"name": engine} if served else model_record(Path(engine), settings.model),
         "corpus": {"world_size": settings.world_size, "seed": settings.seed, "index": str(index)},
@@ -192,8 +179,11 @@ def format_report(report: dict[str, Any]) -> str:
     """The stage yields as lines of text."""
     lines = [f"{report['model']['name']}: {report['seeds_tried']} seeds, {report['accepted']} accepted"]
     for row in report["stages"]:
-        lost = "" if "rejected" not in row else f"  (lost on the way: {row['rejected']} rejected, "
-        lost += "" if "rejected" not in row else f"{row['failed_call']} failed calls)"
+        lost = (
+            f"  (lost on the way: {row['rejected']} rejected, {row['failed_call']} failed calls)"
+            if "rejected" in row
+            else ""
+        )
         lines.append(f"  {row['stage']:<11} {row['seeds']:>5}{lost}")
     if report["played_in_localqa"]:
         lines.append(f"  played in LocalQA-v0: reward {report['played_in_localqa']['steps'][-1]['reward']}")

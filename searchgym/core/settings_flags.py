@@ -25,6 +25,25 @@ def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
+def settings_argv(settings: Any) -> list[str]:
+    """The flags that give `settings` from its class's defaults (the inverse of `add_settings_flags`): one per field
+    not at its default, lists comma-joined and booleans as `--x`/`--no-x`; what a results file records as its
+    command."""
+    defaults = type(settings)()
+    argv: list[str] = []
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name)
+        if value == getattr(defaults, f.name):
+            continue
+        if isinstance(value, bool):
+            argv.append(flag_name(f.name) if value else "--no-" + f.name.replace("_", "-"))
+        elif isinstance(value, (list, tuple)):
+            argv += [flag_name(f.name), ",".join(map(str, value))]
+        else:
+            argv += [flag_name(f.name), str(value)]
+    return argv
+
+
 def _json_mapping(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)

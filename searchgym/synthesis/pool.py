@@ -89,7 +89,8 @@ def candidate_to_task(cand: Candidate, seed_url: str, *, engine: str = "", judge
     )
 
 
-def _progress_path(out: Path) -> Path:
+def progress_path(out: Path) -> Path:
+    """OUT.progress.jsonl: a row per finished seed of the pool at `out`."""
     return out.with_name(out.name + ".progress.jsonl")
 
 
@@ -146,7 +147,7 @@ class _PoolRun:
         # Both files are repaired on open: a line cut by a kill is dropped (that seed runs again), a damaged
         # line is set aside in NAME.damaged.jsonl and reported by line, never counted.
         self.pool = JsonlLog(out, check=lambda row: Task.from_row(row, fallback_id="-"))
-        self.log = JsonlLog(_progress_path(out), check=lambda row: str(row["url"]))
+        self.log = JsonlLog(progress_path(out), check=lambda row: str(row["url"]))
         pooled = {str(row.get("metadata", {}).get("seed_page", "")) for row in self.pool}
         self.done: set[str] = set(pooled)  # a task row written just before a kill counts even if its log row was not
         self.rejections: Counter[str] = Counter()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from searchgym.bench.synthesis import SynthesisBenchSettings, command_line, format_report, run_synthesis_bench
+from searchgym.bench.synthesis import SynthesisBenchSettings, format_report, run_synthesis_bench
 from searchgym.envs.tools.local_index import LocalIndex
 from searchgym.synthesis.run import seed_pages
 from searchgym.testing.stand_in_llm import StandInLLM, stand_in_server
@@ -74,7 +74,7 @@ def test_stage_yields_reasons_and_a_played_episode(small_bundle, tmp_path, fast_
         "terminated": True,
     }
     assert "accepted        1" in format_report(report)
-    assert command_line(settings).startswith("searchgym bench synthesis --model openai:")
+    assert report["command"].startswith("searchgym bench synthesis --model openai:")
     # a rerun resumes: finished seeds are not asked again, only the three pending ones
     requests = double.requests
     with stand_in_server(double) as url:

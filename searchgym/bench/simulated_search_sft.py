@@ -9,12 +9,10 @@ one (the SFT writes it atomically) and a changed setting trains a new one.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import time
 from pathlib import Path
 from typing import Any
 
+from searchgym.bench.tuned_model import FineTune, recipe_dir, tuned_model
 from searchgym.envs.tasks import Task
 from searchgym.world.simulator_demos import demo_tasks, simulator_demos
 from searchgym.world.world import World
@@ -35,8 +33,7 @@ SFT_KEYS = (
 
 def sft_dir(settings: Any) -> Path:
     """Where the tuned model of these settings lives: in the work folder, named by a digest of its recipe."""
-    recipe = json.dumps({key: getattr(settings, key) for key in SFT_KEYS}, sort_keys=True)
-    return Path(settings.work) / hashlib.sha256(recipe.encode()).hexdigest()[:12]
+    return recipe_dir(settings.work, {key: getattr(settings, key) for key in SFT_KEYS})
 
 
 def build_demos(settings: Any, world: World, held_out: list[Task]) -> list[dict[str, Any]]:
@@ -77,42 +74,21 @@ def tuned_simulator(settings: Any, base_dir: Path, world: World, held_out: list[
     """The fine-tuned simulator's directory (trained now, or reused) and what the report says of it."""
     from transformers import AutoTokenizer
 
-    from searchgym.settings import load_settings
-    from searchgym.trainers.warm_start.sft import SFTConfig, sft
-
-    where = sft_dir(settings)
-    model_dir = where / "model"
     demos = build_demos(settings, world, held_out)
     info: dict[str, Any] = {
         "demos": len(demos),
         "useful_demos": sum(d["kind"] == "useful" for d in demos),
         "demo_questions": len({d["task_id"] for d in demos}),
-        "model_dir": str(model_dir),
     }
-    if (model_dir / "config.json").exists():
-        record = where / "sft.json"  # absent when a run stopped between saving the model and this record
-        return model_dir, {**info, "reused": True, **(json.loads(record.read_text()) if record.exists() else {})}
-    where.mkdir(parents=True, exist_ok=True)
-    (where / "demos.jsonl").write_text("".join(json.dumps(d) + "\n" for d in demos))
-    tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    system, chats = sft_chats(demos, tokenizer.eos_token or "")
-    values = {
-        "epochs": settings.sft_epochs,
-        "lr": settings.sft_lr,
-        "batch_tokens": settings.sft_batch_tokens,
-        "micro_batch_tokens": min(settings.sft_batch_tokens, settings.sft_micro_batch_tokens),
-        "warmup_steps": 2,
-        "system_prompt": system,
-        "seed": settings.seed,
-    }
-    began = time.perf_counter()
-    history = sft(base_dir, chats, model_dir, load_settings(SFTConfig, values=values), device=settings.device)
-    trained = {
-        "steps": len(history),
-        "first_loss": round(history[0]["loss"], 4),
-        "final_loss": round(history[-1]["loss"], 4),
-        "final_token_accuracy": round(history[-1]["token_accuracy"], 4),
-        "sft_seconds": round(time.perf_counter() - began, 1),
-    }
-    (where / "sft.json").write_text(json.dumps(trained) + "\n")
-    return model_dir, {**info, "reused": False, **trained}
+    system, chats = sft_chats(demos, AutoTokenizer.from_pretrained(base_dir).eos_token or "")
+    tune = FineTune(
+        settings.sft_epochs,
+        settings.sft_lr,
+        settings.sft_batch_tokens,
+        settings.sft_micro_batch_tokens,
+        seed=settings.seed,
+        device=settings.device,
+    )
+    where = sft_dir(settings)
+    model_dir, trained = tuned_model(where, base_dir, chats, system, tune, demos)
+    return model_dir, {**info, "model_dir": str(model_dir), **trained}

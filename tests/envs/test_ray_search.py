@@ -25,8 +25,14 @@ serve = pytest.importorskip("ray.serve")
 
 from searchgym.serve.ray_search import RayServeLayout, deploy, merge_shards, start_serve  # noqa: E402
 
+# under pytest-xdist, the tests that start a local Ray cluster run on one worker, one cluster at a time
+pytestmark = pytest.mark.xdist_group("ray")
+
 SHARDS = 2
 TIMEOUT = 30.0
+# a call still unanswered after this long is a hang (lost): past every bound the client sets itself (RemoteSearch's
+# TIMEOUT per attempt, 3 attempts), so a call slowed by a loaded machine ends as an answer or a clear error first
+HANG = 4 * TIMEOUT
 BATCH = 2048  # queries per request of the kill tests' 8 big clients: their calls are long, so a kill lands on calls
 # in flight  # every client call has one: a hang is a failure, never a stuck test
 
@@ -280,7 +286,7 @@ def test_an_ingress_replica_killed_mid_load_loses_no_query(ray_serve, small_bund
 
 
 async def _load_while_killing(ask, want: dict[str, list[tuple[str, float]]], victim: str) -> dict[str, int]:
-    """16 clients calling `ask` for 10 s (8 with BATCH queries a call, 8 with one), every call under TIMEOUT, while
+    """16 clients calling `ask` for 10 s (8 with BATCH queries a call, 8 with one), every call under HANG, while
     the replica actor `victim` is killed after 2 s; each query tallied: right, clear error, wrong or lost."""
     queries = list(want)
     tally = {"right": 0, "clear_error": 0, "wrong": 0, "lost": 0, "after_kill": 0}
@@ -293,7 +299,7 @@ async def _load_while_killing(ask, want: dict[str, list[tuple[str, float]]], vic
             batch = [queries[(n + j) % len(queries)] for j in range(BATCH if i < 8 else 1)]  # big: long calls
             n += 1
             try:
-                got = await asyncio.wait_for(ask(s, batch), TIMEOUT)
+                got = await asyncio.wait_for(ask(s, batch), HANG)
             except Exception:  # noqa: BLE001 -- a hang, a dropped connection, an unreadable reply: lost
                 tally["lost"] += len(batch)
                 continue

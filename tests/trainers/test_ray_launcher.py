@@ -25,6 +25,9 @@ from searchgym.trainers.run.checkpoint import latest_checkpoint, load_trainer_st
 from tests.agents.servers import model_server
 from tests.conftest import SMALL
 
+# under pytest-xdist, the tests that start a local Ray cluster run on one worker, one cluster at a time
+pytestmark = pytest.mark.xdist_group("ray")
+
 ray = pytest.importorskip("ray")
 
 ACTORS = 2

@@ -101,7 +101,7 @@ def samples(rows: list[dict[str, Any]], tasks: list[Any], limit: int) -> dict[st
         }
         for t in tasks[:limit]
     ]
-    keys = ("stage", "question", "answer", "actions", "reason", "detail", "url")
+    keys = ("stage", "question", "answer", "actions", "reason", "detail", "solver", "url")
     finished = [r for r in rows if "failed" not in r and r.get("reason")]
     # candidates that were proposed first: they say more than seeds lost before a question existed
     rejected = sorted(finished, key=lambda r: "question" not in r)[:limit]

@@ -260,12 +260,14 @@ class _PoolRun:
 
 def _outcome(source: Candidate | BaseException) -> dict[str, Any]:
     """What a progress row keeps of a seed's end: the last stage passed and, once proposed, the candidate's
-    question, answer and actions (so rejections can be read back with their questions)."""
+    question, answer and actions (so rejections can be read back with their questions), and once the solver tried
+    it, its answers with the judge's grades (so "too easy" can be read back as the solver's or the judge's doing)."""
     cand = source if isinstance(source, Candidate) else getattr(source, "candidate", None)
     if not isinstance(cand, Candidate):
         return {"stage": STAGES[0]}
     actions = [h["action"] for h in cand.history if h.get("action") != "PROPOSE"]
-    return {"stage": cand.stage, "question": cand.question, "answer": cand.answer, "actions": actions}
+    row = {"stage": cand.stage, "question": cand.question, "answer": cand.answer, "actions": actions}
+    return {**row, "solver": cand.solver} if cand.solver else row
 
 
 def stage_yields(log: Iterable[dict[str, Any]], done: set[str]) -> list[dict[str, Any]]:

@@ -63,6 +63,8 @@ def test_stage_yields_reasons_and_a_played_episode(small_bundle, tmp_path, fast_
     assert report["failed_calls"]["by_reason"] == {"act: cut off": 1, "quality: unparseable": 1, "read: unparseable": 1}
     rejected = report["samples"]["rejected"]
     assert len(rejected) == 4 and all(r["question"] and r["reason"] and r["stage"] for r in rejected)
+    easy = next(r for r in rejected if r["reason"] == "difficulty: too easy")  # the solver's graded answers kept
+    assert len(easy["solver"]) == 2 and all(s["correct"] and s["answer"] for s in easy["solver"])
     failed = {r["failed"]: r for r in report["samples"]["failed_calls"]}
     assert failed["act: cut off"]["stage"] == "proposed" and failed["act: cut off"]["question"]
     assert failed["quality: unparseable"]["stage"] == "edited" and "question" not in failed["read: unparseable"]

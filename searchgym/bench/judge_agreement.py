@@ -24,6 +24,7 @@ from typing import Any
 from searchgym.bench.provenance import git_commit, machine
 from searchgym.core.atomic_file import write_atomic
 from searchgym.core.llm_calls import ReplyRetry
+from searchgym.core.settings_flags import settings_argv
 from searchgym.envs.judges import make_judge
 from searchgym.envs.llm_judge import LLMJudge
 from searchgym.eval.agreement import F1_THRESHOLD, judge_agreement
@@ -217,7 +218,7 @@ def run_judge_bench(settings: JudgeBenchSettings) -> dict[str, Any]:
     rows, seconds = asyncio.run(judge_all(samples, settings))
     report = {
         "bench": "judge",
-        "command": "searchgym bench judge",
+        "command": " ".join(["searchgym bench judge", *settings_argv(settings)]),
         "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
         "judge_prompt": "ASearcher's (envs/llm_judge.py JUDGE_PROMPT), temperature 0",
         **summarise(rows),

@@ -41,6 +41,7 @@ def test_the_real_model_judges_through_the_server_and_unreadable_replies_are_cou
         JudgeBenchSettings(judge_model=str(model_dir), samples=str(samples), out=str(out), max_tokens=48)
     )
     assert json.loads(out.read_text()) == json.loads(json.dumps(report))  # the file is the report, valid JSON
+    assert f"--judge-model {model_dir} " in report["command"] and "--max-tokens 48" in report["command"]  # rerunnable
     assert report["samples"] == 3 and report["valid"] + report["invalid"] == 3
     assert sum(report["invalid_reasons"].values()) == report["invalid"]
     for example in report["examples"]:  # every sample got a reply from the model, graded or set apart

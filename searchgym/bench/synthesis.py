@@ -52,6 +52,11 @@ class SynthesisBenchSettings:
         "whose LLM call failed are tried again)",
     )
     examples: int = setting(8, at_least=0, help="accepted and rejected questions kept in the results file, each")
+    difficulty_judge: str = setting(
+        "llm",
+        help="grades the solver's answers: 'llm' (the model, as ASearcher) or a rule judge (em, f1, cover_em, ...); "
+        "each choice writes a pool of its own",
+    )
     sft_demos: int = setting(
         0,
         at_least=0,
@@ -65,6 +70,11 @@ class SynthesisBenchSettings:
         1024, at_least=1, help="tokens per forward/backward pass of a fine-tune step (the same update in less memory)"
     )
     out: str = setting("results/synthesis_smollm2.json", help="the results file")
+
+
+def pool_name(settings: SynthesisBenchSettings) -> str:
+    """The pool's file name in its work folder: one per difficulty judge, so a run never resumes another's."""
+    return "pool.jsonl" if settings.difficulty_judge == "llm" else f"pool-difficulty-{settings.difficulty_judge}.jsonl"
 
 
 def model_record(model_dir: Path, name: str) -> dict[str, Any]:
@@ -150,10 +160,15 @@ def run_synthesis_bench(settings: SynthesisBenchSettings) -> dict[str, Any]:
         raise ValueError("sft_demos fine-tunes a local model; an openai: endpoint cannot be fine-tuned here")
     engine = base_engine = settings.model if served else str(resolve_model(settings.model))
     index = ensure_bundle(size=settings.world_size, seed=settings.seed, n_tasks=WORLD_TASKS, progress=True) / "index"
-    pool, sft_info, demo_questions = Path(settings.work) / "pool.jsonl", None, set[str]()
+    pool, sft_info, demo_questions = Path(settings.work) / pool_name(settings), None, set[str]()
     if settings.sft_demos:  # the fine-tuned model writes into a pool of its own, beside it
         engine, pool, sft_info, demo_questions = tuned_run(settings, Path(base_engine), index)
-    qa = QAConfig(max_turns=settings.max_turns, k=settings.k, max_tokens=settings.max_tokens)
+    qa = QAConfig(
+        max_turns=settings.max_turns,
+        k=settings.k,
+        max_tokens=settings.max_tokens,
+        difficulty_judge=settings.difficulty_judge,
+    )
     run = SynthesisSettings(
         str(index),
         engine,

@@ -19,7 +19,7 @@ from searchgym.world.world import World
 
 # everything that shapes the tuned model; WRITER names the demonstration writer's version
 SFT_KEYS = ("model", "world_size", "seed", "seeds", "max_turns", "sft_demos", "sft_epochs", "sft_lr")
-WRITER = 1
+WRITER = 2  # 2: judge replies set the two answers side by side before the verdict
 DEMO_SOLVES = 2
 
 
@@ -83,7 +83,9 @@ def tuned_run(settings: Any, base_dir: Path, index_dir: Path) -> tuple[str, Path
 
     index = open_index(index_dir)
     model_dir, info, questions = tuned_synthesizer(settings, base_dir, index, seed_pages(index, settings.seed))
-    return str(model_dir), sft_dir(settings) / "pool.jsonl", info, questions
+    from searchgym.bench.synthesis import pool_name
+
+    return str(model_dir), sft_dir(settings) / pool_name(settings), info, questions
 
 
 def kb_check(tasks: list[Any], world: World, demo_questions: set[str]) -> dict[str, Any]:

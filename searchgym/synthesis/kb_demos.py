@@ -16,7 +16,8 @@ agent's exact messages and a reply its parser takes. Per seed entity E:
   question with another answer (a corrupted copy checked once per `corrupt_every` seeds).
 - **solve**: a guess, a value of the answer's kind drawn from another entity: a tool-free solver knows no fact of a
   fictional world, so the demonstrations teach the reply's form, never an answer.
-- **judge** (ASearcher's grading prompt): Correct exactly when the prediction is one of the answer's aliases.
+- **judge** (ASearcher's grading prompt): Correct exactly when the prediction is one of the answer's aliases; the
+  reply first sets the two answers side by side and says whether they are the same, then gives the verdict block.
 - **uniqueness**: an alternative fits only when it is one of the answer's aliases (every relation and attribute of
   the world is functional).
 
@@ -288,14 +289,12 @@ class KBWriter:
         prediction = _line(prompt, "Predicted answer:")
         plan = self.plan_of(_line(prompt, "Question:"))
         correct = self.is_answer(prediction, [*references, *(plan.answers if plan else ())])
-        rationale = (
-            f"{prediction} is the labelled answer {references[0]}."
-            if correct
-            else f"{prediction} is not the labelled answer {references[0]}."
-        )
-        return (
-            "```json\n" + _reply({"rationale": rationale, "judgement": "Correct" if correct else "Incorrect"}) + "\n```"
-        )
+        # the comparison spelled out before the verdict (the two answers side by side, then "Same:"): copying the
+        # rationale "X is (not) the labelled answer Y" taught SmolLM2 the form of a verdict, not the comparison
+        same = "yes" if correct else "no"
+        rationale = f"{prediction} {'is' if correct else 'is not'} {references[0]}."
+        verdict = _reply({"rationale": rationale, "judgement": "Correct" if correct else "Incorrect"})
+        return f"Predicted: {prediction}\nLabelled: {references[0]}\nSame: {same}\n```json\n{verdict}\n```"
 
     def _uniqueness(self, prompt: str) -> str:
         intended, alternative = _line(prompt, "Intended answer:"), _line(prompt, "Alternative answer:")

@@ -250,7 +250,7 @@ class _PoolRun:
                 "seconds": round(elapsed, 2),
                 "seeds_per_s": round(self.attempted / elapsed, 3) if elapsed > 0 else None,
                 "llm_calls": dict(sorted(self.agent.calls.items())),
-                "judge_stats": dict(self.agent.judge.stats),
+                "judge_stats": dict(getattr(self.agent.judge, "stats", {})),  # a rule judge keeps none
             },
             "resumed_from": self.resumed,
             "config": asdict(self.agent.config),

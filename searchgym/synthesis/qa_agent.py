@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from searchgym.core.llm_calls import CallFailed, ChatModel, ReplyRetry, Unparseable, ask
-from searchgym.envs.judges import normalize_answer
+from searchgym.envs.judges import make_judge, normalize_answer
 from searchgym.envs.llm_judge import LLMJudge, json_objects_from_end
 from searchgym.envs.tools.base import Page, PageBackend, PageNotFound, SearchBackend
 from searchgym.settings import setting
@@ -104,12 +104,22 @@ class QAConfig:
     near_duplicate: float = setting(
         0.8, at_least=0, at_most=1
     )  # token-set Jaccard at or above which a question is a near duplicate
+    difficulty_judge: str = setting(
+        "llm",
+        help="grades the solver's answers in the difficulty check: 'llm' (the judge model, as ASearcher) or a rule "
+        "judge (em, f1, cover_em, ...), for a judge model too weak to compare two answers",
+    )
     reply_attempts: int = 3  # tries of a call whose reply was cut off or unparseable
     retry_backoff: float | None = None  # seconds before the second try (doubling); None: $SEARCHGYM_LLM_BACKOFF or 0.5
 
     def __post_init__(self) -> None:
         if isinstance(self.reply_attempts, bool) or not isinstance(self.reply_attempts, int) or self.reply_attempts < 1:
             raise ValueError(f"reply_attempts must be an integer >= 1, got {self.reply_attempts!r}")
+        if self.difficulty_judge != "llm":
+            try:
+                make_judge(self.difficulty_judge)
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"difficulty_judge: {e}") from None
         if self.retry_backoff is not None and not (
             isinstance(self.retry_backoff, (int, float)) and 0 <= self.retry_backoff < 1e6
         ):
@@ -159,7 +169,11 @@ class QASynthesisAgent:
         self.model = model
         self.judge_model = judge_model or model
         self.config = config or QAConfig()
-        self.judge = LLMJudge(self.judge_model, max_tokens=self.config.max_tokens, retry=self.config.retry)
+        self.judge = (
+            LLMJudge(self.judge_model, max_tokens=self.config.max_tokens, retry=self.config.retry)
+            if self.config.difficulty_judge == "llm"
+            else make_judge(self.config.difficulty_judge)
+        )
         self.calls: Counter[str] = Counter()
 
     async def _json(

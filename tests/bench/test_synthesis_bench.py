@@ -128,3 +128,8 @@ def test_the_fine_tuned_synthesizer_learns_from_other_pages_and_is_reused(tiny_m
     assert not (where / "pool.jsonl").exists()  # the base model's pool is never mixed with the tuned one's
     again = run_synthesis_bench(settings)
     assert again["sft"]["reused"] and again["sft"]["model_dir"] == sft["model_dir"]
+    settings.difficulty_judge = "cover_em"  # another difficulty judge: the same tuned model, a pool of its own
+    ruled = run_synthesis_bench(settings)
+    assert ruled["sft"]["reused"] and ruled["this_run"]["seeds_tried"] == 2
+    assert (model_dir.parent / "pool-difficulty-cover_em.jsonl.progress.jsonl").exists()
+    assert "--difficulty-judge cover_em" in ruled["command"]

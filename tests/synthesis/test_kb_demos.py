@@ -119,3 +119,29 @@ def test_a_pool_the_kb_writes_loads_plays_and_passes_the_kb_check(world, small_b
     }
     played = play_one(pool, small_bundle / "index", tasks[0])
     assert played["question_in_first_observation"] and played["steps"][-1]["reward"] == 1.0
+
+
+def test_a_rule_difficulty_judge_grades_the_solver_without_the_judge_model(world, small_index):
+    """difficulty_judge='cover_em': the judge model is never asked to grade, and a solver that knows the answer makes
+    the candidate too easy (graded by the rule), one that guesses wrong lets it through."""
+    import asyncio
+
+    from searchgym.synthesis.qa_agent import QASynthesisAgent, Rejected
+
+    class Knowing(KBWriter):
+        def _solve(self, prompt):
+            plan = self.plan_of(prompt.split("Question: ", 1)[1].splitlines()[0])
+            return json.dumps({"answer": f"It is {plan.answers[0]}"})
+
+    url = seed_pages(small_index, 0)[0]
+    for writer, accepted in ((KBWriter(world, 0), True), (Knowing(world, 0), False)):
+        agent = QASynthesisAgent(small_index, small_index, writer, writer, QAConfig(k=2, difficulty_judge="cover_em"))
+        try:
+            asyncio.run(agent.run(url))
+            outcome = True
+        except Rejected as e:
+            assert e.reason == "difficulty: too easy" and e.detail == "solved 2/2"
+            outcome = False
+        assert outcome is accepted and "judge" not in {r["step"] for r in writer.records}
+    with pytest.raises(ValueError, match="difficulty_judge: unknown judge 'nope'"):
+        QAConfig(difficulty_judge="nope")

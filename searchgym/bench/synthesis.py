@@ -72,11 +72,6 @@ class SynthesisBenchSettings:
     out: str = setting("results/synthesis_smollm2.json", help="the results file")
 
 
-def pool_name(settings: SynthesisBenchSettings) -> str:
-    """The pool's file name in its work folder: one per difficulty judge, so a run never resumes another's."""
-    return "pool.jsonl" if settings.difficulty_judge == "llm" else f"pool-difficulty-{settings.difficulty_judge}.jsonl"
-
-
 def model_record(model_dir: Path, name: str) -> dict[str, Any]:
     """The model as `model get` recorded it: name, the source file's sha256, versions (a plain dir: its path)."""
     from searchgym.agents.packaged_models import read_manifest
@@ -146,7 +141,7 @@ def run_synthesis_bench(settings: SynthesisBenchSettings) -> dict[str, Any]:
     """Run the agent over the seeds (resuming `work`), write `settings.out`; returns the report."""
     import torch
 
-    from searchgym.bench.synthesis_sft import kb_check, tuned_run
+    from searchgym.bench.synthesis_sft import kb_check, pool_name, tuned_run
     from searchgym.envs.tasks import TaskPool
     from searchgym.pipeline.stages import resolve_model
     from searchgym.synthesis.qa_agent import QAConfig

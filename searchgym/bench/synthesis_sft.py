@@ -23,6 +23,11 @@ WRITER = 2  # 2: judge replies set the two answers side by side before the verdi
 DEMO_SOLVES = 2
 
 
+def pool_name(settings: Any) -> str:
+    """The pool's file name in its work folder: one per difficulty judge, so a run never resumes another's."""
+    return "pool.jsonl" if settings.difficulty_judge == "llm" else f"pool-difficulty-{settings.difficulty_judge}.jsonl"
+
+
 def sft_dir(settings: Any) -> Path:
     """Where the tuned synthesizer of these settings lives (with its demonstrations and pool)."""
     return recipe_dir(settings.work, {"writer": WRITER, **{key: getattr(settings, key) for key in SFT_KEYS}})
@@ -83,8 +88,6 @@ def tuned_run(settings: Any, base_dir: Path, index_dir: Path) -> tuple[str, Path
 
     index = open_index(index_dir)
     model_dir, info, questions = tuned_synthesizer(settings, base_dir, index, seed_pages(index, settings.seed))
-    from searchgym.bench.synthesis import pool_name
-
     return str(model_dir), sft_dir(settings) / pool_name(settings), info, questions
 
 

@@ -18,7 +18,17 @@ from searchgym.envs.answer_text import holds_answer
 from searchgym.world.world import World
 
 # everything that shapes the tuned model; WRITER names the demonstration writer's version
-SFT_KEYS = ("model", "world_size", "seed", "seeds", "max_turns", "sft_demos", "sft_epochs", "sft_lr")
+SFT_KEYS = (
+    "model",
+    "world_size",
+    "seed",
+    "seeds",
+    "max_turns",
+    "sft_demos",
+    "sft_epochs",
+    "sft_lr",
+    "sft_batch_tokens",
+)
 WRITER = 2  # 2: judge replies set the two answers side by side before the verdict
 DEMO_SOLVES = 2
 
@@ -94,10 +104,10 @@ def tuned_run(settings: Any, base_dir: Path, index_dir: Path) -> tuple[str, Path
 def kb_check(tasks: list[Any], world: World, demo_questions: set[str]) -> dict[str, Any]:
     """What the world's KB says of accepted tasks: the answer is stated on the seed page, the question does not give
     it away, and the question is not one of the demonstrations' (copied rather than written)."""
+    by_url = {e.url: e for e in world} if tasks else {}  # one pass over the world, not one per task
     rows = []
     for task in tasks:
-        seed_url = task.metadata.get("seed_page", "")
-        seed = next((e for e in world if e.url == seed_url), None)
+        seed = by_url.get(task.metadata.get("seed_page", ""))
         page = world.render_text(seed) if seed is not None else ""
         rows.append(
             {

@@ -31,10 +31,10 @@ import asyncio
 import json
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from searchgym.envs.answer_text import normalize_answer
+from searchgym.envs.answer_text import holds_answer, normalize_answer
 from searchgym.envs.llm_judge import JUDGE_PROMPT
 from searchgym.envs.tools.base import PageBackend, SearchBackend
 from searchgym.synthesis.prompts import (
@@ -81,7 +81,7 @@ class Plan:
     questions: list[str]  # the proposed question, then after FUZZ, then after INJECT (as far as the KB allows)
     fuzz_reason: str = ""
     inject: tuple[str, str] | None = None  # (url, statement) of the injected linked page
-    guesses: int = field(default=0)
+    guesses: int = 0
 
 
 def _line(prompt: str, label: str) -> str:
@@ -159,7 +159,7 @@ class KBWriter:
             answers = self.answers(entity, fact)
             named = NAMED_PREFIX.get(entity.type, "") + entity.name
             question = _ask(fact, entity, named)
-            if _gives_away(question, answers):
+            if holds_answer(question, answers):
                 continue
             plan = Plan(entity, fact, answers, self.point(entity, fact), [question])
             self._edits(plan, described)
@@ -170,7 +170,7 @@ class KBWriter:
         """FUZZ (the entity's unique description) and INJECT (a linked page's), as far as the KB allows."""
         entity = plan.entity
         description = self.walker.description(entity) if plan.fact not in described else None
-        if description is None or _gives_away(_ask(plan.fact, entity, description), plan.answers):
+        if description is None or holds_answer(_ask(plan.fact, entity, description), plan.answers):
             return
         plan.questions.append(_ask(plan.fact, entity, description))
         plan.fuzz_reason = f"the name {entity.name} is replaced by a description that only it fits"
@@ -183,7 +183,7 @@ class KBWriter:
             if linked_description is None or linked.name not in question:
                 continue
             injected = question.replace(linked.name, linked_description, 1)
-            if not _gives_away(injected, plan.answers):
+            if not holds_answer(injected, plan.answers):
                 plan.questions.append(injected)
                 plan.inject = (linked.url, f"{linked.name} is {linked_description}.")
                 return
@@ -316,11 +316,6 @@ def _ask(fact: str, entity: Entity, phrase: str) -> str:
     return question[0].upper() + question[1:]
 
 
-def _gives_away(question: str, answers: tuple[str, ...]) -> bool:
-    padded = f" {normalize_answer(question)} "
-    return any(f" {normalize_answer(a)} " in padded for a in answers if normalize_answer(a))
-
-
 def demo_seed_pages(urls: list[str], measured: int, n: int) -> list[str]:
     """The demonstration seeds: the `n` pages after the first `measured` of the seeded order (never one measured)."""
     return urls[measured : measured + n]
@@ -329,7 +324,7 @@ def demo_seed_pages(urls: list[str], measured: int, n: int) -> list[str]:
 def correct_spellings(answer: str, plan: Plan | None) -> list[str]:
     """Two right answers in other spellings than `answer`: another alias where the fact has one, and lower case."""
     aliases = [a for a in (plan.answers if plan else ()) if a != answer]
-    return list(dict.fromkeys([*aliases[:1], answer.lower(), f"the {answer}" if not aliases else answer]))[:2]
+    return list(dict.fromkeys([*aliases[:1], answer.lower(), f"the {answer}"]))[:2]
 
 
 async def _record(agent: QASynthesisAgent, writer: KBWriter, urls: list[str], corrupt_every: int) -> dict[str, int]:

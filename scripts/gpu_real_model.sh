@@ -20,11 +20,11 @@ timeout 300 python3 -c "import sys; from searchgym.cli import main; sys.exit(mai
   eval.concurrency=64 torch_threads=4 2>&1 | grep -a -E "^\[quickstart\]|^\||RL gain|error" | tee $OUT/quickstart.txt
 echo "quickstart rc=$? in $(( $(date +%s) - s )) s" | tee -a $OUT/quickstart.txt
 cp $W/quickstart/summary.json $OUT/quickstart_summary.json 2>/dev/null
-# one seed of the long-horizon claim on the real model (the warm start and the RL arm), within what is left
+# one seed of the long-horizon claim on the real model (the warm start and the RL arm), within what is left; its
+# finished (seed, arm) rows land beside the report, as reproduce_long_horizon_smollm2_gpu.arms.jsonl
 s=$(date +%s)
 timeout 240 python3 -c "import sys; from searchgym.cli import main; sys.exit(main(sys.argv[1:]))" bench reproduce long_horizon \
   --model smollm2 --seeds 0 --out $OUT/reproduce_long_horizon_smollm2_gpu.json out_dir=$W/lh rl.model.device=cuda \
   rl.learner.micro_batch_tokens=16384 torch_threads=4 2>&1 | grep -a -E "^\[bench|verdict|error" | tee $OUT/long_horizon.txt
 echo "long horizon seed 0 rc=$? in $(( $(date +%s) - s )) s" | tee -a $OUT/long_horizon.txt
-cp $W/lh/arms.jsonl $OUT/long_horizon_arms.jsonl 2>/dev/null
 echo "total $(( $(date +%s) - t0 )) s"

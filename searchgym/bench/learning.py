@@ -13,7 +13,8 @@ on (so the warm start has seen a second search, rarely); RL trains on the rest, 
 Preset `quickstart` is the quickstart's own setting (1-hop everywhere, half the train questions demonstrated, at
 most `max_demos`) at the benchmark's scale.
 
-Each finished seed is one row of OUT/seeds.jsonl (a JsonlLog): a rerun skips it. The pooled gain is the mean
+Each finished seed is one row of OUT_DIR/seeds.jsonl and of its copy beside the results (`results/NAME.seeds.jsonl`,
+bench/unit_log.py): a rerun, in this session or on a fresh clone that has the copy, skips it. The pooled gain is the mean
 over (seed, question) of the RL policy's held-out reward minus the warm start's, with a hierarchical
 bootstrap interval (seeds, then questions within seed: bench/bootstrap.py).
 """
@@ -24,6 +25,8 @@ import copy
 import hashlib
 import json
 import os
+import resource
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,7 +37,7 @@ from omegaconf import OmegaConf
 
 from searchgym.bench.bootstrap import hierarchical_bootstrap, seed_list
 from searchgym.bench.provenance import machine
-from searchgym.core.jsonl_log import JsonlLog
+from searchgym.bench.unit_log import UnitLog
 from searchgym.eval.compare import paired_delta
 from searchgym.eval.harness import sample_of
 from searchgym.eval.metrics import summarize
@@ -205,19 +208,14 @@ def run_learning_bench(
     out: str | os.PathLike = "results/bench_learning.json",
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Every seed not yet in OUT_DIR/seeds.jsonl, then the pooled report written to `out` (JSON) and a PNG beside it."""
+    """Every seed not yet finished (OUT_DIR/seeds.jsonl, or its copy OUT.seeds.jsonl that is committed with the
+    results, so a fresh clone goes on), then the pooled report written to `out` (JSON) and a PNG beside it."""
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct and at least one, got {seeds}")
     root = Path(config.out_dir)
     root.mkdir(parents=True, exist_ok=True)
     key = fingerprint(config)
-    log = JsonlLog(root / "seeds.jsonl", check=_check_row)
-    for row in log.rows:
-        if row["fingerprint"] != key:
-            raise ValueError(
-                f"{root / 'seeds.jsonl'} holds seeds run with another configuration "
-                f"(fingerprint {row['fingerprint']}, now {key}); use another out_dir"
-            )
+    log = UnitLog(root / "seeds.jsonl", Path(out).with_suffix(".seeds.jsonl"), fingerprint=key, check=_check_row)
     done = {row["seed"] for row in log.rows}
     with deterministic_torch(config.torch_threads):
         base = None
@@ -354,16 +352,24 @@ def hop_counts(config: LearningConfig, seed: int) -> dict[str, int]:
 
 
 def stage_clock(progress: bool, label: str) -> tuple[dict[str, float], Any]:
-    """A dict of stage timings and the `lap(stage)` that records (and says) the time since the previous lap."""
+    """A dict of stage timings and the `lap(stage)` that records (and says) the time since the previous lap, and the
+    process's peak resident memory so far (`peak_rss_gb`: what decides whether two runs fit side by side)."""
     timings: dict[str, float] = {}
     clock = [time.perf_counter()]
 
     def lap(stage: str) -> None:
         timings[stage] = round(time.perf_counter() - clock[0], 1)
         clock[0] = time.perf_counter()
-        say(progress, f"[{label}] {stage}: {timings[stage]} s")
+        timings["peak_rss_gb"] = peak_rss_gb()
+        say(progress, f"[{label}] {stage}: {timings[stage]} s (peak RSS so far {timings['peak_rss_gb']} GB)")
 
     return timings, lap
+
+
+def peak_rss_gb() -> float:
+    """This process's peak resident set size in GB (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1e9 if sys.platform == "darwin" else 1e6), 2)
 
 
 def run_seed(

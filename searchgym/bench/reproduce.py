@@ -2,7 +2,8 @@
 
 Bench learning's per-seed pipeline (world, demonstrations, warm start) generalised to ARMS: each arm is a named
 set of `rl.*` overrides trained from the seed's warm start and evaluated on the seed's held-out questions, as is the
-warm start itself (pseudo-arm "warm"). Each finished (seed, arm) is a row of OUT/arms.jsonl, so a rerun skips it;
+warm start itself (pseudo-arm "warm"). Each finished (seed, arm) is a row of OUT_DIR/arms.jsonl and of its copy beside the results
+(`results/NAME.arms.jsonl`), so a rerun skips it, on a fresh clone too;
 rows of another configuration (claim, arms or settings) are refused. The report pools each arm over seeds and gives
 each arm's paired difference from the claim's baseline arm (and from the warm start) with the hierarchical
 bootstrap over (seed, question), plus each arm's per-step training curve (reward, searches, tool calls).
@@ -41,7 +42,7 @@ from searchgym.bench.learning import (
     stage_clock,
 )
 from searchgym.bench.provenance import git_commit, machine
-from searchgym.core.jsonl_log import JsonlLog
+from searchgym.bench.unit_log import UnitLog
 from searchgym.pipeline.stages import REAL_MODEL_PRESETS, deterministic_torch, say
 from searchgym.settings import load_settings, setting
 
@@ -212,7 +213,8 @@ def run_reproduce(
     command: str = "",
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Every (seed, arm) not yet in OUT_DIR/arms.jsonl, then the pooled report to `out` (JSON) and a PNG beside it."""
+    """Every (seed, arm) not yet finished (OUT_DIR/arms.jsonl, or its copy OUT.arms.jsonl that is committed with the
+    results, so a fresh clone goes on), then the pooled report to `out` (JSON) and a PNG beside it."""
     spec = CLAIMS[claim]
     arms = dict(spec.arms if arms is None else arms)
     if not seeds or len(set(seeds)) != len(seeds):
@@ -223,13 +225,8 @@ def run_reproduce(
     root = Path(config.out_dir)
     root.mkdir(parents=True, exist_ok=True)
     key = claim_fingerprint(config, claim, arms)
-    log = JsonlLog(root / "arms.jsonl", check=_check_row)
-    for row in log.rows:
-        if row["fingerprint"] != key:
-            raise ValueError(
-                f"{root / 'arms.jsonl'} holds runs of another configuration "
-                f"(fingerprint {row['fingerprint']}, now {key}); use another out_dir"
-            )
+    path = Path(out or f"results/reproduce_{claim}.json")
+    log = UnitLog(root / "arms.jsonl", path.with_suffix(".arms.jsonl"), fingerprint=key, check=_check_row)
     done = {(row["seed"], row["arm"]) for row in log.rows}
     with deterministic_torch(config.torch_threads):
         base = None
@@ -243,7 +240,6 @@ def run_reproduce(
                 log.append(row)
     rows = [r for r in log.rows if r["seed"] in seeds]
     report = json.loads(json.dumps(pooled_arms(claim, rows, config, arms, command=command)))
-    path = Path(out or f"results/reproduce_{claim}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     plot_arms(report, path.with_suffix(".png"))

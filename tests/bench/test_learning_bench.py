@@ -144,6 +144,25 @@ def test_a_rerun_reuses_finished_seeds_and_repeats_the_warm_start(bench, tmp_pat
     ).read_text()
 
 
+def test_a_fresh_clone_with_the_committed_seed_log_runs_no_seed_again(bench, tmp_path):
+    root, config, report = bench
+    kept = root / "bench_learning.seeds.jsonl"  # the copy beside the results, which is committed with them
+    assert kept.read_text() == (Path(config.out_dir) / "seeds.jsonl").read_text() != ""
+    clone = tmp_path / "clone" / "results"
+    clone.mkdir(parents=True)
+    (clone / "bench_learning.seeds.jsonl").write_text(kept.read_text())
+    fresh = load_learning_config([f"out_dir={tmp_path / 'clone' / 'runs'}", *TOY])
+    again = run_learning_bench(fresh, SEEDS, out=clone / "bench_learning.json", progress=False)
+    assert again["seeds"] == report["seeds"] and again["pooled"] == report["pooled"]
+    assert not list((tmp_path / "clone" / "runs").glob("seed-*"))  # no world, warm start or RL was built again
+    assert (tmp_path / "clone" / "runs" / "seeds.jsonl").read_text() == kept.read_text()  # carried into the run
+    # a copy holding another configuration's seeds is refused, and the run folder is left as it was
+    other = load_learning_config([f"out_dir={tmp_path / 'other'}", *TOY, "rl.steps=3"])
+    with pytest.raises(ValueError, match="another configuration"):
+        run_learning_bench(other, SEEDS, out=clone / "bench_learning.json", progress=False)
+    assert not (tmp_path / "other" / "seeds.jsonl").exists()
+
+
 def test_demonstrated_and_rl_tasks_split_by_hop_count(small_bundle, tmp_path):
     from searchgym.bench.learning import _demo_tasks
     from searchgym.pipeline.stages import make_env

@@ -66,6 +66,8 @@ def test_a_rerun_skips_finished_seed_arms_and_runs_only_new_ones(bench, tmp_path
     before = arms_file.read_text()
     again = run_reproduce("staleness", config, SEEDS, out=tmp_path / "again.json", arms=ARMS, progress=False)
     assert arms_file.read_text() == before and again["rows"] == report["rows"]
+    # the copy beside the results (committed with them) holds every finished (seed, arm), here and for a new OUT
+    assert (root / "r.arms.jsonl").read_text() == before == (tmp_path / "again.arms.jsonl").read_text()
     # a lost row (an interrupted seed) is run again alone, from the same warm start
     kept = [line for line in before.splitlines() if '"arm": "eta0-plain"' not in line or '"seed": 1' not in line]
     assert len(kept) == len(before.splitlines()) - 1

@@ -54,6 +54,9 @@ class EngineBenchSettings:
         default_factory=lambda: [8], help="multiturn: concurrent episodes, or a comma list measured in turn (1,8,32)"
     )
     turns: int = setting(8, at_least=1, help="multiturn: turns per episode")
+    group_size: int = setting(
+        1, at_least=1, help="multiturn: episodes per question, as a GRPO group (their first prompts are the same)"
+    )
     turn_tokens: int = setting(32, at_least=1, help="multiturn: tokens generated per turn")
     repeats: int = setting(5, at_least=1, help="multiturn: interleaved repetitions of the three systems")
     threads: int | None = setting(None, at_least=1, help="torch intra-op threads (default: torch's own)")
@@ -123,9 +126,13 @@ def _multi_turn(engine: TorchEngine, episodes: int, settings: EngineBenchSetting
     no_reuse = TorchEngine(
         engine.model, engine.tokenizer, device=str(engine.device), limits=EngineLimits(prefix_cache_bytes=0)
     )
-    conversations = _conversations(engine.tokenizer, episodes, turns)
+    no_share = TorchEngine(
+        engine.model, engine.tokenizer, device=str(engine.device), limits=EngineLimits(share_prefixes=False)
+    )
+    conversations = _conversations(engine.tokenizer, episodes, turns, settings.group_size)
     systems = {
         "engine_prefix_reuse": lambda rep: asyncio.run(_episodes(engine, conversations, turn_tokens, rep)),
+        "engine_reuse_no_sharing": lambda rep: asyncio.run(_episodes(no_share, conversations, turn_tokens, rep)),
         "engine_no_reuse": lambda rep: asyncio.run(_episodes(no_reuse, conversations, turn_tokens, rep)),
         "batched_generate": lambda rep: _batched_generate(engine, conversations, turn_tokens, rep),
     }
@@ -139,6 +146,7 @@ def _multi_turn(engine: TorchEngine, episodes: int, settings: EngineBenchSetting
     load_before = os.getloadavg()
     asyncio.run(_episodes(engine, warm, turn_tokens, warm_rep))
     asyncio.run(_episodes(no_reuse, warm, turn_tokens, warm_rep))
+    asyncio.run(_episodes(no_share, warm, turn_tokens, warm_rep))
     _batched_generate(engine, warm, turn_tokens, warm_rep)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
     names = list(systems)
@@ -167,7 +175,9 @@ def _multi_turn(engine: TorchEngine, episodes: int, settings: EngineBenchSetting
         "load_average_after": [round(x, 2) for x in load_after],
         "median": medians,
         "runs": runs,
+        "group_size": settings.group_size,
         "speedup_reuse_vs_no_reuse": round(tps["engine_prefix_reuse"] / tps["engine_no_reuse"], 2),
+        "speedup_sharing_vs_no_sharing": round(tps["engine_prefix_reuse"] / tps["engine_reuse_no_sharing"], 2),
         "speedup_reuse_vs_batched_generate": round(tps["engine_prefix_reuse"] / tps["batched_generate"], 2),
         "speedup_no_reuse_vs_batched_generate": round(tps["engine_no_reuse"] / tps["batched_generate"], 2),
         **(
@@ -178,12 +188,14 @@ def _multi_turn(engine: TorchEngine, episodes: int, settings: EngineBenchSetting
     }
 
 
-def _conversations(tokenizer: Any, episodes: int, turns: int) -> list[list[list[int]]]:
-    """Per episode: the first prompt (a question about a world entity), then one observation per later turn."""
+def _conversations(tokenizer: Any, episodes: int, turns: int, group_size: int = 1) -> list[list[list[int]]]:
+    """Per episode: the first prompt (a question about a world entity, the same within a group of `group_size`),
+    then one observation per later turn."""
     world, rng = World(1000, 0), random.Random(0)
-    out = []
-    for _ in range(episodes):
-        entity = world.entity(rng.randrange(1000))
+    out: list[list[list[int]]] = []
+    for i in range(episodes):
+        if i % group_size == 0:
+            entity = world.entity(rng.randrange(1000))
         question = f"Answer with the help of the search tool: what do you know about {entity.name}?"
         first = tokenizer.apply_chat_template(
             [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=False

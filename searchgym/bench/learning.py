@@ -13,10 +13,10 @@ on (so the warm start has seen a second search, rarely); RL trains on the rest, 
 Preset `quickstart` is the quickstart's own setting (1-hop everywhere, half the train questions demonstrated, at
 most `max_demos`) at the benchmark's scale.
 
-Each finished seed is one row of OUT_DIR/seeds.jsonl and of its copy beside the results (`results/NAME.seeds.jsonl`,
-bench/unit_log.py): a rerun, in this session or on a fresh clone that has the copy, skips it. The pooled gain is the mean
-over (seed, question) of the RL policy's held-out reward minus the warm start's, with a hierarchical
-bootstrap interval (seeds, then questions within seed: bench/bootstrap.py).
+Each finished seed is one row of OUT_DIR/seeds.jsonl and of its copy beside the results
+(`results/NAME.seeds.jsonl`, bench/unit_log.py): a rerun, in this session or on a fresh clone that has the copy,
+skips it. The pooled gain is the mean over (seed, question) of the RL policy's held-out reward minus the warm
+start's, with a hierarchical bootstrap interval (seeds, then questions within seed: bench/bootstrap.py).
 """
 
 from __future__ import annotations

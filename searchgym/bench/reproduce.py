@@ -2,9 +2,9 @@
 
 Bench learning's per-seed pipeline (world, demonstrations, warm start) generalised to ARMS: each arm is a named
 set of `rl.*` overrides trained from the seed's warm start and evaluated on the seed's held-out questions, as is the
-warm start itself (pseudo-arm "warm"). Each finished (seed, arm) is a row of OUT_DIR/arms.jsonl and of its copy beside the results
-(`results/NAME.arms.jsonl`), so a rerun skips it, on a fresh clone too;
-rows of another configuration (claim, arms or settings) are refused. The report pools each arm over seeds and gives
+warm start itself (pseudo-arm "warm"). Each finished (seed, arm) is a row of OUT_DIR/arms.jsonl and of its copy
+beside the results (`results/NAME.arms.jsonl`), so a rerun skips it, on a fresh clone too; rows of another
+configuration (claim, arms or settings) are refused. The report pools each arm over seeds and gives
 each arm's paired difference from the claim's baseline arm (and from the warm start) with the hierarchical
 bootstrap over (seed, question), plus each arm's per-step training curve (reward, searches, tool calls).
 

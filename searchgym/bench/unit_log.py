@@ -26,8 +26,8 @@ class UnitLog:
     def __init__(self, run_log: Path, kept: Path, *, fingerprint: str, check: Callable[[Any], object]) -> None:
         self.run = JsonlLog(run_log, check=check)
         self.kept = JsonlLog(kept, check=check) if Path(kept).resolve() != Path(run_log).resolve() else None
-        for log in (self.run, self.kept):
-            for row in log.rows if log is not None else []:
+        for log in [self.run] if self.kept is None else [self.run, self.kept]:
+            for row in log.rows:
                 if row["fingerprint"] != fingerprint:
                     raise ValueError(
                         f"{log.path} holds runs of another configuration (fingerprint {row['fingerprint']}, now "

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from searchgym.agents.engines.prefix_cache import PrefixCache
-from searchgym.agents.engines.torch_engine import EngineLimits, TorchEngine
+from searchgym.agents.engines.prefix_cache import PrefixCache, shared_prefixes
+from searchgym.agents.engines.torch_engine import MIN_SHARED_PREFIX, EngineLimits, TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # a tiny model on a shared 2-core machine
@@ -70,7 +70,7 @@ async def run_episodes(engine: TorchEngine, tokenizer, n: int, turns: int) -> li
 
 async def test_reuse_gives_the_full_prefill_result_and_prefills_only_new_tokens(tiny_model_dir, tokenizer, model):
     n, turns = 6, 3
-    reused = TorchEngine(tiny_model_dir)
+    reused = TorchEngine(tiny_model_dir, limits=EngineLimits(share_prefixes=False))  # counted exactly below
     full = TorchEngine(tiny_model_dir, limits=EngineLimits(prefix_cache_bytes=0))
     with_reuse = await run_episodes(reused, tokenizer, n, turns)
     without = await run_episodes(full, tokenizer, n, turns)
@@ -114,9 +114,12 @@ async def test_a_prompt_that_leaves_the_cached_tokens_reuses_their_common_prefix
     assert torch.allclose(
         torch.tensor(second.logprobs), teacher_logprobs(model, edited, second.output_ids), atol=1e-4, rtol=0
     )
-    # a different rid, or the same prompt again, never reads another episode's cache
+    # a different rid only borrows what another episode holds (read-only), so the result is the same
+    entries = {rid: list(e.tokens) for rid, e in engine.prefix_cache._entries.items()}
     third = await engine.agenerate(GenerateRequest(edited, sampling(0), rid="other"))
-    assert engine.stats()["reused_tokens"] == after["reused_tokens"] and third.output_ids == second.output_ids
+    assert third.output_ids == second.output_ids
+    assert engine.stats()["shared_tokens"] == engine.stats()["reused_tokens"] - after["reused_tokens"] > 0
+    assert {rid: e.tokens for rid, e in engine.prefix_cache._entries.items() if rid != "other"} == entries
     await engine.close()
 
 
@@ -126,7 +129,8 @@ async def test_lru_eviction_keeps_the_cache_within_its_budget(tiny_model_dir, to
     per_token = probe.prefix_cache.nbytes / (len(first_prompt(tokenizer, 3)) + 11)
     await probe.close()
     budget = int(per_token * 160)  # room for two to four of these episodes' first turns (37 to 70 tokens)
-    engine = TorchEngine(tiny_model_dir, limits=EngineLimits(prefix_cache_bytes=budget))
+    # sharing off: an evicted episode would borrow the chat template's opening from the others
+    engine = TorchEngine(tiny_model_dir, limits=EngineLimits(prefix_cache_bytes=budget, share_prefixes=False))
     lengths, outputs = [], []
     for i in range(8):
         r = await engine.agenerate(GenerateRequest(first_prompt(tokenizer, i), sampling(0), rid=f"e{i}"))
@@ -169,6 +173,127 @@ def test_prefix_cache_refuses_a_negative_budget_and_counts_bytes():
     assert length == 9 and past[0][0].shape == (1, 9, 1)
     assert cache.take("d", [7, 8]) == (0, None) and len(cache) == 0 and cache.nbytes == 0
     assert not cache.put("", [1], kv) and not PrefixCache(0).put("a", [1], kv)
+
+
+def test_a_prompt_without_its_own_entry_borrows_the_longest_shared_prefix_read_only():
+    cache = PrefixCache(10_000)
+    values = {n: torch.arange(n, dtype=torch.float32)[None, :, None] for n in (6, 9)}
+    kv = {n: [(values[n], -values[n])] for n in (6, 9)}
+    cache.put("short", [1, 2, 3, 4, 5, 6], kv[6])
+    cache.put("long", [1, 2, 3, 4, 7, 8, 9, 10, 11], kv[9])
+    length, past = cache.take("new", [1, 2, 3, 4, 7, 8, 0])  # shares 4 with "short", 6 with "long"
+    assert length == 6 and torch.equal(past[0][1], -torch.arange(6, dtype=torch.float32)[None, :, None])
+    assert set(cache._entries) == {"short", "long"} and list(cache._entries)[-1] == "long"  # kept, recently used
+    assert cache.shared_tokens == 6
+    assert cache.take("new", [1, 2, 3, 4, 7, 8, 9, 10, 11])[0] == 8  # the whole prompt held: one token left to feed
+    assert cache.take("z", [9, 1, 2]) == (0, None)  # nothing in common
+    off = PrefixCache(10_000, share=False)
+    off.put("long", [1, 2, 3, 4, 5, 6], kv[6])
+    assert off.take("new", [1, 2, 3, 4]) == (0, None) and off.shared_tokens == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    held=st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=12), min_size=0, max_size=5),
+    prompt=st.lists(st.integers(0, 3), min_size=1, max_size=12),
+)
+def test_borrowing_finds_the_longest_common_prefix_any_entry_holds(held, prompt):
+    """Over any entries and prompt: the borrowed length is the longest common prefix with any entry (leaving one
+    token to feed), and the keys and values are exactly that entry's first tokens; no entry is removed."""
+    cache = PrefixCache(1 << 20)
+    for i, tokens in enumerate(held):
+        cache.put(f"e{i}", tokens, [(torch.tensor(tokens, dtype=torch.float32)[None, :, None],) * 2])
+
+    def common(a, b):
+        n = 0
+        while n < min(len(a), len(b), len(prompt) - 1) and a[n] == b[n]:
+            n += 1
+        return n
+
+    want = max([common(tokens, prompt) for tokens in held], default=0)
+    length, past = cache.take("new", prompt)
+    assert length == want and len(cache) == len(held)
+    if want:
+        assert past[0][0][0, :, 0].tolist() == prompt[:want]
+    else:
+        assert past is None
+
+
+async def test_a_first_turn_prefills_only_what_no_other_episode_holds(tiny_model_dir, tokenizer, model):
+    """Episodes that open with the same long system message: once one has finished a turn, each later first turn
+    prefills only its own question, and gives the tokens and logprobs of a full prefill."""
+    system = "You search a fictional encyclopedia. Call the search tool, read the pages, then answer. " * 4
+
+    def opening(i: int) -> list[int]:
+        chat = [{"role": "system", "content": system}, {"role": "user", "content": f"Question {i}: who founded it?"}]
+        return tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=False)
+
+    shared = TorchEngine(tiny_model_dir)
+    alone = TorchEngine(tiny_model_dir, limits=EngineLimits(share_prefixes=False))
+    for i in range(4):
+        a = await shared.agenerate(GenerateRequest(opening(i), sampling(i), rid=f"episode-{i}"))
+        b = await alone.agenerate(GenerateRequest(opening(i), sampling(i), rid=f"episode-{i}"))
+        assert a.output_ids == b.output_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=1e-5)
+        assert torch.allclose(
+            torch.tensor(a.logprobs), teacher_logprobs(model, opening(i), a.output_ids), atol=1e-4, rtol=0
+        )
+    common = next(n for n in range(len(opening(0))) if opening(0)[n] != opening(1)[n])  # system + "Question "
+    assert common > 60
+    assert alone.stats()["prefill_tokens"] == sum(len(opening(i)) for i in range(4))
+    assert shared.stats()["shared_tokens"] == 3 * common == shared.stats()["reused_tokens"]
+    assert shared.stats()["prefill_tokens"] == alone.stats()["prefill_tokens"] - 3 * common
+    assert shared.stats()["prefix_cache_entries"] == 4  # every episode keeps its own entry for its next turn
+    await shared.close()
+    await alone.close()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=10), max_size=8), st.integers(1, 4))
+def test_shared_prefixes_are_what_two_prompts_share_shortest_first(prompts, minimum):
+    found = shared_prefixes(prompts, minimum=minimum)
+    assert [len(p) for p in found] == sorted(len(p) for p in found) and len({tuple(p) for p in found}) == len(found)
+    for prefix in found:
+        assert len(prefix) >= minimum
+        assert sum(p[: len(prefix)] == prefix and len(p) > len(prefix) for p in prompts) >= 2
+    for i, a in enumerate(prompts):  # identical prompts: all but their last token is found
+        if len(a) > minimum and a in prompts[i + 1 :]:
+            assert a[:-1] in found
+
+
+async def test_a_group_arriving_together_prefills_its_shared_prompt_once(tiny_model_dir, tokenizer, model):
+    """Two GRPO-shaped groups (4 episodes of one question each, one system message) sent at once: the system
+    message is prefilled once, each question once on top of it, each row only its last token; every episode's
+    tokens and logprobs are those of a full prefill."""
+    system = "You search a fictional encyclopedia. Call the search tool, read the pages, then answer. " * 3
+
+    def opening(q: int) -> list[int]:
+        chat = [{"role": "system", "content": system}, {"role": "user", "content": f"Question {q}: who founded it?"}]
+        return tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=False)
+
+    episodes = [(q, e) for q in (1, 2) for e in range(4)]
+
+    async def play(engine):
+        requests = [GenerateRequest(opening(q), sampling(e), rid=f"q{q}-e{e}") for q, e in episodes]
+        return await asyncio.gather(*(engine.agenerate(r) for r in requests))
+
+    shared = TorchEngine(tiny_model_dir)
+    alone = TorchEngine(tiny_model_dir, limits=EngineLimits(share_prefixes=False))
+    got, want = await play(shared), await play(alone)
+    for a, b, (q, _) in zip(got, want, episodes, strict=True):
+        assert a.output_ids == b.output_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5, rtol=1e-5)
+        assert torch.allclose(
+            torch.tensor(a.logprobs), teacher_logprobs(model, opening(q), a.output_ids), atol=1e-4, rtol=0
+        )
+    one, two = opening(1), opening(2)
+    system_tokens = next(n for n in range(len(one)) if one[n] != two[n])
+    assert alone.stats()["prefill_tokens"] == 4 * (len(one) + len(two))
+    assert shared.stats()["prefill_tokens"] == system_tokens + (len(one) - 1 - system_tokens) + (
+        len(two) - 1 - system_tokens
+    ) + len(episodes)
+    await shared.close()
+    await alone.close()
 
 
 async def test_a_weight_update_empties_the_cache(tiny_model_dir, tokenizer, model):
@@ -259,15 +384,23 @@ def test_bench_engine_multiturn_counts_what_each_system_reads(tiny_model_dir, tm
 
     out = tmp_path / "bench_engine.json"
     out.write_text(json.dumps({"engine_tokens_per_s": {"64": 5399.1}}))  # single-turn figures already there
-    episodes, turns, tokens = 3, 3, 5
+    episodes, turns, tokens = 4, 3, 5
     results = run_engine_bench(
         EngineBenchSettings(
-            model=str(tiny_model_dir), out=out, episodes=[episodes], turns=turns, turn_tokens=tokens, repeats=2
+            model=str(tiny_model_dir),
+            out=out,
+            episodes=[episodes],
+            turns=turns,
+            turn_tokens=tokens,
+            repeats=2,
+            group_size=2,
         )
     )
     assert json.loads(out.read_text()) == results and results["engine_tokens_per_s"] == {"64": 5399.1}
     multiturn = results["multiturn"]
-    conversations = _conversations(AutoTokenizer.from_pretrained(tiny_model_dir), episodes, turns)
+    conversations = _conversations(AutoTokenizer.from_pretrained(tiny_model_dir), episodes, turns, group_size=2)
+    firsts = [c[0] for c in conversations]
+    assert firsts[0] == firsts[1] != firsts[2] == firsts[3]  # two groups of two, as GRPO's
     generated = episodes * turns * tokens
     given = sum(len(part) for c in conversations for part in c)
     prompts = sum(
@@ -275,7 +408,8 @@ def test_bench_engine_multiturn_counts_what_each_system_reads(tiny_model_dir, tm
     )
     assert multiturn["given_tokens_per_generated_token"] == round(given / generated, 3)
     for name, expected in [
-        ("engine_prefix_reuse", given + episodes * (turns - 1)),
+        ("engine_prefix_reuse", given - sum(map(len, firsts)) + first_turn_reads(firsts) + episodes * (turns - 1)),
+        ("engine_reuse_no_sharing", given + episodes * (turns - 1)),
         ("engine_no_reuse", prompts),
         ("batched_generate", prompts),
     ]:
@@ -290,6 +424,23 @@ def test_bench_engine_multiturn_counts_what_each_system_reads(tiny_model_dir, tm
     assert multiturn["speedup_reuse_vs_no_reuse"] == round(ratio, 2)
     with pytest.raises(ValueError, match="traffic"):
         run_engine_bench(EngineBenchSettings(model=str(tiny_model_dir), out=out, traffic="chat"))
+
+
+def first_turn_reads(firsts: list[list[int]]) -> int:
+    """Prompt tokens a sharing engine reads for first turns admitted together: each shared prefix on top of the
+    longest one before it, then each prompt past the longest shared prefix it starts with (one token at least)."""
+
+    def common(a, b, limit):
+        n = 0
+        while n < min(len(a), len(b), limit) and a[n] == b[n]:
+            n += 1
+        return n
+
+    done, reads = [], 0
+    for prefix in shared_prefixes(firsts, minimum=MIN_SHARED_PREFIX):
+        reads += len(prefix) - max((common(prefix, d, len(prefix)) for d in done), default=0)
+        done.append(prefix)
+    return reads + sum(len(f) - max((common(f, d, len(f) - 1) for d in done), default=0) for f in firsts)
 
 
 @pytest.fixture(scope="module")

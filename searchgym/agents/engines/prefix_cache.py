@@ -5,6 +5,12 @@ same rid, so the cache is keyed by rid: a lookup takes the entry out (its memory
 batch), keeps its longest common token prefix with the new prompt, and the engine prefills only the
 rest. Entries are stored compactly (one sequence, no padding) and evicted least recently used first;
 the cache never holds more than its budget.
+
+Shared prefixes: a prompt whose rid has no entry (an episode's first turn) borrows the longest common token prefix
+any entry has with it, read-only (the entry stays for its own episode). Episodes of one env open with the same
+system message and instructions, hundreds of tokens with ASearcher's, so each new episode prefills only its question
+once another episode has finished a turn. Off with `share=False`. `shared_prefixes` finds what requests arriving
+together share (a GRPO group's identical first prompts), which the engine prefills once and puts here to lend.
 """
 
 from __future__ import annotations
@@ -30,11 +36,13 @@ class _Entry:
 class PrefixCache:
     """rid -> (tokens, per-layer keys and values of one sequence), LRU-evicted under `budget_bytes` (0: off)."""
 
-    def __init__(self, budget_bytes: int):
+    def __init__(self, budget_bytes: int, *, share: bool = True):
         if budget_bytes < 0:
             raise ValueError("prefix cache budget must be >= 0 bytes")
         self.budget_bytes = budget_bytes
+        self.share = share
         self.nbytes = 0
+        self.shared_tokens = 0  # prompt tokens borrowed from another rid's entry, over the cache's life
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
 
     def __len__(self) -> int:
@@ -55,15 +63,33 @@ class PrefixCache:
         return True
 
     def take(self, rid: str, prompt: list[int]) -> tuple[int, KV | None]:
-        """Remove `rid`'s entry; return how many leading prompt tokens it covers (leaving one to feed) and their KV."""
+        """Remove `rid`'s entry; return how many leading prompt tokens it covers (leaving one to feed) and their KV.
+        Without an entry of its own (or one sharing nothing with the prompt), the longest prefix another entry
+        shares with it, read-only (`share`)."""
         entry = self._entries.get(rid) if rid else None
-        if entry is None:
+        if entry is not None:
+            self.discard(rid)
+            length = _common_prefix(entry.tokens, prompt, limit=len(prompt) - 1)
+            if length:
+                return length, [(k[:, :length], v[:, :length]) for k, v in entry.kv]
+        return self.borrow(prompt, limit=len(prompt) - 1) if self.share else (0, None)
+
+    def holds(self, rid: str) -> bool:
+        """Whether `rid` has an entry of its own."""
+        return bool(rid) and rid in self._entries
+
+    def borrow(self, prompt: list[int], *, limit: int) -> tuple[int, KV | None]:
+        """The longest prefix of `prompt` (at most `limit` tokens) that some entry holds, as views of that entry,
+        which stays (marked recently used)."""
+        best, length = None, 0
+        for rid, entry in self._entries.items():
+            if entry.tokens[:1] == prompt[:1] and (n := _common_prefix(entry.tokens, prompt, limit)) > length:
+                best, length = rid, n
+        if best is None:
             return 0, None
-        self.discard(rid)
-        length = _common_prefix(entry.tokens, prompt, limit=len(prompt) - 1)
-        if length == 0:
-            return 0, None
-        return length, [(k[:, :length], v[:, :length]) for k, v in entry.kv]
+        self._entries.move_to_end(best)
+        self.shared_tokens += length
+        return length, [(k[:, :length], v[:, :length]) for k, v in self._entries[best].kv]
 
     def discard(self, rid: str | None = None) -> None:
         """Drop `rid`'s entry (every entry when None)."""
@@ -87,3 +113,16 @@ def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
         else:
             hi = mid
     return lo
+
+
+def shared_prefixes(prompts: list[list[int]], *, minimum: int) -> list[list[int]]:
+    """The prefixes of at least `minimum` tokens that neighbours in sorted order share (leaving each of the two one
+    token of its own to feed), once each, shortest first: nested ones, such as an env's instructions and then a GRPO
+    group's whole first prompt, can each be prefilled on top of the one before."""
+    ordered = sorted(prompts)
+    found: dict[tuple[int, ...], None] = {}
+    for a, b in zip(ordered, ordered[1:], strict=False):
+        n = _common_prefix(a, b, min(len(a), len(b)) - 1)
+        if n >= minimum:
+            found.setdefault(tuple(a[:n]), None)
+    return [list(prefix) for prefix in sorted(found, key=len)]

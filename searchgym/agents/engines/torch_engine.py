@@ -13,13 +13,14 @@ last sampled token, which was never fed) go into a `PrefixCache` under its rid, 
 `prefix_cache_bytes` (0 turns reuse off); a request without a rid, or sent with `keep_prefix=False` (a
 rid a server made up, which no next turn can name), keeps nothing, so it never evicts a conversation. A
 request whose rid has an entry takes it, keeps the longest common token prefix with its prompt and
-prefills only the rest on top of it, at exact positions, so the result is that of a full prefill. Keyed by rid, not
-by a search over every cached prefix: the episode
-runners send one rid per episode and each turn's prompt extends the last turn's tokens exactly, so a
-rid lookup and one list comparison find the whole reusable prefix; what a token-prefix index would add
-is sharing a system prompt and question (~100 tokens of thousands) between episodes, which would need
-blocks shared between rows that this dense batch does not have. Aborted and cancelled rows are not
-kept, and `abort(rid)` drops rid's entry: an abort ends or restarts that trajectory.
+prefills only the rest on top of it, at exact positions, so the result is that of a full prefill. Keyed by rid: the
+episode runners send one rid per episode and each turn's prompt extends the last turn's tokens exactly, so a rid
+lookup and one list comparison find the whole reusable prefix. A first turn (no entry of its own) borrows the
+longest prefix any entry shares with it (`EngineLimits.share_prefixes`): episodes open with the same system
+message and instructions, which with ASearcher's instructions is most of a first prompt. The borrowed keys and
+values are copied into the batch (rows share no blocks in this dense batch), so only the compute is saved, not
+memory. Aborted and cancelled rows are not kept, and `abort(rid)` drops rid's entry: an abort ends or restarts that
+trajectory.
 
 Pause, abort and weight updates take the step lock, so they happen between steps. A weight update
 re-prefills every in-flight row (prompt plus tokens so far, minus the last sampled token, which the
@@ -69,7 +70,7 @@ with needs("TorchEngine"):
 
 from searchgym.agents.engines.detokenize import StopStrings
 from searchgym.agents.engines.memory import available_memory, batch_bytes, config_shapes, kv_bytes_per_token
-from searchgym.agents.engines.prefix_cache import PrefixCache
+from searchgym.agents.engines.prefix_cache import PrefixCache, shared_prefixes
 from searchgym.agents.engines.types import (
     GREEDY_TEMPERATURE,
     FinishReason,
@@ -81,6 +82,7 @@ from searchgym.agents.hf_bars import no_hf_bars
 from searchgym.agents.model_dir import check_policy_dir
 
 PREFILL_TOKENS = 16384  # padded tokens (cached + new) per prefill forward: bounds attention-mask memory
+MIN_SHARED_PREFIX = 16  # tokens that requests arriving together must share for one prefill of them to pay
 PREFIX_CACHE_BYTES = 1 << 30  # default budget of finished sequences' keys and values kept for their next turn
 MEMORY_FRACTION = 0.5  # of the host's available memory a CPU engine's batch may take by default
 logger = logging.getLogger(__name__)
@@ -124,6 +126,7 @@ class EngineLimits:
     max_batch_size: int = 64
     prefix_cache_bytes: int = PREFIX_CACHE_BYTES
     memory_budget_bytes: int | None | Literal["auto"] = "auto"
+    share_prefixes: bool = True  # a first turn borrows the prefix (system message, instructions) other rids hold
 
 
 class TorchEngine:
@@ -160,11 +163,12 @@ class TorchEngine:
         self.vocab_size = model.get_input_embeddings().num_embeddings
         self.eos_ids = frozenset(_as_ids(self.tokenizer.eos_token_id) + _as_ids(model.generation_config.eos_token_id))
         self._seed, self._requests, self._version = seed, 0, version
+        self._shared_entries = 0  # prefixes prefilled once for requests that arrived together
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []  # batch rows, in order
         self._cache: DynamicCache | None = None
         self._mask: torch.Tensor | None = None  # (rows, length): 1 for real tokens, 0 for left padding
-        self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        self.prefix_cache = PrefixCache(prefix_cache_bytes, share=limits.share_prefixes)
         self._shape, self._dtype_bytes = config_shapes(model.config), torch.empty((), dtype=dtype).element_size()
         self.kv_bytes_per_token = kv_bytes_per_token(
             self._shape["layers"], self._shape["kv_heads"], self._shape["head_dim"], self._dtype_bytes
@@ -278,6 +282,7 @@ class TorchEngine:
             "paused": self._task is not None and not self._unpaused.is_set(),
             "prefix_cache_entries": len(self.prefix_cache),
             "prefix_cache_bytes": self.prefix_cache.nbytes,
+            "shared_tokens": self.prefix_cache.shared_tokens,  # of reused_tokens, those borrowed from another rid
             "memory_budget_bytes": self.memory_budget_bytes,
             "kv_bytes_per_token": self.kv_bytes_per_token,
             **self._counts,
@@ -433,6 +438,7 @@ class TorchEngine:
             self._decode()
         admitted = [s for s in admitted if s.live]
         if admitted:
+            self._prefill_shared_prefixes(admitted)
             for seq in admitted:
                 seq.cached, seq.past = self.prefix_cache.take(seq.request.rid, seq.prompt)
             try:
@@ -447,6 +453,23 @@ class TorchEngine:
             self._cache, self._mask = DynamicCache(kv), mask
             self._running += admitted
         self._drop_dead_rows()
+
+    def _prefill_shared_prefixes(self, admitted: list[_Sequence]) -> None:
+        """Prefill once what two or more admitted first turns share beyond what the prefix cache can lend (a GRPO
+        group's identical prompt, one env's instructions), and put it in the cache, from which each borrows it.
+        Only requests that keep their own prefix count: a rid-less request never adds an entry that could evict one."""
+        cache = self.prefix_cache
+        if not (cache.share and cache.budget_bytes) or len(admitted) < 2:
+            return
+        # only requests that may keep a prefix (a rid a next turn can name) add entries: others never evict one
+        fresh = [s.prompt for s in admitted if s.request.rid and s.keep_prefix and not cache.holds(s.request.rid)]
+        for prefix in shared_prefixes(fresh, minimum=MIN_SHARED_PREFIX):  # shortest first: each builds on the last
+            cached, past = cache.borrow(prefix, limit=len(prefix))
+            if cached == len(prefix):
+                continue  # the cache lends all of it already
+            kv, _, _ = self._prefill([(prefix[cached:], past)])
+            self._shared_entries += 1
+            cache.put(f"\0shared-{self._shared_entries}", prefix, [(k[0], v[0]) for k, v in kv])
 
     def _decode(self) -> None:
         """Feed every row its last sampled token and sample the next one."""

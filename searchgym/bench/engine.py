@@ -32,6 +32,7 @@ import torch
 from searchgym.agents.engines.torch_engine import EngineLimits, TorchEngine
 from searchgym.agents.engines.types import GenerateRequest, SamplingParams
 from searchgym.bench.engine_llama_cpp import gguf_path, llama_cpp_system
+from searchgym.envs.prompts import instructions_template
 from searchgym.settings import setting
 from searchgym.world.world import World
 
@@ -56,6 +57,11 @@ class EngineBenchSettings:
     turns: int = setting(8, at_least=1, help="multiturn: turns per episode")
     group_size: int = setting(
         1, at_least=1, help="multiturn: episodes per question, as a GRPO group (their first prompts are the same)"
+    )
+    instructions: str = setting(
+        "none",
+        choices=("none", "brief", "full"),
+        help="multiturn: the env's opening instructions before each question (full: ASearcher's, as the RL presets)",
     )
     turn_tokens: int = setting(32, at_least=1, help="multiturn: tokens generated per turn")
     repeats: int = setting(5, at_least=1, help="multiturn: interleaved repetitions of the three systems")
@@ -129,7 +135,7 @@ def _multi_turn(engine: TorchEngine, episodes: int, settings: EngineBenchSetting
     no_share = TorchEngine(
         engine.model, engine.tokenizer, device=str(engine.device), limits=EngineLimits(share_prefixes=False)
     )
-    conversations = _conversations(engine.tokenizer, episodes, turns, settings.group_size)
+    conversations = _conversations(engine.tokenizer, episodes, turns, settings.group_size, settings.instructions)
     systems = {
         "engine_prefix_reuse": lambda rep: asyncio.run(_episodes(engine, conversations, turn_tokens, rep)),
         "engine_reuse_no_sharing": lambda rep: asyncio.run(_episodes(no_share, conversations, turn_tokens, rep)),
@@ -176,6 +182,8 @@ def _multi_turn(engine: TorchEngine, episodes: int, settings: EngineBenchSetting
         "median": medians,
         "runs": runs,
         "group_size": settings.group_size,
+        "instructions": settings.instructions,
+        "first_prompt_tokens": [min(len(c[0]) for c in conversations), max(len(c[0]) for c in conversations)],
         "speedup_reuse_vs_no_reuse": round(tps["engine_prefix_reuse"] / tps["engine_no_reuse"], 2),
         "speedup_sharing_vs_no_sharing": round(tps["engine_prefix_reuse"] / tps["engine_reuse_no_sharing"], 2),
         "speedup_reuse_vs_batched_generate": round(tps["engine_prefix_reuse"] / tps["batched_generate"], 2),
@@ -188,17 +196,23 @@ def _multi_turn(engine: TorchEngine, episodes: int, settings: EngineBenchSetting
     }
 
 
-def _conversations(tokenizer: Any, episodes: int, turns: int, group_size: int = 1) -> list[list[list[int]]]:
-    """Per episode: the first prompt (a question about a world entity, the same within a group of `group_size`),
-    then one observation per later turn."""
+def _conversations(
+    tokenizer: Any, episodes: int, turns: int, group_size: int = 1, instructions: str = "none"
+) -> list[list[list[int]]]:
+    """Per episode: the first prompt (a question about a world entity, the same within a group of `group_size`,
+    after the env's `instructions` unless "none"), then one observation per later turn."""
     world, rng = World(1000, 0), random.Random(0)
+    opening = "{question}" if instructions == "none" else instructions_template("tags", instructions)
     out: list[list[list[int]]] = []
     for i in range(episodes):
         if i % group_size == 0:
             entity = world.entity(rng.randrange(1000))
         question = f"Answer with the help of the search tool: what do you know about {entity.name}?"
         first = tokenizer.apply_chat_template(
-            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=False
+            [{"role": "user", "content": opening.format(question=question, max_turns=turns)}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
         )
         observations = []
         for _ in range(turns - 1):

@@ -401,6 +401,12 @@ def test_bench_engine_multiturn_counts_what_each_system_reads(tiny_model_dir, tm
     conversations = _conversations(AutoTokenizer.from_pretrained(tiny_model_dir), episodes, turns, group_size=2)
     firsts = [c[0] for c in conversations]
     assert firsts[0] == firsts[1] != firsts[2] == firsts[3]  # two groups of two, as GRPO's
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    opened = _conversations(tokenizer, episodes, turns, group_size=2, instructions="full")
+    assert [c[1:] for c in opened] == [c[1:] for c in conversations]  # the same observations, a longer opening
+    text = tokenizer.decode(opened[2][0])
+    assert "Answer the question below by searching" in text and f"at most {turns} turns" in text
+    assert tokenizer.decode(firsts[2]).split("about ")[-1].split("?")[0] in text.split("Question:")[-1]
     generated = episodes * turns * tokens
     given = sum(len(part) for c in conversations for part in c)
     prompts = sum(

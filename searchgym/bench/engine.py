@@ -64,7 +64,7 @@ class EngineBenchSettings:
         help="multiturn: the env's opening instructions before each question (full: ASearcher's, as the RL presets)",
     )
     turn_tokens: int = setting(32, at_least=1, help="multiturn: tokens generated per turn")
-    repeats: int = setting(5, at_least=1, help="multiturn: interleaved repetitions of the three systems")
+    repeats: int = setting(5, at_least=1, help="multiturn: interleaved repetitions of every system")
     threads: int | None = setting(None, at_least=1, help="torch intra-op threads (default: torch's own)")
     concurrency: list[int] = setting(default_factory=lambda: [1, 8, 64], help="single: concurrent requests")
     new_tokens: int = setting(64, at_least=1, help="single: tokens per request")
@@ -127,7 +127,8 @@ def run_engine_bench(settings: EngineBenchSettings) -> dict[str, Any]:
 
 
 def _multi_turn(engine: TorchEngine, episodes: int, settings: EngineBenchSettings) -> dict[str, Any]:
-    """Interleaved repetitions of (a) reuse on, (b) reuse off, (c) batched generate; medians and ratios."""
+    """Interleaved repetitions of (a) reuse with sharing, (b) reuse without sharing, (c) reuse off, (d) batched
+    generate; medians and ratios."""
     turns, turn_tokens, repeats = settings.turns, settings.turn_tokens, settings.repeats
     no_reuse = TorchEngine(
         engine.model, engine.tokenizer, device=str(engine.device), limits=EngineLimits(prefix_cache_bytes=0)

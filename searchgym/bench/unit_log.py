@@ -10,7 +10,7 @@ the last one stopped instead of running an hour-long unit again.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +40,6 @@ class UnitLog:
     @property
     def rows(self) -> list[Any]:
         return self.run.rows
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.run.rows)
 
     def append(self, row: Any) -> None:
         self.run.append(row)

@@ -83,7 +83,7 @@ class PrefixCache:
         which stays (marked recently used)."""
         best, length = None, 0
         for rid, entry in self._entries.items():
-            if entry.tokens[:1] == prompt[:1] and (n := _common_prefix(entry.tokens, prompt, limit)) > length:
+            if (n := _common_prefix(entry.tokens, prompt, limit)) > length:
                 best, length = rid, n
         if best is None:
             return 0, None

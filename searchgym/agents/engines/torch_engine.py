@@ -461,7 +461,6 @@ class TorchEngine:
         cache = self.prefix_cache
         if not (cache.share and cache.budget_bytes) or len(admitted) < 2:
             return
-        # only requests that may keep a prefix (a rid a next turn can name) add entries: others never evict one
         fresh = [s.prompt for s in admitted if s.request.rid and s.keep_prefix and not cache.holds(s.request.rid)]
         for prefix in shared_prefixes(fresh, minimum=MIN_SHARED_PREFIX):  # shortest first: each builds on the last
             cached, past = cache.borrow(prefix, limit=len(prefix))

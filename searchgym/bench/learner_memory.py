@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from searchgym.bench.provenance import peak_rss_bytes
 from searchgym.core.settings_flags import add_settings_flags, settings_values
 from searchgym.settings import load_settings, setting
 
@@ -153,7 +153,7 @@ def measure_one(
     if device == "cuda":
         peak = torch.cuda.max_memory_allocated() - before
     else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+        peak = peak_rss_bytes() - before
     return {
         "head": head,
         "length": length,

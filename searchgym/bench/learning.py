@@ -25,8 +25,6 @@ import copy
 import hashlib
 import json
 import os
-import resource
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,7 +34,7 @@ from typing import Any, cast
 from omegaconf import OmegaConf
 
 from searchgym.bench.bootstrap import hierarchical_bootstrap, seed_list
-from searchgym.bench.provenance import machine
+from searchgym.bench.provenance import machine, peak_rss_bytes
 from searchgym.bench.unit_log import UnitLog
 from searchgym.eval.compare import paired_delta
 from searchgym.eval.harness import sample_of
@@ -367,9 +365,8 @@ def stage_clock(progress: bool, label: str) -> tuple[dict[str, float], Any]:
 
 
 def peak_rss_gb() -> float:
-    """This process's peak resident set size in GB (Linux reports KiB, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return round(peak / (1e9 if sys.platform == "darwin" else 1e6), 2)
+    """This process's peak resident set size in GB (10^9 bytes), as the stage laps print it."""
+    return round(peak_rss_bytes() / 1e9, 2)
 
 
 def run_seed(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,3 +34,9 @@ def accelerator() -> str:
     import torch
 
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far, in bytes (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)

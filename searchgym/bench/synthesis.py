@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from searchgym.bench.provenance import git_commit, machine
+from searchgym.bench.provenance import git_commit, machine, peak_rss_bytes
 from searchgym.core.atomic_file import write_atomic
 from searchgym.core.settings_flags import settings_argv
 from searchgym.settings import setting
@@ -197,7 +196,7 @@ def run_synthesis_bench(settings: SynthesisBenchSettings) -> dict[str, Any]:
         "kb_check": kb_check(tasks, World(settings.world_size, settings.seed), demo_questions),
         "seconds": round(seconds, 1),
         "this_run": summary["this_run"],
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "peak_rss_mb": round(peak_rss_bytes() / 2**20),
         "commit": git_commit(),
         "machine": machine(torch_threads=settings.threads, load_before=load_before, load_after=os.getloadavg()),
     }

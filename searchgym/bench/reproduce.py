@@ -180,9 +180,12 @@ def load_reproduce_config(
 
 
 def select_arms(claim: str, names: str) -> dict[str, list[str]]:
-    """The claim's arms named in `names` (comma-separated; empty: all of them), in the claim's order."""
+    """The claim's arms named in `names` (comma-separated; empty: all of them) and its baseline arm (every arm is
+    reported against it; a finished one is reused), in the claim's order."""
     arms = CLAIMS[claim].arms
     wanted = [n.strip() for n in names.split(",") if n.strip()]
+    if wanted and CLAIMS[claim].baseline in arms:
+        wanted.append(CLAIMS[claim].baseline)
     unknown = [n for n in wanted if n not in arms]
     if unknown:
         raise ValueError(f"unknown arms {unknown} of claim {claim!r}; known: {', '.join(arms)}")
@@ -197,9 +200,13 @@ def arm_config(config: LearningConfig, arm: list[str]) -> LearningConfig:
     return load_settings(LearningConfig, overrides=list(arm), base=config)
 
 
-def claim_fingerprint(config: LearningConfig, claim: str, arms: Mapping[str, list[str]]) -> str:
-    """The settings plus the claim and its arms: rows of another claim, arm set or config are never pooled."""
-    data = json.dumps({"config": fingerprint(config), "claim": claim, "arms": dict(arms)}, sort_keys=True)
+def arm_fingerprint(config: LearningConfig, claim: str, arm: str, overrides: list[str]) -> str:
+    """What one arm's rows depend on: the settings, the claim, the arm's name and its overrides. Each arm has its
+    own, so arms run apart (`--arms`, another session or machine) pool together, an arm added later leaves the
+    finished ones valid, and an arm whose overrides changed is refused."""
+    data = json.dumps(
+        {"config": fingerprint(config), "claim": claim, "arm": arm, "overrides": list(overrides)}, sort_keys=True
+    )
     return hashlib.sha256(data.encode()).hexdigest()[:16]
 
 
@@ -224,9 +231,15 @@ def run_reproduce(
     configs = {name: arm_config(config, overrides) for name, overrides in arms.items()}  # bad overrides fail now
     root = Path(config.out_dir)
     root.mkdir(parents=True, exist_ok=True)
-    key = claim_fingerprint(config, claim, arms)
+    known = {WARM: [], **spec.arms, **arms}  # rows of the claim's other arms may sit in the log: they are kept
+    keys = {name: arm_fingerprint(config, claim, name, overrides) for name, overrides in known.items()}
     path = Path(out or f"results/reproduce_{claim}.json")
-    log = UnitLog(root / "arms.jsonl", path.with_suffix(".arms.jsonl"), fingerprint=key, check=_check_row)
+    log = UnitLog(
+        root / "arms.jsonl",
+        path.with_suffix(".arms.jsonl"),
+        fingerprint=lambda row: keys.get(row["arm"]),
+        check=_check_row,
+    )
     done = {(row["seed"], row["arm"]) for row in log.rows}
     with deterministic_torch(config.torch_threads):
         base = None
@@ -236,9 +249,9 @@ def run_reproduce(
                 say(progress, f"[bench reproduce {claim}] seed {seed}: done before, reused")
                 continue
             base = base or shared_base_model(config, root, progress=progress)
-            for row in run_seed_arms(config, configs, todo, seed, base, root / f"seed-{seed}", key, progress=progress):
+            for row in run_seed_arms(config, configs, todo, seed, base, root / f"seed-{seed}", keys, progress=progress):
                 log.append(row)
-    rows = [r for r in log.rows if r["seed"] in seeds]
+    rows = first_rows([r for r in log.rows if r["seed"] in seeds and r["arm"] in (WARM, *arms)])
     report = json.loads(json.dumps(pooled_arms(claim, rows, config, arms, command=command)))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
@@ -254,7 +267,7 @@ def run_seed_arms(
     seed: int,
     base: Path,
     out: Path,
-    key: str,
+    keys: Mapping[str, str],
     *,
     progress: bool = True,
 ) -> Any:
@@ -277,7 +290,7 @@ def run_seed_arms(
         yield {
             "seed": seed,
             "arm": arm,
-            "fingerprint": key,
+            "fingerprint": keys[arm],
             "k": config.eval.k,
             "policy": policy_metrics(samples, hop_of, config.eval.k),
             "per_question": per_question_reward(samples),
@@ -287,6 +300,14 @@ def run_seed_arms(
             "timings": dict(timings),
             "commit": commit,
         }
+
+
+def first_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The first row of each (seed, arm): logs merged from two machines may both hold one, and a unit counts once."""
+    seen: dict[tuple[int, str], dict[str, Any]] = {}
+    for row in rows:
+        seen.setdefault((row["seed"], row["arm"]), row)
+    return list(seen.values())
 
 
 def arm_curve(history: list[dict[str, float]]) -> list[dict[str, float]]:
@@ -741,7 +762,7 @@ class ReproduceCommand:
     markdown: bool = setting(False, help="only print docs/reproductions.md's table of --out")
     readme: bool = setting(False, help="only print README's table of every claim's results file")
     render: bool = setting(False, help="rewrite README's and docs/reproductions.md's tables")
-    arms: str = setting("", help="comma-separated subset of the claim's arms (default: all)")
+    arms: str = setting("", help="comma-separated subset of the claim's arms, its baseline added (default: all)")
     model: str | None = setting(
         None,
         choices=(None, "smollm2"),

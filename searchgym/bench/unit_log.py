@@ -20,18 +20,30 @@ from searchgym.core.jsonl_log import JsonlLog
 class UnitLog:
     """The rows of a run folder's unit log and of its copy beside the results; `append` writes both durably.
 
-    Every row carries the run's `fingerprint` (its settings): a file holding rows of other settings is refused
-    before anything is carried, so runs of two configurations never mix."""
+    Every row carries the fingerprint of the settings it ran with; `fingerprint` is the one every row must have, or
+    a function giving the one a row must have (a claim's arms each have their own, so arms run apart still pool; it
+    returns None for a row it cannot place). A file holding any other row is refused before anything is carried, so
+    runs of two configurations never mix."""
 
-    def __init__(self, run_log: Path, kept: Path, *, fingerprint: str, check: Callable[[Any], object]) -> None:
+    def __init__(
+        self,
+        run_log: Path,
+        kept: Path,
+        *,
+        fingerprint: str | Callable[[Any], str | None],
+        check: Callable[[Any], object],
+    ) -> None:
+        expected = fingerprint if callable(fingerprint) else lambda _row: fingerprint
         self.run = JsonlLog(run_log, check=check)
         self.kept = JsonlLog(kept, check=check) if Path(kept).resolve() != Path(run_log).resolve() else None
         for log in [self.run] if self.kept is None else [self.run, self.kept]:
             for row in log.rows:
-                if row["fingerprint"] != fingerprint:
+                want = expected(row)
+                if row["fingerprint"] != want:
+                    now = f"now {want}" if want is not None else "none of this run's units is such a row"
                     raise ValueError(
-                        f"{log.path} holds runs of another configuration (fingerprint {row['fingerprint']}, now "
-                        f"{fingerprint}); use another out_dir and --out"
+                        f"{log.path} holds runs of another configuration (fingerprint {row['fingerprint']}, {now}); "
+                        "use another out_dir and --out"
                     )
         if self.kept is not None:
             _carry(self.kept, self.run)

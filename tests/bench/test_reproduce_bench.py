@@ -80,13 +80,44 @@ def test_a_rerun_skips_finished_seed_arms_and_runs_only_new_ones(bench, tmp_path
     assert redone[0]["policy"] == old[0]["policy"]  # sync RL from the same warm start repeats exactly
 
 
-def test_rows_of_another_configuration_or_arm_set_are_refused(bench):
+def test_rows_of_another_configuration_or_changed_arm_are_refused(bench):
     root, config, _ = bench
+    changed = {**ARMS, "eta0-plain": [*ARMS["eta0-plain"], "rl.learner.eps_clip=0.3"]}
     with pytest.raises(ValueError, match="another configuration"):
-        run_reproduce("staleness", config, SEEDS, out=root / "x.json", arms={**ARMS, "x": []}, progress=False)
+        run_reproduce("staleness", config, SEEDS, out=root / "x.json", arms=changed, progress=False)
     other = load_reproduce_config("staleness", [f"out_dir={config.out_dir}", *TOY, "rl.learner.minibatches=3"])
     with pytest.raises(ValueError, match="another configuration"):
         run_reproduce("staleness", other, SEEDS, out=root / "x.json", arms=ARMS, progress=False)
+
+
+def test_arms_run_apart_pool_together(bench, tmp_path):
+    """Two machines (or sessions) each ran the warm start and one arm: their logs, merged, pool as one run did, and
+    a run of one arm reuses what the log holds and reports only that arm."""
+    root, config, _ = bench
+    report = run_reproduce("staleness", config, SEEDS, out=tmp_path / "whole.json", arms=ARMS, progress=False)
+    rows = [json.loads(line) for line in (Path(config.out_dir) / "arms.jsonl").read_text().splitlines()]
+    first = [r for r in rows if r["arm"] in (WARM, "eta0-decoupled")]
+    second = [
+        {**r, "timings": {"elsewhere": 1.0}} if r["arm"] == WARM else r for r in rows if r["arm"] != "eta0-decoupled"
+    ]
+    merged = tmp_path / "merged.arms.jsonl"
+    merged.write_text("".join(json.dumps(r) + "\n" for r in [*first, *second]))
+    runs = load_reproduce_config("staleness", [f"out_dir={tmp_path / 'runs'}", *TOY, "rl.learner.minibatches=2"])
+    pooled = run_reproduce("staleness", runs, SEEDS, out=tmp_path / "merged.json", arms=ARMS, progress=False)
+    assert not (tmp_path / "runs" / "seed-0").exists()  # nothing trained: every unit was in the merged log
+    assert pooled["pooled"] == report["pooled"]  # the first warm row of each seed counts, once
+    one = {"eta0-decoupled": ARMS["eta0-decoupled"]}  # the baseline: a run of any arms includes it
+    alone = run_reproduce("staleness", runs, SEEDS, out=tmp_path / "one.json", arms=one, progress=False)
+    assert list(alone["pooled"]) == [WARM, "eta0-decoupled"] and {r["arm"] for r in alone["rows"]} == {
+        WARM,
+        "eta0-decoupled",
+    }
+    assert alone["pooled"]["eta0-decoupled"] == report["pooled"]["eta0-decoupled"]
+    # a row of an arm the claim does not have is refused, with the file named
+    stray = tmp_path / "stray.arms.jsonl"
+    stray.write_text(json.dumps({**rows[0], "arm": "eta9-unknown"}) + "\n")
+    with pytest.raises(ValueError, match="stray.arms.jsonl holds runs of another configuration"):
+        run_reproduce("staleness", runs, SEEDS, out=tmp_path / "stray.json", arms=ARMS, progress=False)
 
 
 def test_bad_input_is_a_clear_error(tmp_path, capsys):
@@ -110,6 +141,7 @@ def test_the_claims_arms_are_the_issues_designs():
     shaping = CLAIMS["shaping"].arms
     assert "rl.learner.process_reward=none" in shaping["raw"] and "rl.learner.process_reward=delta" in shaping["delta"]
     assert list(select_arms("staleness", "eta4-plain, eta0-decoupled")) == ["eta0-decoupled", "eta4-plain"]
+    assert list(select_arms("staleness", "eta4-plain")) == ["eta0-decoupled", "eta4-plain"]  # with its baseline
     assert select_arms("shaping", "") == shaping
     with pytest.raises(ValueError, match="unknown arms \\['nope'\\]"):
         select_arms("shaping", "raw,nope")

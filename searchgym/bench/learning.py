@@ -58,6 +58,13 @@ from searchgym.trainers.warm_start.sft import sft
 
 POLICIES = ("warm", "async", "sync")
 # Each preset is a list of overrides applied before the command line's.
+# a real model's settings in bench learning and bench reproduce: the quickstart preset's (its warm start, RL and
+# evaluation scale), with the quickstart's 48 tokens a turn where bench learning gives the tiny model 40
+REAL_MODEL_LEARNING: dict[str, list[str]] = {
+    model: [*overrides, "rl.rollout.max_new_tokens=48", "eval.max_new_tokens=48"]
+    for model, overrides in REAL_MODEL_PRESETS.items()
+}
+
 PRESETS: dict[str, list[str]] = {
     "headroom": [],  # LearningConfig's defaults
     "quickstart": ["hops.demos=[1]", "hops.rl=[1]", "hops.eval=[1]", "demos.fraction=0.5", "hops.rl_demos=0"],
@@ -82,7 +89,7 @@ PRESETS: dict[str, list[str]] = {
     ],
     # issue 40: the real-model quickstart (SmolLM2-135M-Instruct) over seeds, 1-hop as its quickstart, async only
     "smollm2": [
-        *REAL_MODEL_PRESETS["smollm2"],
+        *REAL_MODEL_LEARNING["smollm2"],
         "hops.demos=[1]",
         "hops.rl=[1]",
         "hops.eval=[1]",
@@ -90,8 +97,6 @@ PRESETS: dict[str, list[str]] = {
         "demos.fraction=0.5",
         "max_demos=128",
         "sync=false",
-        "rl.rollout.max_new_tokens=48",
-        "eval.max_new_tokens=48",
     ],
 }
 

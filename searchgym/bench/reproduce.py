@@ -29,6 +29,7 @@ from omegaconf import OmegaConf
 from searchgym.bench.bootstrap import hierarchical_bootstrap, seed_list
 from searchgym.bench.learning import (
     PRESETS,
+    REAL_MODEL_LEARNING,
     LearningConfig,
     curve,
     fingerprint,
@@ -43,7 +44,7 @@ from searchgym.bench.learning import (
 )
 from searchgym.bench.provenance import git_commit, machine
 from searchgym.bench.unit_log import UnitLog
-from searchgym.pipeline.stages import REAL_MODEL_PRESETS, deterministic_torch, say
+from searchgym.pipeline.stages import deterministic_torch, say
 from searchgym.settings import load_settings, setting
 
 WARM = "warm"
@@ -159,7 +160,7 @@ REAL_MODEL_CLAIMS: dict[str, dict[str, list[str]]] = {
         "staleness": [*overrides, "rl.learner.lr=2e-5", "rl.learner.minibatches=4"],
         "shaping": [*overrides],
     }
-    for model, overrides in REAL_MODEL_PRESETS.items()
+    for model, overrides in REAL_MODEL_LEARNING.items()
 }
 
 

@@ -105,7 +105,10 @@ def test_arms_run_apart_pool_together(bench, tmp_path):
     runs = load_reproduce_config("staleness", [f"out_dir={tmp_path / 'runs'}", *TOY, "rl.learner.minibatches=2"])
     pooled = run_reproduce("staleness", runs, SEEDS, out=tmp_path / "merged.json", arms=ARMS, progress=False)
     assert not (tmp_path / "runs" / "seed-0").exists()  # nothing trained: every unit was in the merged log
-    assert pooled["pooled"] == report["pooled"]  # the first warm row of each seed counts, once
+    assert pooled["pooled"] == report["pooled"]
+    # each (seed, arm) counts once, as its first row: the second machine's warm rows are left out of the report
+    assert len(pooled["rows"]) == len(report["rows"]) == len(SEEDS) * (1 + len(ARMS))
+    assert all(r["timings"] != {"elsewhere": 1.0} for r in pooled["rows"])
     one = {"eta0-decoupled": ARMS["eta0-decoupled"]}  # the baseline: a run of any arms includes it
     alone = run_reproduce("staleness", runs, SEEDS, out=tmp_path / "one.json", arms=one, progress=False)
     assert list(alone["pooled"]) == [WARM, "eta0-decoupled"] and {r["arm"] for r in alone["rows"]} == {

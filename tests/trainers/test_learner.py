@@ -376,8 +376,11 @@ def test_the_chunked_loss_head_trains_as_the_whole_logits_one_did(tiny_model_dir
         a, b = chunked.step(groups), whole.step(groups)
         for key in ("loss", "entropy", "grad_norm", "approx_kl", "importance_weight_mean"):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+    # Adam moves each weight by about lr a step whatever its gradient's size, so a weight whose gradient is near Adam's
+    # eps turns fp32 summation-order noise into a visible share of one step (measured: 1.6e-5 on a 1.6e-3 move). The
+    # weights must agree to 2% of one step; a head that got the gradient wrong moves them by a whole one.
     for (name, p), q in zip(chunked.model.named_parameters(), whole.model.parameters(), strict=True):
-        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(p, q, atol=0.02 * config.lr, rtol=1e-4, msg=name)
 
 
 def test_packed_rows_give_the_log_probs_of_padded_ones_and_train_alike(tiny_model_dir, groups):

@@ -45,10 +45,10 @@ ENV_KWARGS = {
 # The quickstart on a real pretrained model: overrides of QuickstartConfig, shared by `searchgym quickstart --preset
 # smollm2` and `searchgym bench learning --preset smollm2` (which runs them over seeds). A real chat model reads
 # ASearcher's full instructions and searches the entity's name; it warm-starts on 128 demonstrations (a CPU budget)
-# at a fine-tuning learning rate, and RL takes 20 small steps (16 episodes each) at PPO's usual 1e-5, in learner
-# micro-batches of 2,048 tokens (at 4,096 a 2-hop run's process reached 22.4 GB beside its engine). One-hop questions,
-# as the tiny quickstart's: trial 1 gained +0.051 held-out F1 (95% +0.020 to +0.083) over a 0.736 warm start
-# (docs/benchmarks.md, real-model quickstart).
+# at a fine-tuning learning rate, and RL takes 20 small steps (4 groups of 8 episodes) at PPO's usual 1e-5, in
+# learner micro-batches of 2,048 tokens (at 4,096 a 2-hop run's process reached 22.4 GB beside its engine). One-hop
+# questions, as the tiny quickstart's. Over 5 seeds RL gained +0.048 held-out F1 (95% +0.025 to +0.073); with 2
+# groups a step one seed in five fell and the interval included zero (docs/benchmarks.md, real-model quickstart).
 REAL_MODEL_PRESETS: dict[str, list[str]] = {
     "smollm2": [
         "base=smollm2-135m-instruct",
@@ -63,7 +63,7 @@ REAL_MODEL_PRESETS: dict[str, list[str]] = {
         "rl.steps=20",
         "rl.save_every=20",
         "rl.rollout.group_size=8",
-        "rl.rollout.batch_size=2",
+        "rl.rollout.batch_size=4",
         "rl.rollout.max_concurrent_rollouts=32",
         "rl.learner.lr=1e-5",
         "rl.learner.micro_batch_tokens=2048",

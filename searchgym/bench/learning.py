@@ -317,20 +317,57 @@ def prepare_seed(
     if not chats:
         raise ValueError(f"seed {seed}: the oracle solved none of the {len(demo_tasks)} demonstration tasks")
     lap("demos")
-    warm = out / "sft-model"
-    sft_config = copy.deepcopy(config.sft)
-    sft_config.seed = seed
-    sft(
-        base,
-        chats,
-        warm,
-        sft_config,
-        progress=progress,
-        device=config.rl.model.device,
-        progress_label=f"seed {seed}: warm start",
-    )
+    key = warm_start_fingerprint(config, seed)
+    warm = finished_warm_start(config, key, out)
+    if warm is not None:
+        say(progress, f"[bench] seed {seed}: warm start reused from {warm}")
+    else:
+        warm = out / "sft-model"
+        (warm / WARM_MARK).unlink(missing_ok=True)  # an older warm start's mark must not outlive its overwriting
+        sft_config = copy.deepcopy(config.sft)
+        sft_config.seed = seed
+        sft(
+            base,
+            chats,
+            warm,
+            sft_config,
+            progress=progress,
+            device=config.rl.model.device,
+            progress_label=f"seed {seed}: warm start",
+        )
+        warm.mkdir(parents=True, exist_ok=True)
+        (warm / WARM_MARK).write_text(json.dumps({"fingerprint": key, "seed": seed}) + "\n")  # last: only when whole
     lap("warm start")
     return SeedSetup(env_kwargs, demo_tasks, rl_tasks, len(chats), warm)
+
+
+WARM_MARK = "warm_start.json"  # written beside a finished warm start: what it was trained from
+
+
+def warm_start_fingerprint(config: LearningConfig, seed: int) -> str:
+    """What a seed's warm start depends on: every setting but RL's (bar the device SFT runs on), the evaluation's,
+    the held-out hops and where runs go. Claims whose arms differ only in RL (staleness, shaping) share it."""
+    data = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(config)))
+    device = data.pop("rl")["model"]["device"]
+    for name in ("out_dir", "preset", "seed", "eval", "sync", "bootstrap_resamples"):
+        data.pop(name, None)
+    data["hops"].pop("eval", None)
+    data.update(seed=seed, sft_device=device, base_model=base_fingerprint(config))
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def finished_warm_start(config: LearningConfig, key: str, out: Path) -> Path | None:
+    """A finished warm start with fingerprint `key`: this seed's own (a resumed run) or a sibling run's seed folder
+    under the same runs folder (another claim at the same settings), so SFT is not redone; None if there is none."""
+    own = [out / "sft-model" / WARM_MARK]
+    siblings = sorted(Path(config.out_dir).parent.glob(f"*/{out.name}/sft-model/{WARM_MARK}"))
+    for mark in [*own, *siblings]:
+        try:
+            if json.loads(mark.read_text()).get("fingerprint") == key:
+                return mark.parent
+        except (OSError, ValueError):
+            continue  # absent, or a mark cut short: not a finished warm start
+    return None
 
 
 def held_out_kwargs(config: LearningConfig, seed: int) -> dict[str, Any]:

@@ -309,3 +309,39 @@ def test_each_stage_of_a_seed_names_its_seed_in_its_bar(small_bundle, tmp_path, 
     setup.train(config.rl, tmp_path / "seed-3" / "rl-async", config.env.id, seed=3, progress=True)
     learning.held_out_samples(config, tmp_path / "m", tmp_path / "seed-3" / "eval-warm", 3, progress=True)
     assert labels == {"sft": "seed 3: warm start", "rl": "seed 3: RL (async)", "evaluate": "seed 3: evaluate, warm"}
+
+
+def test_a_finished_warm_start_is_reused_by_a_resumed_seed_and_by_runs_that_differ_only_in_rl(
+    small_bundle, tmp_path, monkeypatch
+):
+    """SFT is the costly part of a real-model seed (7 minutes): a resumed seed, and a sibling run under the same runs
+    folder whose settings differ only in RL or evaluation (staleness and shaping's arms), take the finished warm
+    start; another SFT setting, another seed or a cut-short mark trains a new one."""
+    import searchgym.bench.learning as learning
+
+    trained: list[Path] = []
+
+    def fake_sft(base, chats, out, config, **kwargs):
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "model.safetensors").write_text(f"lr {config.lr} seed {config.seed}")
+        trained.append(Path(out))
+
+    monkeypatch.setattr(learning, "sft", fake_sft)
+    runs = tmp_path / "runs"
+
+    def prepare(name: str, seed: int, *extra: str) -> Path:
+        config = load_learning_config([f"out_dir={runs / name}", *TOY, *extra])
+        out = runs / name / f"seed-{seed}"
+        return learning.prepare_seed(config, seed, tmp_path / "base", out, lambda stage: None, progress=False).warm
+
+    first = prepare("staleness", 3)
+    assert trained == [first] and first == runs / "staleness" / "seed-3" / "sft-model"
+    assert prepare("staleness", 3) == first  # resumed
+    assert prepare("shaping", 3, "rl.learner.lr=5e-4", "rl.rollout.max_staleness=0", "eval.k=4") == first
+    assert len(trained) == 1
+    other_sft = prepare("other", 3, "sft.lr=5e-3")
+    other_seed = prepare("staleness", 4)
+    assert trained == [first, other_sft, other_seed] and len({first, other_sft, other_seed}) == 3
+    (other_sft / learning.WARM_MARK).write_text('{"fingerpr')  # a mark cut short
+    assert prepare("other", 3, "sft.lr=5e-3") == other_sft and len(trained) == 4
+    assert json.loads((other_sft / learning.WARM_MARK).read_text())["seed"] == 3

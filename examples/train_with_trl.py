@@ -127,11 +127,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         default=4,
         help="questions (groups) per GRPO step: more steadies the logged reward, which swings with the questions drawn",
     )
+    parser.add_argument(
+        "--micro-batch",
+        type=auto_or_int,
+        default="auto",
+        help="rollouts per forward/backward pass, a divisor of the step's rollouts (TRL accumulates the rest into "
+        "one optimizer step; auto: as many as fit 4 GiB of logits, all of them for the tiny model)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="where to save the trained model")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a tiny model is fastest on 1)")
     args = parser.parse_args(argv)
 
     import torch
+    from transformers import AutoConfig
     from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
     from searchgym.integrations.trl import (
@@ -141,7 +149,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         environment_and_dataset,
         groups_with_spread,
         play,
+        prompt_lengths,
         quiet_groups_warning,
+        rollouts_per_pass,
         tool_calling_tokenizer,
     )
 
@@ -184,11 +194,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sft_steps = args.sft_steps
     if sft_steps == "auto":
         sft_steps = args.sft_epochs * math.ceil(len(demos) / SFT_BATCH)
+    batch = args.num_generations * max(1, min(args.questions_per_step, len(prompts)))
+    micro = args.micro_batch
+    if micro == "auto":
+        vocab = AutoConfig.from_pretrained(model).vocab_size
+        micro = rollouts_per_pass(batch, max(prompt_lengths(tokenizer, demos)) + budget, vocab)
+    if micro < 1 or batch % micro:
+        parser.error(f"--micro-batch {micro} must divide the step's {batch} rollouts (questions x generations)")
     sizing = {
         "demonstrations": len(demos),
         "demo_completion_tokens": {"min": min(lengths), "max": max(lengths)},
         "max_completion_length": budget,
         "sft_steps": sft_steps,
+        "rollouts_per_step": batch,
+        "rollouts_per_pass": micro,
     }
     print(json.dumps(sizing), flush=True)
     if budget < max(lengths):
@@ -223,7 +242,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         trained.train()
         return {"accuracy": sum(r["reward"] or 0.0 for r in played) / max(len(played), 1), "tasks": played}
 
-    batch = args.num_generations * max(1, min(args.questions_per_step, len(prompts)))
     grpo = GRPOTrainer(
         model=model,
         train_dataset=prompts,
@@ -232,7 +250,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args=GRPOConfig(
             output_dir=str(out),
             max_steps=args.steps,
-            per_device_train_batch_size=batch,
+            per_device_train_batch_size=micro,
+            gradient_accumulation_steps=batch // micro,
             num_generations=args.num_generations,
             max_completion_length=budget,
             max_tool_calling_iterations=args.env_kwargs.get("max_turns", 8),

@@ -45,11 +45,19 @@ def run_trl_bench(seeds: list[int], example_args: list[str], *, out: Path) -> di
     summary.update(
         command="searchgym bench trl --seeds " + ",".join(map(str, seeds)) + " -- " + " ".join(example_args),
         commit=git_commit(),
-        machine=machine(torch_threads=1, device=accelerator()),
+        machine=machine(torch_threads=_threads(example_args), device=accelerator()),
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _threads(example_args: list[str]) -> int:
+    """The torch threads the example ran with (its --threads, default 1)."""
+    for i, arg in enumerate(example_args[:-1]):
+        if arg == "--threads" and example_args[i + 1].isdigit():
+            return int(example_args[i + 1])
+    return 1
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:

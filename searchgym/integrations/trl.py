@@ -466,10 +466,38 @@ def completion_lengths(tokenizer: Any, demos: Any) -> list[int]:
     lengths = []
     for row in demos:
         tools = json.loads(row["tools"]) if isinstance(row["tools"], str) else row["tools"]
-        prompt = tokenizer.apply_chat_template(row["prompt"], tools=tools, tokenize=False, add_generation_prompt=True)
         whole = tokenizer.apply_chat_template(row["prompt"] + row["completion"], tools=tools, tokenize=False)
-        lengths.append(len(tokenizer(whole)["input_ids"]) - len(tokenizer(prompt)["input_ids"]))
+        lengths.append(len(tokenizer(whole)["input_ids"]) - _prompt_length(tokenizer, row))
     return lengths
+
+
+def prompt_lengths(tokenizer: Any, demos: Any) -> list[int]:
+    """Each demonstration's prompt in tokens (the chat template's rendering with the tools and the generation
+    prompt): with the completion budget, the positions a rollout's logits cover."""
+    return [_prompt_length(tokenizer, row) for row in demos]
+
+
+def _prompt_length(tokenizer: Any, row: dict[str, Any]) -> int:
+    tools = json.loads(row["tools"]) if isinstance(row["tools"], str) else row["tools"]
+    prompt = tokenizer.apply_chat_template(row["prompt"], tools=tools, tokenize=False, add_generation_prompt=True)
+    return len(tokenizer(prompt)["input_ids"])
+
+
+# bytes a GRPO pass holds per logit: fp32 logits, their log-softmax, their gradient and a copy's margin
+LOGIT_BYTES = 16
+
+
+def rollouts_per_pass(batch: int, tokens: int, vocab_size: int, *, budget_bytes: int = 4 << 30) -> int:
+    """The most rollouts of a GRPO step (a divisor of `batch`) whose logits over `tokens` positions each fit
+    `budget_bytes` in one forward and backward pass; TRL accumulates the step's other passes, so the optimizer step
+    still sees the whole batch. A real model's vocabulary makes the logits the peak: SmolLM2's 49,152 over 1,000
+    positions are 0.8 GB a rollout, and 16 at once passed 24 GB. At least 1."""
+    given = {"batch": batch, "tokens": tokens, "vocab_size": vocab_size, "budget_bytes": budget_bytes}
+    for name, value in given.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"rollouts_per_pass: {name} must be a positive integer, got {value!r}")
+    per_rollout = tokens * vocab_size * LOGIT_BYTES
+    return max(m for m in range(1, batch + 1) if batch % m == 0 and (m == 1 or m * per_rollout <= budget_bytes))
 
 
 def groups_with_spread(log: dict[str, Any]) -> float:

@@ -17,6 +17,7 @@ from searchgym.integrations.trl import (  # noqa: E402
     completion_lengths,
     demonstrations,
     environment_and_dataset,
+    rollouts_per_pass,
     task_dataset,
     tool_calling_tokenizer,
     tool_schemas,
@@ -310,6 +311,7 @@ def test_the_example_script_parses_tool_calls_and_has_reward_spread(
     result = runpy.run_path(str(script))["main"](argv)
     sizing = result["sizing"]
     assert sizing["demonstrations"] >= 1 and sizing["max_completion_length"] == 96 and sizing["sft_steps"] == 0
+    assert sizing["rollouts_per_step"] == sizing["rollouts_per_pass"] == 8  # a tiny vocabulary: one pass holds all
     assert "is below the longest demonstration" in capsys.readouterr().err  # 96 tokens cannot hold an oracle episode
     [step] = result["steps"]
     assert step["tool_calls"] > 0, "no tool call parsed"
@@ -336,6 +338,48 @@ def test_the_example_refuses_a_held_out_set_the_pool_cannot_hold_before_training
     assert torch.get_num_threads() == threads  # refused before it set anything up (torch's threads are process-wide)
     err = capsys.readouterr().err
     assert "need 1005 tasks" in err and "train pool has" in err
+
+
+@given(
+    batch=st.integers(1, 64),
+    tokens=st.integers(1, 4096),
+    vocab=st.integers(1, 200_000),
+    budget=st.integers(1, 1 << 34),
+)
+def test_rollouts_per_pass_is_the_largest_divisor_whose_logits_fit(batch, tokens, vocab, budget):
+    m = rollouts_per_pass(batch, tokens, vocab, budget_bytes=budget)
+    fits = lambda n: n * tokens * vocab * 16 <= budget  # noqa: E731
+    assert batch % m == 0 and (m == 1 or fits(m))
+    assert not any(batch % n == 0 and fits(n) for n in range(m + 1, batch + 1))
+
+
+def test_a_real_vocabulary_splits_a_grpo_step_into_passes_and_bad_sizes_are_refused():
+    assert rollouts_per_pass(16, 1200, 49152) == 4  # SmolLM2: 16 rollouts at once passed 24 GB on this machine
+    assert rollouts_per_pass(16, 1200, 2048) == 16  # the tiny model's vocabulary
+    for bad in ({"batch": 0}, {"tokens": -1}, {"vocab_size": 2.5}, {"budget_bytes": True}):
+        args = {"batch": 16, "tokens": 100, "vocab_size": 100, **bad}
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            rollouts_per_pass(args.pop("batch"), args.pop("tokens"), args.pop("vocab_size"), **args)
+
+
+def test_the_example_refuses_a_micro_batch_that_does_not_divide_the_step(tiny_model_dir, capsys):
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "train_with_trl.py"
+    argv = [
+        "--model",
+        str(tiny_model_dir),
+        "--tasks",
+        "2",
+        "--micro-batch",
+        "3",
+        "--env-kwargs",
+        json.dumps(ENV_KWARGS),
+    ]
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_path(str(script))["main"](argv)
+    assert stop.value.code == 2 and "--micro-batch 3 must divide the step's 8 rollouts" in capsys.readouterr().err
 
 
 def test_the_examples_own_base_model_reads_the_env_in_few_tokens_and_renders_tool_calls(

@@ -193,3 +193,14 @@ def test_a_claim_on_the_real_model_keeps_its_arms_and_takes_the_real_warm_start(
     assert deep.env.kwargs["max_turns"] >= 16 and max(deep.hops.rl) > max(deep.hops.demos)
     with pytest.raises(ValueError, match="--model: unknown 'gpt5'"):
         load_reproduce_config("shaping", model="gpt5")
+
+
+@pytest.mark.parametrize("model", [None, "smollm2"])
+def test_staleness_and_shaping_share_each_seeds_warm_start_and_long_horizon_has_its_own(model):
+    """Their settings differ only in RL and evaluation, so a seed's warm start trained for one is taken by the other
+    (bench/learning.py, finished_warm_start): on the real model that is 7 minutes a seed."""
+    from searchgym.bench.learning import warm_start_fingerprint
+
+    keys = {claim: warm_start_fingerprint(load_reproduce_config(claim, model=model), 0) for claim in CLAIMS}
+    assert keys["staleness"] == keys["shaping"] != keys["long_horizon"]
+    assert warm_start_fingerprint(load_reproduce_config("staleness", model=model), 1) != keys["staleness"]

@@ -185,7 +185,7 @@ def select_arms(claim: str, names: str) -> dict[str, list[str]]:
     reported against it; a finished one is reused), in the claim's order."""
     arms = CLAIMS[claim].arms
     wanted = [n.strip() for n in names.split(",") if n.strip()]
-    if wanted and CLAIMS[claim].baseline in arms:
+    if wanted and CLAIMS[claim].baseline in arms and CLAIMS[claim].baseline not in wanted:
         wanted.append(CLAIMS[claim].baseline)
     unknown = [n for n in wanted if n not in arms]
     if unknown:

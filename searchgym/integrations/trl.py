@@ -465,8 +465,7 @@ def completion_lengths(tokenizer: Any, demos: Any) -> list[int]:
     prompt's)."""
     lengths = []
     for row in demos:
-        tools = json.loads(row["tools"]) if isinstance(row["tools"], str) else row["tools"]
-        whole = tokenizer.apply_chat_template(row["prompt"] + row["completion"], tools=tools, tokenize=False)
+        whole = tokenizer.apply_chat_template(row["prompt"] + row["completion"], tools=_tools(row), tokenize=False)
         lengths.append(len(tokenizer(whole)["input_ids"]) - _prompt_length(tokenizer, row))
     return lengths
 
@@ -477,9 +476,13 @@ def prompt_lengths(tokenizer: Any, demos: Any) -> list[int]:
     return [_prompt_length(tokenizer, row) for row in demos]
 
 
+def _tools(row: dict[str, Any]) -> Any:
+    """A demonstration row's tool schemas (a JSON string once the dataset has stored them)."""
+    return json.loads(row["tools"]) if isinstance(row["tools"], str) else row["tools"]
+
+
 def _prompt_length(tokenizer: Any, row: dict[str, Any]) -> int:
-    tools = json.loads(row["tools"]) if isinstance(row["tools"], str) else row["tools"]
-    prompt = tokenizer.apply_chat_template(row["prompt"], tools=tools, tokenize=False, add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(row["prompt"], tools=_tools(row), tokenize=False, add_generation_prompt=True)
     return len(tokenizer(prompt)["input_ids"])
 
 
@@ -585,7 +588,7 @@ def assistant_tokens(tokenizer: Any, demos: Any) -> Any:
 
     rows = []
     for row in demos:
-        tools = json.loads(row["tools"]) if isinstance(row["tools"], str) else row["tools"]
+        tools = _tools(row)
         chat = list(row["prompt"])
         ids = list(tokenizer.apply_chat_template(chat, tools=tools, add_generation_prompt=True, return_dict=False))
         mask = [0] * len(ids)

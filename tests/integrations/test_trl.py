@@ -511,3 +511,30 @@ def test_the_warm_start_loss_covers_the_tool_calls_not_the_tool_results(env_clas
     assert "<information>" in shown and "<information>" not in trained  # search results are context, not targets
     question = demos[0]["prompt"][0]["content"]
     assert question[:40] in shown
+
+
+def test_a_split_step_still_makes_one_optimizer_step_of_all_its_rollouts(tiny_model_dir, monkeypatch):
+    """--micro-batch 2 of a step's 8 rollouts: TRL's own GRPOConfig must generate all 8 per optimizer step and
+    accumulate 4 passes of 2 (without the accumulation each optimizer step would see a quarter of the groups)."""
+    import runpy
+    from pathlib import Path
+
+    import trl
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(*args, **kwargs):
+        seen["args"] = kwargs["args"]
+        raise Stop
+
+    monkeypatch.setattr(trl, "GRPOTrainer", capture)
+    script = Path(__file__).resolve().parents[2] / "examples" / "train_with_trl.py"
+    argv = ["--model", str(tiny_model_dir), "--tasks", "2", "--sft-steps", "0", "--micro-batch", "2"]
+    with pytest.raises(Stop):
+        runpy.run_path(str(script))["main"]([*argv, "--env-kwargs", json.dumps(ENV_KWARGS)])
+    config = seen["args"]
+    assert config.per_device_train_batch_size == 2 and config.gradient_accumulation_steps == 4
+    assert config.generation_batch_size == 8 and config.generation_batch_size % config.num_generations == 0

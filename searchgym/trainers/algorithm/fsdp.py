@@ -200,12 +200,16 @@ class ShardedLearner(Learner):
             dist.broadcast_object_list(box, src=0)
             name, kwargs = box[0]
             if name == "stop":
+                dist.barrier()  # meet the leader's: no rank tears its group down while another is mid-collective
                 return
             calls[name](**kwargs)
 
     def stop(self) -> None:
-        """On the leader: release the followers from `follow()`."""
+        """On the leader: release the followers from `follow()`, and wait until every one has left it (a rank that
+        destroyed its process group while a peer still sent to it aborted gloo at exit, seen once under load)."""
         self._announce("stop")
+        if self._leading:
+            dist.barrier()
 
     def _announce(self, name: str, **kwargs: Any) -> None:
         """Tell the followers to run `name(**kwargs)` (rank 0, when leading)."""

@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         demonstrations,
         environment_and_dataset,
         groups_with_spread,
+        oversized_rollout_warning,
         play,
         prompt_lengths,
         quiet_groups_warning,
@@ -198,7 +199,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     micro = args.micro_batch
     if micro == "auto":
         vocab = AutoConfig.from_pretrained(model).vocab_size
-        micro = rollouts_per_pass(batch, max(prompt_lengths(tokenizer, demos)) + budget, vocab)
+        positions = max(prompt_lengths(tokenizer, demos)) + budget
+        micro = rollouts_per_pass(batch, positions, vocab)
+        if (too_long := oversized_rollout_warning(positions, vocab)) is not None:
+            print(too_long, file=sys.stderr, flush=True)
     if micro < 1 or batch % micro:
         parser.error(f"--micro-batch {micro} must divide the step's {batch} rollouts (questions x generations)")
     sizing = {

@@ -53,10 +53,13 @@ def run_trl_bench(seeds: list[int], example_args: list[str], *, out: Path) -> di
 
 
 def _threads(example_args: list[str]) -> int:
-    """The torch threads the example ran with (its --threads, default 1)."""
-    for i, arg in enumerate(example_args[:-1]):
-        if arg == "--threads" and example_args[i + 1].isdigit():
-            return int(example_args[i + 1])
+    """The torch threads the example ran with (its --threads N or --threads=N, default 1)."""
+    for i, arg in enumerate(example_args):
+        value = arg.removeprefix("--threads=") if arg.startswith("--threads=") else None
+        if arg == "--threads" and i + 1 < len(example_args):
+            value = example_args[i + 1]
+        if value is not None and value.isdigit():
+            return int(value)
     return 1
 
 

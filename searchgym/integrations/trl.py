@@ -488,9 +488,11 @@ def _prompt_length(tokenizer: Any, row: dict[str, Any]) -> int:
 
 # bytes a GRPO pass holds per logit: fp32 logits, their log-softmax, their gradient and a copy's margin
 LOGIT_BYTES = 16
+# the logits one pass may hold by default: with the model, its optimizer and TRL's copies, a 135M model peaks near 14 GB
+LOGIT_BUDGET_BYTES = 4 << 30
 
 
-def rollouts_per_pass(batch: int, tokens: int, vocab_size: int, *, budget_bytes: int = 4 << 30) -> int:
+def rollouts_per_pass(batch: int, tokens: int, vocab_size: int, *, budget_bytes: int = LOGIT_BUDGET_BYTES) -> int:
     """The most rollouts of a GRPO step (a divisor of `batch`) whose logits over `tokens` positions each fit
     `budget_bytes` in one forward and backward pass; TRL accumulates the step's other passes, so the optimizer step
     still sees the whole batch. A real model's vocabulary makes the logits the peak: SmolLM2's 49,152 over 1,000
@@ -501,6 +503,19 @@ def rollouts_per_pass(batch: int, tokens: int, vocab_size: int, *, budget_bytes:
             raise ValueError(f"rollouts_per_pass: {name} must be a positive integer, got {value!r}")
     per_rollout = tokens * vocab_size * LOGIT_BYTES
     return max(m for m in range(1, batch + 1) if batch % m == 0 and (m == 1 or m * per_rollout <= budget_bytes))
+
+
+def oversized_rollout_warning(tokens: int, vocab_size: int, *, budget_bytes: int = LOGIT_BUDGET_BYTES) -> str | None:
+    """A plain-words warning when one rollout's logits alone pass `budget_bytes` (long multi-turn contexts): one
+    rollout a pass is then the least the split can do, and the pass may still run out of memory; None when it fits."""
+    per_rollout = tokens * vocab_size * LOGIT_BYTES
+    if per_rollout <= budget_bytes:
+        return None
+    return (
+        f"warning: one rollout's logits ({tokens} positions x {vocab_size} vocabulary x {LOGIT_BYTES} bytes = "
+        f"{per_rollout / 2**30:.1f} GiB) exceed the {budget_bytes / 2**30:.1f} GiB a pass is sized for; each pass "
+        "takes one rollout and may still run out of memory. Shorten --max-completion-length or the prompts."
+    )
 
 
 def groups_with_spread(log: dict[str, Any]) -> float:

@@ -88,3 +88,11 @@ def test_no_held_out_tasks_is_refused_before_any_training(tmp_path, ran):
     with pytest.raises(ValueError, match="--held-out"):
         bench_trl.run_trl_bench([0], ["--steps", "2"], out=tmp_path / "b.json")
     assert ran == []
+
+
+@pytest.mark.parametrize(
+    "args, threads",
+    [([], 1), (["--threads", "2"], 2), (["--threads=4"], 4), (["--steps", "3", "--threads=x"], 1), (["--threads"], 1)],
+)
+def test_the_machine_line_reads_the_examples_threads_in_either_spelling(args, threads):
+    assert bench_trl._threads(args) == threads

@@ -362,6 +362,18 @@ def test_a_real_vocabulary_splits_a_grpo_step_into_passes_and_bad_sizes_are_refu
             rollouts_per_pass(args.pop("batch"), args.pop("tokens"), args.pop("vocab_size"), **args)
 
 
+def test_a_rollout_whose_logits_alone_pass_the_budget_is_named_and_one_that_fits_is_not():
+    from searchgym.integrations.trl import LOGIT_BUDGET_BYTES, oversized_rollout_warning
+
+    # 64 turns of a long search at SmolLM2's vocabulary: 32,768 positions x 49,152 x 16 bytes = 24 GiB
+    warning = oversized_rollout_warning(32_768, 49_152)
+    assert warning is not None and "24.0 GiB" in warning and "--max-completion-length" in warning
+    assert rollouts_per_pass(16, 32_768, 49_152) == 1  # the split cannot go lower: hence the warning
+    assert oversized_rollout_warning(1_200, 49_152) is None  # the TRL runs' episodes: 0.9 GiB a rollout
+    edge = LOGIT_BUDGET_BYTES // (49_152 * 16)
+    assert oversized_rollout_warning(edge, 49_152) is None and oversized_rollout_warning(edge + 1, 49_152)
+
+
 def test_the_example_refuses_a_micro_batch_that_does_not_divide_the_step(tiny_model_dir, capsys):
     import runpy
     from pathlib import Path

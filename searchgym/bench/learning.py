@@ -498,6 +498,15 @@ def per_question_reward(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {task: sum(v) / len(v) for task, v in sorted(by_task.items())}
 
 
+def per_question_calls(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean tool calls (searches + page accesses) of each question's k samples: the long-horizon claim's behaviour,
+    paired by question like the reward so its change gets an interval."""
+    by_task: dict[str, list[float]] = {}
+    for row in rows:
+        by_task.setdefault(row["task_id"], []).append(float(row["stats"]["searches"] + row["stats"]["accesses"]))
+    return {task: sum(v) / len(v) for task, v in sorted(by_task.items())}
+
+
 def gains_by_hop(
     before: dict[str, float], after: dict[str, float], hop_of: dict[str, int], *, seed: int
 ) -> dict[str, dict[str, Any]]:

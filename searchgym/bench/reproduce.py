@@ -36,6 +36,7 @@ from searchgym.bench.learning import (
     held_out_samples,
     hop_counts,
     load_learning_config,
+    per_question_calls,
     per_question_reward,
     policy_metrics,
     prepare_seed,
@@ -295,6 +296,7 @@ def run_seed_arms(
             "k": config.eval.k,
             "policy": policy_metrics(samples, hop_of, config.eval.k),
             "per_question": per_question_reward(samples),
+            "per_question_calls": per_question_calls(samples),
             "curve": arm_curve(history) if history is not None else [],
             "demos": setup.demos,
             "rl_tasks": len(setup.rl_tasks),
@@ -344,14 +346,17 @@ def pooled_arms(
     by = {(r["seed"], r["arm"]): r for r in rows}
     seeds = sorted({r["seed"] for r in rows})
 
-    def diff(arm: str, against: str) -> dict[str, Any] | None:
-        pairs = {s: (by[s, arm], by[s, against]) for s in seeds if (s, arm) in by and (s, against) in by}
+    def diff(arm: str, against: str, field: str = "per_question") -> dict[str, Any] | None:
+        """arm minus `against`, paired by seed and question on the rows' `field`; None when no seed has both (rows
+        written before a field was recorded lack it)."""
+        pairs = {
+            s: (by[s, arm][field], by[s, against][field])
+            for s in seeds
+            if (s, arm) in by and (s, against) in by and field in by[s, arm] and field in by[s, against]
+        }
         if not pairs:
             return None
-        groups = {
-            s: [a["per_question"][t] - b["per_question"][t] for t in b["per_question"] if t in a["per_question"]]
-            for s, (a, b) in pairs.items()
-        }
+        groups = {s: [a[t] - b[t] for t in b if t in a] for s, (a, b) in pairs.items()}
         return hierarchical_bootstrap(groups, resamples=config.bootstrap_resamples)
 
     pooled: dict[str, Any] = {}
@@ -366,6 +371,7 @@ def pooled_arms(
             entry["vs_baseline"] = diff(arm, spec.baseline)
         if arm != WARM:
             entry["vs_warm"] = diff(arm, WARM)
+            entry["tool_calls_vs_warm"] = diff(arm, WARM, "per_question_calls")
         entry["curve"] = mean_curve([r["curve"] for r in mine])
         pooled[arm] = entry
     return {
@@ -384,7 +390,7 @@ def pooled_arms(
         "config": cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(config))),
         "shared": "the copy-pretrained base model is built once from world base_seed and shared; world, demos, "
         "warm start, RL and evaluation vary by seed; every arm of a seed starts from the same warm start",
-        "rows": [{k_: v for k_, v in r.items() if k_ != "per_question"} for r in rows],
+        "rows": [{k_: v for k_, v in r.items() if k_ not in ("per_question", "per_question_calls")} for r in rows],
         "pooled": pooled,
     }
 
@@ -506,7 +512,8 @@ def _late_calls(p: dict[str, Any]) -> str:
 
 def markdown_table(report: dict[str, Any]) -> str:
     """The claim's table: per arm held-out reward and accuracy, tool calls per episode, the paired differences from
-    the baseline and the warm start (95% hierarchical bootstrap), and the training curve's calls per episode."""
+    the baseline and the warm start (95% hierarchical bootstrap), for long horizon the paired change in held-out tool
+    calls, and the training curve's calls per episode."""
     k = report["k"]
     headers = (
         "arm",
@@ -518,6 +525,9 @@ def markdown_table(report: dict[str, Any]) -> str:
         "minus warm start (95%)",
         "training calls / episode (first 5 -> last 5 steps)",
     )
+    calls = report["claim"] == "long_horizon"  # the claim is that the agent searches longer: its change, paired
+    if calls:
+        headers = (*headers[:-1], "tool calls minus warm start (95%)", headers[-1])
     lines = ["| " + " | ".join(headers) + " |", "|---" + "|---:" * (len(headers) - 1) + "|"]
     for arm, p in report["pooled"].items():
         cells = [
@@ -530,12 +540,15 @@ def markdown_table(report: dict[str, Any]) -> str:
             _interval(p.get("vs_warm")) if arm != WARM else "(warm start)",
             _late_calls(p),
         ]
+        if calls:
+            change = p.get("tool_calls_vs_warm")
+            cells.insert(-1, "(warm start)" if arm == WARM else _interval(change) if change else "not recorded")
         lines.append("| " + " | ".join(cells) + " |")
     if report["claim"] == "long_horizon":  # the claim is about the deep questions: each hop count on its own
         for arm, p in report["pooled"].items():
             for hop, h in p.get("by_hops", {}).items():
                 cells = [f"{arm}, {hop}-hop", str(len(p["seeds"])), f"{h[f'avg@{k}/reward']:.3f}", "-"]
-                cells += [f"{h['tool_calls']:.2f}", "-", "-", "-"]
+                cells += [f"{h['tool_calls']:.2f}", "-", "-", "-"] + ["-"] * calls
                 lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -657,7 +670,9 @@ def readme_row(claim: str, report: dict[str, Any] | None) -> str:
     else:
         calls = " -> ".join(_figure(p[arm]["tool_calls"], file, 2, signed=False) for arm in (WARM, "rl"))
         gain = _readme_gain(p["rl"].get("vs_warm"), file)
-        figures = f"held-out reward, RL minus warm start {gain}; tool calls {calls} (no interval)"
+        change = p["rl"].get("tool_calls_vs_warm")
+        spread = f"change {_readme_gain(change, file)}" if change is not None else "no interval"
+        figures = f"held-out reward, RL minus warm start {gain}; tool calls {calls} ({spread})"
     return f"| {first} | {short_verdict(said)}, [{n}]({file}) seeds; {figures} |"
 
 

@@ -51,6 +51,23 @@ def test_the_report_pools_every_arm_against_the_baseline_with_curves(bench):
     by = {(r["seed"], r["arm"]): r["per_question"] for r in rows}
     deltas = [by[s, "eta0-plain"][t] - by[s, "eta0-decoupled"][t] for s in SEEDS for t in by[s, "eta0-decoupled"]]
     assert plain["vs_baseline"]["gain"] == pytest.approx(sum(deltas) / len(deltas))
+    # tool calls per episode carry a paired interval too (long horizon's claim), from each question's samples
+    samples = [json.loads(line) for line in (Path(config.out_dir) / "seed-0/eval-eta0-plain/samples.jsonl").open()]
+    calls = {
+        t: [s["stats"]["searches"] + s["stats"]["accesses"] for s in samples if s["task_id"] == t] for t in by[0, WARM]
+    }
+    assert rows[[(r["seed"], r["arm"]) for r in rows].index((0, "eta0-plain"))]["per_question_calls"] == pytest.approx(
+        {t: sum(c) / len(c) for t, c in calls.items()}
+    )
+    by_calls = {(r["seed"], r["arm"]): r["per_question_calls"] for r in rows}
+    moved = [by_calls[s, "eta0-plain"][t] - by_calls[s, WARM][t] for s in SEEDS for t in by_calls[s, WARM]]
+    assert plain["tool_calls_vs_warm"]["gain"] == pytest.approx(sum(moved) / len(moved))
+    assert (
+        plain["tool_calls_vs_warm"]["ci95_low"]
+        <= plain["tool_calls_vs_warm"]["gain"]
+        <= plain["tool_calls_vs_warm"]["ci95_high"]
+    )
+    assert "tool_calls_vs_warm" not in report["pooled"][WARM]
     # per hop count, the mean over seeds of each row's own per-hop figures
     for arm, pooled in report["pooled"].items():
         mine = [r for r in rows if r["arm"] == arm]

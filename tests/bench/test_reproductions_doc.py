@@ -109,6 +109,22 @@ def test_readme_rows_link_every_number_with_its_sign_outside():
     assert readme_row("long_horizon", report("long_horizon", {"warm": calls})).endswith("| not yet run |")
 
 
+def test_long_horizons_row_gives_the_held_out_tool_calls_change_its_interval_when_rows_recorded_it():
+    warm = {"tool_calls": 1.0, "avg@2/reward": 0.2, "avg@2/correct": 0.2, "seeds": [0], "curve": []}
+    rl = {**warm, "tool_calls": 1.6, "vs_warm": {"gain": 0.01, "ci95_low": -0.02, "ci95_high": 0.04}, "curve": []}
+    change = {"gain": 0.6, "ci95_low": 0.41, "ci95_high": 0.83}
+    file = "(results/reproduce_long_horizon.json)"
+    with_change = readme_row(
+        "long_horizon", report("long_horizon", {"warm": warm, "rl": {**rl, "tool_calls_vs_warm": change}})
+    )
+    assert f"tool calls [1.00]{file} -> [1.60]{file} (change +[0.410]{file} to +[0.830]{file})" in with_change
+    assert "(no interval)" in readme_row("long_horizon", report("long_horizon", {"warm": warm, "rl": rl}))
+    table = markdown_table(
+        {**report("long_horizon", {"warm": warm, "rl": {**rl, "tool_calls_vs_warm": change}}), "k": 2}
+    )
+    assert "| +0.600 (+0.410 to +0.830) |" in table.splitlines()[3]
+
+
 def report(claim, pooled, seeds=5):
     return {"claim": claim, "k": 2, "baseline": CLAIMS[claim].baseline, "seeds": list(range(seeds)), "pooled": pooled}
 

@@ -515,7 +515,7 @@ def markdown_table(report: dict[str, Any]) -> str:
     the baseline and the warm start (95% hierarchical bootstrap), for long horizon the paired change in held-out tool
     calls, and the training curve's calls per episode."""
     k = report["k"]
-    headers = (
+    headers = [
         "arm",
         "seeds",
         f"held-out reward (avg@{k})",
@@ -524,10 +524,10 @@ def markdown_table(report: dict[str, Any]) -> str:
         f"minus {report['baseline']} (95%)",
         "minus warm start (95%)",
         "training calls / episode (first 5 -> last 5 steps)",
-    )
+    ]
     calls = report["claim"] == "long_horizon"  # the claim is that the agent searches longer: its change, paired
     if calls:
-        headers = (*headers[:-1], "tool calls minus warm start (95%)", headers[-1])
+        headers.insert(-1, "tool calls minus warm start (95%)")
     lines = ["| " + " | ".join(headers) + " |", "|---" + "|---:" * (len(headers) - 1) + "|"]
     for arm, p in report["pooled"].items():
         cells = [

@@ -553,6 +553,15 @@ def markdown_table(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _calls_rise(rl: dict[str, Any], warm: dict[str, Any]) -> bool:
+    """Held-out tool calls per episode rise: the paired interval above zero, as accuracy's is read; rows written
+    before per-question calls were recorded have no interval, and their means decide."""
+    change = rl.get("tool_calls_vs_warm")
+    if change is not None:
+        return bool(change["ci95_low"] > 0)
+    return bool(rl["tool_calls"] > warm["tool_calls"])
+
+
 def _rises(p: dict[str, Any], last: int = 5) -> bool:
     """Training tool calls rise: the last `last` steps' mean above the first's, over at least 2 x `last` steps."""
     calls = _training_calls(p, last)
@@ -612,7 +621,7 @@ def verdict(report: dict[str, Any]) -> str:
         deep = f"avg@{k}/reward"
         parts = {  # ASearcher's claim: accuracy on deep questions rises and the agent searches longer
             "held-out accuracy rises": rl["vs_warm"]["ci95_low"] > 0,
-            "held-out tool calls rise": rl["tool_calls"] > warm["tool_calls"],
+            "held-out tool calls rise": _calls_rise(rl, warm),
             "training tool calls rise": _rises(rl),
             "the deepest questions are solved more": bool(hops)  # by at least FLOOR: one sample in 44 is not
             and rl["by_hops"][hops[-1]][deep] >= warm["by_hops"][hops[-1]][deep] + FLOOR,
@@ -799,8 +808,9 @@ def reproduce_command(command: ReproduceCommand) -> None:
         print(readme_table(committed_reports()), end="")
         return
     seeds = seed_list(command.seeds)
+    out = command.out or (Path(f"results/reproduce_{command.claim}_{command.model}.json") if command.model else None)
     if command.markdown:  # docs/reproductions.md's table and verdict are this output
-        report = json.loads(Path(command.out or f"results/reproduce_{command.claim}.json").read_text())
+        report = json.loads(Path(out or f"results/reproduce_{command.claim}.json").read_text())
         print(markdown_table(report) + f"\n**Verdict: {verdict(report)}**")
         return
     config = load_reproduce_config(command.claim, command.overrides, command.model)
@@ -808,5 +818,4 @@ def reproduce_command(command: ReproduceCommand) -> None:
     picked = ["--arms", command.arms] if command.arms else []
     picked += ["--model", command.model] if command.model else []
     words = ["searchgym", "bench", "reproduce", command.claim, *command.overrides, "--seeds", command.seeds, *picked]
-    out = command.out or (Path(f"results/reproduce_{command.claim}_{command.model}.json") if command.model else None)
     run_reproduce(command.claim, config, seeds, out=out, arms=arms, command=" ".join(words))

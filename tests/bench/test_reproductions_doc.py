@@ -166,6 +166,14 @@ def test_the_verdicts_follow_their_rules():
     )
     rl["by_hops"]["3"] = {"avg@2/reward": 0.01, "tool_calls": 2.0}
     assert verdict(deep) == "reproduced"
+    # where the rows record each question's calls, a higher mean whose paired interval reaches zero does not count
+    rl["tool_calls_vs_warm"] = {"gain": 0.2, "ci95_low": -0.01, "ci95_high": 0.4}
+    assert verdict(deep) == (
+        "partly reproduced (held-out accuracy rises, training tool calls rise, the deepest questions are solved more; "
+        "not: held-out tool calls rise)"
+    )
+    rl["tool_calls_vs_warm"] = {"gain": 0.2, "ci95_low": 0.05, "ci95_high": 0.4}
+    assert verdict(deep) == "reproduced"
     rl["vs_warm"] = arm(1.6, -0.01)["vs_warm"]
     assert verdict(deep) == (  # searching longer without answering better is not the claim
         "not reproduced (held-out accuracy does not rise; held: held-out tool calls rise, training tool calls rise, "

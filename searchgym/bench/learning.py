@@ -26,7 +26,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -490,21 +490,23 @@ def policy_metrics(rows: list[dict[str, Any]], hop_of: dict[str, int], k: int) -
     return out
 
 
-def per_question_reward(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean reward of each question's k samples."""
+def _per_question_mean(rows: list[dict[str, Any]], value: Callable[[dict[str, Any]], float]) -> dict[str, float]:
+    """Mean `value` of each question's k samples, by task id."""
     by_task: dict[str, list[float]] = {}
     for row in rows:
-        by_task.setdefault(row["task_id"], []).append(float(row["reward"]))
+        by_task.setdefault(row["task_id"], []).append(float(value(row)))
     return {task: sum(v) / len(v) for task, v in sorted(by_task.items())}
+
+
+def per_question_reward(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean reward of each question's k samples."""
+    return _per_question_mean(rows, lambda row: row["reward"])
 
 
 def per_question_calls(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Mean tool calls (searches + page accesses) of each question's k samples: the long-horizon claim's behaviour,
     paired by question like the reward so its change gets an interval."""
-    by_task: dict[str, list[float]] = {}
-    for row in rows:
-        by_task.setdefault(row["task_id"], []).append(float(row["stats"]["searches"] + row["stats"]["accesses"]))
-    return {task: sum(v) / len(v) for task, v in sorted(by_task.items())}
+    return _per_question_mean(rows, lambda row: row["stats"]["searches"] + row["stats"]["accesses"])
 
 
 def gains_by_hop(

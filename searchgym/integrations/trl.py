@@ -492,6 +492,11 @@ LOGIT_BYTES = 16
 LOGIT_BUDGET_BYTES = 4 << 30
 
 
+def _rollout_logit_bytes(tokens: int, vocab_size: int) -> int:
+    """What one rollout's logits hold in a GRPO pass: every position's vocabulary at LOGIT_BYTES each."""
+    return tokens * vocab_size * LOGIT_BYTES
+
+
 def rollouts_per_pass(batch: int, tokens: int, vocab_size: int, *, budget_bytes: int = LOGIT_BUDGET_BYTES) -> int:
     """The most rollouts of a GRPO step (a divisor of `batch`) whose logits over `tokens` positions each fit
     `budget_bytes` in one forward and backward pass; TRL accumulates the step's other passes, so the optimizer step
@@ -501,14 +506,14 @@ def rollouts_per_pass(batch: int, tokens: int, vocab_size: int, *, budget_bytes:
     for name, value in given.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"rollouts_per_pass: {name} must be a positive integer, got {value!r}")
-    per_rollout = tokens * vocab_size * LOGIT_BYTES
+    per_rollout = _rollout_logit_bytes(tokens, vocab_size)
     return max(m for m in range(1, batch + 1) if batch % m == 0 and (m == 1 or m * per_rollout <= budget_bytes))
 
 
 def oversized_rollout_warning(tokens: int, vocab_size: int, *, budget_bytes: int = LOGIT_BUDGET_BYTES) -> str | None:
     """A plain-words warning when one rollout's logits alone pass `budget_bytes` (long multi-turn contexts): one
     rollout a pass is then the least the split can do, and the pass may still run out of memory; None when it fits."""
-    per_rollout = tokens * vocab_size * LOGIT_BYTES
+    per_rollout = _rollout_logit_bytes(tokens, vocab_size)
     if per_rollout <= budget_bytes:
         return None
     return (

@@ -44,11 +44,13 @@ from searchgym.pipeline.stages import (
     QuickstartConfig,
     StageRun,
     build_base_model,
+    configure_rl,
     deterministic_torch,
     evaluate_policy,
     make_demos,
     make_env,
     resolve_model,
+    resumable_step,
     run_rl,
     say,
 )
@@ -292,11 +294,27 @@ class SeedSetup:
     demos: int
     warm: Path
 
-    def train(self, rl: TrainConfig, out: Path, env_id: str, *, seed: int, progress: bool) -> list[dict[str, float]]:
-        """RL from the warm start on the seed's RL tasks into `out` (`run_rl`): every arm and mode of a seed."""
-        tasks = [t.id for t in self.rl_tasks]
+    def train(
+        self, rl: TrainConfig, out: Path, env_id: str, *, seed: int, progress: bool, resume: bool = False
+    ) -> list[dict[str, float]]:
+        """RL from the warm start on the seed's RL tasks into `out` (`run_rl`, which with `resume` goes on from a
+        cut run of the same config there): every arm and mode of a seed."""
         run = StageRun(seed=seed, progress=progress, label=f"seed {seed}: RL ({out.name.removeprefix('rl-')})")
-        return run_rl(rl, self.warm, out, EnvConfig(id=env_id, kwargs=self.env_kwargs), tasks, run)
+        return run_rl(rl, self.warm, out, self.rl_env(env_id), self.rl_task_ids, run, resume=resume)
+
+    def resumable_step(self, rl: TrainConfig, out: Path, env_id: str, *, seed: int) -> int | None:
+        """The checkpoint step `train(..., resume=True)` would go on from in `out` (None: it would start over)."""
+        configure_rl(rl, self.warm, out, self.rl_env(env_id), self.rl_task_ids, seed)
+        return resumable_step(rl, out)
+
+    def rl_env(self, env_id: str) -> EnvConfig:
+        """The env RL plays: `env_id` with the seed's world."""
+        return EnvConfig(id=env_id, kwargs=self.env_kwargs)
+
+    @property
+    def rl_task_ids(self) -> list[str]:
+        """The ids of the seed's RL tasks."""
+        return [t.id for t in self.rl_tasks]
 
 
 def prepare_seed(

@@ -55,6 +55,10 @@ WARM = "warm"
 # per arm (20 steps of 4 groups x 8 episodes) and 64 held-out questions x 4 samples, so a seed with all its arms fits
 # about a quarter of an hour of one core. Two earlier trials with a 4,000-page world and 300 demonstrations had a warm
 # start at the floor (held-out reward 0.000 to 0.005, results/reproduce_staleness_trial*.json): no arm could differ.
+# RL arms save a checkpoint at least this often, so an arm cut by a session's end goes on from its last one (with
+# the same config) instead of step 1. Bookkeeping, not learning: it is set on the arm's run, outside its fingerprint.
+RESUME_EVERY = 5
+
 REDUCED = [
     "rl.steps=20",
     "rl.save_every=20",
@@ -280,11 +284,14 @@ def run_seed_arms(
     setup = prepare_seed(config, seed, base, out, lap, progress=progress)
     hop_of = hop_counts(config, seed)
     for arm in todo:
+        resumed = None
         if arm == WARM:
             model, history = setup.warm, None
         else:
             rl = configs[arm].rl
-            history = setup.train(rl, out / f"rl-{arm}", config.env.id, seed=seed, progress=progress)
+            rl.save_every = min(rl.save_every, RESUME_EVERY)  # bookkeeping, outside the fingerprint: see RESUME_EVERY
+            resumed = setup.resumable_step(rl, out / f"rl-{arm}", config.env.id, seed=seed)
+            history = setup.train(rl, out / f"rl-{arm}", config.env.id, seed=seed, progress=progress, resume=True)
             model = out / f"rl-{arm}" / "checkpoints" / f"step-{rl.steps:05d}"
             lap(f"rl {arm}")
         samples = held_out_samples(config, model, out / f"eval-{arm}", seed, progress=progress)
@@ -302,6 +309,7 @@ def run_seed_arms(
             "rl_tasks": len(setup.rl_tasks),
             "timings": dict(timings),
             "commit": commit,
+            **({"rl_resumed_after_step": resumed} if resumed is not None else {}),
         }
 
 

@@ -245,15 +245,49 @@ def resolve_model(name: str) -> Path:
 
 
 def run_rl(
-    rl: TrainConfig, model: Path, out: Path, env: EnvConfig, tasks: list[str] | None, run: StageRun
+    rl: TrainConfig,
+    model: Path,
+    out: Path,
+    env: EnvConfig,
+    tasks: list[str] | None,
+    run: StageRun,
+    *,
+    resume: bool = False,
 ) -> list[dict[str, float]]:
     """`train()` from `model` into `out` on `env`'s train split, its `tasks` (None: all); a previous run there is
-    removed. The device is `rl.model.device`'s."""
-    rl.seed, rl.out_dir, rl.model.path = run.seed, str(out), str(model)
+    removed, unless `resume` and it is this very run (`resumable_step`): then it goes on from its latest checkpoint.
+    The device is `rl.model.device`'s."""
+    configure_rl(rl, model, out, env, tasks, run.seed)
+    step = resumable_step(rl, out) if resume else None
+    if step is None:
+        shutil.rmtree(out, ignore_errors=True)  # these stages redo their own work; train() refuses old runs
+    else:
+        say(run.progress, f"[{run.label or 'RL'}] resuming from the checkpoint of step {step} in {out}")
+    return train(rl, resume=step is not None, progress=run.progress, progress_label=run.label or None)
+
+
+def configure_rl(rl: TrainConfig, model: Path, out: Path, env: EnvConfig, tasks: list[str] | None, seed: int) -> None:
+    """Point `rl` at its run: `model`, out dir `out`, `env`'s train split and its `tasks`, `seed`."""
+    rl.seed, rl.out_dir, rl.model.path = seed, str(out), str(model)
     rl.env = EnvConfig(id=env.id, kwargs={**env.kwargs, "split": "train"})
     rl.tasks = tasks
-    shutil.rmtree(out, ignore_errors=True)  # these stages redo their own work; train() refuses old runs
-    return train(rl, progress=run.progress, progress_label=run.label or None)
+
+
+def resumable_step(rl: TrainConfig, out: Path) -> int | None:
+    """The step of `out`'s latest checkpoint when `out` holds a run of exactly `rl` (its config.json, the same
+    settings, paths and seed), else None: a run of another config, or one cut before its first checkpoint, starts
+    over."""
+    from searchgym.trainers.config import config_dict
+    from searchgym.trainers.run.checkpoint import latest_checkpoint
+
+    try:
+        checkpoint = latest_checkpoint(out)
+        recorded = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError):  # no run, no config, a damaged pointer or config: nothing to go on from
+        return None
+    if checkpoint is None or recorded != json.loads(json.dumps(config_dict(rl))):
+        return None
+    return int(checkpoint.name.removeprefix("step-"))
 
 
 def evaluate_policy(model_dir: Path, out: Path, config: EvalConfig, env: EnvConfig, run: StageRun) -> dict[str, float]:

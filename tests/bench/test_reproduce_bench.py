@@ -3,6 +3,7 @@ per (seed, arm), refused when the configuration differs, pooled per arm with per
 
 import functools
 import json
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,8 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from searchgym.bench import reproduce
 from searchgym.bench.reproduce import CLAIMS, WARM, load_reproduce_config, run_reproduce, select_arms
 from searchgym.cli import main
+from searchgym.pipeline.stages import configure_rl, resumable_step
+from searchgym.trainers.config import EnvConfig, config_dict, load_config
 from tests.bench.test_learning_bench import TOY
 
 # two arms of the staleness claim (fast: sync, one step apart in objective) on the toy scale
@@ -138,6 +142,57 @@ def test_arms_run_apart_pool_together(bench, tmp_path):
     stray.write_text(json.dumps({**rows[0], "arm": "eta9-unknown"}) + "\n")
     with pytest.raises(ValueError, match="stray.arms.jsonl holds runs of another configuration"):
         run_reproduce("staleness", runs, SEEDS, out=tmp_path / "stray.json", arms=ARMS, progress=False)
+
+
+def test_an_rl_arm_cut_after_a_checkpoint_goes_on_from_it(tmp_path, monkeypatch):
+    """A session's end cuts a real-model arm mid-RL (25 minutes an arm): the rerun goes on from the arm's last
+    checkpoint, keeping the steps trained before the cut, and its row says where it resumed."""
+    monkeypatch.setattr(reproduce, "RESUME_EVERY", 1)
+    arms = {"eta0-decoupled": ARMS["eta0-decoupled"]}
+    config = load_reproduce_config("staleness", [f"out_dir={tmp_path / 'runs'}", *TOY, "rl.learner.minibatches=2"])
+    first = run_reproduce("staleness", config, [0], out=tmp_path / "r.json", arms=arms, progress=False)
+    run = tmp_path / "runs" / "seed-0" / "rl-eta0-decoupled"
+    # the arm saved at RESUME_EVERY, not only at its last step
+    assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-00001", "step-00002"]
+    before = (run / "metrics.jsonl").read_text().splitlines()
+    [row_before] = [r for r in first["rows"] if r["arm"] == "eta0-decoupled"]
+    assert "rl_resumed_after_step" not in row_before
+    # killed after step 2's metrics, before its checkpoint and its row
+    shutil.rmtree(run / "checkpoints" / "step-00002")
+    (run / "checkpoints" / "latest").write_text("step-00001\n")
+    log = tmp_path / "runs" / "arms.jsonl"
+    log.write_text("".join(line + "\n" for line in log.read_text().splitlines() if '"eta0-decoupled"' not in line))
+    again = run_reproduce("staleness", config, [0], out=tmp_path / "again.json", arms=arms, progress=False)
+    [row] = [r for r in again["rows"] if r["arm"] == "eta0-decoupled"]
+    assert row["rl_resumed_after_step"] == 1
+    after = (run / "metrics.jsonl").read_text().splitlines()
+    assert after[0] == before[0] and [json.loads(line)["step"] for line in after] == [1, 2]  # step 1 kept, 2 redone
+    assert [p["step"] for p in row["curve"]] == [1.0, 2.0] and row["curve"][0] == row_before["curve"][0]
+    assert (run / "checkpoints" / "step-00002" / "trainer.pt").exists()  # the arm's model is its last step's again
+
+
+def test_only_a_run_of_the_same_config_with_a_whole_checkpoint_is_resumed(tmp_path):
+    """Anything else in the arm's folder (another config, no checkpoint, a damaged pointer or config) starts over."""
+    rl, out = load_config(None, []), tmp_path / "rl"
+    configure_rl(rl, tmp_path / "model", out, EnvConfig(), ["t1"], seed=3)
+    assert resumable_step(rl, out) is None  # nothing there
+    (out / "checkpoints" / "step-00003").mkdir(parents=True)
+    (out / "checkpoints" / "step-00003" / "trainer.pt").write_bytes(b"")
+    (out / "config.json").write_text(json.dumps(config_dict(rl)))
+    assert resumable_step(rl, out) is None  # no `latest`: cut before its first checkpoint
+    (out / "checkpoints" / "latest").write_text("step-00003\n")
+    assert resumable_step(rl, out) == 3
+    configure_rl(rl, tmp_path / "model", out, EnvConfig(), ["t1"], seed=4)
+    assert resumable_step(rl, out) is None  # another seed's run
+    configure_rl(rl, tmp_path / "model", out, EnvConfig(), ["t1"], seed=3)
+    rl.learner.lr *= 2
+    assert resumable_step(rl, out) is None  # another setting
+    rl.learner.lr /= 2
+    (out / "config.json").write_text("{not json")
+    assert resumable_step(rl, out) is None
+    (out / "config.json").write_text(json.dumps(config_dict(rl)))
+    (out / "checkpoints" / "step-00003" / "trainer.pt").unlink()
+    assert resumable_step(rl, out) is None  # `latest` names a checkpoint without its trainer state
 
 
 def test_bad_input_is_a_clear_error(tmp_path, capsys):

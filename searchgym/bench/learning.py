@@ -36,6 +36,7 @@ from omegaconf import OmegaConf
 from searchgym.bench.bootstrap import hierarchical_bootstrap, seed_list
 from searchgym.bench.provenance import machine, peak_rss_bytes
 from searchgym.bench.unit_log import UnitLog
+from searchgym.core.file_lock import sole_run
 from searchgym.eval.compare import paired_delta
 from searchgym.eval.harness import sample_of
 from searchgym.eval.metrics import summarize
@@ -220,9 +221,9 @@ def run_learning_bench(
     root = Path(config.out_dir)
     root.mkdir(parents=True, exist_ok=True)
     key = fingerprint(config)
-    log = UnitLog(root / "seeds.jsonl", Path(out).with_suffix(".seeds.jsonl"), fingerprint=key, check=_check_row)
-    done = {row["seed"] for row in log.rows}
-    with deterministic_torch(config.torch_threads):
+    with sole_run(root, "bench learning"), deterministic_torch(config.torch_threads):
+        log = UnitLog(root / "seeds.jsonl", Path(out).with_suffix(".seeds.jsonl"), fingerprint=key, check=_check_row)
+        done = {row["seed"] for row in log.rows}
         base = None
         for seed in seeds:
             if seed in done:

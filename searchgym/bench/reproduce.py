@@ -45,6 +45,7 @@ from searchgym.bench.learning import (
 )
 from searchgym.bench.provenance import git_commit, machine
 from searchgym.bench.unit_log import UnitLog
+from searchgym.core.file_lock import sole_run
 from searchgym.pipeline.stages import deterministic_torch, say
 from searchgym.settings import load_settings, setting
 
@@ -240,14 +241,14 @@ def run_reproduce(
     known = {WARM: [], **spec.arms, **arms}  # rows of the claim's other arms may sit in the log: they are kept
     keys = {name: arm_fingerprint(config, claim, name, overrides) for name, overrides in known.items()}
     path = Path(out or f"results/reproduce_{claim}.json")
-    log = UnitLog(
-        root / "arms.jsonl",
-        path.with_suffix(".arms.jsonl"),
-        fingerprint=lambda row: keys.get(row["arm"]),
-        check=_check_row,
-    )
-    done = {(row["seed"], row["arm"]) for row in log.rows}
-    with deterministic_torch(config.torch_threads):
+    with sole_run(root, "bench reproduce"), deterministic_torch(config.torch_threads):
+        log = UnitLog(
+            root / "arms.jsonl",
+            path.with_suffix(".arms.jsonl"),
+            fingerprint=lambda row: keys.get(row["arm"]),
+            check=_check_row,
+        )
+        done = {(row["seed"], row["arm"]) for row in log.rows}
         base = None
         for seed in seeds:
             todo = [a for a in [WARM, *arms] if (seed, a) not in done]

@@ -1,4 +1,5 @@
-"""An exclusive lock between processes on one machine, so parallel workers build a shared file once."""
+"""Exclusive locks between processes on one machine: parallel workers build a shared file once, and two runs never
+work in one folder."""
 
 from __future__ import annotations
 
@@ -16,6 +17,38 @@ def file_lock(path: str | os.PathLike) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class FolderInUse(ValueError):
+    """Another process holds the folder's run lock (a ValueError, so the CLI prints it as a clear error)."""
+
+
+@contextlib.contextmanager
+def sole_run(folder: str | os.PathLike, what: str) -> Iterator[None]:
+    """Hold `folder`'s run lock (FOLDER/.lock, with this pid and `what`) for the block; while another process holds
+    it, refuse at once, naming it, so a second run never clears or rewrites what the first is writing. The lock dies
+    with its process, so a killed run leaves nothing to clean up."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            pid, _, holder = handle.read().strip().partition(" ")
+            raise FolderInUse(
+                f"{folder} is in use by another {holder or 'run'} (pid {pid or 'unknown'}); wait for it to finish or "
+                f"stop it (a stopped run goes on from its finished units when rerun), or give this {what} another "
+                "out_dir"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()} {what}\n")
+        handle.flush()
         try:
             yield
         finally:

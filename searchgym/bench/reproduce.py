@@ -284,7 +284,10 @@ def run_seed_arms(
     commit = git_commit()  # the code these rows ran at (the report's commit is the code that pooled them)
     setup = prepare_seed(config, seed, base, out, lap, progress=progress)
     hop_of = hop_counts(config, seed)
+    shared = dict(timings)  # the seed's setup laps: in every row, each row adding only its own arm's laps
     for arm in todo:
+        timings.clear()
+        timings.update(shared)
         resumed = None
         if arm == WARM:
             model, history = setup.warm, None

@@ -50,6 +50,11 @@ def test_the_report_pools_every_arm_against_the_baseline_with_curves(bench):
         assert [p["step"] for p in points] == [1.0, 2.0]
         assert all(p["episode/tool_calls"] == p["episode/searches"] + p["episode/accesses"] for p in points)
     assert report["pooled"][WARM]["curve"] == []
+    # each row's timings are the seed's setup and its own arm's laps, not those of arms run before it
+    for row in report["rows"]:
+        laps = {k for k in row["timings"] if k.startswith(("rl ", "evaluate "))}
+        assert laps == ({f"rl {row['arm']}"} if row["arm"] != WARM else set()) | {f"evaluate {row['arm']}"}
+        assert {"world", "warm start"} <= set(row["timings"])
     # the pooled difference is the mean over (seed, question) of the stored per-question rewards
     rows = [json.loads(line) for line in (Path(config.out_dir) / "arms.jsonl").read_text().splitlines()]
     by = {(r["seed"], r["arm"]): r["per_question"] for r in rows}

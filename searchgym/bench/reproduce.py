@@ -48,6 +48,7 @@ from searchgym.bench.unit_log import UnitLog
 from searchgym.core.file_lock import sole_run
 from searchgym.pipeline.stages import deterministic_torch, say
 from searchgym.settings import load_settings, setting
+from searchgym.trainers.run.checkpoint import slim_finished_run
 
 WARM = "warm"
 
@@ -226,9 +227,11 @@ def run_reproduce(
     arms: Mapping[str, list[str]] | None = None,
     command: str = "",
     progress: bool = True,
+    keep_rl_state: bool = False,
 ) -> dict[str, Any]:
     """Every (seed, arm) not yet finished (OUT_DIR/arms.jsonl, or its copy OUT.arms.jsonl that is committed with the
-    results, so a fresh clone goes on), then the pooled report to `out` (JSON) and a PNG beside it."""
+    results, so a fresh clone goes on), then the pooled report to `out` (JSON) and a PNG beside it. Once an arm's row
+    is written its RL run keeps its last checkpoint as a model only (`slim_finished_run`), unless `keep_rl_state`."""
     spec = CLAIMS[claim]
     arms = dict(spec.arms if arms is None else arms)
     if not seeds or len(set(seeds)) != len(seeds):
@@ -258,6 +261,10 @@ def run_reproduce(
             base = base or shared_base_model(config, root, progress=progress)
             for row in run_seed_arms(config, configs, todo, seed, base, root / f"seed-{seed}", keys, progress=progress):
                 log.append(row)
+                if row["arm"] != WARM and not keep_rl_state:  # the row is durable: the arm is done for good
+                    run = root / f"seed-{seed}" / f"rl-{row['arm']}"
+                    freed = slim_finished_run(run, "bench reproduce (--keep-rl-state keeps it)")
+                    say(progress, f"[bench reproduce {claim}] {run}: kept its last model, freed {freed / 1e9:.1f} GB")
     rows = first_rows([r for r in log.rows if r["seed"] in seeds and r["arm"] in (WARM, *arms)])
     report = json.loads(json.dumps(pooled_arms(claim, rows, config, arms, command=command)))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -805,6 +812,11 @@ class ReproduceCommand:
         choices=(None, "smollm2"),
         help="the claim on a real model (SmolLM2-135M-Instruct); default out results/reproduce_CLAIM_MODEL.json",
     )
+    keep_rl_state: bool = setting(
+        False,
+        help="keep each finished arm's optimizer state and earlier checkpoints (GBs an arm on a real model); by "
+        "default a finished arm keeps its last model, metrics and trajectories",
+    )
     overrides: list[str] = setting(
         default_factory=list, help="config overrides, right after CLAIM: e.g. rl.steps=20 out_dir=runs/r"
     )
@@ -830,4 +842,6 @@ def reproduce_command(command: ReproduceCommand) -> None:
     picked = ["--arms", command.arms] if command.arms else []
     picked += ["--model", command.model] if command.model else []
     words = ["searchgym", "bench", "reproduce", command.claim, *command.overrides, "--seeds", command.seeds, *picked]
-    run_reproduce(command.claim, config, seeds, out=out, arms=arms, command=" ".join(words))
+    run_reproduce(
+        command.claim, config, seeds, out=out, arms=arms, command=" ".join(words), keep_rl_state=command.keep_rl_state
+    )

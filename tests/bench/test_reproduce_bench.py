@@ -16,6 +16,7 @@ from searchgym.bench.reproduce import CLAIMS, WARM, load_reproduce_config, run_r
 from searchgym.cli import main
 from searchgym.pipeline.stages import configure_rl, resumable_step
 from searchgym.trainers.config import EnvConfig, config_dict, load_config
+from searchgym.trainers.run.checkpoint import latest_checkpoint, slim_finished_run
 from tests.bench.test_learning_bench import TOY
 
 # two arms of the staleness claim (fast: sync, one step apart in objective) on the toy scale
@@ -155,7 +156,9 @@ def test_an_rl_arm_cut_after_a_checkpoint_goes_on_from_it(tmp_path, monkeypatch)
     monkeypatch.setattr(reproduce, "RESUME_EVERY", 1)
     arms = {"eta0-decoupled": ARMS["eta0-decoupled"]}
     config = load_reproduce_config("staleness", [f"out_dir={tmp_path / 'runs'}", *TOY, "rl.learner.minibatches=2"])
-    first = run_reproduce("staleness", config, [0], out=tmp_path / "r.json", arms=arms, progress=False)
+    first = run_reproduce(
+        "staleness", config, [0], out=tmp_path / "r.json", arms=arms, progress=False, keep_rl_state=True
+    )
     run = tmp_path / "runs" / "seed-0" / "rl-eta0-decoupled"
     # the arm saved at RESUME_EVERY, not only at its last step
     assert sorted(p.name for p in (run / "checkpoints").glob("step-*")) == ["step-00001", "step-00002"]
@@ -173,7 +176,26 @@ def test_an_rl_arm_cut_after_a_checkpoint_goes_on_from_it(tmp_path, monkeypatch)
     after = (run / "metrics.jsonl").read_text().splitlines()
     assert after[0] == before[0] and [json.loads(line)["step"] for line in after] == [1, 2]  # step 1 kept, 2 redone
     assert [p["step"] for p in row["curve"]] == [1.0, 2.0] and row["curve"][0] == row_before["curve"][0]
-    assert (run / "checkpoints" / "step-00002" / "trainer.pt").exists()  # the arm's model is its last step's again
+    assert (run / "checkpoints" / "step-00002" / "model.safetensors").exists()  # step 2 trained and saved again
+
+
+def test_a_finished_arm_keeps_its_last_model_and_drops_its_trainer_state(bench):
+    """A real-model arm's RL run holds GBs of optimizer state per checkpoint and a claim has dozens of arms: once its
+    row is written the arm keeps its last checkpoint as a model dir, its metrics and its trajectories."""
+    _, config, _ = bench
+    for seed in SEEDS:
+        for arm in ARMS:
+            run = Path(config.out_dir) / f"seed-{seed}" / f"rl-{arm}"
+            checkpoints = run / "checkpoints"
+            assert sorted(p.name for p in checkpoints.glob("step-*")) == ["step-00002"]
+            last = checkpoints / "step-00002"
+            assert (last / "model.safetensors").exists() and (last / "config.json").exists()
+            assert not (last / "trainer.pt").exists() and not (checkpoints / "healthy").exists()
+            assert "bench reproduce" in (checkpoints / "SLIMMED").read_text()
+            assert (run / "metrics.jsonl").read_text().count("\n") == 2 and any((run / "trajectories").iterdir())
+            with pytest.raises(FileNotFoundError, match="cannot be resumed; train from it anew with model.path="):
+                latest_checkpoint(run)
+            assert slim_finished_run(run, "again") == 0  # a second call finds nothing more to free
 
 
 def test_only_a_run_of_the_same_config_with_a_whole_checkpoint_is_resumed(tmp_path):

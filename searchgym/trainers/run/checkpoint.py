@@ -3,6 +3,7 @@
     run_dir/checkpoints/step-00012/   config.json, model.safetensors, tokenizer files, trainer.pt
     run_dir/checkpoints/latest        "step-00012"
     run_dir/checkpoints/healthy       "step-00010": the collapse watchdog's restore point, never pruned
+    run_dir/checkpoints/SLIMMED       only in a finished run kept as its last model (slim_finished_run)
 
 `trainer.pt` holds what a model directory cannot: optimizer and scheduler state, the weight version,
 the rollout controllers' data positions and the groups to replay (one state per controller: one for
@@ -30,6 +31,7 @@ from searchgym.trainers.run.partials import partial_dir, remove_stale
 
 LATEST = "latest"
 HEALTHY = "healthy"
+SLIMMED = "SLIMMED"  # a finished run whose last checkpoint was kept as a model only (slim_finished_run)
 
 
 def checkpoint_root(run_dir: str | os.PathLike) -> Path:
@@ -138,8 +140,36 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
         return None
     path = checkpoint_root(run_dir) / pointer.read_text().strip()
     if not (path / "trainer.pt").exists():
+        if (checkpoint_root(run_dir) / SLIMMED).exists():
+            raise FileNotFoundError(
+                f"{path} is a finished run's model, its trainer state removed to save space ({SLIMMED} says by "
+                f"what): it cannot be resumed; train from it anew with model.path={path}"
+            )
         raise FileNotFoundError(f"{pointer} names {path.name}, which has no trainer.pt: the checkpoint is damaged")
     return path
+
+
+def slim_finished_run(run_dir: str | os.PathLike, by: str) -> int:
+    """Keep a finished run's last checkpoint as a model dir only: remove its trainer state (optimizer, data
+    positions, sharded files) and every other checkpoint, and say so in checkpoints/SLIMMED (`by` names who asked).
+    Metrics and trajectories stay. Returns the bytes freed. For runs that are done for good: one on a real model
+    keeps GBs of optimizer state per checkpoint, and a claim's seeds x arms are dozens of runs."""
+    root = checkpoint_root(run_dir)
+    if not (root / LATEST).exists():
+        return 0
+    last = root / (root / LATEST).read_text().strip()  # not latest_checkpoint(): a second call finds it slimmed
+    doomed = [p for p in root.glob("step-*") if p.is_dir() and p != last]
+    doomed += [p for p in (last / "trainer.pt", last / "sharded") if p.exists()]
+    freed = sum(_size(p) for p in doomed)
+    write_atomic(root / SLIMMED, f"{last.name} kept as a model dir only, the rest removed by {by}\n")
+    for path in doomed:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    (root / HEALTHY).unlink(missing_ok=True)  # it named a checkpoint now gone, or the last one (kept anyway)
+    return freed
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.is_file() else sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def load_trainer_state(checkpoint: str | os.PathLike, *, mmap: bool = False) -> dict[str, Any]:

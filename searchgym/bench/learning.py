@@ -58,6 +58,7 @@ from searchgym.pipeline.stages import (
 from searchgym.settings import load_settings, setting
 from searchgym.trainers.config import EnvConfig, TrainConfig
 from searchgym.trainers.warm_start.sft import sft
+from searchgym.world.mincalls import MAX_MIN_CALLS
 
 POLICIES = ("warm", "async", "sync")
 # Each preset is a list of overrides applied before the command line's.
@@ -108,20 +109,41 @@ BEHAVIOUR = ("turns", "searches", "accesses", "answered")
 
 @dataclass
 class HopsConfig:
-    """Which hop counts the oracle demonstrates, RL trains on and the evaluation holds out (reported one by one)."""
+    """Which questions the oracle demonstrates, RL trains on and the evaluation holds out (reported one by one), by
+    their hop count (`by: hops`) or by their proven least number of tool calls (`by: min_calls`: SyntheticQA's
+    min_calls pools, one per split's range min..max of the list, with the proof's env settings)."""
 
     demos: list[int] = field(default_factory=lambda: [1])
     rl: list[int] = field(default_factory=lambda: [1, 2])
     eval: list[int] = field(default_factory=lambda: [1, 2])
     # share of the RL hop counts' train tasks also demonstrated (seeds the behaviour; not RL'd)
     rl_demos: float = setting(0.1, at_least=0, below=1)
+    by: str = setting("hops", choices=("hops", "min_calls"))
 
     def check(self) -> Iterator[tuple[str, str]]:
-        """Each list names hop counts the synthetic world makes (1 to 4)."""
+        """Each list names hop counts the synthetic world makes (1 to 4), or proven minima it can prove (1 to 12)."""
+        top = 4 if self.by == "hops" else MAX_MIN_CALLS
         for name in ("demos", "rl", "eval"):
-            hops = getattr(self, name)
-            if not hops or not set(hops) <= {1, 2, 3, 4}:
-                yield (name, f"must list hop counts between 1 and 4, got {hops}")
+            counts = getattr(self, name)
+            if not counts or not set(counts) <= set(range(1, top + 1)):
+                yield (name, f"must list {COUNTED[self.by]} between 1 and {top}, got {counts}")
+            elif self.by == "min_calls" and set(counts) != set(range(min(counts), max(counts) + 1)):
+                yield (name, f"must be a run of minima with no gap (one min_calls pool serves it), got {counts}")
+
+    def env_kwargs(self, counts: list[int]) -> dict[str, Any]:
+        """The SyntheticQA kwargs that serve questions of `counts`: a hops filter, or the min_calls pool of their
+        range (its questions of other minima are left out by `pick`)."""
+        if self.by == "hops":
+            return {"hops": sorted(set(counts))}
+        return {"min_calls": [min(counts), max(counts)]}
+
+    def count(self, task: Any) -> int | None:
+        """The task's hop count or proven minimum (what the lists select on)."""
+        value = task.metadata.get(self.by)
+        return int(value) if value is not None else None
+
+
+COUNTED = {"hops": "hop counts", "min_calls": "proven minima of tool calls"}
 
 
 def _learning_env() -> dict[str, Any]:
@@ -173,6 +195,7 @@ def load_learning_config(overrides: list[str] | tuple[str, ...] = (), preset: st
 LATER_SETTINGS: dict[tuple[str, ...], Any] = {
     ("rl", "learner", "autocast"): "off",
     ("rl", "learner", "trainable_layers"): None,
+    ("hops", "by"): "hops",
 }
 
 
@@ -250,9 +273,8 @@ def shared_base_model(config: LearningConfig, root: Path, *, progress: bool) -> 
     done = where / "base.json"
     if done.exists() and json.loads(done.read_text()).get("fingerprint") == base_fingerprint(config):
         return where / "base-model"
-    env = make_env(
-        config.env.id, {**config.env.kwargs, "seed": config.base_seed, "hops": sorted(set(config.hops.demos))}, "train"
-    )
+    kwargs = {**config.env.kwargs, "seed": config.base_seed, **config.hops.env_kwargs(config.hops.demos)}
+    env = make_env(config.env.id, kwargs, "train")
     chats = make_demos(
         env, _demo_tasks(env, config)[0], where / "demos.jsonl", question_query=config.demos.question_query
     )
@@ -275,10 +297,10 @@ def _demo_tasks(env: Any, config: LearningConfig) -> tuple[list[Any], list[Any]]
     """(demonstrated tasks, RL tasks) of the train split: demos from the `hops.demos` tasks (the first
     `demos.fraction`, at most `max_demos`), RL on the `hops.rl` tasks that were not demonstrated."""
     tasks = list(env.tasks)
-    demo_pool = [t for t in tasks if t.metadata.get("hops") in config.hops.demos]
+    demo_pool = [t for t in tasks if config.hops.count(t) in config.hops.demos]
     demos = demo_pool[: min(round(config.demos.fraction * len(demo_pool)), config.max_demos)]
     shown = {t.id for t in demos}
-    rl = [t for t in tasks if t.metadata.get("hops") in config.hops.rl and t.id not in shown]
+    rl = [t for t in tasks if config.hops.count(t) in config.hops.rl and t.id not in shown]
     if config.hops.rl_demos > 0:  # demonstrate the first share of them too, and train RL on the rest
         cut = round(config.hops.rl_demos * len(rl))
         demos, rl = demos + rl[:cut], rl[cut:]
@@ -323,8 +345,7 @@ def prepare_seed(
 ) -> SeedSetup:
     """The seed's world, the oracle's demonstrations and the warm start (SFT from `base`) into `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    hops = sorted(set(config.hops.demos) | set(config.hops.rl))
-    env_kwargs = {**config.env.kwargs, "seed": seed, "hops": hops}
+    env_kwargs = {**config.env.kwargs, "seed": seed, **config.hops.env_kwargs([*config.hops.demos, *config.hops.rl])}
     env = make_env(config.env.id, env_kwargs, "train")
     demo_tasks, rl_tasks = _demo_tasks(env, config)
     if not rl_tasks:
@@ -371,6 +392,8 @@ def warm_start_fingerprint(config: LearningConfig, seed: int) -> str:
     for name in ("out_dir", "preset", "seed", "eval", "sync", "bootstrap_resamples"):
         data.pop(name, None)
     data["hops"].pop("eval", None)
+    if data["hops"].get("by") == "hops":  # the setting came later: warm starts made before it keep their key
+        del data["hops"]["by"]
     data.update(seed=seed, sft_device=device, base_model=base_fingerprint(config))
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -391,7 +414,7 @@ def finished_warm_start(config: LearningConfig, key: str, out: Path) -> Path | N
 
 def held_out_kwargs(config: LearningConfig, seed: int) -> dict[str, Any]:
     """The held-out split's env kwargs for `seed` (the `hops.eval` questions)."""
-    return {**config.env.kwargs, "seed": seed, "hops": sorted(set(config.hops.eval)), "split": "test"}
+    return {**config.env.kwargs, "seed": seed, **config.hops.env_kwargs(config.hops.eval), "split": "test"}
 
 
 def held_out_samples(
@@ -405,9 +428,9 @@ def held_out_samples(
 
 
 def hop_counts(config: LearningConfig, seed: int) -> dict[str, int]:
-    """Each held-out question's hop count."""
+    """Each held-out question's hop count (or proven minimum of tool calls, `hops.by`)."""
     test_env = make_env(config.env.id, held_out_kwargs(config, seed), "test")
-    return {t.id: int(t.metadata["hops"]) for t in test_env.tasks}
+    return {t.id: count for t in test_env.tasks if (count := config.hops.count(t)) in config.hops.eval}
 
 
 def stage_clock(progress: bool, label: str) -> tuple[dict[str, float], Any]:

@@ -345,3 +345,55 @@ def test_a_finished_warm_start_is_reused_by_a_resumed_seed_and_by_runs_that_diff
     (other_sft / learning.WARM_MARK).write_text('{"fingerpr')  # a mark cut short
     assert prepare("other", 3, "sft.lr=5e-3") == other_sft and len(trained) == 4
     assert json.loads((other_sft / learning.WARM_MARK).read_text())["seed"] == 3
+
+
+def test_questions_can_be_chosen_by_their_proven_least_number_of_tool_calls(tmp_path):
+    """`hops.by=min_calls`: demonstrations, RL and the held-out questions come from SyntheticQA's min_calls pools by
+    proven minimum (a question whose hops can be skipped by a lucky search is not a long-horizon question)."""
+    from searchgym.bench.learning import _demo_tasks, hop_counts
+    from searchgym.pipeline.stages import make_env
+
+    by_calls = [
+        "hops.by=min_calls",
+        "hops.demos=[1]",
+        "hops.rl=[2,3]",
+        "hops.eval=[2,3]",
+        "hops.rl_demos=0",
+        "env.kwargs.top_k=5",  # the proof's settings (mincalls.PROOF_ENV)
+        "env.kwargs.doc_chars=60",
+        "env.kwargs.min_calls_tasks=40",
+    ]
+    config = load_learning_config([f"out_dir={tmp_path}", *TOY, *by_calls])
+    assert config.hops.env_kwargs(config.hops.eval) == {"min_calls": [2, 3]}
+    env = make_env(config.env.id, {**config.env.kwargs, "seed": 0, **config.hops.env_kwargs([1, 2, 3])}, "train")
+    demos, rl = _demo_tasks(env, config)
+    assert demos and {t.metadata["min_calls"] for t in demos} == {1}
+    assert rl and {t.metadata["min_calls"] for t in rl} <= {2, 3} and not {t.id for t in rl} & {t.id for t in demos}
+    held = hop_counts(config, 0)
+    test = make_env(config.env.id, {**config.env.kwargs, "seed": 0, "min_calls": [2, 3]}, "test")
+    assert held == {t.id: t.metadata["min_calls"] for t in test.tasks} and set(held.values()) <= {2, 3} and held
+    assert not set(held) & {t.id for t in env.tasks}  # held out: none of them is a train question
+    # the default stays the hop count, and its fingerprint is the one committed results were written under
+    assert load_learning_config([*TOY]).hops.env_kwargs([2, 1]) == {"hops": [1, 2]}
+    for bad, message in (
+        ("hops.rl=[2,4]", "no gap"),
+        ("hops.rl=[13]", "between 1 and 12"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            load_learning_config([*TOY, *by_calls, bad])
+    with pytest.raises(ValueError, match="hop counts between 1 and 4"):
+        load_learning_config([*TOY, "hops.rl=[5]"])
+    with pytest.raises(ValueError, match="hops.by"):
+        load_learning_config([*TOY, "hops.by=turns"])
+
+
+def test_the_new_hops_by_setting_leaves_committed_fingerprints_alone():
+    """Rows and warm starts written before `hops.by` existed keep their fingerprints (it is dropped at its default)."""
+    from searchgym.bench.learning import fingerprint, warm_start_fingerprint
+
+    config = load_learning_config([], "smollm2")
+    rows = json.loads(Path("results/bench_learning_smollm2.json").read_text())["seeds"]
+    assert {r["fingerprint"] for r in rows} == {fingerprint(config)}
+    moved = load_learning_config(["hops.by=min_calls", "hops.rl=[1]", "hops.eval=[1]"], "smollm2")
+    assert fingerprint(moved) != fingerprint(config)
+    assert warm_start_fingerprint(moved, 0) != warm_start_fingerprint(config, 0)

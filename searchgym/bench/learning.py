@@ -146,6 +146,13 @@ class HopsConfig:
 COUNTED = {"hops": "hop counts", "min_calls": "proven minima of tool calls"}
 
 
+def count_label(report: dict[str, Any], count: object) -> str:
+    """How a report names its questions of `count`: "3-hop", or "3-call" under `hops.by=min_calls` (the least
+    number of tool calls that can find the answer)."""
+    by = report.get("config", {}).get("hops", {}).get("by", "hops")
+    return f"{count}-call" if by == "min_calls" else f"{count}-hop"
+
+
 def _learning_env() -> dict[str, Any]:
     return {
         "size": 20000,
@@ -677,7 +684,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"hierarchical bootstrap:",
         "  " + line("all", pooled),
     ]
-    lines += ["  " + line(f"{hop}-hop", g) for hop, g in pooled["hops"].items()]
+    lines += ["  " + line(count_label(report, hop), g) for hop, g in pooled["hops"].items()]
     for row in report["seeds"]:
         lines.append(
             f"  seed {row['seed']}: "
@@ -712,7 +719,7 @@ def plot_learning(report: dict[str, Any], path: Path) -> None:
             x = i + (j - (len(report["seeds"]) - 1) / 2) * 0.08
             ax.plot([x, x], [g["before"], g["after"]], color="tab:green" if g["after"] >= g["before"] else "tab:red")
             ax.plot([x], [g["after"]], marker="o", markersize=3, color="black")
-    ax.set_xticks(range(len(hops)), [h if h == "all" else f"{h}-hop" for h in hops])
+    ax.set_xticks(range(len(hops)), [h if h == "all" else count_label(report, h) for h in hops])
     ax.set_ylabel(f"held-out reward (avg@{k})")
     ax.set_title("per seed: warm start -> async RL")
     ax = axes[1]

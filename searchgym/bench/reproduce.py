@@ -31,6 +31,7 @@ from searchgym.bench.learning import (
     PRESETS,
     REAL_MODEL_LEARNING,
     LearningConfig,
+    count_label,
     curve,
     fingerprint,
     held_out_samples,
@@ -566,7 +567,7 @@ def markdown_table(report: dict[str, Any]) -> str:
     if report["claim"] == "long_horizon":  # the claim is about the deep questions: each hop count on its own
         for arm, p in report["pooled"].items():
             for hop, h in p.get("by_hops", {}).items():
-                cells = [f"{arm}, {hop}-hop", str(len(p["seeds"])), f"{h[f'avg@{k}/reward']:.3f}", "-"]
+                cells = [f"{arm}, {count_label(report, hop)}", str(len(p["seeds"])), f"{h[f'avg@{k}/reward']:.3f}", "-"]
                 cells += [f"{h['tool_calls']:.2f}", "-", "-", "-"] + ["-"] * calls
                 lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

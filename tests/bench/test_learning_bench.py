@@ -350,7 +350,7 @@ def test_a_finished_warm_start_is_reused_by_a_resumed_seed_and_by_runs_that_diff
 def test_questions_can_be_chosen_by_their_proven_least_number_of_tool_calls(tmp_path):
     """`hops.by=min_calls`: demonstrations, RL and the held-out questions come from SyntheticQA's min_calls pools by
     proven minimum (a question whose hops can be skipped by a lucky search is not a long-horizon question)."""
-    from searchgym.bench.learning import _demo_tasks, hop_counts
+    from searchgym.bench.learning import _demo_tasks, count_label, hop_counts
     from searchgym.pipeline.stages import make_env
 
     by_calls = [
@@ -373,6 +373,9 @@ def test_questions_can_be_chosen_by_their_proven_least_number_of_tool_calls(tmp_
     test = make_env(config.env.id, {**config.env.kwargs, "seed": 0, "min_calls": [2, 3]}, "test")
     assert held == {t.id: t.metadata["min_calls"] for t in test.tasks} and set(held.values()) <= {2, 3} and held
     assert not set(held) & {t.id for t in env.tasks}  # held out: none of them is a train question
+    # reports name these questions by their calls, not their hops
+    assert count_label({"config": {"hops": {"by": "min_calls"}}}, 3) == "3-call"
+    assert count_label({"config": {"hops": {"by": "hops"}}}, 3) == count_label({}, "3") == "3-hop"
     # the default stays the hop count, and its fingerprint is the one committed results were written under
     assert load_learning_config([*TOY]).hops.env_kwargs([2, 1]) == {"hops": [1, 2]}
     for bad, message in (

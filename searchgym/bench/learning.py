@@ -132,7 +132,7 @@ class HopsConfig:
 
     def env_kwargs(self, counts: list[int]) -> dict[str, Any]:
         """The SyntheticQA kwargs that serve questions of `counts`: a hops filter, or the min_calls pool of their
-        range (its questions of other minima are left out by `pick`)."""
+        range (`count` then tells a task's minimum)."""
         if self.by == "hops":
             return {"hops": sorted(set(counts))}
         return {"min_calls": [min(counts), max(counts)]}

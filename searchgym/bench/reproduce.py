@@ -53,15 +53,15 @@ from searchgym.trainers.run.checkpoint import slim_finished_run
 
 WARM = "warm"
 
+# RL arms save a checkpoint at least this often, so an arm cut by a session's end goes on from its last one (with
+# the same config) instead of step 1. Bookkeeping, not learning: it is set on the arm's run, outside its fingerprint.
+RESUME_EVERY = 5
+
 # A reduced scale every claim shares: bench learning's `headroom` world and warm start (20,000 pages, up to 1,500
 # 1-hop demonstrations, 3 epochs: held-out F1 0.078 before RL over 5 seeds, off the floor), then a shorter RL run
 # per arm (20 steps of 4 groups x 8 episodes) and 64 held-out questions x 4 samples, so a seed with all its arms fits
 # about a quarter of an hour of one core. Two earlier trials with a 4,000-page world and 300 demonstrations had a warm
 # start at the floor (held-out reward 0.000 to 0.005, results/reproduce_staleness_trial*.json): no arm could differ.
-# RL arms save a checkpoint at least this often, so an arm cut by a session's end goes on from its last one (with
-# the same config) instead of step 1. Bookkeeping, not learning: it is set on the arm's run, outside its fingerprint.
-RESUME_EVERY = 5
-
 REDUCED = [
     "rl.steps=20",
     "rl.save_every=20",

@@ -59,21 +59,30 @@ class OracleAgent:
     thought before each call. `question_query` makes the first search the question itself, verbatim
     (Search-R1's habit, and a copy a very small model can learn); a task whose page that query does
     not retrieve is then not solved. `tool_format` is how it writes its calls: "tags" or "hermes"
-    (`<tool_call>` JSON), so demonstrations for a Hermes-format env teach that env's format.
+    (`<tool_call>` JSON), so demonstrations for a Hermes-format env teach that env's format. `replay_proofs`
+    plays a min-calls question by its proof's witness play (the fewest calls, what validation checks); without it,
+    by its path like any question: a witness play often opens by searching the answer verbatim (a lucky guess is
+    in the prover's action set), which a demonstration must never teach.
     """
 
     def __init__(
-        self, *, skim: bool = False, think: bool = True, question_query: bool = False, tool_format: str = "tags"
+        self,
+        *,
+        skim: bool = False,
+        think: bool = True,
+        question_query: bool = False,
+        tool_format: str = "tags",
+        replay_proofs: bool = True,
     ):
         if tool_format not in ("tags", "hermes"):
             raise ValueError(f"tool_format must be 'tags' or 'hermes', got {tool_format!r}")
         self.skim, self.think, self.question_query = skim, think, question_query
-        self.tool_format = tool_format
+        self.tool_format, self.replay_proofs = tool_format, replay_proofs
 
     def script(self, task: Task, max_page_chunks: int) -> Script:
-        """The oracle's turns on `task`: look up each page of its path (or replay a min-calls proof's play),
-        then answer."""
-        if "min_calls_proof" in task.metadata:
+        """The oracle's turns on `task`: look up each page of its path (or replay a min-calls proof's play, with
+        `replay_proofs`), then answer."""
+        if self.replay_proofs and "min_calls_proof" in task.metadata:
             return (yield from self._replay(task))
         for query, url, expect in self._lookups(task, self.question_query):
             obs, _ = yield self._thought(f"I need the page about {query}.") + self._call("search", query)

@@ -180,3 +180,32 @@ def test_hops_pools_are_untouched(small_bundle, deep_env):
     with pytest.raises(ValueError, match="hops must be between 1 and 4"):
         KBWalker(World(SMALL["size"], SMALL["seed"]), hop_weights={5: 1.0})
     plain.close()
+
+
+def test_demonstrations_play_a_min_calls_question_by_its_path_never_by_guessing_the_answer():
+    """A proof's witness play may open by searching the answer verbatim (a lucky guess is in the prover's action
+    set): fine for proving the minimum, poison for a warm start. Demonstrations play the question's path instead."""
+    from searchgym.agents.scripted import demonstrations
+
+    gym_env = gym.make(
+        "searchgym/SyntheticQA-v0", **SMALL, min_calls=(1, 2), min_calls_tasks=12, judge="em", max_turns=64
+    )
+    env = gym_env.unwrapped
+    guessing = [
+        t
+        for t in env.tasks
+        if any(tool == "search" and arg in t.answers for tool, arg in t.metadata["min_calls_proof"]["play"])
+    ]
+    assert guessing, "no witness play here guesses the answer: the test shows nothing"
+    solved = 0
+    for task in guessing:
+        for chat in asyncio.run(demonstrations(env, [task], think=False)):
+            searches = [m["content"] for m in chat if m["role"] == "assistant" and "<search>" in m["content"]]
+            assert searches and not any(answer in s for s in searches for answer in task.answers)
+            solved += 1
+    assert solved, "the oracle solved none of them by their path"
+    # validation still replays the witness: the fewest calls, as proven
+    task = guessing[0]
+    replayed = asyncio.run(OracleAgent().arun(env, task))
+    assert replayed.solved and len(replayed.turns) == task.metadata["min_calls"] + 1
+    gym_env.close()

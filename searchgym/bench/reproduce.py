@@ -813,6 +813,9 @@ class ReproduceCommand:
         choices=(None, "smollm2"),
         help="the claim on a real model (SmolLM2-135M-Instruct); default out results/reproduce_CLAIM_MODEL.json",
     )
+    status: bool = setting(
+        False, help="only list where each (seed, arm) stands: done, cut (resumes from its checkpoint) or to run"
+    )
     keep_rl_state: bool = setting(
         False,
         help="keep each finished arm's optimizer state and earlier checkpoints (GBs an arm on a real model); by "
@@ -840,6 +843,13 @@ def reproduce_command(command: ReproduceCommand) -> None:
         return
     config = load_reproduce_config(command.claim, command.overrides, command.model)
     arms = select_arms(command.claim, command.arms)
+    if command.status:  # read only: the unit logs and the RL folders' checkpoints
+        from searchgym.bench.reproduce_status import format_status, unit_status
+        from searchgym.core.file_lock import run_holder
+
+        units = unit_status(command.claim, config, seeds, arms, out or Path(f"results/reproduce_{command.claim}.json"))
+        print(format_status(command.claim, units, run_holder(config.out_dir)))
+        return
     picked = ["--arms", command.arms] if command.arms else []
     picked += ["--model", command.model] if command.model else []
     words = ["searchgym", "bench", "reproduce", command.claim, *command.overrides, "--seeds", command.seeds, *picked]

@@ -53,3 +53,19 @@ def sole_run(folder: str | os.PathLike, what: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def run_holder(folder: str | os.PathLike) -> str | None:
+    """ "PID WHAT" of the process holding `folder`'s run lock (`sole_run`), or None when no process holds it."""
+    lock = Path(folder) / ".lock"
+    try:
+        handle = open(lock)
+    except OSError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return handle.read().strip() or "unknown"
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return None

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from searchgym.bench import reproduce
 from searchgym.bench.reproduce import CLAIMS, WARM, load_reproduce_config, run_reproduce, select_arms
+from searchgym.bench.reproduce_status import format_status, unit_status
 from searchgym.cli import main
 from searchgym.pipeline.stages import configure_rl, resumable_step
 from searchgym.trainers.config import EnvConfig, config_dict, load_config
@@ -170,6 +171,19 @@ def test_an_rl_arm_cut_after_a_checkpoint_goes_on_from_it(tmp_path, monkeypatch)
     (run / "checkpoints" / "latest").write_text("step-00001\n")
     log = tmp_path / "runs" / "arms.jsonl"
     log.write_text("".join(line + "\n" for line in log.read_text().splitlines() if '"eta0-decoupled"' not in line))
+    # --status reads where each unit stands, writing nothing: the warm start done, the arm cut, seed 1 to run
+    (tmp_path / "r.arms.jsonl").unlink()  # the results copy still held the arm's row
+    units = unit_status("staleness", config, [0, 1], arms, tmp_path / "r.json")
+    assert [(u["seed"], u["arm"], u["state"]) for u in units] == [
+        (0, WARM, "done"),
+        (0, "eta0-decoupled", "cut"),
+        (1, WARM, "to run"),
+        (1, "eta0-decoupled", "to run"),
+    ]
+    assert units[1]["after_step"] == 1 and not (tmp_path / "r.arms.jsonl").exists()
+    text = format_status("staleness", units, running="123 bench reproduce")
+    assert "seed 0, eta0-decoupled: cut: resumes after step 1" in text and "1 done, 1 cut, 2 to run" in text
+    assert "a bench reproduce is at work in this folder now (pid 123)" in text
     again = run_reproduce("staleness", config, [0], out=tmp_path / "again.json", arms=arms, progress=False)
     [row] = [r for r in again["rows"] if r["arm"] == "eta0-decoupled"]
     assert row["rl_resumed_after_step"] == 1

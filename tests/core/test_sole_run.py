@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from searchgym.bench.reproduce import load_reproduce_config, run_reproduce
-from searchgym.core.file_lock import FolderInUse, sole_run
+from searchgym.core.file_lock import FolderInUse, run_holder, sole_run
 
 HOLDER = textwrap.dedent(
     """
@@ -28,6 +28,7 @@ def test_a_second_run_on_a_held_folder_is_refused_naming_the_holder_then_goes_on
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert run_holder(tmp_path) == f"{holder.pid} test run"  # what `bench reproduce --status` reports
         with (
             pytest.raises(FolderInUse, match=rf"in use by another test run \(pid {holder.pid}\)"),
             sole_run(tmp_path, "mine"),
@@ -40,6 +41,7 @@ def test_a_second_run_on_a_held_folder_is_refused_naming_the_holder_then_goes_on
         assert sorted(p.name for p in tmp_path.iterdir()) == [".lock"]
     finally:
         holder.communicate("\n", timeout=30)
+    assert run_holder(tmp_path) is None and run_holder(tmp_path / "never-run") is None
     with sole_run(tmp_path, "mine"):  # the holder's lock died with it
         assert (tmp_path / ".lock").read_text().split() == [str(os.getpid()), "mine"]
 

@@ -1,0 +1,101 @@
+"""`searchgym bench reproduce CLAIM --status`: where a claim's (seed, arm) units stand, read without writing anything.
+
+A claim on a real model is dozens of units of half an hour, run a few per session, so before starting one a user wants
+to know what is done (its row is in the unit log), what was cut mid-RL and will resume (its RL folder holds a
+checkpoint), and what is left, with the time the finished units took as the estimate of the rest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from searchgym.bench.learning import LearningConfig
+from searchgym.bench.reproduce import WARM, arm_fingerprint
+from searchgym.trainers.run.checkpoint import LATEST, checkpoint_root
+
+DONE, CUT, TODO = "done", "cut", "to run"
+
+
+def unit_status(
+    claim: str, config: LearningConfig, seeds: list[int], arms: Mapping[str, list[str]], out: Path
+) -> list[dict[str, Any]]:
+    """One entry per (seed, arm), the warm start first: its state (done, cut after a checkpoint, or to run), the
+    seconds a finished one took (RL and evaluation), the step a cut one resumes after."""
+    root = Path(config.out_dir)
+    keys = {name: arm_fingerprint(config, claim, name, list(o)) for name, o in {WARM: [], **arms}.items()}
+    rows: dict[tuple[int, str], dict[str, Any]] = {}
+    for path in (root / "arms.jsonl", out.with_suffix(".arms.jsonl")):
+        for row in _rows(path):
+            if keys.get(str(row["arm"])) == row["fingerprint"]:
+                rows.setdefault((row["seed"], row["arm"]), row)
+    units = []
+    for seed in seeds:
+        for arm in [WARM, *arms]:
+            unit: dict[str, Any] = {"seed": seed, "arm": arm}
+            done = rows.get((seed, arm))
+            if done is not None:
+                laps = done.get("timings", {})
+                unit.update(state=DONE, seconds=sum(laps.get(f"{k} {arm}", 0.0) for k in ("rl", "evaluate")))
+            elif (step := _checkpoint_step(root / f"seed-{seed}" / f"rl-{arm}")) is not None:
+                unit.update(state=CUT, after_step=step)
+            else:
+                unit.update(state=TODO)
+            units.append(unit)
+    return units
+
+
+def format_status(claim: str, units: list[dict[str, Any]], running: str | None = None) -> str:
+    """The units as lines, then the count of each state and the hours left at the finished RL arms' mean time, and
+    the process running in the claim's folder now (`running`: "PID WHAT"), if any."""
+    lines = []
+    for u in units:
+        if u["state"] == DONE:
+            what = f"done ({u['seconds'] / 60:.0f} min)" if u["seconds"] else "done"
+        elif u["state"] == CUT:
+            what = f"cut: resumes after step {u['after_step']} if its config is unchanged"
+        else:
+            what = TODO
+        lines.append(f"seed {u['seed']}, {u['arm']}: {what}")
+    rl_times = [u["seconds"] for u in units if u["state"] == DONE and u["arm"] != WARM and u["seconds"]]
+    left = [u for u in units if u["state"] != DONE and u["arm"] != WARM]
+    counts = {state: sum(u["state"] == state for u in units) for state in (DONE, CUT, TODO)}
+    summary = f"{claim}: " + ", ".join(f"{n} {state}" for state, n in counts.items())
+    if rl_times and left:
+        summary += f"; about {len(left) * sum(rl_times) / len(rl_times) / 3600:.1f} h of RL arms left at their mean"
+    if running is not None:
+        pid, _, what = running.partition(" ")
+        summary += f"; a {what or 'run'} is at work in this folder now (pid {pid}): its unit shows as cut or to run"
+    return "\n".join([*lines, summary])
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """A unit log's parseable rows (a damaged line is skipped here; the run itself sets it aside when it opens)."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and {"seed", "arm", "fingerprint"} <= set(row):
+            rows.append(row)
+    return rows
+
+
+def _checkpoint_step(run: Path) -> int | None:
+    """The step of the checkpoint a cut RL arm would resume from (None: no whole one)."""
+    pointer = checkpoint_root(run) / LATEST
+    try:
+        name = pointer.read_text().strip()
+    except OSError:
+        return None
+    if not (checkpoint_root(run) / name / "trainer.pt").exists() or not name.startswith("step-"):
+        return None
+    try:
+        return int(name.removeprefix("step-"))
+    except ValueError:
+        return None

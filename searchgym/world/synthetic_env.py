@@ -12,6 +12,7 @@ from searchgym.envs.tasks import load_pool
 from searchgym.envs.tools.index_files import has_manifest
 from searchgym.envs.tools.retrievers import DEFAULT_RETRIEVER, check_retriever, open_retriever
 from searchgym.world.bundle import DEFAULT_SIZE, DEFAULT_TASKS, ensure_bundle, note, showing_builds
+from searchgym.world.kbwalk import start_gives_link
 from searchgym.world.mincalls import DEFAULT_MIN_CALLS_TASKS, check_env_kwargs, ensure_min_calls_pool, parse_min_calls
 
 
@@ -25,6 +26,7 @@ def make_synthetic_qa(
     min_calls: int | tuple[int, int] | range | None = None,
     min_calls_tasks: int = DEFAULT_MIN_CALLS_TASKS,
     retriever: str = DEFAULT_RETRIEVER,
+    drop_given_links: bool = False,
     cache_dir: str | os.PathLike | None = None,
     **env_kwargs: Any,
 ) -> SearchEnv:
@@ -39,6 +41,9 @@ def make_synthetic_qa(
     `retriever` ranks the searches: `"bm25"` (the bundle's index), `"dense"` (all-MiniLM-L6-v2 over the same pages,
     the `dense` extra) or `"hybrid"` (both fused by reciprocal rank fusion). The dense index is built into the
     bundle (`dense-index/`) on first use and reused after (`envs/tools/retrievers.py`).
+
+    `drop_given_links` leaves out the chain questions whose described start names a later entity of the path
+    (`kbwalk.start_gives_link`): there a k-hop question needs only k - 1 lookups.
     """
     # a misspelt or mistyped kwarg fails here, before a world is built (gym.make comes straight here)
     check_kwargs_of(
@@ -50,6 +55,7 @@ def make_synthetic_qa(
             "split": split,
             "min_calls_tasks": min_calls_tasks,
             "retriever": retriever,
+            "drop_given_links": drop_given_links,
             **env_kwargs,
         },
     )
@@ -62,6 +68,8 @@ def make_synthetic_qa(
     bundle = ensure_bundle(size=size, seed=seed, n_tasks=n_tasks, cache_dir=cache_dir)
     tasks = bundle / "tasks.jsonl" if min_calls is None else ensure_min_calls_pool(bundle, low_high, min_calls_tasks)
     pool = load_pool(tasks, split=split, hops=hops)
+    if drop_given_links:
+        pool = pool.filter(predicate=lambda task: not start_gives_link(task))
     progress = showing_builds()
     if retriever != "bm25" and not has_manifest(bundle / "dense-index"):
         note(progress, f"encoding the world's pages once for retriever={retriever!r}; later runs reuse them")

@@ -121,3 +121,25 @@ def test_question_query_demonstrations_search_the_question_verbatim(small_index,
         question = chat[0]["content"].rsplit("Question: ", 1)[1]
         assert chat[1]["content"] == f"<search> {question} </search>"
         assert chat[-1]["content"] == f"<answer> {by_question[question].answers[0]} </answer>"
+
+
+def test_drop_given_links_leaves_out_questions_whose_start_names_a_later_hop(world):
+    """A described start may name the entity its first relation leads to ("the city in Zethinia founded in 657 lies
+    in" Zethinia): then a k-hop question needs k - 1 lookups. SyntheticQA(drop_given_links=True) leaves those out."""
+    import gymnasium as gym
+
+    import searchgym  # noqa: F401  (registers the env ids)
+    from searchgym.world.kbwalk import start_gives_link
+
+    every = gym.make("searchgym/SyntheticQA-v0", **SMALL).unwrapped.tasks
+    strict = gym.make("searchgym/SyntheticQA-v0", **SMALL, drop_given_links=True).unwrapped.tasks
+    given = [t for t in every if start_gives_link(t)]
+    assert given and len(strict) == len(every) - len(given) and not any(start_gives_link(t) for t in strict)
+    for task in given:  # each is a described start naming an entity of its own path that the walk then visits
+        names = [ref["name"] for ref in task.metadata["path"][1:]]
+        assert task.metadata["fuzzed"] and any(n in task.metadata["start_query"] for n in names)
+        start = world.entity(int(task.metadata["path"][0]["id"]))
+        assert start.name not in task.question
+    assert all(start_gives_link(t) is False for t in every if t.metadata["kind"] != "chain")
+    with pytest.raises(ValueError, match="drop_given_links"):
+        gym.make("searchgym/SyntheticQA-v0", **SMALL, drop_given_links="yes")

@@ -4,10 +4,15 @@ work in one folder."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
+
+log = logging.getLogger(__name__)
+NO_LOCKS = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP)  # flock's answers where a file system has no locks
 
 
 @contextlib.contextmanager
@@ -45,6 +50,12 @@ def sole_run(folder: str | os.PathLike, what: str) -> Iterator[None]:
                 f"stop it (a stopped run goes on from its finished units when rerun), or give this {what} another "
                 "out_dir"
             ) from None
+        except OSError as e:
+            if e.errno not in NO_LOCKS:
+                raise
+            log.warning("%s: file locks are not supported here (%s); running without the folder's lock", folder, e)
+            yield
+            return
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()} {what}\n")
@@ -67,5 +78,9 @@ def run_holder(folder: str | os.PathLike) -> str | None:
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             return handle.read().strip() or "unknown"
+        except OSError as e:  # no locks on this file system: no holder can be known
+            if e.errno not in NO_LOCKS:
+                raise
+            return None
         fcntl.flock(handle, fcntl.LOCK_UN)
         return None

@@ -55,3 +55,19 @@ def test_a_killed_holder_leaves_nothing_to_clean_up(tmp_path):
     holder.wait(timeout=30)
     with sole_run(tmp_path, "mine"):
         pass
+
+
+def test_a_file_system_without_locks_runs_unlocked_with_a_warning(tmp_path, monkeypatch, caplog):
+    """NFS without lockd, Lustre without -o flock: flock fails with ENOLCK; the run goes on, said, not refused."""
+    import errno
+    import fcntl
+
+    def no_locks(*_args):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    ran = False
+    with caplog.at_level("WARNING"), sole_run(tmp_path, "mine"):
+        ran = True
+    assert ran and "file locks are not supported here" in caplog.text
+    assert run_holder(tmp_path) is None

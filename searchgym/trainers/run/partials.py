@@ -10,7 +10,6 @@ before the locks existed) is judged by the pid at the end of its name.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import os
@@ -21,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from searchgym.core.atomic_file import disk_error
+from searchgym.core.file_lock import NO_LOCKS
 
 log = logging.getLogger(__name__)
-NO_LOCKS = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP)  # flock's answers where a file system has no locks
 PATTERNS = (".partial-*", ".sharded-step-*")  # write_model_dir's and the sharded learner's staging directories
 _PID = re.compile(r"^\.partial-.+-(\d+)$")  # write_model_dir's names end with the writer's pid
 

@@ -847,7 +847,9 @@ def reproduce_command(command: ReproduceCommand) -> None:
         from searchgym.bench.reproduce_status import format_status, unit_status
         from searchgym.core.file_lock import run_holder
 
-        units = unit_status(command.claim, config, seeds, arms, out or Path(f"results/reproduce_{command.claim}.json"))
+        keys = {name: arm_fingerprint(config, command.claim, name, o) for name, o in {WARM: [], **arms}.items()}
+        results = out or Path(f"results/reproduce_{command.claim}.json")
+        units = unit_status(Path(config.out_dir), results, keys, seeds, WARM)
         print(format_status(command.claim, units, run_holder(config.out_dir)))
         return
     picked = ["--arms", command.arms] if command.arms else []

@@ -12,34 +12,31 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from searchgym.bench.learning import LearningConfig
-from searchgym.bench.reproduce import WARM, arm_fingerprint
 from searchgym.trainers.run.checkpoint import LATEST, checkpoint_root
 
 DONE, CUT, TODO = "done", "cut", "to run"
 
 
 def unit_status(
-    claim: str, config: LearningConfig, seeds: list[int], arms: Mapping[str, list[str]], out: Path
+    root: Path, results: Path, keys: Mapping[str, str], seeds: list[int], warm: str
 ) -> list[dict[str, Any]]:
-    """One entry per (seed, arm), the warm start first: its state (done, cut after a checkpoint, or to run), the
-    seconds a finished one took (RL and evaluation), the step a cut one resumes after."""
-    root = Path(config.out_dir)
-    keys = {name: arm_fingerprint(config, claim, name, list(o)) for name, o in {WARM: [], **arms}.items()}
+    """One entry per (seed, arm) of `keys` (arm -> the fingerprint its rows carry; `warm` is the warm start's, which
+    has no RL): its state (done, cut after a checkpoint, or to run), the seconds a finished one took (RL and
+    evaluation), the step a cut one resumes after. Rows come from ROOT/arms.jsonl and RESULTS' .arms.jsonl copy."""
     rows: dict[tuple[int, str], dict[str, Any]] = {}
-    for path in (root / "arms.jsonl", out.with_suffix(".arms.jsonl")):
+    for path in (root / "arms.jsonl", results.with_suffix(".arms.jsonl")):
         for row in _rows(path):
             if keys.get(str(row["arm"])) == row["fingerprint"]:
                 rows.setdefault((row["seed"], row["arm"]), row)
     units = []
     for seed in seeds:
-        for arm in [WARM, *arms]:
-            unit: dict[str, Any] = {"seed": seed, "arm": arm}
+        for arm in keys:
+            unit: dict[str, Any] = {"seed": seed, "arm": arm, "rl": arm != warm}
             done = rows.get((seed, arm))
             if done is not None:
                 laps = done.get("timings", {})
                 unit.update(state=DONE, seconds=sum(laps.get(f"{k} {arm}", 0.0) for k in ("rl", "evaluate")))
-            elif (step := _checkpoint_step(root / f"seed-{seed}" / f"rl-{arm}")) is not None:
+            elif unit["rl"] and (step := _checkpoint_step(root / f"seed-{seed}" / f"rl-{arm}")) is not None:
                 unit.update(state=CUT, after_step=step)
             else:
                 unit.update(state=TODO)
@@ -59,8 +56,8 @@ def format_status(claim: str, units: list[dict[str, Any]], running: str | None =
         else:
             what = TODO
         lines.append(f"seed {u['seed']}, {u['arm']}: {what}")
-    rl_times = [u["seconds"] for u in units if u["state"] == DONE and u["arm"] != WARM and u["seconds"]]
-    left = [u for u in units if u["state"] != DONE and u["arm"] != WARM]
+    rl_times = [u["seconds"] for u in units if u["state"] == DONE and u["rl"] and u["seconds"]]
+    left = [u for u in units if u["state"] != DONE and u["rl"]]
     counts = {state: sum(u["state"] == state for u in units) for state in (DONE, CUT, TODO)}
     summary = f"{claim}: " + ", ".join(f"{n} {state}" for state, n in counts.items())
     if rl_times and left:

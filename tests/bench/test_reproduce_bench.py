@@ -12,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from searchgym.bench import reproduce
-from searchgym.bench.reproduce import CLAIMS, WARM, load_reproduce_config, run_reproduce, select_arms
+from searchgym.bench.reproduce import (
+    CLAIMS,
+    WARM,
+    arm_fingerprint,
+    load_reproduce_config,
+    run_reproduce,
+    select_arms,
+)
 from searchgym.bench.reproduce_status import format_status, unit_status
 from searchgym.cli import main
 from searchgym.pipeline.stages import configure_rl, resumable_step
@@ -173,7 +180,8 @@ def test_an_rl_arm_cut_after_a_checkpoint_goes_on_from_it(tmp_path, monkeypatch)
     log.write_text("".join(line + "\n" for line in log.read_text().splitlines() if '"eta0-decoupled"' not in line))
     # --status reads where each unit stands, writing nothing: the warm start done, the arm cut, seed 1 to run
     (tmp_path / "r.arms.jsonl").unlink()  # the results copy still held the arm's row
-    units = unit_status("staleness", config, [0, 1], arms, tmp_path / "r.json")
+    keys = {name: arm_fingerprint(config, "staleness", name, o) for name, o in {WARM: [], **arms}.items()}
+    units = unit_status(tmp_path / "runs", tmp_path / "r.json", keys, [0, 1], WARM)
     assert [(u["seed"], u["arm"], u["state"]) for u in units] == [
         (0, WARM, "done"),
         (0, "eta0-decoupled", "cut"),

@@ -26,7 +26,7 @@ def unit_status(
     rows: dict[tuple[int, str], dict[str, Any]] = {}
     for path in (root / "arms.jsonl", results.with_suffix(".arms.jsonl")):
         for row in _rows(path):
-            if keys.get(str(row["arm"])) == row["fingerprint"]:
+            if keys.get(row["arm"]) == row.get("fingerprint"):
                 rows.setdefault((row["seed"], row["arm"]), row)
     units = []
     for seed in seeds:
@@ -78,7 +78,7 @@ def _rows(path: Path) -> list[dict[str, Any]]:
             row = json.loads(line)
         except ValueError:
             continue
-        if isinstance(row, dict) and {"seed", "arm", "fingerprint"} <= set(row):
+        if isinstance(row, dict) and isinstance(row.get("seed"), int) and isinstance(row.get("arm"), str):
             rows.append(row)
     return rows
 

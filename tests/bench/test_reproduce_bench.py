@@ -325,3 +325,35 @@ def test_staleness_and_shaping_share_each_seeds_warm_start_and_long_horizon_has_
     keys = {claim: warm_start_fingerprint(load_reproduce_config(claim, model=model), 0) for claim in CLAIMS}
     assert keys["staleness"] == keys["shaping"] != keys["long_horizon"]
     assert warm_start_fingerprint(load_reproduce_config("staleness", model=model), 1) != keys["staleness"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lines=st.lists(
+        st.one_of(
+            st.text(max_size=40),
+            st.fixed_dictionaries(
+                {"seed": st.integers(0, 3), "arm": st.sampled_from(["warm", "x"]), "fingerprint": st.text(max_size=4)}
+            ).map(json.dumps),
+            st.sampled_from(
+                [
+                    '{"seed": [1], "arm": "warm", "fingerprint": "fp"}',
+                    '{"seed": 0, "arm": {}}',
+                    "[]",
+                    "null",
+                    "\x00\xff",
+                ]
+            ),
+        ),
+        max_size=12,
+    )
+)
+def test_status_reads_any_unit_log_without_failing(tmp_path_factory, lines):
+    """A unit log cut by a kill or edited by hand: --status lists what it can place and never raises."""
+    root = tmp_path_factory.mktemp("status")
+    (root / "arms.jsonl").write_text("\n".join(lines) + "\n", errors="surrogateescape")
+    units = unit_status(root, root / "r.json", {"warm": "fp", "x": "fp"}, [0, 1], "warm")
+    assert [(u["seed"], u["arm"]) for u in units] == [(0, "warm"), (0, "x"), (1, "warm"), (1, "x")]
+    assert all(u["state"] in ("done", "to run") for u in units)
+    text = format_status("c", units).splitlines()
+    assert len(text) == 5 and text[-1].startswith("c: ")

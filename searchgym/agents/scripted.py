@@ -66,10 +66,11 @@ async def demonstrations(
     """The solved episodes of `workflow` (default: the oracle, writing the env's tool format, playing min-calls
     questions by their path, never by a proof's answer-guessing witness) on `tasks` (default: the env's pool; played
     in order until `limit` are solved) as chats, for a supervised warm start."""
-    oracle = OracleAgent(
-        skim=skim, think=think, question_query=question_query, tool_format=env.tool_format, replay_proofs=False
+    workflow = workflow or OracleWorkflow(
+        OracleAgent(
+            skim=skim, think=think, question_query=question_query, tool_format=env.tool_format, replay_proofs=False
+        )
     )
-    workflow = workflow or OracleWorkflow(oracle)
     chats = []
     for task in env.tasks if tasks is None else tasks:
         traj = await workflow.arun_episode(env, options={"task_id": task.id})

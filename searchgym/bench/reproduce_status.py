@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from searchgym.trainers.run.checkpoint import LATEST, checkpoint_root
+from searchgym.trainers.run.checkpoint import checkpoint_step, latest_checkpoint
 
 DONE, CUT, TODO = "done", "cut", "to run"
 
@@ -85,14 +85,8 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 
 def _checkpoint_step(run: Path) -> int | None:
     """The step of the checkpoint a cut RL arm would resume from (None: no whole one)."""
-    pointer = checkpoint_root(run) / LATEST
     try:
-        name = pointer.read_text().strip()
-    except OSError:
-        return None
-    if not (checkpoint_root(run) / name / "trainer.pt").exists() or not name.startswith("step-"):
-        return None
-    try:
-        return int(name.removeprefix("step-"))
-    except ValueError:
+        checkpoint = latest_checkpoint(run)
+        return checkpoint_step(checkpoint) if checkpoint is not None else None
+    except (OSError, ValueError):  # a damaged or slimmed pointer, a name that is no step: nothing to resume
         return None

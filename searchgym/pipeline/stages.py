@@ -278,7 +278,7 @@ def resumable_step(rl: TrainConfig, out: Path) -> int | None:
     settings, paths and seed), else None: a run of another config, or one cut before its first checkpoint, starts
     over."""
     from searchgym.trainers.config import config_dict
-    from searchgym.trainers.run.checkpoint import latest_checkpoint
+    from searchgym.trainers.run.checkpoint import checkpoint_step, latest_checkpoint
 
     try:
         checkpoint = latest_checkpoint(out)
@@ -287,7 +287,7 @@ def resumable_step(rl: TrainConfig, out: Path) -> int | None:
         return None
     if checkpoint is None or recorded != json.loads(json.dumps(config_dict(rl))):
         return None
-    return int(checkpoint.name.removeprefix("step-"))
+    return checkpoint_step(checkpoint)
 
 
 def evaluate_policy(model_dir: Path, out: Path, config: EvalConfig, env: EnvConfig, run: StageRun) -> dict[str, float]:

@@ -149,6 +149,11 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     return path
 
 
+def checkpoint_step(checkpoint: Path) -> int:
+    """The step a checkpoint directory holds, from its name (step-00012: 12)."""
+    return int(checkpoint.name.removeprefix("step-"))
+
+
 def slim_finished_run(run_dir: str | os.PathLike, by: str) -> int:
     """Keep a finished run's last checkpoint as a model dir only: remove its trainer state (optimizer, data
     positions, sharded files) and every other checkpoint, and say so in checkpoints/SLIMMED (`by` names who asked).

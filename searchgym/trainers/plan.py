@@ -42,13 +42,17 @@ What it counts, per learner rank (every term at once: an upper bound of the step
 **This machine's host memory, when the learner trains on the CPU** (local launcher): everything above lives in host
 memory, and so does the rest of the process, so the plan counts all of it at once against the machine's available
 memory (`available_memory`: psutil, else /proc/meminfo's MemAvailable; `host_memory_gib` / `--host-memory-gib`
-overrides it): every rank's learner terms; rank 0's consolidated copy (from 2 ranks); the in-process TorchEngine's
-own fp32 copy of the weights, its batch of `rollout.max_concurrent_rollouts` rows of `rollout.max_context` tokens
+overrides it), less HOST_HEADROOM left free. First the terms the settings fix: every rank's learner terms at the
+step's largest micro-batch (a trajectory longer than `learner.micro_batch_tokens` is trained alone, so the
+activations are those of `rollout.max_context` tokens when that is longer); rank 0's consolidated copy (from 2
+ranks); the in-process TorchEngine's own fp32 copy of the weights and its prefix cache; the runtime (RUNTIME_BYTES
+per process); and ALLOCATOR_MARGIN of the activations, what the host allocator holds beyond live tensors at a
+step's peak. Then the engine's batch of `rollout.max_concurrent_rollouts` rows of `rollout.max_context` tokens
 (`memory.batch_bytes`: the KV cache twice, as a joining row's merge copies it, decode and prefill activations, times
-the allocator factor measured for it) capped by the engine's memory budget (MEMORY_FRACTION of the memory, less
-its prefix cache: past it, episodes wait for a row), and its prefix cache; the runtime (RUNTIME_BYTES per
-process); and ALLOCATOR_MARGIN of the activations, what the host allocator holds beyond live tensors at a step's
-peak. A plan over the memory is refused, naming the largest `learner.micro_batch_tokens` that fits.
+the allocator factor measured for it), capped by what the rest leaves (`engine_budget`; past it, episodes wait for
+a row). The local launcher gives its engine that budget, so the batch never takes what the learner's step, running
+beside it, will need. A plan whose fixed terms and one row exceed the memory is refused, naming the largest
+`learner.micro_batch_tokens` (and `rollout.max_context`) that fits.
 
 Measured (SmolLM2-135M-Instruct, fp32, one thread, one real `Learner` update on a full micro-batch with AdamW's
 state present, peak RSS from `getrusage`): the learner terms alone are 0.90x, 0.89x and 0.88x the peak RSS at
@@ -86,6 +90,9 @@ RUNTIME_BYTES = (
 )  # one process itself: Python, torch, transformers and the rest (0.27 GB measured for the first two)
 ALLOCATOR_MARGIN = 0.2  # of the activations: what a step's peak RSS holds beyond the terms (11% to 15% measured)
 ENGINE_DTYPE_BYTES = 4  # the in-process TorchEngine holds its weights and KV cache in fp32 (open_engine's default)
+# of the available memory a CPU plan leaves free: the environments, the trajectories and what the host allocator holds
+# beyond the measured factors (a long-horizon run's engine and learner together reached 23 GiB where the terms said 21)
+HOST_HEADROOM = 0.1
 
 
 class PlanError(ValueError):
@@ -400,10 +407,35 @@ def machine_terms(
     learner: LearnerConfig | None = None,
 ) -> list[Term]:
     """Everything the host memory of this machine holds at once when the learner trains on its CPU (module
-    docstring), under `learner` (default: the config's) and for a machine of `capacity` available bytes."""
+    docstring), under `learner` (default: the config's) and for a machine of `capacity` available bytes: the fixed
+    terms, then the in-process TorchEngine's batch, which takes what they leave (`engine_budget`)."""
+    terms = fixed_machine_terms(config, deployment, shape, learner)
+    if deployment.engine == "torch":
+        budget = max(int(capacity * (1 - HOST_HEADROOM)) - sum(t.bytes for t in terms), 0)
+        terms.insert(-2, engine_batch_term(config, shape, budget))  # before the runtime and the allocator margin
+    return terms
+
+
+def fixed_machine_terms(
+    config: TrainConfig, deployment: Deployment, shape: ModelShape, learner: LearnerConfig | None = None
+) -> list[Term]:
+    """The host terms whose size the settings fix: every rank's learner at the step's largest micro-batch (a
+    trajectory longer than `learner.micro_batch_tokens` is trained alone, so up to `rollout.max_context` tokens), rank
+    0's consolidated copy, the engine's weights and prefix cache, the runtime and the allocator's margin."""
     learner = learner or config.learner
     ranks = deployment.learner_ranks
-    per_rank = learner_terms(shape, learner, ranks=ranks, dtype=config.model.dtype, on_gpu=False)
+    longest = max(learner.micro_batch_tokens, config.rollout.max_context)
+    step = dataclasses.replace(learner, micro_batch_tokens=longest)
+    per_rank = learner_terms(shape, step, ranks=ranks, dtype=config.model.dtype, on_gpu=False)
+    if longest > learner.micro_batch_tokens:
+        alone = (
+            f"the longest trajectory, rollout.max_context={longest:,} tokens, trained alone (longer than "
+            f"learner.micro_batch_tokens={learner.micro_batch_tokens:,})"
+        )
+        per_rank = [
+            dataclasses.replace(t, detail=t.detail.replace(f"{longest:,} tokens a micro-batch", alone))
+            for t in per_rank
+        ]
     times = f" x {ranks} ranks" if ranks > 1 else ""
     terms = [Term(t.name, t.bytes * ranks, "host", t.detail + times) for t in per_rank]
     if ranks > 1:
@@ -416,7 +448,12 @@ def machine_terms(
             )
         )
     if deployment.engine == "torch":
-        terms += engine_terms(config, shape, capacity)
+        from searchgym.agents.engines.torch_engine import PREFIX_CACHE_BYTES
+
+        terms += [
+            Term("engine weights", shape.parameters * ENGINE_DTYPE_BYTES, "host", "the TorchEngine's own fp32 copy"),
+            Term("engine prefix cache", PREFIX_CACHE_BYTES, "host", "finished turns' keys and values, its budget"),
+        ]
     activations = sum(t.bytes for t in per_rank if t.name == "activations") * ranks
     terms += [
         Term("runtime", RUNTIME_BYTES * ranks, "host", f"Python, torch and the libraries, per process{times}"),
@@ -430,10 +467,17 @@ def machine_terms(
     return terms
 
 
-def engine_terms(config: TrainConfig, shape: ModelShape, capacity: int) -> list[Term]:
-    """The in-process TorchEngine's host memory: its weights, its batch (capped by its budget) and prefix cache."""
-    from searchgym.agents.engines.torch_engine import MEMORY_FRACTION, PREFILL_TOKENS, PREFIX_CACHE_BYTES
+def engine_budget(config: TrainConfig, deployment: Deployment, shape: ModelShape, capacity: int) -> int:
+    """The in-process CPU TorchEngine's batch budget (`EngineLimits.memory_budget_bytes`): what `capacity`, less
+    HOST_HEADROOM, leaves after the fixed terms. The local launcher gives it to its engine, so the engine's batch never
+    takes the memory the learner's step will need (it runs beside the engine in async training)."""
+    fixed = sum(t.bytes for t in fixed_machine_terms(config, deployment, shape))
+    return max(int(capacity * (1 - HOST_HEADROOM)) - fixed, 0)
 
+
+def engine_batch_term(config: TrainConfig, shape: ModelShape, budget: int) -> Term:
+    """The in-process TorchEngine's batch: `rollout.max_concurrent_rollouts` rows of `rollout.max_context` tokens,
+    capped by its `budget` (past it, episodes wait for a row), never less than one row (an empty batch takes one)."""
     rollout, gib = config.rollout, lambda n: f"{n / GIB:.1f} GiB"  # noqa: E731
     per_token = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, ENGINE_DTYPE_BYTES)
     sizes = {
@@ -444,63 +488,63 @@ def engine_terms(config: TrainConfig, shape: ModelShape, capacity: int) -> list[
         "intermediate": shape.intermediate_size,
         "vocab": shape.vocab_size,
     }
+    from searchgym.agents.engines.torch_engine import PREFILL_TOKENS
+
     batch = functools.partial(
         batch_bytes, sizes, ENGINE_DTYPE_BYTES, tokens=rollout.max_context, prefill_tokens=PREFILL_TOKENS
     )
     full = batch(rows=rollout.max_concurrent_rollouts)
-    budget = max(int(capacity * MEMORY_FRACTION) - PREFIX_CACHE_BYTES, 0)
     capped = (
-        f"; capped by the engine's memory budget ({MEMORY_FRACTION:g} of {gib(capacity)} less its prefix "
-        f"cache): of {gib(full)}, the rest of the episodes wait for a row"
+        f"; capped by the engine's memory budget ({gib(budget)}: what the memory less {HOST_HEADROOM:.0%} leaves "
+        f"after the other terms): of {gib(full)}, the rest of the episodes wait for a row"
         if full > budget
         else ""
     )
-    return [
-        Term("engine weights", shape.parameters * ENGINE_DTYPE_BYTES, "host", "the TorchEngine's own fp32 copy"),
-        Term(
-            "engine batch",
-            max(min(full, budget), batch(rows=1)),  # an empty batch takes one row
-            "host",
-            f"KV cache of {rollout.max_concurrent_rollouts} rollouts x {rollout.max_context:,} tokens x "
-            f"{per_token:,} B (fp32), twice (a joining row's merge copies the batch), decode and prefill "
-            f"activations, x {RSS_FACTOR:g} for the allocator (measured){capped}",
-        ),
-        Term("engine prefix cache", PREFIX_CACHE_BYTES, "host", "finished turns' keys and values, its budget"),
-    ]
+    return Term(
+        "engine batch",
+        max(min(full, budget), batch(rows=1)),
+        "host",
+        f"KV cache of {rollout.max_concurrent_rollouts} rollouts x {rollout.max_context:,} tokens x "
+        f"{per_token:,} B (fp32), twice (a joining row's merge copies the batch), decode and prefill "
+        f"activations, x {RSS_FACTOR:g} for the allocator (measured){capped}",
+    )
 
 
 def host_remedies(config: TrainConfig, deployment: Deployment, shape: ModelShape, capacity: int) -> list[str]:
-    """The largest `learner.micro_batch_tokens` with which a CPU plan fits `capacity`, else the most rollouts that do
-    with the smallest micro-batch; each computed with the estimate itself."""
-    total = lambda learner: sum(t.bytes for t in machine_terms(config, deployment, shape, capacity, learner))  # noqa: E731
-    learner, found = config.learner, []
-    low, high = 0, learner.micro_batch_tokens - 1
+    """The largest token bound with which a CPU plan fits `capacity` (less HOST_HEADROOM), as the settings to
+    change: `learner.micro_batch_tokens`, and `rollout.max_context` where the longest trajectory (trained alone)
+    must shrink too; each computed with the estimate itself. The engine's batch is not a remedy: it takes what is
+    left."""
+    usable = int(capacity * (1 - HOST_HEADROOM))
+    learner, rollout = config.learner, config.rollout
+
+    def bounded(tokens: int) -> TrainConfig:
+        return dataclasses.replace(
+            config,
+            learner=dataclasses.replace(learner, micro_batch_tokens=min(learner.micro_batch_tokens, tokens)),
+            rollout=dataclasses.replace(rollout, max_context=min(rollout.max_context, tokens)),
+        )
+
+    def total(tokens: int) -> int:
+        return sum(t.bytes for t in machine_terms(bounded(tokens), deployment, shape, capacity))
+
+    low, high = 0, max(learner.micro_batch_tokens, rollout.max_context) - 1
     while low < high:
         mid = (low + high + 1) // 2
-        if total(dataclasses.replace(learner, micro_batch_tokens=mid)) <= capacity:
+        if total(mid) <= usable:
             low = mid
         else:
             high = mid - 1
-    if low > 0:
-        need = total(dataclasses.replace(learner, micro_batch_tokens=low))
-        found.append(f"learner.micro_batch_tokens={low} ({need / GIB:.1f} GiB)")
-        longest = config.rollout.max_context
-        alone = total(dataclasses.replace(learner, micro_batch_tokens=longest)) if low < longest else 0
-        if alone > capacity:  # a longer trajectory is trained alone, in a micro-batch of its own length
-            found[-1] += (
-                f" and rollout.max_context={low} (a trajectory longer than a micro-batch is trained alone: one of "
-                f"{longest:,} tokens would need {alone / GIB:.1f} GiB)"
-            )
-    elif deployment.engine == "torch":
-        one = dataclasses.replace(learner, micro_batch_tokens=1)
-        for rollouts in range(config.rollout.max_concurrent_rollouts - 1, config.rollout.group_size - 1, -1):
-            smaller = dataclasses.replace(
-                config, rollout=dataclasses.replace(config.rollout, max_concurrent_rollouts=rollouts)
-            )
-            if sum(t.bytes for t in machine_terms(smaller, deployment, shape, capacity, one)) <= capacity:
-                found.append(f"rollout.max_concurrent_rollouts={rollouts} and a smaller learner.micro_batch_tokens")
-                break
-    return found
+    if low == 0:
+        return []
+    found = bounded(low)
+    fix = f"learner.micro_batch_tokens={found.learner.micro_batch_tokens}"
+    if found.rollout.max_context < rollout.max_context:
+        fix += (
+            f" and rollout.max_context={found.rollout.max_context} (a trajectory longer than a micro-batch is "
+            f"trained alone, at its own length)"
+        )
+    return [f"{fix} ({total(low) / GIB:.1f} GiB)"]
 
 
 def make_plan(
@@ -729,16 +773,17 @@ def _refusal(plan: Plan, config: TrainConfig) -> str | None:
             f"sharding it, more than its {gib(capacity)}: set learner.cpu_offload=true"
         )
     host = plan.host_memory_bytes
-    if plan.machine and host is not None and plan.machine_bytes > host:
+    if plan.machine and host is not None and plan.machine_bytes > host * (1 - HOST_HEADROOM):
         ranked = sorted(plan.machine, key=lambda t: -t.bytes)
         terms = ", ".join(f"{t.name} {gib(t.bytes)}" for t in ranked)
         fixes = " or ".join(host_remedies(config, plan.deployment, plan.model, host)) or (
-            "no micro_batch_tokens or max_concurrent_rollouts: a smaller model or a machine with more memory"
+            "no micro_batch_tokens or max_context: a smaller model or a machine with more memory"
         )
         problems.append(
             f"the CPU learner needs {gib(plan.machine_bytes)} of this machine's {gib(host)} available memory "
-            f"({plan.host_memory_source}); the biggest term is {ranked[0].name} ({gib(ranked[0].bytes)}: "
-            f"{ranked[0].detail}); by size: {terms}. It would fit with {fixes}"
+            f"({plan.host_memory_source}; {HOST_HEADROOM:.0%} of it is left free); the biggest term is "
+            f"{ranked[0].name} ({gib(ranked[0].bytes)}: {ranked[0].detail}); by size: {terms}. It would fit with "
+            f"{fixes}"
         )
     servers = plan.servers
     if servers and servers["weights_per_gpu_bytes"] >= servers["static_pool_bytes"]:
@@ -848,7 +893,7 @@ def plan_text(plan: Plan) -> str:
         assert plan.host_memory_bytes is not None  # set with `machine`
         lines.append(
             f"  {'total':<24}{gib(plan.machine_bytes)} of {plan.host_memory_bytes / GIB:.1f} GiB available "
-            f"({plan.host_memory_source})"
+            f"({plan.host_memory_source}), {HOST_HEADROOM:.0%} of it left free"
         )
     lines += [f"note: {n}" for n in plan.notes]
     lines.append("")

@@ -80,3 +80,48 @@ def _assert_throughput_limits(rows, mode):
                 row[f"engine/{k}"] >= before[f"engine/{k}"]
                 for k in ("decode_steps", "prefill_tokens", "reused_tokens", "generated_tokens", "busy_s")
             )
+
+
+@pytest.mark.parametrize("capacity_gib", [0.0, 64.0])
+def test_the_engine_batch_takes_only_what_the_plan_leaves_the_learner(
+    tmp_path, small_bundle, monkeypatch, capacity_gib
+):
+    """The in-process engine's batch budget is the plan's (`plan.engine_budget`): what this machine's memory leaves
+    after the learner's step (run beside it), the engine's weights and the rest. With nothing left the engine decodes
+    one row at a time; with room, the episodes in flight decode together."""
+    from searchgym.agents.engines import torch_engine
+    from searchgym.trainers.deployment import resolve_deployment
+    from searchgym.trainers.launchers import local
+    from searchgym.trainers.plan import GIB, engine_budget, model_shape
+
+    engines = []
+    opened = torch_engine.TorchEngine.__init__
+
+    def spy(self, *args, **kwargs):
+        opened(self, *args, **kwargs)
+        engines.append(self)
+
+    monkeypatch.setattr(torch_engine.TorchEngine, "__init__", spy)
+    monkeypatch.setattr(local, "available_memory", lambda: (int(capacity_gib * GIB), "test"))
+    config = load_config(
+        None,
+        [
+            f"out_dir={tmp_path}",
+            "steps=1",
+            f"env.kwargs.size={SMALL['size']}",
+            f"env.kwargs.n_tasks={SMALL['n_tasks']}",
+            "env.kwargs.max_turns=2",
+            "rollout.group_size=2",
+            "rollout.batch_size=2",
+            "rollout.max_new_tokens=16",
+            f"rollout.max_concurrent_rollouts={MAX_EPISODES}",
+        ],
+    )
+    train(config, progress=False)
+    (engine,) = engines
+    expected = engine_budget(
+        config, resolve_deployment(config), model_shape(config.model.path), int(capacity_gib * GIB)
+    )
+    assert engine.memory_budget_bytes == expected and (expected == 0) == (capacity_gib == 0)
+    rows = engine.stats()["max_rows"]
+    assert rows == 1 if capacity_gib == 0 else rows > 1

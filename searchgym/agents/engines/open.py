@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from searchgym.agents.engines.types import InferenceEngine
 from searchgym.core.extras import needs
@@ -74,8 +74,10 @@ async def open_engine(
     version: int = 0,
     tokenizer: str | None = None,
     start_timeout: float = 600,
+    memory_budget_bytes: int | None | Literal["auto"] = "auto",
 ) -> EngineHandle:
-    """Open the engine `spec` names (SGLang servers are waited for, up to `start_timeout` seconds)."""
+    """Open the engine `spec` names (SGLang servers are waited for, up to `start_timeout` seconds); a local model's
+    TorchEngine bounds its batch by `memory_budget_bytes` (`EngineLimits`)."""
     kind = engine_kind(spec)
     if kind == "openai":
         from searchgym.agents.engines.openai_engine import OpenAIEngine, parse_openai_spec
@@ -92,9 +94,10 @@ async def open_engine(
             await engine.close()
             raise
         return EngineHandle(spec, engine=engine, tokenizer=tok)
-    from searchgym.agents.engines.torch_engine import TorchEngine
+    from searchgym.agents.engines.torch_engine import EngineLimits, TorchEngine
 
-    local = TorchEngine(spec, device=device, seed=seed, version=version)
+    limits = EngineLimits(memory_budget_bytes=memory_budget_bytes)
+    local = TorchEngine(spec, device=device, seed=seed, version=version, limits=limits)
     tok = load_tokenizer(tokenizer) if tokenizer else local.tokenizer
     return EngineHandle(spec, engine=local, tokenizer=tok)
 

@@ -36,9 +36,10 @@ Memory: a waiting request joins the batch only while the batch, every row grown 
 token budget), fits `memory_budget_bytes` (`batch_memory_bytes`: keys and values twice, as joining and dropping
 rows copy the batch, plus each row's decode activations and one prefill's, times the allocator's share measured on
 CPU); the rest wait in order, and an empty batch always takes one. By default ("auto") a CPU engine's budget is
-MEMORY_FRACTION of the host's available memory at start, less the prefix cache's budget; on a GPU there is none
-(only `max_batch_size`). `stats()` shows the budget, the most rows decoded at once and how many steps held a
-request back. So an eval's `concurrency` or a trainer's `rollout.max_concurrent_rollouts` sets how many episodes
+MEMORY_FRACTION of the host's available memory at start, less the prefix cache's budget (the local trainer gives
+its engine the budget its memory plan leaves beside the learner instead: `trainers.plan.engine_budget`); on a GPU
+there is none (only `max_batch_size`). `stats()` shows the budget, the most rows decoded at once and how many steps
+held a request back. So an eval's `concurrency` or a trainer's `rollout.max_concurrent_rollouts` sets how many episodes
 are in flight, and memory how many decode at once: measured on SmolLM2-135M, 32 episodes at 4,096 tokens of context
 had peaked at 12.6 GB RSS with no bound (the measurements behind the estimate: docs/agents.md, "The TorchEngine's
 memory").

@@ -19,11 +19,13 @@ restores them on the ranks.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
+from searchgym.agents.engines.memory import available_memory
 from searchgym.agents.engines.open import EngineHandle
 from searchgym.core.ports import free_port
 from searchgym.settings import check_settings
@@ -34,6 +36,7 @@ from searchgym.trainers.deployment import Deployment, resolve_deployment
 from searchgym.trainers.launchers.local_ranks import FollowerRanks
 from searchgym.trainers.learner_side import InProcessLearner, RankSpec
 from searchgym.trainers.loop import Batch, Schedule, train_loop
+from searchgym.trainers.plan import engine_budget, model_shape
 from searchgym.trainers.rollout.controller import RolloutController, RolloutStats
 from searchgym.trainers.rollout.engine import open_rollout_engine
 from searchgym.trainers.rollout.weight_sync import local_weight_sync
@@ -42,6 +45,7 @@ from searchgym.trainers.run.start import RunStart, start_run
 from searchgym.trainers.run.stopping import StopRequest, TrainingStopped
 from searchgym.trainers.run.watchdog import Watchdog
 
+logger = logging.getLogger(__name__)
 FOLLOWER_EXIT_WAIT_S = 5.0  # after a failure, how long a dying learner rank gets to be seen exiting
 
 
@@ -105,6 +109,22 @@ def run_local(
     return asyncio.run(_train(config, deployment, resume, progress, label))
 
 
+def engine_memory_budget(config: TrainConfig, deployment: Deployment) -> int | Literal["auto"]:
+    """The in-process TorchEngine's batch budget when it and the learner share this machine's CPU memory: what the
+    plan leaves after the learner's step, the engine's weights and the rest (`plan.engine_budget`), so the two never
+    exceed the memory together; elsewhere the engine's own default ("auto")."""
+    on_cpu = torch.device(deployment.engine_device).type == "cpu" and not deployment.learner_on_gpu
+    if deployment.engine != "torch" or not on_cpu:
+        return "auto"
+    found = available_memory()
+    if found is None:
+        return "auto"
+    budget = engine_budget(config, deployment, model_shape(config.model.path), found[0])
+    gib = (budget / 2**30, found[0] / 2**30, found[1])
+    logger.info("the engine's batch budget: %.2f GiB of %.1f GiB available (%s)", *gib)
+    return budget
+
+
 class OneRank:
     """The plain Learner, in this process: what `_train` calls on the learner ranks, with nothing to follow."""
 
@@ -163,6 +183,7 @@ async def _train(
             version=run.version,
             addresses=config.rollout.sglang_addresses,
             start_timeout=config.ray.sglang_start_timeout_s,
+            memory_budget_bytes=engine_memory_budget(config, deployment),
         )
     except BaseException:
         ranks.close()

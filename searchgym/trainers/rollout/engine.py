@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from searchgym.agents.engines.open import EngineHandle, open_engine
 from searchgym.trainers.config import RolloutConfig
@@ -21,10 +22,12 @@ async def open_rollout_engine(
     version: int = 0,
     addresses: Sequence[str] = (),
     start_timeout: float = 1800,
+    memory_budget_bytes: int | None | Literal["auto"] = "auto",
 ) -> EngineHandle:
     """The run's rollout engine: an in-process TorchEngine on `model_dir`, or SGLang servers (the caller closes it).
 
-    With SGLang, `model_dir` gives the tokenizer and `start_timeout` bounds the wait for the servers.
+    With SGLang, `model_dir` gives the tokenizer and `start_timeout` bounds the wait for the servers; a TorchEngine
+    bounds its batch by `memory_budget_bytes` (the local launcher's: what its plan leaves after the learner).
     """
     if rollout.engine == "sglang":
         if not addresses:
@@ -33,5 +36,11 @@ async def open_rollout_engine(
     else:
         spec, tokenizer = str(model_dir), None
     return await open_engine(
-        spec, device=device, seed=seed, version=version, tokenizer=tokenizer, start_timeout=start_timeout
+        spec,
+        device=device,
+        seed=seed,
+        version=version,
+        tokenizer=tokenizer,
+        start_timeout=start_timeout,
+        memory_budget_bytes=memory_budget_bytes,
     )

@@ -518,3 +518,14 @@ def test_bf16_autocast_gives_nearly_the_fp32_log_probs_and_update(tiny_model_dir
 
     a, b = update(fp32), update(bf16)
     assert float(torch.nn.functional.cosine_similarity(a, b, dim=0)) > 0.9  # the same step, to bf16's precision
+
+
+def test_a_cpu_step_gives_its_freed_memory_back(tiny_model_dir, groups, monkeypatch):
+    """After a CPU step the activations it freed go back to the OS (core.heap), not kept beside the engine."""
+    from searchgym.trainers.algorithm import learner as learner_module
+
+    calls = []
+    monkeypatch.setattr(learner_module, "release_free_heap", lambda: calls.append(1) or True)
+    learner = fresh_learner(tiny_model_dir, lr=1e-3)
+    learner.step(groups)
+    assert calls == [1]

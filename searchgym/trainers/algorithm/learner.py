@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 import torch
 
 from searchgym.agents.trajectory import Segment, Trajectory
+from searchgym.core.heap import release_free_heap
 from searchgym.envs.rewards import answer_page_rewards, refine_process_rewards
 from searchgym.trainers.algorithm.lm_head import DEFAULT_CHUNK_TOKENS, chunked_logprobs
 from searchgym.trainers.algorithm.ppo import (
@@ -298,6 +299,8 @@ class Learner:
         totals = aggregate_stats(parts, summed=())  # the step's loss: minibatch losses weighted by their tokens
         totals["lr"] = parts[-1]["lr"]
         self.version += 1
+        if self.device.type == "cpu":  # the step's freed activations go back to the OS, not kept beside the engine
+            release_free_heap()
         return {**stats, **totals, "updated": 1.0, "version": float(self.version)}
 
     def _update(self, samples: list[_Sample]) -> dict[str, float]:

@@ -399,30 +399,22 @@ def gpu_bytes(terms: list[Term]) -> int:
 # ---- the plan --------------------------------------------------------------------------------------------------
 
 
-def machine_terms(
-    config: TrainConfig,
-    deployment: Deployment,
-    shape: ModelShape,
-    capacity: int,
-    learner: LearnerConfig | None = None,
-) -> list[Term]:
+def machine_terms(config: TrainConfig, deployment: Deployment, shape: ModelShape, capacity: int) -> list[Term]:
     """Everything the host memory of this machine holds at once when the learner trains on its CPU (module
-    docstring), under `learner` (default: the config's) and for a machine of `capacity` available bytes: the fixed
-    terms, then the in-process TorchEngine's batch, which takes what they leave (`engine_budget`)."""
-    terms = fixed_machine_terms(config, deployment, shape, learner)
+    docstring), for a machine of `capacity` available bytes: the fixed terms, then the in-process TorchEngine's
+    batch, which takes what they leave (`engine_budget`)."""
+    terms = fixed_machine_terms(config, deployment, shape)
     if deployment.engine == "torch":
-        budget = max(int(capacity * (1 - HOST_HEADROOM)) - sum(t.bytes for t in terms), 0)
+        budget = engine_budget(config, deployment, shape, capacity)
         terms.insert(-2, engine_batch_term(config, shape, budget))  # before the runtime and the allocator margin
     return terms
 
 
-def fixed_machine_terms(
-    config: TrainConfig, deployment: Deployment, shape: ModelShape, learner: LearnerConfig | None = None
-) -> list[Term]:
+def fixed_machine_terms(config: TrainConfig, deployment: Deployment, shape: ModelShape) -> list[Term]:
     """The host terms whose size the settings fix: every rank's learner at the step's largest micro-batch (a
     trajectory longer than `learner.micro_batch_tokens` is trained alone, so up to `rollout.max_context` tokens), rank
     0's consolidated copy, the engine's weights and prefix cache, the runtime and the allocator's margin."""
-    learner = learner or config.learner
+    learner = config.learner
     ranks = deployment.learner_ranks
     longest = max(learner.micro_batch_tokens, config.rollout.max_context)
     step = dataclasses.replace(learner, micro_batch_tokens=longest)
@@ -475,11 +467,25 @@ def engine_budget(config: TrainConfig, deployment: Deployment, shape: ModelShape
     return max(int(capacity * (1 - HOST_HEADROOM)) - fixed, 0)
 
 
-def engine_batch_term(config: TrainConfig, shape: ModelShape, budget: int) -> Term:
-    """The in-process TorchEngine's batch: `rollout.max_concurrent_rollouts` rows of `rollout.max_context` tokens,
-    capped by its `budget` (past it, episodes wait for a row), never less than one row (an empty batch takes one)."""
-    rollout, gib = config.rollout, lambda n: f"{n / GIB:.1f} GiB"  # noqa: E731
-    per_token = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, ENGINE_DTYPE_BYTES)
+def few_rows_warning(config: TrainConfig, deployment: Deployment, shape: ModelShape, capacity: int) -> list[str]:
+    """A line when the engine's budget leaves fewer rows of full context at once than a group: episodes then decode
+    a few at a time while the learner's memory sits idle between steps (the launcher logs it as a warning)."""
+    rows = engine_rows(config, shape, engine_budget(config, deployment, shape, capacity))
+    group = min(config.rollout.group_size, config.rollout.max_concurrent_rollouts)
+    if rows >= group:
+        return []
+    return [
+        f"the engine's memory budget leaves {rows} row(s) of full context (rollout.max_context="
+        f"{config.rollout.max_context:,}) at once, fewer than a group ({group}): rollouts will crawl; a smaller "
+        "learner.micro_batch_tokens or rollout.max_context leaves the engine more"
+    ]
+
+
+def engine_batch_bytes(config: TrainConfig, shape: ModelShape, rows: int) -> int:
+    """What the in-process TorchEngine's batch of `rows` rows of `rollout.max_context` tokens takes (its own estimate,
+    `memory.batch_bytes`, in fp32)."""
+    from searchgym.agents.engines.torch_engine import PREFILL_TOKENS
+
     sizes = {
         "layers": shape.num_layers,
         "kv_heads": shape.num_kv_heads,
@@ -488,21 +494,37 @@ def engine_batch_term(config: TrainConfig, shape: ModelShape, budget: int) -> Te
         "intermediate": shape.intermediate_size,
         "vocab": shape.vocab_size,
     }
-    from searchgym.agents.engines.torch_engine import PREFILL_TOKENS
+    tokens = config.rollout.max_context
+    return batch_bytes(sizes, ENGINE_DTYPE_BYTES, rows=rows, tokens=tokens, prefill_tokens=PREFILL_TOKENS)
 
-    batch = functools.partial(
-        batch_bytes, sizes, ENGINE_DTYPE_BYTES, tokens=rollout.max_context, prefill_tokens=PREFILL_TOKENS
-    )
-    full = batch(rows=rollout.max_concurrent_rollouts)
+
+def engine_rows(config: TrainConfig, shape: ModelShape, budget: int) -> int:
+    """How many rows of full context (`rollout.max_context`) decode at once under `budget`: at least one (an empty
+    batch takes one), at most `rollout.max_concurrent_rollouts`."""
+    rows = 1
+    while rows < config.rollout.max_concurrent_rollouts and engine_batch_bytes(config, shape, rows + 1) <= budget:
+        rows += 1
+    return rows
+
+
+def engine_batch_term(config: TrainConfig, shape: ModelShape, budget: int) -> Term:
+    """The in-process TorchEngine's batch: `rollout.max_concurrent_rollouts` rows of `rollout.max_context` tokens,
+    capped by its `budget` (past it, episodes wait for a row), never less than one row (an empty batch takes one)."""
+    rollout, gib = config.rollout, lambda n: f"{n / GIB:.1f} GiB"  # noqa: E731
+    per_token = kv_bytes_per_token(shape.num_layers, shape.num_kv_heads, shape.head_dim, ENGINE_DTYPE_BYTES)
+    full = engine_batch_bytes(config, shape, rollout.max_concurrent_rollouts)
+    one = engine_batch_bytes(config, shape, 1)
+    rows = engine_rows(config, shape, budget)
     capped = (
         f"; capped by the engine's memory budget ({gib(budget)}: what the memory less {HOST_HEADROOM:.0%} leaves "
-        f"after the other terms): of {gib(full)}, the rest of the episodes wait for a row"
+        f"after the other terms): of {gib(full)}, {rows} of {rollout.max_concurrent_rollouts} rows at full context "
+        f"at once{' (one row at least: an empty batch always takes one)' if budget < one else ''}, the rest wait"
         if full > budget
         else ""
     )
     return Term(
         "engine batch",
-        max(min(full, budget), batch(rows=1)),
+        max(min(full, budget), one),
         "host",
         f"KV cache of {rollout.max_concurrent_rollouts} rollouts x {rollout.max_context:,} tokens x "
         f"{per_token:,} B (fp32), twice (a joining row's merge copies the batch), decode and prefill "
@@ -511,12 +533,13 @@ def engine_batch_term(config: TrainConfig, shape: ModelShape, budget: int) -> Te
 
 
 def host_remedies(config: TrainConfig, deployment: Deployment, shape: ModelShape, capacity: int) -> list[str]:
-    """The largest token bound with which a CPU plan fits `capacity` (less HOST_HEADROOM), as the settings to
-    change: `learner.micro_batch_tokens`, and `rollout.max_context` where the longest trajectory (trained alone)
-    must shrink too; each computed with the estimate itself. The engine's batch is not a remedy: it takes what is
-    left."""
+    """The largest token bound with which a CPU plan fits `capacity` (less HOST_HEADROOM) and still leaves the engine
+    a group's rows of full context at once (`rollout.group_size`; fewer serialise the rollouts), as the settings to
+    change: `learner.micro_batch_tokens`, and `rollout.max_context` where the longest trajectory (trained alone) must
+    shrink too; each computed with the estimate itself."""
     usable = int(capacity * (1 - HOST_HEADROOM))
     learner, rollout = config.learner, config.rollout
+    reserved = min(rollout.group_size, rollout.max_concurrent_rollouts) if deployment.engine == "torch" else 0
 
     def bounded(tokens: int) -> TrainConfig:
         return dataclasses.replace(
@@ -526,7 +549,9 @@ def host_remedies(config: TrainConfig, deployment: Deployment, shape: ModelShape
         )
 
     def total(tokens: int) -> int:
-        return sum(t.bytes for t in machine_terms(bounded(tokens), deployment, shape, capacity))
+        smaller = bounded(tokens)
+        engine = engine_batch_bytes(smaller, shape, reserved) if reserved else 0
+        return sum(t.bytes for t in fixed_machine_terms(smaller, deployment, shape)) + engine
 
     low, high = 0, max(learner.micro_batch_tokens, rollout.max_context) - 1
     while low < high:
@@ -537,14 +562,17 @@ def host_remedies(config: TrainConfig, deployment: Deployment, shape: ModelShape
             high = mid - 1
     if low == 0:
         return []
-    found = bounded(low)
-    fix = f"learner.micro_batch_tokens={found.learner.micro_batch_tokens}"
+    found, fixes = bounded(low), []
+    if found.learner.micro_batch_tokens < learner.micro_batch_tokens:
+        fixes.append(f"learner.micro_batch_tokens={found.learner.micro_batch_tokens}")
     if found.rollout.max_context < rollout.max_context:
-        fix += (
-            f" and rollout.max_context={found.rollout.max_context} (a trajectory longer than a micro-batch is "
-            f"trained alone, at its own length)"
+        fixes.append(
+            f"rollout.max_context={found.rollout.max_context} (a trajectory longer than a micro-batch is trained "
+            "alone, at its own length)"
         )
-    return [f"{fix} ({total(low) / GIB:.1f} GiB)"]
+    rows = engine_rows(found, shape, engine_budget(found, deployment, shape, capacity)) if reserved else 0
+    engine = f" (the engine then decodes {rows} rows of full context at once)" if reserved else ""
+    return [" and ".join(fixes) + engine]
 
 
 def make_plan(
@@ -592,6 +620,8 @@ def make_plan(
         else:
             plan.host_memory_bytes, plan.host_memory_source = found
             plan.machine = machine_terms(config, deployment, shape, found[0])
+            if deployment.engine == "torch":
+                plan.notes += few_rows_warning(config, deployment, shape, found[0])
     elif not on_gpu:
         plan.notes.append("host memory not checked: Ray places the learner and rollout actors over the cluster")
     plan.refusal = _refusal(plan, config)

@@ -37,7 +37,7 @@ from searchgym.trainers.deployment import Deployment, resolve_deployment
 from searchgym.trainers.launchers.local_ranks import FollowerRanks
 from searchgym.trainers.learner_side import InProcessLearner, RankSpec
 from searchgym.trainers.loop import Batch, Schedule, train_loop
-from searchgym.trainers.plan import engine_budget, model_shape
+from searchgym.trainers.plan import engine_budget, few_rows_warning, model_shape
 from searchgym.trainers.rollout.controller import RolloutController, RolloutStats
 from searchgym.trainers.rollout.engine import open_rollout_engine
 from searchgym.trainers.rollout.weight_sync import local_weight_sync
@@ -112,8 +112,9 @@ def run_local(
 
 def engine_memory_budget(config: TrainConfig, deployment: Deployment) -> int | Literal["auto"]:
     """The in-process TorchEngine's batch budget when it and the learner share this machine's CPU memory: what the
-    plan leaves after the learner's step, the engine's weights and the rest (`plan.engine_budget`), so the two never
-    exceed the memory together; elsewhere the engine's own default ("auto")."""
+    plan leaves after the learner's step, the engine's weights and the rest (`plan.engine_budget`), so that the two
+    are sized not to exceed the memory together; elsewhere the engine's own default ("auto"). Read before the run
+    loads anything, as the dry run reads it."""
     on_cpu = torch.device(deployment.engine_device).type == "cpu" and not deployment.learner_on_gpu
     if deployment.engine != "torch" or not on_cpu:
         return "auto"
@@ -121,9 +122,12 @@ def engine_memory_budget(config: TrainConfig, deployment: Deployment) -> int | L
     found = available_memory()
     if found is None:
         return "auto"
-    budget = engine_budget(config, deployment, model_shape(config.model.path), found[0])
+    shape = model_shape(config.model.path)
+    budget = engine_budget(config, deployment, shape, found[0])
     gib = (budget / 2**30, found[0] / 2**30, found[1])
     logger.info("the engine's batch budget: %.2f GiB of %.1f GiB available (%s)", *gib)
+    for line in few_rows_warning(config, deployment, shape, found[0]):
+        logger.warning("%s", line)
     return budget
 
 
@@ -170,6 +174,7 @@ class ShardedRanks:
 async def _train(
     config: TrainConfig, deployment: Deployment, resume: bool, progress: bool, label: str
 ) -> list[dict[str, float]]:
+    budget = engine_memory_budget(config, deployment)  # before the run loads its model, state and ranks
     run = start_run(
         config.out_dir, config.model.path, seed=config.seed, resume=resume, learner_ranks=deployment.learner_ranks
     )
@@ -185,7 +190,7 @@ async def _train(
             version=run.version,
             addresses=config.rollout.sglang_addresses,
             start_timeout=config.ray.sglang_start_timeout_s,
-            memory_budget_bytes=engine_memory_budget(config, deployment),
+            memory_budget_bytes=budget,
         )
     except BaseException:
         ranks.close()

@@ -125,3 +125,16 @@ def test_the_engine_batch_takes_only_what_the_plan_leaves_the_learner(
     assert engine.memory_budget_bytes == expected and (expected == 0) == (capacity_gib == 0)
     rows = engine.stats()["max_rows"]
     assert rows == 1 if capacity_gib == 0 else rows > 1
+
+
+def test_a_model_dir_whose_shapes_cannot_be_read_leaves_the_engine_its_default(tmp_path, monkeypatch):
+    """The budget needs the model's shapes; where they cannot be read the engine keeps its own default and loading
+    the model, next, says what is wrong."""
+    from searchgym.trainers.deployment import resolve_deployment
+    from searchgym.trainers.launchers import local
+
+    broken = tmp_path / "model"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    config = load_config(None, [f"out_dir={tmp_path / 'run'}", f"model.path={broken}"])
+    assert local.engine_memory_budget(config, resolve_deployment(config)) == "auto"

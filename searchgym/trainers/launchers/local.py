@@ -122,7 +122,11 @@ def engine_memory_budget(config: TrainConfig, deployment: Deployment) -> int | L
     found = available_memory()
     if found is None:
         return "auto"
-    shape = model_shape(config.model.path)
+    try:
+        shape = model_shape(config.model.path)
+    except (ValueError, KeyError, OSError) as exc:  # PlanError too: loading the model says what is wrong, and how
+        logger.warning("the engine's memory budget is its default: the model's shapes could not be read (%s)", exc)
+        return "auto"
     budget = engine_budget(config, deployment, shape, found[0])
     gib = (budget / 2**30, found[0] / 2**30, found[1])
     logger.info("the engine's batch budget: %.2f GiB of %.1f GiB available (%s)", *gib)

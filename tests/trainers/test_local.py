@@ -13,25 +13,34 @@ MAX_STALENESS = 1
 MAX_EPISODES = 4  # 2 groups of 2 in flight at most
 
 
-@pytest.mark.parametrize("mode", ["async", "sync"])
-def test_training_steps_move_versions_within_the_staleness_bound(tmp_path, small_bundle, mode):
-    config = load_config(
+def small_run(tmp_path, *overrides):
+    """A short run on the small world: groups of 2, two a batch, one batch's groups in flight at most (the limit
+    binds while they play), then `overrides`."""
+    return load_config(
         None,
         [
             f"out_dir={tmp_path}",
-            "steps=3",
-            f"mode={mode}",
             f"env.kwargs.size={SMALL['size']}",
             f"env.kwargs.n_tasks={SMALL['n_tasks']}",
             "env.kwargs.max_turns=2",
             "rollout.group_size=2",
             "rollout.batch_size=2",
             "rollout.max_new_tokens=16",
-            f"rollout.max_staleness={MAX_STALENESS}",
-            "learner.drop_no_spread=false",
-            "learner.lr=1e-3",
-            f"rollout.max_concurrent_rollouts={MAX_EPISODES}",  # one batch's groups: the limit binds while they play
+            f"rollout.max_concurrent_rollouts={MAX_EPISODES}",
+            *overrides,
         ],
+    )
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_training_steps_move_versions_within_the_staleness_bound(tmp_path, small_bundle, mode):
+    config = small_run(
+        tmp_path,
+        "steps=3",
+        f"mode={mode}",
+        f"rollout.max_staleness={MAX_STALENESS}",
+        "learner.drop_no_spread=false",
+        "learner.lr=1e-3",
     )
     history = train(config, progress=False)
     assert [h["version"] for h in history] == [1.0, 2.0, 3.0]
@@ -103,20 +112,7 @@ def test_the_engine_batch_takes_only_what_the_plan_leaves_the_learner(
 
     monkeypatch.setattr(torch_engine.TorchEngine, "__init__", spy)
     monkeypatch.setattr(local, "available_memory", lambda: (int(capacity_gib * GIB), "test"))
-    config = load_config(
-        None,
-        [
-            f"out_dir={tmp_path}",
-            "steps=1",
-            f"env.kwargs.size={SMALL['size']}",
-            f"env.kwargs.n_tasks={SMALL['n_tasks']}",
-            "env.kwargs.max_turns=2",
-            "rollout.group_size=2",
-            "rollout.batch_size=2",
-            "rollout.max_new_tokens=16",
-            f"rollout.max_concurrent_rollouts={MAX_EPISODES}",
-        ],
-    )
+    config = small_run(tmp_path, "steps=1")
     train(config, progress=False)
     (engine,) = engines
     expected = engine_budget(

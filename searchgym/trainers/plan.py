@@ -50,8 +50,8 @@ per process); and ALLOCATOR_MARGIN of the activations, what the host allocator h
 step's peak. Then the engine's batch of `rollout.max_concurrent_rollouts` rows of `rollout.max_context` tokens
 (`memory.batch_bytes`: the KV cache twice, as a joining row's merge copies it, decode and prefill activations, times
 the allocator factor measured for it), capped by what the rest leaves (`engine_budget`; past it, episodes wait for
-a row). The local launcher gives its engine that budget, so the batch never takes what the learner's step, running
-beside it, will need. A plan whose fixed terms and one row exceed the memory is refused, naming the largest
+a row). The local launcher gives its engine that budget, so the batch is sized not to take what the learner's step,
+running beside it, will need. A plan whose fixed terms and one row exceed the memory is refused, naming the largest
 `learner.micro_batch_tokens` (and `rollout.max_context`) that fits.
 
 Measured (SmolLM2-135M-Instruct, fp32, one thread, one real `Learner` update on a full micro-batch with AdamW's
@@ -91,7 +91,8 @@ RUNTIME_BYTES = (
 ALLOCATOR_MARGIN = 0.2  # of the activations: what a step's peak RSS holds beyond the terms (11% to 15% measured)
 ENGINE_DTYPE_BYTES = 4  # the in-process TorchEngine holds its weights and KV cache in fp32 (open_engine's default)
 # of the available memory a CPU plan leaves free: the environments, the trajectories and what the host allocator holds
-# beyond the measured factors (a long-horizon run's engine and learner together reached 23 GiB where the terms said 21)
+# beyond the measured factors (a long-horizon SmolLM2 run was OOM-killed at 23.2 GiB where these terms, the longest
+# trajectory counted and the old engine budget, came to 20.8)
 HOST_HEADROOM = 0.1
 
 
@@ -461,8 +462,8 @@ def fixed_machine_terms(config: TrainConfig, deployment: Deployment, shape: Mode
 
 def engine_budget(config: TrainConfig, deployment: Deployment, shape: ModelShape, capacity: int) -> int:
     """The in-process CPU TorchEngine's batch budget (`EngineLimits.memory_budget_bytes`): what `capacity`, less
-    HOST_HEADROOM, leaves after the fixed terms. The local launcher gives it to its engine, so the engine's batch never
-    takes the memory the learner's step will need (it runs beside the engine in async training)."""
+    HOST_HEADROOM, leaves after the fixed terms. The local launcher gives it to its engine, so the engine's batch is
+    sized not to take the memory the learner's step will need (it runs beside the engine in async training)."""
     fixed = sum(t.bytes for t in fixed_machine_terms(config, deployment, shape))
     return max(int(capacity * (1 - HOST_HEADROOM)) - fixed, 0)
 

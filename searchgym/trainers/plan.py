@@ -17,7 +17,8 @@ What it counts, per learner rank (every term at once: an upper bound of the step
 - **FSDP buffers** (not sharded): the root's unsharded parameters (embeddings, final norm, LM head) and two decoder
   layers' (the one computing and the one prefetched) in the compute dtype, plus one layer's unsharded gradient in
   fp32 for its reduce-scatter.
-- **activations** of one micro-batch of T = `learner.micro_batch_tokens` tokens, counted as Korthikanti et al.
+- **activations** of the step's largest micro-batch, T = max(`learner.micro_batch_tokens`, `rollout.max_context`)
+  tokens (a trajectory longer than a micro-batch is trained alone, at its own length), counted as Korthikanti et al.
   2022, "Reducing Activation Recomputation in Large Transformer Models" (arXiv 2205.05198, section 4.1) count them:
   the tensors each operation saves for its backward pass. Their GPT layer keeps 34*s*b*h + 5*a*s^2*b bytes (16-bit
   activations, with dropout); the same count for a Hugging Face Qwen2/Llama layer (RMSNorm computed in fp32,
@@ -392,6 +393,31 @@ def learner_terms(shape: ModelShape, learner: LearnerConfig, *, ranks: int, dtyp
     return terms
 
 
+def step_learner(config: TrainConfig, learner: LearnerConfig | None = None) -> LearnerConfig:
+    """`learner` (the config's by default) at its step's largest micro-batch: a trajectory longer than
+    `learner.micro_batch_tokens` is trained alone at its own length, so up to `rollout.max_context` tokens."""
+    learner = learner or config.learner
+    longest = max(learner.micro_batch_tokens, config.rollout.max_context)
+    return dataclasses.replace(learner, micro_batch_tokens=longest)
+
+
+def step_terms(
+    config: TrainConfig, shape: ModelShape, learner: LearnerConfig, *, ranks: int, on_gpu: bool
+) -> list[Term]:
+    """One learner rank's terms (`learner_terms`) at the step's largest micro-batch (`step_learner`), their details
+    naming the longest trajectory where it is what sizes them."""
+    step = step_learner(config, learner)
+    terms = learner_terms(shape, step, ranks=ranks, dtype=config.model.dtype, on_gpu=on_gpu)
+    longest = step.micro_batch_tokens
+    if longest == learner.micro_batch_tokens:
+        return terms
+    alone = (
+        f"the longest trajectory, rollout.max_context={longest:,} tokens, trained alone (longer than "
+        f"learner.micro_batch_tokens={learner.micro_batch_tokens:,})"
+    )
+    return [dataclasses.replace(t, detail=t.detail.replace(f"{longest:,} tokens a micro-batch", alone)) for t in terms]
+
+
 def gpu_bytes(terms: list[Term]) -> int:
     """The GPU terms' sum."""
     return sum(t.bytes for t in terms if t.where == "gpu")
@@ -415,20 +441,8 @@ def fixed_machine_terms(config: TrainConfig, deployment: Deployment, shape: Mode
     """The host terms whose size the settings fix: every rank's learner at the step's largest micro-batch (a
     trajectory longer than `learner.micro_batch_tokens` is trained alone, so up to `rollout.max_context` tokens), rank
     0's consolidated copy, the engine's weights and prefix cache, the runtime and the allocator's margin."""
-    learner = config.learner
     ranks = deployment.learner_ranks
-    longest = max(learner.micro_batch_tokens, config.rollout.max_context)
-    step = dataclasses.replace(learner, micro_batch_tokens=longest)
-    per_rank = learner_terms(shape, step, ranks=ranks, dtype=config.model.dtype, on_gpu=False)
-    if longest > learner.micro_batch_tokens:
-        alone = (
-            f"the longest trajectory, rollout.max_context={longest:,} tokens, trained alone (longer than "
-            f"learner.micro_batch_tokens={learner.micro_batch_tokens:,})"
-        )
-        per_rank = [
-            dataclasses.replace(t, detail=t.detail.replace(f"{longest:,} tokens a micro-batch", alone))
-            for t in per_rank
-        ]
+    per_rank = step_terms(config, shape, config.learner, ranks=ranks, on_gpu=False)
     times = f" x {ranks} ranks" if ranks > 1 else ""
     terms = [Term(t.name, t.bytes * ranks, "host", t.detail + times) for t in per_rank]
     if ranks > 1:
@@ -542,15 +556,8 @@ def host_remedies(config: TrainConfig, deployment: Deployment, shape: ModelShape
     learner, rollout = config.learner, config.rollout
     reserved = min(rollout.group_size, rollout.max_concurrent_rollouts) if deployment.engine == "torch" else 0
 
-    def bounded(tokens: int) -> TrainConfig:
-        return dataclasses.replace(
-            config,
-            learner=dataclasses.replace(learner, micro_batch_tokens=min(learner.micro_batch_tokens, tokens)),
-            rollout=dataclasses.replace(rollout, max_context=min(rollout.max_context, tokens)),
-        )
-
     def total(tokens: int) -> int:
-        smaller = bounded(tokens)
+        smaller = token_bound(config, tokens)
         engine = engine_batch_bytes(smaller, shape, reserved) if reserved else 0
         return sum(t.bytes for t in fixed_machine_terms(smaller, deployment, shape)) + engine
 
@@ -563,17 +570,10 @@ def host_remedies(config: TrainConfig, deployment: Deployment, shape: ModelShape
             high = mid - 1
     if low == 0:
         return []
-    found, fixes = bounded(low), []
-    if found.learner.micro_batch_tokens < learner.micro_batch_tokens:
-        fixes.append(f"learner.micro_batch_tokens={found.learner.micro_batch_tokens}")
-    if found.rollout.max_context < rollout.max_context:
-        fixes.append(
-            f"rollout.max_context={found.rollout.max_context} (a trajectory longer than a micro-batch is trained "
-            "alone, at its own length)"
-        )
+    found = token_bound(config, low)
     rows = engine_rows(found, shape, engine_budget(found, deployment, shape, capacity)) if reserved else 0
     engine = f" (the engine then decodes {rows} rows of full context at once)" if reserved else ""
-    return [" and ".join(fixes) + engine]
+    return [token_fix(config, found) + engine]
 
 
 def make_plan(
@@ -591,9 +591,7 @@ def make_plan(
     shape = model_shape(config.model.path)
     on_gpu = deployment.learner_on_gpu
     capacity = int(gpu_memory_gib * GIB)
-    terms = learner_terms(
-        shape, config.learner, ranks=deployment.learner_ranks, dtype=config.model.dtype, on_gpu=on_gpu
-    )
+    terms = step_terms(config, shape, config.learner, ranks=deployment.learner_ranks, on_gpu=on_gpu)
     plan = Plan(
         deployment,
         shape,
@@ -668,7 +666,7 @@ def _host_terms(config: TrainConfig, deployment: Deployment, shape: ModelShape, 
 
 def _notes(config: TrainConfig, deployment: Deployment, shape: ModelShape) -> list[str]:
     """What the estimate leaves out or the settings waste: a plain learner's ignored options, GPUs one rank cannot
-    use, the longest trajectory trained alone."""
+    use."""
     notes, learner = [], config.learner
     if not deployment.sharded and (learner.activation_checkpointing or learner.cpu_offload):
         notes.append(
@@ -680,23 +678,6 @@ def _notes(config: TrainConfig, deployment: Deployment, shape: ModelShape) -> li
             f"learner.ranks=1 trains on one device: {config.ray.learner_gpus:g} GPUs are reserved for it "
             f"(ray.learner_gpus is per rank); for FSDP2 over them set learner.ranks="
             f"{config.ray.learner_gpus:g} ray.learner_gpus=1"
-        )
-    longest = config.rollout.max_context
-    if longest > learner.micro_batch_tokens:
-        alone = dataclasses.replace(learner, micro_batch_tokens=longest)
-        worst = gpu_bytes(
-            learner_terms(
-                shape,
-                alone,
-                ranks=deployment.learner_ranks,
-                dtype=config.model.dtype,
-                on_gpu=deployment.learner_on_gpu,
-            )
-        )
-        notes.append(
-            f"a trajectory longer than learner.micro_batch_tokens ({learner.micro_batch_tokens:,}) "
-            f"is trained alone in a micro-batch of its own length: one of rollout.max_context "
-            f"({longest:,}) tokens, all trained, would need {worst / GIB:.1f} GiB per learner GPU"
         )
     return notes
 
@@ -733,16 +714,49 @@ def _servers(config: TrainConfig, deployment: Deployment, shape: ModelShape, cap
 
 
 def _fits(config: TrainConfig, shape: ModelShape, learner: LearnerConfig, ranks: int, capacity: int, extra: int) -> int:
-    """GPU bytes of one rank under `learner` on `ranks` ranks (with `extra` bytes of other GPU terms), or -1 when it
-    does not fit."""
-    need = gpu_bytes(learner_terms(shape, learner, ranks=ranks, dtype=config.model.dtype, on_gpu=True)) + extra
+    """GPU bytes of one rank under `learner` on `ranks` ranks at the step's largest micro-batch (`step_learner`), with
+    `extra` bytes of other GPU terms, or -1 when it does not fit."""
+    step = step_learner(config, learner)
+    need = gpu_bytes(learner_terms(shape, step, ranks=ranks, dtype=config.model.dtype, on_gpu=True)) + extra
     return need if need <= capacity else -1
+
+
+def token_bound(config: TrainConfig, tokens: int) -> TrainConfig:
+    """`config` with `learner.micro_batch_tokens` and `rollout.max_context` each at most `tokens`: the one bound on
+    the step's largest micro-batch (a trajectory longer than a micro-batch is trained alone, at its own length); under
+    the summarise policy `rollout.summary_tokens` at most half the context, as its check requires."""
+    learner, rollout = config.learner, config.rollout
+    context = min(rollout.max_context, tokens)
+    summary = min(rollout.summary_tokens, context // 2) if rollout.context_policy == "summarise" else None
+    return dataclasses.replace(
+        config,
+        learner=dataclasses.replace(learner, micro_batch_tokens=min(learner.micro_batch_tokens, tokens)),
+        rollout=dataclasses.replace(
+            rollout, max_context=context, summary_tokens=rollout.summary_tokens if summary is None else summary
+        ),
+    )
+
+
+def token_fix(config: TrainConfig, found: TrainConfig) -> str:
+    """The settings `found` (a `token_bound` of `config`) changes, as `key=value` text."""
+    fixes = []
+    if found.learner.micro_batch_tokens < config.learner.micro_batch_tokens:
+        fixes.append(f"learner.micro_batch_tokens={found.learner.micro_batch_tokens}")
+    if found.rollout.max_context < config.rollout.max_context:
+        fixes.append(
+            f"rollout.max_context={found.rollout.max_context} (a trajectory longer than a micro-batch is trained "
+            "alone, at its own length)"
+        )
+    if found.rollout.summary_tokens < config.rollout.summary_tokens:
+        fixes.append(f"rollout.summary_tokens={found.rollout.summary_tokens} (at most half of rollout.max_context)")
+    return " and ".join(fixes)
 
 
 def remedies(
     config: TrainConfig, deployment: Deployment, shape: ModelShape, capacity: int, extra: int = 0
 ) -> list[str]:
-    """Settings that would make one learner rank fit `capacity`, each computed with the estimate itself.
+    """Settings that would make one learner rank fit `capacity`, each computed with the estimate itself, at the
+    step's largest micro-batch (`step_learner`).
 
     CPU offload and activation checkpointing need the sharded learner: from one rank they are proposed with two.
     """
@@ -752,7 +766,8 @@ def remedies(
     # from 2 ranks up every sharded term shrinks and nothing grows: the fewest ranks that fit, by bisection
     low, high = max(ranks + 1, 2), MAX_RANKS
     if fits(learner, high) < 0:
-        unsharded = gpu_bytes(learner_terms(shape, learner, ranks=high, dtype=config.model.dtype, on_gpu=True)) + extra
+        step = step_learner(config)
+        unsharded = gpu_bytes(learner_terms(shape, step, ranks=high, dtype=config.model.dtype, on_gpu=True)) + extra
         found.append(f"no number of ranks (what FSDP does not shard alone needs {gib(unsharded)})")
     else:
         while low < high:
@@ -769,16 +784,21 @@ def remedies(
             if need >= 0:
                 more = f"learner.ranks={sharded} and " if sharded != ranks else ""
                 found.append(f"{more}learner.{key}=true ({gib(need)} per GPU)")
-    low, high = 0, learner.micro_batch_tokens - 1  # the largest token budget that fits
+
+    # the largest bound on the step's micro-batch that fits (micro_batch_tokens, and max_context where it is longer)
+    def bounded(tokens: int) -> int:
+        smaller = token_bound(config, tokens)
+        return _fits(smaller, shape, smaller.learner, ranks, capacity, extra)
+
+    low, high = 0, step_learner(config).micro_batch_tokens - 1
     while low < high:
         mid = (low + high + 1) // 2
-        if fits(dataclasses.replace(learner, micro_batch_tokens=mid), ranks) >= 0:
+        if bounded(mid) >= 0:
             low = mid
         else:
             high = mid - 1
     if low > 0:
-        need = fits(dataclasses.replace(learner, micro_batch_tokens=low), ranks)
-        found.append(f"learner.micro_batch_tokens={low} ({gib(need)} per GPU)")
+        found.append(f"{token_fix(config, token_bound(config, low))} ({gib(bounded(low))} per GPU)")
     return found
 
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from searchgym.cli import main
-from searchgym.trainers.config import LearnerConfig, ModelConfig, TrainConfig, load_config
+from searchgym.trainers.config import LearnerConfig, ModelConfig, RolloutConfig, TrainConfig, load_config
 from searchgym.trainers.deployment import resolve_deployment
 from searchgym.trainers.plan import (
     GIB,
@@ -30,10 +30,12 @@ from searchgym.trainers.plan import (
     PlanError,
     engine_budget,
     gpu_bytes,
+    layer_activation_bytes,
     learner_terms,
     make_plan,
     model_shape,
     remedies,
+    step_learner,
     stored_activation_bytes,
 )
 
@@ -313,11 +315,12 @@ def test_a_one_rank_learner_on_several_gpus_is_pointed_at_fsdp():
 def _remedies(message: str) -> list[list[str]]:
     """The overrides a refusal proposes: 'learner.ranks=2 and learner.cpu_offload=true (...)' -> [[...], ...]."""
     fixes = message.split("It would fit with ", 1)[1]
-    return [re.findall(r"learner\.\w+=\w+", fix) for fix in fixes.split(" or ")]
+    return [re.findall(r"(?:learner|rollout)\.\w+=\w+", fix) for fix in fixes.split(" or ")]
 
 
 def test_a_7b_single_rank_plan_is_refused_naming_the_optimizer_state(capsys):
     asearcher = str(CONFIGS / "asearcher-7b-local.yaml")
+    short = "rollout.max_context=8000"  # no trajectory longer than a micro-batch: the optimizer state dominates
     code, out, err = dry_run(
         capsys,
         "--config",
@@ -325,6 +328,7 @@ def test_a_7b_single_rank_plan_is_refused_naming_the_optimizer_state(capsys):
         "learner.ranks=1",
         "ray.learner_gpus=1",
         "learner.cpu_offload=false",
+        short,
         "--gpu-memory-gib",
         "80",
     )
@@ -342,10 +346,50 @@ def test_a_7b_single_rank_plan_is_refused_naming_the_optimizer_state(capsys):
         "learner.micro_batch_tokens",
     }
     for fix in fixes:
-        config = load_config(asearcher, ["learner.ranks=1", "ray.learner_gpus=1", *fix])
+        config = load_config(asearcher, ["learner.ranks=1", "ray.learner_gpus=1", short, *fix])
         assert plan_of(config).refusal is None, fix
     ranks = next(int(k.split("=")[1]) for fix in fixes if len(fix) == 1 for k in fix if k.startswith("learner.ranks"))
-    assert plan_of(load_config(asearcher, [f"learner.ranks={ranks - 1}", "ray.learner_gpus=1"])).refusal is not None
+    fewer = load_config(asearcher, [f"learner.ranks={ranks - 1}", "ray.learner_gpus=1", short])
+    assert plan_of(fewer).refusal is not None
+
+
+def test_a_gpu_plan_counts_the_longest_trajectory_trained_alone(capsys):
+    """A trajectory longer than learner.micro_batch_tokens is trained alone at its own length, on a GPU as on a CPU:
+    ASearcher's 7B config (micro-batches of 8,000 tokens, contexts of 32,768) on one rank is refused for the long
+    trajectory's activations, and the token remedy bounds rollout.max_context too; each remedy, applied, fits."""
+    asearcher = str(CONFIGS / "asearcher-7b-local.yaml")
+    base = ["learner.ranks=1", "ray.learner_gpus=1", "learner.cpu_offload=false"]
+    code, out, err = dry_run(capsys, "--config", asearcher, *base, "--gpu-memory-gib", "80")
+    assert code == 2 and "fits: NO" in out
+    assert "the biggest term is activations" in err
+    assert "rollout.max_context=32,768 tokens, trained alone (longer than learner.micro_batch_tokens=8,000)" in err
+    fixes = _remedies(err)
+    assert any("rollout.max_context" in key for fix in fixes for key in fix), fixes
+    for fix in fixes:
+        assert plan_of(load_config(asearcher, [*base, *fix])).refusal is None, fix
+    # the same learner with contexts no longer than a micro-batch needs less by the long trajectory's activations
+    long, short = (
+        plan_of(load_config(asearcher, [*base, f"rollout.max_context={n}"])).learner_gpu_bytes for n in (32768, 8000)
+    )
+    activations = lambda n: n * 28 * layer_activation_bytes(seven_b(), 2)  # noqa: E731  # bf16, no checkpointing
+    assert long - short >= activations(32768) - activations(8000)
+
+
+def test_a_token_remedy_under_the_summarise_policy_keeps_its_summary_check():
+    """The summarise policy needs rollout.summary_tokens at most half of rollout.max_context: a remedy that shortens
+    the context past that shortens the summary too, so the remedy's settings pass the config's own check."""
+    asearcher = CONFIGS / "asearcher-7b-local.yaml"
+    base = [
+        "learner.ranks=1",
+        "ray.learner_gpus=1",
+        "rollout.context_policy=summarise",
+        "rollout.summary_tokens=16000",
+    ]
+    plan = plan_of(load_config(asearcher, base))
+    assert plan.refusal
+    fix = next(fix for fix in _remedies(plan.refusal) if any("max_context" in key for key in fix))
+    assert any(key.startswith("rollout.summary_tokens=") for key in fix), fix
+    assert plan_of(load_config(asearcher, [*base, *fix])).refusal is None, fix
 
 
 def test_fp32_full_parameter_training_names_the_optimizer_state_as_the_biggest_term(capsys):
@@ -357,6 +401,7 @@ def test_fp32_full_parameter_training_names_the_optimizer_state_as_the_biggest_t
         "ray.learner_gpus=1",
         "model.dtype=float32",
         "learner.micro_batch_tokens=1024",
+        "rollout.max_context=1024",  # no trajectory trained alone at 32,768 tokens
     )
     assert code == 2
     assert f"the biggest term is optimizer state ({2 * QWEN_7B * 4 / GIB:.1f} GiB" in err
@@ -408,42 +453,53 @@ def test_the_local_launcher_counts_the_engine_on_rank_0s_gpu(tiny_model_dir):
 @given(
     ranks=st.integers(1, 16),
     tokens=st.integers(256, 65_536),
+    context=st.integers(256, 131_072),
     ckpt=st.booleans(),
     offload=st.booleans(),
     dtype=st.sampled_from(["bfloat16", "float32"]),
     gib=st.sampled_from([24, 40, 80, 141]),
 )
-def test_every_proposed_remedy_fits(ranks, tokens, ckpt, offload, dtype, gib):
-    """Whatever the settings, each remedy a refusal would propose, applied to those settings, fits the GPU."""
+def test_every_proposed_remedy_fits(ranks, tokens, context, ckpt, offload, dtype, gib):
+    """Whatever the settings, each remedy a refusal would propose, applied to those settings, fits the GPU at the
+    step's largest micro-batch (a trajectory of rollout.max_context tokens trained alone)."""
     learner = LearnerConfig(ranks=ranks, micro_batch_tokens=tokens, activation_checkpointing=ckpt, cpu_offload=offload)
-    config = TrainConfig(learner=learner, model=ModelConfig(path="Qwen/Qwen2.5-7B", dtype=dtype))
-    if gpu_bytes(learner_terms(seven_b(), learner, ranks=ranks, dtype=dtype, on_gpu=True)) <= gib * GIB:
+    model = ModelConfig(path="Qwen/Qwen2.5-7B", dtype=dtype)
+    config = TrainConfig(learner=learner, model=model, rollout=RolloutConfig(max_context=context))
+
+    def need(config: TrainConfig, ranks: int) -> int:
+        return gpu_bytes(learner_terms(seven_b(), step_learner(config), ranks=ranks, dtype=dtype, on_gpu=True))
+
+    if need(config, ranks) <= gib * GIB:
         return
     fixes = remedies(config, resolve_deployment(config), seven_b(), gib * GIB)
     assert fixes
     for fix in fixes:
-        changes = {
-            key.removeprefix("learner."): json.loads(value)
-            for key, value in (kv.split("=") for kv in re.findall(r"learner\.\w+=\w+", fix))
-        }
+        changes = dict(kv.split("=") for kv in re.findall(r"(?:learner|rollout)\.\w+=\w+", fix))
         if not changes:
             assert fix.startswith("no number of ranks"), fix
             continue
-        fixed_ranks = changes.pop("ranks", ranks)
-        fixed = dataclasses.replace(learner, **changes)
-        assert gpu_bytes(learner_terms(seven_b(), fixed, ranks=fixed_ranks, dtype=dtype, on_gpu=True)) <= gib * GIB, fix
+        fixed_ranks = int(changes.pop("learner.ranks", ranks))
+        parts = {"learner": {}, "rollout": {}}
+        for key, value in changes.items():
+            parts[key.split(".")[0]][key.split(".")[1]] = json.loads(value)
+        fixed = dataclasses.replace(
+            config,
+            learner=dataclasses.replace(learner, **parts["learner"]),
+            rollout=dataclasses.replace(config.rollout, **parts["rollout"]),
+        )
+        assert need(fixed, fixed_ranks) <= gib * GIB, fix
 
 
 @pytest.mark.parametrize("path", ASEARCHER, ids=lambda p: p.name)
 def test_a_65k_token_trajectory_trained_alone_fits_an_80_gib_gpu_in_the_7b_configs(path, capsys):
     """The long-horizon worst case: one trajectory of rollout.max_context = 65,536 tokens, every one trained, alone
-    in its micro-batch. With whole logits it needed 189 GiB; the chunked loss head keeps it under 80."""
+    in its micro-batch, counted in the plan. With whole logits it needed 189 GiB; the chunked loss head keeps it
+    under 80."""
     code, out, err = dry_run(capsys, "--config", str(path), "rollout.max_context=65536")
     assert code == 0, err
-    need = float(
-        re.search(r"rollout\.max_context \(65,536\) tokens, all trained, would need ([0-9.]+) GiB", out).group(1)
-    )
-    assert need < 80
+    assert "rollout.max_context=65,536 tokens, trained alone" in out
+    need = float(re.search(r"total +([0-9.]+) GiB of 80 GiB", out).group(1))
+    assert 40 < need < 80
 
 
 # ---- a CPU learner: this machine's host memory -------------------------------------------------------------------

@@ -611,7 +611,7 @@ def make_plan(
         )
         plan.learner.append(engine)
         plan.notes.append("the in-process TorchEngine shares rank 0's GPU: its weights are counted above")
-    plan.notes += _notes(config, deployment, shape)
+    plan.notes += _notes(config, deployment)
     if not on_gpu and deployment.launcher == "local":
         found = (int(host_memory_gib * GIB), "--host-memory-gib") if host_memory_gib is not None else available_memory()
         if found is None:
@@ -664,7 +664,7 @@ def _host_terms(config: TrainConfig, deployment: Deployment, shape: ModelShape, 
     return host
 
 
-def _notes(config: TrainConfig, deployment: Deployment, shape: ModelShape) -> list[str]:
+def _notes(config: TrainConfig, deployment: Deployment) -> list[str]:
     """What the estimate leaves out or the settings waste: a plain learner's ignored options, GPUs one rank cannot
     use."""
     notes, learner = [], config.learner

@@ -190,6 +190,23 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """`parser`'s arguments, with dotted `key=value` overrides accepted anywhere after the command, not only before
+    its first flag (argparse stops filling a `*` positional at the first option)."""
+    from searchgym.core.settings_flags import FLAG_DEST
+
+    args, unknown = parser.parse_known_args(argv)
+    entry = getattr(args, "entry", None)
+    if unknown and entry is not None and entry.positional.get("overrides") == "*":
+        overrides = [a for a in unknown if "=" in a and not a.startswith("-")]
+        dest = FLAG_DEST + "overrides"
+        setattr(args, dest, [*getattr(args, dest, []), *overrides])
+        unknown = [a for a in unknown if a not in overrides]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     from searchgym.core.atomic_file import DiskWriteError
@@ -199,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     name = f"searchgym {argv[0] if argv else ''}".strip()
     try:
         with needs(name):  # a command used without its extra names the extra to install
-            args = build_parser(argv).parse_args(argv)
+            args = parse_command_line(build_parser(argv), argv)
             if hasattr(args, "entry"):  # a row of the table
                 run_command(args.entry, args)
             else:  # `searchgym serve ...`

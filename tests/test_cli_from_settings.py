@@ -96,6 +96,11 @@ def test_a_bad_value_exits_2_naming_the_key(argv, key, capsys, tmp_path):
             "searchgym.bench.reproduce:reproduce_command",
             {"claim": "shaping", "overrides": ["rl.steps=3"], "seeds": "0,1", "model": "smollm2"},
         ),
+        (  # overrides after a flag too: argparse alone stops filling them at the first option
+            ["bench", "reproduce", "shaping", "--seeds", "0,1", "rl.steps=3", "--model", "smollm2", "rl.lr=1e-5"],
+            "searchgym.bench.reproduce:reproduce_command",
+            {"claim": "shaping", "overrides": ["rl.steps=3", "rl.lr=1e-5"], "seeds": "0,1", "model": "smollm2"},
+        ),
         (
             ["bench", "reliability", "--no-kills", "--n", "7"],
             "searchgym.bench.reliability:reliability_command",
@@ -120,6 +125,18 @@ def test_typed_flags_reach_the_settings_object(argv, function, expected, monkeyp
     assert main(argv) == 0
     (settings,) = seen
     assert {key: getattr(settings, key) for key in expected} == expected
+
+
+def test_a_word_that_is_no_override_is_still_refused_after_the_flags(capsys, monkeypatch):
+    """Only `key=value` words join a command's overrides wherever they stand; anything else is an error naming it."""
+    monkeypatch.setattr("searchgym.bench.reproduce.reproduce_command", lambda settings: None)
+    with pytest.raises(SystemExit) as stop:
+        main(["bench", "reproduce", "shaping", "--seeds", "0", "stray", "rl.steps=3"])
+    assert stop.value.code == 2
+    assert "unrecognized arguments: stray" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a command without overrides takes none, anywhere
+        main(["bench", "reliability", "--n", "7", "rl.steps=3"])
+    assert "unrecognized arguments: rl.steps=3" in capsys.readouterr().err
 
 
 def test_a_config_file_flags_and_overrides_layer_in_that_order(tmp_path, monkeypatch):

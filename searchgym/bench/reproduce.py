@@ -172,6 +172,17 @@ REAL_MODEL_CLAIMS: dict[str, dict[str, list[str]]] = {
 }
 
 
+# what each claim's setting is on a real model (the results file's "setting"; its config has every value)
+REAL_MODEL_SETTINGS: dict[str, str] = {
+    "long_horizon": "the real-model quickstart's warm start from demonstrations on 1-2 hops (at most 256; the 2-hop "
+    "ones search twice), then async RL and held-out questions on 2-4 hops with 16 turns, an EM reward and 4,096 "
+    "tokens of context, against its warm start",
+    "staleness": "eta in {0, 4, 8} x {decoupled PPO, plain PPO (proximal = behaviour policy)}; eta 0 is sync RL; "
+    "lr 2e-5 and 4 minibatches per step so the policy moves within the staleness window",
+    "shaping": CLAIMS["shaping"].setting,
+}
+
+
 def load_reproduce_config(
     claim: str, overrides: list[str] | tuple[str, ...] = (), model: str | None = None
 ) -> LearningConfig:
@@ -398,7 +409,7 @@ def pooled_arms(
         "benchmark": f"searchgym bench reproduce {claim}",
         "claim": claim,
         "paper": spec.paper,
-        "setting": spec.setting,
+        "setting": spec.setting if config.base == "tiny" else REAL_MODEL_SETTINGS[claim],
         "command": command,
         "commit": git_commit(),
         "row_commits": sorted({r.get("commit") or "not recorded" for r in rows}),
@@ -408,8 +419,13 @@ def pooled_arms(
         "arms": {WARM: [], **dict(arms)},
         "seeds": seeds,
         "config": cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(config))),
-        "shared": "the copy-pretrained base model is built once from world base_seed and shared; world, demos, "
-        "warm start, RL and evaluation vary by seed; every arm of a seed starts from the same warm start",
+        "shared": (
+            "the copy-pretrained base model is built once from world base_seed and shared"
+            if config.base == "tiny"
+            else f"the base model is {config.base}, as it is"
+        )
+        + "; world, demos, warm start, RL and evaluation vary by seed; every arm of a seed starts from the same "
+        "warm start",
         "rows": [{k_: v for k_, v in r.items() if k_ not in ("per_question", "per_question_calls")} for r in rows],
         "pooled": pooled,
     }

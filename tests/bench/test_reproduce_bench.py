@@ -357,3 +357,43 @@ def test_status_reads_any_unit_log_without_failing(tmp_path_factory, lines):
     assert all(u["state"] in ("done", "to run") for u in units)
     text = format_status("c", units).splitlines()
     assert len(text) == 5 and text[-1].startswith("c: ")
+
+
+@pytest.mark.parametrize("model", [None, "smollm2"])
+def test_each_claims_setting_text_states_its_own_configs_values(model):
+    """The results file's "setting" is the words a reader trusts: its learning rate, turns, hops and minibatches are
+    the ones the claim's config (tiny or real model) runs with."""
+    import re
+
+    from searchgym.bench.reproduce import REAL_MODEL_SETTINGS
+
+    for claim in CLAIMS:
+        config = load_reproduce_config(claim, model=model)
+        text = CLAIMS[claim].setting if model is None else REAL_MODEL_SETTINGS[claim]
+        if lr := re.search(r"\blr ([0-9.e+-]+)", text):
+            assert float(lr.group(1)) == config.rl.learner.lr, (claim, text)
+        if minibatches := re.search(r"(\d+) minibatches", text):
+            assert int(minibatches.group(1)) == config.rl.learner.minibatches, (claim, text)
+        if turns := re.search(r"(\d+) turns", text):
+            assert int(turns.group(1)) == config.env.kwargs["max_turns"], (claim, text)
+        if demos := re.search(r"demonstrations on (\d)-(\d) hops", text):
+            assert [int(demos.group(1)), int(demos.group(2))] == [min(config.hops.demos), max(config.hops.demos)]
+        if rl := re.search(r"RL[^;]*? on (\d)-(\d) hops", text):
+            assert [int(rl.group(1)), int(rl.group(2))] == [min(config.hops.rl), max(config.hops.rl)], (claim, text)
+        if context := re.search(r"([0-9,]+) tokens of context", text):
+            assert int(context.group(1).replace(",", "")) == config.rl.rollout.max_context, (claim, text)
+
+
+def test_a_real_model_report_says_the_real_models_setting(bench):
+    """The report's words follow its base model: the same rows pooled under a real model's config say that model's
+    setting (SmolLM2's staleness runs at lr 2e-5, not the tiny model's 3e-4) and that base."""
+    import dataclasses
+
+    from searchgym.bench.reproduce import REAL_MODEL_SETTINGS, pooled_arms
+
+    root, config, report = bench
+    rows = [json.loads(line) for line in (root / "runs" / "arms.jsonl").read_text().splitlines()]
+    assert report["setting"] == CLAIMS["staleness"].setting and "copy-pretrained" in report["shared"]
+    real = pooled_arms("staleness", rows, dataclasses.replace(config, base="smollm2-135m-instruct"), ARMS)
+    assert real["setting"] == REAL_MODEL_SETTINGS["staleness"] and "lr 2e-5" in real["setting"]
+    assert "smollm2-135m-instruct" in real["shared"] and "copy-pretrained" not in real["shared"]

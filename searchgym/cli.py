@@ -197,10 +197,14 @@ def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]) -> argp
 
     args, unknown = parser.parse_known_args(argv)
     entry = getattr(args, "entry", None)
-    if unknown and entry is not None and entry.positional.get("overrides") == "*":
-        overrides = [a for a in unknown if "=" in a and not a.startswith("-")]
+    dest = None  # where the command keeps its overrides: a settings field, or `--config`'s own list
+    if entry is not None and entry.positional.get("overrides") == "*":
         dest = FLAG_DEST + "overrides"
-        setattr(args, dest, [*getattr(args, dest, []), *overrides])
+    elif entry is not None and entry.config:
+        dest = "overrides"
+    if unknown and dest is not None:
+        overrides = [a for a in unknown if "=" in a and not a.startswith("-")]
+        setattr(args, dest, [*(getattr(args, dest, None) or []), *overrides])
         unknown = [a for a in unknown if a not in overrides]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")

@@ -145,8 +145,11 @@ def test_a_config_file_flags_and_overrides_layer_in_that_order(tmp_path, monkeyp
     path = tmp_path / "bench.yaml"
     path.write_text(json.dumps({"steps": 7, "lr": 0.5, "rounds": 3}))
     assert main(["bench", "trainer", "--config", str(path), "--steps", "4", "lr=0.25"]) == 0
-    (config,) = seen
-    assert (config.steps, config.lr, config.rounds, config.size) == (4, 0.25, 3, 1000)
+    # overrides before, between and after the flags, in their order (the last word of a key wins)
+    assert main(["bench", "trainer", "size=9", "--config", str(path), "lr=0.125", "--steps", "4", "size=10"]) == 0
+    first, second = seen
+    assert (first.steps, first.lr, first.rounds, first.size) == (4, 0.25, 3, 1000)
+    assert (second.steps, second.lr, second.rounds, second.size) == (4, 0.125, 3, 10)
 
 
 def test_only_the_named_command_gets_its_flags_when_parsing_a_command_line():

@@ -85,6 +85,14 @@ class Claim:
     notes: list[str] = field(default_factory=list)
 
 
+def _staleness_setting(lr: str) -> str:
+    """The staleness claim's setting in words, at learning rate `lr` (the tiny and the real model differ in it)."""
+    return (
+        "eta in {0, 4, 8} x {decoupled PPO, plain PPO (proximal = behaviour policy)}; eta 0 is sync RL; "
+        f"lr {lr} and 4 minibatches per step so the policy moves within the staleness window"
+    )
+
+
 def _staleness_arms() -> dict[str, list[str]]:
     arms = {}
     for eta in (0, 4, 8):
@@ -131,8 +139,7 @@ CLAIMS: dict[str, Claim] = {  # in the issue's order: README shows them so
         arms=_staleness_arms(),
         summary="AReaL: decoupled PPO on stale data matches sync, plain PPO collapses",
         baseline="eta0-decoupled",
-        setting="eta in {0, 4, 8} x {decoupled PPO, plain PPO (proximal = behaviour policy)}; eta 0 is sync RL; "
-        "lr 3e-4 and 4 minibatches per step so the policy moves within the staleness window",
+        setting=_staleness_setting("3e-4"),
     ),
     "shaping": Claim(
         paper="Reward design for process rewards (arXiv 2410.15115)",
@@ -172,15 +179,33 @@ REAL_MODEL_CLAIMS: dict[str, dict[str, list[str]]] = {
 }
 
 
-# what each claim's setting is on a real model (the results file's "setting"; its config has every value)
-REAL_MODEL_SETTINGS: dict[str, str] = {
-    "long_horizon": "the real-model quickstart's warm start from demonstrations on 1-2 hops (at most 256; the 2-hop "
-    "ones search twice), then async RL and held-out questions on 2-4 hops with 16 turns, an EM reward and 4,096 "
-    "tokens of context, against its warm start",
-    "staleness": "eta in {0, 4, 8} x {decoupled PPO, plain PPO (proximal = behaviour policy)}; eta 0 is sync RL; "
-    "lr 2e-5 and 4 minibatches per step so the policy moves within the staleness window",
-    "shaping": CLAIMS["shaping"].setting,
+# what each claim's setting is on each real model (the results file's "setting"; its config has every value)
+REAL_MODEL_SETTINGS: dict[str, dict[str, str]] = {
+    model: {
+        "long_horizon": "the real-model quickstart's warm start from demonstrations on 1-2 hops (at most 256; the "
+        "2-hop ones search twice), then async RL and held-out questions on 2-4 hops with 16 turns, an EM reward and "
+        "4,096 tokens of context, against its warm start",
+        "staleness": _staleness_setting("2e-5"),
+        "shaping": CLAIMS["shaping"].setting,
+    }
+    for model in REAL_MODEL_CLAIMS
 }
+
+
+def claim_words(claim: str, config: LearningConfig) -> tuple[str, str]:
+    """The results file's "setting" and "shared" words for `claim` run under `config`: the real model's (its preset,
+    `reproduce:CLAIM_MODEL`, names it) or the tiny model's."""
+    model = config.preset.removeprefix(f"reproduce:{claim}_")
+    setting = REAL_MODEL_SETTINGS[model][claim] if model in REAL_MODEL_SETTINGS else CLAIMS[claim].setting
+    base = (
+        "the copy-pretrained base model is built once from world base_seed and shared"
+        if config.base == "tiny"
+        else f"the base model is {config.base}, as it is"
+    )
+    varies = (
+        "world, demos, warm start, RL and evaluation vary by seed; every arm of a seed starts from the same warm start"
+    )
+    return setting, f"{base}; {varies}"
 
 
 def load_reproduce_config(
@@ -405,11 +430,12 @@ def pooled_arms(
             entry["tool_calls_vs_warm"] = diff(arm, WARM, "per_question_calls")
         entry["curve"] = mean_curve([r["curve"] for r in mine])
         pooled[arm] = entry
+    setting, shared = claim_words(claim, config)
     return {
         "benchmark": f"searchgym bench reproduce {claim}",
         "claim": claim,
         "paper": spec.paper,
-        "setting": spec.setting if config.base == "tiny" else REAL_MODEL_SETTINGS[claim],
+        "setting": setting,
         "command": command,
         "commit": git_commit(),
         "row_commits": sorted({r.get("commit") or "not recorded" for r in rows}),
@@ -419,13 +445,7 @@ def pooled_arms(
         "arms": {WARM: [], **dict(arms)},
         "seeds": seeds,
         "config": cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(config))),
-        "shared": (
-            "the copy-pretrained base model is built once from world base_seed and shared"
-            if config.base == "tiny"
-            else f"the base model is {config.base}, as it is"
-        )
-        + "; world, demos, warm start, RL and evaluation vary by seed; every arm of a seed starts from the same "
-        "warm start",
+        "shared": shared,
         "rows": [{k_: v for k_, v in r.items() if k_ not in ("per_question", "per_question_calls")} for r in rows],
         "pooled": pooled,
     }
@@ -838,7 +858,7 @@ class ReproduceCommand:
         "default a finished arm keeps its last model, metrics and trajectories",
     )
     overrides: list[str] = setting(
-        default_factory=list, help="config overrides, right after CLAIM: e.g. rl.steps=20 out_dir=runs/r"
+        default_factory=list, help="config overrides, anywhere after CLAIM: e.g. rl.steps=20 out_dir=runs/r"
     )
 
 

@@ -72,6 +72,7 @@ import dataclasses
 import functools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -327,9 +328,11 @@ def loss_head_bytes(shape: ModelShape, tokens: int, chunk_tokens: int, act_bytes
     return min(chunk_tokens, tokens) * shape.vocab_size * max(8, act_bytes + 4) + accumulator + 12 * tokens
 
 
-def learner_terms(shape: ModelShape, learner: LearnerConfig, *, ranks: int, dtype: str, on_gpu: bool) -> list[Term]:
+def learner_terms(
+    shape: ModelShape, learner: LearnerConfig, *, ranks: int, dtype: str, on_gpu: bool, sized_by: str = ""
+) -> list[Term]:
     """One learner rank's memory, term by term (module docstring), for a learner of `ranks` ranks (the deployment's
-    learner ranks, or a remedy's).
+    learner ranks, or a remedy's); `sized_by` says what sets the micro-batch's tokens when not the setting itself.
 
     One rank is the plain Learner: no FSDP, so no buffers and no mixed precision (it computes in the weights'
     dtype), and it applies neither activation checkpointing nor CPU offload. More ranks are FSDP2's.
@@ -380,7 +383,7 @@ def learner_terms(shape: ModelShape, learner: LearnerConfig, *, ranks: int, dtyp
             "activations",
             activations,
             device,
-            f"{tokens:,} tokens a micro-batch, {how} ({layer:,} B per token and layer)",
+            f"{sized_by or f'{tokens:,} tokens a micro-batch'}, {how} ({layer:,} B per token and layer)",
         ),
         Term(
             "loss head",
@@ -401,21 +404,18 @@ def step_learner(config: TrainConfig, learner: LearnerConfig | None = None) -> L
     return dataclasses.replace(learner, micro_batch_tokens=longest)
 
 
-def step_terms(
-    config: TrainConfig, shape: ModelShape, learner: LearnerConfig, *, ranks: int, on_gpu: bool
-) -> list[Term]:
+def step_terms(config: TrainConfig, shape: ModelShape, *, ranks: int, on_gpu: bool) -> list[Term]:
     """One learner rank's terms (`learner_terms`) at the step's largest micro-batch (`step_learner`), their details
     naming the longest trajectory where it is what sizes them."""
-    step = step_learner(config, learner)
-    terms = learner_terms(shape, step, ranks=ranks, dtype=config.model.dtype, on_gpu=on_gpu)
+    learner, step = config.learner, step_learner(config)
     longest = step.micro_batch_tokens
-    if longest == learner.micro_batch_tokens:
-        return terms
     alone = (
         f"the longest trajectory, rollout.max_context={longest:,} tokens, trained alone (longer than "
         f"learner.micro_batch_tokens={learner.micro_batch_tokens:,})"
+        if longest > learner.micro_batch_tokens
+        else ""
     )
-    return [dataclasses.replace(t, detail=t.detail.replace(f"{longest:,} tokens a micro-batch", alone)) for t in terms]
+    return learner_terms(shape, step, ranks=ranks, dtype=config.model.dtype, on_gpu=on_gpu, sized_by=alone)
 
 
 def gpu_bytes(terms: list[Term]) -> int:
@@ -442,7 +442,7 @@ def fixed_machine_terms(config: TrainConfig, deployment: Deployment, shape: Mode
     trajectory longer than `learner.micro_batch_tokens` is trained alone, so up to `rollout.max_context` tokens), rank
     0's consolidated copy, the engine's weights and prefix cache, the runtime and the allocator's margin."""
     ranks = deployment.learner_ranks
-    per_rank = step_terms(config, shape, config.learner, ranks=ranks, on_gpu=False)
+    per_rank = step_terms(config, shape, ranks=ranks, on_gpu=False)
     times = f" x {ranks} ranks" if ranks > 1 else ""
     terms = [Term(t.name, t.bytes * ranks, "host", t.detail + times) for t in per_rank]
     if ranks > 1:
@@ -551,26 +551,19 @@ def host_remedies(config: TrainConfig, deployment: Deployment, shape: ModelShape
     """The largest token bound with which a CPU plan fits `capacity` (less HOST_HEADROOM) and still leaves the engine
     a group's rows of full context at once (`rollout.group_size`; fewer serialise the rollouts), as the settings to
     change: `learner.micro_batch_tokens`, and `rollout.max_context` where the longest trajectory (trained alone) must
-    shrink too; each computed with the estimate itself."""
+    shrink too (with `rollout.summary_tokens` where the summarise policy needs it); each computed with the estimate
+    itself."""
     usable = int(capacity * (1 - HOST_HEADROOM))
-    learner, rollout = config.learner, config.rollout
+    rollout = config.rollout
     reserved = min(rollout.group_size, rollout.max_concurrent_rollouts) if deployment.engine == "torch" else 0
 
-    def total(tokens: int) -> int:
-        smaller = token_bound(config, tokens)
+    def fits(smaller: TrainConfig) -> bool:
         engine = engine_batch_bytes(smaller, shape, reserved) if reserved else 0
-        return sum(t.bytes for t in fixed_machine_terms(smaller, deployment, shape)) + engine
+        return sum(t.bytes for t in fixed_machine_terms(smaller, deployment, shape)) + engine <= usable
 
-    low, high = 0, max(learner.micro_batch_tokens, rollout.max_context) - 1
-    while low < high:
-        mid = (low + high + 1) // 2
-        if total(mid) <= usable:
-            low = mid
-        else:
-            high = mid - 1
-    if low == 0:
+    found = largest_token_bound(config, fits)
+    if found is None:
         return []
-    found = token_bound(config, low)
     rows = engine_rows(found, shape, engine_budget(found, deployment, shape, capacity)) if reserved else 0
     engine = f" (the engine then decodes {rows} rows of full context at once)" if reserved else ""
     return [token_fix(config, found) + engine]
@@ -591,7 +584,7 @@ def make_plan(
     shape = model_shape(config.model.path)
     on_gpu = deployment.learner_on_gpu
     capacity = int(gpu_memory_gib * GIB)
-    terms = step_terms(config, shape, config.learner, ranks=deployment.learner_ranks, on_gpu=on_gpu)
+    terms = step_terms(config, shape, ranks=deployment.learner_ranks, on_gpu=on_gpu)
     plan = Plan(
         deployment,
         shape,
@@ -713,11 +706,16 @@ def _servers(config: TrainConfig, deployment: Deployment, shape: ModelShape, cap
 # ---- the verdict -----------------------------------------------------------------------------------------------
 
 
-def _fits(config: TrainConfig, shape: ModelShape, learner: LearnerConfig, ranks: int, capacity: int, extra: int) -> int:
+def _need(config: TrainConfig, shape: ModelShape, learner: LearnerConfig, ranks: int, extra: int) -> int:
     """GPU bytes of one rank under `learner` on `ranks` ranks at the step's largest micro-batch (`step_learner`), with
-    `extra` bytes of other GPU terms, or -1 when it does not fit."""
+    `extra` bytes of other GPU terms."""
     step = step_learner(config, learner)
-    need = gpu_bytes(learner_terms(shape, step, ranks=ranks, dtype=config.model.dtype, on_gpu=True)) + extra
+    return gpu_bytes(learner_terms(shape, step, ranks=ranks, dtype=config.model.dtype, on_gpu=True)) + extra
+
+
+def _fits(config: TrainConfig, shape: ModelShape, learner: LearnerConfig, ranks: int, capacity: int, extra: int) -> int:
+    """`_need`'s bytes, or -1 when they do not fit `capacity`."""
+    need = _need(config, shape, learner, ranks, extra)
     return need if need <= capacity else -1
 
 
@@ -735,6 +733,22 @@ def token_bound(config: TrainConfig, tokens: int) -> TrainConfig:
             rollout, max_context=context, summary_tokens=rollout.summary_tokens if summary is None else summary
         ),
     )
+
+
+def largest_token_bound(config: TrainConfig, fits: Callable[[TrainConfig], bool]) -> TrainConfig | None:
+    """The `token_bound` of `config` with the most tokens that `fits` (the plan's sizes only grow with tokens, so by
+    bisection below the step's largest micro-batch), or None when none does (the summarise policy needs 2 tokens at
+    least: one of summary, half the context)."""
+    low, high = 0, step_learner(config).micro_batch_tokens - 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        if fits(token_bound(config, mid)):
+            low = mid
+        else:
+            high = mid - 1
+    if low < (2 if config.rollout.context_policy == "summarise" else 1):
+        return None
+    return token_bound(config, low)
 
 
 def token_fix(config: TrainConfig, found: TrainConfig) -> str:
@@ -766,8 +780,7 @@ def remedies(
     # from 2 ranks up every sharded term shrinks and nothing grows: the fewest ranks that fit, by bisection
     low, high = max(ranks + 1, 2), MAX_RANKS
     if fits(learner, high) < 0:
-        step = step_learner(config)
-        unsharded = gpu_bytes(learner_terms(shape, step, ranks=high, dtype=config.model.dtype, on_gpu=True)) + extra
+        unsharded = _need(config, shape, learner, high, extra)
         found.append(f"no number of ranks (what FSDP does not shard alone needs {gib(unsharded)})")
     else:
         while low < high:
@@ -777,8 +790,8 @@ def remedies(
             else:
                 low = mid + 1
         found.append(f"learner.ranks={low} ({gib(fits(learner, low))} per GPU)")
-    for key in ("cpu_offload", "activation_checkpointing"):
-        if not getattr(learner, key) or ranks == 1:
+    for key in ("cpu_offload", "activation_checkpointing"):  # one already on is in the ranks remedy above
+        if not getattr(learner, key):
             sharded = max(ranks, 2)
             need = fits(dataclasses.replace(learner, **{key: True}), sharded)  # type: ignore[arg-type]  # a bool field
             if need >= 0:
@@ -786,19 +799,11 @@ def remedies(
                 found.append(f"{more}learner.{key}=true ({gib(need)} per GPU)")
 
     # the largest bound on the step's micro-batch that fits (micro_batch_tokens, and max_context where it is longer)
-    def bounded(tokens: int) -> int:
-        smaller = token_bound(config, tokens)
-        return _fits(smaller, shape, smaller.learner, ranks, capacity, extra)
-
-    low, high = 0, step_learner(config).micro_batch_tokens - 1
-    while low < high:
-        mid = (low + high + 1) // 2
-        if bounded(mid) >= 0:
-            low = mid
-        else:
-            high = mid - 1
-    if low > 0:
-        found.append(f"{token_fix(config, token_bound(config, low))} ({gib(bounded(low))} per GPU)")
+    bound = largest_token_bound(
+        config, lambda smaller: _fits(smaller, shape, smaller.learner, ranks, capacity, extra) >= 0
+    )
+    if bound is not None:
+        found.append(f"{token_fix(config, bound)} ({gib(_need(bound, shape, bound.learner, ranks, extra))} per GPU)")
     return found
 
 
@@ -811,7 +816,7 @@ def _refusal(plan: Plan, config: TrainConfig) -> str | None:
         extra = sum(t.bytes for t in plan.learner if t.name == "rollout engine weights")
         terms = ", ".join(f"{t.name} {gib(t.bytes)}" for t in ranked)
         fixes = " or ".join(remedies(config, plan.deployment, plan.model, capacity, extra)) or (
-            "none of learner.ranks, cpu_offload, activation_checkpointing or micro_batch_tokens alone"
+            "none of learner.ranks, cpu_offload, activation_checkpointing or micro_batch_tokens (and max_context) alone"
         )
         problems.append(
             f"one learner rank needs {gib(plan.learner_gpu_bytes)} of a {gib(capacity)} GPU; the biggest "

@@ -369,7 +369,7 @@ def test_each_claims_setting_text_states_its_own_configs_values(model):
 
     for claim in CLAIMS:
         config = load_reproduce_config(claim, model=model)
-        text = CLAIMS[claim].setting if model is None else REAL_MODEL_SETTINGS[claim]
+        text = CLAIMS[claim].setting if model is None else REAL_MODEL_SETTINGS[model][claim]
         if lr := re.search(r"\blr ([0-9.e+-]+)", text):
             assert float(lr.group(1)) == config.rl.learner.lr, (claim, text)
         if minibatches := re.search(r"(\d+) minibatches", text):
@@ -382,6 +382,10 @@ def test_each_claims_setting_text_states_its_own_configs_values(model):
             assert [int(rl.group(1)), int(rl.group(2))] == [min(config.hops.rl), max(config.hops.rl)], (claim, text)
         if context := re.search(r"([0-9,]+) tokens of context", text):
             assert int(context.group(1).replace(",", "")) == config.rl.rollout.max_context, (claim, text)
+        if most := re.search(r"at most (\d+)", text):
+            assert int(most.group(1)) == config.max_demos == config.demos.limit, (claim, text)
+        if "EM reward" in text or "an EM" in text:
+            assert config.env.kwargs["judge"] == "em", (claim, text)
 
 
 def test_a_real_model_report_says_the_real_models_setting(bench):
@@ -394,6 +398,10 @@ def test_a_real_model_report_says_the_real_models_setting(bench):
     root, config, report = bench
     rows = [json.loads(line) for line in (root / "runs" / "arms.jsonl").read_text().splitlines()]
     assert report["setting"] == CLAIMS["staleness"].setting and "copy-pretrained" in report["shared"]
-    real = pooled_arms("staleness", rows, dataclasses.replace(config, base="smollm2-135m-instruct"), ARMS)
-    assert real["setting"] == REAL_MODEL_SETTINGS["staleness"] and "lr 2e-5" in real["setting"]
+    smollm2 = dataclasses.replace(config, base="smollm2-135m-instruct", preset="reproduce:staleness_smollm2")
+    real = pooled_arms("staleness", rows, smollm2, ARMS)
+    assert real["setting"] == REAL_MODEL_SETTINGS["smollm2"]["staleness"] and "lr 2e-5" in real["setting"]
     assert "smollm2-135m-instruct" in real["shared"] and "copy-pretrained" not in real["shared"]
+    # another base under the tiny model's preset keeps the tiny claim's words: the preset names the setting
+    other = pooled_arms("staleness", rows, dataclasses.replace(config, base="smollm2-135m-instruct"), ARMS)
+    assert other["setting"] == CLAIMS["staleness"].setting

@@ -320,7 +320,7 @@ def _remedies(message: str) -> list[list[str]]:
 
 def test_a_7b_single_rank_plan_is_refused_naming_the_optimizer_state(capsys):
     asearcher = str(CONFIGS / "asearcher-7b-local.yaml")
-    short = "rollout.max_context=8000"  # no trajectory longer than a micro-batch: the optimizer state dominates
+    short = "rollout.max_context=8000"  # no trajectory longer than a micro-batch: the step's own 8,000 tokens
     code, out, err = dry_run(
         capsys,
         "--config",
@@ -339,12 +339,14 @@ def test_a_7b_single_rank_plan_is_refused_naming_the_optimizer_state(capsys):
     assert f"optimizer state {optimizer:.1f} GiB" in message
     # each proposed remedy, applied, fits: computed by the estimate, not guessed
     fixes = _remedies(message)
-    assert {key.split("=")[0] for fix in fixes for key in fix} >= {
+    # checkpointing is on in the config already: it comes with the ranks remedy, never proposed as a second one
+    assert {key.split("=")[0] for fix in fixes for key in fix} == {
         "learner.ranks",
         "learner.cpu_offload",
-        "learner.activation_checkpointing",
         "learner.micro_batch_tokens",
+        "rollout.max_context",  # bounded with the micro-batch, which it equals
     }
+    assert len({tuple(sorted(fix)) for fix in fixes}) == len(fixes)  # no remedy twice
     for fix in fixes:
         config = load_config(asearcher, ["learner.ranks=1", "ray.learner_gpus=1", short, *fix])
         assert plan_of(config).refusal is None, fix
@@ -615,3 +617,17 @@ def test_a_cpu_remedy_below_the_context_also_bounds_the_context(tmp_path):
         [f"model.path={model}", f"learner.micro_batch_tokens={tokens}", f"rollout.max_context={context}"],
     )
     assert plan_of(fixed, host_memory_gib=12).refusal is None
+
+
+def test_no_token_bound_is_proposed_that_the_configs_own_checks_refuse():
+    """The summarise policy needs a summary of one token at least in half the context: a bound under 2 tokens is no
+    remedy there (its summary would be 0), while under another policy 1 token is still a bound."""
+    from searchgym.trainers.plan import largest_token_bound
+
+    only_one = lambda c: c.rollout.max_context <= 1  # noqa: E731
+    summarise = RolloutConfig(context_policy="summarise", summary_tokens=256, max_context=4096)
+    assert largest_token_bound(TrainConfig(rollout=summarise), only_one) is None
+    assert largest_token_bound(TrainConfig(rollout=RolloutConfig(max_context=4096)), only_one).rollout.max_context == 1
+    found = largest_token_bound(TrainConfig(rollout=summarise), lambda c: c.rollout.max_context <= 300)
+    assert (found.rollout.max_context, found.rollout.summary_tokens) == (300, 150)
+    assert not list(found.rollout.check())

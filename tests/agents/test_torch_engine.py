@@ -411,3 +411,15 @@ def test_a_cpu_engine_bounds_its_batch_by_the_available_memory(tiny_model_dir, m
     assert engine.memory_budget_bytes == int((10 << 30) * torch_engine.MEMORY_FRACTION) - (1 << 30)
     monkeypatch.setattr(torch_engine, "available_memory", lambda: None)
     assert TorchEngine(tiny_model_dir).memory_budget_bytes is None  # unknown memory: max_batch_size alone
+
+
+def test_a_cpu_engines_default_budget_counts_the_heap_earlier_stages_freed(tiny_model_dir, monkeypatch):
+    """An evaluation after RL in one process: the learner's freed heap goes back to the OS before the engine reads
+    the available memory, so the budget neither counts it as taken nor leaves it held beside the engine's batch."""
+    from searchgym.agents.engines import torch_engine
+
+    calls = []
+    monkeypatch.setattr(torch_engine, "release_free_heap", lambda: calls.append("release") or True)
+    monkeypatch.setattr(torch_engine, "available_memory", lambda: calls.append("read") or (8 << 30, "test"))
+    TorchEngine(tiny_model_dir)
+    assert calls == ["release", "read"]

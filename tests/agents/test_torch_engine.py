@@ -406,20 +406,20 @@ async def test_a_memory_budget_caps_the_rows_decoded_at_once(tiny_model_dir, tok
 def test_a_cpu_engine_bounds_its_batch_by_the_available_memory(tiny_model_dir, monkeypatch):
     from searchgym.agents.engines import torch_engine
 
-    monkeypatch.setattr(torch_engine, "available_memory", lambda: (10 << 30, "test"))
+    monkeypatch.setattr(torch_engine, "memory_after_release", lambda: (10 << 30, "test"))
     engine = TorchEngine(tiny_model_dir, limits=EngineLimits(prefix_cache_bytes=1 << 30))
     assert engine.memory_budget_bytes == int((10 << 30) * torch_engine.MEMORY_FRACTION) - (1 << 30)
-    monkeypatch.setattr(torch_engine, "available_memory", lambda: None)
+    monkeypatch.setattr(torch_engine, "memory_after_release", lambda: None)
     assert TorchEngine(tiny_model_dir).memory_budget_bytes is None  # unknown memory: max_batch_size alone
 
 
 def test_a_cpu_engines_default_budget_counts_the_heap_earlier_stages_freed(tiny_model_dir, monkeypatch):
     """An evaluation after RL in one process: the learner's freed heap goes back to the OS before the engine reads
     the available memory, so the budget neither counts it as taken nor leaves it held beside the engine's batch."""
-    from searchgym.agents.engines import torch_engine
+    from searchgym.agents.engines import memory
 
     calls = []
-    monkeypatch.setattr(torch_engine, "release_free_heap", lambda: calls.append("release") or True)
-    monkeypatch.setattr(torch_engine, "available_memory", lambda: calls.append("read") or (8 << 30, "test"))
+    monkeypatch.setattr(memory, "release_free_heap", lambda: calls.append("release") or True)
+    monkeypatch.setattr(memory, "available_memory", lambda: calls.append("read") or (8 << 30, "test"))
     TorchEngine(tiny_model_dir)
     assert calls == ["release", "read"]

@@ -111,7 +111,7 @@ def test_the_engine_batch_takes_only_what_the_plan_leaves_the_learner(
         engines.append(self)
 
     monkeypatch.setattr(torch_engine.TorchEngine, "__init__", spy)
-    monkeypatch.setattr(local, "available_memory", lambda: (int(capacity_gib * GIB), "test"))
+    monkeypatch.setattr(local, "memory_after_release", lambda: (int(capacity_gib * GIB), "test"))
     config = small_run(tmp_path, "steps=1")
     train(config, progress=False)
     (engine,) = engines

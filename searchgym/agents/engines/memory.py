@@ -9,9 +9,12 @@ Nothing here imports torch: the plan reads model shapes, the engine reads its mo
 
 from __future__ import annotations
 
+import gc
 import importlib
 from pathlib import Path
 from typing import Any
+
+from searchgym.core.heap import release_free_heap
 
 MEMINFO = Path("/proc/meminfo")
 # a CPU batch's peak RSS over its live tensors: 1.16x to 1.58x measured (SmolLM2-135M, docs/agents.md)
@@ -34,6 +37,15 @@ def available_memory() -> tuple[int, str] | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def memory_after_release() -> tuple[int, str] | None:
+    """`available_memory()` once this process's freed memory is back with the OS (its cycles collected, then the
+    heap's free pages trimmed, `core.heap`): what a budget read after earlier stages (an RL run, then its
+    evaluation) can count on, rather than what glibc still holds."""
+    gc.collect()
+    release_free_heap()
+    return available_memory()
 
 
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:

@@ -48,7 +48,6 @@ memory").
 from __future__ import annotations
 
 import asyncio
-import gc
 import inspect
 import logging
 import os
@@ -63,7 +62,6 @@ from typing import Any, Literal
 import numpy as np
 
 from searchgym.core.extras import needs
-from searchgym.core.heap import release_free_heap
 
 with needs("TorchEngine"):
     import torch
@@ -72,7 +70,7 @@ with needs("TorchEngine"):
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from searchgym.agents.engines.detokenize import StopStrings
-from searchgym.agents.engines.memory import available_memory, batch_bytes, config_shapes, kv_bytes_per_token
+from searchgym.agents.engines.memory import batch_bytes, config_shapes, kv_bytes_per_token, memory_after_release
 from searchgym.agents.engines.prefix_cache import PrefixCache, shared_prefixes
 from searchgym.agents.engines.types import (
     GREEDY_TEMPERATURE,
@@ -605,14 +603,12 @@ def _default_budget(device: torch.device, prefix_cache_bytes: int) -> int | None
     """A CPU engine's memory budget: MEMORY_FRACTION of the available host memory less the prefix cache's budget;
     None (no bound) on other devices or where the available memory cannot be read.
 
-    What earlier stages of this process freed goes back to the OS first (`release_free_heap`): an evaluation after
+    What earlier stages of this process freed goes back to the OS first (`memory_after_release`): an evaluation after
     RL in one process otherwise holds the learner's freed heap beside its own batch (SmolLM2's long-horizon eval
     after RL peaked at 22.8 GB on a 24 GB machine, the same eval before RL at 16.7)."""
     if device.type != "cpu":
         return None
-    gc.collect()  # the trainer's cycles, so their tensors are freed before the heap is trimmed
-    release_free_heap()
-    found = available_memory()
+    found = memory_after_release()
     if found is None:
         return None
     budget = max(int(found[0] * MEMORY_FRACTION) - prefix_cache_bytes, 0)

@@ -25,9 +25,8 @@ from typing import Any, Literal
 
 import torch
 
-from searchgym.agents.engines.memory import available_memory
+from searchgym.agents.engines.memory import memory_after_release
 from searchgym.agents.engines.open import EngineHandle
-from searchgym.core.heap import release_free_heap
 from searchgym.core.ports import free_port
 from searchgym.settings import check_settings
 from searchgym.trainers.algorithm.learner import Learner
@@ -118,8 +117,7 @@ def engine_memory_budget(config: TrainConfig, deployment: Deployment) -> int | L
     on_cpu = torch.device(deployment.engine_device).type == "cpu" and not deployment.learner_on_gpu
     if deployment.engine != "torch" or not on_cpu:
         return "auto"
-    release_free_heap()  # what earlier stages of this process freed is available, not held by the allocator
-    found = available_memory()
+    found = memory_after_release()  # what earlier stages of this process freed is available, not held by glibc
     if found is None:
         return "auto"
     try:

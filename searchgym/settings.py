@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -115,7 +116,7 @@ def load_settings(
     """
     merged = OmegaConf.structured(base if base is not None else cls)
     if path is not None:
-        merged = _merge(merged, lambda: OmegaConf.load(os.fspath(path)), os.fspath(path))
+        merged = _merge(merged, functools.partial(_read_file, os.fspath(path)), os.fspath(path))
     if values:
         merged = _merge(merged, lambda: OmegaConf.create(dict(values)), values_source)
     for override in overrides:
@@ -135,6 +136,14 @@ def load_settings(
     return settings
 
 
+def _read_file(path: str) -> Any:
+    """A `.json` file read as JSON (a run's own config.json holds its task list, past YAML's node limit), else YAML."""
+    if not path.endswith(".json"):
+        return OmegaConf.load(path)
+    with open(path, encoding="utf-8") as f:
+        return OmegaConf.create(json.load(f))
+
+
 def _merge(base: Any, load: Callable[[], Any], source: str, key: str | None = None) -> Any:
     """`base` merged with what `load` reads; OmegaConf's errors become one ValueError naming the key and the source."""
     try:
@@ -144,6 +153,8 @@ def _merge(base: Any, load: Callable[[], Any], source: str, key: str | None = No
         raise ValueError(f"{e.full_key or key or e.key or 'config'}: {message} (from {source})") from None
     except yaml.YAMLError as e:  # a file (or override) that is not YAML
         raise ValueError(f"{source} is not valid YAML: {' '.join(str(e).split())}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{source} is not valid JSON: {e}") from None
 
 
 def settings_dict(settings: Any) -> dict[str, Any]:

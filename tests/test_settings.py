@@ -4,6 +4,7 @@ its source, checks declared once and run on nested configs, and the commands tha
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,20 @@ def test_the_layers_apply_in_order_and_name_their_source(tmp_path):
         load_settings(TrainConfig, overrides=["steps"])
     path.write_text("steps: [unclosed\n")
     with pytest.raises(ValueError, match=r"run\.yaml is not valid YAML"):
+        load_settings(TrainConfig, path)
+
+
+def test_a_runs_json_config_reads_back_past_yamls_node_limit(tmp_path):
+    """A run writes config.json with its task ids; 12k pass YAML's node limit, so JSON is read as JSON."""
+    config = load_settings(TrainConfig, values={"steps": 3, "tasks": [f"q{i}" for i in range(12_000)]})
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(settings_dict(config)))
+    assert load_settings(TrainConfig, path) == config
+    path.write_text('{"steps": 3,')
+    with pytest.raises(ValueError, match=r"config\.json is not valid JSON"):
+        load_settings(TrainConfig, path)
+    path.write_text('{"stepz": 3}')
+    with pytest.raises(ValueError, match=r"^stepz: .*config\.json"):
         load_settings(TrainConfig, path)
 
 

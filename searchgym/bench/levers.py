@@ -13,9 +13,10 @@ arms are interleaved within every repeat:
 - half the micro-batch (`learner.micro_batch_tokens`).
 
 Each arm reports its seconds per step (median, and per-repeat paired ratio to the baseline), its peak memory over
-the step's start (sampled from /proc; freed memory the allocator keeps from an earlier arm makes later arms' figures
-low, so run one arm per process to compare memory), and how far its update is from the baseline's: the cosine
-between the two parameter updates, and the mean |difference| of the trained tokens' log-probs after the step.
+the step's start (sampled from /proc after `gc.collect()` and a heap trim, so memory an earlier arm freed is not
+reused unseen; run with MALLOC_ARENA_MAX=2, as the reproduce script does, or other threads' arenas keep some), and
+how far its update is from the baseline's: the cosine between the two parameter updates, and the mean |difference|
+of the trained tokens' log-probs after the step.
 Prefix reuse and concurrency are the engine's levers, measured by `searchgym bench engine`. `--run` adds what an
 RL run's own steps cost (its metrics.jsonl: learner seconds, engine busy seconds, wall seconds per step).
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
 import json
 import os
 import statistics
@@ -42,6 +44,7 @@ from searchgym.agents.engines.types import SamplingParams
 from searchgym.agents.trajectory import Trajectory
 from searchgym.agents.workflow import TokenWorkflow, WorkflowSettings
 from searchgym.bench.provenance import git_commit, machine
+from searchgym.core.heap import release_free_heap
 from searchgym.pipeline.stages import make_env, resolve_model
 from searchgym.settings import setting
 from searchgym.trainers.algorithm.learner import Learner
@@ -156,6 +159,8 @@ def run_arm(base: torch.nn.Module, arm: dict[str, Any], groups: list[list[Trajec
     before = [p.detach().clone() for p in model.parameters()]
     threads = torch.get_num_threads()
     torch.set_num_threads(arm["threads"])
+    gc.collect()
+    release_free_heap()  # the earlier arms' freed heap back to the system, so this arm's peak counts its own
     try:
         with peak_memory() as memory:
             start = time.perf_counter()

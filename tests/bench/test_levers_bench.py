@@ -5,6 +5,8 @@ lower layers alone), every figure is paired with the baseline's, and an RL run's
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 from searchgym.bench.levers import LeversConfig, format_levers, run_levers_bench, step_costs
 from searchgym.cli import main
@@ -67,3 +69,22 @@ def test_each_lever_changes_the_step_as_it_says(tiny_model_dir, small_bundle, tm
 def test_the_command_checks_its_settings(capsys):
     assert main(["bench", "levers", "repeats=0"]) == 2
     assert "repeats" in capsys.readouterr().err
+
+
+def test_benchmarks_md_quotes_the_committed_levers_file():
+    """docs/benchmarks.md's CPU levers table is the committed SmolLM2 report, figure for figure (a rerun that
+    changes the file must change the page)."""
+    root = Path(__file__).resolve().parents[2]
+    report = json.loads((root / "results" / "bench_levers_smollm2.json").read_text())
+    page = (root / "docs" / "benchmarks.md").read_text()
+    section = page[page.index("## CPU levers") : page.index("## Async vs sync training")]
+    rows = {line.split("|")[1].strip(): line for line in section.splitlines() if line.startswith("| ")}
+    for name, arm in report["arms"].items():
+        label = next(k for k in rows if k.split(" (")[0].replace(" of 30", "") == name)
+        figures = re.findall(r"\[([\d.]+)x?\]", rows[label])
+        speed = arm["speedup_vs_baseline"]
+        expected = [arm["median_seconds"], arm["peak_gib_over_start"]]
+        if name != "fp32, 1 thread":
+            expected += [speed["median"], speed["min"], speed["max"], arm["update_cosine_vs_baseline"]]
+        for value in expected:
+            assert any(f"{value:.{len(f.partition('.')[2])}f}" == f for f in figures), (name, value, figures)

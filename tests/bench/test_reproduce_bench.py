@@ -1,6 +1,7 @@
 """`searchgym bench reproduce` at toy scale through the real pipeline: arms from one warm start per seed, resumable
 per (seed, arm), refused when the configuration differs, pooled per arm with per-step curves."""
 
+import dataclasses
 import functools
 import json
 import shutil
@@ -317,13 +318,21 @@ def test_a_claim_on_the_real_model_keeps_its_arms_and_takes_the_real_warm_start(
 
 
 @pytest.mark.parametrize("model", [None, "smollm2"])
-def test_staleness_and_shaping_share_each_seeds_warm_start_and_long_horizon_has_its_own(model):
-    """Their settings differ only in RL and evaluation, so a seed's warm start trained for one is taken by the other
-    (bench/learning.py, finished_warm_start): on the real model that is 7 minutes a seed."""
+def test_claims_whose_settings_differ_only_in_rl_share_each_seeds_warm_start(model):
+    """A seed's warm start trained for one claim is taken by another whose settings differ only in RL and evaluation
+    (bench/learning.py, finished_warm_start): on the tiny model staleness and shaping share it; on the real model
+    shaping runs in long horizon's setting and shares its warm start (19 minutes of SFT a seed), staleness has its own.
+    The real model's shaping arms train exactly long horizon's RL, bar the process reward."""
     from searchgym.bench.learning import warm_start_fingerprint
 
     keys = {claim: warm_start_fingerprint(load_reproduce_config(claim, model=model), 0) for claim in CLAIMS}
-    assert keys["staleness"] == keys["shaping"] != keys["long_horizon"]
+    if model is None:
+        assert keys["staleness"] == keys["shaping"] != keys["long_horizon"]
+    else:
+        assert keys["long_horizon"] == keys["shaping"] != keys["staleness"]
+        shaping, deep = (load_reproduce_config(c, model=model) for c in ("shaping", "long_horizon"))
+        assert dataclasses.replace(shaping, preset=deep.preset, out_dir=deep.out_dir) == deep
+        assert shaping.rl.learner.process_reward_weight == 0.0  # success-only is long horizon's RL arm
     assert warm_start_fingerprint(load_reproduce_config("staleness", model=model), 1) != keys["staleness"]
 
 
@@ -386,6 +395,8 @@ def test_each_claims_setting_text_states_its_own_configs_values(model):
             assert int(most.group(1)) == config.max_demos == config.demos.limit, (claim, text)
         if "EM reward" in text or "an EM" in text:
             assert config.env.kwargs["judge"] == "em", (claim, text)
+        if mode := re.search(r"(?<!is )\b(a?sync) RL", text):  # "eta 0 is sync RL" names an arm
+            assert mode.group(1) == config.rl.mode, (claim, text)
 
 
 def test_a_real_model_report_says_the_real_models_setting(bench):

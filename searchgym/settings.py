@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 T = TypeVar("T")
@@ -137,11 +137,33 @@ def load_settings(
 
 
 def _read_file(path: str) -> Any:
-    """A `.json` file read as JSON (a run's own config.json holds its task list, past YAML's node limit), else YAML."""
-    if not path.endswith(".json"):
-        return OmegaConf.load(path)
-    with open(path, encoding="utf-8") as f:
-        return OmegaConf.create(json.load(f))
+    """The file's settings: `.json` read as JSON (a run's own config.json holds its task ids, past YAML's node
+    limit), anything else as YAML; ValueError unless it holds a mapping."""
+    if path.lower().endswith(".json"):
+        try:
+            with open(path, encoding="utf-8") as f:
+                data: Any = json.load(f)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path} is not UTF-8 text: {e}") from None
+        if not isinstance(data, dict):  # OmegaConf.create would parse a JSON string as YAML
+            raise ValueError(f"{path}: a config file holds a mapping of settings, got {_kind(data)}")
+        return OmegaConf.create(data)
+    try:
+        loaded = OmegaConf.load(path)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text: {e}") from None
+    except OSError as e:  # OmegaConf's word for a YAML scalar ("Invalid loaded object type"); a missing file passes
+        if isinstance(e, FileNotFoundError) or "Invalid loaded object type" not in str(e):
+            raise
+        raise ValueError(f"{path}: a config file holds a mapping of settings, got a single value") from None
+    if not isinstance(loaded, DictConfig):
+        raise ValueError(f"{path}: a config file holds a mapping of settings, got a list")
+    return loaded
+
+
+def _kind(data: Any) -> str:
+    """A JSON value's kind in words."""
+    return {list: "a list", str: "a string", type(None): "null", bool: "a boolean"}.get(type(data), "a number")
 
 
 def _merge(base: Any, load: Callable[[], Any], source: str, key: str | None = None) -> Any:

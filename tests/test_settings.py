@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,29 @@ def test_a_runs_json_config_reads_back_past_yamls_node_limit(tmp_path):
     path.write_text('{"stepz": 3}')
     with pytest.raises(ValueError, match=r"^stepz: .*config\.json"):
         load_settings(TrainConfig, path)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["steps", "seed", "x"]), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=_JSON, raw=st.binary(max_size=40), suffix=st.sampled_from([".json", ".JSON", ".yaml"]))
+def test_any_config_file_loads_or_is_one_clear_error(tmp_path, value, raw, suffix):
+    """Whatever a config file holds (any JSON value, any bytes), loading it gives settings or a ValueError that names
+    the file or the key: never another exception."""
+    for i, content in enumerate((json.dumps(value).encode(), raw)):
+        path = tmp_path / f"c{i}{suffix}"
+        path.write_bytes(content)
+        try:
+            load_settings(TrainConfig, path)
+        except ValueError as e:
+            assert path.name in str(e) or re.match(r"(steps|seed|x)\b", str(e)), str(e)
 
 
 def test_settings_round_trip_through_their_plain_data(tmp_path):

@@ -393,7 +393,8 @@ WARM_MARK = "warm_start.json"  # written beside a finished warm start: what it w
 
 def warm_start_fingerprint(config: LearningConfig, seed: int) -> str:
     """What a seed's warm start depends on: every setting but RL's (bar the device SFT runs on), the evaluation's,
-    the held-out hops and where runs go. Claims whose arms differ only in RL (staleness, shaping) share it."""
+    the held-out hops and where runs go. Claims whose settings differ only in RL (on the tiny model staleness and
+    shaping, on SmolLM2 long horizon and shaping) share it."""
     data = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.structured(config)))
     device = data.pop("rl")["model"]["device"]
     for name in ("out_dir", "preset", "seed", "eval", "sync", "bootstrap_resamples"):

@@ -640,7 +640,10 @@ def _below(d: dict[str, Any] | None) -> bool:
 
 
 def verdict(report: dict[str, Any]) -> str:
-    """The verdict the numbers support, by a fixed rule per claim; "preliminary" below FULL_SEEDS seeds."""
+    """The verdict the numbers support, by a fixed rule per claim; "preliminary" below FULL_SEEDS seeds. A trial's
+    file (its "trial" key says why it was set aside) gets no verdict on the claim: its design was abandoned."""
+    if report.get("trial"):
+        return f"none: a trial, set aside ({report['trial']})"
     pooled, claim = report["pooled"], report["claim"]
     k = report["k"]
     if all(p[f"avg@{k}/reward"] < FLOOR for p in pooled.values()):

@@ -72,19 +72,50 @@ def test_the_command_checks_its_settings(capsys):
 
 
 def test_benchmarks_md_quotes_the_committed_levers_file():
-    """docs/benchmarks.md's CPU levers table is the committed SmolLM2 report, figure for figure (a rerun that
-    changes the file must change the page)."""
+    """docs/benchmarks.md's CPU levers table and step-cost bullet are the committed SmolLM2 report, column by column
+    (a rerun that changes the file must change the page)."""
     root = Path(__file__).resolve().parents[2]
     report = json.loads((root / "results" / "bench_levers_smollm2.json").read_text())
     page = (root / "docs" / "benchmarks.md").read_text()
     section = page[page.index("## CPU levers") : page.index("## Async vs sync training")]
-    rows = {line.split("|")[1].strip(): line for line in section.splitlines() if line.startswith("| ")}
+    rows = {
+        re.sub(r" \(.*\)| of \d+", "", cells[0]): cells[1:]
+        for line in section.splitlines()
+        if line.startswith("| ") and not line.startswith("| arm")
+        for cells in [[c.strip() for c in line.strip("|").split("|")]]
+    }
+    assert set(rows) == set(report["arms"]), (set(rows), set(report["arms"]))
+
+    def shown(cell: str) -> list[str]:
+        return re.findall(r"\[([\d.]+)x?\]", cell) or [cell]
+
+    def same(value: float, figure: str) -> bool:
+        return f"{value:.{len(figure.partition('.')[2])}f}" == figure
+
     for name, arm in report["arms"].items():
-        label = next(k for k in rows if k.split(" (")[0].replace(" of 30", "") == name)
-        figures = re.findall(r"\[([\d.]+)x?\]", rows[label])
-        speed = arm["speedup_vs_baseline"]
-        expected = [arm["median_seconds"], arm["peak_gib_over_start"]]
-        if name != "fp32, 1 thread":
-            expected += [speed["median"], speed["min"], speed["max"], arm["update_cosine_vs_baseline"]]
-        for value in expected:
-            assert any(f"{value:.{len(f.partition('.')[2])}f}" == f for f in figures), (name, value, figures)
+        seconds, speed, peak, cosine, drift = (shown(c) for c in rows[name])
+        s = arm["speedup_vs_baseline"]
+        columns = [
+            (seconds, [arm["median_seconds"]]),
+            (speed, [s["median"], s["min"], s["max"]]),
+            (peak, [arm["peak_gib_over_start"]]),
+            (cosine, [arm["update_cosine_vs_baseline"]]),
+            (drift, [arm["logprob_mean_abs_diff_after_step"]]),
+        ]
+        if name == "fp32, 1 thread":  # the baseline against itself: 1x, cosine 1, no change
+            assert (speed, cosine, drift) == (["1"], ["1"], ["0"])
+            columns = [columns[0], columns[2]]
+        for figures, values in columns:
+            assert len(figures) == len(values) and all(map(same, values, figures)), (name, figures, values)
+    costs = report["preset_step_costs"]
+    bullet = section[section.index("- **What an RL step costs**") :]
+    quoted = [float(x) for x in re.findall(r"\[([\d.]+)\]", bullet)]
+    expected = [
+        costs["wall_s_per_step"],
+        costs["engine_busy_s_per_step"],
+        costs["generated_tokens_per_step"],
+        costs["learner_s_per_step"],
+        costs["updated_steps"],
+        costs["learner_s_per_update"],
+    ]
+    assert quoted == [round(v) for v in expected], (quoted, expected)

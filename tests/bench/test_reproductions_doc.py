@@ -144,6 +144,14 @@ def arm(calls, low, high=None):
     return {"tool_calls": calls, "avg@2/reward": 0.2, "vs_baseline": d, "vs_warm": d, "seeds": [0], "curve": []}
 
 
+def test_a_trials_file_gets_no_verdict_on_the_claim():
+    """A trial's design was set aside: its table is shown for the record, and the verdict line says so."""
+    calls = {"tool_calls": 1.0, "avg@2/reward": 0.3, "vs_baseline": {"gain": 0.0, "ci95_low": -0.1, "ci95_high": 0.1}}
+    trial = {**report("shaping", dict.fromkeys(("success-only", "raw", "clip", "delta"), calls)), "trial": "why"}
+    assert verdict(trial) == "none: a trial, set aside (why)"
+    assert verdict({k: v for k, v in trial.items() if k != "trial"}).startswith("partly reproduced")
+
+
 def test_the_verdicts_follow_their_rules():
     base = {"tool_calls": 1.0, "avg@2/reward": 0.2, "seeds": [0], "curve": []}
     hacked = report(

@@ -24,9 +24,34 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
+def uncommitted_code(repo: Path = REPO) -> list[str]:
+    """The package's tracked files that differ from the commit (`git_commit` alone would hide a run of edited code);
+    [] for a clean checkout or outside git."""
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "searchgym"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return sorted(line[3:] for line in out.stdout.splitlines() if line.strip())
+
+
 def machine(**extra: Any) -> dict[str, Any]:
-    """Platform, Python and CPU count, plus what the benchmark adds (its torch threads, the load average...)."""
-    return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(), **extra}
+    """Platform, Python and CPU count, plus what the benchmark adds (its torch threads, the load average...); the
+    package's files edited since the commit, if any (`uncommitted_code`)."""
+    edited = {"uncommitted_code": changed} if (changed := uncommitted_code()) else {}
+    return {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        **edited,
+        **extra,
+    }
 
 
 def accelerator() -> str:

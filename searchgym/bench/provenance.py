@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from searchgym.eval.card import edited_package_files
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -27,18 +29,7 @@ def git_commit() -> str | None:
 def uncommitted_code(repo: Path = REPO) -> list[str]:
     """The package's tracked files that differ from the commit (`git_commit` alone would hide a run of edited code);
     [] for a clean checkout or outside git."""
-    try:
-        out = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", "searchgym"],
-            cwd=repo,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return sorted(line[3:] for line in out.stdout.splitlines() if line.strip())
+    return edited_package_files(repo) or []
 
 
 def machine(**extra: Any) -> dict[str, Any]:

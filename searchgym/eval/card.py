@@ -177,6 +177,23 @@ def judges_card(judges: Mapping[str, Any], primary: str, judge_model: dict[str, 
 # --- software ---------------------------------------------------------------------------------------
 
 
+def edited_package_files(root: Path) -> list[str] | None:
+    """The tracked files under `root`/searchgym that differ from the checkout's commit; None where git cannot say."""
+    try:
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "searchgym"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if status.returncode != 0:
+        return None
+    return sorted(line[3:] for line in status.stdout.splitlines() if line.strip())
+
+
 def software() -> dict[str, Any]:
     """searchgym's version, and the git commit of its checkout (with `dirty` when it has local changes)."""
     import searchgym
@@ -187,14 +204,8 @@ def software() -> dict[str, Any]:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if commit.returncode == 0:
             out["commit"] = commit.stdout.strip()
-            status = subprocess.run(
-                ["git", "status", "--porcelain", "--untracked-files=no", "--", "searchgym"],
-                cwd=root,
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-            out["dirty"] = bool(status.stdout.strip()) if status.returncode == 0 else None
+            edited = edited_package_files(root)
+            out["dirty"] = None if edited is None else bool(edited)
     except (OSError, subprocess.SubprocessError):
         pass
     return out

@@ -34,6 +34,7 @@ from searchgym.bench.learning import (
     count_label,
     curve,
     fingerprint,
+    finished_warm_start,
     held_out_samples,
     hop_counts,
     load_learning_config,
@@ -43,6 +44,7 @@ from searchgym.bench.learning import (
     prepare_seed,
     shared_base_model,
     stage_clock,
+    warm_start_fingerprint,
 )
 from searchgym.bench.provenance import git_commit, machine
 from searchgym.bench.unit_log import UnitLog
@@ -899,7 +901,9 @@ def reproduce_command(command: ReproduceCommand) -> None:
 
         keys = {name: arm_fingerprint(config, command.claim, name, o) for name, o in {WARM: [], **arms}.items()}
         results = out or Path(f"results/reproduce_{command.claim}.json")
-        units = unit_status(Path(config.out_dir), results, keys, seeds, WARM)
+        root = Path(config.out_dir)
+        ready = [s for s in seeds if finished_warm_start(config, warm_start_fingerprint(config, s), root / f"seed-{s}")]
+        units = unit_status(root, results, keys, seeds, WARM, warm_on_disk=ready)
         print(format_status(command.claim, units, run_holder(config.out_dir)))
         return
     picked = ["--arms", command.arms] if command.arms else []

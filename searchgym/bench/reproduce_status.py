@@ -8,7 +8,7 @@ checkpoint), and what is left, with the time the finished units took as the esti
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +18,18 @@ DONE, CUT, TODO = "done", "cut", "to run"
 
 
 def unit_status(
-    root: Path, results: Path, keys: Mapping[str, str], seeds: list[int], warm: str
+    root: Path,
+    results: Path,
+    keys: Mapping[str, str],
+    seeds: list[int],
+    warm: str,
+    warm_on_disk: Collection[int] = (),
 ) -> list[dict[str, Any]]:
     """One entry per (seed, arm) of `keys` (arm -> the fingerprint its rows carry; `warm` is the warm start's, which
     has no RL): its state (done, cut after a checkpoint, or to run), the seconds a finished one took (RL and
-    evaluation), the step a cut one resumes after. Rows come from ROOT/arms.jsonl and RESULTS' .arms.jsonl copy."""
+    evaluation; a warm unit's SFT apart, as `sft_seconds`), the step a cut one resumes after, and for a warm unit
+    whether its seed's SFT model is on disk (`warm_on_disk` seeds: a fresh checkout has none, and retrains one per
+    seed it goes on with). Rows come from ROOT/arms.jsonl and RESULTS' .arms.jsonl copy."""
     rows: dict[tuple[int, str], dict[str, Any]] = {}
     for path in (root / "arms.jsonl", results.with_suffix(".arms.jsonl")):
         for row in _rows(path):
@@ -32,10 +39,14 @@ def unit_status(
     for seed in seeds:
         for arm in keys:
             unit: dict[str, Any] = {"seed": seed, "arm": arm, "rl": arm != warm}
+            if arm == warm:
+                unit["sft_on_disk"] = seed in warm_on_disk
             done = rows.get((seed, arm))
             if done is not None:
                 laps = done.get("timings", {})
                 unit.update(state=DONE, seconds=sum(laps.get(f"{k} {arm}", 0.0) for k in ("rl", "evaluate")))
+                if arm == warm:
+                    unit["sft_seconds"] = laps.get("warm start", 0.0)
             elif unit["rl"] and (step := _checkpoint_step(root / f"seed-{seed}" / f"rl-{arm}")) is not None:
                 unit.update(state=CUT, after_step=step)
             else:
@@ -45,8 +56,8 @@ def unit_status(
 
 
 def format_status(claim: str, units: list[dict[str, Any]], running: str | None = None) -> str:
-    """The units as lines, then the count of each state and the hours left at the finished RL arms' mean time, and
-    the process running in the claim's folder now (`running`: "PID WHAT"), if any."""
+    """The units as lines, then the count of each state and the wall time left (`hours_left`), and the process
+    running in the claim's folder now (`running`: "PID WHAT"), if any."""
     lines = []
     for u in units:
         if u["state"] == DONE:
@@ -56,16 +67,38 @@ def format_status(claim: str, units: list[dict[str, Any]], running: str | None =
         else:
             what = TODO
         lines.append(f"seed {u['seed']}, {u['arm']}: {what}")
-    rl_times = [u["seconds"] for u in units if u["state"] == DONE and u["rl"] and u["seconds"]]
-    left = [u for u in units if u["state"] != DONE and u["rl"]]
     counts = {state: sum(u["state"] == state for u in units) for state in (DONE, CUT, TODO)}
     summary = f"{claim}: " + ", ".join(f"{n} {state}" for state, n in counts.items())
-    if rl_times and left:
-        summary += f"; about {len(left) * sum(rl_times) / len(rl_times) / 3600:.1f} h of RL arms left at their mean"
+    if left := hours_left(units):
+        summary += f"; about {left}"
     if running is not None:
         pid, _, what = running.partition(" ")
         summary += f"; a {what or 'run'} is at work in this folder now (pid {pid}): its unit shows as cut or to run"
     return "\n".join([*lines, summary])
+
+
+def hours_left(units: list[dict[str, Any]]) -> str | None:
+    """The wall time the units left need, each part at the mean of the finished units of its kind: RL arms with
+    their evaluation (a cut arm counted whole), warm starts' evaluations, and one SFT per seed with units left whose
+    warm start is not on disk; a kind no finished unit times yet is counted, not timed. None: nothing timed is left."""
+    left = [u for u in units if u["state"] != DONE]
+    retrain = {u["seed"] for u in units if not u["rl"] and not u.get("sft_on_disk")} & {u["seed"] for u in left}
+    parts = {
+        "RL arms with their evaluation": (sum(u["rl"] for u in left), _mean(units, True, "seconds")),
+        "warm-start evaluations": (sum(not u["rl"] for u in left), _mean(units, False, "seconds")),
+        "warm starts (SFT) to train again": (len(retrain), _mean(units, False, "sft_seconds")),
+    }
+    hours = {name: n * mean / 3600 for name, (n, mean) in parts.items() if n and mean is not None}
+    if not hours:
+        return None
+    untimed = [f"{n} {name}" for name, (n, mean) in parts.items() if n and mean is None]
+    text = f"{sum(hours.values()):.1f} h left: " + ", ".join(f"{h:.1f} h of {name}" for name, h in hours.items())
+    return text + (f" (and {', '.join(untimed)}, not timed yet)" if untimed else "")
+
+
+def _mean(units: list[dict[str, Any]], rl: bool, key: str) -> float | None:
+    times = [u[key] for u in units if u["state"] == DONE and u["rl"] == rl and u.get(key, 0.0) > 1.0]  # else reused
+    return sum(times) / len(times) if times else None
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from searchgym.bench.reproduce import (
     run_reproduce,
     select_arms,
 )
-from searchgym.bench.reproduce_status import format_status, unit_status
+from searchgym.bench.reproduce_status import format_status, hours_left, unit_status
 from searchgym.cli import main
 from searchgym.pipeline.stages import configure_rl, resumable_step
 from searchgym.trainers.config import EnvConfig, config_dict, load_config
@@ -366,6 +366,38 @@ def test_status_reads_any_unit_log_without_failing(tmp_path_factory, lines):
     assert all(u["state"] in ("done", "to run") for u in units)
     text = format_status("c", units).splitlines()
     assert len(text) == 5 and text[-1].startswith("c: ")
+
+
+def test_status_counts_the_warm_starts_a_fresh_checkout_trains_again(tmp_path):
+    """The time left counts, besides RL arms, each seed's SFT that is not on disk (a fresh checkout has none) and its
+    warm evaluation, each at the finished units' mean; a reused warm start (no SFT lap) times nothing."""
+    rows = [
+        {"seed": 0, "arm": "warm", "fingerprint": "w", "timings": {"warm start": 1200.0, "evaluate warm": 600.0}},
+        {
+            "seed": 0,
+            "arm": "rl",
+            "fingerprint": "r",
+            "timings": {"warm start": 0.0, "rl rl": 3000.0, "evaluate rl": 600.0},
+        },
+        {"seed": 1, "arm": "warm", "fingerprint": "w", "timings": {"warm start": 0.2, "evaluate warm": 600.0}},
+    ]
+    (tmp_path / "arms.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    keys = {"warm": "w", "rl": "r"}
+    fresh = unit_status(tmp_path, tmp_path / "r.json", keys, [0, 1, 2], "warm")
+    # seeds 1 and 2 have units left and no SFT model: two SFTs at seed 0's 1,200 s (seed 1's 0.2 s was a reuse),
+    # two RL arms at 3,600 s, one warm evaluation at 600 s
+    assert hours_left(fresh) == (
+        "2.8 h left: 2.0 h of RL arms with their evaluation, 0.2 h of warm-start evaluations, "
+        "0.7 h of warm starts (SFT) to train again"
+    )
+    kept = unit_status(tmp_path, tmp_path / "r.json", keys, [0, 1, 2], "warm", warm_on_disk=[1])
+    assert hours_left(kept).endswith("0.3 h of warm starts (SFT) to train again")
+    untimed = unit_status(tmp_path, tmp_path / "r.json", {"warm": "w", "new": "n"}, [0], "warm")
+    # a kind no finished unit times is counted, never given a made-up time
+    assert hours_left(untimed) == (
+        "0.3 h left: 0.3 h of warm starts (SFT) to train again (and 1 RL arms with their evaluation, not timed yet)"
+    )
+    assert hours_left(unit_status(tmp_path, tmp_path / "r.json", keys, [0], "warm")) is None  # nothing left
 
 
 @pytest.mark.parametrize("model", [None, "smollm2"])

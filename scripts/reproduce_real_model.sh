@@ -8,10 +8,13 @@
 # by seed. docs/reproductions.md says how each setting was chosen, and which trials failed.
 # Run it with the project's venv active (`searchgym` on PATH):
 #   setsid nohup bash scripts/reproduce_real_model.sh > /tmp/reproduce.log 2>&1 < /dev/null &
+# Where the run folder does not outlive the session (a fresh checkout each time), set STOP_BY to the time the machine
+# must be free (an ISO date and time, e.g. STOP_BY=2026-12-08T02:55): no unit starts that would end later at the
+# finished units' pace, so none is cut and lost.
 set -euo pipefail
 export MALLOC_ARENA_MAX=2  # glibc's per-thread arenas otherwise hold gigabytes the engine's threads freed
 reproduce() {  # a claim over seeds 0..$2, so each report pools every seed so far
-  searchgym bench reproduce "$1" --model smollm2 --seeds "$(seq -s, 0 "$2")"
+  searchgym bench reproduce "$1" --model smollm2 --seeds "$(seq -s, 0 "$2")" ${STOP_BY:+--stop-by "$STOP_BY"}
   searchgym bench reproduce --render
 }
 for last in 0 1 2 3 4; do reproduce long_horizon "$last"; done

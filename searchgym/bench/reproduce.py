@@ -21,6 +21,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -47,6 +48,7 @@ from searchgym.bench.learning import (
     warm_start_fingerprint,
 )
 from searchgym.bench.provenance import git_commit, machine
+from searchgym.bench.reproduce_status import Deadline, format_status, parse_stop_by, unit_means, unit_status
 from searchgym.bench.unit_log import UnitLog
 from searchgym.core.file_lock import sole_run
 from searchgym.pipeline.stages import deterministic_torch, say
@@ -278,10 +280,12 @@ def run_reproduce(
     command: str = "",
     progress: bool = True,
     keep_rl_state: bool = False,
+    stop_by: datetime | None = None,
 ) -> dict[str, Any]:
     """Every (seed, arm) not yet finished (OUT_DIR/arms.jsonl, or its copy OUT.arms.jsonl that is committed with the
     results, so a fresh clone goes on), then the pooled report to `out` (JSON) and a PNG beside it. Once an arm's row
-    is written its RL run keeps its last checkpoint as a model only (`slim_finished_run`), unless `keep_rl_state`."""
+    is written its RL run keeps its last checkpoint as a model only (`slim_finished_run`), unless `keep_rl_state`.
+    With `stop_by`, a unit (and a seed's SFT) starts only if it ends by then at the finished units' pace."""
     spec = CLAIMS[claim]
     arms = dict(spec.arms if arms is None else arms)
     if not seeds or len(set(seeds)) != len(seeds):
@@ -302,14 +306,21 @@ def run_reproduce(
             check=_check_row,
         )
         done = {(row["seed"], row["arm"]) for row in log.rows}
+        deadline = Deadline(stop_by, unit_means(unit_status(root, path, keys, seeds, WARM))) if stop_by else None
         base = None
         for seed in seeds:
             todo = [a for a in [WARM, *arms] if (seed, a) not in done]
             if not todo:
                 say(progress, f"[bench reproduce {claim}] seed {seed}: done before, reused")
                 continue
+            if deadline and not deadline.fits(rl=todo[0] != WARM, sft=not _warm_on_disk(config, seed)):
+                say(progress, f"[bench reproduce {claim}] seed {seed}: not started, it would end after {stop_by}")
+                break
             base = base or shared_base_model(config, root, progress=progress)
-            for row in run_seed_arms(config, configs, todo, seed, base, root / f"seed-{seed}", keys, progress=progress):
+            out_seed = root / f"seed-{seed}"
+            for row in run_seed_arms(
+                config, configs, todo, seed, base, out_seed, keys, progress=progress, deadline=deadline
+            ):
                 log.append(row)
                 if row["arm"] != WARM and not keep_rl_state:  # the row is durable: the arm is done for good
                     run = root / f"seed-{seed}" / f"rl-{row['arm']}"
@@ -324,6 +335,12 @@ def run_reproduce(
     return report
 
 
+def _warm_on_disk(config: LearningConfig, seed: int) -> bool:
+    """Whether the seed's warm start is on disk and whole (else a run trains it first)."""
+    key = warm_start_fingerprint(config, seed)
+    return finished_warm_start(config, key, Path(config.out_dir) / f"seed-{seed}") is not None
+
+
 def run_seed_arms(
     config: LearningConfig,
     configs: Mapping[str, LearningConfig],
@@ -334,15 +351,20 @@ def run_seed_arms(
     keys: Mapping[str, str],
     *,
     progress: bool = True,
+    deadline: Deadline | None = None,
 ) -> Any:
     """The seed's warm start (once), then each arm of `todo` trained from it and evaluated: one row per arm, yielded
-    as each finishes so an interrupted seed keeps its finished arms."""
+    as each finishes so an interrupted seed keeps its finished arms. An arm that would end after `deadline` is not
+    started, nor any after it."""
     timings, lap = stage_clock(progress, f"bench reproduce seed {seed}")
     commit = git_commit()  # the code these rows ran at (the report's commit is the code that pooled them)
     setup = prepare_seed(config, seed, base, out, lap, progress=progress)
     hop_of = hop_counts(config, seed)
     shared = dict(timings)  # the seed's setup laps: in every row, each row adding only its own arm's laps
     for arm in todo:
+        if deadline and not deadline.fits(rl=arm != WARM):
+            say(progress, f"[bench reproduce seed {seed}] {arm}: not started, it would end after {deadline.at}")
+            return
         timings.clear()
         timings.update(shared)
         resumed = None
@@ -868,6 +890,11 @@ class ReproduceCommand:
     status: bool = setting(
         False, help="only list where each (seed, arm) stands: done, cut (resumes from its checkpoint) or to run"
     )
+    stop_by: str = setting(
+        "",
+        help="an ISO date and time (e.g. 2026-12-08T02:55): start a unit only if it ends by then at the finished "
+        "units' pace, so a session's end cuts none (default: no limit)",
+    )
     keep_rl_state: bool = setting(
         False,
         help="keep each finished arm's optimizer state and earlier checkpoints (GBs an arm on a real model); by "
@@ -888,6 +915,7 @@ def reproduce_command(command: ReproduceCommand) -> None:
         print(readme_table(committed_reports()), end="")
         return
     seeds = seed_list(command.seeds)
+    stop_by = parse_stop_by(command.stop_by) if command.stop_by else None
     out = command.out or (Path(f"results/reproduce_{command.claim}_{command.model}.json") if command.model else None)
     if command.markdown:  # docs/reproductions.md's table and verdict are this output
         report = json.loads(Path(out or f"results/reproduce_{command.claim}.json").read_text())
@@ -896,19 +924,24 @@ def reproduce_command(command: ReproduceCommand) -> None:
     config = load_reproduce_config(command.claim, command.overrides, command.model)
     arms = select_arms(command.claim, command.arms)
     if command.status:  # read only: the unit logs and the RL folders' checkpoints
-        from searchgym.bench.reproduce_status import format_status, unit_status
         from searchgym.core.file_lock import run_holder
 
         keys = {name: arm_fingerprint(config, command.claim, name, o) for name, o in {WARM: [], **arms}.items()}
         results = out or Path(f"results/reproduce_{command.claim}.json")
-        root = Path(config.out_dir)
-        ready = [s for s in seeds if finished_warm_start(config, warm_start_fingerprint(config, s), root / f"seed-{s}")]
-        units = unit_status(root, results, keys, seeds, WARM, warm_on_disk=ready)
+        ready = [seed for seed in seeds if _warm_on_disk(config, seed)]
+        units = unit_status(Path(config.out_dir), results, keys, seeds, WARM, warm_on_disk=ready)
         print(format_status(command.claim, units, run_holder(config.out_dir)))
         return
     picked = ["--arms", command.arms] if command.arms else []
     picked += ["--model", command.model] if command.model else []
     words = ["searchgym", "bench", "reproduce", command.claim, *command.overrides, "--seeds", command.seeds, *picked]
     run_reproduce(
-        command.claim, config, seeds, out=out, arms=arms, command=" ".join(words), keep_rl_state=command.keep_rl_state
+        command.claim,
+        config,
+        seeds,
+        out=out,
+        arms=arms,
+        command=" ".join(words),
+        keep_rl_state=command.keep_rl_state,
+        stop_by=stop_by,
     )

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -77,16 +79,50 @@ def format_status(claim: str, units: list[dict[str, Any]], running: str | None =
     return "\n".join([*lines, summary])
 
 
+def unit_means(units: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The finished units' mean seconds by kind: an RL arm with its evaluation ("rl"), a warm start's evaluation
+    ("warm") and a warm start's SFT ("sft"); None for a kind none of them timed."""
+    return {
+        "rl": _mean(units, True, "seconds"),
+        "warm": _mean(units, False, "seconds"),
+        "sft": _mean(units, False, "sft_seconds"),
+    }
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """Start a unit only if, at the finished units' mean time (`unit_means`), it ends by `at`. Where the run folder
+    does not outlive the session (a fresh checkout, a preemptible job), a unit cut midway is work lost; a kind no
+    finished unit times yet is taken to fit, there being nothing to judge it by."""
+
+    at: datetime
+    means: Mapping[str, float | None]
+
+    def fits(self, *, rl: bool, sft: bool = False) -> bool:
+        """Whether a unit (an RL arm, or a warm start's evaluation, with the seed's SFT first if `sft`) ends in time."""
+        need = (self.means["rl" if rl else "warm"] or 0.0) + ((self.means["sft"] or 0.0) if sft else 0.0)
+        return datetime.now(self.at.tzinfo) + timedelta(seconds=need) <= self.at
+
+
+def parse_stop_by(text: str) -> datetime:
+    """A `--stop-by` value: an ISO 8601 date and time (local time unless it names a zone)."""
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"--stop-by takes an ISO date and time such as 2026-12-08T02:55, got {text!r}") from None
+
+
 def hours_left(units: list[dict[str, Any]]) -> str | None:
     """The wall time the units left need, each part at the mean of the finished units of its kind: RL arms with
     their evaluation (a cut arm counted whole), warm starts' evaluations, and one SFT per seed with units left whose
     warm start is not on disk; a kind no finished unit times yet is counted, not timed. None: nothing timed is left."""
     left = [u for u in units if u["state"] != DONE]
     retrain = {u["seed"] for u in units if not u["rl"] and not u.get("sft_on_disk")} & {u["seed"] for u in left}
+    means = unit_means(units)
     parts = {
-        "RL arms with their evaluation": (sum(u["rl"] for u in left), _mean(units, True, "seconds")),
-        "warm-start evaluations": (sum(not u["rl"] for u in left), _mean(units, False, "seconds")),
-        "warm starts (SFT) to train again": (len(retrain), _mean(units, False, "sft_seconds")),
+        "RL arms with their evaluation": (sum(u["rl"] for u in left), means["rl"]),
+        "warm-start evaluations": (sum(not u["rl"] for u in left), means["warm"]),
+        "warm starts (SFT) to train again": (len(retrain), means["sft"]),
     }
     hours = {name: n * mean / 3600 for name, (n, mean) in parts.items() if n and mean is not None}
     if not hours:

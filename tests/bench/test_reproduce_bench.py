@@ -5,6 +5,7 @@ import dataclasses
 import functools
 import json
 import shutil
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,7 +22,7 @@ from searchgym.bench.reproduce import (
     run_reproduce,
     select_arms,
 )
-from searchgym.bench.reproduce_status import format_status, hours_left, unit_status
+from searchgym.bench.reproduce_status import Deadline, format_status, hours_left, parse_stop_by, unit_status
 from searchgym.cli import main
 from searchgym.pipeline.stages import configure_rl, resumable_step
 from searchgym.trainers.config import EnvConfig, config_dict, load_config
@@ -200,6 +201,29 @@ def test_an_rl_arm_cut_after_a_checkpoint_goes_on_from_it(tmp_path, monkeypatch)
     assert after[0] == before[0] and [json.loads(line)["step"] for line in after] == [1, 2]  # step 1 kept, 2 redone
     assert [p["step"] for p in row["curve"]] == [1.0, 2.0] and row["curve"][0] == row_before["curve"][0]
     assert (run / "checkpoints" / "step-00002" / "model.safetensors").exists()  # step 2 trained and saved again
+    # --stop-by: at the finished units' pace seed 1 (SFT, then its warm evaluation) cannot end by now, so it is not
+    # started and the report pools seed 0 alone; a deadline that leaves time for the warm start but, at a made-up
+    # pace, not for the RL arm runs the warm start and stops before the arm
+    stopped = run_reproduce("staleness", config, [0, 1], out=tmp_path / "stop.json", arms=arms, stop_by=datetime.now())
+    assert stopped["seeds"] == [0] and not (tmp_path / "runs" / "seed-1").exists()
+    monkeypatch.setattr(reproduce, "unit_means", lambda units: {"rl": 1e9, "warm": 1.0, "sft": 1.0})
+    later = datetime.now() + timedelta(hours=1)
+    partial = run_reproduce("staleness", config, [0, 1], out=tmp_path / "stop.json", arms=arms, stop_by=later)
+    assert {(r["seed"], r["arm"]) for r in partial["rows"]} == {(0, WARM), (0, "eta0-decoupled"), (1, WARM)}
+    assert not (tmp_path / "runs" / "seed-1" / "rl-eta0-decoupled").exists()
+
+
+def test_a_deadline_admits_a_unit_only_if_it_ends_in_time():
+    """A unit is started only if its kind's mean time (after the seed's SFT, where that is to do) ends by the
+    deadline; a kind no finished unit timed is admitted, there being nothing to judge it by."""
+    means = {"rl": 3600.0, "warm": 600.0, "sft": 1200.0}
+    deadline = Deadline(datetime.now(UTC) + timedelta(minutes=30), means)  # a zone-aware deadline too
+    assert deadline.fits(rl=False) and not deadline.fits(rl=False, sft=True) and not deadline.fits(rl=True)
+    assert Deadline(datetime.now() + timedelta(minutes=1), {"rl": None, "warm": None, "sft": None}).fits(rl=True)
+    assert parse_stop_by("2026-12-08T02:55") == datetime(2026, 12, 8, 2, 55)
+    with pytest.raises(ValueError, match="--stop-by takes an ISO date and time"):
+        parse_stop_by("in two hours")
+    assert main(["bench", "reproduce", "staleness", "--stop-by", "soon"]) == 2
 
 
 def test_a_finished_arm_keeps_its_last_model_and_drops_its_trainer_state(bench):

@@ -270,6 +270,15 @@ def arm_fingerprint(config: LearningConfig, claim: str, arm: str, overrides: lis
     return hashlib.sha256(data.encode()).hexdigest()[:16]
 
 
+@dataclass(frozen=True)
+class UnitRules:
+    """How a run treats its units: keep a finished arm's optimizer state and earlier checkpoints (GBs an arm on a
+    real model), and start none that would end after `stop_by`."""
+
+    keep_rl_state: bool = False
+    stop_by: datetime | None = None
+
+
 def run_reproduce(
     claim: str,
     config: LearningConfig,
@@ -279,13 +288,13 @@ def run_reproduce(
     arms: Mapping[str, list[str]] | None = None,
     command: str = "",
     progress: bool = True,
-    keep_rl_state: bool = False,
-    stop_by: datetime | None = None,
+    rules: UnitRules = UnitRules(),
 ) -> dict[str, Any]:
     """Every (seed, arm) not yet finished (OUT_DIR/arms.jsonl, or its copy OUT.arms.jsonl that is committed with the
     results, so a fresh clone goes on), then the pooled report to `out` (JSON) and a PNG beside it. Once an arm's row
-    is written its RL run keeps its last checkpoint as a model only (`slim_finished_run`), unless `keep_rl_state`.
-    With `stop_by`, a unit (and a seed's SFT) starts only if it ends by then at the finished units' pace."""
+    is written its RL run keeps its last checkpoint as a model only (`slim_finished_run`), unless
+    `rules.keep_rl_state`. With `rules.stop_by`, a unit (and a seed's SFT) starts only if it ends by then at the
+    finished units' pace."""
     spec = CLAIMS[claim]
     arms = dict(spec.arms if arms is None else arms)
     if not seeds or len(set(seeds)) != len(seeds):
@@ -306,6 +315,7 @@ def run_reproduce(
             check=_check_row,
         )
         done = {(row["seed"], row["arm"]) for row in log.rows}
+        stop_by = rules.stop_by
         deadline = Deadline(stop_by, unit_means(unit_status(root, path, keys, seeds, WARM))) if stop_by else None
         base = None
         for seed in seeds:
@@ -317,12 +327,9 @@ def run_reproduce(
                 say(progress, f"[bench reproduce {claim}] seed {seed}: not started, it would end after {stop_by}")
                 break
             base = base or shared_base_model(config, root, progress=progress)
-            out_seed = root / f"seed-{seed}"
-            for row in run_seed_arms(
-                config, configs, todo, seed, base, out_seed, keys, progress=progress, deadline=deadline
-            ):
+            for row in run_seed_arms(config, configs, todo, seed, base, keys, progress=progress, deadline=deadline):
                 log.append(row)
-                if row["arm"] != WARM and not keep_rl_state:  # the row is durable: the arm is done for good
+                if row["arm"] != WARM and not rules.keep_rl_state:  # the row is durable: the arm is done for good
                     run = root / f"seed-{seed}" / f"rl-{row['arm']}"
                     freed = slim_finished_run(run, "bench reproduce (--keep-rl-state keeps it)")
                     say(progress, f"[bench reproduce {claim}] {run}: kept its last model, freed {freed / 1e9:.1f} GB")
@@ -347,7 +354,6 @@ def run_seed_arms(
     todo: list[str],
     seed: int,
     base: Path,
-    out: Path,
     keys: Mapping[str, str],
     *,
     progress: bool = True,
@@ -355,7 +361,8 @@ def run_seed_arms(
 ) -> Any:
     """The seed's warm start (once), then each arm of `todo` trained from it and evaluated: one row per arm, yielded
     as each finishes so an interrupted seed keeps its finished arms. An arm that would end after `deadline` is not
-    started, nor any after it."""
+    started, nor any after it. The seed's runs go to OUT_DIR/seed-SEED."""
+    out = Path(config.out_dir) / f"seed-{seed}"
     timings, lap = stage_clock(progress, f"bench reproduce seed {seed}")
     commit = git_commit()  # the code these rows ran at (the report's commit is the code that pooled them)
     setup = prepare_seed(config, seed, base, out, lap, progress=progress)
@@ -942,6 +949,5 @@ def reproduce_command(command: ReproduceCommand) -> None:
         out=out,
         arms=arms,
         command=" ".join(words),
-        keep_rl_state=command.keep_rl_state,
-        stop_by=stop_by,
+        rules=UnitRules(keep_rl_state=command.keep_rl_state, stop_by=stop_by),
     )

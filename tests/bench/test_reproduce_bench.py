@@ -17,6 +17,7 @@ from searchgym.bench import reproduce
 from searchgym.bench.reproduce import (
     CLAIMS,
     WARM,
+    UnitRules,
     arm_fingerprint,
     load_reproduce_config,
     run_reproduce,
@@ -167,7 +168,13 @@ def test_an_rl_arm_cut_after_a_checkpoint_goes_on_from_it(tmp_path, monkeypatch)
     arms = {"eta0-decoupled": ARMS["eta0-decoupled"]}
     config = load_reproduce_config("staleness", [f"out_dir={tmp_path / 'runs'}", *TOY, "rl.learner.minibatches=2"])
     first = run_reproduce(
-        "staleness", config, [0], out=tmp_path / "r.json", arms=arms, progress=False, keep_rl_state=True
+        "staleness",
+        config,
+        [0],
+        out=tmp_path / "r.json",
+        arms=arms,
+        progress=False,
+        rules=UnitRules(keep_rl_state=True),
     )
     run = tmp_path / "runs" / "seed-0" / "rl-eta0-decoupled"
     # the arm saved at RESUME_EVERY, not only at its last step
@@ -204,11 +211,15 @@ def test_an_rl_arm_cut_after_a_checkpoint_goes_on_from_it(tmp_path, monkeypatch)
     # --stop-by: at the finished units' pace seed 1 (SFT, then its warm evaluation) cannot end by now, so it is not
     # started and the report pools seed 0 alone; a deadline that leaves time for the warm start but, at a made-up
     # pace, not for the RL arm runs the warm start and stops before the arm
-    stopped = run_reproduce("staleness", config, [0, 1], out=tmp_path / "stop.json", arms=arms, stop_by=datetime.now())
+    stopped = run_reproduce(
+        "staleness", config, [0, 1], out=tmp_path / "stop.json", arms=arms, rules=UnitRules(stop_by=datetime.now())
+    )
     assert stopped["seeds"] == [0] and not (tmp_path / "runs" / "seed-1").exists()
     monkeypatch.setattr(reproduce, "unit_means", lambda units: {"rl": 1e9, "warm": 1.0, "sft": 1.0})
     later = datetime.now() + timedelta(hours=1)
-    partial = run_reproduce("staleness", config, [0, 1], out=tmp_path / "stop.json", arms=arms, stop_by=later)
+    partial = run_reproduce(
+        "staleness", config, [0, 1], out=tmp_path / "stop.json", arms=arms, rules=UnitRules(stop_by=later)
+    )
     assert {(r["seed"], r["arm"]) for r in partial["rows"]} == {(0, WARM), (0, "eta0-decoupled"), (1, WARM)}
     assert not (tmp_path / "runs" / "seed-1" / "rl-eta0-decoupled").exists()
 

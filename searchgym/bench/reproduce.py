@@ -315,8 +315,11 @@ def run_reproduce(
             check=_check_row,
         )
         done = {(row["seed"], row["arm"]) for row in log.rows}
-        stop_by = rules.stop_by
-        deadline = Deadline(stop_by, unit_means(unit_status(root, path, keys, seeds, WARM))) if stop_by else None
+        deadline = (
+            None
+            if rules.stop_by is None
+            else Deadline(rules.stop_by, unit_means(unit_status(root, path, keys, seeds, WARM)))
+        )
         base = None
         for seed in seeds:
             todo = [a for a in [WARM, *arms] if (seed, a) not in done]
@@ -324,7 +327,7 @@ def run_reproduce(
                 say(progress, f"[bench reproduce {claim}] seed {seed}: done before, reused")
                 continue
             if deadline and not deadline.fits(rl=todo[0] != WARM, sft=not _warm_on_disk(config, seed)):
-                say(progress, f"[bench reproduce {claim}] seed {seed}: not started, it would end after {stop_by}")
+                say(progress, f"[bench reproduce {claim}] seed {seed}: not started, it would end after {deadline.at}")
                 break
             base = base or shared_base_model(config, root, progress=progress)
             for row in run_seed_arms(config, configs, todo, seed, base, keys, progress=progress, deadline=deadline):

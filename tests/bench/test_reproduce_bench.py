@@ -208,9 +208,9 @@ def test_an_rl_arm_cut_after_a_checkpoint_goes_on_from_it(tmp_path, monkeypatch)
     assert after[0] == before[0] and [json.loads(line)["step"] for line in after] == [1, 2]  # step 1 kept, 2 redone
     assert [p["step"] for p in row["curve"]] == [1.0, 2.0] and row["curve"][0] == row_before["curve"][0]
     assert (run / "checkpoints" / "step-00002" / "model.safetensors").exists()  # step 2 trained and saved again
-    # --stop-by: at the finished units' pace seed 1 (SFT, then its warm evaluation) cannot end by now, so it is not
-    # started and the report pools seed 0 alone; a deadline that leaves time for the warm start but, at a made-up
-    # pace, not for the RL arm runs the warm start and stops before the arm
+    # --stop-by: a deadline already past starts nothing of seed 1 (not even its SFT), and the report pools seed 0
+    # alone; a deadline that leaves time for the warm start but, at a made-up pace, not for the RL arm runs the warm
+    # start and stops before the arm
     stopped = run_reproduce(
         "staleness", config, [0, 1], out=tmp_path / "stop.json", arms=arms, rules=UnitRules(stop_by=datetime.now())
     )
